@@ -1,0 +1,432 @@
+//! Kernel definitions and their instantiation: `#[tpu_kernel]` expands to a function that
+//! returns a [`KernelDef`]; instantiating it with argument shapes traces the body into a
+//! verified [`Kernel`], checked against a target's rules and cached.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::error::{KernelError, Problem, ProblemKind};
+use crate::ir::{
+    verify, BlockDim, BlockMapping, DType, DimSemantics, Kernel, Loc, MemorySpace, Operand,
+    OperandRole, Param, RefId, ValueType,
+};
+use crate::rules::{self, TargetRules};
+use crate::trace::{IntoIndex, Ref, RefMut, Scratch, Smem, TraceState, Value};
+use crate::trace::Element;
+
+/// The dtype and shape of one kernel argument (an input or scalar-prefetch array).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ArgSpec {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl ArgSpec {
+    pub fn new(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
+        ArgSpec { dtype, shape: shape.into() }
+    }
+}
+
+impl fmt::Display for ArgSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", ValueType::new(self.dtype, self.shape.clone()))
+    }
+}
+
+/// A kernel argument as declared in the signature (for listings and messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArgDecl {
+    pub name: &'static str,
+    pub role: OperandRole,
+    pub dtype: DType,
+    pub rank: usize,
+}
+
+/// Returned by builder steps that found a problem; the problem itself is in the builder.
+#[derive(Debug, Clone, Copy)]
+pub struct Stop;
+
+type BuildFn = dyn Fn(&mut Builder) -> Result<(), Stop> + Send + Sync;
+
+/// A kernel with its compile-time parameters fixed, ready to instantiate for argument shapes.
+#[derive(Clone)]
+pub struct KernelDef {
+    name: &'static str,
+    params: Vec<Param>,
+    args: Vec<ArgDecl>,
+    loc: Loc,
+    build: Arc<BuildFn>,
+}
+
+impl fmt::Debug for KernelDef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KernelDef")
+            .field("name", &self.name)
+            .field("params", &self.params)
+            .field("args", &self.args)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CacheKey {
+    name: &'static str,
+    loc: Loc,
+    params: Vec<Param>,
+    args: Vec<ArgSpec>,
+    rules: TargetRules,
+}
+
+fn cache() -> &'static Mutex<HashMap<CacheKey, Arc<Kernel>>> {
+    static CACHE: OnceLock<Mutex<HashMap<CacheKey, Arc<Kernel>>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+impl KernelDef {
+    #[doc(hidden)]
+    pub fn __new(
+        name: &'static str,
+        params: Vec<Param>,
+        args: Vec<ArgDecl>,
+        loc: Loc,
+        build: impl Fn(&mut Builder) -> Result<(), Stop> + Send + Sync + 'static,
+    ) -> Self {
+        KernelDef { name, params, args, loc, build: Arc::new(build) }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The compile-time parameters (block sizes, dtypes, flags) this definition fixed.
+    pub fn params(&self) -> &[Param] {
+        &self.params
+    }
+
+    /// The arguments to pass at instantiation and run time, in order.
+    pub fn args(&self) -> &[ArgDecl] {
+        &self.args
+    }
+
+    /// Traces the kernel for arguments of the given dtypes and shapes, verifies it and checks
+    /// `rules`. Cached by (kernel, parameters, argument shapes, rules).
+    pub fn instantiate(
+        &self,
+        args: &[ArgSpec],
+        rules: &TargetRules,
+    ) -> Result<Arc<Kernel>, KernelError> {
+        let key = CacheKey {
+            name: self.name,
+            loc: self.loc,
+            params: self.params.clone(),
+            args: args.to_vec(),
+            rules: rules.clone(),
+        };
+        if let Some(k) = cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(Arc::clone(k));
+        }
+        let kernel = Arc::new(self.trace(args, rules)?);
+        cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, Arc::clone(&kernel));
+        Ok(kernel)
+    }
+
+    fn trace(&self, args: &[ArgSpec], rules: &TargetRules) -> Result<Kernel, KernelError> {
+        let err = |problems| KernelError::new(self.name, problems);
+        if args.len() != self.args.len() {
+            let expected: Vec<String> = self.args.iter().map(|a| format!("{} ({} rank {})", a.name, a.dtype, a.rank)).collect();
+            return Err(KernelError::single(
+                self.name,
+                ProblemKind::Argument,
+                "arguments",
+                format!("expected {} arguments [{}], got {}", self.args.len(), expected.join(", "), args.len()),
+            ));
+        }
+        let mut b = Builder {
+            loc: self.loc,
+            args: args.to_vec(),
+            next_arg: 0,
+            problems: Vec::new(),
+            grid: Vec::new(),
+            semantics: Vec::new(),
+        };
+        let (state, result) = TraceState::run(TraceState::new(0), || (self.build)(&mut b));
+        let mut problems = b.problems;
+        problems.extend(state.problems.iter().map(|p| Problem {
+            kind: ProblemKind::Trace,
+            subject: format!("`{}`", p.op),
+            message: p.message.clone(),
+            loc: Some(p.loc),
+        }));
+        if result.is_err() || !problems.is_empty() {
+            if problems.is_empty() {
+                problems.push(Problem {
+                    kind: ProblemKind::Trace,
+                    subject: "kernel".into(),
+                    message: "instantiation stopped without a reason (a tessera bug)".into(),
+                    loc: Some(self.loc),
+                });
+            }
+            return Err(err(problems));
+        }
+        let mut regions = state.regions;
+        let body = regions.pop().unwrap_or_default();
+        let kernel = Kernel {
+            name: self.name.to_string(),
+            params: self.params.clone(),
+            grid: b.grid,
+            semantics: b.semantics,
+            operands: state.operands,
+            body,
+            types: state.types,
+            loc: self.loc,
+        };
+        if let Err(errors) = verify(&kernel) {
+            return Err(err(errors
+                .into_iter()
+                .map(|e| Problem { kind: ProblemKind::Verify, subject: format!("`{}`", e.op), message: e.message, loc: Some(e.loc) })
+                .collect()));
+        }
+        let mut problems = rules::check(&kernel, rules);
+        problems.extend(crate::interpret::check_coverage(&kernel));
+        if problems.is_empty() {
+            Ok(kernel)
+        } else {
+            Err(err(problems))
+        }
+    }
+}
+
+/// The instantiation context `#[tpu_kernel]`-generated code talks to. Not for direct use.
+#[derive(Debug)]
+pub struct Builder {
+    loc: Loc,
+    args: Vec<ArgSpec>,
+    next_arg: usize,
+    problems: Vec<Problem>,
+    grid: Vec<usize>,
+    semantics: Vec<DimSemantics>,
+}
+
+impl Builder {
+    fn problem(&mut self, kind: ProblemKind, subject: impl Into<String>, message: String) -> Stop {
+        self.problems.push(Problem { kind, subject: subject.into(), message, loc: Some(self.loc) });
+        Stop
+    }
+
+    /// Takes the next argument's shape, checking its dtype and rank.
+    #[doc(hidden)]
+    pub fn __arg(&mut self, name: &str, dtype: DType, rank: usize) -> Result<Vec<usize>, Stop> {
+        let index = self.next_arg;
+        self.next_arg += 1;
+        let Some(arg) = self.args.get(index).cloned() else {
+            return Err(self.problem(ProblemKind::Argument, name, "missing argument".into()));
+        };
+        if arg.dtype != dtype {
+            return Err(self.problem(
+                ProblemKind::Argument,
+                format!("argument {index} ({name})"),
+                format!("expected a {dtype} array, got {arg}"),
+            ));
+        }
+        if arg.shape.len() != rank {
+            return Err(self.problem(
+                ProblemKind::Argument,
+                format!("argument {index} ({name})"),
+                format!("expected a rank-{rank} array, got {arg}"),
+            ));
+        }
+        if arg.shape.contains(&0) {
+            return Err(self.problem(
+                ProblemKind::Argument,
+                format!("argument {index} ({name})"),
+                format!("empty arrays are not supported, got {arg}"),
+            ));
+        }
+        Ok(arg.shape)
+    }
+
+    /// Checks that dim `dim` of `name` equals `expected`, the size of the symbol `symbol`.
+    #[doc(hidden)]
+    pub fn __dim_eq(
+        &mut self,
+        name: &str,
+        dim: usize,
+        actual: usize,
+        symbol: &str,
+        expected: usize,
+    ) -> Result<(), Stop> {
+        if actual == expected {
+            return Ok(());
+        }
+        Err(self.problem(
+            ProblemKind::Argument,
+            name,
+            format!("dim {dim} is {actual} but `{symbol}` is {expected} (set by an earlier argument)"),
+        ))
+    }
+
+    /// Checks that every block dim is positive before the grid is computed from them.
+    #[doc(hidden)]
+    pub fn __blocks_positive(&mut self, name: &str, block: &[BlockDim]) -> Result<(), Stop> {
+        if let Some(d) = block.iter().position(|b| *b == BlockDim::Sized(0)) {
+            return Err(self.problem(
+                ProblemKind::Argument,
+                name,
+                format!("block dim {d} is 0; block sizes must be positive"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sets the grid and its dimension semantics.
+    #[doc(hidden)]
+    pub fn __grid(&mut self, grid: &[usize], semantics: &[DimSemantics]) -> Result<(), Stop> {
+        self.grid = grid.to_vec();
+        self.semantics = semantics.to_vec();
+        crate::trace::with_trace(|t| t.grid_rank = grid.len());
+        if grid.contains(&0) {
+            return Err(self.problem(
+                ProblemKind::Coverage,
+                "grid",
+                format!(
+                    "grid {grid:?} has an empty dimension: an array dim is smaller than its block"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn declare(&mut self, operand: Operand) -> RefId {
+        crate::trace::with_trace(|t| {
+            t.operands.push(operand);
+            RefId((t.operands.len() - 1) as u32)
+        })
+    }
+
+    fn mapping(&mut self, block: Vec<BlockDim>, index_map: IndexMapFn<'_>) -> BlockMapping {
+        let rank = self.grid.len();
+        let (mut region, yields) = crate::trace::trace_region(
+            vec![ValueType::scalar(DType::I32); rank],
+            |g: &[Value]| index_map(g),
+        );
+        region.yields = yields.iter().map(|v| v.id).collect();
+        BlockMapping { block_shape: block, index_map: region }
+    }
+
+    #[doc(hidden)]
+    pub fn __input<T: Element>(
+        &mut self,
+        name: &str,
+        shape: Vec<usize>,
+        block: Vec<BlockDim>,
+        index_map: IndexMapFn<'_>,
+        loc: Loc,
+    ) -> Ref<T> {
+        let block = Some(self.mapping(block, index_map));
+        Ref::__from_id(self.declare(Operand {
+            name: name.into(),
+            role: OperandRole::Input,
+            dtype: T::DTYPE,
+            memory: MemorySpace::Vmem,
+            array_shape: shape,
+            block,
+            loc,
+        }))
+    }
+
+    #[doc(hidden)]
+    pub fn __output<T: Element>(
+        &mut self,
+        name: &str,
+        shape: Vec<usize>,
+        block: Vec<BlockDim>,
+        index_map: IndexMapFn<'_>,
+        loc: Loc,
+    ) -> RefMut<T> {
+        let block = Some(self.mapping(block, index_map));
+        RefMut::__from_id(self.declare(Operand {
+            name: name.into(),
+            role: OperandRole::Output,
+            dtype: T::DTYPE,
+            memory: MemorySpace::Vmem,
+            array_shape: shape,
+            block,
+            loc,
+        }))
+    }
+
+    #[doc(hidden)]
+    pub fn __scratch<T: Element>(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> Scratch<T> {
+        Scratch::__from_id(self.declare(Operand {
+            name: name.into(),
+            role: OperandRole::Scratch,
+            dtype: T::DTYPE,
+            memory: MemorySpace::Vmem,
+            array_shape: shape,
+            block: None,
+            loc,
+        }))
+    }
+
+    #[doc(hidden)]
+    pub fn __prefetch<T: Element>(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> Smem<T> {
+        Smem::__from_id(self.declare(Operand {
+            name: name.into(),
+            role: OperandRole::ScalarPrefetch,
+            dtype: T::DTYPE,
+            memory: MemorySpace::Smem,
+            array_shape: shape,
+            block: None,
+            loc,
+        }))
+    }
+}
+
+/// An index map as generated code passes it: grid indices in, block indices out.
+pub type IndexMapFn<'a> = &'a dyn Fn(&[Value]) -> Vec<Value>;
+
+/// Converts what an index map returns (values or integers) into block indices.
+#[doc(hidden)]
+#[track_caller]
+pub fn __index(i: impl IntoIndex) -> Value {
+    i.into_index()
+}
+
+impl Param {
+    /// A parameter shown by its `Display` form (block sizes, dtypes, flags).
+    pub fn new(name: &str, value: impl fmt::Display) -> Self {
+        Param { name: name.to_string(), value: value.to_string() }
+    }
+
+    /// A parameter too large to print (a mask, a table): shown and keyed by a hash of its value.
+    pub fn hashed(name: &str, value: &impl Hash) -> Self {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        value.hash(&mut h);
+        Param { name: name.to_string(), value: format!("#{:016x}", h.finish()) }
+    }
+}
+
+impl Param {
+    /// A `#[comptime]` argument: its `Debug` form when short, else a hash of it.
+    pub fn comptime<T: fmt::Debug + Hash>(name: &str, value: &T) -> Self {
+        let shown = format!("{value:?}");
+        if shown.len() <= 48 && !shown.contains('\n') {
+            Param { name: name.to_string(), value: shown }
+        } else {
+            Param::hashed(name, value)
+        }
+    }
+}
+
+/// The short name of a kernel's type parameter (`f32`, `bf16`), for its parameter list.
+#[doc(hidden)]
+pub fn __type_param_name<T: ?Sized>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    // `half::binary16::bf16` -> `bf16`; generic arguments are kept whole.
+    match full.find('<') {
+        Some(_) => full,
+        None => full.rsplit("::").next().unwrap_or(full),
+    }
+}

@@ -1,0 +1,197 @@
+//! The kernel IR: an instantiated kernel with its grid, operands (with block mappings) and body.
+
+mod ops;
+mod print;
+mod types;
+mod verify;
+
+pub use ops::{
+    broadcast_shapes, broadcastable, infer, BinaryOp, CmpOp, InferContext, Inst, Literal, Op,
+    ReduceOp, Region, Slice, UnaryOp,
+};
+pub use types::{DType, DimSemantics, Loc, MemorySpace, RefId, ValueId, ValueType};
+pub use verify::{verify, VerifyError};
+
+pub(crate) use types::join;
+
+/// What a kernel operand is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OperandRole {
+    Input,
+    Output,
+    Scratch,
+    /// Small integer arrays copied to SMEM before the grid starts; index maps may read them.
+    ScalarPrefetch,
+}
+
+impl OperandRole {
+    pub fn name(self) -> &'static str {
+        match self {
+            OperandRole::Input => "in",
+            OperandRole::Output => "out",
+            OperandRole::Scratch => "scratch",
+            OperandRole::ScalarPrefetch => "prefetch",
+        }
+    }
+}
+
+/// One dimension of a block shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockDim {
+    /// `n` elements per block.
+    Sized(usize),
+    /// One element, and the dimension is removed from the kernel's view (Pallas' `None`).
+    Squeezed,
+}
+
+impl BlockDim {
+    pub fn size(self) -> usize {
+        match self {
+            BlockDim::Sized(n) => n,
+            BlockDim::Squeezed => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for BlockDim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BlockDim::Sized(n) => write!(f, "{n}"),
+            BlockDim::Squeezed => f.write_str("_"),
+        }
+    }
+}
+
+/// How a grid step selects the block of an array: a block shape and an index map from grid
+/// indices to block indices (element offset = block index x block size, per dim).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BlockMapping {
+    pub block_shape: Vec<BlockDim>,
+    /// `params`: the grid indices (i32 scalars); `yields`: one block index per array dim.
+    pub index_map: Region,
+}
+
+/// A kernel operand: an input, output, scratch buffer or scalar-prefetch array.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Operand {
+    pub name: String,
+    pub role: OperandRole,
+    pub dtype: DType,
+    pub memory: MemorySpace,
+    /// The whole array (for scratch: the buffer itself).
+    pub array_shape: Vec<usize>,
+    /// Present for blocked VMEM inputs and outputs.
+    pub block: Option<BlockMapping>,
+    pub loc: Loc,
+}
+
+impl Operand {
+    /// The shape the kernel body sees: the block without squeezed dims, or the whole array.
+    pub fn view_shape(&self) -> Vec<usize> {
+        match &self.block {
+            Some(b) => b
+                .block_shape
+                .iter()
+                .filter_map(|d| match d {
+                    BlockDim::Sized(n) => Some(*n),
+                    BlockDim::Squeezed => None,
+                })
+                .collect(),
+            None => self.array_shape.clone(),
+        }
+    }
+
+    /// The block shape with squeezed dims as 1 (same rank as the array).
+    pub fn block_sizes(&self) -> Vec<usize> {
+        match &self.block {
+            Some(b) => b.block_shape.iter().map(|d| d.size()).collect(),
+            None => self.array_shape.clone(),
+        }
+    }
+
+    /// A description for messages, e.g. "in_specs[1] (y)".
+    pub fn describe(&self, position: usize) -> String {
+        let list = match self.role {
+            OperandRole::Input => "in_specs",
+            OperandRole::Output => "out_specs",
+            OperandRole::Scratch => "scratch_shapes",
+            OperandRole::ScalarPrefetch => "scalar_prefetch",
+        };
+        format!("{list}[{position}] ({})", self.name)
+    }
+}
+
+/// A compile-time parameter value of an instantiated kernel (block size, flag, mask, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Param {
+    pub name: String,
+    pub value: String,
+}
+
+/// An instantiated kernel: everything is concrete (shapes, grid, block sizes).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Kernel {
+    pub name: String,
+    pub params: Vec<Param>,
+    pub grid: Vec<usize>,
+    pub semantics: Vec<DimSemantics>,
+    pub operands: Vec<Operand>,
+    pub body: Region,
+    /// Type of every value, indexed by [`ValueId`].
+    pub types: Vec<ValueType>,
+    /// Where the kernel was declared.
+    pub loc: Loc,
+}
+
+impl Kernel {
+    pub fn value_type(&self, v: ValueId) -> &ValueType {
+        &self.types[v.index()]
+    }
+
+    pub fn operand(&self, r: RefId) -> &Operand {
+        &self.operands[r.index()]
+    }
+
+    /// Operands with `role`, with their ids, in declaration order.
+    pub fn operands_with(&self, role: OperandRole) -> impl Iterator<Item = (RefId, &Operand)> {
+        self.operands
+            .iter()
+            .enumerate()
+            .filter(move |(_, o)| o.role == role)
+            .map(|(i, o)| (RefId(i as u32), o))
+    }
+
+    /// The position of `r` among the operands of its role (for `in_specs[i]` messages).
+    pub fn role_position(&self, r: RefId) -> usize {
+        let role = self.operand(r).role;
+        self.operands[..r.index()].iter().filter(|o| o.role == role).count()
+    }
+
+    /// `in_specs[1] (y)`-style name of an operand.
+    pub fn describe(&self, r: RefId) -> String {
+        self.operand(r).describe(self.role_position(r))
+    }
+
+    /// The IR in its stable text form.
+    pub fn to_text(&self) -> String {
+        print::print_kernel(self)
+    }
+}
+
+impl std::fmt::Display for Kernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.to_text())
+    }
+}
+
+impl InferContext for Kernel {
+    fn value_type(&self, v: ValueId) -> &ValueType {
+        &self.types[v.index()]
+    }
+    fn operand(&self, r: RefId) -> Option<&Operand> {
+        self.operands.get(r.index())
+    }
+    fn grid_rank(&self) -> usize {
+        self.grid.len()
+    }
+}

@@ -1,0 +1,618 @@
+//! The operations of the kernel IR and their shape/dtype inference.
+//!
+//! Every op carries what it needs to infer its result types from its operands' types, so the
+//! verifier can recompute and compare, and every backend is an exhaustive `match` over [`Op`].
+
+use super::types::{DType, RefId, ValueId, ValueType};
+use super::{MemorySpace, Operand, OperandRole};
+
+/// A scalar literal; its dtype comes from the op that holds it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Literal {
+    Float(f64),
+    Int(i64),
+    Bool(bool),
+}
+
+impl Literal {
+    /// Whether this literal can be represented in `dtype` (ints in range, floats for floats).
+    pub fn fits(self, dtype: DType) -> bool {
+        match (self, dtype) {
+            (Literal::Float(_), d) => d.is_float(),
+            (Literal::Int(v), DType::I32) => i32::try_from(v).is_ok(),
+            (Literal::Int(v), DType::I8) => i8::try_from(v).is_ok(),
+            (Literal::Int(_), d) => d.is_float(),
+            (Literal::Bool(_), d) => d.is_bool(),
+        }
+    }
+}
+
+impl std::fmt::Display for Literal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Literal::Float(v) if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e16 => {
+                write!(f, "{v:.1}")
+            }
+            Literal::Float(v) => write!(f, "{v:?}"),
+            Literal::Int(v) => write!(f, "{v}"),
+            Literal::Bool(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Neg,
+    Exp,
+    Log,
+    Tanh,
+    Sqrt,
+    Rsqrt,
+    Abs,
+    /// Logical not of a bool.
+    Not,
+}
+
+impl UnaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Not => "not",
+        }
+    }
+
+    fn accepts(self, d: DType) -> bool {
+        match self {
+            UnaryOp::Neg | UnaryOp::Abs => !d.is_bool(),
+            UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sqrt | UnaryOp::Rsqrt => {
+                d.is_float()
+            }
+            UnaryOp::Not => d.is_bool(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    /// Remainder with the sign of the dividend (C / StableHLO semantics).
+    Rem,
+    Max,
+    Min,
+    And,
+    Or,
+    Xor,
+}
+
+impl BinaryOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Rem => "rem",
+            BinaryOp::Max => "max",
+            BinaryOp::Min => "min",
+            BinaryOp::And => "and",
+            BinaryOp::Or => "or",
+            BinaryOp::Xor => "xor",
+        }
+    }
+
+    fn accepts(self, d: DType) -> bool {
+        match self {
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => d.is_bool() || d.is_int(),
+            _ => !d.is_bool(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CmpOp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CmpOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Max,
+    Min,
+}
+
+impl ReduceOp {
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "reduce_sum",
+            ReduceOp::Max => "reduce_max",
+            ReduceOp::Min => "reduce_min",
+        }
+    }
+}
+
+/// One dimension of a load/store window into a ref's block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Slice {
+    /// The whole dimension.
+    Full,
+    /// `len` elements from a compile-time `start`.
+    Static { start: usize, len: usize },
+    /// `len` (compile-time) elements from a run-time `start` (an i32 scalar).
+    Dynamic { start: ValueId, len: usize },
+}
+
+impl Slice {
+    pub fn len(self, dim: usize) -> usize {
+        match self {
+            Slice::Full => dim,
+            Slice::Static { len, .. } | Slice::Dynamic { len, .. } => len,
+        }
+    }
+}
+
+/// A nested block of instructions: the body of `when`, `fori_loop` and index maps.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Region {
+    /// Values bound on entry (loop index and carried values; grid indices for index maps).
+    pub params: Vec<ValueId>,
+    pub insts: Vec<Inst>,
+    /// Values handed back on exit (next carried values; block indices for index maps).
+    pub yields: Vec<ValueId>,
+}
+
+/// One instruction: an op, the values it defines and where the kernel author wrote it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inst {
+    pub op: Op,
+    pub results: Vec<ValueId>,
+    pub loc: super::Loc,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    /// Index of the current grid step along `axis` (i32 scalar).
+    ProgramId { axis: usize },
+    /// Size of the grid along `axis` (i32 scalar).
+    NumPrograms { axis: usize },
+    /// A constant splatted to `ty`.
+    Constant { value: Literal, ty: ValueType },
+    /// Loads a window of a VMEM ref's block.
+    Load { src: RefId, slices: Vec<Slice> },
+    /// Stores `value` into a window of a VMEM output or scratch ref.
+    Store { dst: RefId, slices: Vec<Slice>, value: ValueId },
+    /// Reads one element of an SMEM ref (i32 scalar indices).
+    LoadScalar { src: RefId, indices: Vec<ValueId> },
+    Unary { op: UnaryOp, x: ValueId },
+    Binary { op: BinaryOp, lhs: ValueId, rhs: ValueId },
+    Compare { op: CmpOp, lhs: ValueId, rhs: ValueId },
+    Select { cond: ValueId, on_true: ValueId, on_false: ValueId },
+    Cast { x: ValueId, to: DType },
+    /// Broadcasts `x` to `shape`, aligning trailing dims (numpy rules; each dim equal or 1).
+    Broadcast { x: ValueId, shape: Vec<usize> },
+    Reshape { x: ValueId, shape: Vec<usize> },
+    /// Integer indices along `dim` of `ty`.
+    Iota { ty: ValueType, dim: usize },
+    /// Reduces `x` along `axis`, removing that axis.
+    Reduce { op: ReduceOp, x: ValueId, axis: usize },
+    /// Rank-2 matrix product with optional transposes; floats accumulate and return f32,
+    /// integers accumulate and return i32.
+    Dot { lhs: ValueId, rhs: ValueId, transpose_lhs: bool, transpose_rhs: bool },
+    /// Runs `then` when the bool scalar `cond` is true. Defines no values.
+    When { cond: ValueId, then: Region },
+    /// `for i in lo..hi` with loop-carried values; `body.params` are `[i, carried...]`, its
+    /// yields the next carried values, and the results the final ones.
+    ForLoop { lo: ValueId, hi: ValueId, init: Vec<ValueId>, body: Region },
+}
+
+impl Op {
+    /// The op's name in the IR text form.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::ProgramId { .. } => "program_id",
+            Op::NumPrograms { .. } => "num_programs",
+            Op::Constant { .. } => "constant",
+            Op::Load { .. } => "load",
+            Op::Store { .. } => "store",
+            Op::LoadScalar { .. } => "load_scalar",
+            Op::Unary { op, .. } => op.name(),
+            Op::Binary { op, .. } => op.name(),
+            Op::Compare { op, .. } => op.name(),
+            Op::Select { .. } => "select",
+            Op::Cast { .. } => "cast",
+            Op::Broadcast { .. } => "broadcast",
+            Op::Reshape { .. } => "reshape",
+            Op::Iota { .. } => "iota",
+            Op::Reduce { op, .. } => op.name(),
+            Op::Dot { .. } => "dot",
+            Op::When { .. } => "when",
+            Op::ForLoop { .. } => "fori_loop",
+        }
+    }
+
+    /// The SSA values this op reads directly (not counting values used inside its regions).
+    pub fn operands(&self) -> Vec<ValueId> {
+        match self {
+            Op::ProgramId { .. }
+            | Op::NumPrograms { .. }
+            | Op::Constant { .. }
+            | Op::Iota { .. } => vec![],
+            Op::Load { slices, .. } => dynamic_starts(slices),
+            Op::Store { slices, value, .. } => {
+                let mut v = dynamic_starts(slices);
+                v.push(*value);
+                v
+            }
+            Op::LoadScalar { indices, .. } => indices.clone(),
+            Op::Unary { x, .. }
+            | Op::Cast { x, .. }
+            | Op::Broadcast { x, .. }
+            | Op::Reshape { x, .. }
+            | Op::Reduce { x, .. } => vec![*x],
+            Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } | Op::Dot { lhs, rhs, .. } => {
+                vec![*lhs, *rhs]
+            }
+            Op::Select { cond, on_true, on_false } => vec![*cond, *on_true, *on_false],
+            Op::When { cond, .. } => vec![*cond],
+            Op::ForLoop { lo, hi, init, .. } => {
+                let mut v = vec![*lo, *hi];
+                v.extend(init);
+                v
+            }
+        }
+    }
+
+    /// Nested regions, in order.
+    pub fn regions(&self) -> Vec<&Region> {
+        match self {
+            Op::When { then, .. } => vec![then],
+            Op::ForLoop { body, .. } => vec![body],
+            _ => vec![],
+        }
+    }
+}
+
+fn dynamic_starts(slices: &[Slice]) -> Vec<ValueId> {
+    slices
+        .iter()
+        .filter_map(|s| match s {
+            Slice::Dynamic { start, .. } => Some(*start),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What inference needs to know about the kernel around an op.
+pub trait InferContext {
+    fn value_type(&self, v: ValueId) -> &ValueType;
+    fn operand(&self, r: RefId) -> Option<&Operand>;
+    fn grid_rank(&self) -> usize;
+}
+
+fn expect_i32_scalar(ctx: &dyn InferContext, v: ValueId, what: &str) -> Result<(), String> {
+    let t = ctx.value_type(v);
+    if t.dtype != DType::I32 || !t.is_scalar() {
+        return Err(format!("{what} must be an i32 scalar, got {t}"));
+    }
+    Ok(())
+}
+
+fn window_shape(
+    ctx: &dyn InferContext,
+    r: &Operand,
+    slices: &[Slice],
+) -> Result<Vec<usize>, String> {
+    let view = r.view_shape();
+    if slices.len() != view.len() {
+        return Err(format!(
+            "`{}` has a rank-{} block {:?} but the access gives {} indices",
+            r.name,
+            view.len(),
+            view,
+            slices.len()
+        ));
+    }
+    let mut shape = Vec::with_capacity(view.len());
+    for (dim, (s, &n)) in slices.iter().zip(&view).enumerate() {
+        match *s {
+            Slice::Full => {}
+            Slice::Static { start, len } => {
+                if start + len > n || len == 0 {
+                    return Err(format!(
+                        "slice {start}..{} of dim {dim} of `{}` is outside its block size {n}",
+                        start + len,
+                        r.name
+                    ));
+                }
+            }
+            Slice::Dynamic { start, len } => {
+                expect_i32_scalar(ctx, start, "a dynamic slice start")?;
+                if len > n || len == 0 {
+                    return Err(format!(
+                        "dynamic slice of length {len} on dim {dim} of `{}` exceeds its block size {n}",
+                        r.name
+                    ));
+                }
+            }
+        }
+        shape.push(s.len(n));
+    }
+    Ok(shape)
+}
+
+/// Infers the result types of `op`, or explains why it is ill-formed.
+pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> {
+    let ty = |v: ValueId| ctx.value_type(v).clone();
+    let operand = |r: RefId| ctx.operand(r).ok_or_else(|| format!("unknown ref #{}", r.0));
+    Ok(match op {
+        Op::ProgramId { axis } | Op::NumPrograms { axis } => {
+            if *axis >= ctx.grid_rank() {
+                return Err(format!(
+                    "axis {axis} is out of range for a rank-{} grid",
+                    ctx.grid_rank()
+                ));
+            }
+            vec![ValueType::scalar(DType::I32)]
+        }
+        Op::Constant { value, ty } => {
+            if !value.fits(ty.dtype) {
+                return Err(format!("literal {value} does not fit {}", ty.dtype));
+            }
+            vec![ty.clone()]
+        }
+        Op::Load { src, slices } => {
+            let r = operand(*src)?;
+            if r.memory != MemorySpace::Vmem {
+                return Err(format!(
+                    "`{}` lives in {} memory; only VMEM refs can be loaded as blocks{}",
+                    r.name,
+                    r.memory.name(),
+                    if r.memory == MemorySpace::Smem { " (use `.get([..])` for SMEM)" } else { "" }
+                ));
+            }
+            if r.role == OperandRole::Output {
+                return Err(format!(
+                    "`{}` is an output; outputs are write-only (keep partial results in scratch)",
+                    r.name
+                ));
+            }
+            vec![ValueType::new(r.dtype, window_shape(ctx, r, slices)?)]
+        }
+        Op::Store { dst, slices, value } => {
+            let r = operand(*dst)?;
+            match r.role {
+                OperandRole::Output | OperandRole::Scratch => {}
+                OperandRole::Input | OperandRole::ScalarPrefetch => {
+                    return Err(format!("`{}` is an input; inputs are read-only", r.name))
+                }
+            }
+            if r.memory != MemorySpace::Vmem {
+                return Err(format!("`{}` lives in {} memory; stores need VMEM", r.name, r.memory.name()));
+            }
+            let window = window_shape(ctx, r, slices)?;
+            let v = ty(*value);
+            if v.dtype != r.dtype {
+                return Err(format!(
+                    "storing a {} value into `{}` of dtype {} (cast it first)",
+                    v.dtype, r.name, r.dtype
+                ));
+            }
+            if v.shape != window {
+                return Err(format!(
+                    "storing a value of shape {:?} into a window of shape {window:?} of `{}`",
+                    v.shape, r.name
+                ));
+            }
+            vec![]
+        }
+        Op::LoadScalar { src, indices } => {
+            let r = operand(*src)?;
+            if r.memory != MemorySpace::Smem {
+                return Err(format!(
+                    "`{}` lives in {} memory; scalar reads need SMEM (load the block instead)",
+                    r.name,
+                    r.memory.name()
+                ));
+            }
+            if indices.len() != r.array_shape.len() {
+                return Err(format!(
+                    "`{}` has rank {} but was indexed with {} indices",
+                    r.name,
+                    r.array_shape.len(),
+                    indices.len()
+                ));
+            }
+            for &i in indices {
+                expect_i32_scalar(ctx, i, "an SMEM index")?;
+            }
+            vec![ValueType::scalar(r.dtype)]
+        }
+        Op::Unary { op, x } => {
+            let t = ty(*x);
+            if !op.accepts(t.dtype) {
+                return Err(format!("{} is not defined for {}", op.name(), t.dtype));
+            }
+            vec![t]
+        }
+        Op::Binary { op, lhs, rhs } => {
+            let (a, b) = (ty(*lhs), ty(*rhs));
+            same_type(&a, &b)?;
+            if !op.accepts(a.dtype) {
+                return Err(format!("{} is not defined for {}", op.name(), a.dtype));
+            }
+            vec![a]
+        }
+        Op::Compare { lhs, rhs, .. } => {
+            let (a, b) = (ty(*lhs), ty(*rhs));
+            same_type(&a, &b)?;
+            vec![ValueType::new(DType::Bool, a.shape)]
+        }
+        Op::Select { cond, on_true, on_false } => {
+            let (c, a, b) = (ty(*cond), ty(*on_true), ty(*on_false));
+            same_type(&a, &b)?;
+            if c.dtype != DType::Bool || c.shape != a.shape {
+                return Err(format!("the condition must be bool of shape {:?}, got {c}", a.shape));
+            }
+            vec![a]
+        }
+        Op::Cast { x, to } => vec![ValueType::new(*to, ty(*x).shape)],
+        Op::Broadcast { x, shape } => {
+            let t = ty(*x);
+            if !broadcastable(&t.shape, shape) {
+                return Err(format!("cannot broadcast shape {:?} to {shape:?}", t.shape));
+            }
+            vec![ValueType::new(t.dtype, shape.clone())]
+        }
+        Op::Reshape { x, shape } => {
+            let t = ty(*x);
+            if t.num_elements() != shape.iter().product::<usize>() {
+                return Err(format!(
+                    "cannot reshape {:?} ({} elements) to {shape:?}",
+                    t.shape,
+                    t.num_elements()
+                ));
+            }
+            vec![ValueType::new(t.dtype, shape.clone())]
+        }
+        Op::Iota { ty, dim } => {
+            if !ty.dtype.is_int() {
+                return Err(format!("iota produces integers, not {}", ty.dtype));
+            }
+            if *dim >= ty.rank() {
+                return Err(format!("iota dim {dim} is out of range for shape {:?}", ty.shape));
+            }
+            vec![ty.clone()]
+        }
+        Op::Reduce { op, x, axis } => {
+            let t = ty(*x);
+            if *axis >= t.rank() {
+                return Err(format!("axis {axis} is out of range for shape {:?}", t.shape));
+            }
+            if t.dtype.is_bool() {
+                return Err(format!("{} is not defined for bool", op.name()));
+            }
+            let mut shape = t.shape.clone();
+            shape.remove(*axis);
+            vec![ValueType::new(t.dtype, shape)]
+        }
+        Op::Dot { lhs, rhs, transpose_lhs, transpose_rhs } => {
+            let (a, b) = (ty(*lhs), ty(*rhs));
+            if a.rank() != 2 || b.rank() != 2 {
+                return Err(format!("dot takes rank-2 operands, got {a} and {b}"));
+            }
+            if a.dtype != b.dtype {
+                return Err(format!("dot operands differ in dtype: {} and {}", a.dtype, b.dtype));
+            }
+            let (m, ka) = if *transpose_lhs { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
+            let (kb, n) = if *transpose_rhs { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
+            if ka != kb {
+                return Err(format!(
+                    "contracting dims differ: lhs {a}{} has {ka}, rhs {b}{} has {kb}",
+                    if *transpose_lhs { " (transposed)" } else { "" },
+                    if *transpose_rhs { " (transposed)" } else { "" }
+                ));
+            }
+            let out = match a.dtype {
+                d if d.is_float() => DType::F32,
+                d if d.is_int() => DType::I32,
+                d => return Err(format!("dot is not defined for {d}")),
+            };
+            vec![ValueType::new(out, vec![m, n])]
+        }
+        Op::When { cond, then } => {
+            let c = ty(*cond);
+            if c != ValueType::scalar(DType::Bool) {
+                return Err(format!("the condition of `when` must be a bool scalar, got {c}"));
+            }
+            if !then.yields.is_empty() {
+                return Err("a `when` body yields no values".into());
+            }
+            vec![]
+        }
+        Op::ForLoop { lo, hi, init, body } => {
+            expect_i32_scalar(ctx, *lo, "the loop's lower bound")?;
+            expect_i32_scalar(ctx, *hi, "the loop's upper bound")?;
+            if body.params.len() != init.len() + 1 {
+                return Err("the loop body must take the index and one value per carried value".into());
+            }
+            expect_i32_scalar(ctx, body.params[0], "the loop index")?;
+            if body.yields.len() != init.len() {
+                return Err(format!(
+                    "the loop body yields {} values but {} are carried",
+                    body.yields.len(),
+                    init.len()
+                ));
+            }
+            let mut out = Vec::new();
+            for (k, ((&i, &p), &y)) in init.iter().zip(&body.params[1..]).zip(&body.yields).enumerate() {
+                let (ti, tp, tyy) = (ty(i), ty(p), ty(y));
+                if ti != tp || ti != tyy {
+                    return Err(format!(
+                        "carried value {k} changes type: starts as {ti}, the body yields {tyy}"
+                    ));
+                }
+                out.push(ti);
+            }
+            out
+        }
+    })
+}
+
+fn same_type(a: &ValueType, b: &ValueType) -> Result<(), String> {
+    if a.dtype != b.dtype {
+        return Err(format!("operands differ in dtype: {} and {} (cast one of them)", a.dtype, b.dtype));
+    }
+    if a.shape != b.shape {
+        return Err(format!("operands differ in shape: {:?} and {:?}", a.shape, b.shape));
+    }
+    Ok(())
+}
+
+/// Whether `from` broadcasts to `to` under numpy rules (trailing alignment, dims equal or 1).
+pub fn broadcastable(from: &[usize], to: &[usize]) -> bool {
+    from.len() <= to.len()
+        && from.iter().rev().zip(to.iter().rev()).all(|(&f, &t)| f == t || f == 1)
+}
+
+/// The numpy broadcast of two shapes, if any.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let mut out = vec![0; rank];
+    for i in 0..rank {
+        let da = if i < rank - a.len() { 1 } else { a[i - (rank - a.len())] };
+        let db = if i < rank - b.len() { 1 } else { b[i - (rank - b.len())] };
+        out[i] = match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            _ => return None,
+        };
+    }
+    Some(out)
+}

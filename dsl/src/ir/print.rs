@@ -1,0 +1,145 @@
+//! The stable, readable text form of the kernel IR (snapshot-tested).
+
+use std::fmt::Write;
+
+use super::{join, BlockMapping, Inst, Kernel, Op, Region, Slice, ValueId};
+
+pub(super) fn print_kernel(k: &Kernel) -> String {
+    let mut out = String::new();
+    let params = if k.params.is_empty() {
+        String::new()
+    } else {
+        let ps: Vec<String> = k.params.iter().map(|p| format!("{} = {}", p.name, p.value)).collect();
+        format!("<{}>", ps.join(", "))
+    };
+    let _ = writeln!(out, "kernel @{}{}", k.name, params);
+    let sems: Vec<&str> = k.semantics.iter().map(|s| s.name()).collect();
+    let _ = writeln!(out, "  grid = [{}], semantics = [{}]", join(&k.grid, ", "), sems.join(", "));
+    let p = Printer { k };
+    for o in &k.operands {
+        let _ = write!(
+            out,
+            "  {} {}: {}[{}] {}",
+            o.role.name(),
+            o.name,
+            o.dtype,
+            join(&o.array_shape, ", "),
+            o.memory.name()
+        );
+        if let Some(b) = &o.block {
+            p.block_mapping(&mut out, b);
+        }
+        out.push('\n');
+    }
+    out.push_str("{\n");
+    p.region_body(&mut out, &k.body, 1);
+    out.push_str("}\n");
+    out
+}
+
+struct Printer<'k> {
+    k: &'k Kernel,
+}
+
+impl Printer<'_> {
+    fn block_mapping(&self, out: &mut String, b: &BlockMapping) {
+        let _ = write!(
+            out,
+            " block [{}] index ({})",
+            join(&b.block_shape, ", "),
+            join(&b.index_map.params, ", ")
+        );
+        if !b.index_map.insts.is_empty() {
+            out.push_str(" {\n");
+            self.region_body(out, &b.index_map, 3);
+            out.push_str("    }");
+        }
+        let _ = write!(out, " -> ({})", join(&b.index_map.yields, ", "));
+    }
+
+    fn region_body(&self, out: &mut String, r: &Region, depth: usize) {
+        for inst in &r.insts {
+            self.inst(out, inst, depth);
+        }
+    }
+
+    fn types_of(&self, vs: &[ValueId]) -> String {
+        let ts: Vec<String> = vs.iter().map(|v| self.k.value_type(*v).to_string()).collect();
+        ts.join(", ")
+    }
+
+    fn slices(&self, name: &str, slices: &[Slice]) -> String {
+        let s: Vec<String> = slices
+            .iter()
+            .map(|s| match s {
+                Slice::Full => ":".to_string(),
+                Slice::Static { start, len } => format!("{start}:{}", start + len),
+                Slice::Dynamic { start, len } => format!("{start}:+{len}"),
+            })
+            .collect();
+        format!("{name}[{}]", s.join(", "))
+    }
+
+    fn inst(&self, out: &mut String, inst: &Inst, depth: usize) {
+        let pad = "  ".repeat(depth);
+        out.push_str(&pad);
+        if !inst.results.is_empty() {
+            let _ = write!(out, "{} = ", join(&inst.results, ", "));
+        }
+        let name = |r: super::RefId| self.k.operand(r).name.as_str();
+        let body = match &inst.op {
+            Op::ProgramId { axis } | Op::NumPrograms { axis } => format!("{} {axis}", inst.op.name()),
+            Op::Constant { value, .. } => format!("constant {value}"),
+            Op::Load { src, slices } => format!("load {}", self.slices(name(*src), slices)),
+            Op::Store { dst, slices, value } => {
+                format!("store {}, {value}", self.slices(name(*dst), slices))
+            }
+            Op::LoadScalar { src, indices } => {
+                format!("load_scalar {}[{}]", name(*src), join(indices, ", "))
+            }
+            Op::Unary { x, .. } => format!("{} {x}", inst.op.name()),
+            Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } => {
+                format!("{} {lhs}, {rhs}", inst.op.name())
+            }
+            Op::Select { cond, on_true, on_false } => format!("select {cond}, {on_true}, {on_false}"),
+            Op::Cast { x, .. } | Op::Broadcast { x, .. } | Op::Reshape { x, .. } => {
+                format!("{} {x}", inst.op.name())
+            }
+            Op::Iota { dim, .. } => format!("iota dim {dim}"),
+            Op::Reduce { x, axis, .. } => format!("{} {x} axis {axis}", inst.op.name()),
+            Op::Dot { lhs, rhs, transpose_lhs, transpose_rhs } => {
+                let mut s = format!("dot {lhs}, {rhs}");
+                match (transpose_lhs, transpose_rhs) {
+                    (false, false) => {}
+                    (true, false) => s.push_str(" {transpose_lhs}"),
+                    (false, true) => s.push_str(" {transpose_rhs}"),
+                    (true, true) => s.push_str(" {transpose_lhs, transpose_rhs}"),
+                }
+                s
+            }
+            Op::When { cond, then } => {
+                let _ = writeln!(out, "when {cond} {{");
+                self.region_body(out, then, depth + 1);
+                let _ = writeln!(out, "{pad}}}");
+                return;
+            }
+            Op::ForLoop { lo, hi, init, body } => {
+                let _ = writeln!(
+                    out,
+                    "fori_loop {lo} to {hi} init({}) ({}) {{",
+                    join(init, ", "),
+                    join(&body.params, ", ")
+                );
+                self.region_body(out, body, depth + 1);
+                let _ = writeln!(out, "{pad}  yield {}", join(&body.yields, ", "));
+                let _ = writeln!(out, "{pad}}} : {}", self.types_of(&inst.results));
+                return;
+            }
+        };
+        out.push_str(&body);
+        if !inst.results.is_empty() {
+            let _ = write!(out, " : {}", self.types_of(&inst.results));
+        }
+        out.push('\n');
+    }
+}

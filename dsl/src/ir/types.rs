@@ -1,0 +1,141 @@
+//! Types of the kernel IR: value types, memory spaces, source locations.
+
+use std::fmt;
+
+pub use tessera_hlo::DType;
+
+/// Identifies an SSA value inside one [`Kernel`](super::Kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// Identifies an operand (input, output, scratch or scalar-prefetch ref) of a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RefId(pub u32);
+
+impl RefId {
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// The type of an SSA value: a dtype and a static shape (rank 0 is a scalar).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ValueType {
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+impl ValueType {
+    pub fn new(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
+        ValueType { dtype, shape: shape.into() }
+    }
+
+    pub fn scalar(dtype: DType) -> Self {
+        ValueType { dtype, shape: Vec::new() }
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn is_scalar(&self) -> bool {
+        self.shape.is_empty()
+    }
+
+    pub fn num_elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+impl fmt::Display for ValueType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.dtype)?;
+        if !self.shape.is_empty() {
+            write!(f, "[{}]", join(&self.shape, ", "))?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a kernel operand lives while the kernel body runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemorySpace {
+    /// A block of the array, copied into vector memory for each grid step (TPU VMEM).
+    Vmem,
+    /// The whole array in scalar memory (TPU SMEM): scalar prefetch and small tables.
+    Smem,
+    /// Left where it is (HBM); the kernel may not load it directly.
+    Any,
+}
+
+impl MemorySpace {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemorySpace::Vmem => "vmem",
+            MemorySpace::Smem => "smem",
+            MemorySpace::Any => "any",
+        }
+    }
+}
+
+/// How the iterations of one grid dimension relate to each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DimSemantics {
+    /// Iterations are independent: they may run in any order or on different cores.
+    Parallel,
+    /// Iterations run in order and may carry state (accumulators in scratch).
+    Arbitrary,
+}
+
+impl DimSemantics {
+    pub fn name(self) -> &'static str {
+        match self {
+            DimSemantics::Parallel => "parallel",
+            DimSemantics::Arbitrary => "arbitrary",
+        }
+    }
+}
+
+/// A position in the kernel author's source, captured while tracing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Loc {
+    pub file: &'static str,
+    pub line: u32,
+    pub column: u32,
+}
+
+impl Loc {
+    /// The location of the caller of a `#[track_caller]` function.
+    #[track_caller]
+    pub fn caller() -> Loc {
+        let l = std::panic::Location::caller();
+        Loc { file: l.file(), line: l.line(), column: l.column() }
+    }
+
+    /// A location for IR built by tessera itself rather than by a kernel author.
+    pub const fn internal() -> Loc {
+        Loc { file: "<tessera>", line: 0, column: 0 }
+    }
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.column)
+    }
+}
+
+pub(crate) fn join<T: fmt::Display>(items: &[T], sep: &str) -> String {
+    items.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(sep)
+}

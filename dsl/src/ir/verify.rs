@@ -1,0 +1,193 @@
+//! The IR verifier: rejects ill-formed kernels with errors naming the op and source location.
+
+use std::collections::HashSet;
+
+use super::{infer, DType, Inst, Kernel, Loc, MemorySpace, Op, OperandRole, Region, ValueId, ValueType};
+
+/// An ill-formed piece of IR: which op, where the kernel author wrote it, and what is wrong.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{loc}: `{op}`: {message}")]
+pub struct VerifyError {
+    pub op: String,
+    pub loc: Loc,
+    pub message: String,
+}
+
+/// Checks every structural and typing rule of the IR; returns all problems found.
+pub fn verify(k: &Kernel) -> Result<(), Vec<VerifyError>> {
+    let mut v = Verifier { k, defined: HashSet::new(), errors: Vec::new() };
+    v.kernel();
+    if v.errors.is_empty() {
+        Ok(())
+    } else {
+        Err(v.errors)
+    }
+}
+
+struct Verifier<'k> {
+    k: &'k Kernel,
+    /// Values visible at the current point (SSA dominance within nested regions).
+    defined: HashSet<ValueId>,
+    errors: Vec<VerifyError>,
+}
+
+impl Verifier<'_> {
+    fn err(&mut self, op: &str, loc: Loc, message: impl Into<String>) {
+        self.errors.push(VerifyError { op: op.to_string(), loc, message: message.into() });
+    }
+
+    fn kernel(&mut self) {
+        let k = self.k;
+        if k.grid.len() != k.semantics.len() {
+            self.err(
+                "kernel",
+                k.loc,
+                format!(
+                    "the grid has rank {} but {} dimension semantics are given",
+                    k.grid.len(),
+                    k.semantics.len()
+                ),
+            );
+        }
+        if k.grid.contains(&0) {
+            self.err("kernel", k.loc, format!("grid {:?} has an empty dimension", k.grid));
+        }
+        for (i, o) in k.operands.iter().enumerate() {
+            let what = k.describe(super::RefId(i as u32));
+            let ok_memory = match o.role {
+                OperandRole::Input | OperandRole::Output => match o.memory {
+                    MemorySpace::Vmem => o.block.is_some(),
+                    MemorySpace::Smem | MemorySpace::Any => o.block.is_none(),
+                },
+                OperandRole::Scratch => o.block.is_none() && o.memory != MemorySpace::Any,
+                OperandRole::ScalarPrefetch => o.block.is_none() && o.memory == MemorySpace::Smem,
+            };
+            if !ok_memory {
+                self.err(
+                    "operand",
+                    o.loc,
+                    format!("{what}: a {} operand cannot live in {} memory here", o.role.name(), o.memory.name()),
+                );
+            }
+            if o.memory == MemorySpace::Smem && o.dtype.size_bytes() != 4 {
+                self.err(
+                    "operand",
+                    o.loc,
+                    format!("{what}: SMEM holds 32-bit words; {} is not supported there (use i32)", o.dtype),
+                );
+            }
+            if let Some(b) = &o.block {
+                if b.block_shape.len() != o.array_shape.len() {
+                    self.err(
+                        "operand",
+                        o.loc,
+                        format!(
+                            "{what}: block rank {} differs from the array rank {}",
+                            b.block_shape.len(),
+                            o.array_shape.len()
+                        ),
+                    );
+                }
+                self.index_map(&what, o.loc, &b.index_map, o.array_shape.len());
+            }
+        }
+        self.region(&k.body, false);
+    }
+
+    fn index_map(&mut self, what: &str, loc: Loc, r: &Region, array_rank: usize) {
+        let k = self.k;
+        if r.params.len() != k.grid.len() {
+            self.err(
+                "index_map",
+                loc,
+                format!("{what}: the index map takes {} grid indices but the grid has rank {}", r.params.len(), k.grid.len()),
+            );
+        }
+        if r.yields.len() != array_rank {
+            self.err(
+                "index_map",
+                loc,
+                format!("{what}: the index map returns {} block indices but the array has rank {array_rank}", r.yields.len()),
+            );
+        }
+        let saved = std::mem::take(&mut self.defined);
+        self.region(r, true);
+        for &y in &r.yields {
+            if *k.value_type(y) != ValueType::scalar(DType::I32) {
+                self.err(
+                    "index_map",
+                    loc,
+                    format!("{what}: block indices must be i32 scalars, got {}", k.value_type(y)),
+                );
+            }
+        }
+        self.defined = saved;
+    }
+
+    /// Verifies a region in a fresh nested scope; `scalar_only` for index maps.
+    fn region(&mut self, r: &Region, scalar_only: bool) {
+        let outer = self.defined.clone();
+        for &p in &r.params {
+            self.defined.insert(p);
+        }
+        for inst in &r.insts {
+            self.inst(inst, scalar_only);
+        }
+        for &y in &r.yields {
+            if !self.defined.contains(&y) {
+                self.err("yield", Loc::internal(), format!("{y} is used before it is defined"));
+            }
+        }
+        self.defined = outer;
+    }
+
+    fn inst(&mut self, inst: &Inst, scalar_only: bool) {
+        let name = inst.op.name();
+        if scalar_only
+            && matches!(
+                inst.op,
+                Op::Load { .. } | Op::Store { .. } | Op::When { .. } | Op::ForLoop { .. } | Op::Dot { .. }
+            )
+        {
+            self.err(name, inst.loc, "index maps compute scalars only (arithmetic and SMEM reads)");
+            return;
+        }
+        for v in inst.op.operands() {
+            if !self.defined.contains(&v) {
+                self.err(name, inst.loc, format!("{v} is used before it is defined or outside its scope"));
+                return;
+            }
+        }
+        for r in inst.op.regions() {
+            self.region(r, scalar_only);
+        }
+        match infer(&inst.op, self.k) {
+            Ok(types) => {
+                if types.len() != inst.results.len() {
+                    self.err(
+                        name,
+                        inst.loc,
+                        format!("defines {} values but its type has {}", inst.results.len(), types.len()),
+                    );
+                } else {
+                    for (&r, t) in inst.results.iter().zip(&types) {
+                        let recorded = self.k.types.get(r.index());
+                        if recorded != Some(t) {
+                            self.err(
+                                name,
+                                inst.loc,
+                                format!("{r} is recorded as {recorded:?} but the op produces {t}"),
+                            );
+                        }
+                    }
+                }
+            }
+            Err(message) => self.err(name, inst.loc, message),
+        }
+        for &r in &inst.results {
+            if !self.defined.insert(r) {
+                self.err(name, inst.loc, format!("{r} is defined twice"));
+            }
+        }
+    }
+}

@@ -1,0 +1,155 @@
+//! Hardware rules checked when a kernel is instantiated for a target.
+//!
+//! The TPU rules are what Mosaic enforces; the interpreter checks them too by default, so a
+//! kernel that passes its tests here does not fail to compile for TPU. Portable targets
+//! (StableHLO on CPU/GPU) may relax them.
+
+use crate::error::{Problem, ProblemKind};
+use crate::ir::{BlockDim, DType, Kernel, MemorySpace, OperandRole, RefId};
+
+/// Default scoped VMEM budget: v5e's 16 MiB default scoped limit.
+pub const DEFAULT_VMEM_LIMIT_BYTES: usize = 16 << 20;
+
+/// What a target requires of a kernel's blocks.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TargetRules {
+    pub name: &'static str,
+    /// Enforce TPU (sublane, lane) tiling of the last two block dims.
+    pub tpu_tiling: bool,
+    /// Maximum bytes of VMEM for double-buffered blocks plus scratch, if limited.
+    pub vmem_limit_bytes: Option<usize>,
+}
+
+impl Default for TargetRules {
+    fn default() -> Self {
+        TargetRules::tpu()
+    }
+}
+
+impl TargetRules {
+    /// The rules Mosaic enforces on TPU, with v5e's default scoped VMEM budget.
+    pub fn tpu() -> Self {
+        TargetRules { name: "tpu", tpu_tiling: true, vmem_limit_bytes: Some(DEFAULT_VMEM_LIMIT_BYTES) }
+    }
+
+    /// No tiling or VMEM rules: for StableHLO backends that have no such constraints.
+    pub fn portable() -> Self {
+        TargetRules { name: "portable", tpu_tiling: false, vmem_limit_bytes: None }
+    }
+
+    /// The same rules with another VMEM budget (`--xla_tpu_scoped_vmem_limit_kib`).
+    pub fn with_vmem_limit(mut self, bytes: usize) -> Self {
+        self.vmem_limit_bytes = Some(bytes);
+        self
+    }
+}
+
+/// The (sublane, lane) tile of a dtype on TPU: 32-bit types pack 8 rows, bf16 16, 8-bit 32.
+pub fn tpu_tile(dtype: DType) -> (usize, usize) {
+    match dtype.size_bytes() {
+        4 => (8, 128),
+        2 => (16, 128),
+        _ => (32, 128),
+    }
+}
+
+/// Checks block tiling, exact coverage and the VMEM budget; returns every problem found.
+pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
+    let mut problems = Vec::new();
+    for (i, o) in k.operands.iter().enumerate() {
+        let r = RefId(i as u32);
+        let Some(b) = &o.block else { continue };
+        let what = k.describe(r);
+        let rank = o.array_shape.len();
+        for (d, (&bd, &n)) in b.block_shape.iter().zip(&o.array_shape).enumerate() {
+            let size = bd.size();
+            if size == 0 || n % size != 0 {
+                problems.push(Problem {
+                    kind: ProblemKind::Coverage,
+                    subject: what.clone(),
+                    message: format!(
+                        "block dim {d} ({size}) does not divide the array dim ({n}) of shape {:?}; \
+                         choose a block size that divides {n}",
+                        o.array_shape
+                    ),
+                    loc: Some(o.loc),
+                });
+            }
+        }
+        if rules.tpu_tiling && rank >= 1 {
+            let (sub, lane) = tpu_tile(o.dtype);
+            let checks: Vec<(usize, usize, &str)> = if rank == 1 {
+                vec![(0, lane, "lane")]
+            } else {
+                vec![(rank - 2, sub, "sublane"), (rank - 1, lane, "lane")]
+            };
+            for (d, mult, kind) in checks {
+                let (bd, n) = (b.block_shape[d], o.array_shape[d]);
+                let size = bd.size();
+                let ok = size == n || (bd != BlockDim::Squeezed && size % mult == 0);
+                if !ok {
+                    problems.push(Problem {
+                        kind: ProblemKind::Tiling,
+                        subject: what.clone(),
+                        message: format!(
+                            "block dim {d} is {size} but on TPU the {kind} dim of a {} block must be \
+                             a multiple of {mult} or equal the array dim ({n}); use a block of {} \
+                             or {n} (or TargetRules::portable() for non-TPU backends)",
+                            o.dtype,
+                            round_up(size.max(1), mult)
+                        ),
+                        loc: Some(o.loc),
+                    });
+                }
+            }
+        }
+    }
+    if let Some(limit) = rules.vmem_limit_bytes {
+        let mut items: Vec<(String, usize)> = Vec::new();
+        for (i, o) in k.operands.iter().enumerate() {
+            if o.memory != MemorySpace::Vmem {
+                continue;
+            }
+            let elems: usize = o.block_sizes().iter().product();
+            let bytes = elems * o.dtype.size_bytes();
+            // Pipelined blocks are double-buffered; scratch is allocated once.
+            let bytes = if o.role == OperandRole::Scratch { bytes } else { 2 * bytes };
+            items.push((k.describe(RefId(i as u32)), bytes));
+        }
+        let total: usize = items.iter().map(|(_, b)| b).sum();
+        if total > limit {
+            items.sort_by(|a, b| b.1.cmp(&a.1));
+            let top: Vec<String> =
+                items.iter().take(3).map(|(n, b)| format!("{n} {}", human_bytes(*b))).collect();
+            problems.push(Problem {
+                kind: ProblemKind::Vmem,
+                subject: "vmem".into(),
+                message: format!(
+                    "blocks and scratch need {} of VMEM (inputs/outputs double-buffered) but the \
+                     target allows {}; largest: {}; use smaller blocks or raise the limit \
+                     (TargetRules::with_vmem_limit)",
+                    human_bytes(total),
+                    human_bytes(limit),
+                    top.join(", ")
+                ),
+                loc: Some(k.loc),
+            });
+        }
+    }
+    problems
+}
+
+fn round_up(x: usize, m: usize) -> usize {
+    x.div_ceil(m) * m
+}
+
+/// Bytes as KiB/MiB for messages.
+pub fn human_bytes(b: usize) -> String {
+    if b >= 1 << 20 && b % (1 << 10) == 0 {
+        format!("{:.2} MiB", b as f64 / (1u64 << 20) as f64)
+    } else if b >= 1 << 10 {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    } else {
+        format!("{b} B")
+    }
+}

@@ -1,0 +1,301 @@
+//! Kernel operand handles: inputs (`Ref`), outputs (`RefMut`), scratch (`Scratch`) and SMEM
+//! tables (`Smem`). Their methods append loads and stores to the kernel being traced.
+
+use std::marker::PhantomData;
+
+use super::ops::{poisoned_value, IntoValue};
+use super::state::{emit, with_trace, Value};
+use crate::ir::{DType, Loc, Op, RefId, Slice};
+
+/// A Rust element type usable in kernel operand types (`Ref<f32>`, `Scratch<half::bf16>`, ...).
+pub trait Element: Copy + Send + Sync + 'static {
+    const DTYPE: DType;
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+}
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+}
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+}
+impl Element for i8 {
+    const DTYPE: DType = DType::I8;
+}
+impl Element for bool {
+    const DTYPE: DType = DType::Bool;
+}
+
+/// One dimension of a window into a block: everything, or `len` elements from `start`.
+#[derive(Debug, Clone, Copy)]
+pub struct Idx(pub(crate) IdxKind);
+
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum IdxKind {
+    All,
+    Static { start: usize, len: usize },
+    Dynamic { start: Value, len: usize },
+}
+
+/// The whole dimension (`:` in Python).
+pub fn all() -> Idx {
+    Idx(IdxKind::All)
+}
+
+/// A start that is known at compile time (`usize`) or at run time (an i32 [`Value`]).
+pub trait IntoStart {
+    fn into_idx(self, len: usize) -> Idx;
+}
+
+impl IntoStart for usize {
+    fn into_idx(self, len: usize) -> Idx {
+        Idx(IdxKind::Static { start: self, len })
+    }
+}
+
+impl IntoStart for Value {
+    fn into_idx(self, len: usize) -> Idx {
+        Idx(IdxKind::Dynamic { start: self, len })
+    }
+}
+
+/// `len` elements from `start` (Pallas' `pl.ds`). The length is always a compile-time size:
+/// vector shapes must be static.
+pub fn ds(start: impl IntoStart, len: usize) -> Idx {
+    start.into_idx(len)
+}
+
+fn slices(idx: &[Idx]) -> Vec<Slice> {
+    idx.iter()
+        .map(|i| match i.0 {
+            IdxKind::All => Slice::Full,
+            IdxKind::Static { start, len } => Slice::Static { start, len },
+            IdxKind::Dynamic { start, len } => Slice::Dynamic { start: start.id, len },
+        })
+        .collect()
+}
+
+fn full_window(r: RefId) -> Vec<Slice> {
+    let rank = with_trace(|t| t.operands[r.index()].view_shape().len());
+    vec![Slice::Full; rank]
+}
+
+#[track_caller]
+fn load(r: RefId, s: Vec<Slice>) -> Value {
+    emit(Op::Load { src: r, slices: s }, Loc::caller())[0]
+}
+
+/// Stores `value` into a window; a scalar (or literal) is broadcast to the window's shape.
+#[track_caller]
+fn store(r: RefId, s: Vec<Slice>, value: impl IntoValue) {
+    let loc = Loc::caller();
+    let (dtype, view) = with_trace(|t| {
+        let o = &t.operands[r.index()];
+        (o.dtype, o.view_shape())
+    });
+    let value = match value.as_value() {
+        Some(v) => v,
+        None => value.into_value_like(Some(dtype)),
+    };
+    let window: Vec<usize> = s.iter().zip(&view).map(|(s, &n)| s.len(n)).collect();
+    let value = if s.len() == view.len() && value.shape().is_empty() && !window.is_empty() && !value.is_poisoned() {
+        emit(Op::Broadcast { x: value.id, shape: window }, loc)[0]
+    } else {
+        value
+    };
+    emit(Op::Store { dst: r, slices: s, value: value.id }, loc);
+}
+
+/// A window (sub-block) of a ref, from [`Ref::at`] and friends.
+#[derive(Debug, Clone)]
+pub struct Window {
+    r: RefId,
+    slices: Vec<Slice>,
+    writable: bool,
+}
+
+impl Window {
+    #[track_caller]
+    pub fn load(&self) -> Value {
+        load(self.r, self.slices.clone())
+    }
+}
+
+/// A writable window of an output or scratch ref.
+#[derive(Debug, Clone)]
+pub struct WindowMut(Window);
+
+impl WindowMut {
+    #[track_caller]
+    pub fn load(&self) -> Value {
+        self.0.load()
+    }
+
+    #[track_caller]
+    pub fn store(&self, value: impl IntoValue) {
+        debug_assert!(self.0.writable);
+        store(self.0.r, self.0.slices.clone(), value)
+    }
+}
+
+macro_rules! handle {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name<T: Element> {
+            id: RefId,
+            _t: PhantomData<T>,
+        }
+
+        impl<T: Element> Clone for $name<T> {
+            fn clone(&self) -> Self {
+                *self
+            }
+        }
+        impl<T: Element> Copy for $name<T> {}
+
+        impl<T: Element> $name<T> {
+            #[doc(hidden)]
+            pub fn __from_id(id: RefId) -> Self {
+                $name { id, _t: PhantomData }
+            }
+
+            /// The ref's id in the kernel IR.
+            pub fn id(&self) -> RefId {
+                self.id
+            }
+
+            /// The shape the kernel body sees (block without squeezed dims, or whole array).
+            pub fn shape(&self) -> Vec<usize> {
+                with_trace(|t| t.operands[self.id.index()].view_shape())
+            }
+
+            pub fn dtype(&self) -> DType {
+                T::DTYPE
+            }
+        }
+    };
+}
+
+handle!(
+    /// A read-only input block in VMEM.
+    Ref
+);
+handle!(
+    /// A write-only output block in VMEM.
+    RefMut
+);
+handle!(
+    /// A kernel-private buffer that persists across grid steps (accumulators).
+    Scratch
+);
+handle!(
+    /// A whole small array in SMEM (scalar prefetch), read one element at a time.
+    Smem
+);
+
+/// Marks the refs a kernel may store to. Inputs (`Ref<T>`) and SMEM tables are read-only.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is a kernel input, and inputs are read-only",
+    label = "cannot store to an input",
+    note = "declare the parameter as `RefMut<T>` (an output) or keep partial results in a `Scratch<T>`"
+)]
+pub trait Writable {}
+
+impl<T: Element> Writable for RefMut<T> {}
+impl<T: Element> Writable for Scratch<T> {}
+
+impl<T: Element> Ref<T> {
+    /// Inputs are read-only: this exists only to turn a store into a clear compile error.
+    #[doc(hidden)]
+    pub fn store(&self, _value: impl IntoValue)
+    where
+        Self: Writable,
+    {
+        unreachable!("Ref<T> never implements Writable")
+    }
+
+    /// Loads the whole block.
+    #[track_caller]
+    pub fn load(&self) -> Value {
+        load(self.id, full_window(self.id))
+    }
+
+    /// A window of the block, one [`Idx`] per dimension.
+    pub fn at(&self, idx: &[Idx]) -> Window {
+        Window { r: self.id, slices: slices(idx), writable: false }
+    }
+}
+
+impl<T: Element> RefMut<T> {
+    /// Stores into the whole block; a scalar is broadcast.
+    #[track_caller]
+    pub fn store(&self, value: impl IntoValue) {
+        store(self.id, full_window(self.id), value)
+    }
+
+    /// A window of the block, one [`Idx`] per dimension.
+    pub fn at(&self, idx: &[Idx]) -> WindowMut {
+        WindowMut(Window { r: self.id, slices: slices(idx), writable: true })
+    }
+}
+
+impl<T: Element> Scratch<T> {
+    #[track_caller]
+    pub fn load(&self) -> Value {
+        load(self.id, full_window(self.id))
+    }
+
+    /// Stores into the whole buffer; a scalar is broadcast.
+    #[track_caller]
+    pub fn store(&self, value: impl IntoValue) {
+        store(self.id, full_window(self.id), value)
+    }
+
+    pub fn at(&self, idx: &[Idx]) -> WindowMut {
+        WindowMut(Window { r: self.id, slices: slices(idx), writable: true })
+    }
+}
+
+/// An index into an SMEM table: an i32 [`Value`] or a Rust integer.
+pub trait IntoIndex {
+    #[track_caller]
+    fn into_index(self) -> Value;
+}
+
+impl IntoIndex for Value {
+    fn into_index(self) -> Value {
+        self
+    }
+}
+
+macro_rules! into_index_int {
+    ($($t:ty),*) => {$(
+        impl IntoIndex for $t {
+            #[track_caller]
+            fn into_index(self) -> Value {
+                match i32::try_from(self) {
+                    Ok(v) => super::ops::constant(DType::I32, &[], v),
+                    Err(_) => {
+                        let loc = Loc::caller();
+                        with_trace(|t| t.problem("index", loc, format!("index {self} does not fit in i32")));
+                        poisoned_value()
+                    }
+                }
+            }
+        }
+    )*};
+}
+into_index_int!(i32, i64, usize, u32);
+
+impl<T: Element> Smem<T> {
+    /// Reads one element (Pallas' `ref[i, j]` on an SMEM ref).
+    #[track_caller]
+    pub fn get<const N: usize>(&self, indices: [impl IntoIndex; N]) -> Value {
+        let loc = Loc::caller();
+        let indices: Vec<_> = indices.into_iter().map(|i| i.into_index().id).collect();
+        emit(Op::LoadScalar { src: self.id, indices }, loc)[0]
+    }
+}

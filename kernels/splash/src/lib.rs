@@ -1,0 +1,1 @@
+//! tessera-splash: splash attention kernels (see the splash issue).

@@ -1,0 +1,1 @@
+//! tessera-runtime: PJRT C API binding (the only crate with `unsafe`).

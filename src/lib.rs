@@ -1,0 +1,11 @@
+//! tessera: a Pallas-like kernel DSL embedded in Rust.
+//!
+//! This facade re-exports the layers (see DESIGN.md) and hosts the example kernels and the
+//! `tessera` command-line tool.
+
+pub use tessera_dsl as dsl;
+pub use tessera_hlo as hlo;
+
+pub mod kernels;
+
+pub use tessera_dsl::prelude;
