@@ -7,5 +7,7 @@ pub use tessera_dsl as dsl;
 pub use tessera_hlo as hlo;
 
 pub mod kernels;
+pub mod reference;
+pub mod registry;
 
 pub use tessera_dsl::prelude;

@@ -1,1 +1,220 @@
-fn main() {}
+//! The `tessera` command-line tool.
+
+use std::process::ExitCode;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Parser, Subcommand};
+use tessera::dsl::interpret::{self, InterpretOptions};
+use tessera::dsl::{ArgSpec, DType, HostArray, TargetRules};
+use tessera::reference::{attention_ref, matmul_ref, max_abs_diff, random, softmax_ref};
+use tessera::registry;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tessera",
+    version,
+    about = "A Pallas-like kernel DSL embedded in Rust"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List the built-in kernels and their compile-time parameters.
+    Kernels,
+    /// Print the IR of a built-in kernel instantiated with the given parameters.
+    Ir {
+        /// Kernel name (see `tessera kernels`).
+        kernel: String,
+        /// A compile-time parameter or default array size, NAME=VALUE (repeatable).
+        #[arg(long = "param", short = 'p', value_parser = parse_param)]
+        params: Vec<(String, String)>,
+        /// Override an argument's type, e.g. `--arg f32[256,512]` (repeat in argument order).
+        #[arg(long = "arg", value_parser = parse_arg)]
+        args: Vec<ArgSpec>,
+        /// Hardware rules to check: tpu (default) or portable.
+        #[arg(long, default_value = "tpu")]
+        rules: String,
+    },
+    /// Run the example kernels on the interpreter and check them against naive f64 references.
+    Demo,
+}
+
+fn parse_param(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected NAME=VALUE, got `{s}`")),
+    }
+}
+
+fn parse_arg(s: &str) -> Result<ArgSpec, String> {
+    let bad = || format!("expected DTYPE[D0,D1,...] such as f32[256,512], got `{s}`");
+    let (dtype, rest) = s.split_once('[').ok_or_else(bad)?;
+    let dims = rest.strip_suffix(']').ok_or_else(bad)?;
+    let dtype = DType::from_name(dtype)
+        .ok_or_else(|| format!("unknown dtype `{dtype}`; expected f32, bf16, i32, i8 or bool"))?;
+    let shape = dims
+        .split(',')
+        .map(|d| d.trim().parse::<usize>().map_err(|_| bad()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ArgSpec::new(dtype, shape))
+}
+
+fn rules(name: &str) -> Result<TargetRules> {
+    match name {
+        "tpu" => Ok(TargetRules::tpu()),
+        "portable" => Ok(TargetRules::portable()),
+        other => bail!("unknown rules `{other}`; expected tpu or portable"),
+    }
+}
+
+fn list_kernels() {
+    for k in registry::KERNELS {
+        println!("{}  {}", k.name, k.summary);
+        for p in k.params {
+            println!("    {:<8} = {:<6} {}", p.name, p.default, p.help);
+        }
+    }
+}
+
+fn print_ir(
+    kernel: &str,
+    params: &[(String, String)],
+    args: Vec<ArgSpec>,
+    rules_name: &str,
+) -> Result<()> {
+    let info = registry::find(kernel).map_err(|e| anyhow!(e))?;
+    let (def, default_args) = info.build(params).map_err(|e| anyhow!(e))?;
+    let args = if args.is_empty() { default_args } else { args };
+    let k = def.instantiate(&args, &rules(rules_name)?)?;
+    print!("{k}");
+    Ok(())
+}
+
+/// One demo case: a kernel run on the interpreter, its max error against the reference.
+fn demo_case(
+    name: &str,
+    params: &[(&str, &str)],
+    check: impl Fn(&[HostArray], &HostArray) -> f64,
+    tol: f64,
+) -> Result<bool> {
+    let info = registry::find(name).map_err(|e| anyhow!(e))?;
+    let given: Vec<(String, String)> = params
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let (def, specs) = info.build(&given).map_err(|e| anyhow!(e))?;
+    let inputs: Vec<HostArray> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| random(s.dtype, &s.shape, i as u64 + 1))
+        .collect();
+    let start = std::time::Instant::now();
+    let outputs = interpret::run(&def, &inputs, &InterpretOptions::default())
+        .with_context(|| format!("running {name}"))?;
+    let elapsed = start.elapsed();
+    let err = check(&inputs, &outputs[0]);
+    let ok = err <= tol;
+    let shown: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    println!(
+        "{:<16} {:<44} interpret {:>8.1} ms   max |err| {:.2e} (tol {:.0e})  {}",
+        name,
+        shown.join(" "),
+        elapsed.as_secs_f64() * 1e3,
+        err,
+        tol,
+        if ok { "ok" } else { "MISMATCH" }
+    );
+    Ok(ok)
+}
+
+fn demo() -> Result<bool> {
+    let f64s = |a: &HostArray| a.to_f64_vec();
+    let mut all_ok = true;
+    for (dtype, tol) in [("f32", 1e-4), ("bf16", 1e-3)] {
+        all_ok &= demo_case(
+            "matmul",
+            &[
+                ("dtype", dtype),
+                ("BM", "128"),
+                ("BN", "128"),
+                ("BK", "128"),
+            ],
+            |i, o| {
+                let (m, k) = (i[0].shape()[0], i[0].shape()[1]);
+                max_abs_diff(
+                    &f64s(o),
+                    &matmul_ref(&f64s(&i[0]), &f64s(&i[1]), m, k, i[1].shape()[1]),
+                )
+                .0
+            },
+            tol,
+        )?;
+    }
+    for (dtype, br, tol) in [("f32", "8", 1e-6), ("bf16", "16", 4e-3)] {
+        all_ok &= demo_case(
+            "row_softmax",
+            &[("dtype", dtype), ("BR", br)],
+            |i, o| {
+                let (r, c) = (i[0].shape()[0], i[0].shape()[1]);
+                max_abs_diff(&f64s(o), &softmax_ref(&f64s(&i[0]), r, c)).0
+            },
+            tol,
+        )?;
+    }
+    for causal in ["false", "true"] {
+        all_ok &= demo_case(
+            "flash_attention",
+            &[
+                ("BQ", "64"),
+                ("BKV", "128"),
+                ("causal", causal),
+                ("S", "256"),
+            ],
+            |i, o| {
+                let (s, d) = (i[0].shape()[0], i[0].shape()[1]);
+                let want = attention_ref(
+                    &f64s(&i[0]),
+                    &f64s(&i[1]),
+                    &f64s(&i[2]),
+                    s,
+                    d,
+                    causal == "true",
+                );
+                max_abs_diff(&f64s(o), &want).0
+            },
+            1e-5,
+        )?;
+    }
+    Ok(all_ok)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Kernels => {
+            list_kernels();
+            Ok(true)
+        }
+        Command::Ir {
+            kernel,
+            params,
+            args,
+            rules,
+        } => print_ir(&kernel, &params, args, &rules).map(|()| true),
+        Command::Demo => demo(),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("error: some kernels disagree with their references");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -62,7 +62,11 @@ impl HostArray {
         let shape = shape.into();
         let expected: usize = shape.iter().product();
         if expected != data.len() {
-            return Err(ShapeError { shape, expected, actual: data.len() });
+            return Err(ShapeError {
+                shape,
+                expected,
+                actual: data.len(),
+            });
         }
         Ok(HostArray { shape, data })
     }

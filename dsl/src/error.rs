@@ -51,7 +51,10 @@ pub struct KernelError {
 
 impl KernelError {
     pub fn new(kernel: impl Into<String>, problems: Vec<Problem>) -> Self {
-        KernelError { kernel: kernel.into(), problems }
+        KernelError {
+            kernel: kernel.into(),
+            problems,
+        }
     }
 
     pub fn single(
@@ -62,7 +65,12 @@ impl KernelError {
     ) -> Self {
         KernelError::new(
             kernel,
-            vec![Problem { kind, subject: subject.into(), message: message.into(), loc: None }],
+            vec![Problem {
+                kind,
+                subject: subject.into(),
+                message: message.into(),
+                loc: None,
+            }],
         )
     }
 

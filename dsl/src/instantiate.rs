@@ -13,8 +13,8 @@ use crate::ir::{
     OperandRole, Param, RefId, ValueType,
 };
 use crate::rules::{self, TargetRules};
-use crate::trace::{IntoIndex, Ref, RefMut, Scratch, Smem, TraceState, Value};
 use crate::trace::Element;
+use crate::trace::{IntoIndex, Ref, RefMut, Scratch, Smem, TraceState, Value};
 
 /// The dtype and shape of one kernel argument (an input or scalar-prefetch array).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -25,7 +25,10 @@ pub struct ArgSpec {
 
 impl ArgSpec {
     pub fn new(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
-        ArgSpec { dtype, shape: shape.into() }
+        ArgSpec {
+            dtype,
+            shape: shape.into(),
+        }
     }
 }
 
@@ -93,7 +96,13 @@ impl KernelDef {
         loc: Loc,
         build: impl Fn(&mut Builder) -> Result<(), Stop> + Send + Sync + 'static,
     ) -> Self {
-        KernelDef { name, params, args, loc, build: Arc::new(build) }
+        KernelDef {
+            name,
+            params,
+            args,
+            loc,
+            build: Arc::new(build),
+        }
     }
 
     pub fn name(&self) -> &'static str {
@@ -128,19 +137,31 @@ impl KernelDef {
             return Ok(Arc::clone(k));
         }
         let kernel = Arc::new(self.trace(args, rules)?);
-        cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, Arc::clone(&kernel));
+        cache()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, Arc::clone(&kernel));
         Ok(kernel)
     }
 
     fn trace(&self, args: &[ArgSpec], rules: &TargetRules) -> Result<Kernel, KernelError> {
         let err = |problems| KernelError::new(self.name, problems);
         if args.len() != self.args.len() {
-            let expected: Vec<String> = self.args.iter().map(|a| format!("{} ({} rank {})", a.name, a.dtype, a.rank)).collect();
+            let expected: Vec<String> = self
+                .args
+                .iter()
+                .map(|a| format!("{} ({} rank {})", a.name, a.dtype, a.rank))
+                .collect();
             return Err(KernelError::single(
                 self.name,
                 ProblemKind::Argument,
                 "arguments",
-                format!("expected {} arguments [{}], got {}", self.args.len(), expected.join(", "), args.len()),
+                format!(
+                    "expected {} arguments [{}], got {}",
+                    self.args.len(),
+                    expected.join(", "),
+                    args.len()
+                ),
             ));
         }
         let mut b = Builder {
@@ -185,7 +206,12 @@ impl KernelDef {
         if let Err(errors) = verify(&kernel) {
             return Err(err(errors
                 .into_iter()
-                .map(|e| Problem { kind: ProblemKind::Verify, subject: format!("`{}`", e.op), message: e.message, loc: Some(e.loc) })
+                .map(|e| Problem {
+                    kind: ProblemKind::Verify,
+                    subject: format!("`{}`", e.op),
+                    message: e.message,
+                    loc: Some(e.loc),
+                })
                 .collect()));
         }
         let mut problems = rules::check(&kernel, rules);
@@ -211,7 +237,12 @@ pub struct Builder {
 
 impl Builder {
     fn problem(&mut self, kind: ProblemKind, subject: impl Into<String>, message: String) -> Stop {
-        self.problems.push(Problem { kind, subject: subject.into(), message, loc: Some(self.loc) });
+        self.problems.push(Problem {
+            kind,
+            subject: subject.into(),
+            message,
+            loc: Some(self.loc),
+        });
         Stop
     }
 
@@ -263,7 +294,9 @@ impl Builder {
         Err(self.problem(
             ProblemKind::Argument,
             name,
-            format!("dim {dim} is {actual} but `{symbol}` is {expected} (set by an earlier argument)"),
+            format!(
+                "dim {dim} is {actual} but `{symbol}` is {expected} (set by an earlier argument)"
+            ),
         ))
     }
 
@@ -312,7 +345,10 @@ impl Builder {
             |g: &[Value]| index_map(g),
         );
         region.yields = yields.iter().map(|v| v.id).collect();
-        BlockMapping { block_shape: block, index_map: region }
+        BlockMapping {
+            block_shape: block,
+            index_map: region,
+        }
     }
 
     #[doc(hidden)]
@@ -397,14 +433,20 @@ pub fn __index(i: impl IntoIndex) -> Value {
 impl Param {
     /// A parameter shown by its `Display` form (block sizes, dtypes, flags).
     pub fn new(name: &str, value: impl fmt::Display) -> Self {
-        Param { name: name.to_string(), value: value.to_string() }
+        Param {
+            name: name.to_string(),
+            value: value.to_string(),
+        }
     }
 
     /// A parameter too large to print (a mask, a table): shown and keyed by a hash of its value.
     pub fn hashed(name: &str, value: &impl Hash) -> Self {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         value.hash(&mut h);
-        Param { name: name.to_string(), value: format!("#{:016x}", h.finish()) }
+        Param {
+            name: name.to_string(),
+            value: format!("#{:016x}", h.finish()),
+        }
     }
 }
 
@@ -413,7 +455,10 @@ impl Param {
     pub fn comptime<T: fmt::Debug + Hash>(name: &str, value: &T) -> Self {
         let shown = format!("{value:?}");
         if shown.len() <= 48 && !shown.contains('\n') {
-            Param { name: name.to_string(), value: shown }
+            Param {
+                name: name.to_string(),
+                value: shown,
+            }
         } else {
             Param::hashed(name, value)
         }

@@ -24,20 +24,19 @@ pub use ir::{DType, DimSemantics, Kernel};
 pub use rules::TargetRules;
 pub use tessera_macros::tpu_kernel;
 pub use trace::{
-    Writable,
     all, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop, iota, maximum, minimum,
     num_programs, program_id, select, when, zeros, Carry, Element, Idx, IntoIndex, IntoStart,
-    IntoValue, Ref, RefMut, Scratch, ScalarLit, Smem, Value, Window, WindowMut,
+    IntoValue, Ref, RefMut, ScalarLit, Scratch, Smem, Value, Window, WindowMut, Writable,
 };
 
 /// Everything a kernel author needs, for `use tessera_dsl::prelude::*`.
 pub mod prelude {
     pub use crate::ir::DType;
+    pub use crate::tpu_kernel;
     pub use crate::trace::{
         all, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop, iota, maximum, minimum,
         num_programs, program_id, select, when, zeros, Element, Ref, RefMut, Scratch, Smem, Value,
     };
-    pub use crate::tpu_kernel;
     pub use half::bf16;
 }
 

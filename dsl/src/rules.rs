@@ -29,12 +29,20 @@ impl Default for TargetRules {
 impl TargetRules {
     /// The rules Mosaic enforces on TPU, with v5e's default scoped VMEM budget.
     pub fn tpu() -> Self {
-        TargetRules { name: "tpu", tpu_tiling: true, vmem_limit_bytes: Some(DEFAULT_VMEM_LIMIT_BYTES) }
+        TargetRules {
+            name: "tpu",
+            tpu_tiling: true,
+            vmem_limit_bytes: Some(DEFAULT_VMEM_LIMIT_BYTES),
+        }
     }
 
     /// No tiling or VMEM rules: for StableHLO backends that have no such constraints.
     pub fn portable() -> Self {
-        TargetRules { name: "portable", tpu_tiling: false, vmem_limit_bytes: None }
+        TargetRules {
+            name: "portable",
+            tpu_tiling: false,
+            vmem_limit_bytes: None,
+        }
     }
 
     /// The same rules with another VMEM budget (`--xla_tpu_scoped_vmem_limit_kib`).
@@ -113,14 +121,21 @@ pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
             let elems: usize = o.block_sizes().iter().product();
             let bytes = elems * o.dtype.size_bytes();
             // Pipelined blocks are double-buffered; scratch is allocated once.
-            let bytes = if o.role == OperandRole::Scratch { bytes } else { 2 * bytes };
+            let bytes = if o.role == OperandRole::Scratch {
+                bytes
+            } else {
+                2 * bytes
+            };
             items.push((k.describe(RefId(i as u32)), bytes));
         }
         let total: usize = items.iter().map(|(_, b)| b).sum();
         if total > limit {
-            items.sort_by(|a, b| b.1.cmp(&a.1));
-            let top: Vec<String> =
-                items.iter().take(3).map(|(n, b)| format!("{n} {}", human_bytes(*b))).collect();
+            items.sort_by_key(|item| std::cmp::Reverse(item.1));
+            let top: Vec<String> = items
+                .iter()
+                .take(3)
+                .map(|(n, b)| format!("{n} {}", human_bytes(*b)))
+                .collect();
             problems.push(Problem {
                 kind: ProblemKind::Vmem,
                 subject: "vmem".into(),

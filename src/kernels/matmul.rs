@@ -19,5 +19,7 @@ pub fn matmul<T: Element, const BM: usize, const BN: usize, const BK: usize>(
 ) {
     when(program_id(2).eq(0), || acc.store(0.0));
     acc.store(acc.load() + dot(x.load(), y.load()));
-    when(program_id(2).eq(num_programs(2) - 1), || out.store(acc.load()));
+    when(program_id(2).eq(num_programs(2) - 1), || {
+        out.store(acc.load())
+    });
 }

@@ -1,5 +1,9 @@
 //! Example kernels written with `#[tpu_kernel]`, each tested against naive Rust.
 
+pub mod flash;
 pub mod matmul;
+pub mod softmax;
 
+pub use flash::flash_attention;
 pub use matmul::matmul;
+pub use softmax::row_softmax;

@@ -24,7 +24,7 @@ use crate::rules::TargetRules;
 use tensor::{for_each_index, Tensor};
 
 /// How the interpreter runs a kernel.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InterpretOptions {
     /// Run `parallel` grid dims in an order shuffled with this seed (race detection).
     pub shuffle_parallel: Option<u64>,
@@ -32,15 +32,12 @@ pub struct InterpretOptions {
     pub rules: TargetRules,
 }
 
-impl Default for InterpretOptions {
-    fn default() -> Self {
-        InterpretOptions { shuffle_parallel: None, rules: TargetRules::tpu() }
-    }
-}
-
 impl InterpretOptions {
     pub fn shuffled(seed: u64) -> Self {
-        InterpretOptions { shuffle_parallel: Some(seed), ..Self::default() }
+        InterpretOptions {
+            shuffle_parallel: Some(seed),
+            ..Self::default()
+        }
     }
 }
 
@@ -63,15 +60,32 @@ pub fn run_kernel(
     options: &InterpretOptions,
 ) -> Result<Vec<HostArray>, KernelError> {
     let fail = |subject: String, message: String, loc: Option<Loc>| {
-        KernelError::new(&k.name, vec![Problem { kind: ProblemKind::Run, subject, message, loc }])
+        KernelError::new(
+            &k.name,
+            vec![Problem {
+                kind: ProblemKind::Run,
+                subject,
+                message,
+                loc,
+            }],
+        )
     };
     // Bind arguments to operands.
     let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
         .map(RefId)
-        .filter(|r| matches!(k.operand(*r).role, OperandRole::Input | OperandRole::ScalarPrefetch))
+        .filter(|r| {
+            matches!(
+                k.operand(*r).role,
+                OperandRole::Input | OperandRole::ScalarPrefetch
+            )
+        })
         .collect();
     if arg_refs.len() != args.len() {
-        return Err(fail("arguments".into(), format!("expected {} arrays, got {}", arg_refs.len(), args.len()), None));
+        return Err(fail(
+            "arguments".into(),
+            format!("expected {} arrays, got {}", arg_refs.len(), args.len()),
+            None,
+        ));
     }
     let mut arrays: HashMap<RefId, Tensor> = HashMap::new();
     for (&r, a) in arg_refs.iter().zip(args) {
@@ -79,13 +93,25 @@ pub fn run_kernel(
         if a.dtype() != o.dtype || a.shape() != o.array_shape.as_slice() {
             return Err(fail(
                 k.describe(r),
-                format!("the kernel was instantiated for {}[{:?}], got {}[{:?}]", o.dtype, o.array_shape, a.dtype(), a.shape()),
+                format!(
+                    "the kernel was instantiated for {}[{:?}], got {}[{:?}]",
+                    o.dtype,
+                    o.array_shape,
+                    a.dtype(),
+                    a.shape()
+                ),
                 None,
             ));
         }
         arrays.insert(r, Tensor::from_host(a));
     }
-    let mut m = Machine { k, arrays, buffers: HashMap::new(), env: vec![None; k.types.len()], step: Vec::new() };
+    let mut m = Machine {
+        k,
+        arrays,
+        buffers: HashMap::new(),
+        env: vec![None; k.types.len()],
+        step: Vec::new(),
+    };
     for (i, o) in k.operands.iter().enumerate() {
         let r = RefId(i as u32);
         match o.role {
@@ -93,17 +119,21 @@ pub fn run_kernel(
                 m.arrays.insert(r, Tensor::garbage(o.dtype, &o.array_shape));
             }
             OperandRole::Scratch => {
-                m.buffers.insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+                m.buffers
+                    .insert(r, Tensor::garbage(o.dtype, &o.array_shape));
             }
             _ => {}
         }
     }
 
-    // Output block currently resident per output, and who wrote each block back.
-    let mut resident: HashMap<RefId, Vec<usize>> = HashMap::new();
+    // Output block currently resident per output with the parallel coordinates of the steps
+    // that own it, and who wrote each block back.
+    let mut resident: HashMap<RefId, (Vec<usize>, Vec<usize>)> = HashMap::new();
     let mut writers: HashMap<(RefId, Vec<usize>), Vec<usize>> = HashMap::new();
     let order = grid_order(k, options.shuffle_parallel);
-    let parallel: Vec<usize> = (0..k.grid.len()).filter(|&d| k.semantics[d] == DimSemantics::Parallel).collect();
+    let parallel: Vec<usize> = (0..k.grid.len())
+        .filter(|&d| k.semantics[d] == DimSemantics::Parallel)
+        .collect();
     for step in order {
         m.step = step.clone();
         // Fetch input blocks; switch output blocks.
@@ -119,12 +149,21 @@ pub fn run_kernel(
                     m.buffers.insert(r, block.reshape(&o.view_shape()));
                 }
                 OperandRole::Output => {
-                    if resident.get(&r) != Some(&bidx) {
-                        if let Some(prev) = resident.remove(&r) {
-                            m.write_back(r, &prev, &mut writers, &parallel)?;
+                    let par: Vec<usize> = parallel.iter().map(|&d| step[d]).collect();
+                    match resident.get(&r) {
+                        Some((held, owner)) if *held == bidx => {
+                            if *owner != par {
+                                return Err(m.race(r, &bidx, &parallel, owner, &par));
+                            }
                         }
-                        m.buffers.insert(r, Tensor::garbage(o.dtype, &o.view_shape()));
-                        resident.insert(r, bidx);
+                        _ => {
+                            if let Some((prev, owner)) = resident.remove(&r) {
+                                m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
+                            }
+                            m.buffers
+                                .insert(r, Tensor::garbage(o.dtype, &o.view_shape()));
+                            resident.insert(r, (bidx, par));
+                        }
                     }
                 }
                 _ => {}
@@ -133,13 +172,24 @@ pub fn run_kernel(
         let body = &k.body;
         m.region(body, &[])?;
     }
-    let outputs: Vec<RefId> = k.operands_with(OperandRole::Output).map(|(r, _)| r).collect();
+    let outputs: Vec<RefId> = k
+        .operands_with(OperandRole::Output)
+        .map(|(r, _)| r)
+        .collect();
     for &r in &outputs {
-        if let Some(prev) = resident.remove(&r) {
-            m.write_back(r, &prev, &mut writers, &parallel)?;
+        if let Some((prev, owner)) = resident.remove(&r) {
+            m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
         }
     }
-    Ok(outputs.into_iter().map(|r| m.arrays.remove(&r).expect("outputs are allocated").into_host()).collect())
+    Ok(outputs
+        .into_iter()
+        .map(|r| {
+            m.arrays
+                .remove(&r)
+                .expect("outputs are allocated")
+                .into_host()
+        })
+        .collect())
 }
 
 /// The grid steps in execution order: row-major, with `parallel` dims permuted when shuffled.
@@ -187,7 +237,12 @@ impl Machine<'_> {
         )
     }
 
-    fn block_index(&mut self, r: RefId, map: &Region, step: &[usize]) -> Result<Vec<usize>, KernelError> {
+    fn block_index(
+        &mut self,
+        r: RefId,
+        map: &Region,
+        step: &[usize],
+    ) -> Result<Vec<usize>, KernelError> {
         let args: Vec<Tensor> = step.iter().map(|&i| Tensor::scalar_i32(i as i32)).collect();
         let out = self.region(map, &args)?;
         let o = self.k.operand(r);
@@ -208,36 +263,54 @@ impl Machine<'_> {
         Ok(idx)
     }
 
+    fn race(
+        &self,
+        r: RefId,
+        bidx: &[usize],
+        parallel: &[usize],
+        a: &[usize],
+        b: &[usize],
+    ) -> KernelError {
+        self.error(
+            self.k.operand(r).loc,
+            self.k.describe(r),
+            format!(
+                "race: output block {bidx:?} is written by grid steps whose parallel dims {parallel:?} \
+                 differ ({a:?} and {b:?}); mark the dim `arbitrary` or give each parallel step its own block"
+            ),
+        )
+    }
+
+    /// Copies a resident output block back to its array, checking no other parallel step
+    /// wrote that block before.
     fn write_back(
         &mut self,
         r: RefId,
         bidx: &[usize],
+        owner: &[usize],
         writers: &mut HashMap<(RefId, Vec<usize>), Vec<usize>>,
         parallel: &[usize],
     ) -> Result<(), KernelError> {
         let o = self.k.operand(r);
-        let par: Vec<usize> = parallel.iter().map(|&d| self.step[d]).collect();
-        if let Some(prev) = writers.insert((r, bidx.to_vec()), par.clone()) {
-            if prev != par {
-                return Err(self.error(
-                    o.loc,
-                    self.k.describe(r),
-                    format!(
-                        "race: output block {bidx:?} is written by grid steps whose parallel dims {parallel:?} \
-                         differ ({prev:?} and {par:?}); mark the dim `arbitrary` or give each parallel step its own block"
-                    ),
-                ));
+        if let Some(prev) = writers.insert((r, bidx.to_vec()), owner.to_vec()) {
+            if prev != owner {
+                return Err(self.race(r, bidx, parallel, &prev, owner));
             }
         }
         let sizes = o.block_sizes();
         let starts: Vec<usize> = bidx.iter().zip(&sizes).map(|(i, s)| i * s).collect();
         let block = self.buffers[&r].reshape(&sizes);
-        self.arrays.get_mut(&r).expect("outputs are allocated").write_window(&starts, &block);
+        self.arrays
+            .get_mut(&r)
+            .expect("outputs are allocated")
+            .write_window(&starts, &block);
         Ok(())
     }
 
     fn get(&self, v: ValueId) -> &Tensor {
-        self.env[v.index()].as_ref().expect("verified: values are defined before use")
+        self.env[v.index()]
+            .as_ref()
+            .expect("verified: values are defined before use")
     }
 
     fn set(&mut self, v: ValueId, t: Tensor) {
@@ -255,7 +328,12 @@ impl Machine<'_> {
         Ok(r.yields.iter().map(|&y| self.get(y).clone()).collect())
     }
 
-    fn starts(&self, inst: &Inst, r: RefId, slices: &[Slice]) -> Result<(Vec<usize>, Vec<usize>), KernelError> {
+    fn starts(
+        &self,
+        inst: &Inst,
+        r: RefId,
+        slices: &[Slice],
+    ) -> Result<(Vec<usize>, Vec<usize>), KernelError> {
         let view = self.k.operand(r).view_shape();
         let mut starts = Vec::with_capacity(slices.len());
         let mut sizes = Vec::with_capacity(slices.len());
@@ -269,7 +347,10 @@ impl Machine<'_> {
                         return Err(self.error(
                             inst.loc,
                             format!("`{}` of {}", inst.op.name(), self.k.describe(r)),
-                            format!("dynamic slice {st}..{} of dim {d} is outside the block size {n}", st as i64 + len as i64),
+                            format!(
+                                "dynamic slice {st}..{} of dim {d} is outside the block size {n}",
+                                st as i64 + len as i64
+                            ),
                         ));
                     }
                     (st as usize, len)
@@ -293,12 +374,19 @@ impl Machine<'_> {
             Op::Store { dst, slices, value } => {
                 let (starts, _) = self.starts(inst, *dst, slices)?;
                 let v = self.get(*value).clone();
-                self.buffers.get_mut(dst).expect("blocks are resident").write_window(&starts, &v);
+                self.buffers
+                    .get_mut(dst)
+                    .expect("blocks are resident")
+                    .write_window(&starts, &v);
                 return Ok(());
             }
             Op::LoadScalar { src, indices } => {
                 let o = self.k.operand(*src);
-                let table = if o.role == OperandRole::Scratch { &self.buffers[src] } else { &self.arrays[src] };
+                let table = if o.role == OperandRole::Scratch {
+                    &self.buffers[src]
+                } else {
+                    &self.arrays[src]
+                };
                 let mut starts = Vec::with_capacity(indices.len());
                 for (d, &i) in indices.iter().enumerate() {
                     let i = self.get(i).as_i32();
@@ -306,7 +394,10 @@ impl Machine<'_> {
                         return Err(self.error(
                             inst.loc,
                             format!("`load_scalar` of {}", self.k.describe(*src)),
-                            format!("index {i} is out of bounds for dim {d} of size {}", o.array_shape[d]),
+                            format!(
+                                "index {i} is out of bounds for dim {d} of size {}",
+                                o.array_shape[d]
+                            ),
                         ));
                     }
                     starts.push(i as usize);
@@ -316,17 +407,24 @@ impl Machine<'_> {
             Op::Unary { op, x } => self.get(*x).unary(*op),
             Op::Binary { op, lhs, rhs } => self.get(*lhs).binary(*op, self.get(*rhs)),
             Op::Compare { op, lhs, rhs } => self.get(*lhs).compare(*op, self.get(*rhs)),
-            Op::Select { cond, on_true, on_false } => {
-                Tensor::select(self.get(*cond), self.get(*on_true), self.get(*on_false))
-            }
+            Op::Select {
+                cond,
+                on_true,
+                on_false,
+            } => Tensor::select(self.get(*cond), self.get(*on_true), self.get(*on_false)),
             Op::Cast { x, to } => self.get(*x).cast(*to),
             Op::Broadcast { x, shape } => self.get(*x).broadcast(shape),
             Op::Reshape { x, shape } => self.get(*x).reshape(shape),
             Op::Iota { ty, dim } => Tensor::iota(ty.dtype, &ty.shape, *dim),
             Op::Reduce { op, x, axis } => self.get(*x).reduce(*op, *axis),
-            Op::Dot { lhs, rhs, transpose_lhs, transpose_rhs } => {
-                self.get(*lhs).dot(self.get(*rhs), *transpose_lhs, *transpose_rhs)
-            }
+            Op::Dot {
+                lhs,
+                rhs,
+                transpose_lhs,
+                transpose_rhs,
+            } => self
+                .get(*lhs)
+                .dot(self.get(*rhs), *transpose_lhs, *transpose_rhs),
             Op::When { cond, then } => {
                 if self.get(*cond).as_bool() {
                     self.region(then, &[])?;
@@ -370,9 +468,20 @@ pub(crate) fn check_coverage(k: &Kernel) -> Vec<Problem> {
         if o.memory != MemorySpace::Vmem || reads_smem(&b.index_map) {
             continue;
         }
-        let mut m = Machine { k, arrays: HashMap::new(), buffers: HashMap::new(), env: vec![None; k.types.len()], step: Vec::new() };
+        let mut m = Machine {
+            k,
+            arrays: HashMap::new(),
+            buffers: HashMap::new(),
+            env: vec![None; k.types.len()],
+            step: Vec::new(),
+        };
         let sizes = o.block_sizes();
-        let blocks: Vec<usize> = o.array_shape.iter().zip(&sizes).map(|(n, s)| n / s.max(&1)).collect();
+        let blocks: Vec<usize> = o
+            .array_shape
+            .iter()
+            .zip(&sizes)
+            .map(|(n, s)| n / s.max(&1))
+            .collect();
         let mut seen = vec![false; blocks.iter().product()];
         let mut failed = false;
         for_each_index(&k.grid, |_, step| {
@@ -382,12 +491,19 @@ pub(crate) fn check_coverage(k: &Kernel) -> Vec<Problem> {
             m.step = step.to_vec();
             match m.block_index(r, &b.index_map, step) {
                 Ok(idx) => {
-                    let flat = idx.iter().zip(tensor::strides(&blocks)).map(|(i, s)| i * s).sum::<usize>();
+                    let flat = idx
+                        .iter()
+                        .zip(tensor::strides(&blocks))
+                        .map(|(i, s)| i * s)
+                        .sum::<usize>();
                     seen[flat] = true;
                 }
                 Err(e) => {
                     failed = true;
-                    problems.extend(e.problems.into_iter().map(|p| Problem { kind: ProblemKind::Coverage, ..p }));
+                    problems.extend(e.problems.into_iter().map(|p| Problem {
+                        kind: ProblemKind::Coverage,
+                        ..p
+                    }));
                 }
             }
         });
@@ -416,5 +532,7 @@ pub(crate) fn check_coverage(k: &Kernel) -> Vec<Problem> {
 }
 
 fn reads_smem(r: &Region) -> bool {
-    r.insts.iter().any(|i| matches!(i.op, Op::LoadScalar { .. }) || i.op.regions().into_iter().any(reads_smem))
+    r.insts.iter().any(|i| {
+        matches!(i.op, Op::LoadScalar { .. }) || i.op.regions().into_iter().any(reads_smem)
+    })
 }

@@ -72,7 +72,11 @@ impl Tensor {
             (_, Literal::Bool(b)) => Data::B(vec![b; n]),
             (d, Literal::Float(v)) => Data::I(vec![wrap(d, v as i32); n]),
         };
-        Tensor { dtype, shape: shape.to_vec(), data }
+        Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            data,
+        }
     }
 
     /// A buffer of garbage, as uninitialised VMEM: NaN for floats, a sentinel for ints.
@@ -87,7 +91,11 @@ impl Tensor {
     }
 
     pub fn scalar_i32(v: i32) -> Tensor {
-        Tensor { dtype: DType::I32, shape: vec![], data: Data::I(vec![v]) }
+        Tensor {
+            dtype: DType::I32,
+            shape: vec![],
+            data: Data::I(vec![v]),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -119,13 +127,19 @@ impl Tensor {
             ArrayData::I8(v) => Data::I(v.iter().map(|&x| x as i32).collect()),
             ArrayData::Bool(v) => Data::B(v.clone()),
         };
-        Tensor { dtype: a.dtype(), shape: a.shape().to_vec(), data }
+        Tensor {
+            dtype: a.dtype(),
+            shape: a.shape().to_vec(),
+            data,
+        }
     }
 
     pub fn into_host(self) -> HostArray {
         let data = match (self.dtype, self.data) {
             (DType::F32, Data::F(v)) => ArrayData::F32(v),
-            (DType::BF16, Data::F(v)) => ArrayData::BF16(v.into_iter().map(bf16::from_f32).collect()),
+            (DType::BF16, Data::F(v)) => {
+                ArrayData::BF16(v.into_iter().map(bf16::from_f32).collect())
+            }
             (DType::I32, Data::I(v)) => ArrayData::I32(v),
             (DType::I8, Data::I(v)) => ArrayData::I8(v.into_iter().map(|x| x as i8).collect()),
             (DType::Bool, Data::B(v)) => ArrayData::Bool(v),
@@ -139,7 +153,13 @@ impl Tensor {
         let st = strides(&self.shape);
         let mut picks = Vec::with_capacity(sizes.iter().product());
         for_each_index(sizes, |_, idx| {
-            picks.push(idx.iter().zip(starts).zip(&st).map(|((i, s), t)| (i + s) * t).sum::<usize>());
+            picks.push(
+                idx.iter()
+                    .zip(starts)
+                    .zip(&st)
+                    .map(|((i, s), t)| (i + s) * t)
+                    .sum::<usize>(),
+            );
         });
         self.gather(&picks, sizes.to_vec())
     }
@@ -149,7 +169,13 @@ impl Tensor {
         let st = strides(&self.shape);
         let mut targets = Vec::with_capacity(src.len());
         for_each_index(&src.shape, |_, idx| {
-            targets.push(idx.iter().zip(starts).zip(&st).map(|((i, s), t)| (i + s) * t).sum::<usize>());
+            targets.push(
+                idx.iter()
+                    .zip(starts)
+                    .zip(&st)
+                    .map(|((i, s), t)| (i + s) * t)
+                    .sum::<usize>(),
+            );
         });
         match (&mut self.data, &src.data) {
             (Data::F(d), Data::F(s)) => targets.iter().zip(s).for_each(|(&t, &v)| d[t] = v),
@@ -165,7 +191,11 @@ impl Tensor {
             Data::I(v) => Data::I(picks.iter().map(|&i| v[i]).collect()),
             Data::B(v) => Data::B(picks.iter().map(|&i| v[i]).collect()),
         };
-        Tensor { dtype: self.dtype, shape, data }
+        Tensor {
+            dtype: self.dtype,
+            shape,
+            data,
+        }
     }
 
     pub fn unary(&self, op: UnaryOp) -> Tensor {
@@ -174,33 +204,43 @@ impl Tensor {
             Data::F(v) => Data::F(
                 v.iter()
                     .map(|&x| {
-                        round(d, match op {
-                            UnaryOp::Neg => -x,
-                            UnaryOp::Exp => x.exp(),
-                            UnaryOp::Log => x.ln(),
-                            UnaryOp::Tanh => x.tanh(),
-                            UnaryOp::Sqrt => x.sqrt(),
-                            UnaryOp::Rsqrt => 1.0 / x.sqrt(),
-                            UnaryOp::Abs => x.abs(),
-                            UnaryOp::Not => unreachable!("verified: not on floats"),
-                        })
+                        round(
+                            d,
+                            match op {
+                                UnaryOp::Neg => -x,
+                                UnaryOp::Exp => x.exp(),
+                                UnaryOp::Log => x.ln(),
+                                UnaryOp::Tanh => x.tanh(),
+                                UnaryOp::Sqrt => x.sqrt(),
+                                UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+                                UnaryOp::Abs => x.abs(),
+                                UnaryOp::Not => unreachable!("verified: not on floats"),
+                            },
+                        )
                     })
                     .collect(),
             ),
             Data::I(v) => Data::I(
                 v.iter()
                     .map(|&x| {
-                        wrap(d, match op {
-                            UnaryOp::Neg => x.wrapping_neg(),
-                            UnaryOp::Abs => x.wrapping_abs(),
-                            _ => unreachable!("verified: float-only op on ints"),
-                        })
+                        wrap(
+                            d,
+                            match op {
+                                UnaryOp::Neg => x.wrapping_neg(),
+                                UnaryOp::Abs => x.wrapping_abs(),
+                                _ => unreachable!("verified: float-only op on ints"),
+                            },
+                        )
                     })
                     .collect(),
             ),
             Data::B(v) => Data::B(v.iter().map(|&x| !x).collect()),
         };
-        Tensor { dtype: d, shape: self.shape.clone(), data }
+        Tensor {
+            dtype: d,
+            shape: self.shape.clone(),
+            data,
+        }
     }
 
     pub fn binary(&self, op: BinaryOp, rhs: &Tensor) -> Tensor {
@@ -210,16 +250,19 @@ impl Tensor {
                 a.iter()
                     .zip(b)
                     .map(|(&x, &y)| {
-                        round(d, match op {
-                            BinaryOp::Add => x + y,
-                            BinaryOp::Sub => x - y,
-                            BinaryOp::Mul => x * y,
-                            BinaryOp::Div => x / y,
-                            BinaryOp::Rem => x % y,
-                            BinaryOp::Max => nan_max(x, y),
-                            BinaryOp::Min => nan_min(x, y),
-                            _ => unreachable!("verified: logical op on floats"),
-                        })
+                        round(
+                            d,
+                            match op {
+                                BinaryOp::Add => x + y,
+                                BinaryOp::Sub => x - y,
+                                BinaryOp::Mul => x * y,
+                                BinaryOp::Div => x / y,
+                                BinaryOp::Rem => x % y,
+                                BinaryOp::Max => nan_max(x, y),
+                                BinaryOp::Min => nan_min(x, y),
+                                _ => unreachable!("verified: logical op on floats"),
+                            },
+                        )
                     })
                     .collect(),
             ),
@@ -227,19 +270,34 @@ impl Tensor {
                 a.iter()
                     .zip(b)
                     .map(|(&x, &y)| {
-                        wrap(d, match op {
-                            BinaryOp::Add => x.wrapping_add(y),
-                            BinaryOp::Sub => x.wrapping_sub(y),
-                            BinaryOp::Mul => x.wrapping_mul(y),
-                            // Division by zero is -1 / x like XLA, rather than a trap.
-                            BinaryOp::Div => if y == 0 { -1 } else { x.wrapping_div(y) },
-                            BinaryOp::Rem => if y == 0 { x } else { x.wrapping_rem(y) },
-                            BinaryOp::Max => x.max(y),
-                            BinaryOp::Min => x.min(y),
-                            BinaryOp::And => x & y,
-                            BinaryOp::Or => x | y,
-                            BinaryOp::Xor => x ^ y,
-                        })
+                        wrap(
+                            d,
+                            match op {
+                                BinaryOp::Add => x.wrapping_add(y),
+                                BinaryOp::Sub => x.wrapping_sub(y),
+                                BinaryOp::Mul => x.wrapping_mul(y),
+                                // Division by zero is -1 / x like XLA, rather than a trap.
+                                BinaryOp::Div => {
+                                    if y == 0 {
+                                        -1
+                                    } else {
+                                        x.wrapping_div(y)
+                                    }
+                                }
+                                BinaryOp::Rem => {
+                                    if y == 0 {
+                                        x
+                                    } else {
+                                        x.wrapping_rem(y)
+                                    }
+                                }
+                                BinaryOp::Max => x.max(y),
+                                BinaryOp::Min => x.min(y),
+                                BinaryOp::And => x & y,
+                                BinaryOp::Or => x | y,
+                                BinaryOp::Xor => x ^ y,
+                            },
+                        )
                     })
                     .collect(),
             ),
@@ -256,7 +314,11 @@ impl Tensor {
             ),
             _ => unreachable!("verified: binary operands have one dtype"),
         };
-        Tensor { dtype: d, shape: self.shape.clone(), data }
+        Tensor {
+            dtype: d,
+            shape: self.shape.clone(),
+            data,
+        }
     }
 
     pub fn compare(&self, op: CmpOp, rhs: &Tensor) -> Tensor {
@@ -276,34 +338,77 @@ impl Tensor {
             (Data::B(a), Data::B(b)) => a.iter().zip(b).map(|(&x, &y)| cmp(op, x, y)).collect(),
             _ => unreachable!("verified: compare operands have one dtype"),
         };
-        Tensor { dtype: DType::Bool, shape: self.shape.clone(), data: Data::B(out) }
+        Tensor {
+            dtype: DType::Bool,
+            shape: self.shape.clone(),
+            data: Data::B(out),
+        }
     }
 
     pub fn select(cond: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
-        let Data::B(c) = &cond.data else { unreachable!("verified: bool condition") };
+        let Data::B(c) = &cond.data else {
+            unreachable!("verified: bool condition")
+        };
         let data = match (&a.data, &b.data) {
-            (Data::F(x), Data::F(y)) => Data::F(c.iter().zip(x.iter().zip(y)).map(|(&c, (&x, &y))| if c { x } else { y }).collect()),
-            (Data::I(x), Data::I(y)) => Data::I(c.iter().zip(x.iter().zip(y)).map(|(&c, (&x, &y))| if c { x } else { y }).collect()),
-            (Data::B(x), Data::B(y)) => Data::B(c.iter().zip(x.iter().zip(y)).map(|(&c, (&x, &y))| if c { x } else { y }).collect()),
+            (Data::F(x), Data::F(y)) => Data::F(
+                c.iter()
+                    .zip(x.iter().zip(y))
+                    .map(|(&c, (&x, &y))| if c { x } else { y })
+                    .collect(),
+            ),
+            (Data::I(x), Data::I(y)) => Data::I(
+                c.iter()
+                    .zip(x.iter().zip(y))
+                    .map(|(&c, (&x, &y))| if c { x } else { y })
+                    .collect(),
+            ),
+            (Data::B(x), Data::B(y)) => Data::B(
+                c.iter()
+                    .zip(x.iter().zip(y))
+                    .map(|(&c, (&x, &y))| if c { x } else { y })
+                    .collect(),
+            ),
             _ => unreachable!("verified: select branches have one dtype"),
         };
-        Tensor { dtype: a.dtype, shape: a.shape.clone(), data }
+        Tensor {
+            dtype: a.dtype,
+            shape: a.shape.clone(),
+            data,
+        }
     }
 
     pub fn cast(&self, to: DType) -> Tensor {
         let data = match (&self.data, to) {
             (Data::F(v), d) if d.is_float() => Data::F(v.iter().map(|&x| round(d, x)).collect()),
             // Float to int truncates toward zero and saturates (NaN gives 0).
-            (Data::F(v), d) if d.is_int() => Data::I(v.iter().map(|&x| if d == DType::I8 { x as i8 as i32 } else { x as i32 }).collect()),
+            (Data::F(v), d) if d.is_int() => Data::I(
+                v.iter()
+                    .map(|&x| {
+                        if d == DType::I8 {
+                            x as i8 as i32
+                        } else {
+                            x as i32
+                        }
+                    })
+                    .collect(),
+            ),
             (Data::F(v), _) => Data::B(v.iter().map(|&x| x != 0.0).collect()),
-            (Data::I(v), d) if d.is_float() => Data::F(v.iter().map(|&x| round(d, x as f32)).collect()),
+            (Data::I(v), d) if d.is_float() => {
+                Data::F(v.iter().map(|&x| round(d, x as f32)).collect())
+            }
             (Data::I(v), d) if d.is_int() => Data::I(v.iter().map(|&x| wrap(d, x)).collect()),
             (Data::I(v), _) => Data::B(v.iter().map(|&x| x != 0).collect()),
-            (Data::B(v), d) if d.is_float() => Data::F(v.iter().map(|&x| x as i32 as f32).collect()),
+            (Data::B(v), d) if d.is_float() => {
+                Data::F(v.iter().map(|&x| x as i32 as f32).collect())
+            }
             (Data::B(v), d) if d.is_int() => Data::I(v.iter().map(|&x| x as i32).collect()),
             (Data::B(v), _) => Data::B(v.clone()),
         };
-        Tensor { dtype: to, shape: self.shape.clone(), data }
+        Tensor {
+            dtype: to,
+            shape: self.shape.clone(),
+            data,
+        }
     }
 
     pub fn broadcast(&self, shape: &[usize]) -> Tensor {
@@ -322,13 +427,21 @@ impl Tensor {
     }
 
     pub fn reshape(&self, shape: &[usize]) -> Tensor {
-        Tensor { dtype: self.dtype, shape: shape.to_vec(), data: self.data.clone() }
+        Tensor {
+            dtype: self.dtype,
+            shape: shape.to_vec(),
+            data: self.data.clone(),
+        }
     }
 
     pub fn iota(dtype: DType, shape: &[usize], dim: usize) -> Tensor {
         let mut v = Vec::with_capacity(shape.iter().product());
         for_each_index(shape, |_, idx| v.push(wrap(dtype, idx[dim] as i32)));
-        Tensor { dtype, shape: shape.to_vec(), data: Data::I(v) }
+        Tensor {
+            dtype,
+            shape: shape.to_vec(),
+            data: Data::I(v),
+        }
     }
 
     pub fn reduce(&self, op: ReduceOp, axis: usize) -> Tensor {
@@ -385,11 +498,19 @@ impl Tensor {
             }
             Data::B(_) => unreachable!("verified: no reductions over bools"),
         };
-        Tensor { dtype: d, shape: out_shape, data }
+        Tensor {
+            dtype: d,
+            shape: out_shape,
+            data,
+        }
     }
 
     pub fn dot(&self, rhs: &Tensor, ta: bool, tb: bool) -> Tensor {
-        let (m, k) = if ta { (self.shape[1], self.shape[0]) } else { (self.shape[0], self.shape[1]) };
+        let (m, k) = if ta {
+            (self.shape[1], self.shape[0])
+        } else {
+            (self.shape[0], self.shape[1])
+        };
         let n = if tb { rhs.shape[0] } else { rhs.shape[1] };
         let a_at = |i: usize, p: usize| if ta { p * m + i } else { i * k + p };
         let b_at = |p: usize, j: usize| if tb { j * k + p } else { p * n + j };
@@ -405,7 +526,11 @@ impl Tensor {
                         }
                     }
                 }
-                Tensor { dtype: DType::F32, shape: vec![m, n], data: Data::F(out) }
+                Tensor {
+                    dtype: DType::F32,
+                    shape: vec![m, n],
+                    data: Data::F(out),
+                }
             }
             (Data::I(a), Data::I(b)) => {
                 let mut out = vec![0i32; m * n];
@@ -413,11 +538,16 @@ impl Tensor {
                     for p in 0..k {
                         let x = a[a_at(i, p)];
                         for j in 0..n {
-                            out[i * n + j] = out[i * n + j].wrapping_add(x.wrapping_mul(b[b_at(p, j)]));
+                            out[i * n + j] =
+                                out[i * n + j].wrapping_add(x.wrapping_mul(b[b_at(p, j)]));
                         }
                     }
                 }
-                Tensor { dtype: DType::I32, shape: vec![m, n], data: Data::I(out) }
+                Tensor {
+                    dtype: DType::I32,
+                    shape: vec![m, n],
+                    data: Data::I(out),
+                }
             }
             _ => unreachable!("verified: dot operands are numbers of one dtype"),
         }

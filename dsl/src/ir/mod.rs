@@ -164,7 +164,10 @@ impl Kernel {
     /// The position of `r` among the operands of its role (for `in_specs[i]` messages).
     pub fn role_position(&self, r: RefId) -> usize {
         let role = self.operand(r).role;
-        self.operands[..r.index()].iter().filter(|o| o.role == role).count()
+        self.operands[..r.index()]
+            .iter()
+            .filter(|o| o.role == role)
+            .count()
     }
 
     /// `in_specs[1] (y)`-style name of an operand.

@@ -198,37 +198,98 @@ pub struct Inst {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
     /// Index of the current grid step along `axis` (i32 scalar).
-    ProgramId { axis: usize },
+    ProgramId {
+        axis: usize,
+    },
     /// Size of the grid along `axis` (i32 scalar).
-    NumPrograms { axis: usize },
+    NumPrograms {
+        axis: usize,
+    },
     /// A constant splatted to `ty`.
-    Constant { value: Literal, ty: ValueType },
+    Constant {
+        value: Literal,
+        ty: ValueType,
+    },
     /// Loads a window of a VMEM ref's block.
-    Load { src: RefId, slices: Vec<Slice> },
+    Load {
+        src: RefId,
+        slices: Vec<Slice>,
+    },
     /// Stores `value` into a window of a VMEM output or scratch ref.
-    Store { dst: RefId, slices: Vec<Slice>, value: ValueId },
+    Store {
+        dst: RefId,
+        slices: Vec<Slice>,
+        value: ValueId,
+    },
     /// Reads one element of an SMEM ref (i32 scalar indices).
-    LoadScalar { src: RefId, indices: Vec<ValueId> },
-    Unary { op: UnaryOp, x: ValueId },
-    Binary { op: BinaryOp, lhs: ValueId, rhs: ValueId },
-    Compare { op: CmpOp, lhs: ValueId, rhs: ValueId },
-    Select { cond: ValueId, on_true: ValueId, on_false: ValueId },
-    Cast { x: ValueId, to: DType },
+    LoadScalar {
+        src: RefId,
+        indices: Vec<ValueId>,
+    },
+    Unary {
+        op: UnaryOp,
+        x: ValueId,
+    },
+    Binary {
+        op: BinaryOp,
+        lhs: ValueId,
+        rhs: ValueId,
+    },
+    Compare {
+        op: CmpOp,
+        lhs: ValueId,
+        rhs: ValueId,
+    },
+    Select {
+        cond: ValueId,
+        on_true: ValueId,
+        on_false: ValueId,
+    },
+    Cast {
+        x: ValueId,
+        to: DType,
+    },
     /// Broadcasts `x` to `shape`, aligning trailing dims (numpy rules; each dim equal or 1).
-    Broadcast { x: ValueId, shape: Vec<usize> },
-    Reshape { x: ValueId, shape: Vec<usize> },
+    Broadcast {
+        x: ValueId,
+        shape: Vec<usize>,
+    },
+    Reshape {
+        x: ValueId,
+        shape: Vec<usize>,
+    },
     /// Integer indices along `dim` of `ty`.
-    Iota { ty: ValueType, dim: usize },
+    Iota {
+        ty: ValueType,
+        dim: usize,
+    },
     /// Reduces `x` along `axis`, removing that axis.
-    Reduce { op: ReduceOp, x: ValueId, axis: usize },
+    Reduce {
+        op: ReduceOp,
+        x: ValueId,
+        axis: usize,
+    },
     /// Rank-2 matrix product with optional transposes; floats accumulate and return f32,
     /// integers accumulate and return i32.
-    Dot { lhs: ValueId, rhs: ValueId, transpose_lhs: bool, transpose_rhs: bool },
+    Dot {
+        lhs: ValueId,
+        rhs: ValueId,
+        transpose_lhs: bool,
+        transpose_rhs: bool,
+    },
     /// Runs `then` when the bool scalar `cond` is true. Defines no values.
-    When { cond: ValueId, then: Region },
+    When {
+        cond: ValueId,
+        then: Region,
+    },
     /// `for i in lo..hi` with loop-carried values; `body.params` are `[i, carried...]`, its
     /// yields the next carried values, and the results the final ones.
-    ForLoop { lo: ValueId, hi: ValueId, init: Vec<ValueId>, body: Region },
+    ForLoop {
+        lo: ValueId,
+        hi: ValueId,
+        init: Vec<ValueId>,
+        body: Region,
+    },
 }
 
 impl Op {
@@ -275,10 +336,16 @@ impl Op {
             | Op::Broadcast { x, .. }
             | Op::Reshape { x, .. }
             | Op::Reduce { x, .. } => vec![*x],
-            Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } | Op::Dot { lhs, rhs, .. } => {
+            Op::Binary { lhs, rhs, .. }
+            | Op::Compare { lhs, rhs, .. }
+            | Op::Dot { lhs, rhs, .. } => {
                 vec![*lhs, *rhs]
             }
-            Op::Select { cond, on_true, on_false } => vec![*cond, *on_true, *on_false],
+            Op::Select {
+                cond,
+                on_true,
+                on_false,
+            } => vec![*cond, *on_true, *on_false],
             Op::When { cond, .. } => vec![*cond],
             Op::ForLoop { lo, hi, init, .. } => {
                 let mut v = vec![*lo, *hi];
@@ -369,7 +436,10 @@ fn window_shape(
 /// Infers the result types of `op`, or explains why it is ill-formed.
 pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> {
     let ty = |v: ValueId| ctx.value_type(v).clone();
-    let operand = |r: RefId| ctx.operand(r).ok_or_else(|| format!("unknown ref #{}", r.0));
+    let operand = |r: RefId| {
+        ctx.operand(r)
+            .ok_or_else(|| format!("unknown ref #{}", r.0))
+    };
     Ok(match op {
         Op::ProgramId { axis } | Op::NumPrograms { axis } => {
             if *axis >= ctx.grid_rank() {
@@ -393,7 +463,11 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                     "`{}` lives in {} memory; only VMEM refs can be loaded as blocks{}",
                     r.name,
                     r.memory.name(),
-                    if r.memory == MemorySpace::Smem { " (use `.get([..])` for SMEM)" } else { "" }
+                    if r.memory == MemorySpace::Smem {
+                        " (use `.get([..])` for SMEM)"
+                    } else {
+                        ""
+                    }
                 ));
             }
             if r.role == OperandRole::Output {
@@ -413,7 +487,11 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                 }
             }
             if r.memory != MemorySpace::Vmem {
-                return Err(format!("`{}` lives in {} memory; stores need VMEM", r.name, r.memory.name()));
+                return Err(format!(
+                    "`{}` lives in {} memory; stores need VMEM",
+                    r.name,
+                    r.memory.name()
+                ));
             }
             let window = window_shape(ctx, r, slices)?;
             let v = ty(*value);
@@ -473,11 +551,18 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             same_type(&a, &b)?;
             vec![ValueType::new(DType::Bool, a.shape)]
         }
-        Op::Select { cond, on_true, on_false } => {
+        Op::Select {
+            cond,
+            on_true,
+            on_false,
+        } => {
             let (c, a, b) = (ty(*cond), ty(*on_true), ty(*on_false));
             same_type(&a, &b)?;
             if c.dtype != DType::Bool || c.shape != a.shape {
-                return Err(format!("the condition must be bool of shape {:?}, got {c}", a.shape));
+                return Err(format!(
+                    "the condition must be bool of shape {:?}, got {c}",
+                    a.shape
+                ));
             }
             vec![a]
         }
@@ -505,14 +590,20 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                 return Err(format!("iota produces integers, not {}", ty.dtype));
             }
             if *dim >= ty.rank() {
-                return Err(format!("iota dim {dim} is out of range for shape {:?}", ty.shape));
+                return Err(format!(
+                    "iota dim {dim} is out of range for shape {:?}",
+                    ty.shape
+                ));
             }
             vec![ty.clone()]
         }
         Op::Reduce { op, x, axis } => {
             let t = ty(*x);
             if *axis >= t.rank() {
-                return Err(format!("axis {axis} is out of range for shape {:?}", t.shape));
+                return Err(format!(
+                    "axis {axis} is out of range for shape {:?}",
+                    t.shape
+                ));
             }
             if t.dtype.is_bool() {
                 return Err(format!("{} is not defined for bool", op.name()));
@@ -521,16 +612,32 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             shape.remove(*axis);
             vec![ValueType::new(t.dtype, shape)]
         }
-        Op::Dot { lhs, rhs, transpose_lhs, transpose_rhs } => {
+        Op::Dot {
+            lhs,
+            rhs,
+            transpose_lhs,
+            transpose_rhs,
+        } => {
             let (a, b) = (ty(*lhs), ty(*rhs));
             if a.rank() != 2 || b.rank() != 2 {
                 return Err(format!("dot takes rank-2 operands, got {a} and {b}"));
             }
             if a.dtype != b.dtype {
-                return Err(format!("dot operands differ in dtype: {} and {}", a.dtype, b.dtype));
+                return Err(format!(
+                    "dot operands differ in dtype: {} and {}",
+                    a.dtype, b.dtype
+                ));
             }
-            let (m, ka) = if *transpose_lhs { (a.shape[1], a.shape[0]) } else { (a.shape[0], a.shape[1]) };
-            let (kb, n) = if *transpose_rhs { (b.shape[1], b.shape[0]) } else { (b.shape[0], b.shape[1]) };
+            let (m, ka) = if *transpose_lhs {
+                (a.shape[1], a.shape[0])
+            } else {
+                (a.shape[0], a.shape[1])
+            };
+            let (kb, n) = if *transpose_rhs {
+                (b.shape[1], b.shape[0])
+            } else {
+                (b.shape[0], b.shape[1])
+            };
             if ka != kb {
                 return Err(format!(
                     "contracting dims differ: lhs {a}{} has {ka}, rhs {b}{} has {kb}",
@@ -548,7 +655,9 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
         Op::When { cond, then } => {
             let c = ty(*cond);
             if c != ValueType::scalar(DType::Bool) {
-                return Err(format!("the condition of `when` must be a bool scalar, got {c}"));
+                return Err(format!(
+                    "the condition of `when` must be a bool scalar, got {c}"
+                ));
             }
             if !then.yields.is_empty() {
                 return Err("a `when` body yields no values".into());
@@ -559,7 +668,9 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             expect_i32_scalar(ctx, *lo, "the loop's lower bound")?;
             expect_i32_scalar(ctx, *hi, "the loop's upper bound")?;
             if body.params.len() != init.len() + 1 {
-                return Err("the loop body must take the index and one value per carried value".into());
+                return Err(
+                    "the loop body must take the index and one value per carried value".into(),
+                );
             }
             expect_i32_scalar(ctx, body.params[0], "the loop index")?;
             if body.yields.len() != init.len() {
@@ -570,7 +681,12 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                 ));
             }
             let mut out = Vec::new();
-            for (k, ((&i, &p), &y)) in init.iter().zip(&body.params[1..]).zip(&body.yields).enumerate() {
+            for (k, ((&i, &p), &y)) in init
+                .iter()
+                .zip(&body.params[1..])
+                .zip(&body.yields)
+                .enumerate()
+            {
                 let (ti, tp, tyy) = (ty(i), ty(p), ty(y));
                 if ti != tp || ti != tyy {
                     return Err(format!(
@@ -586,10 +702,16 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
 
 fn same_type(a: &ValueType, b: &ValueType) -> Result<(), String> {
     if a.dtype != b.dtype {
-        return Err(format!("operands differ in dtype: {} and {} (cast one of them)", a.dtype, b.dtype));
+        return Err(format!(
+            "operands differ in dtype: {} and {} (cast one of them)",
+            a.dtype, b.dtype
+        ));
     }
     if a.shape != b.shape {
-        return Err(format!("operands differ in shape: {:?} and {:?}", a.shape, b.shape));
+        return Err(format!(
+            "operands differ in shape: {:?} and {:?}",
+            a.shape, b.shape
+        ));
     }
     Ok(())
 }
@@ -597,7 +719,11 @@ fn same_type(a: &ValueType, b: &ValueType) -> Result<(), String> {
 /// Whether `from` broadcasts to `to` under numpy rules (trailing alignment, dims equal or 1).
 pub fn broadcastable(from: &[usize], to: &[usize]) -> bool {
     from.len() <= to.len()
-        && from.iter().rev().zip(to.iter().rev()).all(|(&f, &t)| f == t || f == 1)
+        && from
+            .iter()
+            .rev()
+            .zip(to.iter().rev())
+            .all(|(&f, &t)| f == t || f == 1)
 }
 
 /// The numpy broadcast of two shapes, if any.
@@ -605,8 +731,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];
     for i in 0..rank {
-        let da = if i < rank - a.len() { 1 } else { a[i - (rank - a.len())] };
-        let db = if i < rank - b.len() { 1 } else { b[i - (rank - b.len())] };
+        let da = if i < rank - a.len() {
+            1
+        } else {
+            a[i - (rank - a.len())]
+        };
+        let db = if i < rank - b.len() {
+            1
+        } else {
+            b[i - (rank - b.len())]
+        };
         out[i] = match (da, db) {
             (x, y) if x == y => x,
             (1, y) => y,

@@ -9,12 +9,21 @@ pub(super) fn print_kernel(k: &Kernel) -> String {
     let params = if k.params.is_empty() {
         String::new()
     } else {
-        let ps: Vec<String> = k.params.iter().map(|p| format!("{} = {}", p.name, p.value)).collect();
+        let ps: Vec<String> = k
+            .params
+            .iter()
+            .map(|p| format!("{} = {}", p.name, p.value))
+            .collect();
         format!("<{}>", ps.join(", "))
     };
     let _ = writeln!(out, "kernel @{}{}", k.name, params);
     let sems: Vec<&str> = k.semantics.iter().map(|s| s.name()).collect();
-    let _ = writeln!(out, "  grid = [{}], semantics = [{}]", join(&k.grid, ", "), sems.join(", "));
+    let _ = writeln!(
+        out,
+        "  grid = [{}], semantics = [{}]",
+        join(&k.grid, ", "),
+        sems.join(", ")
+    );
     let p = Printer { k };
     for o in &k.operands {
         let _ = write!(
@@ -64,7 +73,10 @@ impl Printer<'_> {
     }
 
     fn types_of(&self, vs: &[ValueId]) -> String {
-        let ts: Vec<String> = vs.iter().map(|v| self.k.value_type(*v).to_string()).collect();
+        let ts: Vec<String> = vs
+            .iter()
+            .map(|v| self.k.value_type(*v).to_string())
+            .collect();
         ts.join(", ")
     }
 
@@ -88,7 +100,9 @@ impl Printer<'_> {
         }
         let name = |r: super::RefId| self.k.operand(r).name.as_str();
         let body = match &inst.op {
-            Op::ProgramId { axis } | Op::NumPrograms { axis } => format!("{} {axis}", inst.op.name()),
+            Op::ProgramId { axis } | Op::NumPrograms { axis } => {
+                format!("{} {axis}", inst.op.name())
+            }
             Op::Constant { value, .. } => format!("constant {value}"),
             Op::Load { src, slices } => format!("load {}", self.slices(name(*src), slices)),
             Op::Store { dst, slices, value } => {
@@ -101,13 +115,22 @@ impl Printer<'_> {
             Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } => {
                 format!("{} {lhs}, {rhs}", inst.op.name())
             }
-            Op::Select { cond, on_true, on_false } => format!("select {cond}, {on_true}, {on_false}"),
+            Op::Select {
+                cond,
+                on_true,
+                on_false,
+            } => format!("select {cond}, {on_true}, {on_false}"),
             Op::Cast { x, .. } | Op::Broadcast { x, .. } | Op::Reshape { x, .. } => {
                 format!("{} {x}", inst.op.name())
             }
             Op::Iota { dim, .. } => format!("iota dim {dim}"),
             Op::Reduce { x, axis, .. } => format!("{} {x} axis {axis}", inst.op.name()),
-            Op::Dot { lhs, rhs, transpose_lhs, transpose_rhs } => {
+            Op::Dot {
+                lhs,
+                rhs,
+                transpose_lhs,
+                transpose_rhs,
+            } => {
                 let mut s = format!("dot {lhs}, {rhs}");
                 match (transpose_lhs, transpose_rhs) {
                     (false, false) => {}

@@ -39,11 +39,17 @@ pub struct ValueType {
 
 impl ValueType {
     pub fn new(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
-        ValueType { dtype, shape: shape.into() }
+        ValueType {
+            dtype,
+            shape: shape.into(),
+        }
     }
 
     pub fn scalar(dtype: DType) -> Self {
-        ValueType { dtype, shape: Vec::new() }
+        ValueType {
+            dtype,
+            shape: Vec::new(),
+        }
     }
 
     pub fn rank(&self) -> usize {
@@ -121,12 +127,20 @@ impl Loc {
     #[track_caller]
     pub fn caller() -> Loc {
         let l = std::panic::Location::caller();
-        Loc { file: l.file(), line: l.line(), column: l.column() }
+        Loc {
+            file: l.file(),
+            line: l.line(),
+            column: l.column(),
+        }
     }
 
     /// A location for IR built by tessera itself rather than by a kernel author.
     pub const fn internal() -> Loc {
-        Loc { file: "<tessera>", line: 0, column: 0 }
+        Loc {
+            file: "<tessera>",
+            line: 0,
+            column: 0,
+        }
     }
 }
 
@@ -137,5 +151,9 @@ impl fmt::Display for Loc {
 }
 
 pub(crate) fn join<T: fmt::Display>(items: &[T], sep: &str) -> String {
-    items.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(sep)
+    items
+        .iter()
+        .map(|x| x.to_string())
+        .collect::<Vec<_>>()
+        .join(sep)
 }

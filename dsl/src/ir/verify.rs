@@ -2,7 +2,9 @@
 
 use std::collections::HashSet;
 
-use super::{infer, DType, Inst, Kernel, Loc, MemorySpace, Op, OperandRole, Region, ValueId, ValueType};
+use super::{
+    infer, DType, Inst, Kernel, Loc, MemorySpace, Op, OperandRole, Region, ValueId, ValueType,
+};
 
 /// An ill-formed piece of IR: which op, where the kernel author wrote it, and what is wrong.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -15,7 +17,11 @@ pub struct VerifyError {
 
 /// Checks every structural and typing rule of the IR; returns all problems found.
 pub fn verify(k: &Kernel) -> Result<(), Vec<VerifyError>> {
-    let mut v = Verifier { k, defined: HashSet::new(), errors: Vec::new() };
+    let mut v = Verifier {
+        k,
+        defined: HashSet::new(),
+        errors: Vec::new(),
+    };
     v.kernel();
     if v.errors.is_empty() {
         Ok(())
@@ -33,7 +39,11 @@ struct Verifier<'k> {
 
 impl Verifier<'_> {
     fn err(&mut self, op: &str, loc: Loc, message: impl Into<String>) {
-        self.errors.push(VerifyError { op: op.to_string(), loc, message: message.into() });
+        self.errors.push(VerifyError {
+            op: op.to_string(),
+            loc,
+            message: message.into(),
+        });
     }
 
     fn kernel(&mut self) {
@@ -50,7 +60,11 @@ impl Verifier<'_> {
             );
         }
         if k.grid.contains(&0) {
-            self.err("kernel", k.loc, format!("grid {:?} has an empty dimension", k.grid));
+            self.err(
+                "kernel",
+                k.loc,
+                format!("grid {:?} has an empty dimension", k.grid),
+            );
         }
         for (i, o) in k.operands.iter().enumerate() {
             let what = k.describe(super::RefId(i as u32));
@@ -66,14 +80,21 @@ impl Verifier<'_> {
                 self.err(
                     "operand",
                     o.loc,
-                    format!("{what}: a {} operand cannot live in {} memory here", o.role.name(), o.memory.name()),
+                    format!(
+                        "{what}: a {} operand cannot live in {} memory here",
+                        o.role.name(),
+                        o.memory.name()
+                    ),
                 );
             }
             if o.memory == MemorySpace::Smem && o.dtype.size_bytes() != 4 {
                 self.err(
                     "operand",
                     o.loc,
-                    format!("{what}: SMEM holds 32-bit words; {} is not supported there (use i32)", o.dtype),
+                    format!(
+                        "{what}: SMEM holds 32-bit words; {} is not supported there (use i32)",
+                        o.dtype
+                    ),
                 );
             }
             if let Some(b) = &o.block {
@@ -100,7 +121,11 @@ impl Verifier<'_> {
             self.err(
                 "index_map",
                 loc,
-                format!("{what}: the index map takes {} grid indices but the grid has rank {}", r.params.len(), k.grid.len()),
+                format!(
+                    "{what}: the index map takes {} grid indices but the grid has rank {}",
+                    r.params.len(),
+                    k.grid.len()
+                ),
             );
         }
         if r.yields.len() != array_rank {
@@ -117,7 +142,10 @@ impl Verifier<'_> {
                 self.err(
                     "index_map",
                     loc,
-                    format!("{what}: block indices must be i32 scalars, got {}", k.value_type(y)),
+                    format!(
+                        "{what}: block indices must be i32 scalars, got {}",
+                        k.value_type(y)
+                    ),
                 );
             }
         }
@@ -135,7 +163,11 @@ impl Verifier<'_> {
         }
         for &y in &r.yields {
             if !self.defined.contains(&y) {
-                self.err("yield", Loc::internal(), format!("{y} is used before it is defined"));
+                self.err(
+                    "yield",
+                    Loc::internal(),
+                    format!("{y} is used before it is defined"),
+                );
             }
         }
         self.defined = outer;
@@ -146,15 +178,27 @@ impl Verifier<'_> {
         if scalar_only
             && matches!(
                 inst.op,
-                Op::Load { .. } | Op::Store { .. } | Op::When { .. } | Op::ForLoop { .. } | Op::Dot { .. }
+                Op::Load { .. }
+                    | Op::Store { .. }
+                    | Op::When { .. }
+                    | Op::ForLoop { .. }
+                    | Op::Dot { .. }
             )
         {
-            self.err(name, inst.loc, "index maps compute scalars only (arithmetic and SMEM reads)");
+            self.err(
+                name,
+                inst.loc,
+                "index maps compute scalars only (arithmetic and SMEM reads)",
+            );
             return;
         }
         for v in inst.op.operands() {
             if !self.defined.contains(&v) {
-                self.err(name, inst.loc, format!("{v} is used before it is defined or outside its scope"));
+                self.err(
+                    name,
+                    inst.loc,
+                    format!("{v} is used before it is defined or outside its scope"),
+                );
                 return;
             }
         }
@@ -167,7 +211,11 @@ impl Verifier<'_> {
                     self.err(
                         name,
                         inst.loc,
-                        format!("defines {} values but its type has {}", inst.results.len(), types.len()),
+                        format!(
+                            "defines {} values but its type has {}",
+                            inst.results.len(),
+                            types.len()
+                        ),
                     );
                 } else {
                     for (&r, t) in inst.results.iter().zip(&types) {

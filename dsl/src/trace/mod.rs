@@ -11,5 +11,5 @@ mod state;
 
 pub use ops::*;
 pub use refs::*;
-pub(crate) use state::{trace_region, with_trace, TraceState};
 pub use state::Value;
+pub(crate) use state::{trace_region, with_trace, TraceState};

@@ -19,7 +19,13 @@ pub fn constant(dtype: DType, shape: &[usize], value: impl Into<ScalarLit>) -> V
         (Literal::Int(i), d) if d.is_float() => Literal::Float(i as f64),
         (l, _) => l,
     };
-    one(Op::Constant { value: lit, ty: ValueType::new(dtype, shape) }, Loc::caller())
+    one(
+        Op::Constant {
+            value: lit,
+            ty: ValueType::new(dtype, shape),
+        },
+        Loc::caller(),
+    )
 }
 
 /// Zeros of `dtype` and `shape`.
@@ -30,7 +36,13 @@ pub fn zeros(dtype: DType, shape: &[usize]) -> Value {
         d if d.is_float() => Literal::Float(0.0),
         _ => Literal::Int(0),
     };
-    one(Op::Constant { value: zero, ty: ValueType::new(dtype, shape) }, Loc::caller())
+    one(
+        Op::Constant {
+            value: zero,
+            ty: ValueType::new(dtype, shape),
+        },
+        Loc::caller(),
+    )
 }
 
 /// A Rust literal that takes the dtype of the value it meets (JAX's weak typing).
@@ -106,7 +118,13 @@ fn literal_like(lit: Literal, dtype: Option<DType>) -> Value {
         (Literal::Int(i), d) if d.is_float() => Literal::Float(i as f64),
         (l, _) => l,
     };
-    one(Op::Constant { value: lit, ty: ValueType::scalar(dtype) }, Loc::caller())
+    one(
+        Op::Constant {
+            value: lit,
+            ty: ValueType::scalar(dtype),
+        },
+        Loc::caller(),
+    )
 }
 
 /// Broadcasts two operands to a common shape (numpy rules), inserting broadcast ops.
@@ -122,13 +140,31 @@ fn broadcast_pair(op: &'static str, a: Value, b: Value) -> (Value, Value) {
     }
     match broadcast_shapes(&sa, &sb) {
         Some(shape) => {
-            let a = if sa == shape { a } else { one(Op::Broadcast { x: a.id, shape: shape.clone() }, loc) };
-            let b = if sb == shape { b } else { one(Op::Broadcast { x: b.id, shape }, loc) };
+            let a = if sa == shape {
+                a
+            } else {
+                one(
+                    Op::Broadcast {
+                        x: a.id,
+                        shape: shape.clone(),
+                    },
+                    loc,
+                )
+            };
+            let b = if sb == shape {
+                b
+            } else {
+                one(Op::Broadcast { x: b.id, shape }, loc)
+            };
             (a, b)
         }
         None => {
             with_trace(|t| {
-                t.problem(op, loc, format!("shapes {sa:?} and {sb:?} do not broadcast together"))
+                t.problem(
+                    op,
+                    loc,
+                    format!("shapes {sa:?} and {sb:?} do not broadcast together"),
+                )
             });
             let poisoned = poisoned_value();
             (poisoned, poisoned)
@@ -149,14 +185,28 @@ pub(crate) fn poisoned_value() -> Value {
 fn binary(op: BinaryOp, a: impl IntoValue, b: impl IntoValue) -> Value {
     let (a, b) = lift_pair(a, b);
     let (a, b) = broadcast_pair(op.name(), a, b);
-    one(Op::Binary { op, lhs: a.id, rhs: b.id }, Loc::caller())
+    one(
+        Op::Binary {
+            op,
+            lhs: a.id,
+            rhs: b.id,
+        },
+        Loc::caller(),
+    )
 }
 
 #[track_caller]
 fn compare(op: CmpOp, a: impl IntoValue, b: impl IntoValue) -> Value {
     let (a, b) = lift_pair(a, b);
     let (a, b) = broadcast_pair(op.name(), a, b);
-    one(Op::Compare { op, lhs: a.id, rhs: b.id }, Loc::caller())
+    one(
+        Op::Compare {
+            op,
+            lhs: a.id,
+            rhs: b.id,
+        },
+        Loc::caller(),
+    )
 }
 
 /// Turns a pair of operands into values; a literal takes the other side's dtype.
@@ -305,18 +355,36 @@ impl Value {
     /// Converts to `dtype` (floats to ints truncate toward zero; to bool is `!= 0`).
     #[track_caller]
     pub fn cast(self, dtype: DType) -> Value {
-        one(Op::Cast { x: self.id, to: dtype }, Loc::caller())
+        one(
+            Op::Cast {
+                x: self.id,
+                to: dtype,
+            },
+            Loc::caller(),
+        )
     }
 
     #[track_caller]
     pub fn reshape(self, shape: &[usize]) -> Value {
-        one(Op::Reshape { x: self.id, shape: shape.to_vec() }, Loc::caller())
+        one(
+            Op::Reshape {
+                x: self.id,
+                shape: shape.to_vec(),
+            },
+            Loc::caller(),
+        )
     }
 
     /// Broadcasts to `shape` under numpy rules.
     #[track_caller]
     pub fn broadcast_to(self, shape: &[usize]) -> Value {
-        one(Op::Broadcast { x: self.id, shape: shape.to_vec() }, Loc::caller())
+        one(
+            Op::Broadcast {
+                x: self.id,
+                shape: shape.to_vec(),
+            },
+            Loc::caller(),
+        )
     }
 
     #[track_caller]
@@ -326,16 +394,33 @@ impl Value {
         let Some(axis) = norm_axis(axis, shape.len()) else {
             if !self.is_poisoned() {
                 with_trace(|t| {
-                    t.problem(op.name(), loc, format!("axis {axis} is out of range for shape {shape:?}"))
+                    t.problem(
+                        op.name(),
+                        loc,
+                        format!("axis {axis} is out of range for shape {shape:?}"),
+                    )
                 });
             }
             return poisoned_value();
         };
-        let r = one(Op::Reduce { op, x: self.id, axis }, loc);
+        let r = one(
+            Op::Reduce {
+                op,
+                x: self.id,
+                axis,
+            },
+            loc,
+        );
         if keepdims && !r.is_poisoned() {
             let mut kept = shape;
             kept[axis] = 1;
-            one(Op::Reshape { x: r.id, shape: kept }, loc)
+            one(
+                Op::Reshape {
+                    x: r.id,
+                    shape: kept,
+                },
+                loc,
+            )
         } else {
             r
         }
@@ -394,7 +479,14 @@ pub fn select(cond: Value, on_true: impl IntoValue, on_false: impl IntoValue) ->
     let (c, t) = broadcast_pair("select", cond, t);
     let (c, f) = broadcast_pair("select", c, f);
     let (t, _) = broadcast_pair("select", t, f);
-    one(Op::Select { cond: c.id, on_true: t.id, on_false: f.id }, loc)
+    one(
+        Op::Select {
+            cond: c.id,
+            on_true: t.id,
+            on_false: f.id,
+        },
+        loc,
+    )
 }
 
 /// Elementwise maximum.
@@ -412,7 +504,13 @@ pub fn minimum(a: impl IntoValue, b: impl IntoValue) -> Value {
 /// Integer indices along `dim` of an array of `shape` (like `jax.lax.broadcasted_iota`).
 #[track_caller]
 pub fn iota(dtype: DType, shape: &[usize], dim: usize) -> Value {
-    one(Op::Iota { ty: ValueType::new(dtype, shape), dim }, Loc::caller())
+    one(
+        Op::Iota {
+            ty: ValueType::new(dtype, shape),
+            dim,
+        },
+        Loc::caller(),
+    )
 }
 
 /// Matrix product `a @ b` (rank 2); floats accumulate in and return f32.
@@ -436,7 +534,15 @@ pub fn dot_tn(a: Value, b: Value) -> Value {
 /// Matrix product with explicit transposes of either side.
 #[track_caller]
 pub fn dot_general(a: Value, b: Value, transpose_lhs: bool, transpose_rhs: bool) -> Value {
-    one(Op::Dot { lhs: a.id, rhs: b.id, transpose_lhs, transpose_rhs }, Loc::caller())
+    one(
+        Op::Dot {
+            lhs: a.id,
+            rhs: b.id,
+            transpose_lhs,
+            transpose_rhs,
+        },
+        Loc::caller(),
+    )
 }
 
 /// Runs `body` only when the run-time bool scalar `cond` is true.
@@ -446,7 +552,13 @@ pub fn dot_general(a: Value, b: Value, transpose_lhs: bool, transpose_rhs: bool)
 pub fn when(cond: Value, body: impl FnOnce()) {
     let loc = Loc::caller();
     let (then, ()) = trace_region(Vec::new(), |_| body());
-    emit(Op::When { cond: cond.id, then }, loc);
+    emit(
+        Op::When {
+            cond: cond.id,
+            then,
+        },
+        loc,
+    );
 }
 
 /// Values a [`fori_loop`] can carry from one iteration to the next.
@@ -542,7 +654,12 @@ pub fn fori_loop<C: Carry>(
         })
     } else {
         emit(
-            Op::ForLoop { lo: lo.id, hi: hi.id, init: init_values.iter().map(|v| v.id).collect(), body: region },
+            Op::ForLoop {
+                lo: lo.id,
+                hi: hi.id,
+                init: init_values.iter().map(|v| v.id).collect(),
+                body: region,
+            },
             loc,
         )
     };

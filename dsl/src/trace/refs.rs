@@ -8,6 +8,11 @@ use super::state::{emit, with_trace, Value};
 use crate::ir::{DType, Loc, Op, RefId, Slice};
 
 /// A Rust element type usable in kernel operand types (`Ref<f32>`, `Scratch<half::bf16>`, ...).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a kernel element type",
+    label = "not an element type",
+    note = "kernel operands hold `f32`, `bf16`, `i32`, `i8` or `bool` elements"
+)]
 pub trait Element: Copy + Send + Sync + 'static {
     const DTYPE: DType;
 }
@@ -72,7 +77,10 @@ fn slices(idx: &[Idx]) -> Vec<Slice> {
         .map(|i| match i.0 {
             IdxKind::All => Slice::Full,
             IdxKind::Static { start, len } => Slice::Static { start, len },
-            IdxKind::Dynamic { start, len } => Slice::Dynamic { start: start.id, len },
+            IdxKind::Dynamic { start, len } => Slice::Dynamic {
+                start: start.id,
+                len,
+            },
         })
         .collect()
 }
@@ -100,12 +108,29 @@ fn store(r: RefId, s: Vec<Slice>, value: impl IntoValue) {
         None => value.into_value_like(Some(dtype)),
     };
     let window: Vec<usize> = s.iter().zip(&view).map(|(s, &n)| s.len(n)).collect();
-    let value = if s.len() == view.len() && value.shape().is_empty() && !window.is_empty() && !value.is_poisoned() {
-        emit(Op::Broadcast { x: value.id, shape: window }, loc)[0]
+    let value = if s.len() == view.len()
+        && value.shape().is_empty()
+        && !window.is_empty()
+        && !value.is_poisoned()
+    {
+        emit(
+            Op::Broadcast {
+                x: value.id,
+                shape: window,
+            },
+            loc,
+        )[0]
     } else {
         value
     };
-    emit(Op::Store { dst: r, slices: s, value: value.id }, loc);
+    emit(
+        Op::Store {
+            dst: r,
+            slices: s,
+            value: value.id,
+        },
+        loc,
+    );
 }
 
 /// A window (sub-block) of a ref, from [`Ref::at`] and friends.
@@ -225,7 +250,11 @@ impl<T: Element> Ref<T> {
 
     /// A window of the block, one [`Idx`] per dimension.
     pub fn at(&self, idx: &[Idx]) -> Window {
-        Window { r: self.id, slices: slices(idx), writable: false }
+        Window {
+            r: self.id,
+            slices: slices(idx),
+            writable: false,
+        }
     }
 }
 
@@ -238,7 +267,11 @@ impl<T: Element> RefMut<T> {
 
     /// A window of the block, one [`Idx`] per dimension.
     pub fn at(&self, idx: &[Idx]) -> WindowMut {
-        WindowMut(Window { r: self.id, slices: slices(idx), writable: true })
+        WindowMut(Window {
+            r: self.id,
+            slices: slices(idx),
+            writable: true,
+        })
     }
 }
 
@@ -255,11 +288,21 @@ impl<T: Element> Scratch<T> {
     }
 
     pub fn at(&self, idx: &[Idx]) -> WindowMut {
-        WindowMut(Window { r: self.id, slices: slices(idx), writable: true })
+        WindowMut(Window {
+            r: self.id,
+            slices: slices(idx),
+            writable: true,
+        })
     }
 }
 
 /// An index into an SMEM table: an i32 [`Value`] or a Rust integer.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an index",
+    label = "expected an i32 `Value` or a Rust integer",
+    note = "index maps return one block index per array dim, and `Smem::get` takes one index \
+            per table dim: grid indices, values read from SMEM, or integers"
+)]
 pub trait IntoIndex {
     #[track_caller]
     fn into_index(self) -> Value;
@@ -296,6 +339,12 @@ impl<T: Element> Smem<T> {
     pub fn get<const N: usize>(&self, indices: [impl IntoIndex; N]) -> Value {
         let loc = Loc::caller();
         let indices: Vec<_> = indices.into_iter().map(|i| i.into_index().id).collect();
-        emit(Op::LoadScalar { src: self.id, indices }, loc)[0]
+        emit(
+            Op::LoadScalar {
+                src: self.id,
+                indices,
+            },
+            loc,
+        )[0]
     }
 }

@@ -68,7 +68,9 @@ impl TraceState {
         }
         let _restore = Restore(TRACE.with(|t| t.borrow_mut().replace(state)));
         let r = f();
-        let state = TRACE.with(|t| t.borrow_mut().take()).expect("the trace state vanished");
+        let state = TRACE
+            .with(|t| t.borrow_mut().take())
+            .expect("the trace state vanished");
         (state, r)
     }
 }
@@ -125,15 +127,21 @@ pub(crate) fn emit(op: Op, loc: Loc) -> Vec<Value> {
                 }
             }
         };
-        let types = types.unwrap_or_else(|| {
-            vec![ValueType::scalar(crate::ir::DType::F32); result_count(&op)]
-        });
+        let types = types
+            .unwrap_or_else(|| vec![ValueType::scalar(crate::ir::DType::F32); result_count(&op)]);
         let results: Vec<ValueId> = types.into_iter().map(|ty| t.fresh(ty)).collect();
         if poisoned {
             t.poisoned.extend(results.iter().copied());
         } else {
-            let region = t.regions.last_mut().expect("a region is always open while tracing");
-            region.insts.push(Inst { op, results: results.clone(), loc });
+            let region = t
+                .regions
+                .last_mut()
+                .expect("a region is always open while tracing");
+            region.insts.push(Inst {
+                op,
+                results: results.clone(),
+                loc,
+            });
         }
         results.into_iter().map(|id| Value { id }).collect()
     })
@@ -147,7 +155,10 @@ pub(crate) fn trace_region<R>(
 ) -> (Region, R) {
     let params: Vec<ValueId> = with_trace(|t| {
         let params: Vec<ValueId> = param_types.into_iter().map(|ty| t.fresh(ty)).collect();
-        t.regions.push(Region { params: params.clone(), ..Region::default() });
+        t.regions.push(Region {
+            params: params.clone(),
+            ..Region::default()
+        });
         params
     });
     let values: Vec<Value> = params.iter().map(|&id| Value { id }).collect();
