@@ -1,5 +1,48 @@
 //! tessera-hlo: a typed StableHLO program builder that emits MLIR text.
+//!
+//! A [`Module`] holds device counts and functions; a [`FuncBuilder`] adds typed arguments
+//! and ops one at a time. Every op checks its operands when it is built and returns an
+//! [`HloError`] naming the op and the mismatch, so the emitted text is valid by construction.
+//! Programs are stored as data ([`Op`]: an [`OpKind`] with operands, results and regions) and
+//! rendered with [`Module::to_mlir`] in MLIR's generic op syntax, which the XLA CPU PJRT
+//! plugin (StableHLO 1.13) and libtpu parse.
+//!
+//! ```
+//! use tessera_hlo::{DType, Grouping, Module, Sharding, TensorType};
+//!
+//! // Ulysses re-sharding on 4 devices: [B, H, S/4, D] -> [B, H/4, S, D].
+//! let mut m = Module::new("ulysses");
+//! m.set_num_partitions(4)?;
+//! let mut f = m.func("main");
+//! let x = f.arg_with_sharding(TensorType::new([1, 8, 16, 64], DType::BF16), Sharding::Manual)?;
+//! let y = f.all_to_all(x, 1, 2, &[vec![0, 1, 2, 3]], Grouping::FlattenedIds)?;
+//! f.finish_with_shardings(&[(y, Some(Sharding::Manual))])?;
+//! let text = m.to_mlir();
+//! assert!(text.contains("-> tensor<1x2x64x64xbf16>"));
+//! assert!(text.contains("channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>"));
+//! # Ok::<(), tessera_hlo::HloError>(())
+//! ```
 
+#![warn(missing_docs)]
+
+mod builder;
 mod dtype;
+mod error;
+mod literal;
+mod module;
+mod ops;
+mod print;
+pub mod testing;
+mod types;
 
+pub use builder::FuncBuilder;
 pub use dtype::DType;
+pub use error::HloError;
+pub use literal::{bf16_bits_to_f32, f32_to_bf16_bits, format_bf16, format_f32, Elements, Literal};
+pub use module::{Func, Module};
+pub use ops::{
+    BinaryOp, ChannelHandle, CollectiveAttrs, ComparisonDirection, ComparisonType, CustomCall,
+    CustomCallApiVersion, DotDims, Grouping, Op, OpKind, OutputOperandAlias, Precision, Reducer,
+    Region, Sharding, TypeClass, UnaryOp, Value,
+};
+pub use types::TensorType;

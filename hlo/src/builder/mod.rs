@@ -1,0 +1,425 @@
+//! [`FuncBuilder`]: builds one function op by op, checking every operand as it goes.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::module::{Func, Module};
+use crate::ops::{Op, OpKind, Region, Sharding, Value};
+use crate::{DType, HloError, Literal, TensorType};
+
+mod collective;
+mod control;
+mod elementwise;
+mod shape;
+
+/// Process-wide counter so that values of different functions never alias.
+static NEXT_FUNC_ID: AtomicU32 = AtomicU32::new(1);
+
+const FUNC: &str = "func.func";
+
+#[derive(Debug, Clone)]
+struct ValueInfo {
+    ty: TensorType,
+    scope: usize,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Scope {
+    parent: Option<usize>,
+    /// Values of enclosing scopes are not visible (reduction bodies).
+    isolated: bool,
+}
+
+#[derive(Debug)]
+struct Frame {
+    scope: usize,
+    ops: Vec<Op>,
+}
+
+/// Builds one `func.func`. Made by [`Module::func`]; joins the module on [`FuncBuilder::finish`].
+///
+/// Every op method checks its operands (same function, in scope, shapes and dtypes) and
+/// returns `Err(HloError)` naming the op and the mismatch instead of emitting invalid text.
+/// Ops with regions (`reduce_with`, `while_loop`, `if_else`, `case`, `all_reduce_with`, ...)
+/// take closures that receive this same builder, positioned inside the region.
+///
+/// ```
+/// use tessera_hlo::{DType, Module, Reducer, TensorType};
+///
+/// let mut m = Module::new("rowsum");
+/// let mut f = m.func("main");
+/// let x = f.arg(TensorType::new([4, 8], DType::F32))?;
+/// let s = f.reduce(x, &[1], Reducer::Sum)?;
+/// assert_eq!(f.value_type(s)?, &TensorType::new([4], DType::F32));
+/// f.finish(&[s])?;
+/// # Ok::<(), tessera_hlo::HloError>(())
+/// ```
+#[derive(Debug)]
+pub struct FuncBuilder<'m> {
+    module: &'m mut Module,
+    id: u32,
+    name: String,
+    public: bool,
+    values: Vec<ValueInfo>,
+    scopes: Vec<Scope>,
+    frames: Vec<Frame>,
+    args: Vec<Value>,
+    arg_shardings: Vec<Option<Sharding>>,
+}
+
+impl<'m> FuncBuilder<'m> {
+    pub(crate) fn new(module: &'m mut Module, name: String) -> Self {
+        FuncBuilder {
+            module,
+            id: NEXT_FUNC_ID.fetch_add(1, Ordering::Relaxed),
+            name,
+            public: true,
+            values: Vec::new(),
+            scopes: vec![Scope {
+                parent: None,
+                isolated: false,
+            }],
+            frames: vec![Frame {
+                scope: 0,
+                ops: Vec::new(),
+            }],
+            args: Vec::new(),
+            arg_shardings: Vec::new(),
+        }
+    }
+
+    /// The function name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Makes the function public (the default) or private. `@main` must stay public.
+    pub fn set_public(&mut self, public: bool) {
+        self.public = public;
+    }
+
+    /// `mhlo.num_partitions` of the module being built.
+    pub fn num_partitions(&self) -> u32 {
+        self.module.num_partitions()
+    }
+
+    /// `mhlo.num_replicas` of the module being built.
+    pub fn num_replicas(&self) -> u32 {
+        self.module.num_replicas()
+    }
+
+    /// Adds a function argument (a parameter of the program when this is `@main`).
+    pub fn arg(&mut self, ty: TensorType) -> Result<Value, HloError> {
+        self.add_arg(ty, None)
+    }
+
+    /// Adds a function argument with an `mhlo.sharding` attribute (e.g. [`Sharding::Manual`]).
+    pub fn arg_with_sharding(
+        &mut self,
+        ty: TensorType,
+        sharding: Sharding,
+    ) -> Result<Value, HloError> {
+        self.add_arg(ty, Some(sharding))
+    }
+
+    fn add_arg(&mut self, ty: TensorType, sharding: Option<Sharding>) -> Result<Value, HloError> {
+        ty.validate(FUNC, &format!("argument #{}", self.args.len()))?;
+        let v = self.new_value(ty, 0);
+        self.args.push(v);
+        self.arg_shardings.push(sharding);
+        Ok(v)
+    }
+
+    /// The arguments added so far.
+    pub fn args(&self) -> &[Value] {
+        &self.args
+    }
+
+    /// The type of a value of this function.
+    pub fn value_type(&self, v: Value) -> Result<&TensorType, HloError> {
+        if v.func != self.id {
+            return Err(HloError::Value {
+                op: "value_type",
+                what: format!("value %{}", v.id),
+                reason: "belongs to another function".into(),
+            });
+        }
+        self.values
+            .get(v.index())
+            .map(|i| &i.ty)
+            .ok_or_else(|| HloError::Value {
+                op: "value_type",
+                what: format!("value %{}", v.id),
+                reason: "is unknown".into(),
+            })
+    }
+
+    /// A constant from a literal.
+    pub fn constant(&mut self, literal: Literal) -> Result<Value, HloError> {
+        let ty = literal.ty();
+        Ok(self.emit1(OpKind::Constant(literal), vec![], ty, vec![]))
+    }
+
+    /// A rank-0 constant (see [`Literal::scalar`] for the accepted values).
+    pub fn scalar(&mut self, value: f64, dtype: DType) -> Result<Value, HloError> {
+        self.constant(Literal::scalar(value, dtype)?)
+    }
+
+    /// A constant of type `ty` with every element equal to `value` (emitted as a splat).
+    pub fn splat(&mut self, value: f64, ty: TensorType) -> Result<Value, HloError> {
+        self.constant(Literal::splat(value, &ty)?)
+    }
+
+    /// Ends the function, returning `results`, and adds it to the module.
+    pub fn finish(self, results: &[Value]) -> Result<(), HloError> {
+        let with: Vec<(Value, Option<Sharding>)> = results.iter().map(|&v| (v, None)).collect();
+        self.finish_with_shardings(&with)
+    }
+
+    /// Ends the function like [`FuncBuilder::finish`], with an optional `mhlo.sharding` per
+    /// result.
+    pub fn finish_with_shardings(
+        mut self,
+        results: &[(Value, Option<Sharding>)],
+    ) -> Result<(), HloError> {
+        let func_err = |name: &str, reason: String| HloError::Func {
+            func: name.into(),
+            reason,
+        };
+        for (i, (v, _)) in results.iter().enumerate() {
+            self.check_value("func.return", &format!("result #{i}"), *v)
+                .map_err(|e| func_err(&self.name, e.to_string()))?;
+        }
+        let frame = self
+            .frames
+            .pop()
+            .ok_or_else(|| func_err(&self.name, "no body".into()))?;
+        let func = Func {
+            id: self.id,
+            name: self.name,
+            public: self.public,
+            arg_shardings: self.arg_shardings,
+            result_shardings: results.iter().map(|(_, s)| s.clone()).collect(),
+            body: Region {
+                args: self.args,
+                ops: frame.ops,
+                results: results.iter().map(|(v, _)| *v).collect(),
+            },
+            values: self.values.into_iter().map(|i| i.ty).collect(),
+        };
+        self.module.add_func(func)
+    }
+
+    // ----- internals shared by the op files -----
+
+    fn current_scope(&self) -> usize {
+        self.frames.last().map_or(0, |f| f.scope)
+    }
+
+    fn new_value(&mut self, ty: TensorType, scope: usize) -> Value {
+        let id = self.values.len() as u32;
+        self.values.push(ValueInfo { ty, scope });
+        Value { func: self.id, id }
+    }
+
+    fn visible(&self, scope: usize) -> bool {
+        let mut s = self.current_scope();
+        loop {
+            if s == scope {
+                return true;
+            }
+            let info = self.scopes[s];
+            if info.isolated {
+                return false;
+            }
+            match info.parent {
+                Some(p) => s = p,
+                None => return false,
+            }
+        }
+    }
+
+    /// Checks that `v` may be used here and returns its type.
+    fn check_value(&self, op: &'static str, what: &str, v: Value) -> Result<TensorType, HloError> {
+        let err = |reason: String| HloError::Value {
+            op,
+            what: what.to_string(),
+            reason,
+        };
+        if v.func != self.id {
+            return Err(err("belongs to another function or module".into()));
+        }
+        let info = self
+            .values
+            .get(v.index())
+            .ok_or_else(|| err("is unknown".into()))?;
+        if !self.visible(info.scope) {
+            return Err(err(format!(
+                "({}) is not in scope here: it is defined in a region that is closed, or \
+                 outside a region that cannot capture values (reduction bodies)",
+                info.ty
+            )));
+        }
+        Ok(info.ty.clone())
+    }
+
+    /// Checks operand `index` of `op`.
+    fn operand(&self, op: &'static str, index: usize, v: Value) -> Result<TensorType, HloError> {
+        self.check_value(op, &format!("operand #{index}"), v)
+    }
+
+    /// Appends an op to the innermost open region and returns its results.
+    fn emit(
+        &mut self,
+        kind: OpKind,
+        operands: Vec<Value>,
+        result_types: Vec<TensorType>,
+        regions: Vec<Region>,
+    ) -> Vec<Value> {
+        let scope = self.current_scope();
+        let results: Vec<Value> = result_types
+            .into_iter()
+            .map(|ty| self.new_value(ty, scope))
+            .collect();
+        let op = Op {
+            kind,
+            operands,
+            results: results.clone(),
+            regions,
+        };
+        if let Some(frame) = self.frames.last_mut() {
+            frame.ops.push(op);
+        }
+        results
+    }
+
+    fn emit1(
+        &mut self,
+        kind: OpKind,
+        operands: Vec<Value>,
+        result_type: TensorType,
+        regions: Vec<Region>,
+    ) -> Value {
+        let r = self.emit(kind, operands, vec![result_type], regions);
+        r[0]
+    }
+
+    /// Builds a single-block region with block arguments of `arg_types`; `f` fills it and
+    /// returns the values the region yields. Returns the region and the yielded types.
+    fn region<E, F>(
+        &mut self,
+        op: &'static str,
+        what: &str,
+        arg_types: &[TensorType],
+        isolated: bool,
+        f: F,
+    ) -> Result<(Region, Vec<TensorType>), E>
+    where
+        E: From<HloError>,
+        F: FnOnce(&mut Self, &[Value]) -> Result<Vec<Value>, E>,
+    {
+        let scope = self.scopes.len();
+        self.scopes.push(Scope {
+            parent: Some(self.current_scope()),
+            isolated,
+        });
+        let args: Vec<Value> = arg_types
+            .iter()
+            .map(|t| self.new_value(t.clone(), scope))
+            .collect();
+        self.frames.push(Frame {
+            scope,
+            ops: Vec::new(),
+        });
+        let out = f(self, &args);
+        let checked = out.and_then(|results| {
+            let types = results
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| self.check_value(op, &format!("{what} result #{i}"), v))
+                .collect::<Result<Vec<_>, HloError>>()?;
+            Ok((results, types))
+        });
+        let frame = self.frames.pop();
+        let (results, types) = checked?;
+        let ops = frame.map(|f| f.ops).unwrap_or_default();
+        Ok((Region { args, ops, results }, types))
+    }
+}
+
+// ----- small validation helpers -----
+
+/// Checks that `dims` are distinct dimensions of a rank-`rank` tensor.
+fn check_dims(
+    op: &'static str,
+    attr: &'static str,
+    dims: &[i64],
+    rank: usize,
+) -> Result<(), HloError> {
+    let mut seen = vec![false; rank];
+    for &d in dims {
+        if d < 0 || d as u64 >= rank as u64 {
+            return Err(HloError::attr(
+                op,
+                attr,
+                format!("dimension {d} out of range for rank {rank} (in {dims:?})"),
+            ));
+        }
+        if std::mem::replace(&mut seen[d as usize], true) {
+            return Err(HloError::attr(
+                op,
+                attr,
+                format!("dimension {d} repeated (in {dims:?})"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks that `d` is a dimension of a rank-`rank` tensor.
+fn check_dim(op: &'static str, attr: &'static str, d: i64, rank: usize) -> Result<usize, HloError> {
+    if d < 0 || d as u64 >= rank as u64 {
+        return Err(HloError::attr(
+            op,
+            attr,
+            format!("dimension {d} out of range for rank {rank}"),
+        ));
+    }
+    Ok(d as usize)
+}
+
+/// Checks that an attribute list has one entry per dimension.
+fn check_len(
+    op: &'static str,
+    attr: &'static str,
+    list: &[i64],
+    rank: usize,
+) -> Result<(), HloError> {
+    if list.len() != rank {
+        return Err(HloError::attr(
+            op,
+            attr,
+            format!("has {} entries for an operand of rank {rank}", list.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// `size * factor` for a result dimension, or an error naming the op on overflow.
+fn grow(op: &'static str, size: i64, factor: i64) -> Result<i64, HloError> {
+    size.checked_mul(factor)
+        .ok_or_else(|| HloError::shape(op, format!("result dimension {size} x {factor} overflows")))
+}
+
+/// Checks that the operand is a rank-0 tensor.
+fn check_scalar(op: &'static str, what: &str, ty: &TensorType) -> Result<(), HloError> {
+    if !ty.is_scalar() {
+        return Err(HloError::shape(
+            op,
+            format!("{what} must be a scalar (rank 0), got {ty}"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
