@@ -5,8 +5,11 @@
 
 pub use tessera_dsl as dsl;
 pub use tessera_hlo as hlo;
+pub use tessera_runtime as runtime;
 
+pub mod backend;
 pub mod kernels;
+pub mod npy;
 pub mod reference;
 pub mod registry;
 

@@ -4,8 +4,9 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, Subcommand};
-use tessera::dsl::interpret::{self, InterpretOptions};
+use tessera::backend::{self, Backend};
 use tessera::dsl::{ArgSpec, DType, HostArray, TargetRules};
+use tessera::npy::{read_npy, write_npy};
 use tessera::reference::{attention_ref, matmul_ref, max_abs_diff, random, softmax_ref};
 use tessera::registry;
 
@@ -38,7 +39,27 @@ enum Command {
         #[arg(long, default_value = "tpu")]
         rules: String,
     },
-    /// Run the example kernels on the interpreter and check them against naive f64 references.
+    /// Run a built-in kernel on .npy inputs and write its outputs as .npy files.
+    Run {
+        /// Kernel name (see `tessera kernels`).
+        kernel: String,
+        /// A compile-time parameter, NAME=VALUE (repeatable).
+        #[arg(long = "param", short = 'p', value_parser = parse_param)]
+        params: Vec<(String, String)>,
+        /// Input .npy files, in argument order (float32 files are converted to the kernel's dtype).
+        #[arg(long = "input", short = 'i', required = true)]
+        inputs: Vec<std::path::PathBuf>,
+        /// Output .npy files, in output order.
+        #[arg(long = "output", short = 'o', required = true)]
+        outputs: Vec<std::path::PathBuf>,
+        /// Where to run: interpret or cpu (StableHLO on the XLA CPU plugin).
+        #[arg(long, default_value = "interpret")]
+        backend: Backend,
+        /// Hardware rules to check: tpu (default) or portable.
+        #[arg(long, default_value = "tpu")]
+        rules: String,
+    },
+    /// Run the example kernels on every backend and check them against naive f64 references.
     Demo,
 }
 
@@ -93,7 +114,58 @@ fn print_ir(
     Ok(())
 }
 
-/// One demo case: a kernel run on the interpreter, its max error against the reference.
+fn run_kernel(
+    kernel: &str,
+    params: &[(String, String)],
+    inputs: &[std::path::PathBuf],
+    outputs: &[std::path::PathBuf],
+    backend: Backend,
+    rules_name: &str,
+) -> Result<()> {
+    let info = registry::find(kernel).map_err(|e| anyhow!(e))?;
+    let (def, _) = info.build(params).map_err(|e| anyhow!(e))?;
+    if inputs.len() != def.args().len() {
+        let names: Vec<&str> = def.args().iter().map(|a| a.name).collect();
+        bail!(
+            "`{kernel}` takes {} inputs ({}), got {}",
+            names.len(),
+            names.join(", "),
+            inputs.len()
+        );
+    }
+    let mut args = Vec::with_capacity(inputs.len());
+    for (path, decl) in inputs.iter().zip(def.args()) {
+        let a = read_npy(path)?;
+        let a = if a.dtype() == decl.dtype {
+            a
+        } else if a.dtype() == DType::F32 && decl.dtype.is_float() {
+            HostArray::from_f64(decl.dtype, a.shape().to_vec(), &a.to_f64_vec())?
+        } else {
+            bail!(
+                "{}: `{}` takes {} but the file holds {}",
+                path.display(),
+                decl.name,
+                decl.dtype,
+                a.dtype()
+            );
+        };
+        args.push(a);
+    }
+    let results = backend::run(&def, &args, backend, &rules(rules_name)?)?;
+    if outputs.len() != results.len() {
+        bail!(
+            "`{kernel}` has {} outputs, got {} --output files",
+            results.len(),
+            outputs.len()
+        );
+    }
+    for (path, a) in outputs.iter().zip(&results) {
+        write_npy(path, a)?;
+    }
+    Ok(())
+}
+
+/// One demo case: a kernel run on every backend, its max error against the reference.
 fn demo_case(
     name: &str,
     params: &[(&str, &str)],
@@ -111,23 +183,28 @@ fn demo_case(
         .enumerate()
         .map(|(i, s)| random(s.dtype, &s.shape, i as u64 + 1))
         .collect();
-    let start = std::time::Instant::now();
-    let outputs = interpret::run(&def, &inputs, &InterpretOptions::default())
-        .with_context(|| format!("running {name}"))?;
-    let elapsed = start.elapsed();
-    let err = check(&inputs, &outputs[0]);
-    let ok = err <= tol;
     let shown: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    println!(
-        "{:<16} {:<44} interpret {:>8.1} ms   max |err| {:.2e} (tol {:.0e})  {}",
-        name,
-        shown.join(" "),
-        elapsed.as_secs_f64() * 1e3,
-        err,
-        tol,
-        if ok { "ok" } else { "MISMATCH" }
-    );
-    Ok(ok)
+    let mut all_ok = true;
+    for b in Backend::ALL {
+        let start = std::time::Instant::now();
+        let outputs = backend::run(&def, &inputs, b, &TargetRules::tpu())
+            .with_context(|| format!("running {name} on {b}"))?;
+        let elapsed = start.elapsed();
+        let err = check(&inputs, &outputs[0]);
+        let ok = err <= tol;
+        all_ok &= ok;
+        println!(
+            "{:<16} {:<40} {:<9} {:>8.1} ms   max |err| {:.2e} (tol {:.0e})  {}",
+            name,
+            shown.join(" "),
+            b.name(),
+            elapsed.as_secs_f64() * 1e3,
+            err,
+            tol,
+            if ok { "ok" } else { "MISMATCH" }
+        );
+    }
+    Ok(all_ok)
 }
 
 fn demo() -> Result<bool> {
@@ -204,6 +281,14 @@ fn main() -> ExitCode {
             args,
             rules,
         } => print_ir(&kernel, &params, args, &rules).map(|()| true),
+        Command::Run {
+            kernel,
+            params,
+            inputs,
+            outputs,
+            backend,
+            rules,
+        } => run_kernel(&kernel, &params, &inputs, &outputs, backend, &rules).map(|()| true),
         Command::Demo => demo(),
     };
     match result {

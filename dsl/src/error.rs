@@ -21,6 +21,8 @@ pub enum ProblemKind {
     Vmem,
     /// A problem found while running the kernel (interpreter or runtime).
     Run,
+    /// Lowering to a backend failed (a tessera bug, reported rather than hidden).
+    Lower,
 }
 
 /// One problem, with the operand or op it concerns and where the kernel author wrote it.

@@ -15,6 +15,7 @@ mod instantiate;
 pub mod interpret;
 pub mod ir;
 pub mod rules;
+pub mod stablehlo;
 mod trace;
 
 pub use array::HostArray;

@@ -21,6 +21,7 @@ use crate::ir::{
     DimSemantics, Inst, Kernel, Loc, MemorySpace, Op, OperandRole, RefId, Region, Slice, ValueId,
 };
 use crate::rules::TargetRules;
+pub(crate) use tensor::garbage_literal;
 use tensor::{for_each_index, Tensor};
 
 /// How the interpreter runs a kernel.

@@ -22,6 +22,17 @@ pub(crate) struct Tensor {
     pub data: Data,
 }
 
+/// What uninitialised scratch and output buffers hold: NaN for floats, a sentinel for ints,
+/// so a kernel that reads what it never wrote shows it. Every backend uses the same values.
+pub(crate) fn garbage_literal(dtype: DType) -> Literal {
+    match dtype {
+        d if d.is_float() => Literal::Float(f64::NAN),
+        DType::I8 => Literal::Int(i8::MIN as i64),
+        DType::Bool => Literal::Bool(true),
+        _ => Literal::Int(i32::MIN as i64 + 0x5a5a),
+    }
+}
+
 pub(crate) fn round(dtype: DType, x: f32) -> f32 {
     if dtype == DType::BF16 {
         bf16::from_f32(x).to_f32()
@@ -79,15 +90,9 @@ impl Tensor {
         }
     }
 
-    /// A buffer of garbage, as uninitialised VMEM: NaN for floats, a sentinel for ints.
+    /// A buffer of garbage, as uninitialised VMEM (see [`garbage_literal`]).
     pub fn garbage(dtype: DType, shape: &[usize]) -> Tensor {
-        let lit = match dtype {
-            d if d.is_float() => Literal::Float(f64::NAN),
-            DType::I8 => Literal::Int(i8::MIN as i64),
-            DType::Bool => Literal::Bool(true),
-            _ => Literal::Int(i32::MIN as i64 + 0x5a5a),
-        };
-        Tensor::splat(dtype, shape, lit)
+        Tensor::splat(dtype, shape, garbage_literal(dtype))
     }
 
     pub fn scalar_i32(v: i32) -> Tensor {

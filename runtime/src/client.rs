@@ -1,0 +1,797 @@
+//! Clients, devices, device buffers and loaded executables.
+
+use std::collections::HashMap;
+use std::ffi::c_char;
+use std::fmt;
+use std::ptr::{self, NonNull};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use crate::element::{byte_size, ElementType, HostBuffer, NativeType};
+use crate::error::{Error, Result};
+use crate::ffi;
+use crate::options::CompileOptions;
+use crate::plugin::{api_fn, copy_string, raw_named_values, raw_slice, Event, NamedValue, Plugin};
+use crate::shape::ArrayShape;
+use crate::topology::Executable;
+
+/// Name of the CPU plugin's client option that sets the number of devices.
+pub const CPU_DEVICE_COUNT_OPTION: &str = "cpu_device_count";
+
+/// A device of a client (an addressable device).
+pub struct Device {
+    raw: NonNull<ffi::PJRT_Device>,
+    index: usize,
+    id: i32,
+    kind: String,
+    description: String,
+}
+
+// SAFETY: a `Device` is an immutable handle owned by its client: the raw pointer is only passed
+// to thread-safe PJRT calls, and the other fields are plain data.
+unsafe impl Send for Device {}
+// SAFETY: as above; `&Device` only reads.
+unsafe impl Sync for Device {}
+
+impl Device {
+    /// Position in [`Client::devices`]; argument list `i` of an execute goes to the
+    /// executable's `i`-th device.
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// The plugin's device id (`PJRT_DeviceDescription_Id`), as used in device assignments.
+    pub fn id(&self) -> i32 {
+        self.id
+    }
+
+    /// Kind of device, e.g. `cpu`.
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// Short description from the plugin, e.g. `CpuDevice(id=0)`.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Device")
+            .field("index", &self.index)
+            .field("id", &self.id)
+            .field("kind", &self.kind)
+            .field("description", &self.description)
+            .finish()
+    }
+}
+
+pub(crate) struct ClientInner {
+    pub(crate) plugin: Plugin,
+    raw: NonNull<ffi::PJRT_Client>,
+    devices: Vec<Device>,
+    platform_name: String,
+    platform_version: String,
+}
+
+// SAFETY: a PJRT client is thread-safe (PjRtClient's methods may be called concurrently from
+// any thread); `ClientInner` is immutable after creation and destroys the client once, in Drop.
+unsafe impl Send for ClientInner {}
+// SAFETY: as above.
+unsafe impl Sync for ClientInner {}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        let plugin = self.plugin.inner;
+        if let Ok(f) = api_fn!(plugin, PJRT_Client_Destroy) {
+            let mut args = ffi::PJRT_Client_Destroy_Args::init();
+            args.client = self.raw.as_ptr();
+            // SAFETY: the client is owned and destroyed exactly once; every buffer and
+            // executable holds an `Arc<ClientInner>`, so none outlives it.
+            let err = unsafe { f(&mut args) };
+            plugin.ignore_error(err);
+        }
+    }
+}
+
+/// A PJRT client: the devices of one plugin instance, and what compiles and runs on them.
+///
+/// Cheap to clone (shared handle); buffers and executables keep their client alive.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("platform", &self.inner.platform_name)
+            .field("devices", &self.inner.devices.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Plugin {
+    /// Creates a client with plugin-specific create options.
+    pub fn client(&self, options: &[(String, NamedValue)]) -> Result<Client> {
+        Client::new(*self, options)
+    }
+
+    /// Creates a CPU client with `device_count` devices (option `cpu_device_count`, always
+    /// passed: without it the XLA CPU plugin silently picks 4).
+    pub fn cpu_client(&self, device_count: usize) -> Result<Client> {
+        let count = i64::try_from(device_count).ok().filter(|&n| n >= 1).ok_or(
+            Error::InvalidDeviceCount {
+                requested: device_count,
+            },
+        )?;
+        let client = self.client(&[(
+            CPU_DEVICE_COUNT_OPTION.to_string(),
+            NamedValue::Int64(count),
+        )])?;
+        if client.devices().len() != device_count {
+            return Err(Error::PluginContract {
+                operation: "PJRT_Client_Create",
+                reason: format!(
+                    "{device_count} CPU devices were requested, the client has {}",
+                    client.devices().len()
+                ),
+            });
+        }
+        Ok(client)
+    }
+}
+
+impl Client {
+    /// Creates a client of `plugin` with the given create options.
+    pub fn new(plugin: Plugin, options: &[(String, NamedValue)]) -> Result<Self> {
+        let p = plugin.inner;
+        let create = api_fn!(p, PJRT_Client_Create)?;
+        let raw_options = raw_named_values(options);
+        let mut args = ffi::PJRT_Client_Create_Args::init();
+        args.create_options = raw_options.as_ptr();
+        args.num_options = raw_options.len();
+        // SAFETY: `args` is initialised; the options array and the strings/arrays it points to
+        // (borrowed from `options`) outlive the call; the key-value callbacks are null.
+        let err = unsafe { create(&mut args) };
+        p.check(err, "PJRT_Client_Create")?;
+        let raw = NonNull::new(args.client).ok_or_else(|| Error::PluginContract {
+            operation: "PJRT_Client_Create",
+            reason: "null client without an error".into(),
+        })?;
+        let mut inner = ClientInner {
+            plugin,
+            raw,
+            devices: Vec::new(),
+            platform_name: String::new(),
+            platform_version: String::new(),
+        };
+        // From here on `inner` owns the client: an error below destroys it in Drop.
+        inner.platform_name = client_string(&inner, StringQuery::PlatformName)?;
+        inner.platform_version = client_string(&inner, StringQuery::PlatformVersion)?;
+        inner.devices = addressable_devices(&inner)?;
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// A new CPU client with `device_count` devices, from [`Plugin::cpu`].
+    pub fn cpu(device_count: usize) -> Result<Self> {
+        Plugin::cpu()?.cpu_client(device_count)
+    }
+
+    /// A process-wide CPU client with `device_count` devices, created on first use (from
+    /// [`Plugin::cpu`]) and shared by every later call with the same count. Plugin load and
+    /// client creation cost tens of milliseconds; tests and tools should use this.
+    ///
+    /// Shared clients are never destroyed (they live until the process exits).
+    pub fn cpu_shared(device_count: usize) -> Result<Self> {
+        static SHARED: OnceLock<Mutex<HashMap<usize, Client>>> = OnceLock::new();
+        let mut shared = SHARED
+            .get_or_init(|| Mutex::new(HashMap::new()))
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(client) = shared.get(&device_count) {
+            return Ok(client.clone());
+        }
+        let client = Self::cpu(device_count)?;
+        shared.insert(device_count, client.clone());
+        Ok(client)
+    }
+
+    /// The plugin this client belongs to.
+    pub fn plugin(&self) -> Plugin {
+        self.inner.plugin
+    }
+
+    /// Platform name, e.g. `cpu`.
+    pub fn platform_name(&self) -> &str {
+        &self.inner.platform_name
+    }
+
+    /// Platform version string.
+    pub fn platform_version(&self) -> &str {
+        &self.inner.platform_version
+    }
+
+    /// The addressable devices, in the plugin's order.
+    pub fn devices(&self) -> &[Device] {
+        &self.inner.devices
+    }
+
+    fn device(&self, index: usize) -> Result<&Device> {
+        self.inner.devices.get(index).ok_or(Error::DeviceIndex {
+            index,
+            device_count: self.inner.devices.len(),
+        })
+    }
+
+    /// Compiles a StableHLO program given as MLIR text.
+    ///
+    /// A program the compiler rejects gives [`Error::Pjrt`] whose message is the compiler's.
+    pub fn compile(&self, program: &str, options: &CompileOptions) -> Result<LoadedExecutable> {
+        let p = self.inner.plugin.inner;
+        let compile = api_fn!(p, PJRT_Client_Compile)?;
+        let options_bytes = options.to_proto_bytes()?;
+        let mut code = program.as_bytes().to_vec();
+        let format = b"mlir";
+        let mut raw_program = ffi::PJRT_Program::init();
+        raw_program.code = code.as_mut_ptr().cast::<c_char>();
+        raw_program.code_size = code.len();
+        raw_program.format = format.as_ptr().cast::<c_char>();
+        raw_program.format_size = format.len();
+        let mut args = ffi::PJRT_Client_Compile_Args::init();
+        args.client = self.inner.raw.as_ptr();
+        args.program = &raw_program;
+        args.compile_options = options_bytes.as_ptr().cast::<c_char>();
+        args.compile_options_size = options_bytes.len();
+        // SAFETY: `args` is initialised; program text, format and options bytes are owned here
+        // and outlive the call; the client is alive.
+        let err = unsafe { compile(&mut args) };
+        p.check(err, "PJRT_Client_Compile")?;
+        let raw = NonNull::new(args.executable).ok_or_else(|| Error::PluginContract {
+            operation: "PJRT_Client_Compile",
+            reason: "null executable without an error".into(),
+        })?;
+        LoadedExecutable::from_raw(self.inner.clone(), raw)
+    }
+
+    /// Copies a host array to device `device` (an index into [`Client::devices`]).
+    pub fn buffer_from_host(&self, host: &HostBuffer, device: usize) -> Result<Buffer> {
+        let p = self.inner.plugin.inner;
+        let dev = self.device(device)?;
+        let transfer = api_fn!(p, PJRT_Client_BufferFromHostBuffer)?;
+        let mut args = ffi::PJRT_Client_BufferFromHostBuffer_Args::init();
+        args.client = self.inner.raw.as_ptr();
+        args.data = host.as_bytes().as_ptr().cast();
+        args.type_ = host.element_type().to_raw();
+        args.dims = host.dims().as_ptr();
+        args.num_dims = host.dims().len();
+        // The plugin copies the data before returning: `host` is borrowed only for the call.
+        args.host_buffer_semantics = ffi::PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+        args.device = dev.raw.as_ptr();
+        // SAFETY: `args` is initialised; `host`'s bytes match its dims and type (checked by
+        // `HostBuffer`'s constructors) and, with `kImmutableOnlyDuringCall`, are only read
+        // during the call; dims outlive the call; device and client are alive.
+        let err = unsafe { transfer(&mut args) };
+        // Own whatever the plugin returned before looking at the error.
+        let done = Event::new(p, args.done_with_host_buffer);
+        let buffer = NonNull::new(args.buffer).map(|raw| Buffer {
+            client: self.inner.clone(),
+            raw,
+            device,
+            element_type: host.element_type(),
+            dims: host.dims().to_vec(),
+        });
+        p.check(err, "PJRT_Client_BufferFromHostBuffer")?;
+        if let Some(done) = done {
+            done.wait("PJRT_Client_BufferFromHostBuffer")?;
+        }
+        buffer.ok_or_else(|| Error::PluginContract {
+            operation: "PJRT_Client_BufferFromHostBuffer",
+            reason: "null buffer without an error".into(),
+        })
+    }
+
+    /// Copies typed host data of shape `dims` to device `device`.
+    pub fn buffer_from_slice<T: NativeType>(
+        &self,
+        data: &[T],
+        dims: &[i64],
+        device: usize,
+    ) -> Result<Buffer> {
+        self.buffer_from_host(&HostBuffer::from_slice(dims, data)?, device)
+    }
+}
+
+enum StringQuery {
+    PlatformName,
+    PlatformVersion,
+}
+
+fn client_string(client: &ClientInner, which: StringQuery) -> Result<String> {
+    let p = client.plugin.inner;
+    match which {
+        StringQuery::PlatformName => {
+            let f = api_fn!(p, PJRT_Client_PlatformName)?;
+            let mut args = ffi::PJRT_Client_PlatformName_Args::init();
+            args.client = client.raw.as_ptr();
+            // SAFETY: `args` is initialised and the client alive.
+            let err = unsafe { f(&mut args) };
+            p.check(err, "PJRT_Client_PlatformName")?;
+            // SAFETY: the string is owned by the client, alive during the copy.
+            Ok(unsafe { copy_string(args.platform_name, args.platform_name_size) })
+        }
+        StringQuery::PlatformVersion => {
+            let f = api_fn!(p, PJRT_Client_PlatformVersion)?;
+            let mut args = ffi::PJRT_Client_PlatformVersion_Args::init();
+            args.client = client.raw.as_ptr();
+            // SAFETY: `args` is initialised and the client alive.
+            let err = unsafe { f(&mut args) };
+            p.check(err, "PJRT_Client_PlatformVersion")?;
+            // SAFETY: the string is owned by the client, alive during the copy.
+            Ok(unsafe { copy_string(args.platform_version, args.platform_version_size) })
+        }
+    }
+}
+
+fn addressable_devices(client: &ClientInner) -> Result<Vec<Device>> {
+    let p = client.plugin.inner;
+    let f = api_fn!(p, PJRT_Client_AddressableDevices)?;
+    let mut args = ffi::PJRT_Client_AddressableDevices_Args::init();
+    args.client = client.raw.as_ptr();
+    // SAFETY: `args` is initialised and the client alive.
+    let err = unsafe { f(&mut args) };
+    p.check(err, "PJRT_Client_AddressableDevices")?;
+    // SAFETY: the array is owned by the client and has `num_addressable_devices` entries.
+    let raw = unsafe { raw_slice(args.addressable_devices, args.num_addressable_devices) };
+    raw.iter()
+        .enumerate()
+        .map(|(index, &device)| {
+            let raw = NonNull::new(device).ok_or_else(|| Error::PluginContract {
+                operation: "PJRT_Client_AddressableDevices",
+                reason: "null device".into(),
+            })?;
+            let description = device_description(p, raw)?;
+            let d = crate::topology::describe(p, description)?;
+            Ok(Device {
+                raw,
+                index,
+                id: d.id,
+                kind: d.kind,
+                description: d.to_string,
+            })
+        })
+        .collect()
+}
+
+fn device_description(
+    p: &'static crate::plugin::PluginInner,
+    device: NonNull<ffi::PJRT_Device>,
+) -> Result<NonNull<ffi::PJRT_DeviceDescription>> {
+    let f = api_fn!(p, PJRT_Device_GetDescription)?;
+    let mut args = ffi::PJRT_Device_GetDescription_Args::init();
+    args.device = device.as_ptr();
+    // SAFETY: `args` is initialised and the device (owned by its live client) valid.
+    let err = unsafe { f(&mut args) };
+    p.check(err, "PJRT_Device_GetDescription")?;
+    NonNull::new(args.device_description).ok_or_else(|| Error::PluginContract {
+        operation: "PJRT_Device_GetDescription",
+        reason: "null description".into(),
+    })
+}
+
+/// An array on a device. Destroyed (device memory freed) on drop.
+pub struct Buffer {
+    client: Arc<ClientInner>,
+    raw: NonNull<ffi::PJRT_Buffer>,
+    device: usize,
+    element_type: ElementType,
+    dims: Vec<i64>,
+}
+
+// SAFETY: a PJRT buffer is thread-safe (PjRtBuffer may be read, copied to host and used as an
+// execute argument concurrently from any thread); `Buffer` is immutable and destroys the buffer
+// once, in Drop.
+unsafe impl Send for Buffer {}
+// SAFETY: as above; `&Buffer` only reads (execution never donates it, see `execute`).
+unsafe impl Sync for Buffer {}
+
+impl fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffer")
+            .field("device", &self.device)
+            .field("element_type", &self.element_type)
+            .field("dims", &self.dims)
+            .finish()
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let p = self.client.plugin.inner;
+        if let Ok(f) = api_fn!(p, PJRT_Buffer_Destroy) {
+            let mut args = ffi::PJRT_Buffer_Destroy_Args::init();
+            args.buffer = self.raw.as_ptr();
+            // SAFETY: the buffer is owned and destroyed exactly once; its client is alive.
+            let err = unsafe { f(&mut args) };
+            p.ignore_error(err);
+        }
+    }
+}
+
+impl Buffer {
+    /// Queries element type and dims of an output buffer from the plugin.
+    fn load_metadata(&mut self) -> Result<()> {
+        let p = self.client.plugin.inner;
+        let f = api_fn!(p, PJRT_Buffer_ElementType)?;
+        let mut args = ffi::PJRT_Buffer_ElementType_Args::init();
+        args.buffer = self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the buffer alive.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_Buffer_ElementType")?;
+        self.element_type = ElementType::from_raw(args.type_)?;
+        let f = api_fn!(p, PJRT_Buffer_Dimensions)?;
+        let mut args = ffi::PJRT_Buffer_Dimensions_Args::init();
+        args.buffer = self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the buffer alive.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_Buffer_Dimensions")?;
+        // SAFETY: `num_dims` dims owned by the live buffer.
+        self.dims = unsafe { raw_slice(args.dims, args.num_dims) }.to_vec();
+        Ok(())
+    }
+
+    /// Element type.
+    pub fn element_type(&self) -> ElementType {
+        self.element_type
+    }
+
+    /// Dimensions, major to minor.
+    pub fn dims(&self) -> &[i64] {
+        &self.dims
+    }
+
+    /// Index (in [`Client::devices`]) of the device holding the buffer.
+    pub fn device_index(&self) -> usize {
+        self.device
+    }
+
+    /// Copies the buffer to host memory (dense, row-major), waiting for the transfer.
+    pub fn to_host(&self) -> Result<HostBuffer> {
+        let p = self.client.plugin.inner;
+        let f = api_fn!(p, PJRT_Buffer_ToHostBuffer)?;
+        let expected = byte_size(self.element_type, &self.dims)?;
+        // Ask for a dense major-to-minor layout explicitly (device layouts may differ).
+        let minor_to_major: Vec<i64> = (0..self.dims.len() as i64).rev().collect();
+        let mut tiled = ffi::PJRT_Buffer_MemoryLayout_Tiled::init();
+        tiled.minor_to_major = minor_to_major.as_ptr();
+        tiled.minor_to_major_size = minor_to_major.len();
+        let mut layout = ffi::PJRT_Buffer_MemoryLayout::init();
+        layout.value = ffi::PJRT_Buffer_MemoryLayout_Value { tiled };
+        layout.type_ = ffi::PJRT_Buffer_MemoryLayout_Type_Tiled;
+
+        let mut data = vec![0u8; expected];
+        let mut args = ffi::PJRT_Buffer_ToHostBuffer_Args::init();
+        args.src = self.raw.as_ptr();
+        args.host_layout = &mut layout;
+        args.dst = data.as_mut_ptr().cast();
+        args.dst_size = data.len();
+        // SAFETY: `args` is initialised; `data` has `dst_size` writable bytes and is neither
+        // moved nor freed until the event is awaited below (or, on error, the call did not
+        // start a transfer); the layout and its arrays outlive the call; the buffer is alive.
+        let err = unsafe { f(&mut args) };
+        let event = Event::new(p, args.event);
+        p.check(err, "PJRT_Buffer_ToHostBuffer")?;
+        if let Some(event) = event {
+            event.wait("PJRT_Buffer_ToHostBuffer")?;
+        }
+        HostBuffer::from_bytes(self.element_type, &self.dims, data)
+    }
+
+    /// Copies the buffer to host and returns its elements as `T`.
+    pub fn to_vec<T: NativeType>(&self) -> Result<Vec<T>> {
+        self.to_host()?.to_vec()
+    }
+}
+
+/// A program compiled for and loaded on a client's devices.
+pub struct LoadedExecutable {
+    client: Arc<ClientInner>,
+    raw: NonNull<ffi::PJRT_LoadedExecutable>,
+    devices: Vec<usize>,
+    num_outputs: usize,
+    name: String,
+    parameters: Option<Vec<ArrayShape>>,
+}
+
+// SAFETY: a PJRT loaded executable is thread-safe (PjRtLoadedExecutable::Execute may be called
+// concurrently); the wrapper is immutable and destroys the executable once, in Drop.
+unsafe impl Send for LoadedExecutable {}
+// SAFETY: as above.
+unsafe impl Sync for LoadedExecutable {}
+
+impl fmt::Debug for LoadedExecutable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadedExecutable")
+            .field("name", &self.name)
+            .field("devices", &self.devices)
+            .field("num_outputs", &self.num_outputs)
+            .finish()
+    }
+}
+
+impl Drop for LoadedExecutable {
+    fn drop(&mut self) {
+        let p = self.client.plugin.inner;
+        if let Ok(f) = api_fn!(p, PJRT_LoadedExecutable_Destroy) {
+            let mut args = ffi::PJRT_LoadedExecutable_Destroy_Args::init();
+            args.executable = self.raw.as_ptr();
+            // SAFETY: owned, destroyed exactly once; its client is alive.
+            let err = unsafe { f(&mut args) };
+            p.ignore_error(err);
+        }
+    }
+}
+
+impl LoadedExecutable {
+    fn from_raw(
+        client: Arc<ClientInner>,
+        raw: NonNull<ffi::PJRT_LoadedExecutable>,
+    ) -> Result<Self> {
+        let p = client.plugin.inner;
+        // Owned from the start: an error below destroys it.
+        let mut exe = Self {
+            client,
+            raw,
+            devices: Vec::new(),
+            num_outputs: 0,
+            name: String::new(),
+            parameters: None,
+        };
+
+        let f = api_fn!(p, PJRT_LoadedExecutable_GetExecutable)?;
+        let mut args = ffi::PJRT_LoadedExecutable_GetExecutable_Args::init();
+        args.loaded_executable = raw.as_ptr();
+        // SAFETY: `args` is initialised and the executable alive.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_LoadedExecutable_GetExecutable")?;
+        let unloaded = Executable::from_raw(exe.client.plugin, args.executable)?;
+        exe.num_outputs = unloaded.num_outputs()?;
+        exe.name = unloaded.name()?;
+        // Best effort: without a signature, `execute` leaves argument checking to the plugin.
+        exe.parameters = unloaded.parameters().ok().flatten();
+        drop(unloaded);
+
+        let f = api_fn!(p, PJRT_LoadedExecutable_AddressableDevices)?;
+        let mut args = ffi::PJRT_LoadedExecutable_AddressableDevices_Args::init();
+        args.executable = raw.as_ptr();
+        // SAFETY: `args` is initialised and the executable alive.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_LoadedExecutable_AddressableDevices")?;
+        // SAFETY: `num_addressable_devices` entries owned by the live executable.
+        let raw_devices =
+            unsafe { raw_slice(args.addressable_devices, args.num_addressable_devices) };
+        exe.devices = raw_devices
+            .iter()
+            .map(|&d| {
+                exe.client
+                    .devices
+                    .iter()
+                    .position(|c| c.raw.as_ptr() == d)
+                    .ok_or_else(|| Error::PluginContract {
+                        operation: "PJRT_LoadedExecutable_AddressableDevices",
+                        reason: "a device that is not one of the client's".into(),
+                    })
+            })
+            .collect::<Result<_>>()?;
+        Ok(exe)
+    }
+
+    /// Name of the compiled module.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Number of devices the executable runs on (= number of argument lists `execute` takes).
+    pub fn num_devices(&self) -> usize {
+        self.devices.len()
+    }
+
+    /// Indices (in [`Client::devices`]) of the devices, in execution order: argument list `i`
+    /// runs on device `device_indices()[i]`.
+    pub fn device_indices(&self) -> &[usize] {
+        &self.devices
+    }
+
+    /// Outputs per device.
+    pub fn num_outputs(&self) -> usize {
+        self.num_outputs
+    }
+
+    /// The per-device parameters of the compiled program, when the plugin reports them.
+    /// `execute` checks every argument against them before anything reaches the plugin.
+    pub fn parameters(&self) -> Option<&[ArrayShape]> {
+        self.parameters.as_deref()
+    }
+
+    /// Runs the program on all its devices: `argument_lists[i]` are the arguments of the
+    /// executable's device `i` (each buffer must live on that device). Returns the outputs per
+    /// device, after every device finished.
+    ///
+    /// Arguments are never donated: they stay valid after the call.
+    pub fn execute<'b, L: AsRef<[&'b Buffer]>>(
+        &self,
+        argument_lists: &[L],
+    ) -> Result<Vec<Vec<Buffer>>> {
+        let p = self.client.plugin.inner;
+        let num_devices = self.devices.len();
+        if argument_lists.len() != num_devices {
+            return Err(Error::DeviceCountMismatch {
+                expected: num_devices,
+                actual: argument_lists.len(),
+            });
+        }
+        let num_args = argument_lists.first().map_or(0, |l| l.as_ref().len());
+        let mut raw_lists: Vec<Vec<*mut ffi::PJRT_Buffer>> = Vec::with_capacity(num_devices);
+        for (list, args) in argument_lists.iter().enumerate() {
+            let args = args.as_ref();
+            if args.len() != num_args {
+                return Err(Error::ArgumentCount {
+                    device: list,
+                    expected: num_args,
+                    actual: args.len(),
+                });
+            }
+            if let Some(params) = &self.parameters {
+                if params.len() != num_args {
+                    return Err(Error::ParameterCount {
+                        expected: params.len(),
+                        actual: num_args,
+                    });
+                }
+                for (argument, (buffer, param)) in args.iter().zip(params).enumerate() {
+                    if buffer.element_type != param.element_type || buffer.dims != param.dims {
+                        return Err(Error::ArgumentShape {
+                            list,
+                            argument,
+                            expected: param.clone(),
+                            actual: ArrayShape {
+                                element_type: buffer.element_type,
+                                dims: buffer.dims.clone(),
+                            },
+                        });
+                    }
+                }
+            }
+            for (argument, buffer) in args.iter().enumerate() {
+                if !Arc::ptr_eq(&buffer.client, &self.client) {
+                    return Err(Error::ForeignObject {
+                        what: "an execute argument",
+                    });
+                }
+                if buffer.device != self.devices[list] {
+                    return Err(Error::WrongDevice {
+                        list,
+                        argument,
+                        expected_device: self.devices[list],
+                        actual_device: buffer.device,
+                    });
+                }
+            }
+            raw_lists.push(args.iter().map(|b| b.raw.as_ptr()).collect());
+        }
+        let list_ptrs: Vec<*const *mut ffi::PJRT_Buffer> =
+            raw_lists.iter().map(|l| l.as_ptr()).collect();
+        let mut outputs: Vec<Vec<*mut ffi::PJRT_Buffer>> =
+            vec![vec![ptr::null_mut(); self.num_outputs]; num_devices];
+        let output_ptrs: Vec<*mut *mut ffi::PJRT_Buffer> =
+            outputs.iter_mut().map(|l| l.as_mut_ptr()).collect();
+        let mut events: Vec<*mut ffi::PJRT_Event> = vec![ptr::null_mut(); num_devices];
+        let non_donatable: Vec<i64> = (0..num_args as i64).collect();
+
+        let f = api_fn!(p, PJRT_LoadedExecutable_Execute)?;
+        let mut options = ffi::PJRT_ExecuteOptions::init();
+        options.non_donatable_input_indices = non_donatable.as_ptr();
+        options.num_non_donatable_input_indices = non_donatable.len();
+        let mut args = ffi::PJRT_LoadedExecutable_Execute_Args::init();
+        args.executable = self.raw.as_ptr();
+        args.options = &mut options;
+        args.argument_lists = list_ptrs.as_ptr();
+        args.num_devices = num_devices;
+        args.num_args = num_args;
+        args.output_lists = output_ptrs.as_ptr();
+        args.device_complete_events = events.as_mut_ptr();
+        // SAFETY: `args` is initialised; the argument lists hold `num_devices` x `num_args`
+        // live buffers of this client (borrowed for the call, kept alive by the caller); the
+        // output lists have `num_devices` x `num_outputs` writable slots and the events array
+        // `num_devices`; options and the non-donatable index list outlive the call.
+        let err = unsafe { f(&mut args) };
+        drop(output_ptrs);
+
+        // Own everything the plugin wrote before looking at the error.
+        let events: Vec<Event> = events
+            .into_iter()
+            .filter_map(|e| Event::new(p, e))
+            .collect();
+        let owned: Vec<Vec<Option<Buffer>>> = outputs
+            .iter()
+            .enumerate()
+            .map(|(i, list)| {
+                list.iter()
+                    .map(|&raw| {
+                        NonNull::new(raw).map(|raw| Buffer {
+                            client: self.client.clone(),
+                            raw,
+                            device: self.devices[i],
+                            // Placeholders until `load_metadata`.
+                            element_type: ElementType::U8,
+                            dims: Vec::new(),
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        p.check(err, "PJRT_LoadedExecutable_Execute")?;
+
+        // Wait for every device, keeping the first error.
+        let mut first_error = None;
+        for event in events {
+            if let Err(e) = event.wait("PJRT_LoadedExecutable_Execute") {
+                first_error.get_or_insert(e);
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+
+        owned
+            .into_iter()
+            .map(|list| {
+                list.into_iter()
+                    .map(|slot| {
+                        let mut buffer = slot.ok_or_else(|| Error::PluginContract {
+                            operation: "PJRT_LoadedExecutable_Execute",
+                            reason: "a null output buffer without an error".into(),
+                        })?;
+                        buffer.load_metadata()?;
+                        Ok(buffer)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Copies host arrays to the executable's devices (list `i` to its device `i`), runs, and
+    /// copies every output back: the one-call form for tests and small programs.
+    pub fn execute_host<L: AsRef<[HostBuffer]>>(
+        &self,
+        argument_lists: &[L],
+    ) -> Result<Vec<Vec<HostBuffer>>> {
+        if argument_lists.len() != self.devices.len() {
+            return Err(Error::DeviceCountMismatch {
+                expected: self.devices.len(),
+                actual: argument_lists.len(),
+            });
+        }
+        let client = Client {
+            inner: self.client.clone(),
+        };
+        let buffers: Vec<Vec<Buffer>> = argument_lists
+            .iter()
+            .zip(&self.devices)
+            .map(|(list, &device)| {
+                list.as_ref()
+                    .iter()
+                    .map(|h| client.buffer_from_host(h, device))
+                    .collect()
+            })
+            .collect::<Result<_>>()?;
+        let refs: Vec<Vec<&Buffer>> = buffers.iter().map(|l| l.iter().collect()).collect();
+        let outputs = self.execute(&refs)?;
+        outputs
+            .iter()
+            .map(|list| list.iter().map(Buffer::to_host).collect())
+            .collect()
+    }
+}

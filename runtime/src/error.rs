@@ -1,0 +1,380 @@
+//! The crate's error type.
+
+use std::path::PathBuf;
+
+use crate::element::ElementType;
+use crate::shape::ArrayShape;
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Status code of a PJRT error (the abseil status codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorCode {
+    /// `CANCELLED`.
+    Cancelled,
+    /// `UNKNOWN`, or a code this binding does not know.
+    Unknown,
+    /// `INVALID_ARGUMENT`: typically a program the compiler rejects.
+    InvalidArgument,
+    /// `DEADLINE_EXCEEDED`.
+    DeadlineExceeded,
+    /// `NOT_FOUND`.
+    NotFound,
+    /// `ALREADY_EXISTS`.
+    AlreadyExists,
+    /// `PERMISSION_DENIED`.
+    PermissionDenied,
+    /// `RESOURCE_EXHAUSTED`.
+    ResourceExhausted,
+    /// `FAILED_PRECONDITION`.
+    FailedPrecondition,
+    /// `ABORTED`.
+    Aborted,
+    /// `OUT_OF_RANGE`.
+    OutOfRange,
+    /// `UNIMPLEMENTED`: the plugin does not support the operation.
+    Unimplemented,
+    /// `INTERNAL`.
+    Internal,
+    /// `UNAVAILABLE`.
+    Unavailable,
+    /// `DATA_LOSS`.
+    DataLoss,
+    /// `UNAUTHENTICATED`.
+    Unauthenticated,
+}
+
+impl ErrorCode {
+    /// Maps a raw `PJRT_Error_Code`; unknown values (and `OK`, which no error carries) map to
+    /// [`ErrorCode::Unknown`].
+    pub fn from_raw(code: u32) -> Self {
+        match code {
+            1 => Self::Cancelled,
+            3 => Self::InvalidArgument,
+            4 => Self::DeadlineExceeded,
+            5 => Self::NotFound,
+            6 => Self::AlreadyExists,
+            7 => Self::PermissionDenied,
+            8 => Self::ResourceExhausted,
+            9 => Self::FailedPrecondition,
+            10 => Self::Aborted,
+            11 => Self::OutOfRange,
+            12 => Self::Unimplemented,
+            13 => Self::Internal,
+            14 => Self::Unavailable,
+            15 => Self::DataLoss,
+            16 => Self::Unauthenticated,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+/// Everything that can go wrong in this crate. Every error a caller can cause is one of these;
+/// nothing panics on user input.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A PJRT call returned an error; `message` is the plugin's own text (for a compile, the
+    /// compiler's diagnostic).
+    #[error("PJRT {operation} failed ({code:?}): {message}")]
+    Pjrt {
+        /// The C API function that failed, e.g. `PJRT_Client_Compile`.
+        operation: &'static str,
+        /// Status code reported by the plugin.
+        code: ErrorCode,
+        /// The plugin's message.
+        message: String,
+    },
+
+    /// The shared library could not be loaded.
+    #[error("cannot load PJRT plugin {}: {source}", path.display())]
+    Load {
+        /// Path given.
+        path: PathBuf,
+        /// The dynamic loader's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// The library loaded but is not a usable PJRT plugin.
+    #[error("{} is not a usable PJRT plugin: {reason}", path.display())]
+    NotAPlugin {
+        /// Path given.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The plugin implements a different major version of the PJRT C API.
+    #[error(
+        "PJRT plugin {} implements C API {plugin_major}.{plugin_minor}, but tessera's binding \
+         is for {binding_major}.{binding_minor}; the major versions must match",
+        path.display()
+    )]
+    VersionMismatch {
+        /// Path of the plugin.
+        path: PathBuf,
+        /// Major version reported by the plugin.
+        plugin_major: i32,
+        /// Minor version reported by the plugin.
+        plugin_minor: i32,
+        /// Major version of the binding.
+        binding_major: i32,
+        /// Minor version of the binding.
+        binding_minor: i32,
+    },
+
+    /// The plugin's function table does not contain a function this crate needs (an older
+    /// plugin), or the slot is null.
+    #[error("the PJRT plugin (C API {major}.{minor}) does not provide {function}")]
+    MissingFunction {
+        /// The C API function.
+        function: &'static str,
+        /// Plugin's major version.
+        major: i32,
+        /// Plugin's minor version.
+        minor: i32,
+    },
+
+    /// An environment variable names a plugin file that does not exist.
+    #[error("{variable}={} does not name an existing file", path.display())]
+    PluginOverrideMissing {
+        /// The variable, e.g. `TESSERA_PJRT_PLUGIN`.
+        variable: &'static str,
+        /// The path it holds.
+        path: PathBuf,
+    },
+
+    /// The Python interpreter used to download plugin wheels was not found.
+    #[error(
+        "cannot provision the PJRT plugin {spec}: the Python interpreter `{python}` was not \
+         found. Install Python 3 with pip (e.g. `apt-get install python3 python3-pip`), set \
+         TESSERA_PYTHON to an interpreter that has pip, or point TESSERA_PJRT_PLUGIN at a \
+         plugin .so"
+    )]
+    PythonNotFound {
+        /// The wheel requirement, `name==version`.
+        spec: String,
+        /// The interpreter tried.
+        python: String,
+    },
+
+    /// The Python interpreter has no pip.
+    #[error(
+        "cannot provision the PJRT plugin {spec}: `{python} -m pip` is not available. Install \
+         pip (e.g. `apt-get install python3-pip` or `{python} -m ensurepip`), or point \
+         TESSERA_PJRT_PLUGIN at a plugin .so. pip said:\n{stderr_tail}"
+    )]
+    PipUnavailable {
+        /// The wheel requirement.
+        spec: String,
+        /// The interpreter tried.
+        python: String,
+        /// Last lines of the interpreter's stderr.
+        stderr_tail: String,
+    },
+
+    /// `pip download` failed.
+    #[error(
+        "cannot provision the PJRT plugin {spec}: `pip download` failed ({status}); check the \
+         network or the package name/version, or point TESSERA_PJRT_PLUGIN at a plugin .so. \
+         pip said:\n{stderr_tail}"
+    )]
+    PipFailed {
+        /// The wheel requirement.
+        spec: String,
+        /// Exit status of pip.
+        status: String,
+        /// Last lines of pip's stderr.
+        stderr_tail: String,
+    },
+
+    /// The downloaded wheel does not have the expected content.
+    #[error("wheel {}: {reason}", wheel.display())]
+    WheelContents {
+        /// Path of the wheel file.
+        wheel: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A wheel spec string could not be parsed or is not known.
+    #[error("invalid plugin wheel spec `{spec}`: {reason}")]
+    InvalidWheelSpec {
+        /// The string given.
+        spec: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// No cache directory could be determined.
+    #[error(
+        "no cache directory for PJRT plugins: set TESSERA_CACHE_DIR (or XDG_CACHE_HOME or HOME)"
+    )]
+    NoCacheDir,
+
+    /// A file-system or process operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Host data does not match its declared shape.
+    #[error(
+        "buffer of {element_type} {dims:?} needs {expected_bytes} bytes, but {actual_bytes} \
+         were given"
+    )]
+    BufferSize {
+        /// Element type.
+        element_type: ElementType,
+        /// Dimensions.
+        dims: Vec<i64>,
+        /// Bytes the shape needs.
+        expected_bytes: usize,
+        /// Bytes given.
+        actual_bytes: usize,
+    },
+
+    /// Dimensions are negative or their product overflows.
+    #[error("invalid dimensions {dims:?}: {reason}")]
+    InvalidDims {
+        /// Dimensions given.
+        dims: Vec<i64>,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// Host data was read back as a type it does not have.
+    #[error("element type mismatch: the buffer holds {actual}, {expected} was requested")]
+    ElementTypeMismatch {
+        /// Type requested.
+        expected: ElementType,
+        /// Type of the buffer.
+        actual: ElementType,
+    },
+
+    /// The plugin produced a buffer whose element type this crate does not support.
+    #[error("unsupported PJRT element type {raw}")]
+    UnsupportedElementType {
+        /// Raw `PJRT_Buffer_Type`.
+        raw: u32,
+    },
+
+    /// A client was requested with an unusable number of devices.
+    #[error("invalid device count {requested}: at least one device is needed")]
+    InvalidDeviceCount {
+        /// The count requested.
+        requested: usize,
+    },
+
+    /// A device index is out of range.
+    #[error("device index {index} is out of range: the client has {device_count} devices")]
+    DeviceIndex {
+        /// Index given.
+        index: usize,
+        /// Devices of the client.
+        device_count: usize,
+    },
+
+    /// `execute` got a number of argument lists different from the executable's device count.
+    #[error(
+        "the executable runs on {expected} devices, but {actual} argument lists were given \
+         (argument list i goes to device i)"
+    )]
+    DeviceCountMismatch {
+        /// Devices of the executable.
+        expected: usize,
+        /// Argument lists given.
+        actual: usize,
+    },
+
+    /// Argument lists of different lengths were given to `execute`.
+    #[error(
+        "argument list {device} has {actual} arguments, but argument list 0 has {expected}; \
+         every device takes the same number of arguments"
+    )]
+    ArgumentCount {
+        /// The offending argument list.
+        device: usize,
+        /// Length of list 0.
+        expected: usize,
+        /// Length of this list.
+        actual: usize,
+    },
+
+    /// `execute` got a number of arguments per device different from the program's.
+    #[error("the program takes {expected} arguments per device, but {actual} were given")]
+    ParameterCount {
+        /// Parameters of the compiled program.
+        expected: usize,
+        /// Arguments given per device.
+        actual: usize,
+    },
+
+    /// An argument does not have the element type and dims of the program's parameter.
+    #[error(
+        "argument {argument} of list {list} is {actual}, but the program's parameter {argument} \
+         is {expected}"
+    )]
+    ArgumentShape {
+        /// Argument list index.
+        list: usize,
+        /// Argument index within the list.
+        argument: usize,
+        /// The parameter's shape.
+        expected: ArrayShape,
+        /// The buffer's shape.
+        actual: ArrayShape,
+    },
+
+    /// A buffer passed to `execute` lives on another device than the one its list goes to.
+    #[error(
+        "argument {argument} of list {list} is on device {actual_device}, but list {list} runs \
+         on device {expected_device}"
+    )]
+    WrongDevice {
+        /// Argument list index.
+        list: usize,
+        /// Argument index within the list.
+        argument: usize,
+        /// Client device index the list runs on.
+        expected_device: usize,
+        /// Client device index the buffer is on.
+        actual_device: usize,
+    },
+
+    /// A buffer or executable was used with a client that did not create it.
+    #[error("{what} belongs to a different PJRT client")]
+    ForeignObject {
+        /// What was passed.
+        what: &'static str,
+    },
+
+    /// Compile options are inconsistent.
+    #[error("invalid compile options: {0}")]
+    InvalidCompileOptions(String),
+
+    /// The plugin returned something that violates the C API contract.
+    #[error("the PJRT plugin returned an invalid result from {operation}: {reason}")]
+    PluginContract {
+        /// The C API function.
+        operation: &'static str,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,370 @@
+//! Compile-only: topologies without a client, and compiled (unloaded) executables.
+//!
+//! This is the path to compile for TPU on a machine with no TPU (see `notes/tpu-aot.md`):
+//! load `libtpu.so` as a [`Plugin`], create a [`Topology`] such as `v5p:2x2x1`, and
+//! [`Topology::compile`] a manually partitioned StableHLO program with
+//! [`CompileOptions::manual_partitions`]; the result's [`Executable::serialize`] is the TPU
+//! executable, and a compile error carries the TPU compiler's message.
+
+use std::ffi::c_char;
+use std::fmt;
+use std::ptr::NonNull;
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::ffi;
+use crate::options::CompileOptions;
+use crate::plugin::{
+    api_fn, copy_string, raw_named_values, raw_slice, NamedValue, Plugin, PluginInner,
+};
+use crate::shape::{entry_parameters, ArrayShape};
+
+/// What a device description says about a device.
+pub(crate) struct Description {
+    pub(crate) id: i32,
+    pub(crate) kind: String,
+    pub(crate) to_string: String,
+}
+
+/// Reads id, kind and short description of a (plugin-owned) device description.
+pub(crate) fn describe(
+    p: &'static PluginInner,
+    description: NonNull<ffi::PJRT_DeviceDescription>,
+) -> Result<Description> {
+    let f = api_fn!(p, PJRT_DeviceDescription_Id)?;
+    let mut args = ffi::PJRT_DeviceDescription_Id_Args::init();
+    args.device_description = description.as_ptr();
+    // SAFETY: `args` is initialised; the description is owned by a live client or topology.
+    let err = unsafe { f(&mut args) };
+    p.check(err, "PJRT_DeviceDescription_Id")?;
+    let id = args.id;
+
+    let f = api_fn!(p, PJRT_DeviceDescription_Kind)?;
+    let mut args = ffi::PJRT_DeviceDescription_Kind_Args::init();
+    args.device_description = description.as_ptr();
+    // SAFETY: as above.
+    let err = unsafe { f(&mut args) };
+    p.check(err, "PJRT_DeviceDescription_Kind")?;
+    // SAFETY: the string has the lifetime of the description, alive during the copy.
+    let kind = unsafe { copy_string(args.device_kind, args.device_kind_size) };
+
+    let f = api_fn!(p, PJRT_DeviceDescription_ToString)?;
+    let mut args = ffi::PJRT_DeviceDescription_ToString_Args::init();
+    args.device_description = description.as_ptr();
+    // SAFETY: as above.
+    let err = unsafe { f(&mut args) };
+    p.check(err, "PJRT_DeviceDescription_ToString")?;
+    // SAFETY: as above.
+    let to_string = unsafe { copy_string(args.to_string, args.to_string_size) };
+    Ok(Description {
+        id,
+        kind,
+        to_string,
+    })
+}
+
+/// A device topology created without a client (e.g. `v5p:2x2x1` from libtpu), to compile for
+/// devices this machine does not have.
+pub struct Topology {
+    plugin: Plugin,
+    raw: NonNull<ffi::PJRT_TopologyDescription>,
+    name: String,
+}
+
+// SAFETY: a topology description is an immutable heap object with no thread affinity; PJRT
+// only reads it (`PJRT_Compile` takes it as const), and it is destroyed once, in Drop.
+unsafe impl Send for Topology {}
+// SAFETY: as above.
+unsafe impl Sync for Topology {}
+
+impl fmt::Debug for Topology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Topology")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        let p = self.plugin.inner;
+        if let Ok(f) = api_fn!(p, PJRT_TopologyDescription_Destroy) {
+            let mut args = ffi::PJRT_TopologyDescription_Destroy_Args::init();
+            args.topology = self.raw.as_ptr();
+            // SAFETY: owned, destroyed exactly once.
+            let err = unsafe { f(&mut args) };
+            p.ignore_error(err);
+        }
+    }
+}
+
+impl Plugin {
+    /// Creates a topology by name, e.g. `v5p:2x2x1` with libtpu.
+    pub fn topology(&self, name: &str) -> Result<Topology> {
+        self.topology_with_options(name, &[])
+    }
+
+    /// Creates a topology by name with plugin-specific create options.
+    pub fn topology_with_options(
+        &self,
+        name: &str,
+        options: &[(String, NamedValue)],
+    ) -> Result<Topology> {
+        let p = self.inner;
+        let f = api_fn!(p, PJRT_TopologyDescription_Create)?;
+        let raw_options = raw_named_values(options);
+        let mut args = ffi::PJRT_TopologyDescription_Create_Args::init();
+        args.topology_name = name.as_ptr().cast::<c_char>();
+        args.topology_name_size = name.len();
+        args.create_options = raw_options.as_ptr();
+        args.num_options = raw_options.len();
+        // SAFETY: `args` is initialised; name and options (borrowed) outlive the call.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_TopologyDescription_Create")?;
+        let raw = NonNull::new(args.topology).ok_or_else(|| Error::PluginContract {
+            operation: "PJRT_TopologyDescription_Create",
+            reason: "null topology without an error".into(),
+        })?;
+        Ok(Topology {
+            plugin: *self,
+            raw,
+            name: name.to_string(),
+        })
+    }
+}
+
+impl Topology {
+    /// The name it was created with.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Platform name, e.g. `tpu`.
+    pub fn platform_name(&self) -> Result<String> {
+        let p = self.plugin.inner;
+        let f = api_fn!(p, PJRT_TopologyDescription_PlatformName)?;
+        let mut args = ffi::PJRT_TopologyDescription_PlatformName_Args::init();
+        args.topology = self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the topology alive.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_TopologyDescription_PlatformName")?;
+        // SAFETY: owned by the live topology.
+        Ok(unsafe { copy_string(args.platform_name, args.platform_name_size) })
+    }
+
+    /// Ids of the topology's devices, in the plugin's order.
+    pub fn device_ids(&self) -> Result<Vec<i32>> {
+        let p = self.plugin.inner;
+        let f = api_fn!(p, PJRT_TopologyDescription_GetDeviceDescriptions)?;
+        let mut args = ffi::PJRT_TopologyDescription_GetDeviceDescriptions_Args::init();
+        args.topology = self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the topology alive.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_TopologyDescription_GetDeviceDescriptions")?;
+        // SAFETY: `num_descriptions` entries owned by the live topology.
+        let raw = unsafe { raw_slice(args.descriptions, args.num_descriptions) };
+        raw.iter()
+            .map(|&d| {
+                let d = NonNull::new(d).ok_or_else(|| Error::PluginContract {
+                    operation: "PJRT_TopologyDescription_GetDeviceDescriptions",
+                    reason: "null description".into(),
+                })?;
+                Ok(describe(p, d)?.id)
+            })
+            .collect()
+    }
+
+    /// Compiles a StableHLO program (MLIR text) for this topology, with no client. The options
+    /// must be complete (for TPU: `num_partitions`, SPMD on and a device assignment, as
+    /// [`CompileOptions::manual_partitions`] makes).
+    pub fn compile(&self, program: &str, options: &CompileOptions) -> Result<Executable> {
+        let p = self.plugin.inner;
+        let f = api_fn!(p, PJRT_Compile)?;
+        let options_bytes = options.to_proto_bytes()?;
+        let mut code = program.as_bytes().to_vec();
+        let format = b"mlir";
+        let mut raw_program = ffi::PJRT_Program::init();
+        raw_program.code = code.as_mut_ptr().cast::<c_char>();
+        raw_program.code_size = code.len();
+        raw_program.format = format.as_ptr().cast::<c_char>();
+        raw_program.format_size = format.len();
+        let mut args = ffi::PJRT_Compile_Args::init();
+        args.topology = self.raw.as_ptr();
+        args.program = &raw_program;
+        args.compile_options = options_bytes.as_ptr().cast::<c_char>();
+        args.compile_options_size = options_bytes.len();
+        // SAFETY: `args` is initialised; program, format and options are owned here and
+        // outlive the call; the topology is alive; no client is passed (null).
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_Compile")?;
+        Executable::from_raw(self.plugin, args.executable)
+    }
+}
+
+/// A compiled executable that is not loaded on any device: the result of a compile-only
+/// [`Topology::compile`].
+pub struct Executable {
+    plugin: Plugin,
+    raw: NonNull<ffi::PJRT_Executable>,
+}
+
+// SAFETY: a compiled executable is immutable; the queries used here only read it, and it is
+// destroyed once, in Drop.
+unsafe impl Send for Executable {}
+// SAFETY: as above.
+unsafe impl Sync for Executable {}
+
+impl fmt::Debug for Executable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Executable")
+            .field("name", &self.name().ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Executable {
+    fn drop(&mut self) {
+        let p = self.plugin.inner;
+        if let Ok(f) = api_fn!(p, PJRT_Executable_Destroy) {
+            let mut args = ffi::PJRT_Executable_Destroy_Args::init();
+            args.executable = self.raw.as_ptr();
+            // SAFETY: owned, destroyed exactly once.
+            let err = unsafe { f(&mut args) };
+            p.ignore_error(err);
+        }
+    }
+}
+
+macro_rules! executable_count {
+    ($self:ident, $func:ident, $args:ident, $field:ident) => {{
+        let p = $self.plugin.inner;
+        let f = api_fn!(p, $func)?;
+        let mut args = ffi::$args::init();
+        args.executable = $self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the executable alive.
+        let err = unsafe { f(&mut args) };
+        p.check(err, stringify!($func))?;
+        Ok(args.$field)
+    }};
+}
+
+impl Executable {
+    /// Takes ownership of a raw executable returned by the plugin.
+    pub(crate) fn from_raw(plugin: Plugin, raw: *mut ffi::PJRT_Executable) -> Result<Self> {
+        let raw = NonNull::new(raw).ok_or_else(|| Error::PluginContract {
+            operation: "PJRT_Compile",
+            reason: "null executable without an error".into(),
+        })?;
+        Ok(Self { plugin, raw })
+    }
+
+    /// Name of the compiled module.
+    pub fn name(&self) -> Result<String> {
+        let p = self.plugin.inner;
+        let f = api_fn!(p, PJRT_Executable_Name)?;
+        let mut args = ffi::PJRT_Executable_Name_Args::init();
+        args.executable = self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the executable alive.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_Executable_Name")?;
+        // SAFETY: owned by the live executable.
+        Ok(unsafe { copy_string(args.executable_name, args.executable_name_size) })
+    }
+
+    /// Outputs per device.
+    pub fn num_outputs(&self) -> Result<usize> {
+        executable_count!(
+            self,
+            PJRT_Executable_NumOutputs,
+            PJRT_Executable_NumOutputs_Args,
+            num_outputs
+        )
+    }
+
+    /// Number of replicas it was compiled for.
+    pub fn num_replicas(&self) -> Result<usize> {
+        executable_count!(
+            self,
+            PJRT_Executable_NumReplicas,
+            PJRT_Executable_NumReplicas_Args,
+            num_replicas
+        )
+    }
+
+    /// Number of partitions it was compiled for.
+    pub fn num_partitions(&self) -> Result<usize> {
+        executable_count!(
+            self,
+            PJRT_Executable_NumPartitions,
+            PJRT_Executable_NumPartitions_Args,
+            num_partitions
+        )
+    }
+
+    /// The entry parameters of the compiled (for SPMD: partitioned, per-device) program, read
+    /// from the plugin's optimized HLO. `Ok(None)` when the plugin does not provide it or the
+    /// signature has parameters that are not plain arrays.
+    pub fn parameters(&self) -> Result<Option<Vec<ArrayShape>>> {
+        let p = self.plugin.inner;
+        let f = api_fn!(p, PJRT_Executable_OptimizedProgram)?;
+        let mut program = ffi::PJRT_Program::init();
+        let mut args = ffi::PJRT_Executable_OptimizedProgram_Args::init();
+        args.executable = self.raw.as_ptr();
+        args.program = &mut program;
+        // SAFETY: `args` is initialised; `program.code` is null, so the plugin only writes the
+        // needed size (and the format) into `program`, which outlives the call.
+        let err = unsafe { f(&mut args) };
+        if let Err(e) = p.check(err, "PJRT_Executable_OptimizedProgram") {
+            return match e {
+                Error::Pjrt {
+                    code: ErrorCode::Unimplemented,
+                    ..
+                } => Ok(None),
+                e => Err(e),
+            };
+        }
+        // SAFETY: the format string is owned by the plugin and static.
+        let format = unsafe { copy_string(program.format, program.format_size) };
+        let with_config = match format.as_str() {
+            "hlo" => false,
+            "hlo_with_config" => true,
+            _ => return Ok(None),
+        };
+        let mut code = vec![0u8; program.code_size];
+        program.code = code.as_mut_ptr().cast::<c_char>();
+        program.code_size = code.len();
+        args.program = &mut program;
+        // SAFETY: as above; now `program.code` points to `code_size` writable bytes.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_Executable_OptimizedProgram")?;
+        code.truncate(program.code_size);
+        Ok(entry_parameters(&code, with_config))
+    }
+
+    /// The plugin's serialized form of the executable (for TPU: what the runtime loads).
+    pub fn serialize(&self) -> Result<Vec<u8>> {
+        let p = self.plugin.inner;
+        let f = api_fn!(p, PJRT_Executable_Serialize)?;
+        let mut args = ffi::PJRT_Executable_Serialize_Args::init();
+        args.executable = self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the executable alive.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_Executable_Serialize")?;
+        // SAFETY: `serialized_bytes_size` bytes backed by `serialized_executable`, alive until
+        // its deleter runs below.
+        let bytes = unsafe {
+            raw_slice(
+                args.serialized_bytes.cast::<u8>(),
+                args.serialized_bytes_size,
+            )
+        }
+        .to_vec();
+        if let (Some(deleter), false) = (
+            args.serialized_executable_deleter,
+            args.serialized_executable.is_null(),
+        ) {
+            // SAFETY: the deleter frees the backing object; called exactly once.
+            unsafe { deleter(args.serialized_executable) };
+        }
+        Ok(bytes)
+    }
+}

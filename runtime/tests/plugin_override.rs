@@ -1,0 +1,41 @@
+//! `TESSERA_PJRT_PLUGIN` naming a missing file is an error that names the path and the
+//! variable. Its own test binary: it sets process environment.
+
+use tessera_runtime::{cpu_plugin_path, Client, Error, Plugin};
+
+#[test]
+fn missing_override_names_path_and_variable() {
+    let missing = std::env::temp_dir().join("tessera-no-such-plugin/libnothing.so");
+    std::env::set_var("TESSERA_PJRT_PLUGIN", &missing);
+    let err = cpu_plugin_path().unwrap_err();
+    assert!(matches!(err, Error::PluginOverrideMissing { .. }), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("TESSERA_PJRT_PLUGIN"), "{text}");
+    assert!(text.contains(&*missing.to_string_lossy()), "{text}");
+    // Everything built on it reports the same error instead of provisioning.
+    assert!(matches!(
+        Client::cpu_shared(1),
+        Err(Error::PluginOverrideMissing { .. })
+    ));
+
+    // An invalid wheel spec is reported too.
+    std::env::remove_var("TESSERA_PJRT_PLUGIN");
+    std::env::set_var("TESSERA_CPU_PLUGIN_WHEEL", "xla-cpu-pjrt>=0.0.1");
+    assert!(matches!(
+        cpu_plugin_path(),
+        Err(Error::InvalidWheelSpec { .. })
+    ));
+    std::env::remove_var("TESSERA_CPU_PLUGIN_WHEEL");
+
+    // Loading something that is not a PJRT plugin is an error, not a crash.
+    let not_a_plugin =
+        std::env::temp_dir().join(format!("tessera-not-a-plugin-{}.so", std::process::id()));
+    std::fs::write(&not_a_plugin, b"garbage").unwrap();
+    let err = Plugin::load(&not_a_plugin).unwrap_err();
+    assert!(matches!(err, Error::Load { .. }), "{err}");
+    let _ = std::fs::remove_file(&not_a_plugin);
+    assert!(matches!(
+        Plugin::load("/nonexistent/plugin.so"),
+        Err(Error::Io { .. })
+    ));
+}

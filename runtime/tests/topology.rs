@@ -1,0 +1,64 @@
+//! Compile-only for a topology with no client (`PJRT_TopologyDescription_Create` +
+//! `PJRT_Compile`), the path that compiles for TPU with libtpu (see `notes/tpu-aot.md`).
+//!
+//! libtpu (~690 MB) is not downloaded by the tests. Set `TESSERA_LIBTPU=/path/to/libtpu.so` to
+//! also compile a 4-partition all_to_all program for `v5p:2x2x1`; otherwise that test only
+//! checks the CPU plugin's behaviour for the same calls.
+
+mod common;
+
+use tessera_runtime::{CompileOptions, Error, Plugin};
+
+const A2A: &str = r#"module @a2a attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%x: tensor<1x8x8x128xf32> {mhlo.sharding = "{manual}"}) -> (tensor<1x2x32x128xf32> {mhlo.sharding = "{manual}"}) {
+    %0 = "stablehlo.all_to_all"(%x) {split_dimension = 1 : i64, concat_dimension = 2 : i64, split_count = 4 : i64, replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>} : (tensor<1x8x8x128xf32>) -> tensor<1x2x32x128xf32>
+    return %0 : tensor<1x2x32x128xf32>
+  }
+}"#;
+
+#[test]
+fn cpu_plugin_topology_compile_or_clear_error() {
+    let plugin = common::client(1).plugin();
+    match plugin.topology("cpu") {
+        Ok(topology) => {
+            let ids = topology.device_ids().unwrap();
+            println!("cpu topology: {:?} {ids:?}", topology.platform_name());
+            let options = CompileOptions::manual_partitions(4).unwrap();
+            match topology.compile(A2A, &options) {
+                Ok(exe) => {
+                    assert_eq!(exe.num_outputs().unwrap(), 1);
+                    let bytes = exe.serialize().unwrap();
+                    assert!(!bytes.is_empty());
+                }
+                Err(e) => assert!(matches!(e, Error::Pjrt { .. }), "{e}"),
+            }
+        }
+        Err(e) => {
+            println!("cpu plugin topology: {e}");
+            assert!(
+                matches!(e, Error::Pjrt { .. } | Error::MissingFunction { .. }),
+                "{e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn libtpu_compile_only_when_available() {
+    let Some(path) = std::env::var_os("TESSERA_LIBTPU").filter(|v| !v.is_empty()) else {
+        println!("TESSERA_LIBTPU not set: skipping the libtpu compile");
+        return;
+    };
+    let plugin = Plugin::load(path).unwrap();
+    let topology = plugin.topology("v5p:2x2x1").unwrap();
+    assert_eq!(topology.platform_name().unwrap(), "tpu");
+    assert_eq!(topology.device_ids().unwrap().len(), 4);
+    let exe = topology
+        .compile(A2A, &CompileOptions::manual_partitions(4).unwrap())
+        .unwrap();
+    assert_eq!(exe.num_partitions().unwrap(), 4);
+    assert!(!exe.serialize().unwrap().is_empty());
+    // A program the TPU compiler rejects carries its message.
+    let err = topology.compile("func.func @main() -> () { }", &CompileOptions::default());
+    assert!(matches!(err, Err(Error::Pjrt { .. })), "{err:?}");
+}

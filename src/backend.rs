@@ -1,0 +1,184 @@
+//! Running kernels on a backend: the interpreter, or StableHLO through the XLA runtime
+//! (PJRT CPU plugin). The same kernel definition and host arrays go in; host arrays come out.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use tessera_dsl::array::ArrayData;
+use tessera_dsl::interpret::{self, InterpretOptions};
+use tessera_dsl::{DType, HostArray, Kernel, KernelDef, KernelError, TargetRules};
+use tessera_runtime::{Client, CompileOptions, HostBuffer, LoadedExecutable};
+
+/// Where a kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The host interpreter (the reference).
+    Interpret,
+    /// StableHLO compiled and run by the XLA CPU PJRT plugin.
+    Cpu,
+}
+
+impl Backend {
+    pub const ALL: [Backend; 2] = [Backend::Interpret, Backend::Cpu];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Interpret => "interpret",
+            Backend::Cpu => "cpu",
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "interpret" => Ok(Backend::Interpret),
+            "cpu" => Ok(Backend::Cpu),
+            other => Err(format!(
+                "unknown backend `{other}`; expected interpret or cpu"
+            )),
+        }
+    }
+}
+
+/// Why a kernel could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("XLA runtime: {0}")]
+    Runtime(#[from] tessera_runtime::Error),
+    #[error("kernel `{kernel}`: {message}")]
+    Output { kernel: String, message: String },
+}
+
+/// Runs `def` on `args` (scalar prefetch, then inputs) on `backend`, instantiated under
+/// `rules` (TPU rules by default, so what runs here also compiles for TPU).
+pub fn run(
+    def: &KernelDef,
+    args: &[HostArray],
+    backend: Backend,
+    rules: &TargetRules,
+) -> Result<Vec<HostArray>, RunError> {
+    let specs: Vec<_> = args.iter().map(|a| a.spec()).collect();
+    let kernel = def.instantiate(&specs, rules)?;
+    run_kernel(&kernel, args, backend)
+}
+
+/// Runs an instantiated kernel on `backend`.
+pub fn run_kernel(
+    k: &Kernel,
+    args: &[HostArray],
+    backend: Backend,
+) -> Result<Vec<HostArray>, RunError> {
+    match backend {
+        Backend::Interpret => Ok(interpret::run_kernel(
+            k,
+            args,
+            &InterpretOptions::default(),
+        )?),
+        Backend::Cpu => run_on_cpu(k, args),
+    }
+}
+
+/// Compiled kernels by IR text: a kernel compiles once per process.
+fn executables() -> &'static Mutex<HashMap<String, Arc<LoadedExecutable>>> {
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<LoadedExecutable>>>> = OnceLock::new();
+    CACHE.get_or_init(Default::default)
+}
+
+fn compiled(k: &Kernel, client: &Client) -> Result<Arc<LoadedExecutable>, RunError> {
+    let key = k.to_text();
+    if let Some(exe) = executables()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+    {
+        return Ok(Arc::clone(exe));
+    }
+    let module = tessera_dsl::stablehlo::lower_module(k)?;
+    let exe = Arc::new(client.compile(&module.to_mlir(), &CompileOptions::single_device())?);
+    executables()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, Arc::clone(&exe));
+    Ok(exe)
+}
+
+fn run_on_cpu(k: &Kernel, args: &[HostArray]) -> Result<Vec<HostArray>, RunError> {
+    let client = Client::cpu_shared(1)?;
+    let exe = compiled(k, &client)?;
+    let inputs = args
+        .iter()
+        .map(to_host_buffer)
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut per_device = exe.execute_host(&[inputs])?;
+    let outputs = per_device.pop().unwrap_or_default();
+    outputs
+        .iter()
+        .map(|b| {
+            from_host_buffer(b).map_err(|message| RunError::Output {
+                kernel: k.name.clone(),
+                message,
+            })
+        })
+        .collect()
+}
+
+fn dims(shape: &[usize]) -> Vec<i64> {
+    shape.iter().map(|&d| d as i64).collect()
+}
+
+/// A host array as a PJRT host buffer.
+pub fn to_host_buffer(a: &HostArray) -> Result<HostBuffer, tessera_runtime::Error> {
+    let d = dims(a.shape());
+    match a.data() {
+        ArrayData::F32(v) => HostBuffer::from_slice(&d, v),
+        ArrayData::BF16(v) => HostBuffer::from_slice(&d, v),
+        ArrayData::I32(v) => HostBuffer::from_slice(&d, v),
+        ArrayData::I8(v) => HostBuffer::from_slice(&d, v),
+        ArrayData::Bool(v) => HostBuffer::from_slice(&d, v),
+    }
+}
+
+/// A PJRT host buffer as a host array (for the element types tessera computes with).
+pub fn from_host_buffer(b: &HostBuffer) -> Result<HostArray, String> {
+    use tessera_runtime::ElementType as E;
+    let shape: Vec<usize> = b.dims().iter().map(|&d| d as usize).collect();
+    let err = |e: tessera_runtime::Error| e.to_string();
+    let data = match b.element_type() {
+        E::F32 => ArrayData::F32(b.to_vec().map_err(err)?),
+        E::BF16 => ArrayData::BF16(b.to_vec().map_err(err)?),
+        E::I32 => ArrayData::I32(b.to_vec().map_err(err)?),
+        E::I8 => ArrayData::I8(b.to_vec().map_err(err)?),
+        E::Pred => ArrayData::Bool(b.to_vec().map_err(err)?),
+        other => {
+            return Err(format!(
+                "the program returned {other:?}, which tessera arrays do not hold"
+            ))
+        }
+    };
+    HostArray::new(shape, data).map_err(|e| e.to_string())
+}
+
+/// The dtype of a PJRT element type, where tessera has one.
+pub fn dtype_of(e: tessera_runtime::ElementType) -> Option<DType> {
+    use tessera_runtime::ElementType as E;
+    Some(match e {
+        E::F32 => DType::F32,
+        E::BF16 => DType::BF16,
+        E::I32 => DType::I32,
+        E::I8 => DType::I8,
+        E::Pred => DType::Bool,
+        _ => return None,
+    })
+}
