@@ -9,10 +9,22 @@
 //! writes each output block back with `dynamic_update_slice`. Buffers start as the same
 //! garbage the interpreter uses, so the two backends agree bit for bit on what is computed.
 //!
+//! Leading `parallel` grid dims are vectorised into batch dims where the kernel allows it
+//! ([`plan`]): the loop then runs over the remaining dims only and every op works on all
+//! batch elements at once, so XLA gets large ops instead of tiny loop bodies. A dim qualifies
+//! when each operand's index map passes it through unchanged to one array dim with a block
+//! size of one (or does not use it), and nothing data-dependent (dynamic slice starts, SMEM
+//! indices, loop bounds) depends on it; `when` on a batched condition becomes a masked
+//! update. Kernels that do not qualify keep the sequential loop.
+//!
 //! One rule per IR op, in an exhaustive `match`: a new op is a build error here until it
 //! has its lowering.
 
 use std::collections::{BTreeSet, HashMap};
+
+mod plan;
+
+use plan::Plan;
 
 use tessera_hlo::{self as hlo, DotDims, FuncBuilder, HloError, Module, Reducer, TensorType};
 
@@ -51,13 +63,7 @@ pub fn lower_into(
     f: &mut FuncBuilder<'_>,
     args: &[hlo::Value],
 ) -> Result<Vec<hlo::Value>, KernelError> {
-    let mut lower = Lower {
-        k,
-        env: HashMap::new(),
-        refs: HashMap::new(),
-        grid: Vec::new(),
-    };
-    lower.kernel(f, args)
+    Lower::new(k).kernel(f, args)
 }
 
 fn is_arg(role: OperandRole) -> bool {
@@ -86,18 +92,31 @@ fn lower_error(k: &Kernel, op: &str, loc: Loc, e: HloError) -> KernelError {
 
 struct Lower<'k> {
     k: &'k Kernel,
+    plan: Plan,
+    /// Sizes of the batch dims (the vectorised leading grid dims).
+    bsizes: Vec<i64>,
     /// IR value -> StableHLO value.
     env: HashMap<ValueId, hlo::Value>,
     /// Current value of each ref the body sees: input blocks of this step, scratch and output
     /// block buffers (updated by stores), and whole SMEM tables.
     refs: HashMap<RefId, hlo::Value>,
-    /// The grid indices of the current step (i32 scalars).
-    grid: Vec<hlo::Value>,
+    /// The grid indices of the current step (i32 scalars); `None` for batch dims.
+    grid: Vec<Option<hlo::Value>>,
 }
 
 type R<T> = Result<T, KernelError>;
 
 impl<'k> Lower<'k> {
+    fn new(k: &'k Kernel) -> Self {
+        let plan = plan::plan(k);
+        let bsizes = k.grid[..plan.nb].iter().map(|&n| n as i64).collect();
+        Lower { k, plan, bsizes, env: HashMap::new(), refs: HashMap::new(), grid: Vec::new() }
+    }
+
+    fn nb(&self) -> usize {
+        self.plan.nb
+    }
+
     fn err(&self, inst: &Inst) -> impl Fn(HloError) -> KernelError + 'k {
         let (k, name, loc) = (self.k, inst.op.name(), inst.loc);
         move |e| lower_error(k, name, loc, e)
@@ -108,13 +127,18 @@ impl<'k> Lower<'k> {
         move |e| lower_error(k, "grid", k.loc, e)
     }
 
+    /// `shape` with the batch dims in front when `batched`.
+    fn shape_of(&self, shape: &[usize], batched: bool) -> Vec<i64> {
+        let mut out = if batched { self.bsizes.clone() } else { Vec::new() };
+        out.extend(dims(shape));
+        out
+    }
+
     fn kernel(&mut self, f: &mut FuncBuilder<'_>, args: &[hlo::Value]) -> R<Vec<hlo::Value>> {
         let k = self.k;
         let e = self.kernel_err();
-        let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
-            .map(RefId)
-            .filter(|r| is_arg(k.operand(*r).role))
-            .collect();
+        let arg_refs: Vec<RefId> =
+            (0..k.operands.len() as u32).map(RefId).filter(|r| is_arg(k.operand(*r).role)).collect();
         if arg_refs.len() != args.len() {
             return Err(KernelError::single(
                 &k.name,
@@ -123,37 +147,29 @@ impl<'k> Lower<'k> {
                 format!("expected {} arrays, got {}", arg_refs.len(), args.len()),
             ));
         }
-        // Whole arrays by ref (inputs, prefetch); carried state in a fixed order.
-        let mut arrays: HashMap<RefId, hlo::Value> =
-            arg_refs.iter().copied().zip(args.iter().copied()).collect();
-        let outputs: Vec<RefId> = k
-            .operands_with(OperandRole::Output)
-            .map(|(r, _)| r)
-            .collect();
-        let scratch: Vec<RefId> = k
-            .operands_with(OperandRole::Scratch)
-            .map(|(r, _)| r)
-            .collect();
+        let arrays: HashMap<RefId, hlo::Value> = arg_refs.iter().copied().zip(args.iter().copied()).collect();
+        let outputs: Vec<RefId> = k.operands_with(OperandRole::Output).map(|(r, _)| r).collect();
+        let scratch: Vec<RefId> = k.operands_with(OperandRole::Scratch).map(|(r, _)| r).collect();
         let mut init = Vec::new();
         for &r in &outputs {
             let o = k.operand(r);
-            init.push(garbage(f, o.dtype, &o.array_shape).map_err(&e)?);
+            init.push(garbage(f, o.dtype, &dims(&o.array_shape)).map_err(&e)?);
         }
         for &r in outputs.iter().chain(&scratch) {
             let o = k.operand(r);
-            init.push(garbage(f, o.dtype, &o.view_shape()).map_err(&e)?);
+            let shape = self.shape_of(&o.view_shape(), self.plan.ref_batched(k, r));
+            init.push(garbage(f, o.dtype, &shape).map_err(&e)?);
         }
-        let steps: usize = k.grid.iter().product();
+        let nb = self.nb();
+        let steps: usize = k.grid[nb..].iter().product();
         let lo = f.scalar(0.0, DType::I32).map_err(&e)?;
         let hi = f.scalar(steps as f64, DType::I32).map_err(&e)?;
         let n_out = outputs.len();
-        let prefetch: Vec<RefId> = k
-            .operands_with(OperandRole::ScalarPrefetch)
-            .map(|(r, _)| r)
-            .collect();
+        let prefetch: Vec<RefId> = k.operands_with(OperandRole::ScalarPrefetch).map(|(r, _)| r).collect();
         let result = f.fori_loop(lo, hi, &init, |b, step, carried| -> R<Vec<hlo::Value>> {
             let e = self.kernel_err();
-            self.grid = grid_indices(b, step, &k.grid).map_err(&e)?;
+            let looped = grid_indices(b, step, &k.grid[nb..]).map_err(&e)?;
+            self.grid = std::iter::repeat_n(None, nb).chain(looped.into_iter().map(Some)).collect();
             self.refs.clear();
             for &r in &prefetch {
                 self.refs.insert(r, arrays[&r]);
@@ -170,10 +186,7 @@ impl<'k> Lower<'k> {
                 let offsets = self.block_offsets(b, r, &mapping.index_map)?;
                 match o.role {
                     OperandRole::Input => {
-                        let block = b
-                            .dynamic_slice(arrays[&r], &offsets, &dims(&o.block_sizes()))
-                            .map_err(&e)?;
-                        let block = b.reshape(block, &dims(&o.view_shape())).map_err(&e)?;
+                        let block = self.input_block(b, r, arrays[&r], &offsets).map_err(&e)?;
                         self.refs.insert(r, block);
                     }
                     OperandRole::Output => {
@@ -186,35 +199,93 @@ impl<'k> Lower<'k> {
             // Write output blocks through to their arrays.
             let mut next = Vec::with_capacity(carried.len());
             for (&r, &array) in outputs.iter().zip(out_arrays) {
-                let o = k.operand(r);
-                let block = b
-                    .reshape(self.refs[&r], &dims(&o.block_sizes()))
-                    .map_err(&e)?;
-                next.push(
-                    b.dynamic_update_slice(array, block, &out_offsets[&r])
-                        .map_err(&e)?,
-                );
+                let block = self.output_block(b, r, self.refs[&r]).map_err(&e)?;
+                next.push(b.dynamic_update_slice(array, block, &out_offsets[&r]).map_err(&e)?);
             }
             for &r in outputs.iter().chain(&scratch) {
                 next.push(self.refs[&r]);
             }
             Ok(next)
         })?;
-        arrays.clear();
         Ok(result[..n_out].to_vec())
     }
 
-    /// Element offsets of the block the index map selects at this step.
-    fn block_offsets(
-        &mut self,
+    /// The sizes of the window an operand's block takes from its array: block sizes, with the
+    /// array dims that carry batch dims taken whole.
+    fn window_sizes(&self, r: RefId) -> Vec<i64> {
+        let o = self.k.operand(r);
+        let bd = self.plan.batch_dims.get(&r);
+        o.block_sizes()
+            .iter()
+            .enumerate()
+            .map(|(a, &s)| match bd.and_then(|m| m[a]) {
+                Some(_) => o.array_shape[a] as i64,
+                None => s as i64,
+            })
+            .collect()
+    }
+
+    /// Takes an input's block for this step, laid out as the body sees it: batch dims first
+    /// (broadcast when the input does not vary along one), then the block's view.
+    fn input_block(
+        &self,
         b: &mut FuncBuilder<'_>,
         r: RefId,
-        map: &Region,
-    ) -> R<Vec<hlo::Value>> {
-        let grid = self.grid.clone();
+        array: hlo::Value,
+        offsets: &[hlo::Value],
+    ) -> Result<hlo::Value, HloError> {
+        let o = self.k.operand(r);
+        let window = b.dynamic_slice(array, offsets, &self.window_sizes(r))?;
+        if !self.plan.ref_batched(self.k, r) {
+            return b.reshape(window, &dims(&o.view_shape()));
+        }
+        let map = &self.plan.batch_dims[&r];
+        // Batch-mapped array dims first (in batch order), then the others in order.
+        let mut present: Vec<(usize, usize)> =
+            map.iter().enumerate().filter_map(|(a, d)| d.map(|d| (d, a))).collect();
+        present.sort();
+        let mut perm: Vec<i64> = present.iter().map(|&(_, a)| a as i64).collect();
+        perm.extend((0..map.len()).filter(|a| map[*a].is_none()).map(|a| a as i64));
+        let t = b.transpose(window, &perm)?;
+        let mut compact: Vec<i64> = present.iter().map(|&(d, _)| self.bsizes[d]).collect();
+        compact.extend(dims(&o.view_shape()));
+        let t = b.reshape(t, &compact)?;
+        let view_rank = o.view_shape().len();
+        let mut mapping: Vec<i64> = present.iter().map(|&(d, _)| d as i64).collect();
+        mapping.extend((0..view_rank).map(|i| (self.nb() + i) as i64));
+        b.broadcast_in_dim(t, &self.shape_of(&o.view_shape(), true), &mapping)
+    }
+
+    /// An output buffer as the window to write back into its array (inverse of
+    /// `input_block` for an operand that uses every batch dim).
+    fn output_block(&self, b: &mut FuncBuilder<'_>, r: RefId, buffer: hlo::Value) -> Result<hlo::Value, HloError> {
+        let o = self.k.operand(r);
+        if self.nb() == 0 {
+            return b.reshape(buffer, &dims(&o.block_sizes()));
+        }
+        let map = &self.plan.batch_dims[&r];
+        let sizes = o.block_sizes();
+        // [batch..., non-batch block dims...] then transposed into array-dim order.
+        let rest: Vec<usize> = (0..map.len()).filter(|a| map[*a].is_none()).collect();
+        let mut compact = self.bsizes.clone();
+        compact.extend(rest.iter().map(|&a| sizes[a] as i64));
+        let t = b.reshape(buffer, &compact)?;
+        let perm: Vec<i64> = (0..map.len())
+            .map(|a| match map[a] {
+                Some(d) => d as i64,
+                None => (self.nb() + rest.iter().position(|&x| x == a).expect("listed")) as i64,
+            })
+            .collect();
+        b.transpose(t, &perm)
+    }
+
+    /// Element offsets of the window the index map selects at this step (zero on batch dims).
+    fn block_offsets(&mut self, b: &mut FuncBuilder<'_>, r: RefId, map: &Region) -> R<Vec<hlo::Value>> {
+        let e = self.kernel_err();
+        let zero = b.scalar(0.0, DType::I32).map_err(&e)?;
+        let grid: Vec<hlo::Value> = self.grid.iter().map(|g| g.unwrap_or(zero)).collect();
         let block_idx = self.region(b, map, &grid)?;
         let sizes = self.k.operand(r).block_sizes();
-        let e = self.kernel_err();
         block_idx
             .iter()
             .zip(&sizes)
@@ -227,12 +298,7 @@ impl<'k> Lower<'k> {
     }
 
     /// Lowers a region with `args` bound to its params; returns the lowered yields.
-    fn region(
-        &mut self,
-        b: &mut FuncBuilder<'_>,
-        r: &Region,
-        args: &[hlo::Value],
-    ) -> R<Vec<hlo::Value>> {
+    fn region(&mut self, b: &mut FuncBuilder<'_>, r: &Region, args: &[hlo::Value]) -> R<Vec<hlo::Value>> {
         for (&p, &a) in r.params.iter().zip(args) {
             self.env.insert(p, a);
         }
@@ -246,59 +312,77 @@ impl<'k> Lower<'k> {
         self.env[&id]
     }
 
-    fn starts(
-        &self,
-        b: &mut FuncBuilder<'_>,
-        slices: &[Slice],
-    ) -> Result<Vec<hlo::Value>, HloError> {
-        slices
-            .iter()
-            .map(|s| match *s {
-                Slice::Full => b.scalar(0.0, DType::I32),
-                Slice::Static { start, .. } => b.scalar(start as f64, DType::I32),
-                Slice::Dynamic { start, .. } => Ok(self.v(start)),
-            })
-            .collect()
+    fn is_batched(&self, id: ValueId) -> bool {
+        self.plan.batched.contains(&id)
+    }
+
+    /// `id`'s value with the batch dims in front, broadcasting an unbatched value.
+    fn batched(&self, b: &mut FuncBuilder<'_>, id: ValueId) -> Result<hlo::Value, HloError> {
+        if self.is_batched(id) || self.nb() == 0 {
+            return Ok(self.v(id));
+        }
+        self.broadcast_to_batch(b, self.v(id), &self.k.value_type(id).shape)
+    }
+
+    fn broadcast_to_batch(&self, b: &mut FuncBuilder<'_>, v: hlo::Value, shape: &[usize]) -> Result<hlo::Value, HloError> {
+        let mapping: Vec<i64> = (0..shape.len()).map(|i| (self.nb() + i) as i64).collect();
+        b.broadcast_in_dim(v, &self.shape_of(shape, true), &mapping)
+    }
+
+    /// The operands of an elementwise op, all batched when the result is.
+    fn elementwise(&self, b: &mut FuncBuilder<'_>, inst: &Inst, ids: &[ValueId]) -> Result<Vec<hlo::Value>, HloError> {
+        let out_batched = inst.results.first().is_some_and(|r| self.is_batched(*r));
+        ids.iter().map(|&id| if out_batched { self.batched(b, id) } else { Ok(self.v(id)) }).collect()
+    }
+
+    fn starts(&self, b: &mut FuncBuilder<'_>, slices: &[Slice], batched: bool) -> Result<Vec<hlo::Value>, HloError> {
+        let mut out = Vec::with_capacity(slices.len() + self.nb());
+        if batched {
+            for _ in 0..self.nb() {
+                out.push(b.scalar(0.0, DType::I32)?);
+            }
+        }
+        for s in slices {
+            out.push(match *s {
+                Slice::Full => b.scalar(0.0, DType::I32)?,
+                Slice::Static { start, .. } => b.scalar(start as f64, DType::I32)?,
+                Slice::Dynamic { start, .. } => self.v(start),
+            });
+        }
+        Ok(out)
     }
 
     fn inst(&mut self, b: &mut FuncBuilder<'_>, inst: &Inst) -> R<()> {
         let e = self.err(inst);
         let k = self.k;
-        let result_ty = |i: usize| k.value_type(inst.results[i]).clone();
+        let nb = self.nb() as i64;
+        let out_batched = inst.results.first().is_some_and(|r| self.is_batched(*r));
         let out: hlo::Value = match &inst.op {
-            Op::ProgramId { axis } => self.grid[*axis],
+            Op::ProgramId { axis } => match self.grid[*axis] {
+                Some(g) => g,
+                None => b.iota(TensorType::new(self.bsizes.clone(), DType::I32), *axis as i64).map_err(e)?,
+            },
             Op::NumPrograms { axis } => b.scalar(k.grid[*axis] as f64, DType::I32).map_err(e)?,
-            Op::Constant { value, ty } => {
-                let v = match *value {
-                    Literal::Float(x) => x,
-                    Literal::Int(i) => i as f64,
-                    Literal::Bool(t) => f64::from(u8::from(t)),
-                };
-                b.splat(v, tensor_type(ty.dtype, &ty.shape)).map_err(e)?
-            }
+            Op::Constant { value, ty } => b.splat(literal_f64(*value), tensor_type(ty.dtype, &ty.shape)).map_err(e)?,
             Op::Load { src, slices } => {
                 let base = self.refs[src];
                 if slices.iter().all(|s| *s == Slice::Full) {
                     base
                 } else {
                     let view = k.operand(*src).view_shape();
-                    let sizes: Vec<i64> = slices
-                        .iter()
-                        .zip(&view)
-                        .map(|(s, &n)| s.len(n) as i64)
-                        .collect();
-                    let starts = self.starts(b, slices).map_err(&e)?;
-                    b.dynamic_slice(base, &starts, &sizes).map_err(e)?
+                    let lens: Vec<usize> = slices.iter().zip(&view).map(|(s, &n)| s.len(n)).collect();
+                    let starts = self.starts(b, slices, out_batched).map_err(&e)?;
+                    b.dynamic_slice(base, &starts, &self.shape_of(&lens, out_batched)).map_err(e)?
                 }
             }
             Op::Store { dst, slices, value } => {
-                let v = self.v(*value);
+                let ref_batched = self.plan.ref_batched(k, *dst);
+                let v = if ref_batched { self.batched(b, *value).map_err(&e)? } else { self.v(*value) };
                 let next = if slices.iter().all(|s| *s == Slice::Full) {
                     v
                 } else {
-                    let starts = self.starts(b, slices).map_err(&e)?;
-                    b.dynamic_update_slice(self.refs[dst], v, &starts)
-                        .map_err(e)?
+                    let starts = self.starts(b, slices, ref_batched).map_err(&e)?;
+                    b.dynamic_update_slice(self.refs[dst], v, &starts).map_err(e)?
                 };
                 self.refs.insert(*dst, next);
                 return Ok(());
@@ -306,9 +390,7 @@ impl<'k> Lower<'k> {
             Op::LoadScalar { src, indices } => {
                 let table = self.refs[src];
                 let starts: Vec<hlo::Value> = indices.iter().map(|i| self.v(*i)).collect();
-                let one = b
-                    .dynamic_slice(table, &starts, &vec![1; starts.len()])
-                    .map_err(&e)?;
+                let one = b.dynamic_slice(table, &starts, &vec![1; starts.len()]).map_err(&e)?;
                 b.reshape(one, &[]).map_err(e)?
             }
             Op::Unary { op, x } => {
@@ -326,7 +408,7 @@ impl<'k> Lower<'k> {
                 .map_err(e)?
             }
             Op::Binary { op, lhs, rhs } => {
-                let (l, r) = (self.v(*lhs), self.v(*rhs));
+                let xs = self.elementwise(b, inst, &[*lhs, *rhs]).map_err(&e)?;
                 let op = match op {
                     BinaryOp::Add => hlo::BinaryOp::Add,
                     BinaryOp::Sub => hlo::BinaryOp::Sub,
@@ -339,9 +421,10 @@ impl<'k> Lower<'k> {
                     BinaryOp::Or => hlo::BinaryOp::Or,
                     BinaryOp::Xor => hlo::BinaryOp::Xor,
                 };
-                b.binary(op, l, r).map_err(e)?
+                b.binary(op, xs[0], xs[1]).map_err(e)?
             }
             Op::Compare { op, lhs, rhs } => {
+                let xs = self.elementwise(b, inst, &[*lhs, *rhs]).map_err(&e)?;
                 let dir = match op {
                     CmpOp::Eq => hlo::ComparisonDirection::Eq,
                     CmpOp::Ne => hlo::ComparisonDirection::Ne,
@@ -350,28 +433,23 @@ impl<'k> Lower<'k> {
                     CmpOp::Gt => hlo::ComparisonDirection::Gt,
                     CmpOp::Ge => hlo::ComparisonDirection::Ge,
                 };
-                b.compare(dir, self.v(*lhs), self.v(*rhs)).map_err(e)?
+                b.compare(dir, xs[0], xs[1]).map_err(e)?
             }
-            Op::Select {
-                cond,
-                on_true,
-                on_false,
-            } => b
-                .select(self.v(*cond), self.v(*on_true), self.v(*on_false))
-                .map_err(e)?,
+            Op::Select { cond, on_true, on_false } => {
+                let xs = self.elementwise(b, inst, &[*cond, *on_true, *on_false]).map_err(&e)?;
+                b.select(xs[0], xs[1], xs[2]).map_err(e)?
+            }
             Op::Cast { x, to } => b.convert(self.v(*x), *to).map_err(e)?,
             Op::Broadcast { x, shape } => {
                 let from = k.value_type(*x).rank();
-                let mapping: Vec<i64> = ((shape.len() - from)..shape.len())
-                    .map(|d| d as i64)
-                    .collect();
-                b.broadcast_in_dim(self.v(*x), &dims(shape), &mapping)
-                    .map_err(e)?
+                let x_batched = self.is_batched(*x);
+                let lead = if x_batched { nb } else { 0 };
+                let mut mapping: Vec<i64> = (0..lead).collect();
+                mapping.extend(((shape.len() - from)..shape.len()).map(|d| d as i64 + lead));
+                b.broadcast_in_dim(self.v(*x), &self.shape_of(shape, x_batched), &mapping).map_err(e)?
             }
-            Op::Reshape { x, shape } => b.reshape(self.v(*x), &dims(shape)).map_err(e)?,
-            Op::Iota { ty, dim } => b
-                .iota(tensor_type(ty.dtype, &ty.shape), *dim as i64)
-                .map_err(e)?,
+            Op::Reshape { x, shape } => b.reshape(self.v(*x), &self.shape_of(shape, out_batched)).map_err(e)?,
+            Op::Iota { ty, dim } => b.iota(tensor_type(ty.dtype, &ty.shape), *dim as i64).map_err(e)?,
             Op::Reduce { op, x, axis } => {
                 let reducer = match op {
                     ReduceOp::Sum => Reducer::Sum,
@@ -379,7 +457,7 @@ impl<'k> Lower<'k> {
                     ReduceOp::Min => Reducer::Min,
                 };
                 let x_ty = k.value_type(*x).dtype;
-                let axis = [*axis as i64];
+                let axis = [*axis as i64 + if out_batched { nb } else { 0 }];
                 if x_ty == DType::BF16 && *op == ReduceOp::Sum {
                     // Accumulate in f32 and round once, as TPUs (and the interpreter) do.
                     let wide = b.convert(self.v(*x), DType::F32).map_err(&e)?;
@@ -389,18 +467,18 @@ impl<'k> Lower<'k> {
                     b.reduce(self.v(*x), &axis, reducer).map_err(e)?
                 }
             }
-            Op::Dot {
-                lhs,
-                rhs,
-                transpose_lhs,
-                transpose_rhs,
-            } => {
-                let dims = DotDims::contracting(
-                    [if *transpose_lhs { 0 } else { 1 }],
-                    [if *transpose_rhs { 1 } else { 0 }],
+            Op::Dot { lhs, rhs, transpose_lhs, transpose_rhs } => {
+                let xs = self.elementwise(b, inst, &[*lhs, *rhs]).map_err(&e)?;
+                let lead = if out_batched { nb } else { 0 };
+                let batch: Vec<i64> = (0..lead).collect();
+                let dims = DotDims::new(
+                    batch.clone(),
+                    batch,
+                    [lead + i64::from(!*transpose_lhs)],
+                    [lead + i64::from(*transpose_rhs)],
                 );
-                b.dot_general(self.v(*lhs), self.v(*rhs), &dims, result_ty(0).dtype, None)
-                    .map_err(e)?
+                let acc = k.value_type(inst.results[0]).dtype;
+                b.dot_general(xs[0], xs[1], &dims, acc, None).map_err(e)?
             }
             Op::When { cond, then } => {
                 let written: Vec<RefId> = written_refs(then).into_iter().collect();
@@ -409,6 +487,20 @@ impl<'k> Lower<'k> {
                     return Ok(());
                 }
                 let before: Vec<hlo::Value> = written.iter().map(|r| self.refs[r]).collect();
+                if self.is_batched(*cond) {
+                    // Per batch element: run the body for all, keep its writes where `cond`.
+                    self.region(b, then, &[])?;
+                    for (r, &old) in written.iter().zip(&before) {
+                        let o = k.operand(*r);
+                        let shape = self.shape_of(&o.view_shape(), true);
+                        let mask = b
+                            .broadcast_in_dim(self.v(*cond), &shape, &(0..nb).collect::<Vec<_>>())
+                            .map_err(&e)?;
+                        let new = b.select(mask, self.refs[r], old).map_err(&e)?;
+                        self.refs.insert(*r, new);
+                    }
+                    return Ok(());
+                }
                 let cond = self.v(*cond);
                 let after = b.if_else(
                     cond,
@@ -426,7 +518,11 @@ impl<'k> Lower<'k> {
             Op::ForLoop { lo, hi, init, body } => {
                 let written: Vec<RefId> = written_refs(body).into_iter().collect();
                 let n = init.len();
-                let mut carried: Vec<hlo::Value> = init.iter().map(|v| self.v(*v)).collect();
+                let mut carried = Vec::with_capacity(n + written.len());
+                for &v in init {
+                    // Carried values are batched whenever the kernel is vectorised.
+                    carried.push(self.batched(b, v).map_err(&e)?);
+                }
                 carried.extend(written.iter().map(|r| self.refs[r]));
                 let (lo, hi) = (self.v(*lo), self.v(*hi));
                 let out = b.fori_loop(lo, hi, &carried, |b, i, args| -> R<Vec<hlo::Value>> {
@@ -435,7 +531,15 @@ impl<'k> Lower<'k> {
                     }
                     let mut params = vec![i];
                     params.extend_from_slice(&args[..n]);
-                    let mut next = self.region(b, body, &params)?;
+                    let yields = self.region(b, body, &params)?;
+                    let mut next = Vec::with_capacity(yields.len() + written.len());
+                    for (&y, &id) in yields.iter().zip(&body.yields) {
+                        next.push(if self.is_batched(id) || self.nb() == 0 {
+                            y
+                        } else {
+                            self.broadcast_to_batch(b, y, &k.value_type(id).shape)?
+                        });
+                    }
                     next.extend(written.iter().map(|r| self.refs[r]));
                     Ok(next)
                 })?;
@@ -450,6 +554,14 @@ impl<'k> Lower<'k> {
         };
         self.env.insert(inst.results[0], out);
         Ok(())
+    }
+}
+
+fn literal_f64(l: Literal) -> f64 {
+    match l {
+        Literal::Float(x) => x,
+        Literal::Int(i) => i as f64,
+        Literal::Bool(t) => f64::from(u8::from(t)),
     }
 }
 
@@ -487,13 +599,8 @@ fn grid_indices(
 
 /// A buffer filled with the interpreter's garbage (NaN for floats), so both backends compute
 /// the same thing even for a kernel that reads what it never wrote.
-fn garbage(b: &mut FuncBuilder<'_>, dtype: DType, shape: &[usize]) -> Result<hlo::Value, HloError> {
-    let v = match garbage_literal(dtype) {
-        Literal::Float(x) => x,
-        Literal::Int(i) => i as f64,
-        Literal::Bool(t) => f64::from(u8::from(t)),
-    };
-    b.splat(v, tensor_type(dtype, shape))
+fn garbage(b: &mut FuncBuilder<'_>, dtype: DType, shape: &[i64]) -> Result<hlo::Value, HloError> {
+    b.splat(literal_f64(garbage_literal(dtype)), TensorType::new(shape.to_vec(), dtype))
 }
 
 /// Errors of the StableHLO builder's own region plumbing (a `while` or `if` it could not
@@ -507,4 +614,9 @@ impl From<HloError> for KernelError {
             format!("lowering to StableHLO failed (a tessera bug; please report it): {e}"),
         )
     }
+}
+
+/// How many leading grid dims the StableHLO lowering vectorises for `k` (0: a plain loop).
+pub fn vectorised_dims(k: &Kernel) -> usize {
+    plan::plan(k).nb
 }
