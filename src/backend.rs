@@ -18,15 +18,23 @@ pub enum Backend {
     Interpret,
     /// StableHLO compiled and run by the XLA CPU PJRT plugin.
     Cpu,
+    /// StableHLO compiled and run by a GPU PJRT plugin (the CUDA plugin of the
+    /// `jax-cuda12-pjrt` wheel), named by `TESSERA_GPU_PJRT_PLUGIN`.
+    Gpu,
 }
 
+/// The variable that names the GPU PJRT plugin library.
+pub const GPU_PLUGIN_VAR: &str = "TESSERA_GPU_PJRT_PLUGIN";
+
 impl Backend {
+    /// The backends every machine runs (no accelerator needed): what tests cover.
     pub const ALL: [Backend; 2] = [Backend::Interpret, Backend::Cpu];
 
     pub fn name(self) -> &'static str {
         match self {
             Backend::Interpret => "interpret",
             Backend::Cpu => "cpu",
+            Backend::Gpu => "gpu",
         }
     }
 }
@@ -43,8 +51,9 @@ impl FromStr for Backend {
         match s {
             "interpret" => Ok(Backend::Interpret),
             "cpu" => Ok(Backend::Cpu),
+            "gpu" => Ok(Backend::Gpu),
             other => Err(format!(
-                "unknown backend `{other}`; expected interpret or cpu"
+                "unknown backend `{other}`; expected interpret, cpu or gpu"
             )),
         }
     }
@@ -59,6 +68,12 @@ pub enum RunError {
     Runtime(#[from] tessera_runtime::Error),
     #[error("kernel `{kernel}`: {message}")]
     Output { kernel: String, message: String },
+    #[error(
+        "the gpu backend needs a CUDA PJRT plugin: install the wheel (`pip install \
+         jax-cuda12-pjrt jax-cuda12-plugin[with-cuda]`) and set {GPU_PLUGIN_VAR} to its \
+         xla_cuda_plugin.so"
+    )]
+    NoGpuPlugin,
 }
 
 /// Runs `def` on `args` (scalar prefetch, then inputs) on `backend`, instantiated under
@@ -86,8 +101,21 @@ pub fn run_kernel(
             args,
             &InterpretOptions::default(),
         )?),
-        Backend::Cpu => run_on_cpu(k, args),
+        Backend::Cpu => run_on(k, args, &Client::cpu_shared(1)?),
+        Backend::Gpu => run_on(k, args, &gpu_client()?),
     }
+}
+
+/// One client of the GPU plugin per process (creating one initialises CUDA).
+fn gpu_client() -> Result<Client, RunError> {
+    static CLIENT: OnceLock<Client> = OnceLock::new();
+    if let Some(c) = CLIENT.get() {
+        return Ok(c.clone());
+    }
+    let path = std::env::var_os(GPU_PLUGIN_VAR).ok_or(RunError::NoGpuPlugin)?;
+    let plugin = tessera_runtime::Plugin::load(path)?;
+    let client = Client::new(plugin, &[])?;
+    Ok(CLIENT.get_or_init(|| client).clone())
 }
 
 /// Compiled kernels by IR text: a kernel compiles once per process.
@@ -97,7 +125,7 @@ fn executables() -> &'static Mutex<HashMap<String, Arc<LoadedExecutable>>> {
 }
 
 fn compiled(k: &Kernel, client: &Client) -> Result<Arc<LoadedExecutable>, RunError> {
-    let key = k.to_text();
+    let key = format!("{}\n{}", client.platform_name(), k.to_text());
     if let Some(exe) = executables()
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -114,9 +142,8 @@ fn compiled(k: &Kernel, client: &Client) -> Result<Arc<LoadedExecutable>, RunErr
     Ok(exe)
 }
 
-fn run_on_cpu(k: &Kernel, args: &[HostArray]) -> Result<Vec<HostArray>, RunError> {
-    let client = Client::cpu_shared(1)?;
-    let exe = compiled(k, &client)?;
+fn run_on(k: &Kernel, args: &[HostArray], client: &Client) -> Result<Vec<HostArray>, RunError> {
+    let exe = compiled(k, client)?;
     let inputs = args
         .iter()
         .map(to_host_buffer)

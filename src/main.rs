@@ -52,7 +52,7 @@ enum Command {
         /// Output .npy files, in output order.
         #[arg(long = "output", short = 'o', required = true)]
         outputs: Vec<std::path::PathBuf>,
-        /// Where to run: interpret or cpu (StableHLO on the XLA CPU plugin).
+        /// Where to run: interpret, cpu (StableHLO on the XLA CPU plugin) or gpu.
         #[arg(long, default_value = "interpret")]
         backend: Backend,
         /// Hardware rules to check: tpu (default) or portable.

@@ -750,3 +750,29 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     }
     Some(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numpy_broadcasting() {
+        assert_eq!(broadcast_shapes(&[8, 1], &[1, 128]), Some(vec![8, 128]));
+        assert_eq!(broadcast_shapes(&[], &[4, 5]), Some(vec![4, 5]));
+        assert_eq!(broadcast_shapes(&[3], &[4, 3]), Some(vec![4, 3]));
+        assert_eq!(broadcast_shapes(&[2], &[3]), None);
+        assert!(broadcastable(&[1, 5], &[7, 5]));
+        assert!(!broadcastable(&[7, 5], &[5]));
+    }
+
+    #[test]
+    fn literals_fit_their_dtypes() {
+        assert!(Literal::Int(127).fits(DType::I8));
+        assert!(!Literal::Int(128).fits(DType::I8));
+        assert!(Literal::Int(3).fits(DType::BF16));
+        assert!(!Literal::Float(0.5).fits(DType::I32));
+        assert!(!Literal::Bool(true).fits(DType::F32));
+        assert_eq!(Literal::Float(2.0).to_string(), "2.0");
+        assert_eq!(Literal::Float(f64::NEG_INFINITY).to_string(), "-inf");
+    }
+}

@@ -239,3 +239,236 @@ impl Verifier<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{
+        BlockDim, BlockMapping, DimSemantics, Inst, Kernel, Literal, MemorySpace, Operand,
+        OperandRole, RefId, Slice, ValueType,
+    };
+
+    fn loc(line: u32) -> Loc {
+        Loc {
+            file: "kernel.rs",
+            line,
+            column: 5,
+        }
+    }
+
+    /// A one-step kernel with an input `x` and an output `out` (f32[8, 128] blocks).
+    fn kernel(body: Vec<Inst>, types: Vec<ValueType>) -> Kernel {
+        let mut types = types;
+        let g = ValueId(types.len() as u32);
+        types.push(ValueType::scalar(DType::I32));
+        let zero = ValueId(types.len() as u32);
+        types.push(ValueType::scalar(DType::I32));
+        let index_map = Region {
+            params: vec![g],
+            insts: vec![Inst {
+                op: Op::Constant {
+                    value: Literal::Int(0),
+                    ty: ValueType::scalar(DType::I32),
+                },
+                results: vec![zero],
+                loc: loc(1),
+            }],
+            yields: vec![g, zero],
+        };
+        let operand = |name: &str, role| Operand {
+            name: name.into(),
+            role,
+            dtype: DType::F32,
+            memory: MemorySpace::Vmem,
+            array_shape: vec![8, 128],
+            block: Some(BlockMapping {
+                block_shape: vec![BlockDim::Sized(8), BlockDim::Sized(128)],
+                index_map: index_map.clone(),
+            }),
+            loc: loc(2),
+        };
+        Kernel {
+            name: "k".into(),
+            params: vec![],
+            grid: vec![1],
+            semantics: vec![DimSemantics::Parallel],
+            operands: vec![
+                operand("x", OperandRole::Input),
+                operand("out", OperandRole::Output),
+            ],
+            body: Region {
+                params: vec![],
+                insts: body,
+                yields: vec![],
+            },
+            types,
+            loc: loc(0),
+        }
+    }
+
+    fn full() -> Vec<Slice> {
+        vec![Slice::Full, Slice::Full]
+    }
+
+    fn block() -> ValueType {
+        ValueType::new(DType::F32, [8, 128])
+    }
+
+    #[test]
+    fn a_well_formed_kernel_verifies() {
+        let body = vec![
+            Inst {
+                op: Op::Load {
+                    src: RefId(0),
+                    slices: full(),
+                },
+                results: vec![ValueId(0)],
+                loc: loc(10),
+            },
+            Inst {
+                op: Op::Store {
+                    dst: RefId(1),
+                    slices: full(),
+                    value: ValueId(0),
+                },
+                results: vec![],
+                loc: loc(11),
+            },
+        ];
+        assert_eq!(verify(&kernel(body, vec![block()])), Ok(()));
+    }
+
+    #[test]
+    fn use_before_definition_names_the_op_and_line() {
+        let body = vec![
+            Inst {
+                op: Op::Store {
+                    dst: RefId(1),
+                    slices: full(),
+                    value: ValueId(0),
+                },
+                results: vec![],
+                loc: loc(11),
+            },
+            Inst {
+                op: Op::Load {
+                    src: RefId(0),
+                    slices: full(),
+                },
+                results: vec![ValueId(0)],
+                loc: loc(12),
+            },
+        ];
+        let errors = verify(&kernel(body, vec![block()])).unwrap_err();
+        assert_eq!(errors[0].op, "store");
+        assert_eq!(errors[0].loc.line, 11);
+        assert!(
+            errors[0]
+                .to_string()
+                .contains("%0 is used before it is defined"),
+            "{}",
+            errors[0]
+        );
+    }
+
+    #[test]
+    fn stores_to_inputs_and_wrong_recorded_types_are_rejected() {
+        let body = vec![
+            Inst {
+                op: Op::Load {
+                    src: RefId(0),
+                    slices: full(),
+                },
+                results: vec![ValueId(0)],
+                loc: loc(10),
+            },
+            Inst {
+                op: Op::Store {
+                    dst: RefId(0),
+                    slices: full(),
+                    value: ValueId(0),
+                },
+                results: vec![],
+                loc: loc(11),
+            },
+        ];
+        let errors = verify(&kernel(body, vec![block()])).unwrap_err();
+        assert!(
+            errors[0]
+                .message
+                .contains("`x` is an input; inputs are read-only"),
+            "{errors:?}"
+        );
+
+        let body = vec![Inst {
+            op: Op::Load {
+                src: RefId(0),
+                slices: full(),
+            },
+            results: vec![ValueId(0)],
+            loc: loc(10),
+        }];
+        let errors =
+            verify(&kernel(body, vec![ValueType::new(DType::BF16, [8, 128])])).unwrap_err();
+        assert!(errors[0].message.contains("recorded as"), "{errors:?}");
+    }
+
+    #[test]
+    fn region_values_do_not_escape_their_scope() {
+        // %1 is defined inside the `when`, then used after it.
+        let then = Region {
+            params: vec![],
+            insts: vec![Inst {
+                op: Op::Load {
+                    src: RefId(0),
+                    slices: full(),
+                },
+                results: vec![ValueId(1)],
+                loc: loc(21),
+            }],
+            yields: vec![],
+        };
+        let body = vec![
+            Inst {
+                op: Op::Constant {
+                    value: Literal::Bool(true),
+                    ty: ValueType::scalar(DType::Bool),
+                },
+                results: vec![ValueId(0)],
+                loc: loc(20),
+            },
+            Inst {
+                op: Op::When {
+                    cond: ValueId(0),
+                    then,
+                },
+                results: vec![],
+                loc: loc(20),
+            },
+            Inst {
+                op: Op::Store {
+                    dst: RefId(1),
+                    slices: full(),
+                    value: ValueId(1),
+                },
+                results: vec![],
+                loc: loc(22),
+            },
+        ];
+        let errors =
+            verify(&kernel(body, vec![ValueType::scalar(DType::Bool), block()])).unwrap_err();
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].loc.line, 22);
+    }
+
+    #[test]
+    fn grid_and_semantics_ranks_must_agree() {
+        let mut k = kernel(vec![], vec![]);
+        k.semantics.push(DimSemantics::Arbitrary);
+        let errors = verify(&k).unwrap_err();
+        assert!(
+            errors[0].message.contains("2 dimension semantics"),
+            "{errors:?}"
+        );
+    }
+}
