@@ -35,20 +35,25 @@ fn mha_flash<const BQ: usize, const BKV: usize>(
         acc.store(0.0);
     });
     let scale = 1.0 / (q.shape()[1] as f32).sqrt();
-    when((kj * BKV as i32).le(qi * BQ as i32 + (BQ as i32 - 1)), || {
-        let s = dot_nt(q.load(), k.load()) * scale;
-        let row = iota(DType::I32, &[BQ, BKV], 0) + qi * BQ as i32;
-        let col = iota(DType::I32, &[BQ, BKV], 1) + kj * BKV as i32;
-        let s = select(col.le(row), s, f32::NEG_INFINITY);
-        let m_prev = m.load();
-        let m_next = m_prev.maximum(s.max_keepdims(-1));
-        let alpha = (m_prev - m_next).exp();
-        let p = (s - m_next).exp();
-        l.store(alpha * l.load() + p.sum_keepdims(-1));
-        acc.store(acc.load() * alpha + dot(p, v.load()));
-        m.store(m_next);
+    when(
+        (kj * BKV as i32).le(qi * BQ as i32 + (BQ as i32 - 1)),
+        || {
+            let s = dot_nt(q.load(), k.load()) * scale;
+            let row = iota(DType::I32, &[BQ, BKV], 0) + qi * BQ as i32;
+            let col = iota(DType::I32, &[BQ, BKV], 1) + kj * BKV as i32;
+            let s = select(col.le(row), s, f32::NEG_INFINITY);
+            let m_prev = m.load();
+            let m_next = m_prev.maximum(s.max_keepdims(-1));
+            let alpha = (m_prev - m_next).exp();
+            let p = (s - m_next).exp();
+            l.store(alpha * l.load() + p.sum_keepdims(-1));
+            acc.store(acc.load() * alpha + dot(p, v.load()));
+            m.store(m_next);
+        },
+    );
+    when(kj.eq(num_programs(2) - 1), || {
+        out.store(acc.load() / l.load())
     });
-    when(kj.eq(num_programs(2) - 1), || out.store(acc.load() / l.load()));
 }
 
 /// Per-head and per-row work that depends on the batched program id: a `when` on a batched
@@ -71,7 +76,10 @@ fn head_dependent(
 fn per_backend(def: &KernelDef, args: &[HostArray]) -> Vec<Vec<f64>> {
     Backend::ALL
         .iter()
-        .map(|&b| run(def, args, b, &TargetRules::tpu()).unwrap_or_else(|e| panic!("{b}: {e}"))[0].to_f64_vec())
+        .map(|&b| {
+            run(def, args, b, &TargetRules::tpu()).unwrap_or_else(|e| panic!("{b}: {e}"))[0]
+                .to_f64_vec()
+        })
         .collect()
 }
 
@@ -80,15 +88,36 @@ fn heads_vectorise_and_match_the_interpreter_and_the_reference() {
     let (h, s, d) = (4, 128, 64);
     let def = mha_flash::<32, 32>();
     let args: Vec<HostArray> = (0..3).map(|i| random(DType::F32, &[h, s, d], i)).collect();
-    let kernel = def.instantiate(&args.iter().map(|a| a.spec()).collect::<Vec<_>>(), &TargetRules::tpu()).unwrap();
-    assert_eq!(vectorised_dims(&kernel), 1, "the head dim vectorises, the q-block dim does not");
+    let kernel = def
+        .instantiate(
+            &args.iter().map(|a| a.spec()).collect::<Vec<_>>(),
+            &TargetRules::tpu(),
+        )
+        .unwrap();
+    assert_eq!(
+        vectorised_dims(&kernel),
+        1,
+        "the head dim vectorises, the q-block dim does not"
+    );
     let results = per_backend(&def, &args);
     assert_close(&results[1], &results[0], 2e-6, "cpu against interpret");
     let per_head = s * d;
     for head in 0..h {
         let slice = |a: &HostArray| a.to_f64_vec()[head * per_head..(head + 1) * per_head].to_vec();
-        let want = attention_ref(&slice(&args[0]), &slice(&args[1]), &slice(&args[2]), s, d, true);
-        assert_close(&results[1][head * per_head..(head + 1) * per_head], &want, 2e-6, "head");
+        let want = attention_ref(
+            &slice(&args[0]),
+            &slice(&args[1]),
+            &slice(&args[2]),
+            s,
+            d,
+            true,
+        );
+        assert_close(
+            &results[1][head * per_head..(head + 1) * per_head],
+            &want,
+            2e-6,
+            "head",
+        );
     }
 }
 
@@ -105,7 +134,11 @@ fn batched_conditions_and_loops_are_masked_per_element() {
         let head = i / (16 * 128);
         // Three f32 additions of the head index, as the kernel computes them.
         let hf = head as f32;
-        let want = if head == 1 { -xs[i] } else { f64::from(xs[i] as f32 + hf + hf + hf) };
+        let want = if head == 1 {
+            -xs[i]
+        } else {
+            f64::from(xs[i] as f32 + hf + hf + hf)
+        };
         assert_eq!(*got, want, "element {i}");
     }
 }

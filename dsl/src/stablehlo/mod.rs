@@ -110,7 +110,14 @@ impl<'k> Lower<'k> {
     fn new(k: &'k Kernel) -> Self {
         let plan = plan::plan(k);
         let bsizes = k.grid[..plan.nb].iter().map(|&n| n as i64).collect();
-        Lower { k, plan, bsizes, env: HashMap::new(), refs: HashMap::new(), grid: Vec::new() }
+        Lower {
+            k,
+            plan,
+            bsizes,
+            env: HashMap::new(),
+            refs: HashMap::new(),
+            grid: Vec::new(),
+        }
     }
 
     fn nb(&self) -> usize {
@@ -129,7 +136,11 @@ impl<'k> Lower<'k> {
 
     /// `shape` with the batch dims in front when `batched`.
     fn shape_of(&self, shape: &[usize], batched: bool) -> Vec<i64> {
-        let mut out = if batched { self.bsizes.clone() } else { Vec::new() };
+        let mut out = if batched {
+            self.bsizes.clone()
+        } else {
+            Vec::new()
+        };
         out.extend(dims(shape));
         out
     }
@@ -137,8 +148,10 @@ impl<'k> Lower<'k> {
     fn kernel(&mut self, f: &mut FuncBuilder<'_>, args: &[hlo::Value]) -> R<Vec<hlo::Value>> {
         let k = self.k;
         let e = self.kernel_err();
-        let arg_refs: Vec<RefId> =
-            (0..k.operands.len() as u32).map(RefId).filter(|r| is_arg(k.operand(*r).role)).collect();
+        let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
+            .map(RefId)
+            .filter(|r| is_arg(k.operand(*r).role))
+            .collect();
         if arg_refs.len() != args.len() {
             return Err(KernelError::single(
                 &k.name,
@@ -147,9 +160,16 @@ impl<'k> Lower<'k> {
                 format!("expected {} arrays, got {}", arg_refs.len(), args.len()),
             ));
         }
-        let arrays: HashMap<RefId, hlo::Value> = arg_refs.iter().copied().zip(args.iter().copied()).collect();
-        let outputs: Vec<RefId> = k.operands_with(OperandRole::Output).map(|(r, _)| r).collect();
-        let scratch: Vec<RefId> = k.operands_with(OperandRole::Scratch).map(|(r, _)| r).collect();
+        let arrays: HashMap<RefId, hlo::Value> =
+            arg_refs.iter().copied().zip(args.iter().copied()).collect();
+        let outputs: Vec<RefId> = k
+            .operands_with(OperandRole::Output)
+            .map(|(r, _)| r)
+            .collect();
+        let scratch: Vec<RefId> = k
+            .operands_with(OperandRole::Scratch)
+            .map(|(r, _)| r)
+            .collect();
         let mut init = Vec::new();
         for &r in &outputs {
             let o = k.operand(r);
@@ -165,11 +185,16 @@ impl<'k> Lower<'k> {
         let lo = f.scalar(0.0, DType::I32).map_err(&e)?;
         let hi = f.scalar(steps as f64, DType::I32).map_err(&e)?;
         let n_out = outputs.len();
-        let prefetch: Vec<RefId> = k.operands_with(OperandRole::ScalarPrefetch).map(|(r, _)| r).collect();
+        let prefetch: Vec<RefId> = k
+            .operands_with(OperandRole::ScalarPrefetch)
+            .map(|(r, _)| r)
+            .collect();
         let result = f.fori_loop(lo, hi, &init, |b, step, carried| -> R<Vec<hlo::Value>> {
             let e = self.kernel_err();
             let looped = grid_indices(b, step, &k.grid[nb..]).map_err(&e)?;
-            self.grid = std::iter::repeat_n(None, nb).chain(looped.into_iter().map(Some)).collect();
+            self.grid = std::iter::repeat_n(None, nb)
+                .chain(looped.into_iter().map(Some))
+                .collect();
             self.refs.clear();
             for &r in &prefetch {
                 self.refs.insert(r, arrays[&r]);
@@ -200,7 +225,10 @@ impl<'k> Lower<'k> {
             let mut next = Vec::with_capacity(carried.len());
             for (&r, &array) in outputs.iter().zip(out_arrays) {
                 let block = self.output_block(b, r, self.refs[&r]).map_err(&e)?;
-                next.push(b.dynamic_update_slice(array, block, &out_offsets[&r]).map_err(&e)?);
+                next.push(
+                    b.dynamic_update_slice(array, block, &out_offsets[&r])
+                        .map_err(&e)?,
+                );
             }
             for &r in outputs.iter().chain(&scratch) {
                 next.push(self.refs[&r]);
@@ -241,11 +269,18 @@ impl<'k> Lower<'k> {
         }
         let map = &self.plan.batch_dims[&r];
         // Batch-mapped array dims first (in batch order), then the others in order.
-        let mut present: Vec<(usize, usize)> =
-            map.iter().enumerate().filter_map(|(a, d)| d.map(|d| (d, a))).collect();
+        let mut present: Vec<(usize, usize)> = map
+            .iter()
+            .enumerate()
+            .filter_map(|(a, d)| d.map(|d| (d, a)))
+            .collect();
         present.sort();
         let mut perm: Vec<i64> = present.iter().map(|&(_, a)| a as i64).collect();
-        perm.extend((0..map.len()).filter(|a| map[*a].is_none()).map(|a| a as i64));
+        perm.extend(
+            (0..map.len())
+                .filter(|a| map[*a].is_none())
+                .map(|a| a as i64),
+        );
         let t = b.transpose(window, &perm)?;
         let mut compact: Vec<i64> = present.iter().map(|&(d, _)| self.bsizes[d]).collect();
         compact.extend(dims(&o.view_shape()));
@@ -258,7 +293,12 @@ impl<'k> Lower<'k> {
 
     /// An output buffer as the window to write back into its array (inverse of
     /// `input_block` for an operand that uses every batch dim).
-    fn output_block(&self, b: &mut FuncBuilder<'_>, r: RefId, buffer: hlo::Value) -> Result<hlo::Value, HloError> {
+    fn output_block(
+        &self,
+        b: &mut FuncBuilder<'_>,
+        r: RefId,
+        buffer: hlo::Value,
+    ) -> Result<hlo::Value, HloError> {
         let o = self.k.operand(r);
         if self.nb() == 0 {
             return b.reshape(buffer, &dims(&o.block_sizes()));
@@ -280,7 +320,12 @@ impl<'k> Lower<'k> {
     }
 
     /// Element offsets of the window the index map selects at this step (zero on batch dims).
-    fn block_offsets(&mut self, b: &mut FuncBuilder<'_>, r: RefId, map: &Region) -> R<Vec<hlo::Value>> {
+    fn block_offsets(
+        &mut self,
+        b: &mut FuncBuilder<'_>,
+        r: RefId,
+        map: &Region,
+    ) -> R<Vec<hlo::Value>> {
         let e = self.kernel_err();
         let zero = b.scalar(0.0, DType::I32).map_err(&e)?;
         let grid: Vec<hlo::Value> = self.grid.iter().map(|g| g.unwrap_or(zero)).collect();
@@ -298,7 +343,12 @@ impl<'k> Lower<'k> {
     }
 
     /// Lowers a region with `args` bound to its params; returns the lowered yields.
-    fn region(&mut self, b: &mut FuncBuilder<'_>, r: &Region, args: &[hlo::Value]) -> R<Vec<hlo::Value>> {
+    fn region(
+        &mut self,
+        b: &mut FuncBuilder<'_>,
+        r: &Region,
+        args: &[hlo::Value],
+    ) -> R<Vec<hlo::Value>> {
         for (&p, &a) in r.params.iter().zip(args) {
             self.env.insert(p, a);
         }
@@ -324,18 +374,41 @@ impl<'k> Lower<'k> {
         self.broadcast_to_batch(b, self.v(id), &self.k.value_type(id).shape)
     }
 
-    fn broadcast_to_batch(&self, b: &mut FuncBuilder<'_>, v: hlo::Value, shape: &[usize]) -> Result<hlo::Value, HloError> {
+    fn broadcast_to_batch(
+        &self,
+        b: &mut FuncBuilder<'_>,
+        v: hlo::Value,
+        shape: &[usize],
+    ) -> Result<hlo::Value, HloError> {
         let mapping: Vec<i64> = (0..shape.len()).map(|i| (self.nb() + i) as i64).collect();
         b.broadcast_in_dim(v, &self.shape_of(shape, true), &mapping)
     }
 
     /// The operands of an elementwise op, all batched when the result is.
-    fn elementwise(&self, b: &mut FuncBuilder<'_>, inst: &Inst, ids: &[ValueId]) -> Result<Vec<hlo::Value>, HloError> {
+    fn elementwise(
+        &self,
+        b: &mut FuncBuilder<'_>,
+        inst: &Inst,
+        ids: &[ValueId],
+    ) -> Result<Vec<hlo::Value>, HloError> {
         let out_batched = inst.results.first().is_some_and(|r| self.is_batched(*r));
-        ids.iter().map(|&id| if out_batched { self.batched(b, id) } else { Ok(self.v(id)) }).collect()
+        ids.iter()
+            .map(|&id| {
+                if out_batched {
+                    self.batched(b, id)
+                } else {
+                    Ok(self.v(id))
+                }
+            })
+            .collect()
     }
 
-    fn starts(&self, b: &mut FuncBuilder<'_>, slices: &[Slice], batched: bool) -> Result<Vec<hlo::Value>, HloError> {
+    fn starts(
+        &self,
+        b: &mut FuncBuilder<'_>,
+        slices: &[Slice],
+        batched: bool,
+    ) -> Result<Vec<hlo::Value>, HloError> {
         let mut out = Vec::with_capacity(slices.len() + self.nb());
         if batched {
             for _ in 0..self.nb() {
@@ -360,29 +433,43 @@ impl<'k> Lower<'k> {
         let out: hlo::Value = match &inst.op {
             Op::ProgramId { axis } => match self.grid[*axis] {
                 Some(g) => g,
-                None => b.iota(TensorType::new(self.bsizes.clone(), DType::I32), *axis as i64).map_err(e)?,
+                None => b
+                    .iota(
+                        TensorType::new(self.bsizes.clone(), DType::I32),
+                        *axis as i64,
+                    )
+                    .map_err(e)?,
             },
             Op::NumPrograms { axis } => b.scalar(k.grid[*axis] as f64, DType::I32).map_err(e)?,
-            Op::Constant { value, ty } => b.splat(literal_f64(*value), tensor_type(ty.dtype, &ty.shape)).map_err(e)?,
+            Op::Constant { value, ty } => b
+                .splat(literal_f64(*value), tensor_type(ty.dtype, &ty.shape))
+                .map_err(e)?,
             Op::Load { src, slices } => {
                 let base = self.refs[src];
                 if slices.iter().all(|s| *s == Slice::Full) {
                     base
                 } else {
                     let view = k.operand(*src).view_shape();
-                    let lens: Vec<usize> = slices.iter().zip(&view).map(|(s, &n)| s.len(n)).collect();
+                    let lens: Vec<usize> =
+                        slices.iter().zip(&view).map(|(s, &n)| s.len(n)).collect();
                     let starts = self.starts(b, slices, out_batched).map_err(&e)?;
-                    b.dynamic_slice(base, &starts, &self.shape_of(&lens, out_batched)).map_err(e)?
+                    b.dynamic_slice(base, &starts, &self.shape_of(&lens, out_batched))
+                        .map_err(e)?
                 }
             }
             Op::Store { dst, slices, value } => {
                 let ref_batched = self.plan.ref_batched(k, *dst);
-                let v = if ref_batched { self.batched(b, *value).map_err(&e)? } else { self.v(*value) };
+                let v = if ref_batched {
+                    self.batched(b, *value).map_err(&e)?
+                } else {
+                    self.v(*value)
+                };
                 let next = if slices.iter().all(|s| *s == Slice::Full) {
                     v
                 } else {
                     let starts = self.starts(b, slices, ref_batched).map_err(&e)?;
-                    b.dynamic_update_slice(self.refs[dst], v, &starts).map_err(e)?
+                    b.dynamic_update_slice(self.refs[dst], v, &starts)
+                        .map_err(e)?
                 };
                 self.refs.insert(*dst, next);
                 return Ok(());
@@ -390,7 +477,9 @@ impl<'k> Lower<'k> {
             Op::LoadScalar { src, indices } => {
                 let table = self.refs[src];
                 let starts: Vec<hlo::Value> = indices.iter().map(|i| self.v(*i)).collect();
-                let one = b.dynamic_slice(table, &starts, &vec![1; starts.len()]).map_err(&e)?;
+                let one = b
+                    .dynamic_slice(table, &starts, &vec![1; starts.len()])
+                    .map_err(&e)?;
                 b.reshape(one, &[]).map_err(e)?
             }
             Op::Unary { op, x } => {
@@ -435,8 +524,14 @@ impl<'k> Lower<'k> {
                 };
                 b.compare(dir, xs[0], xs[1]).map_err(e)?
             }
-            Op::Select { cond, on_true, on_false } => {
-                let xs = self.elementwise(b, inst, &[*cond, *on_true, *on_false]).map_err(&e)?;
+            Op::Select {
+                cond,
+                on_true,
+                on_false,
+            } => {
+                let xs = self
+                    .elementwise(b, inst, &[*cond, *on_true, *on_false])
+                    .map_err(&e)?;
                 b.select(xs[0], xs[1], xs[2]).map_err(e)?
             }
             Op::Cast { x, to } => b.convert(self.v(*x), *to).map_err(e)?,
@@ -446,10 +541,15 @@ impl<'k> Lower<'k> {
                 let lead = if x_batched { nb } else { 0 };
                 let mut mapping: Vec<i64> = (0..lead).collect();
                 mapping.extend(((shape.len() - from)..shape.len()).map(|d| d as i64 + lead));
-                b.broadcast_in_dim(self.v(*x), &self.shape_of(shape, x_batched), &mapping).map_err(e)?
+                b.broadcast_in_dim(self.v(*x), &self.shape_of(shape, x_batched), &mapping)
+                    .map_err(e)?
             }
-            Op::Reshape { x, shape } => b.reshape(self.v(*x), &self.shape_of(shape, out_batched)).map_err(e)?,
-            Op::Iota { ty, dim } => b.iota(tensor_type(ty.dtype, &ty.shape), *dim as i64).map_err(e)?,
+            Op::Reshape { x, shape } => b
+                .reshape(self.v(*x), &self.shape_of(shape, out_batched))
+                .map_err(e)?,
+            Op::Iota { ty, dim } => b
+                .iota(tensor_type(ty.dtype, &ty.shape), *dim as i64)
+                .map_err(e)?,
             Op::Reduce { op, x, axis } => {
                 let reducer = match op {
                     ReduceOp::Sum => Reducer::Sum,
@@ -467,7 +567,12 @@ impl<'k> Lower<'k> {
                     b.reduce(self.v(*x), &axis, reducer).map_err(e)?
                 }
             }
-            Op::Dot { lhs, rhs, transpose_lhs, transpose_rhs } => {
+            Op::Dot {
+                lhs,
+                rhs,
+                transpose_lhs,
+                transpose_rhs,
+            } => {
                 let xs = self.elementwise(b, inst, &[*lhs, *rhs]).map_err(&e)?;
                 let lead = if out_batched { nb } else { 0 };
                 let batch: Vec<i64> = (0..lead).collect();
@@ -600,7 +705,10 @@ fn grid_indices(
 /// A buffer filled with the interpreter's garbage (NaN for floats), so both backends compute
 /// the same thing even for a kernel that reads what it never wrote.
 fn garbage(b: &mut FuncBuilder<'_>, dtype: DType, shape: &[i64]) -> Result<hlo::Value, HloError> {
-    b.splat(literal_f64(garbage_literal(dtype)), TensorType::new(shape.to_vec(), dtype))
+    b.splat(
+        literal_f64(garbage_literal(dtype)),
+        TensorType::new(shape.to_vec(), dtype),
+    )
 }
 
 /// Errors of the StableHLO builder's own region plumbing (a `while` or `if` it could not

@@ -20,9 +20,10 @@ impl Plan {
         self.nb > 0
             && match k.operand(r).role {
                 OperandRole::Scratch | OperandRole::Output => true,
-                OperandRole::Input => {
-                    self.batch_dims.get(&r).is_some_and(|m| m.iter().any(Option::is_some))
-                }
+                OperandRole::Input => self
+                    .batch_dims
+                    .get(&r)
+                    .is_some_and(|m| m.iter().any(Option::is_some)),
                 OperandRole::ScalarPrefetch => false,
             }
     }
@@ -30,12 +31,22 @@ impl Plan {
 
 /// The largest prefix of leading parallel grid dims that can be vectorised (possibly none).
 pub(crate) fn plan(k: &Kernel) -> Plan {
-    let leading = k.semantics.iter().take_while(|s| **s == DimSemantics::Parallel).count();
-    (1..=leading).rev().find_map(|nb| try_plan(k, nb)).unwrap_or_default()
+    let leading = k
+        .semantics
+        .iter()
+        .take_while(|s| **s == DimSemantics::Parallel)
+        .count();
+    (1..=leading)
+        .rev()
+        .find_map(|nb| try_plan(k, nb))
+        .unwrap_or_default()
 }
 
 fn try_plan(k: &Kernel, nb: usize) -> Option<Plan> {
-    let mut plan = Plan { nb, ..Plan::default() };
+    let mut plan = Plan {
+        nb,
+        ..Plan::default()
+    };
     for (i, o) in k.operands.iter().enumerate() {
         let Some(b) = &o.block else { continue };
         let map = &b.index_map;
@@ -44,7 +55,8 @@ fn try_plan(k: &Kernel, nb: usize) -> Option<Plan> {
         let mut dims = vec![None; o.array_shape.len()];
         for (a, y) in map.yields.iter().enumerate() {
             if let Some(d) = vparams.iter().position(|p| p == y) {
-                let whole_block = matches!(b.block_shape[a], BlockDim::Squeezed | BlockDim::Sized(1));
+                let whole_block =
+                    matches!(b.block_shape[a], BlockDim::Squeezed | BlockDim::Sized(1));
                 if !whole_block || dims.contains(&Some(d)) {
                     return None;
                 }
@@ -59,8 +71,10 @@ fn try_plan(k: &Kernel, nb: usize) -> Option<Plan> {
         }
         plan.batch_dims.insert(crate::ir::RefId(i as u32), dims);
     }
-    let batched_refs: HashSet<RefId> =
-        (0..k.operands.len() as u32).map(RefId).filter(|r| plan.ref_batched(k, *r)).collect();
+    let batched_refs: HashSet<RefId> = (0..k.operands.len() as u32)
+        .map(RefId)
+        .filter(|r| plan.ref_batched(k, *r))
+        .collect();
     let mut batched = HashSet::new();
     if !body_batched(k, &k.body, nb, &batched_refs, &mut batched) {
         return None;
@@ -94,7 +108,10 @@ fn body_batched(
         let out_batched = match &inst.op {
             Op::ProgramId { axis } => *axis < nb,
             Op::NumPrograms { .. } | Op::Constant { .. } | Op::Iota { .. } => false,
-            Op::Load { src, slices } | Op::Store { dst: src, slices, .. } => {
+            Op::Load { src, slices }
+            | Op::Store {
+                dst: src, slices, ..
+            } => {
                 if any(&dynamic_starts(slices), batched) {
                     return false;
                 }
