@@ -331,7 +331,27 @@ impl Builder {
         Ok(())
     }
 
-    fn declare(&mut self, operand: Operand) -> RefId {
+    /// Declares an operand of the kernel being traced and returns its id.
+    #[allow(clippy::too_many_arguments)]
+    fn declare(
+        &mut self,
+        name: &str,
+        role: OperandRole,
+        dtype: DType,
+        memory: MemorySpace,
+        array_shape: Vec<usize>,
+        block: Option<BlockMapping>,
+        loc: Loc,
+    ) -> RefId {
+        let operand = Operand {
+            name: name.into(),
+            role,
+            dtype,
+            memory,
+            array_shape,
+            block,
+            loc,
+        };
         crate::trace::with_trace(|t| {
             t.operands.push(operand);
             RefId((t.operands.len() - 1) as u32)
@@ -351,6 +371,20 @@ impl Builder {
         }
     }
 
+    /// Declares a blocked VMEM input or output.
+    fn blocked<T: Element>(
+        &mut self,
+        name: &str,
+        role: OperandRole,
+        shape: Vec<usize>,
+        block: Vec<BlockDim>,
+        index_map: IndexMapFn<'_>,
+        loc: Loc,
+    ) -> RefId {
+        let block = Some(self.mapping(block, index_map));
+        self.declare(name, role, T::DTYPE, MemorySpace::Vmem, shape, block, loc)
+    }
+
     #[doc(hidden)]
     pub fn __input<T: Element>(
         &mut self,
@@ -360,16 +394,7 @@ impl Builder {
         index_map: IndexMapFn<'_>,
         loc: Loc,
     ) -> Ref<T> {
-        let block = Some(self.mapping(block, index_map));
-        Ref::__from_id(self.declare(Operand {
-            name: name.into(),
-            role: OperandRole::Input,
-            dtype: T::DTYPE,
-            memory: MemorySpace::Vmem,
-            array_shape: shape,
-            block,
-            loc,
-        }))
+        Ref::__from_id(self.blocked::<T>(name, OperandRole::Input, shape, block, index_map, loc))
     }
 
     #[doc(hidden)]
@@ -381,42 +406,34 @@ impl Builder {
         index_map: IndexMapFn<'_>,
         loc: Loc,
     ) -> RefMut<T> {
-        let block = Some(self.mapping(block, index_map));
-        RefMut::__from_id(self.declare(Operand {
-            name: name.into(),
-            role: OperandRole::Output,
-            dtype: T::DTYPE,
-            memory: MemorySpace::Vmem,
-            array_shape: shape,
+        RefMut::__from_id(self.blocked::<T>(
+            name,
+            OperandRole::Output,
+            shape,
             block,
+            index_map,
             loc,
-        }))
+        ))
     }
 
     #[doc(hidden)]
     pub fn __scratch<T: Element>(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> Scratch<T> {
-        Scratch::__from_id(self.declare(Operand {
-            name: name.into(),
-            role: OperandRole::Scratch,
-            dtype: T::DTYPE,
-            memory: MemorySpace::Vmem,
-            array_shape: shape,
-            block: None,
+        let memory = MemorySpace::Vmem;
+        Scratch::__from_id(self.declare(
+            name,
+            OperandRole::Scratch,
+            T::DTYPE,
+            memory,
+            shape,
+            None,
             loc,
-        }))
+        ))
     }
 
     #[doc(hidden)]
     pub fn __prefetch<T: Element>(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> Smem<T> {
-        Smem::__from_id(self.declare(Operand {
-            name: name.into(),
-            role: OperandRole::ScalarPrefetch,
-            dtype: T::DTYPE,
-            memory: MemorySpace::Smem,
-            array_shape: shape,
-            block: None,
-            loc,
-        }))
+        let (role, memory) = (OperandRole::ScalarPrefetch, MemorySpace::Smem);
+        Smem::__from_id(self.declare(name, role, T::DTYPE, memory, shape, None, loc))
     }
 }
 

@@ -5,6 +5,7 @@ mod print;
 mod types;
 mod verify;
 
+pub(crate) use ops::dynamic_starts;
 pub use ops::{
     broadcast_shapes, broadcastable, infer, BinaryOp, CmpOp, InferContext, Inst, Literal, Op,
     ReduceOp, Region, Slice, UnaryOp,

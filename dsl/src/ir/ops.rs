@@ -365,7 +365,8 @@ impl Op {
     }
 }
 
-fn dynamic_starts(slices: &[Slice]) -> Vec<ValueId> {
+/// The run-time start values among `slices`.
+pub(crate) fn dynamic_starts(slices: &[Slice]) -> Vec<ValueId> {
     slices
         .iter()
         .filter_map(|s| match s {

@@ -2,7 +2,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::ir::{BlockDim, DimSemantics, Kernel, Op, OperandRole, RefId, Region, Slice, ValueId};
+use crate::ir::{
+    dynamic_starts, BlockDim, DimSemantics, Kernel, Op, OperandRole, RefId, Region, ValueId,
+};
 
 /// The vectorisation plan of a kernel: `nb` leading grid dims become batch dims.
 #[derive(Debug, Clone, Default)]
@@ -148,14 +150,4 @@ fn body_batched(
     }
     let _ = k;
     true
-}
-
-fn dynamic_starts(slices: &[Slice]) -> Vec<ValueId> {
-    slices
-        .iter()
-        .filter_map(|s| match s {
-            Slice::Dynamic { start, .. } => Some(*start),
-            _ => None,
-        })
-        .collect()
 }
