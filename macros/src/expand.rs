@@ -1,15 +1,22 @@
 //! Code generation: the kernel becomes a function returning a `KernelDef` whose build closure
 //! binds argument shapes, computes the grid, declares the operands (tracing index maps) and
 //! runs the body once on tracer handles.
+//!
+//! Hygiene: every name the generated code introduces for itself has a `Span::mixed_site()`
+//! span, so it can neither capture nor shadow the user's names; the names the user's tokens
+//! must see (shape symbols, parameters) keep the user's spans. Code that type-checks a user
+//! expression is spanned on that expression, so its errors point there.
 
 use std::collections::HashSet;
 
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::{Expr, GenericParam, Ident};
 
 use crate::parse::{BlockDim, Kernel, Param, Role};
+use crate::validate;
 
 /// The path of tessera-dsl as the user's crate names it.
 fn dsl_path() -> TokenStream {
@@ -31,294 +38,401 @@ fn dsl_path() -> TokenStream {
     }
 }
 
+/// A name only the generated code can see.
+fn private(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
+/// A private per-parameter name: `__shape_x`.
+fn private_of(prefix: &str, param: &Ident) -> Ident {
+    format_ident!("__{}_{}", prefix, param, span = Span::mixed_site())
+}
+
+/// The name of a parameter in the IR and in messages (`x`, also for `r#x`).
+fn ir_name(param: &Ident) -> String {
+    param.unraw().to_string()
+}
+
 /// A stub with the kernel's signature, emitted beside errors so uses of the kernel elsewhere
 /// do not add "cannot find function" errors.
 pub fn stub(k: &Kernel) -> TokenStream {
     let dsl = dsl_path();
-    let vis = &k.func.vis;
-    let ident = &k.func.sig.ident;
-    let generics = &k.func.sig.generics;
-    let comptime = comptime_params(k);
-    let (names, tys): (Vec<_>, Vec<_>) = comptime.iter().map(|p| (&p.ident, &p.ty)).unzip();
+    let f = &k.func;
+    let (attrs, vis, ident, generics) = (&f.attrs, &f.vis, &f.sig.ident, &f.sig.generics);
+    let where_clause = &generics.where_clause;
+    let (names, tys): (Vec<_>, Vec<_>) = comptime(k).map(|p| (&p.ident, &p.ty)).unzip();
     quote! {
-        #[allow(unused_variables, non_snake_case, clippy::too_many_arguments)]
-        #vis fn #ident #generics (#(#names: #tys),*) -> #dsl::__private::KernelDef {
-            ::core::unimplemented!("this kernel did not compile")
+        #(#attrs)*
+        #[allow(dead_code, unused_variables, clippy::too_many_arguments)]
+        #vis fn #ident #generics (#(#names: #tys),*) -> #dsl::__private::KernelDef #where_clause {
+            ::core::unimplemented!("`#[tpu_kernel]` rejected this kernel")
         }
     }
 }
 
-fn comptime_params(k: &Kernel) -> Vec<&Param> {
-    k.params.iter().filter(|p| p.role == Some(Role::Comptime)).collect()
+fn comptime(k: &Kernel) -> impl Iterator<Item = &Param> {
+    k.params.iter().filter(|p| p.role == Some(Role::Comptime))
 }
 
-fn loc(dsl: &TokenStream, span: Span) -> TokenStream {
+/// The kernel author's source position of `span`, as the IR records it.
+fn loc(api: &TokenStream, span: Span) -> TokenStream {
     quote_spanned! {span=>
-        #dsl::__private::Loc { file: ::core::file!(), line: ::core::line!(), column: ::core::column!() }
+        #api::Loc { file: ::core::file!(), line: ::core::line!(), column: ::core::column!() }
     }
+}
+
+/// The generated trait that turns a size expression into a `usize`, with a sentence for the
+/// common mistake of a run-time `Value` where a compile-time size is required.
+const SIZE_TRAIT: &str = "__KernelSize";
+
+fn size_trait() -> TokenStream {
+    let tr = Ident::new(SIZE_TRAIT, Span::call_site());
+    quote! {
+        #[diagnostic::on_unimplemented(
+            message = "a kernel size must be a compile-time `usize`, but this is `{Self}`",
+            label = "expected a `usize` known when the kernel is instantiated",
+            note = "grid, block, shape and scratch sizes are plain Rust values: literals, const \
+                    generics, `#[comptime]` parameters and argument dims; a traced `Value` only \
+                    exists at run time"
+        )]
+        trait #tr {
+            fn __size(self) -> usize;
+        }
+        impl #tr for usize {
+            fn __size(self) -> usize {
+                self
+            }
+        }
+    }
+}
+
+/// `e` as a `usize`, its errors spanned on `e` (no `as` cast: no `clippy::unnecessary_cast`
+/// in the user's crate, and no silent truncation).
+fn size(e: &Expr) -> TokenStream {
+    let tr = Ident::new(SIZE_TRAIT, e.span());
+    call_on(e, quote!(#tr::__size), e.to_token_stream())
+}
+
+/// The call `path(args)` shown exactly where the user's tokens `at` are (the callee from the
+/// first to the last of them), so that rustc's labels about the call ("required by a bound
+/// introduced by this call") land on the user's tokens and nowhere else.
+fn call_on(at: &impl ToTokens, path: TokenStream, args: TokenStream) -> TokenStream {
+    let mut tokens = at.to_token_stream().into_iter();
+    let first = tokens.next().map_or_else(Span::call_site, |t| t.span());
+    let last = tokens.last().map_or(first, |t| t.span());
+    let mut path: Vec<TokenTree> = respan_all(path, first).into_iter().collect();
+    if let Some(callee) = path.last_mut() {
+        *callee = respan(callee.clone(), last);
+    }
+    let mut args = Group::new(Delimiter::Parenthesis, args);
+    args.set_span(last);
+    quote!(#(#path)* #args)
+}
+
+/// `tokens` shown at `span`; identifiers keep their hygiene.
+fn respan_all(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens.into_iter().map(|t| respan(t, span)).collect()
+}
+
+/// `token` shown at `span`; identifiers keep their hygiene.
+fn respan(mut token: TokenTree, span: Span) -> TokenTree {
+    match &mut token {
+        TokenTree::Ident(i) => i.set_span(i.span().located_at(span)),
+        TokenTree::Group(g) => {
+            let mut new = Group::new(g.delimiter(), respan_all(g.stream(), span));
+            new.set_span(span);
+            *g = new;
+        }
+        other => other.set_span(span),
+    }
+    token
 }
 
 pub fn expand(k: &Kernel) -> TokenStream {
     let dsl = dsl_path();
-    let p = quote!(#dsl::__private);
+    let api = quote!(#dsl::__private);
+    let b = private("__b");
     let f = &k.func;
-    let vis = &f.vis;
-    let ident = &f.sig.ident;
-    let kernel_name = k.name.as_ref().map(|s| s.value()).unwrap_or_else(|| ident.to_string());
+    let (attrs, vis, ident, body) = (&f.attrs, &f.vis, &f.sig.ident, &f.block);
     let generics = &f.sig.generics;
     let (_, ty_generics, where_clause) = generics.split_for_impl();
     let turbofish = ty_generics.as_turbofish();
-    let body = &f.block;
-    let attrs = &f.attrs;
-    let kernel_loc = loc(&dsl, ident.span());
+    let kernel_name = k
+        .name
+        .as_ref()
+        .map_or_else(|| ir_name(ident), |s| s.value());
+    let kernel_loc = loc(&api, ident.span());
 
-    // Compile-time parameters shown in the IR and keyed in the cache.
+    // Compile-time parameters, shown in the IR and keyed in the kernel cache.
     let mut params = Vec::new();
     for g in &generics.params {
         match g {
             GenericParam::Const(c) => {
-                let n = &c.ident;
-                let s = n.to_string();
-                params.push(quote!(#p::Param::new(#s, #n)));
+                let (n, s) = (&c.ident, ir_name(&c.ident));
+                params.push(quote!(#api::Param::new(#s, #n)));
             }
             GenericParam::Type(t) => {
-                let n = &t.ident;
-                let s = n.to_string();
-                params.push(quote!(#p::Param::new(#s, #p::__type_param_name::<#n>())));
+                let (n, s) = (&t.ident, ir_name(&t.ident));
+                params.push(quote!(#api::Param::new(#s, #api::__type_param_name::<#n>())));
             }
             GenericParam::Lifetime(_) => {}
         }
     }
-    let comptime = comptime_params(k);
-    for c in &comptime {
-        let n = &c.ident;
-        let s = n.to_string();
-        params.push(quote!(#p::Param::comptime(#s, &#n)));
+    let mut stmts = Vec::new();
+    for c in comptime(k) {
+        let (n, ty, s) = (&c.ident, &c.ty, ir_name(&c.ident));
+        params.push(call_on(n, quote!(#api::Param::comptime), quote!(#s, &#n)));
+        // The build closure runs once per instantiation: each run gets its own copy.
+        stmts.push(quote! {
+            #[allow(non_snake_case)]
+            let #n: #ty = ::core::clone::Clone::clone(&#n);
+        });
     }
-    let ct_names: Vec<&Ident> = comptime.iter().map(|c| &c.ident).collect();
-    let ct_tys: Vec<&syn::Type> = comptime.iter().map(|c| &c.ty).collect();
 
-    // Arguments (scalar prefetch and inputs), in order, and their shape bindings.
+    // Arguments (scalar prefetch and inputs), in order: take their shapes, bind or check dims.
+    let mut bound: HashSet<Ident> = comptime(k).map(|c| c.ident.clone()).collect();
+    bound.extend(generics.const_params().map(|c| c.ident.clone()));
+    let handles: Vec<&Param> = k
+        .params
+        .iter()
+        .filter(|p| p.role != Some(Role::Comptime))
+        .collect();
     let mut arg_decls = Vec::new();
-    let mut shape_stmts = Vec::new();
-    let mut bound: HashSet<String> = HashSet::new();
-    for g in &generics.params {
-        if let GenericParam::Const(c) = g {
-            bound.insert(c.ident.to_string());
-        }
-    }
-    for c in &comptime {
-        bound.insert(c.ident.to_string());
-    }
-    let handles: Vec<&Param> = k.params.iter().filter(|p| p.role != Some(Role::Comptime)).collect();
     for h in &handles {
         let role = h.role.expect("validated");
         if !matches!(role, Role::Input | Role::Prefetch) {
             continue;
         }
-        let name = h.ident.to_string();
+        let name = ir_name(&h.ident);
         let elem = h.elem.as_ref().expect("validated");
-        let dims = &h.shape.as_ref().expect("validated").1;
+        let dims = &h.shape.as_ref().expect("validated").items;
         let rank = dims.len();
-        let shape_var = format_ident!("__shape_{}", h.ident);
-        let role_tok = if role == Role::Input { quote!(Input) } else { quote!(ScalarPrefetch) };
+        let shape = private_of("shape", &h.ident);
+        let role_tok = if role == Role::Input {
+            quote!(Input)
+        } else {
+            quote!(ScalarPrefetch)
+        };
+        let dtype = quote_spanned!(elem.span()=> <#elem as #api::Element>::DTYPE);
         arg_decls.push(quote! {
-            #p::ArgDecl {
-                name: #name,
-                role: #p::OperandRole::#role_tok,
-                dtype: <#elem as #p::Element>::DTYPE,
-                rank: #rank,
-            }
+            #api::ArgDecl { name: #name, role: #api::OperandRole::#role_tok, dtype: #dtype, rank: #rank }
         });
-        shape_stmts.push(quote! {
-            let #shape_var: ::std::vec::Vec<usize> = __b.__arg(#name, <#elem as #p::Element>::DTYPE, #rank)?;
-        });
+        stmts.push(quote! { let #shape = #b.__arg(#name, #dtype, #rank)?; });
         for (d, e) in dims.iter().enumerate() {
             match e {
-                Expr::Path(path) if path.path.get_ident().is_some() && !bound.contains(&path.path.get_ident().unwrap().to_string()) => {
-                    let sym = path.path.get_ident().unwrap();
-                    bound.insert(sym.to_string());
-                    shape_stmts.push(quote_spanned! {sym.span()=> let #sym: usize = #shape_var[#d]; });
+                // A new name binds the dim; the names of later arguments' dims check it.
+                Expr::Path(path) if path.path.get_ident().is_some_and(|i| !bound.contains(i)) => {
+                    let sym = path.path.get_ident().expect("matched");
+                    bound.insert(sym.clone());
+                    stmts.push(quote! {
+                        #[allow(non_snake_case)]
+                        let #sym: usize = #shape[#d];
+                    });
                 }
                 _ => {
-                    let sym = quote!(#e).to_string();
-                    shape_stmts.push(quote_spanned! {e.span()=>
-                        __b.__dim_eq(#name, #d, #shape_var[#d], #sym, (#e) as usize)?;
-                    });
+                    let text = crate::parse::tokens_text(e);
+                    let expected = size(e);
+                    stmts.push(quote! { #b.__dim_eq(#name, #d, #shape[#d], #text, #expected)?; });
                 }
             }
         }
     }
 
     // Output and scratch shapes, blocks, grid.
-    let mut block_stmts = Vec::new();
     for h in &handles {
         let role = h.role.expect("validated");
-        let hid = &h.ident;
-        let name = hid.to_string();
-        if role == Role::Output {
-            let shape_var = format_ident!("__shape_{}", hid);
-            let dims = &h.shape.as_ref().expect("validated").1;
-            block_stmts.push(quote! { let #shape_var: ::std::vec::Vec<usize> = ::std::vec![#((#dims) as usize),*]; });
+        let name = ir_name(&h.ident);
+        let shape = private_of("shape", &h.ident);
+        let dims = match role {
+            Role::Output => Some(&h.shape.as_ref().expect("validated").items),
+            Role::Scratch => Some(&h.scratch.as_ref().expect("validated").items),
+            _ => None,
+        };
+        if let Some(dims) = dims {
+            let dims = dims.iter().map(size);
+            stmts.push(quote! { let #shape: ::std::vec::Vec<usize> = ::std::vec![#(#dims),*]; });
         }
-        if role == Role::Scratch {
-            let shape_var = format_ident!("__shape_{}", hid);
-            let dims = &h.scratch.as_ref().expect("validated").1;
-            block_stmts.push(quote! { let #shape_var: ::std::vec::Vec<usize> = ::std::vec![#((#dims) as usize),*]; });
-        }
-        if matches!(role, Role::Input | Role::Output) {
-            let block_var = format_ident!("__block_{}", hid);
+        if role.is_blocked() {
+            let block = private_of("block", &h.ident);
             let dims: Vec<TokenStream> = match &h.block {
-                Some((_, dims)) => dims
+                Some(spec) => spec
+                    .dims
                     .iter()
                     .map(|d| match d {
-                        BlockDim::Sized(e) => quote_spanned!(e.span()=> #p::BlockDim::Sized((#e) as usize)),
-                        BlockDim::Squeezed => quote!(#p::BlockDim::Squeezed),
+                        BlockDim::Sized(e) => {
+                            let e = size(e);
+                            quote!(#api::BlockDim::Sized(#e))
+                        }
+                        BlockDim::Squeezed => quote!(#api::BlockDim::Squeezed),
                     })
                     .collect(),
-                None => {
-                    // No block: the whole array is one block.
-                    let shape_var = format_ident!("__shape_{}", hid);
-                    let rank = h.shape.as_ref().expect("validated").1.len();
-                    (0..rank).map(|d| quote!(#p::BlockDim::Sized(#shape_var[#d]))).collect()
-                }
+                // No block: the whole array is one block.
+                None => (0..h.shape.as_ref().expect("validated").items.len())
+                    .map(|d| quote!(#api::BlockDim::Sized(#shape[#d])))
+                    .collect(),
             };
-            block_stmts.push(quote! {
-                let #block_var: ::std::vec::Vec<#p::BlockDim> = ::std::vec![#(#dims),*];
-                __b.__blocks_positive(#name, &#block_var)?;
+            stmts.push(quote! {
+                let #block: ::std::vec::Vec<#api::BlockDim> = ::std::vec![#(#dims),*];
+                #b.__blocks_positive(#name, &#block)?;
             });
         }
     }
-    let grid = &k.grid.as_ref().expect("validated").dims;
-    let rank = grid.len();
+    let grid = &k.grid.as_ref().expect("validated").items;
+    let grid_rank = grid.len();
     let semantics: Vec<TokenStream> = match &k.semantics {
         Some(s) => s
-            .dims
+            .items
             .iter()
-            .map(|d| if d == "parallel" { quote!(#p::DimSemantics::Parallel) } else { quote!(#p::DimSemantics::Arbitrary) })
+            .map(|d| match d {
+                Expr::Path(path) if path.path.is_ident("parallel") => quote!(Parallel),
+                _ => quote!(Arbitrary),
+            })
             .collect(),
-        None => (0..rank).map(|_| quote!(#p::DimSemantics::Arbitrary)).collect(),
+        None => vec![quote!(Arbitrary); grid_rank],
     };
-    let grid_stmt = quote! {
-        __b.__grid(&[#((#grid) as usize),*], &[#(#semantics),*])?;
-    };
+    let grid = grid.iter().map(size);
+    stmts.push(quote! {
+        #b.__grid(&[#(#grid),*], &[#(#api::DimSemantics::#semantics),*])?;
+    });
 
-    // Operand declarations, in signature order.
-    let mut decls = Vec::new();
+    // Operand declarations, in signature order: the handles the body receives.
     for h in &handles {
         let role = h.role.expect("validated");
         let hid = &h.ident;
-        let name = hid.to_string();
+        let name = ir_name(hid);
         let elem = h.elem.as_ref().expect("validated");
-        let shape_var = format_ident!("__shape_{}", hid);
-        let block_var = format_ident!("__block_{}", hid);
-        let l = loc(&dsl, hid.span());
-        let decl = match role {
-            Role::Prefetch => quote! {
-                let #hid: #p::Smem<#elem> = __b.__prefetch::<#elem>(#name, #shape_var.clone(), #l);
-            },
-            Role::Scratch => quote! {
-                let #hid: #p::Scratch<#elem> = __b.__scratch::<#elem>(#name, #shape_var.clone(), #l);
-            },
+        let shape = private_of("shape", hid);
+        let l = loc(&api, hid.span());
+        let (method, block_spec) = match role {
+            Role::Prefetch => ("__prefetch", None),
+            Role::Scratch => ("__scratch", None),
             Role::Input | Role::Output => {
-                let index = index_map(&p, h, rank);
-                let (method, handle) = if role == Role::Input {
-                    (quote!(__input), quote!(Ref))
+                let block = private_of("block", hid);
+                let index = index_map(&api, h, grid_rank);
+                let method = if role == Role::Input {
+                    "__input"
                 } else {
-                    (quote!(__output), quote!(RefMut))
+                    "__output"
                 };
-                quote! {
-                    let #hid: #p::#handle<#elem> = __b.#method::<#elem>(#name, #shape_var.clone(), #block_var, #index, #l);
-                }
+                (method, Some(quote!(#block, #index,)))
             }
             Role::Comptime => unreachable!("filtered"),
         };
-        decls.push(decl);
+        // The handle as the body declares it; an element type that is not `Element` is
+        // reported on the user's type, not on the attribute.
+        let (method, ty) = (Ident::new(method, Span::call_site()), &h.ty);
+        let call = call_on(
+            elem,
+            quote!(#b.#method::<#elem>),
+            quote!(#name, #shape, #block_spec #l),
+        );
+        stmts.push(quote! {
+            #[allow(non_snake_case)]
+            let #hid: #ty = #call;
+        });
     }
-    let handle_names: Vec<&Ident> = handles.iter().map(|h| &h.ident).collect();
-    let handle_tys: Vec<&syn::Type> = handles.iter().map(|h| &h.ty).collect();
-    let all_names: Vec<&Ident> = k.params.iter().map(|p| &p.ident).collect();
-    let all_tys: Vec<&syn::Type> = k.params.iter().map(|p| &p.ty).collect();
 
+    // The body runs as a nested fn: its parameter types are checked as written and it sees
+    // none of the generated names. Its name is an item, which would shadow a user's parameter
+    // of the same name inside the block that declares it: the arguments reach it through
+    // private names bound outside that block (shown at the parameters, for type errors).
+    let body_fn = private("__body");
+    let body_params = k.params.iter().map(|p| {
+        let (pat, ty) = (&p.pat, &p.ty);
+        quote!(#[allow(unused_variables)] #pat: #ty)
+    });
+    let mut args = Vec::new();
+    for (i, p) in k.params.iter().enumerate() {
+        let (arg, user) = (private(&format!("__arg{i}")), &p.ident);
+        stmts.push(quote!(let #arg = #user;));
+        args.push(respan_all(quote!((#arg)), p.ident.span()));
+    }
+    let comptime_args = comptime(k).map(|c| {
+        let (n, ty) = (&c.ident, &c.ty);
+        quote!(#n: #ty)
+    });
+    let size_trait = size_trait();
     quote! {
         #(#attrs)*
-        #[allow(non_snake_case, clippy::too_many_arguments)]
-        #vis fn #ident #generics (#(#ct_names: #ct_tys),*) -> #p::KernelDef #where_clause {
-            #[allow(non_snake_case, unused_variables, clippy::too_many_arguments)]
-            fn __body #generics (#(#all_names: #all_tys),*) #where_clause #body
+        #vis fn #ident #generics (#(#comptime_args),*) -> #api::KernelDef #where_clause {
+            #size_trait
 
-            let __params = ::std::vec![#(#params),*];
-            let __args = ::std::vec![#(#arg_decls),*];
-            #p::KernelDef::__new(#kernel_name, __params, __args, #kernel_loc,
-                move |__b: &mut #p::Builder| -> ::core::result::Result<(), #p::Stop> {
-                    #(let #ct_names: #ct_tys = ::core::clone::Clone::clone(&#ct_names);)*
-                    #(#shape_stmts)*
-                    #(#block_stmts)*
-                    #grid_stmt
-                    #(#decls)*
-                    let _: (#(#handle_tys,)*) = (#(#handle_names,)*);
-                    __body #turbofish (#(#all_names),*);
+            #api::KernelDef::__new(
+                #kernel_name,
+                ::std::vec![#(#params),*],
+                ::std::vec![#(#arg_decls),*],
+                #kernel_loc,
+                move |#b: &mut #api::Builder| -> ::core::result::Result<(), #api::Stop> {
+                    #(#stmts)*
+                    {
+                        #[allow(clippy::too_many_arguments)]
+                        fn #body_fn #generics (#(#body_params),*) #where_clause #body
+                        #body_fn #turbofish (#(#args),*);
+                    }
                     ::core::result::Result::Ok(())
-                })
+                },
+            )
         }
     }
 }
 
 /// The index map closure as the builder takes it: grid indices in, block indices out.
-fn index_map(p: &TokenStream, h: &Param, grid_rank: usize) -> TokenStream {
-    let hid = &h.ident;
-    let shape_var = format_ident!("__shape_{}", hid);
-    let block_rank = match &h.block {
-        Some((_, dims)) => dims.len(),
-        None => h.shape.as_ref().map(|s| s.1.len()).unwrap_or(0),
+fn index_map(api: &TokenStream, h: &Param, grid_rank: usize) -> TokenStream {
+    let g = private("__g");
+    let Some(c) = h.block.as_ref().and_then(|b| b.index.as_ref()) else {
+        // No block: the whole array is block 0 at every grid step.
+        let rank = h.shape.as_ref().expect("validated").items.len();
+        let zeros = vec![quote!(#api::__index(0i32)); rank];
+        return quote!(&|_: &[#api::Value]| ::std::vec![#(#zeros),*]);
     };
-    let g: Vec<TokenStream> = (0..grid_rank).map(|i| quote!(__g[#i])).collect();
-    match &h.index {
-        None => {
-            let _ = shape_var;
-            let zeros = (0..block_rank).map(|_| quote!(#p::__index(0i32)));
-            quote!(&|__g: &[#p::Value]| ::std::vec![#(#zeros),*])
-        }
-        Some(c) => {
-            let params: Vec<TokenStream> = c
-                .inputs
-                .iter()
-                .map(|pat| match pat {
-                    syn::Pat::Type(_) => quote!(#pat),
-                    other => quote!(#other: #p::Value),
-                })
-                .collect();
-            let body = &c.body;
-            let outs: Vec<TokenStream> = if block_rank == 1 && !matches!(strip_paren(body), Expr::Tuple(_)) {
-                vec![quote!(#p::__index(__t))]
-            } else {
-                (0..block_rank)
-                    .map(|i| {
-                        let idx = syn::Index::from(i);
-                        quote!(#p::__index(__t.#idx))
-                    })
-                    .collect()
-            };
-            let span = c.span();
-            quote_spanned! {span=>
-                &|__g: &[#p::Value]| {
-                    #[allow(unused_variables)]
-                    let __map = |#(#params),*| #body;
-                    let __t = __map(#(#g),*);
-                    ::std::vec![#(#outs),*]
-                }
-            }
+    let block_rank = h.block.as_ref().expect("has an index map").dims.len();
+    let (map, t) = (private("__map"), private("__t"));
+    // Grid indices are `Value`s; parameters the user typed keep their type.
+    let mut closure = c.clone();
+    for input in closure.inputs.iter_mut() {
+        if !matches!(input, syn::Pat::Type(_)) {
+            *input = syn::Pat::Type(syn::PatType {
+                attrs: Vec::new(),
+                pat: Box::new(input.clone()),
+                colon_token: Default::default(),
+                ty: Box::new(syn::parse_quote!(#api::Value)),
+            });
         }
     }
-}
-
-fn strip_paren(e: &Expr) -> &Expr {
-    match e {
-        Expr::Paren(p) => strip_paren(&p.expr),
-        Expr::Block(b) => match b.block.stmts.last() {
-            Some(syn::Stmt::Expr(e, None)) => strip_paren(e),
-            _ => e,
-        },
-        _ => e,
+    let grid_values = (0..grid_rank).map(|i| quote!(#g[#i]));
+    // Each block index is converted where the user wrote it, so its errors point there.
+    let outs: Vec<TokenStream> = match validate::returned(c) {
+        Some(r) if r.is_tuple() => r
+            .elems()
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let i = syn::Index::from(i);
+                call_on(
+                    e,
+                    quote!(#api::__index),
+                    respan_all(quote!(#t.#i), e.span()),
+                )
+            })
+            .collect(),
+        Some(r) => {
+            let t = respan_all(quote!(#t), r.expr.span());
+            vec![call_on(r.expr, quote!(#api::__index), t)]
+        }
+        None if block_rank == 1 => vec![quote!(#api::__index(#t))],
+        None => (0..block_rank)
+            .map(|i| {
+                let i = syn::Index::from(i);
+                quote!(#api::__index(#t.#i))
+            })
+            .collect(),
+    };
+    quote! {
+        &|#g: &[#api::Value]| {
+            #[allow(unused_variables)]
+            let #map = #closure;
+            let #t = #map(#(#grid_values),*);
+            ::std::vec![#(#outs),*]
+        }
     }
 }

@@ -4,46 +4,106 @@
 //! structs, [`validate`] checks them and collects every error (each spanned on the smallest
 //! offending tokens), [`expand`] generates the instantiation function. On error the output is
 //! the `compile_error!`s plus a stub with the kernel's signature, so one mistake gives one
-//! message and no cascade of "cannot find function".
+//! message and no cascade of "cannot find function" at the kernel's call sites.
 
 mod expand;
 mod parse;
 mod validate;
 
 use proc_macro::TokenStream;
+use quote::ToTokens;
 
 /// Declares a block-tiled kernel; see `tessera_dsl` for the authoring model.
 ///
 /// ```ignore
 /// #[tpu_kernel(grid = (M / BM, N / BN, K / BK),
 ///              dimension_semantics = (parallel, parallel, arbitrary))]
-/// fn matmul<const BM: usize, const BN: usize, const BK: usize>(
-///     #[shape(M, K), block(BM, BK), index = |i, j, kk| (i, kk)] x: Ref<f32>,
-///     #[shape(K, N), block(BK, BN), index = |i, j, kk| (kk, j)] y: Ref<f32>,
-///     #[shape(M, N), block(BM, BN), index = |i, j, kk| (i, j)] out: RefMut<f32>,
+/// pub fn matmul<T: Element, const BM: usize, const BN: usize, const BK: usize>(
+///     #[shape(M, K)] #[block((BM, BK), |i, j, kk| (i, kk))] x: Ref<T>,
+///     #[shape(K, N)] #[block((BK, BN), |i, j, kk| (kk, j))] y: Ref<T>,
+///     #[shape(M, N)] #[block((BM, BN), |i, j, kk| (i, j))] out: RefMut<f32>,
 ///     #[scratch(BM, BN)] acc: Scratch<f32>,
 /// ) { ... }
 /// ```
+///
+/// Options: `grid = (..)` (required; `grid = N / B` for rank 1), `dimension_semantics = (..)`
+/// (`parallel` or `arbitrary` per grid dim; all `arbitrary` when omitted), `name = ".."`.
+/// Parameters: `Smem<T>` scalar prefetch (first), `Ref<T>` inputs, `RefMut<T>` outputs, each
+/// with `#[shape(..)]` and optionally `#[block((..), |grid idx| (block idx))]`; `Scratch<T>`
+/// with `#[scratch(..)]`; `#[comptime] name: Ty` compile-time arguments.
 #[proc_macro_attribute]
 pub fn tpu_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
-    let attr = proc_macro2::TokenStream::from(attr);
-    let func = match syn::parse::<syn::ItemFn>(item) {
-        Ok(f) => f,
+    let func = match syn::parse::<syn::Item>(item) {
+        Ok(syn::Item::Fn(f)) => f,
+        Ok(other) => {
+            // Keep the item so its uses do not cascade into more errors.
+            let e = syn::Error::new_spanned(
+                item_head(&other),
+                "`#[tpu_kernel]` applies to a function: `fn name(..) { .. }`",
+            );
+            let e = e.to_compile_error();
+            return quote::quote!(#e #other).into();
+        }
         Err(e) => return e.to_compile_error().into(),
     };
-    let (kernel, mut errors) = parse::parse(attr, &func);
-    if let Err(e) = validate::validate(&kernel) {
-        match &mut errors {
-            Some(all) => all.combine(e),
-            None => errors = Some(e),
-        }
-    }
-    match errors {
-        None => expand::expand(&kernel).into(),
-        Some(e) => {
-            let stub = expand::stub(&kernel);
+    let (kernel, mut errors) = parse::parse(attr.into(), &func);
+    validate::validate(&kernel, &mut errors);
+    match errors.into_result() {
+        Ok(()) => expand::expand(&kernel).into(),
+        Err(e) => {
             let e = e.to_compile_error();
+            let stub = expand::stub(&kernel);
             quote::quote!(#e #stub).into()
         }
+    }
+}
+
+/// The tokens that name an item (`struct Foo`), for spanning "not a function" on them.
+fn item_head(item: &syn::Item) -> proc_macro2::TokenStream {
+    use syn::Item;
+    let (keyword, name): (&dyn ToTokens, &syn::Ident) = match item {
+        Item::Struct(i) => (&i.struct_token, &i.ident),
+        Item::Enum(i) => (&i.enum_token, &i.ident),
+        Item::Const(i) => (&i.const_token, &i.ident),
+        Item::Static(i) => (&i.static_token, &i.ident),
+        Item::Mod(i) => (&i.mod_token, &i.ident),
+        Item::Trait(i) => (&i.trait_token, &i.ident),
+        Item::Type(i) => (&i.type_token, &i.ident),
+        other => return other.to_token_stream(),
+    };
+    quote::quote!(#keyword #name)
+}
+
+/// Errors collected across passes, combined into one `syn::Error` (one `compile_error!` each).
+#[derive(Default)]
+pub(crate) struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub fn push(&mut self, e: syn::Error) {
+        match &mut self.0 {
+            Some(all) => all.combine(e),
+            None => self.0 = Some(e),
+        }
+    }
+
+    /// An error spanning all of `tokens` (first to last token, also on stable).
+    pub fn spanned(&mut self, tokens: impl ToTokens, msg: impl std::fmt::Display) {
+        self.push(syn::Error::new_spanned(tokens, msg));
+    }
+
+    pub fn at(&mut self, span: proc_macro2::Span, msg: impl std::fmt::Display) {
+        self.push(syn::Error::new(span, msg));
+    }
+
+    pub fn into_result(self) -> Result<(), syn::Error> {
+        self.0.map_or(Ok(()), Err)
+    }
+
+    #[cfg(test)]
+    pub fn messages(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .flat_map(|e| e.clone().into_iter().map(|e| e.to_string()))
+            .collect()
     }
 }

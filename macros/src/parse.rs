@@ -3,33 +3,36 @@
 //! Parsing is tolerant: it records what it understood and collects errors, so validation can
 //! still report everything else in the same compile.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::TokenStream;
+use quote::ToTokens;
 use syn::parse::Parser;
 use syn::punctuated::Punctuated;
-use syn::spanned::Spanned;
-use syn::{Expr, ExprClosure, FnArg, Ident, ItemFn, Pat, Token, Type};
+use syn::{Attribute, Expr, ExprClosure, FnArg, Ident, ItemFn, Meta, Pat, Token, Type};
+
+use crate::Errors;
 
 /// Everything `#[tpu_kernel]` knows about one kernel.
 pub struct Kernel {
+    /// The function, its parameters' attributes removed.
     pub func: ItemFn,
-    pub attr_span: Span,
-    pub grid: Option<Grid>,
-    pub semantics: Option<Semantics>,
+    /// The attribute's arguments, to span kernel-wide errors (empty: the attribute itself).
+    pub attr: TokenStream,
+    /// Whether the arguments parsed; if not, their error is the only one about them.
+    pub attr_parsed: bool,
+    pub grid: Option<List>,
+    pub semantics: Option<List>,
     pub name: Option<syn::LitStr>,
     pub params: Vec<Param>,
 }
 
-pub struct Grid {
-    pub dims: Vec<Expr>,
-    pub span: Span,
+/// A list of expressions as written in an option or attribute: `(a, b)`, `(a,)`, `a`, `M, K`.
+pub struct List {
+    /// The tokens to span errors about the list as a whole.
+    pub tokens: TokenStream,
+    pub items: Vec<Expr>,
 }
 
-pub struct Semantics {
-    pub dims: Vec<Ident>,
-    pub span: Span,
-}
-
-/// What a kernel parameter is, from its type.
+/// What a kernel parameter is, from its type (or `#[comptime]`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Role {
     Input,
@@ -49,6 +52,11 @@ impl Role {
             Role::Comptime => "#[comptime]",
         }
     }
+
+    /// Operands the grid pipelines block by block (they may have `#[block]`).
+    pub fn is_blocked(self) -> bool {
+        matches!(self, Role::Input | Role::Output)
+    }
 }
 
 /// One dimension of a block: a size expression or `None` (squeezed).
@@ -57,38 +65,39 @@ pub enum BlockDim {
     Squeezed,
 }
 
+/// `#[block((BM, BK), |i, j, kk| (i, kk))]`.
+pub struct Block {
+    /// The whole attribute, for errors about it.
+    pub attr: TokenStream,
+    /// The block shape as written: `(BM, BK)`.
+    pub shape: Expr,
+    pub dims: Vec<BlockDim>,
+    pub index: Option<ExprClosure>,
+}
+
 pub struct Param {
+    /// `x` or `mut x`, as written.
+    pub pat: syn::PatIdent,
     pub ident: Ident,
     pub ty: Type,
     /// `None` when the type is not one of the supported handle types.
     pub role: Option<Role>,
     /// The element type `T` of `Ref<T>` and friends.
     pub elem: Option<Type>,
-    pub shape: Option<(Span, Vec<Expr>)>,
-    pub block: Option<(Span, Vec<BlockDim>)>,
-    pub index: Option<ExprClosure>,
-    pub scratch: Option<(Span, Vec<Expr>)>,
-}
-
-struct Errors(Option<syn::Error>);
-
-impl Errors {
-    fn push(&mut self, e: syn::Error) {
-        match &mut self.0 {
-            Some(all) => all.combine(e),
-            None => self.0 = Some(e),
-        }
-    }
+    pub shape: Option<List>,
+    pub block: Option<Block>,
+    pub scratch: Option<List>,
 }
 
 /// Parses the attribute arguments and the function; returns what was understood and the
 /// errors met on the way.
-pub fn parse(attr: TokenStream, func: &ItemFn) -> (Kernel, Option<syn::Error>) {
-    let mut errors = Errors(None);
+pub fn parse(attr: TokenStream, func: &ItemFn) -> (Kernel, Errors) {
+    let mut errors = Errors::default();
     let mut func = func.clone();
     let mut kernel = Kernel {
         func: func.clone(),
-        attr_span: if attr.is_empty() { Span::call_site() } else { attr.span() },
+        attr: attr.clone(),
+        attr_parsed: true,
         grid: None,
         semantics: None,
         name: None,
@@ -97,100 +106,127 @@ pub fn parse(attr: TokenStream, func: &ItemFn) -> (Kernel, Option<syn::Error>) {
     parse_attr(attr, &mut kernel, &mut errors);
     for arg in func.sig.inputs.iter_mut() {
         match arg {
-            FnArg::Receiver(r) => errors.push(syn::Error::new(
-                r.span(),
+            FnArg::Receiver(r) => errors.spanned(
+                &*r,
                 "a kernel is a free function; `self` parameters are not supported",
-            )),
+            ),
             FnArg::Typed(pt) => {
-                let ident = match &*pt.pat {
-                    Pat::Ident(p) => p.ident.clone(),
+                let attrs = std::mem::take(&mut pt.attrs);
+                let pat = match &*pt.pat {
+                    Pat::Ident(p) if p.by_ref.is_none() && p.subpat.is_none() => p.clone(),
                     other => {
-                        errors.push(syn::Error::new(
-                            other.span(),
-                            "kernel parameters must be plain identifiers",
-                        ));
+                        errors.spanned(other, "a kernel parameter is a plain name: `x: Ref<f32>`");
                         continue;
                     }
                 };
                 let mut param = Param {
-                    ident,
+                    ident: pat.ident.clone(),
+                    pat,
                     ty: (*pt.ty).clone(),
                     role: None,
                     elem: None,
                     shape: None,
                     block: None,
-                    index: None,
                     scratch: None,
                 };
                 let mut comptime = false;
-                for a in std::mem::take(&mut pt.attrs) {
+                for a in &attrs {
                     if a.path().is_ident("comptime") {
+                        if let Err(e) = a.meta.require_path_only() {
+                            errors.push(e);
+                        }
+                        if comptime {
+                            errors.spanned(a, "`#[comptime]` is given twice");
+                        }
                         comptime = true;
-                        continue;
+                    } else {
+                        parse_param_attr(a, &mut param, &mut errors);
                     }
-                    parse_param_attr(&a, &mut param, &mut errors);
                 }
-                let (role, elem) = classify(&param.ty);
-                param.role = if comptime { Some(Role::Comptime) } else { role };
-                param.elem = elem;
+                if comptime {
+                    param.role = Some(Role::Comptime);
+                } else {
+                    (param.role, param.elem) = classify(&param.ty);
+                }
                 kernel.params.push(param);
             }
         }
     }
     kernel.func = func;
-    (kernel, errors.0)
+    (kernel, errors)
 }
 
 fn parse_attr(attr: TokenStream, kernel: &mut Kernel, errors: &mut Errors) {
-    let parser = Punctuated::<syn::MetaNameValue, Token![,]>::parse_terminated;
-    let items = match parser.parse2(attr) {
+    let items = match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(attr) {
         Ok(items) => items,
         Err(e) => {
+            kernel.attr_parsed = false;
             errors.push(e);
             return;
         }
     };
     for item in items {
-        let key = item.path.get_ident().map(|i| i.to_string()).unwrap_or_default();
-        let span = item.value.span();
+        let key = item
+            .path()
+            .get_ident()
+            .map(Ident::to_string)
+            .unwrap_or_default();
+        if !matches!(key.as_str(), "grid" | "dimension_semantics" | "name") {
+            errors.spanned(
+                item.path(),
+                format!(
+                    "unknown `tpu_kernel` option `{}`; expected `grid`, `dimension_semantics` or `name`",
+                    tokens_text(item.path())
+                ),
+            );
+            continue;
+        }
+        let value = match item {
+            Meta::NameValue(nv) => nv.value,
+            other => {
+                errors.spanned(&other, format!("expected `{key} = ..`"));
+                continue;
+            }
+        };
+        let twice = |errors: &mut Errors| {
+            errors.spanned(&value, format!("`{key}` is given twice"));
+        };
         match key.as_str() {
             "grid" => {
                 if kernel.grid.is_some() {
-                    errors.push(syn::Error::new(item.path.span(), "`grid` is given twice"));
+                    twice(errors);
                 }
-                kernel.grid = Some(Grid { dims: tuple_elems(item.value), span });
+                kernel.grid = Some(List {
+                    tokens: value.to_token_stream(),
+                    items: tuple_elems(value),
+                });
             }
             "dimension_semantics" => {
-                let mut dims = Vec::new();
-                for e in tuple_elems(item.value) {
-                    match &e {
-                        Expr::Path(p) if p.path.get_ident().is_some() => {
-                            dims.push(p.path.get_ident().cloned().expect("checked"))
-                        }
-                        other => errors.push(syn::Error::new(
-                            other.span(),
-                            "expected `parallel` or `arbitrary`",
-                        )),
-                    }
+                if kernel.semantics.is_some() {
+                    twice(errors);
                 }
-                kernel.semantics = Some(Semantics { dims, span });
+                kernel.semantics = Some(List {
+                    tokens: value.to_token_stream(),
+                    items: tuple_elems(value),
+                });
             }
-            "name" => match item.value {
-                Expr::Lit(syn::ExprLit { lit: syn::Lit::Str(s), .. }) => kernel.name = Some(s),
-                other => errors.push(syn::Error::new(other.span(), "expected a string literal")),
+            _ => match value {
+                Expr::Lit(syn::ExprLit {
+                    lit: syn::Lit::Str(s),
+                    ..
+                }) => {
+                    if kernel.name.is_some() {
+                        errors.spanned(&s, "`name` is given twice");
+                    }
+                    kernel.name = Some(s);
+                }
+                other => errors.spanned(other, "expected a string literal: `name = \"my_kernel\"`"),
             },
-            _ => errors.push(syn::Error::new(
-                item.path.span(),
-                format!(
-                    "unknown `tpu_kernel` option `{}`; expected `grid`, `dimension_semantics` or `name`",
-                    path_text(&item.path)
-                ),
-            )),
         }
     }
 }
 
-/// `(a, b, c)` -> [a, b, c]; `(a,)` -> [a]; any other expression `e` -> [e].
+/// `(a, b, c)` -> [a, b, c]; `(a,)` -> [a]; `(a)` -> [a]; any other expression `e` -> [e].
 pub fn tuple_elems(e: Expr) -> Vec<Expr> {
     match e {
         Expr::Tuple(t) => t.elems.into_iter().collect(),
@@ -199,95 +235,111 @@ pub fn tuple_elems(e: Expr) -> Vec<Expr> {
     }
 }
 
-fn parse_param_attr(a: &syn::Attribute, p: &mut Param, errors: &mut Errors) {
-    let name = a.path().get_ident().map(|i| i.to_string()).unwrap_or_default();
-    let list = match (&a.meta, name.as_str()) {
-        (syn::Meta::List(l), "shape" | "block" | "scratch") => l,
-        (_, "shape" | "block" | "scratch") => {
-            errors.push(syn::Error::new(
-                a.span(),
-                format!("`{name}` takes a list: `#[{name}(..)]`"),
-            ));
-            return;
-        }
-        _ => {
-            errors.push(syn::Error::new(
-                a.path().span(),
-                format!(
-                    "unknown kernel parameter attribute `{}`; expected `#[shape(..)]`, \
-                     `#[block((..), |..| (..))]`, `#[scratch(..)]` or `#[comptime]`",
-                    path_text(a.path())
-                ),
-            ));
+fn parse_param_attr(a: &Attribute, p: &mut Param, errors: &mut Errors) {
+    let name = a
+        .path()
+        .get_ident()
+        .map(Ident::to_string)
+        .unwrap_or_default();
+    if !matches!(name.as_str(), "shape" | "block" | "scratch") {
+        errors.spanned(
+            a,
+            format!(
+                "unknown kernel parameter attribute `{}`; expected `#[shape(..)]`, \
+                 `#[block((..), |..| (..))]`, `#[scratch(..)]` or `#[comptime]`",
+                tokens_text(a.path())
+            ),
+        );
+        return;
+    }
+    let list = match a.meta.require_list() {
+        Ok(l) => l,
+        Err(_) => {
+            errors.spanned(a, format!("`{name}` takes a list: `#[{name}(..)]`"));
             return;
         }
     };
-    let span = list.delimiter.span().join();
-    let elems = match Punctuated::<Expr, Token![,]>::parse_terminated.parse2(list.tokens.clone()) {
+    let items = match Punctuated::<Expr, Token![,]>::parse_terminated.parse2(list.tokens.clone()) {
         Ok(e) => e.into_iter().collect::<Vec<_>>(),
         Err(e) => {
             errors.push(e);
             return;
         }
     };
-    let twice = |errors: &mut Errors| {
-        errors.push(syn::Error::new(a.path().span(), format!("`#[{name}]` is given twice")));
+    let (present, what) = match name.as_str() {
+        "shape" => (p.shape.is_some(), "shape"),
+        "scratch" => (p.scratch.is_some(), "scratch"),
+        _ => (p.block.is_some(), "block"),
     };
-    match name.as_str() {
-        "shape" => {
-            if p.shape.is_some() {
-                twice(errors);
-            }
-            p.shape = Some((span, elems));
-        }
-        "scratch" => {
-            if p.scratch.is_some() {
-                twice(errors);
-            }
-            p.scratch = Some((span, elems));
-        }
-        _ => {
-            if p.block.is_some() {
-                twice(errors);
-            }
-            let mut elems = elems.into_iter();
-            let Some(shape) = elems.next() else {
-                errors.push(syn::Error::new(
-                    span,
-                    "expected a block shape and an index map: `#[block((BM, BK), |i, j| (i, j))]`",
-                ));
-                return;
-            };
-            let dims = tuple_elems(shape)
-                .into_iter()
-                .map(|e| match &e {
-                    Expr::Path(path) if path.path.is_ident("None") => BlockDim::Squeezed,
-                    _ => BlockDim::Sized(e),
-                })
-                .collect();
-            p.block = Some((span, dims));
-            match elems.next() {
-                Some(Expr::Closure(c)) => p.index = Some(c),
-                Some(other) => errors.push(syn::Error::new(
-                    other.span(),
-                    "an index map is a closure from grid indices to block indices, e.g. `|i, j| (i, 0)`",
-                )),
-                None => errors.push(syn::Error::new(
-                    span,
-                    "missing index map: `#[block((BM, BK), |i, j| (i, j))]` maps grid indices to block indices",
-                )),
-            }
-            if let Some(extra) = elems.next() {
-                errors.push(syn::Error::new(extra.span(), "unexpected argument after the index map"));
-            }
-        }
+    if present {
+        errors.spanned(
+            a,
+            format!("`#[{what}]` is given twice; give it once per parameter"),
+        );
+        return;
     }
+    let tokens = a.to_token_stream();
+    match name.as_str() {
+        "shape" => p.shape = Some(List { tokens, items }),
+        "scratch" => p.scratch = Some(List { tokens, items }),
+        _ => p.block = parse_block(tokens, items, errors),
+    }
+}
+
+/// The arguments of `#[block(shape, index_map)]`.
+fn parse_block(attr: TokenStream, items: Vec<Expr>, errors: &mut Errors) -> Option<Block> {
+    let mut items = items.into_iter();
+    let Some(shape) = items.next() else {
+        errors.spanned(
+            &attr,
+            "expected a block shape and an index map: `#[block((BM, BK), |i, j| (i, j))]`",
+        );
+        return None;
+    };
+    let dims = tuple_elems(shape.clone())
+        .into_iter()
+        .map(|e| match &e {
+            Expr::Path(path) if path.path.is_ident("None") => BlockDim::Squeezed,
+            _ => BlockDim::Sized(e),
+        })
+        .collect();
+    let index = match items.next() {
+        Some(Expr::Closure(c)) => Some(c),
+        Some(other) => {
+            errors.spanned(
+                other,
+                "an index map is a closure from grid indices to block indices, e.g. `|i, j| (i, 0)`",
+            );
+            None
+        }
+        None => {
+            errors.spanned(
+                &attr,
+                "missing index map: `#[block((BM, BK), |i, j| (i, j))]` maps grid indices to \
+                 block indices",
+            );
+            None
+        }
+    };
+    if let Some(extra) = items.next() {
+        errors.spanned(extra, "unexpected argument after the index map");
+    }
+    Some(Block {
+        attr,
+        shape,
+        dims,
+        index,
+    })
 }
 
 /// The role and element type of a parameter from its type's last path segment.
 fn classify(ty: &Type) -> (Option<Role>, Option<Type>) {
-    let Type::Path(tp) = ty else { return (None, None) };
-    let Some(seg) = tp.path.segments.last() else { return (None, None) };
+    let Type::Path(tp) = ty else {
+        return (None, None);
+    };
+    let Some(seg) = tp.path.segments.last() else {
+        return (None, None);
+    };
     let role = match seg.ident.to_string().as_str() {
         "Ref" => Role::Input,
         "RefMut" => Role::Output,
@@ -305,6 +357,155 @@ fn classify(ty: &Type) -> (Option<Role>, Option<Type>) {
     (Some(role), elem)
 }
 
-fn path_text(p: &syn::Path) -> String {
-    quote::quote!(#p).to_string().replace(' ', "")
+/// Tokens as the user would write them, for messages: `Vec<f32>`, `M / 2`.
+pub fn tokens_text(t: &impl ToTokens) -> String {
+    let s = t.to_token_stream().to_string();
+    // `quote` spaces every token; undo it around the punctuation of paths and generics.
+    let mut out = s;
+    for (from, to) in [
+        (" :: ", "::"),
+        (" < ", "<"),
+        (" <", "<"),
+        ("< ", "<"),
+        (" >", ">"),
+        (" ,", ","),
+    ] {
+        out = out.replace(from, to);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    fn parse_ok(attr: TokenStream, item: TokenStream) -> Kernel {
+        let (k, errors) = parse(attr, &syn::parse2(item).unwrap());
+        assert_eq!(errors.messages(), Vec::<String>::new());
+        k
+    }
+
+    fn parse_err(attr: TokenStream, item: TokenStream) -> Vec<String> {
+        let (_, errors) = parse(attr, &syn::parse2(item).unwrap());
+        errors.messages()
+    }
+
+    #[test]
+    fn parses_grid_semantics_and_params() {
+        let k = parse_ok(
+            quote!(
+                grid = (M / BM, N / BN),
+                dimension_semantics = (parallel, arbitrary)
+            ),
+            quote! {
+                fn k<const BM: usize>(
+                    #[shape(S, N)] sched: Smem<i32>,
+                    #[shape(M, K)] #[block((BM, None), |i, j| (i, sched.get([i, j])))] x: Ref<f32>,
+                    #[shape(M, K)] out: RefMut<f32>,
+                    #[scratch(BM, 128)] acc: Scratch<f32>,
+                    #[comptime] causal: bool,
+                ) {}
+            },
+        );
+        assert_eq!(k.grid.as_ref().unwrap().items.len(), 2);
+        assert_eq!(k.semantics.as_ref().unwrap().items.len(), 2);
+        let roles: Vec<_> = k.params.iter().map(|p| p.role).collect();
+        use Role::*;
+        assert_eq!(
+            roles,
+            [
+                Some(Prefetch),
+                Some(Input),
+                Some(Output),
+                Some(Scratch),
+                Some(Comptime)
+            ]
+        );
+        let block = k.params[1].block.as_ref().unwrap();
+        assert!(matches!(
+            block.dims[..],
+            [BlockDim::Sized(_), BlockDim::Squeezed]
+        ));
+        assert_eq!(block.index.as_ref().unwrap().inputs.len(), 2);
+        assert!(k.func.sig.inputs.iter().all(|a| match a {
+            FnArg::Typed(t) => t.attrs.is_empty(),
+            FnArg::Receiver(_) => false,
+        }));
+    }
+
+    #[test]
+    fn grid_forms() {
+        let one = |attr| {
+            parse_ok(
+                attr,
+                quote!(
+                    fn k() {}
+                ),
+            )
+            .grid
+            .unwrap()
+            .items
+            .len()
+        };
+        assert_eq!(one(quote!(grid = N / B)), 1);
+        assert_eq!(one(quote!(grid = (N / B))), 1);
+        assert_eq!(one(quote!(grid = (N / B,))), 1);
+        assert_eq!(one(quote!(grid = (1, 2, 3))), 3);
+    }
+
+    #[test]
+    fn collects_several_errors() {
+        let errors = parse_err(
+            quote!(grid = (1,), grid = (2,), sizes = 3, name = 4),
+            quote! {
+                fn k(
+                    #[shape(M)] #[shape(M)] x: Ref<f32>,
+                    #[block((8,))] #[layout] y: Ref<f32>,
+                    (a, b): Ref<f32>,
+                    #[comptime(x)] c: bool,
+                ) {}
+            },
+        );
+        let expected = [
+            "`grid` is given twice",
+            "unknown `tpu_kernel` option `sizes`",
+            "expected a string literal",
+            "`#[shape]` is given twice",
+            "missing index map",
+            "unknown kernel parameter attribute `layout`",
+            "a kernel parameter is a plain name",
+            "unexpected token in attribute",
+        ];
+        assert_eq!(errors.len(), expected.len(), "{errors:#?}");
+        for (e, want) in errors.iter().zip(expected) {
+            assert!(e.contains(want), "{e:?} should contain {want:?}");
+        }
+    }
+
+    #[test]
+    fn syntax_errors_in_the_options_are_reported_once() {
+        let (k, errors) = parse(
+            quote!(grid: (1,)),
+            &syn::parse2(quote!(
+                fn k() {}
+            ))
+            .unwrap(),
+        );
+        assert!(!k.attr_parsed);
+        assert_eq!(errors.messages().len(), 1);
+    }
+
+    #[test]
+    fn classifies_types_by_last_segment() {
+        let ty: Type = syn::parse2(quote!(tessera::dsl::RefMut<half::bf16>)).unwrap();
+        let (role, elem) = classify(&ty);
+        assert_eq!(role, Some(Role::Output));
+        assert_eq!(tokens_text(&elem.unwrap()), "half::bf16");
+        assert_eq!(
+            classify(&syn::parse2(quote!(Ref)).unwrap()),
+            (Some(Role::Input), None)
+        );
+        assert_eq!(classify(&syn::parse2(quote!(Vec<f32>)).unwrap()).0, None);
+    }
 }

@@ -1,0 +1,13 @@
+use tessera::prelude::*;
+
+#[tpu_kernel(grid = (M / 8,))]
+fn copy(
+    #[block((8, 128), |i| (i, 0))] x: Ref<f32>,
+    #[shape(M, 128)]
+    #[block((8, 128), |i| (i, 0))]
+    out: RefMut<f32>,
+) {
+    out.store(x.load());
+}
+
+fn main() {}

@@ -1,0 +1,16 @@
+// Block sizes shape the IR: they must be known when the kernel is instantiated.
+use tessera::prelude::*;
+
+#[tpu_kernel(grid = (M / 8,))]
+fn copy(
+    #[shape(M, N)]
+    #[block((program_id(0), N), |i| (i, 0))]
+    x: Ref<f32>,
+    #[shape(M, N)]
+    #[block((8, N), |i| (i, 0))]
+    out: RefMut<f32>,
+) {
+    out.store(x.load());
+}
+
+fn main() {}

@@ -1,0 +1,12 @@
+use tessera::prelude::*;
+
+struct Kernels;
+
+impl Kernels {
+    #[tpu_kernel(grid = (1,))]
+    fn copy(&self, #[shape(8, 128)] x: Ref<f32>, #[shape(8, 128)] out: RefMut<f32>) {
+        out.store(x.load());
+    }
+}
+
+fn main() {}
