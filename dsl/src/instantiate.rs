@@ -469,7 +469,7 @@ impl Param {
 
 impl Param {
     /// A `#[comptime]` argument: its `Debug` form when short, else a hash of it.
-    pub fn comptime<T: fmt::Debug + Hash>(name: &str, value: &T) -> Self {
+    pub fn comptime<T: ComptimeValue>(name: &str, value: &T) -> Self {
         let shown = format!("{value:?}");
         if shown.len() <= 48 && !shown.contains('\n') {
             Param {
@@ -481,6 +481,15 @@ impl Param {
         }
     }
 }
+
+/// What a `#[comptime]` argument must be: it keys the kernel cache and is shown in the IR.
+#[diagnostic::on_unimplemented(
+    message = "`#[comptime]` values key the kernel cache: `{Self}` must be `Clone + Debug + Hash + Send + Sync + 'static`",
+    label = "not usable as a compile-time kernel parameter"
+)]
+pub trait ComptimeValue: Clone + fmt::Debug + Hash + Send + Sync + 'static {}
+
+impl<T: Clone + fmt::Debug + Hash + Send + Sync + 'static> ComptimeValue for T {}
 
 /// The short name of a kernel's type parameter (`f32`, `bf16`), for its parameter list.
 #[doc(hidden)]

@@ -20,7 +20,7 @@ mod trace;
 
 pub use array::HostArray;
 pub use error::{KernelError, Problem, ProblemKind};
-pub use instantiate::{ArgDecl, ArgSpec, Builder, IndexMapFn, KernelDef, Stop};
+pub use instantiate::{ArgDecl, ArgSpec, Builder, ComptimeValue, IndexMapFn, KernelDef, Stop};
 pub use ir::{DType, DimSemantics, Kernel};
 pub use rules::TargetRules;
 pub use tessera_macros::tpu_kernel;

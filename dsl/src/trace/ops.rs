@@ -545,11 +545,28 @@ pub fn dot_general(a: Value, b: Value, transpose_lhs: bool, transpose_rhs: bool)
     )
 }
 
+/// A run-time condition for [`when`]: a traced bool scalar.
+#[diagnostic::on_unimplemented(
+    message = "`when` takes a run-time condition (a traced bool `Value`), not `{Self}`",
+    label = "this is known at compile time",
+    note = "for a compile-time condition use a Rust `if`: it specialises the kernel"
+)]
+pub trait RunTimeCond {
+    fn into_cond(self) -> Value;
+}
+
+impl RunTimeCond for Value {
+    fn into_cond(self) -> Value {
+        self
+    }
+}
+
 /// Runs `body` only when the run-time bool scalar `cond` is true.
 ///
 /// For compile-time conditions use a plain Rust `if`: it specialises the kernel instead.
 #[track_caller]
-pub fn when(cond: Value, body: impl FnOnce()) {
+pub fn when(cond: impl RunTimeCond, body: impl FnOnce()) {
+    let cond = cond.into_cond();
     let loc = Loc::caller();
     let (then, ()) = trace_region(Vec::new(), |_| body());
     emit(

@@ -66,10 +66,26 @@ impl IntoStart for Value {
     }
 }
 
+/// A window length: a compile-time `usize`, since vector shapes are static.
+#[diagnostic::on_unimplemented(
+    message = "a window length is a vector shape and must be a compile-time `usize`, not `{Self}`",
+    label = "expected a compile-time `usize`",
+    note = "for a run-time extent, load a fixed-size window and mask it with `select`"
+)]
+pub trait StaticLen {
+    fn static_len(self) -> usize;
+}
+
+impl StaticLen for usize {
+    fn static_len(self) -> usize {
+        self
+    }
+}
+
 /// `len` elements from `start` (Pallas' `pl.ds`). The length is always a compile-time size:
 /// vector shapes must be static.
-pub fn ds(start: impl IntoStart, len: usize) -> Idx {
-    start.into_idx(len)
+pub fn ds(start: impl IntoStart, len: impl StaticLen) -> Idx {
+    start.into_idx(len.static_len())
 }
 
 fn slices(idx: &[Idx]) -> Vec<Slice> {
