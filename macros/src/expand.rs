@@ -224,8 +224,9 @@ pub fn expand(k: &Kernel) -> TokenStream {
                 Expr::Path(path) if path.path.get_ident().is_some_and(|i| !bound.contains(i)) => {
                     let sym = path.path.get_ident().expect("matched");
                     bound.insert(sym.clone());
+                    // Naming a dim only to document it is fine: no unused warning.
                     stmts.push(quote! {
-                        #[allow(non_snake_case)]
+                        #[allow(non_snake_case, unused_variables)]
                         let #sym: usize = #shape[#d];
                     });
                 }
