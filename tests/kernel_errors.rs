@@ -7,7 +7,7 @@ use common::random;
 use tessera::dsl::interpret::{run, InterpretOptions};
 use tessera::dsl::prelude::*;
 use tessera::dsl::{ArgSpec, HostArray, KernelError, ProblemKind, TargetRules};
-use tessera::kernels::{flash_attention, matmul};
+use tessera::kernels::matmul;
 
 fn f32s(shape: &[usize]) -> ArgSpec {
     ArgSpec::new(DType::F32, shape.to_vec())
@@ -273,19 +273,28 @@ fn unwritten_output_blocks_are_coverage_errors() {
     assert!(e.to_string().contains("output block [1, 0]"), "{e}");
 }
 
+/// An index map that runs one block past the end of its array.
+#[tpu_kernel(grid = (R / 8,))]
+fn shifted_blocks(
+    #[shape(R, 128)]
+    #[block((8, 128), |i| (i + 1, 0))]
+    x: Ref<f32>,
+    #[shape(R, 128)]
+    #[block((8, 128), |i| (i, 0))]
+    out: RefMut<f32>,
+) {
+    out.store(x.load());
+}
+
 #[test]
 fn index_maps_out_of_bounds_are_caught_at_instantiation() {
-    // flash_attention's k block index is the kv step; a kernel whose map overshoots would be
-    // caught the same way. Check the good case instantiates and the causal flag is a parameter.
-    let def = flash_attention::<f32, 8, 8>(true);
-    let k = def
-        .instantiate(
-            &[f32s(&[32, 16]), f32s(&[32, 16]), f32s(&[32, 16])],
-            &TargetRules::tpu(),
-        )
-        .unwrap();
-    assert!(k
-        .params
-        .iter()
-        .any(|p| p.name == "causal" && p.value == "true"));
+    let e = instantiate_err(&shifted_blocks(), &[f32s(&[32, 128])], &TargetRules::tpu());
+    assert!(e.has(ProblemKind::Coverage), "{e}");
+    let text = e.to_string();
+    assert!(text.contains("in_specs[0] (x)"), "{text}");
+    assert!(
+        text.contains("block index 4 for dim 0, which has 4 blocks of 8"),
+        "{text}"
+    );
+    assert!(text.contains("grid step [3]"), "{text}");
 }
