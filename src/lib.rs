@@ -3,6 +3,7 @@
 //! This facade re-exports the layers (see DESIGN.md) and hosts the example kernels and the
 //! `tessera` command-line tool.
 
+pub use tessera_collectives as collectives;
 pub use tessera_dsl as dsl;
 pub use tessera_hlo as hlo;
 pub use tessera_runtime as runtime;

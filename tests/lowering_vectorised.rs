@@ -177,8 +177,14 @@ fn scalar_prefetch_and_dynamic_windows_agree_across_backends() {
     let order = HostArray::i32([h, n], vec![3, 1, 0, 2, 2, 2, 1, 0]).unwrap();
     let x = random(DType::F32, &[h, n * 64, 128], 5);
     let def = gather_and_fold();
-    let kernel = def.instantiate(&[order.spec(), x.spec()], &TargetRules::tpu()).unwrap();
-    assert_eq!(vectorised_dims(&kernel), 0, "the index map reads SMEM with the head index");
+    let kernel = def
+        .instantiate(&[order.spec(), x.spec()], &TargetRules::tpu())
+        .unwrap();
+    assert_eq!(
+        vectorised_dims(&kernel),
+        0,
+        "the index map reads SMEM with the head index"
+    );
     let results = per_backend(&def, &[order, x]);
     assert_eq!(results[0], results[1], "the backends agree exactly");
 }

@@ -1,0 +1,454 @@
+//! [`Spmd`]: builds one SPMD function over a [`FuncBuilder`] and hands out typed tensors.
+
+use std::cell::RefCell;
+use std::fmt;
+
+use tessera_hlo::{DType, FuncBuilder, Sharding, TensorType, Value};
+
+use crate::axis::MeshAxis;
+use crate::collective::Collective;
+use crate::error::CollectiveError;
+use crate::layout::{DimSpec, Invariant, Layout, PartitionSpec, Variation, Varying};
+use crate::mesh::{HasAxis, Mesh, MeshShape};
+use crate::tensor::DTensor;
+
+/// The run-time layout of a distributed tensor: its [`PartitionSpec`] and the axis it varies
+/// over ([`Varying`]), if any. The type of a [`DTensor`] says the same at compile time.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TensorLayout {
+    /// How each dim is split.
+    pub spec: PartitionSpec,
+    /// The axis the values vary over beyond the split dims (`None`: [`Invariant`]).
+    pub varying: Option<&'static str>,
+}
+
+impl TensorLayout {
+    /// The layout of the types `S`, `V` on mesh `M`.
+    pub fn of<M, S: Layout<M>, V: Variation<M>>() -> Self {
+        TensorLayout {
+            spec: S::spec(),
+            varying: V::AXIS,
+        }
+    }
+
+    /// Checks what the types cannot: every mesh axis is used at most once (by one split dim,
+    /// or as the varying axis), and the rank is `rank`.
+    pub fn validate<M: MeshShape>(
+        &self,
+        mesh: &Mesh<M>,
+        rank: usize,
+        context: &str,
+    ) -> Result<(), CollectiveError> {
+        let err = |reason: String| CollectiveError::Spec {
+            context: context.to_string(),
+            spec: self.to_string(),
+            reason,
+        };
+        if self.spec.rank() != rank {
+            return Err(err(format!(
+                "it has {} dims, the tensor has rank {rank}",
+                self.spec.rank()
+            )));
+        }
+        let mut used: Vec<&str> = Vec::new();
+        let axes = self
+            .spec
+            .dims()
+            .iter()
+            .filter_map(|d| match d {
+                DimSpec::Split(a) => Some(*a),
+                DimSpec::Replicated => None,
+            })
+            .chain(self.varying);
+        for a in axes {
+            if mesh.index_of(a).is_none() {
+                return Err(err(format!("the mesh {mesh} has no axis `{a}`")));
+            }
+            if used.contains(&a) {
+                return Err(err(format!(
+                    "mesh axis `{a}` is used twice (a tensor is split over an axis at most once, \
+                     and does not both vary over it and split a dim over it)"
+                )));
+            }
+            used.push(a);
+        }
+        Ok(())
+    }
+
+    /// Per-device dims of a tensor with global dims `global`; fails if a split dim does not
+    /// divide by its axis size.
+    pub fn local_dims<M: MeshShape>(
+        &self,
+        mesh: &Mesh<M>,
+        global: &[i64],
+        context: &str,
+    ) -> Result<Vec<i64>, CollectiveError> {
+        self.validate(mesh, global.len(), context)?;
+        let mut local = global.to_vec();
+        for (dim, (size, d)) in local.iter_mut().zip(self.spec.dims()).enumerate() {
+            if let DimSpec::Split(a) = d {
+                let n = axis_size(mesh, a)?;
+                if *size < 0 || *size % n as i64 != 0 {
+                    return Err(CollectiveError::NotDivisible {
+                        context: context.to_string(),
+                        dim,
+                        size: *size,
+                        axis: a,
+                        axis_size: n,
+                    });
+                }
+                *size /= n as i64;
+            }
+        }
+        Ok(local)
+    }
+
+    /// Global dims of a tensor with per-device dims `local`.
+    pub fn global_dims<M: MeshShape>(
+        &self,
+        mesh: &Mesh<M>,
+        local: &[i64],
+    ) -> Result<Vec<i64>, CollectiveError> {
+        let mut global = local.to_vec();
+        for (size, d) in global.iter_mut().zip(self.spec.dims()) {
+            if let DimSpec::Split(a) = d {
+                let n = axis_size(mesh, a)? as i64;
+                *size = size.checked_mul(n).ok_or_else(|| {
+                    CollectiveError::operand("global shape", format!("{local:?} overflows"))
+                })?;
+            }
+        }
+        Ok(global)
+    }
+}
+
+fn axis_size<M: MeshShape>(mesh: &Mesh<M>, axis: &str) -> Result<usize, CollectiveError> {
+    mesh.index_of(axis)
+        .map(|i| mesh.sizes()[i])
+        .ok_or_else(|| CollectiveError::Mesh {
+            reason: format!("the mesh {mesh} has no axis `{axis}`"),
+        })
+}
+
+impl fmt::Display for TensorLayout {
+    /// `P(None, context)`, or `P(None, None) varying over data`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.spec)?;
+        if let Some(a) = self.varying {
+            write!(f, " varying over {a}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A program input or output: its sharding and its global and per-device types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// How the tensor is split over the mesh.
+    pub spec: PartitionSpec,
+    /// The type of the whole (logical) tensor.
+    pub global: TensorType,
+    /// The type each device holds.
+    pub local: TensorType,
+}
+
+/// One collective that a [`Spmd`] emitted: what autodiff needs to apply its transpose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectiveCall {
+    /// The collective and its parameters.
+    pub collective: Collective,
+    /// Its operand.
+    pub input: Value,
+    /// Its result.
+    pub output: Value,
+}
+
+/// What a finished [`Spmd`] function takes and returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Signature {
+    /// The arguments, in order.
+    pub inputs: Vec<TensorInfo>,
+    /// The results, in order.
+    pub outputs: Vec<TensorInfo>,
+}
+
+/// The program-building interface [`DTensor`]s talk to: a trait object, so that a tensor's
+/// type names neither the builder's lifetime nor the owner.
+pub(crate) trait Ctx<M> {
+    fn mesh(&self) -> &Mesh<M>;
+    fn with_builder(
+        &self,
+        op: &'static str,
+        f: &mut dyn FnMut(&mut FuncBuilder<'_>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError>;
+    fn record(&self, call: CollectiveCall);
+    fn add_output(&self, value: Value, info: TensorInfo);
+}
+
+impl<M> dyn Ctx<M> + '_ {
+    /// Runs `f` on the builder and returns its result.
+    pub(crate) fn build<R>(
+        &self,
+        op: &'static str,
+        f: impl FnOnce(&mut FuncBuilder<'_>) -> Result<R, CollectiveError>,
+    ) -> Result<R, CollectiveError> {
+        let mut f = Some(f);
+        let mut out = None;
+        self.with_builder(op, &mut |b| {
+            if let Some(f) = f.take() {
+                out = Some(f(b)?);
+            }
+            Ok(())
+        })?;
+        out.ok_or(CollectiveError::Busy { op })
+    }
+}
+
+/// A value the local ops of a program on mesh `M` accept: any [`DTensor`] of that mesh.
+#[diagnostic::on_unimplemented(
+    message = "a local op of a program on the mesh `{M}` cannot take `{Self}`",
+    label = "not a tensor of the mesh `{M}`",
+    note = "local ops take the `DTensor`s of their own program"
+)]
+pub trait LocalValue<M> {
+    /// The per-device value.
+    fn local_value(&self) -> Value;
+}
+
+/// Builds one SPMD function on the mesh `M`: the function's arguments and results are
+/// per-device shards (`mhlo.sharding = "{manual}"`), and the typed [`DTensor`]s it hands out
+/// carry their sharding in their type.
+///
+/// Usually made by [`Program::build`](crate::Program::build); to emit into a function built
+/// elsewhere (e.g. beside other code), wrap its [`FuncBuilder`] with [`Spmd::new`] and take
+/// it back with [`Spmd::into_parts`].
+///
+/// The builder sits in a `RefCell`: tensor ops borrow it for the duration of one op. Calling a
+/// tensor op from inside a local op's closure (which holds the builder) is an error
+/// ([`CollectiveError::Busy`]), not a panic.
+pub struct Spmd<'m, M> {
+    builder: RefCell<FuncBuilder<'m>>,
+    mesh: Mesh<M>,
+    inputs: RefCell<Vec<TensorInfo>>,
+    outputs: RefCell<Vec<(Value, TensorInfo)>>,
+    tape: RefCell<Vec<CollectiveCall>>,
+}
+
+impl<M: MeshShape> fmt::Debug for Spmd<'_, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Spmd")
+            .field("mesh", &self.mesh)
+            .field("inputs", &self.inputs.borrow().len())
+            .field("outputs", &self.outputs.borrow().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M: MeshShape> Ctx<M> for Spmd<'_, M> {
+    fn mesh(&self) -> &Mesh<M> {
+        &self.mesh
+    }
+
+    fn with_builder(
+        &self,
+        op: &'static str,
+        f: &mut dyn FnMut(&mut FuncBuilder<'_>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
+        let mut b = self
+            .builder
+            .try_borrow_mut()
+            .map_err(|_| CollectiveError::Busy { op })?;
+        f(&mut b)
+    }
+
+    fn record(&self, call: CollectiveCall) {
+        self.tape.borrow_mut().push(call);
+    }
+
+    fn add_output(&self, value: Value, info: TensorInfo) {
+        self.outputs.borrow_mut().push((value, info));
+    }
+}
+
+impl<'m, M: MeshShape> Spmd<'m, M> {
+    /// Wraps a function builder whose module has one partition per mesh device
+    /// (`mhlo.num_partitions`) and one replica.
+    pub fn new(builder: FuncBuilder<'m>, mesh: &Mesh<M>) -> Result<Self, CollectiveError> {
+        let partitions = builder.num_partitions() as usize;
+        if partitions != mesh.num_devices() || builder.num_replicas() != 1 {
+            return Err(CollectiveError::DeviceCount {
+                context: format!(
+                    "SPMD function @{} on the mesh {mesh}: the module has mhlo.num_partitions = \
+                     {partitions} and mhlo.num_replicas = {}",
+                    builder.name(),
+                    builder.num_replicas()
+                ),
+                expected: mesh.num_devices(),
+                actual: partitions * builder.num_replicas() as usize,
+            });
+        }
+        Ok(Spmd {
+            builder: RefCell::new(builder),
+            mesh: mesh.clone(),
+            inputs: RefCell::new(Vec::new()),
+            outputs: RefCell::new(Vec::new()),
+            tape: RefCell::new(Vec::new()),
+        })
+    }
+
+    /// The mesh.
+    pub fn mesh(&self) -> &Mesh<M> {
+        &self.mesh
+    }
+
+    fn ctx(&self) -> &(dyn Ctx<M> + '_) {
+        self
+    }
+
+    /// Adds an argument: a tensor of `global_dims` sharded as `S`. Each device receives its
+    /// shard (see [`shard`](crate::host::shard)).
+    ///
+    /// Fails if a split dim does not divide by its axis size (the message names the dim, its
+    /// size and the axis), or if the sharding uses a mesh axis twice.
+    pub fn arg<S: Layout<M>>(
+        &self,
+        global_dims: impl AsRef<[i64]>,
+        dtype: DType,
+    ) -> Result<DTensor<'_, M, S>, CollectiveError> {
+        let global = global_dims.as_ref();
+        let layout = TensorLayout::of::<M, S, Invariant>();
+        let index = self.inputs.borrow().len();
+        let context = format!("argument #{index} {}", TensorType::new(global, dtype));
+        let local = layout.local_dims(&self.mesh, global, &context)?;
+        let local = TensorType::new(local, dtype);
+        let value = self.ctx().build("arg", |f| {
+            Ok(f.arg_with_sharding(local.clone(), Sharding::Manual)?)
+        })?;
+        self.inputs.borrow_mut().push(TensorInfo {
+            spec: layout.spec.clone(),
+            global: TensorType::new(global, dtype),
+            local,
+        });
+        Ok(DTensor::new(self.ctx(), value, layout))
+    }
+
+    /// This device's coordinate along axis `A` (JAX's `axis_index`): an `i32` scalar that
+    /// varies over `A`.
+    pub fn axis_index<A: MeshAxis>(&self) -> Result<DTensor<'_, M, (), Varying<A>>, CollectiveError>
+    where
+        M: HasAxis<A>,
+    {
+        let size = self.mesh.axis_size::<A>() as f64;
+        let stride = self.mesh.stride(<M as HasAxis<A>>::INDEX) as f64;
+        let value = self.ctx().build("axis_index", |f| {
+            let id = f.partition_id();
+            let stride = f.scalar(stride, DType::I32)?;
+            let size = f.scalar(size, DType::I32)?;
+            let q = f.div(id, stride)?;
+            Ok(f.rem(q, size)?)
+        })?;
+        Ok(DTensor::new(
+            self.ctx(),
+            value,
+            TensorLayout::of::<M, (), Varying<A>>(),
+        ))
+    }
+
+    /// Declares the layout of a per-device value built directly with the [`FuncBuilder`]
+    /// (e.g. by a local op): the escape hatch by which local results enter the typed world.
+    /// Checks the rank and that no mesh axis is used twice.
+    pub fn declare<S: Layout<M>, V: Variation<M>>(
+        &self,
+        value: Value,
+    ) -> Result<DTensor<'_, M, S, V>, CollectiveError> {
+        declare(self.ctx(), value, TensorLayout::of::<M, S, V>(), "declare")
+    }
+
+    /// Runs a local (per-device) computation on the values of `inputs` and returns its raw
+    /// results; give them a layout with [`Spmd::declare`]. This is where kernels compose:
+    /// the closure may call `tessera_dsl::stablehlo::lower_into(kernel, f, args)`.
+    pub fn local_values(
+        &self,
+        inputs: &[&dyn LocalValue<M>],
+        f: impl FnOnce(&mut FuncBuilder<'_>, &[Value]) -> Result<Vec<Value>, CollectiveError>,
+    ) -> Result<Vec<Value>, CollectiveError> {
+        let args: Vec<Value> = inputs.iter().map(|x| x.local_value()).collect();
+        self.ctx().build("local op", |b| f(b, &args))
+    }
+
+    /// A local computation with one result, declared to have the layout `S`, `V`.
+    pub fn local<S: Layout<M>, V: Variation<M>>(
+        &self,
+        inputs: &[&dyn LocalValue<M>],
+        f: impl FnOnce(&mut FuncBuilder<'_>, &[Value]) -> Result<Value, CollectiveError>,
+    ) -> Result<DTensor<'_, M, S, V>, CollectiveError> {
+        let out = self.local_values(inputs, |b, args| Ok(vec![f(b, args)?]))?;
+        self.declare(out[0])
+    }
+
+    /// Runs `f` on the underlying builder (untyped access).
+    pub fn with_builder<R>(
+        &self,
+        f: impl FnOnce(&mut FuncBuilder<'_>) -> Result<R, CollectiveError>,
+    ) -> Result<R, CollectiveError> {
+        self.ctx().build("with_builder", f)
+    }
+
+    /// The collectives emitted so far, in order (for autodiff).
+    pub fn collectives(&self) -> Vec<CollectiveCall> {
+        self.tape.borrow().clone()
+    }
+
+    /// The signature so far.
+    pub fn signature(&self) -> Signature {
+        Signature {
+            inputs: self.inputs.borrow().clone(),
+            outputs: self
+                .outputs
+                .borrow()
+                .iter()
+                .map(|(_, i)| i.clone())
+                .collect(),
+        }
+    }
+
+    /// Ends the function: it returns the tensors given to [`DTensor::output`], in order, each
+    /// with `mhlo.sharding = "{manual}"`.
+    pub fn finish(self) -> Result<Signature, CollectiveError> {
+        let (builder, signature, outputs) = self.into_parts();
+        let results: Vec<(Value, Option<Sharding>)> = outputs
+            .into_iter()
+            .map(|v| (v, Some(Sharding::Manual)))
+            .collect();
+        builder.finish_with_shardings(&results)?;
+        Ok(signature)
+    }
+
+    /// Hands the builder back unfinished, with the signature and the output values.
+    pub fn into_parts(self) -> (FuncBuilder<'m>, Signature, Vec<Value>) {
+        let signature = self.signature();
+        let values = self
+            .outputs
+            .into_inner()
+            .into_iter()
+            .map(|(v, _)| v)
+            .collect();
+        (self.builder.into_inner(), signature, values)
+    }
+}
+
+/// Wraps `value` as a tensor of `layout` after checking it fits.
+pub(crate) fn declare<'p, M: MeshShape, S, V>(
+    ctx: &'p (dyn Ctx<M> + 'p),
+    value: Value,
+    layout: TensorLayout,
+    op: &'static str,
+) -> Result<DTensor<'p, M, S, V>, CollectiveError> {
+    let ty = ctx.build(op, |f| Ok(f.value_type(value)?.clone()))?;
+    layout.validate(
+        ctx.mesh(),
+        ty.rank(),
+        &format!("{op} of a local value {ty}"),
+    )?;
+    Ok(DTensor::new(ctx, value, layout))
+}
