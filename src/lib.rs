@@ -7,8 +7,11 @@ pub use tessera_collectives as collectives;
 pub use tessera_dsl as dsl;
 pub use tessera_hlo as hlo;
 pub use tessera_runtime as runtime;
+pub use tessera_splash as splash;
 
+pub mod attention;
 pub mod backend;
+pub mod context_parallel;
 pub mod kernels;
 pub mod npy;
 pub mod reference;

@@ -61,6 +61,13 @@ enum Command {
     },
     /// Run the example kernels on every backend and check them against naive f64 references.
     Demo,
+    /// Splash attention on .npy inputs: forward (out, lse) and, with --dout, gradients.
+    Attention(tessera::attention::AttentionArgs),
+    /// Benchmarks.
+    Bench {
+        #[command(subcommand)]
+        what: tessera::attention::BenchCommand,
+    },
 }
 
 fn parse_param(s: &str) -> Result<(String, String), String> {
@@ -290,6 +297,8 @@ fn main() -> ExitCode {
             rules,
         } => run_kernel(&kernel, &params, &inputs, &outputs, backend, &rules).map(|()| true),
         Command::Demo => demo(),
+        Command::Attention(args) => tessera::attention::attention_command(&args).map(|()| true),
+        Command::Bench { what } => tessera::attention::bench(&what).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -1,1 +1,54 @@
-//! tessera-splash: splash attention kernels (see the splash issue).
+//! tessera-splash: splash (sparse flash) attention written as tessera kernels.
+//!
+//! Splash attention is JAX's block-sparse flash attention for TPU
+//! (`jax.experimental.pallas.ops.tpu.splash_attention`): an online-softmax forward that also
+//! returns the logsumexp, and a backward as separate dQ and dK/dV kernels or one fused kernel,
+//! over masks whose empty blocks are never computed. Here every kernel is a `#[tpu_kernel]`
+//! Rust function, so the same definitions run on the tessera interpreter, as StableHLO on any
+//! PJRT backend, and (through Mosaic) on TPU.
+//!
+//! ```
+//! use tessera_dsl::{DType, HostArray, TargetRules};
+//! use tessera_splash::{BlockSizes, Dims, Inputs, Interpreter, Mask, SplashAttention};
+//!
+//! let dims = Dims { batch: 1, heads: 2, kv_heads: 1, q_len: 256, kv_len: 256,
+//!                   head_dim: 64, head_dim_v: 64 };
+//! let attn = SplashAttention::new(Mask::causal(), dims, DType::F32,
+//!                                 BlockSizes::uniform(128, 128), Default::default(),
+//!                                 TargetRules::tpu())?;
+//! // Causal: 3 of the 4 key blocks of each head are computed, 1 is skipped.
+//! assert_eq!((attn.stats().computed(), attn.stats().empty), (6, 2));
+//! let q = HostArray::zeros(DType::F32, [1, 2, 256, 64]);
+//! let kv = HostArray::zeros(DType::F32, [1, 1, 256, 64]);
+//! let x = Inputs { q: &q, k: &kv, v: &kv, segment_ids: None, sinks: None };
+//! let fwd = attn.forward(&Interpreter, &x)?;
+//! assert_eq!(fwd.lse.shape(), &[1, 2, 256]);
+//! # Ok::<(), tessera_splash::SplashError>(())
+//! ```
+//!
+//! - [`Mask`] / [`MultiHeadMask`]: full, causal (with offset), local windows, chunked causal,
+//!   dense masks and their `and`/`or`, shared or per head; positions are global
+//!   ([`SeqOffsets`]) so sequence shards attend correctly.
+//! - [`MaskInfo`]: the block classification (empty / partial / full) and the next-block
+//!   tables the kernels read from scalar prefetch.
+//! - [`BlockSizes`]: JAX's block sizes, validated against the sequence and TPU tiling.
+//! - [`SplashAttention`]: forward (`out`, `lse`) and backward (`dq`, `dk`, `dv`, `dsinks`)
+//!   as plans of kernel [`Stage`]s run by an [`Executor`] or lowered into larger programs.
+//! - [`reference`](mod@reference): a dense float64 reference for the forward and the gradients.
+
+mod attention;
+mod block_sizes;
+mod error;
+pub mod kernels;
+mod mask;
+mod mask_info;
+pub mod reference;
+
+pub use attention::{
+    reshape, run_plan, stage_specs, Dims, Executor, Features, Forward, Grads, Inputs, Interpreter,
+    SegmentIds, SplashAttention, SplashOptions, Stage, StageArg, Tensor, DEFAULT_MASK_VALUE,
+};
+pub use block_sizes::{BlockSizes, NUM_LANES};
+pub use error::SplashError;
+pub use mask::{BlockKind, DenseMask, Mask, MaskExpr, MultiHeadMask, SeqOffsets, MAX_POSITION};
+pub use mask_info::{BlockStats, KernelMask, Major, MaskInfo, MAX_COMPUTED_MASK_CLASSES};

@@ -1,0 +1,803 @@
+//! The user-facing splash attention: a configured attention (mask, shapes, block sizes,
+//! options) whose forward and backward are plans of kernel stages, run on any
+//! [`Executor`] (the interpreter here; the PJRT CPU backend in the `tessera` facade) or
+//! lowered into a larger StableHLO program.
+
+use std::collections::HashMap;
+
+use tessera_dsl::interpret::{self, InterpretOptions};
+use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, TargetRules};
+
+use crate::block_sizes::BlockSizes;
+use crate::error::SplashError;
+use crate::kernels::{
+    splash_bwd_fused, splash_bwd_prep, splash_dkv, splash_dq, splash_dq_reduce, splash_fwd,
+    F32Bits, KernelConfig, PrepConfig,
+};
+use crate::mask::{MultiHeadMask, SeqOffsets};
+use crate::mask_info::{BlockStats, Major, MaskInfo};
+
+/// JAX's default mask value: the finite stand-in logit of masked entries.
+pub const DEFAULT_MASK_VALUE: f32 = -0.7 * f32::MAX;
+
+/// The sizes of an attention problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Dims {
+    pub batch: usize,
+    /// Query heads `H`.
+    pub heads: usize,
+    /// Key/value heads `KVH` (divides `H`; `H` for MHA, 1 for MQA).
+    pub kv_heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    /// Head dim of queries and keys.
+    pub head_dim: usize,
+    /// Head dim of values (and outputs).
+    pub head_dim_v: usize,
+}
+
+impl Dims {
+    /// The dims of `q [B, H, Sq, D]`, `k [B, KVH, Skv, D]`, `v [B, KVH, Skv, Dv]`, checked.
+    pub fn of(q: &[usize], k: &[usize], v: &[usize]) -> Result<Self, SplashError> {
+        let bad = |m: String| Err(SplashError::Shape(m));
+        if q.len() != 4 {
+            return bad(format!("q must be [B, H, S, D], got shape {q:?}"));
+        }
+        if k.len() != 4 {
+            return bad(format!("k must be [B, KVH, S, D], got shape {k:?}"));
+        }
+        if v.len() != 4 {
+            return bad(format!("v must be [B, KVH, S, D], got shape {v:?}"));
+        }
+        if q.contains(&0) || k.contains(&0) || v.contains(&0) {
+            return bad(format!(
+                "empty arrays: q {q:?}, k {k:?}, v {v:?}; every dim must be positive"
+            ));
+        }
+        if k[0] != q[0] || v[0] != q[0] {
+            return bad(format!(
+                "batch sizes differ: q {q:?}, k {k:?}, v {v:?}; dim 0 must agree"
+            ));
+        }
+        if k[..3] != v[..3] {
+            return bad(format!(
+                "k {k:?} and v {v:?} must agree in batch, heads and sequence length"
+            ));
+        }
+        if k[3] != q[3] {
+            return bad(format!(
+                "q head dim {} differs from k head dim {} (shapes {q:?} and {k:?})",
+                q[3], k[3]
+            ));
+        }
+        if q[1] % k[1] != 0 {
+            return bad(format!(
+                "{} query heads are not divisible by {} key/value heads; query head h uses kv \
+                 head h / (H / KVH), so KVH must divide H",
+                q[1], k[1]
+            ));
+        }
+        Ok(Dims {
+            batch: q[0],
+            heads: q[1],
+            kv_heads: k[1],
+            q_len: q[2],
+            kv_len: k[2],
+            head_dim: q[3],
+            head_dim_v: v[3],
+        })
+    }
+}
+
+/// Options beyond the mask and block sizes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SplashOptions {
+    /// Logits are `scale * q.k`; default `1 / sqrt(D)`.
+    pub scale: Option<f32>,
+    /// Logits are capped as `cap * tanh(logits / cap)` (Gemma 2's soft cap).
+    pub soft_cap: Option<f32>,
+    /// The finite logit masked entries stand for in the kernels' running max
+    /// ([`DEFAULT_MASK_VALUE`], as JAX). Masked entries never get weight, so any finite value
+    /// gives the same results (up to underflow when it exceeds the real logits by ~80).
+    pub mask_value: f32,
+    /// Where the queries and keys sit in the global sequence (sequence sharding).
+    pub offsets: SeqOffsets,
+    /// Trace both the full-block and the partial-block paths even when these tables have no
+    /// block of one kind, so that every shard of a sequence-sharded attention (whose tables
+    /// differ) runs the same kernels. Off: dead paths are left out of the IR.
+    pub trace_all_paths: bool,
+}
+
+impl Default for SplashOptions {
+    fn default() -> Self {
+        SplashOptions {
+            scale: None,
+            soft_cap: None,
+            mask_value: DEFAULT_MASK_VALUE,
+            offsets: SeqOffsets::default(),
+            trace_all_paths: false,
+        }
+    }
+}
+
+/// Per-token segment ids (packed sequences): a query attends only to keys of its own
+/// segment. `q [B, Sq]` and `kv [B, Skv]`, int32.
+#[derive(Debug, Clone, Copy)]
+pub struct SegmentIds<'a> {
+    pub q: &'a HostArray,
+    pub kv: &'a HostArray,
+}
+
+/// The arrays of one call.
+#[derive(Debug, Clone, Copy)]
+pub struct Inputs<'a> {
+    /// `[B, H, Sq, D]`.
+    pub q: &'a HostArray,
+    /// `[B, KVH, Skv, D]`.
+    pub k: &'a HostArray,
+    /// `[B, KVH, Skv, Dv]`.
+    pub v: &'a HostArray,
+    pub segment_ids: Option<SegmentIds<'a>>,
+    /// Attention sinks `[H]` f32: one extra logit per head whose value vector is zero.
+    pub sinks: Option<&'a HostArray>,
+}
+
+/// Forward results.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forward {
+    /// `[B, H, Sq, Dv]`.
+    pub out: HostArray,
+    /// `[B, H, Sq]` f32; `-inf` for rows without a visible key (and no sink).
+    pub lse: HostArray,
+}
+
+/// Gradients of `sum(out * dout)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grads {
+    pub dq: HostArray,
+    pub dk: HostArray,
+    pub dv: HostArray,
+    /// `[H]` f32, when the call had sinks.
+    pub dsinks: Option<HostArray>,
+}
+
+/// The arrays a plan's stages pass between them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tensor {
+    /// `[B, H, Sq, D]`.
+    Q,
+    /// `[B, KVH, Skv, D]`.
+    K,
+    /// `[B, KVH, Skv, Dv]`.
+    V,
+    /// Query segment ids as `[B, Sq, 1]` (a reshape of `[B, Sq]`).
+    QSegments,
+    /// Key segment ids as `[B, 1, Skv]` (a reshape of `[B, Skv]`).
+    KvSegments,
+    /// `[H]` f32.
+    Sinks,
+    /// `[B, H, Sq, Dv]`.
+    Out,
+    /// `[B, H, Sq, 1]` f32 (a reshape of the user's `[B, H, Sq]`).
+    Lse,
+    /// `[B, H, Sq, Dv]`.
+    DOut,
+    /// `rowsum(out * dout)`, `[B, H, Sq, 1]` f32.
+    Di,
+    /// The fused backward's dQ per key block, `[Skv / block_kv_dkv, B, H, Sq, D]` f32.
+    DqPartial,
+    Dq,
+    Dk,
+    Dv,
+    /// `[H, 1, 1]` f32.
+    DSinks,
+}
+
+/// One argument of a stage.
+#[derive(Debug, Clone)]
+pub enum StageArg {
+    /// A host array fixed by the configuration (tables, offsets, placeholders).
+    Const(HostArray),
+    /// An array of the computation.
+    Tensor(Tensor),
+}
+
+/// One kernel launch: the kernel, its arguments (scalar prefetch then inputs) and the
+/// tensors its outputs become.
+#[derive(Debug, Clone)]
+pub struct Stage {
+    pub def: KernelDef,
+    pub args: Vec<StageArg>,
+    pub outputs: Vec<Tensor>,
+}
+
+/// What a call uses beyond q, k, v (each changes the kernels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Features {
+    pub segmented: bool,
+    pub sinks: bool,
+}
+
+/// Runs one kernel on host arrays (a backend).
+pub trait Executor {
+    fn run(
+        &self,
+        def: &KernelDef,
+        args: &[HostArray],
+        rules: &TargetRules,
+    ) -> Result<Vec<HostArray>, SplashError>;
+}
+
+/// The tessera interpreter as an [`Executor`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Interpreter;
+
+impl Executor for Interpreter {
+    fn run(
+        &self,
+        def: &KernelDef,
+        args: &[HostArray],
+        rules: &TargetRules,
+    ) -> Result<Vec<HostArray>, SplashError> {
+        let options = InterpretOptions {
+            rules: rules.clone(),
+            ..InterpretOptions::default()
+        };
+        Ok(interpret::run(def, args, &options)?)
+    }
+}
+
+/// A configured splash attention: mask, shapes, dtype, block sizes and options, with the
+/// block-sparsity tables of its forward and backward kernels.
+#[derive(Debug, Clone)]
+pub struct SplashAttention {
+    dims: Dims,
+    dtype: DType,
+    mask: MultiHeadMask,
+    block_sizes: BlockSizes,
+    options: SplashOptions,
+    scale: f32,
+    rules: TargetRules,
+    fwd_info: MaskInfo,
+    dq_info: Option<MaskInfo>,
+    dkv_info: MaskInfo,
+}
+
+impl SplashAttention {
+    /// Validates everything and builds the forward, dQ and dK/dV tables. `dtype` is the
+    /// element type of q, k, v (f32 or bf16); `rules` the hardware rules the kernels are
+    /// checked against (`TargetRules::tpu()` keeps them valid for TPU).
+    pub fn new(
+        mask: impl Into<MultiHeadMask>,
+        dims: Dims,
+        dtype: DType,
+        block_sizes: BlockSizes,
+        options: SplashOptions,
+        rules: TargetRules,
+    ) -> Result<Self, SplashError> {
+        let mask = mask.into();
+        if !matches!(dtype, DType::F32 | DType::BF16) {
+            return Err(SplashError::Shape(format!(
+                "q, k and v are {dtype}; splash attention takes f32 or bf16"
+            )));
+        }
+        let sizes = [
+            dims.batch,
+            dims.heads,
+            dims.kv_heads,
+            dims.q_len,
+            dims.kv_len,
+            dims.head_dim,
+            dims.head_dim_v,
+        ];
+        if sizes.contains(&0) {
+            return Err(SplashError::Shape(format!(
+                "every dim must be positive, got {dims:?}"
+            )));
+        }
+        if dims.heads % dims.kv_heads != 0 {
+            return Err(SplashError::Shape(format!(
+                "{} query heads are not divisible by {} key/value heads",
+                dims.heads, dims.kv_heads
+            )));
+        }
+        let scale = options.scale.unwrap_or(1.0 / (dims.head_dim as f32).sqrt());
+        if !scale.is_finite() {
+            return Err(SplashError::Options(format!(
+                "scale {scale} is not finite; give a finite scale"
+            )));
+        }
+        if let Some(c) = options.soft_cap {
+            if !(c.is_finite() && c > 0.0) {
+                return Err(SplashError::Options(format!(
+                    "soft cap {c} must be positive and finite"
+                )));
+            }
+        }
+        if !options.mask_value.is_finite() {
+            return Err(SplashError::Options(format!(
+                "mask value {} must be finite (it is the floor of the running max; masked \
+                 entries are excluded regardless); the default is {DEFAULT_MASK_VALUE:e}",
+                options.mask_value
+            )));
+        }
+        let b = block_sizes;
+        let info = |bq, bkv, major, shrink| {
+            MaskInfo::new(
+                &mask,
+                dims.heads,
+                dims.q_len,
+                dims.kv_len,
+                options.offsets,
+                bq,
+                bkv,
+                major,
+                shrink,
+            )
+        };
+        // Divisibility first: the tables need whole blocks.
+        b.validate(
+            dims.q_len,
+            dims.kv_len,
+            dtype,
+            &TargetRules::portable(),
+            false,
+        )?;
+        let fwd_info = info(b.block_q, b.block_kv, Major::Q, true)?;
+        b.validate(dims.q_len, dims.kv_len, dtype, &rules, fwd_info.dense())?;
+        let dq_info = if b.use_fused_bwd_kernel {
+            None
+        } else {
+            Some(info(b.block_q_dq, b.block_kv_dq, Major::Q, true)?)
+        };
+        let dkv_info = info(
+            b.block_q_dkv,
+            b.block_kv_dkv,
+            Major::Kv,
+            !b.use_fused_bwd_kernel,
+        )?;
+        Ok(SplashAttention {
+            dims,
+            dtype,
+            mask,
+            block_sizes,
+            options,
+            scale,
+            rules,
+            fwd_info,
+            dq_info,
+            dkv_info,
+        })
+    }
+
+    pub fn dims(&self) -> Dims {
+        self.dims
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn mask(&self) -> &MultiHeadMask {
+        &self.mask
+    }
+
+    pub fn block_sizes(&self) -> BlockSizes {
+        self.block_sizes
+    }
+
+    pub fn options(&self) -> SplashOptions {
+        self.options
+    }
+
+    /// The scale in use (the default resolved).
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    pub fn rules(&self) -> &TargetRules {
+        &self.rules
+    }
+
+    /// The forward kernel's tables.
+    pub fn fwd_mask_info(&self) -> &MaskInfo {
+        &self.fwd_info
+    }
+
+    /// The dQ kernel's tables (none with the fused backward).
+    pub fn dq_mask_info(&self) -> Option<&MaskInfo> {
+        self.dq_info.as_ref()
+    }
+
+    /// The dK/dV (or fused backward) kernel's tables.
+    pub fn dkv_mask_info(&self) -> &MaskInfo {
+        &self.dkv_info
+    }
+
+    /// The forward's key blocks over the whole batch: computed (full + partial), skipped
+    /// (empty) and masked (partial).
+    pub fn stats(&self) -> BlockStats {
+        self.fwd_info.stats.times(self.dims.batch)
+    }
+
+    fn config(&self, info: &MaskInfo, bkv_compute: usize, f: Features) -> KernelConfig {
+        KernelConfig {
+            bq: info.block_q,
+            bkv: info.block_kv,
+            bkv_compute,
+            scale: F32Bits::new(self.scale),
+            soft_cap: self.options.soft_cap.map(F32Bits::new),
+            mask_value: F32Bits::new(self.options.mask_value),
+            mask: info.kernel_mask.clone(),
+            per_head: info.per_head(),
+            any_partial: self.options.trace_all_paths || info.stats.partial > 0,
+            any_full: self.options.trace_all_paths || info.stats.full > 0,
+            segmented: f.segmented,
+            sinks: f.sinks,
+        }
+    }
+
+    /// Scalar-prefetch tables (`data_next`, `block_mask`, `mask_next`, `head_class`).
+    fn tables(&self, info: &MaskInfo) -> Vec<StageArg> {
+        let shape = [info.table_heads, info.rows, info.width];
+        let t = |v: &Vec<i32>| StageArg::Const(host_i32(&shape, v.clone()));
+        vec![
+            t(&info.data_next),
+            t(&info.block_mask),
+            t(&info.mask_next),
+            StageArg::Const(host_i32(&[self.dims.heads], info.head_class.clone())),
+        ]
+    }
+
+    fn offsets(&self) -> StageArg {
+        let o = self.options.offsets;
+        StageArg::Const(host_i32(&[2], vec![o.q as i32, o.kv as i32]))
+    }
+
+    fn sinks(&self, f: Features) -> StageArg {
+        if f.sinks {
+            StageArg::Tensor(Tensor::Sinks)
+        } else {
+            StageArg::Const(HostArray::zeros(DType::F32, [self.dims.heads]))
+        }
+    }
+
+    fn segments(&self, f: Features) -> [StageArg; 2] {
+        let d = self.dims;
+        if f.segmented {
+            [
+                StageArg::Tensor(Tensor::QSegments),
+                StageArg::Tensor(Tensor::KvSegments),
+            ]
+        } else {
+            [
+                StageArg::Const(HostArray::zeros(DType::I32, [d.batch, d.q_len, 1])),
+                StageArg::Const(HostArray::zeros(DType::I32, [d.batch, 1, d.kv_len])),
+            ]
+        }
+    }
+
+    /// The stored partial mask blocks (dense masks), or a 1x1 placeholder.
+    fn mask_blocks(info: &MaskInfo) -> StageArg {
+        StageArg::Const(match (info.dense(), info.num_partial_blocks) {
+            (true, 0) => HostArray::zeros(DType::I8, [1, info.block_q, info.block_kv]),
+            (true, n) => HostArray::new(
+                [n, info.block_q, info.block_kv],
+                tessera_dsl::array::ArrayData::I8(info.partial_blocks.clone()),
+            )
+            .expect("partial blocks have their shape"),
+            (false, _) => HostArray::zeros(DType::I8, [1, 1, 1]),
+        })
+    }
+
+    /// The forward: one [`splash_fwd`] stage, `Q, K, V (, segments, sinks) -> Out, Lse`.
+    pub fn forward_plan(&self, f: Features) -> Vec<Stage> {
+        let info = &self.fwd_info;
+        let cfg = self.config(info, self.block_sizes.block_kv_compute, f);
+        let def = match self.dtype {
+            DType::BF16 => splash_fwd::<half::bf16>(cfg),
+            _ => splash_fwd::<f32>(cfg),
+        };
+        let mut args = self.tables(info);
+        args.push(self.sinks(f));
+        args.push(self.offsets());
+        args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
+        args.extend(self.segments(f));
+        args.push(Self::mask_blocks(info));
+        vec![Stage {
+            def,
+            args,
+            outputs: vec![Tensor::Out, Tensor::Lse],
+        }]
+    }
+
+    /// The backward: preprocessing (`Di`, `DSinks`), then dK/dV and dQ (separate kernels or
+    /// the fused kernel and a reduction).
+    pub fn backward_plan(&self, f: Features) -> Vec<Stage> {
+        let b = self.block_sizes;
+        let prep = PrepConfig {
+            bq: largest_block(self.dims.q_len, 512),
+            sinks: f.sinks,
+        };
+        let prep_def = match self.dtype {
+            DType::BF16 => splash_bwd_prep::<half::bf16>(prep),
+            _ => splash_bwd_prep::<f32>(prep),
+        };
+        let mut stages = vec![Stage {
+            def: prep_def,
+            args: vec![
+                self.sinks(f),
+                StageArg::Tensor(Tensor::Out),
+                StageArg::Tensor(Tensor::DOut),
+                StageArg::Tensor(Tensor::Lse),
+            ],
+            outputs: vec![Tensor::Di, Tensor::DSinks],
+        }];
+        let residuals = [Tensor::Lse, Tensor::DOut, Tensor::Di].map(StageArg::Tensor);
+        let info = &self.dkv_info;
+        let cfg = self.config(info, b.block_kv_dkv_compute, f);
+        let mut args = self.tables(info);
+        args.push(self.offsets());
+        args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
+        args.extend(self.segments(f));
+        args.push(Self::mask_blocks(info));
+        args.extend(residuals.clone());
+        if b.use_fused_bwd_kernel {
+            let def = match self.dtype {
+                DType::BF16 => splash_bwd_fused::<half::bf16>(cfg),
+                _ => splash_bwd_fused::<f32>(cfg),
+            };
+            stages.push(Stage {
+                def,
+                args,
+                outputs: vec![Tensor::DqPartial, Tensor::Dk, Tensor::Dv],
+            });
+            let bq = largest_block(self.dims.q_len, 512);
+            let def = match self.dtype {
+                DType::BF16 => splash_dq_reduce::<half::bf16>(bq),
+                _ => splash_dq_reduce::<f32>(bq),
+            };
+            stages.push(Stage {
+                def,
+                args: vec![StageArg::Tensor(Tensor::DqPartial)],
+                outputs: vec![Tensor::Dq],
+            });
+        } else {
+            let def = match self.dtype {
+                DType::BF16 => splash_dkv::<half::bf16>(cfg),
+                _ => splash_dkv::<f32>(cfg),
+            };
+            stages.push(Stage {
+                def,
+                args,
+                outputs: vec![Tensor::Dk, Tensor::Dv],
+            });
+            let info = self
+                .dq_info
+                .as_ref()
+                .expect("separate backward has dq tables");
+            let cfg = self.config(info, info.block_kv, f);
+            let def = match self.dtype {
+                DType::BF16 => splash_dq::<half::bf16>(cfg),
+                _ => splash_dq::<f32>(cfg),
+            };
+            let mut args = self.tables(info);
+            args.push(self.offsets());
+            args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
+            args.extend(self.segments(f));
+            args.push(Self::mask_blocks(info));
+            args.extend(residuals);
+            stages.push(Stage {
+                def,
+                args,
+                outputs: vec![Tensor::Dq],
+            });
+        }
+        stages
+    }
+
+    /// Checks the call's arrays against the configuration; returns the features it uses.
+    pub fn check_inputs(&self, x: &Inputs<'_>) -> Result<Features, SplashError> {
+        let dims = Dims::of(x.q.shape(), x.k.shape(), x.v.shape())?;
+        if dims != self.dims {
+            return Err(SplashError::Shape(format!(
+                "the inputs have dims {dims:?} but the attention was configured for {:?}",
+                self.dims
+            )));
+        }
+        for (name, a) in [("q", x.q), ("k", x.k), ("v", x.v)] {
+            if a.dtype() != self.dtype {
+                return Err(SplashError::Shape(format!(
+                    "{name} is {} but the attention was configured for {}",
+                    a.dtype(),
+                    self.dtype
+                )));
+            }
+            check_finite(name, a)?;
+        }
+        if let Some(s) = x.segment_ids {
+            for (name, a, len) in [("q", s.q, self.dims.q_len), ("kv", s.kv, self.dims.kv_len)] {
+                let want = [self.dims.batch, len];
+                if a.dtype() != DType::I32 || a.shape() != want {
+                    return Err(SplashError::Shape(format!(
+                        "{name} segment ids must be i32{want:?}, got {}{:?}",
+                        a.dtype(),
+                        a.shape()
+                    )));
+                }
+            }
+        }
+        if let Some(s) = x.sinks {
+            if s.dtype() != DType::F32 || s.shape() != [self.dims.heads] {
+                return Err(SplashError::Shape(format!(
+                    "sinks must be f32[{}] (one per query head), got {}{:?}",
+                    self.dims.heads,
+                    s.dtype(),
+                    s.shape()
+                )));
+            }
+            check_finite("sinks", s)?;
+        }
+        Ok(Features {
+            segmented: x.segment_ids.is_some(),
+            sinks: x.sinks.is_some(),
+        })
+    }
+
+    /// The tensors of a call, as the plans name them.
+    fn env(&self, x: &Inputs<'_>) -> HashMap<Tensor, HostArray> {
+        let d = self.dims;
+        let mut env = HashMap::from([
+            (Tensor::Q, x.q.clone()),
+            (Tensor::K, x.k.clone()),
+            (Tensor::V, x.v.clone()),
+        ]);
+        if let Some(s) = x.segment_ids {
+            env.insert(Tensor::QSegments, reshape(s.q, &[d.batch, d.q_len, 1]));
+            env.insert(Tensor::KvSegments, reshape(s.kv, &[d.batch, 1, d.kv_len]));
+        }
+        if let Some(s) = x.sinks {
+            env.insert(Tensor::Sinks, s.clone());
+        }
+        env
+    }
+
+    /// Runs the forward on `exec`.
+    pub fn forward(&self, exec: &dyn Executor, x: &Inputs<'_>) -> Result<Forward, SplashError> {
+        let f = self.check_inputs(x)?;
+        let mut env = self.env(x);
+        run_plan(&self.forward_plan(f), exec, &self.rules, &mut env)?;
+        let d = self.dims;
+        Ok(Forward {
+            out: take(&mut env, Tensor::Out)?,
+            lse: reshape(&take(&mut env, Tensor::Lse)?, &[d.batch, d.heads, d.q_len]),
+        })
+    }
+
+    /// Runs the backward on `exec`: the gradients of `sum(out * dout)` given the forward's
+    /// results.
+    pub fn backward(
+        &self,
+        exec: &dyn Executor,
+        x: &Inputs<'_>,
+        fwd: &Forward,
+        dout: &HostArray,
+    ) -> Result<Grads, SplashError> {
+        let f = self.check_inputs(x)?;
+        let d = self.dims;
+        let out_shape = [d.batch, d.heads, d.q_len, d.head_dim_v];
+        if dout.shape() != out_shape || dout.dtype() != self.dtype {
+            return Err(SplashError::Shape(format!(
+                "dout must be {}{out_shape:?} like the output, got {}{:?}",
+                self.dtype,
+                dout.dtype(),
+                dout.shape()
+            )));
+        }
+        check_finite("dout", dout)?;
+        let mut env = self.env(x);
+        env.insert(Tensor::Out, fwd.out.clone());
+        env.insert(
+            Tensor::Lse,
+            reshape(&fwd.lse, &[d.batch, d.heads, d.q_len, 1]),
+        );
+        env.insert(Tensor::DOut, dout.clone());
+        run_plan(&self.backward_plan(f), exec, &self.rules, &mut env)?;
+        let dsinks = take(&mut env, Tensor::DSinks)?;
+        Ok(Grads {
+            dq: take(&mut env, Tensor::Dq)?,
+            dk: take(&mut env, Tensor::Dk)?,
+            dv: take(&mut env, Tensor::Dv)?,
+            dsinks: f.sinks.then(|| reshape(&dsinks, &[d.heads])),
+        })
+    }
+}
+
+/// Runs `stages` in order on host arrays, reading and writing `env`.
+pub fn run_plan(
+    stages: &[Stage],
+    exec: &dyn Executor,
+    rules: &TargetRules,
+    env: &mut HashMap<Tensor, HostArray>,
+) -> Result<(), SplashError> {
+    for stage in stages {
+        let args = stage
+            .args
+            .iter()
+            .map(|a| match a {
+                StageArg::Const(c) => Ok(c.clone()),
+                StageArg::Tensor(t) => env.get(t).cloned().ok_or_else(|| {
+                    SplashError::Backend(format!(
+                        "kernel `{}` needs {t:?}, which no earlier stage produced",
+                        stage.def.name()
+                    ))
+                }),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let outs = exec.run(&stage.def, &args, rules)?;
+        if outs.len() != stage.outputs.len() {
+            return Err(SplashError::Backend(format!(
+                "kernel `{}` returned {} arrays, expected {}",
+                stage.def.name(),
+                outs.len(),
+                stage.outputs.len()
+            )));
+        }
+        env.extend(stage.outputs.iter().copied().zip(outs));
+    }
+    Ok(())
+}
+
+/// The argument specs of a stage, given the specs of the tensors it reads.
+pub fn stage_specs(stage: &Stage, tensor: impl Fn(Tensor) -> ArgSpec) -> Vec<ArgSpec> {
+    stage
+        .args
+        .iter()
+        .map(|a| match a {
+            StageArg::Const(c) => c.spec(),
+            StageArg::Tensor(t) => tensor(*t),
+        })
+        .collect()
+}
+
+fn take(env: &mut HashMap<Tensor, HostArray>, t: Tensor) -> Result<HostArray, SplashError> {
+    env.remove(&t)
+        .ok_or_else(|| SplashError::Backend(format!("no stage produced {t:?}")))
+}
+
+fn host_i32(shape: &[usize], v: Vec<i32>) -> HostArray {
+    HostArray::i32(shape.to_vec(), v).expect("table sizes match their shape")
+}
+
+/// `a` with another shape of the same size.
+pub fn reshape(a: &HostArray, shape: &[usize]) -> HostArray {
+    HostArray::new(shape.to_vec(), a.data().clone()).expect("reshape keeps the element count")
+}
+
+fn check_finite(name: &str, a: &HostArray) -> Result<(), SplashError> {
+    let bad = match a.data() {
+        tessera_dsl::array::ArrayData::F32(v) => v.iter().position(|x| !x.is_finite()),
+        tessera_dsl::array::ArrayData::BF16(v) => v.iter().position(|x| !x.is_finite()),
+        _ => None,
+    };
+    match bad {
+        Some(i) => Err(SplashError::Shape(format!(
+            "{name} holds a non-finite value ({}) at flat index {i}; attention inputs must be \
+             finite",
+            a.to_f64_vec()[i]
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The largest divisor of `n` that is at most `cap` and a multiple of 16 (valid sublane
+/// tiling for f32 and bf16), or `n` itself.
+fn largest_block(n: usize, cap: usize) -> usize {
+    if n <= cap {
+        return n;
+    }
+    (1..=cap)
+        .rev()
+        .find(|b| n % b == 0 && b % 16 == 0)
+        .unwrap_or(n)
+}

@@ -1,0 +1,260 @@
+//! Block sizes of the forward and backward kernels, and their validation.
+
+use tessera_dsl::rules::tpu_tile;
+use tessera_dsl::{DType, TargetRules};
+
+use crate::error::SplashError;
+
+/// The TPU lane width: the minor dimension of a vreg.
+pub const NUM_LANES: usize = 128;
+
+/// Tile sizes of the splash kernels (JAX's `BlockSizes`). They barely change numerics but
+/// decide speed: bigger blocks mean fewer grid steps and bigger matmuls; smaller ones skip
+/// masked regions more finely.
+///
+/// - forward: `block_q` queries by `block_kv` keys per grid step, the keys processed
+///   `block_kv_compute` at a time;
+/// - dK/dV (and the fused backward): `block_q_dkv` by `block_kv_dkv`, computed
+///   `block_kv_dkv_compute` keys at a time;
+/// - dQ: `block_q_dq` by `block_kv_dq` (unused with `use_fused_bwd_kernel`, where the dK/dV
+///   kernel also produces dQ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockSizes {
+    pub block_q: usize,
+    pub block_kv: usize,
+    pub block_kv_compute: usize,
+    pub block_q_dkv: usize,
+    pub block_kv_dkv: usize,
+    pub block_kv_dkv_compute: usize,
+    pub block_q_dq: usize,
+    pub block_kv_dq: usize,
+    /// One backward kernel computing dQ, dK and dV together (dQ is reduced over key blocks
+    /// afterwards) instead of separate dQ and dK/dV kernels.
+    pub use_fused_bwd_kernel: bool,
+}
+
+impl Default for BlockSizes {
+    /// JAX's defaults: 128 everywhere, separate backward kernels.
+    fn default() -> Self {
+        BlockSizes::uniform(128, 128)
+    }
+}
+
+impl BlockSizes {
+    /// `block_q` for every query block and `block_kv` for every key block (compute blocks
+    /// equal to their blocks), separate backward kernels.
+    pub fn uniform(block_q: usize, block_kv: usize) -> Self {
+        BlockSizes {
+            block_q,
+            block_kv,
+            block_kv_compute: block_kv,
+            block_q_dkv: block_q,
+            block_kv_dkv: block_kv,
+            block_kv_dkv_compute: block_kv,
+            block_q_dq: block_q,
+            block_kv_dq: block_kv,
+            use_fused_bwd_kernel: false,
+        }
+    }
+
+    /// The same sizes with the fused backward kernel on or off.
+    pub fn with_fused_bwd(mut self, fused: bool) -> Self {
+        self.use_fused_bwd_kernel = fused;
+        self
+    }
+
+    /// Checks every block against the sequence lengths, its compute block and (under TPU
+    /// rules) the TPU tiling of the operands it shapes, for inputs of `dtype`. `dense_mask`:
+    /// whether partial mask blocks are loaded from memory (int8 blocks, tiled (32, 128)).
+    pub fn validate(
+        &self,
+        q_len: usize,
+        kv_len: usize,
+        dtype: DType,
+        rules: &TargetRules,
+        dense_mask: bool,
+    ) -> Result<(), SplashError> {
+        let mut q_blocks = vec![("block_q", self.block_q), ("block_q_dkv", self.block_q_dkv)];
+        let mut kv_blocks = vec![
+            (
+                "block_kv",
+                self.block_kv,
+                ("block_kv_compute", self.block_kv_compute),
+            ),
+            (
+                "block_kv_dkv",
+                self.block_kv_dkv,
+                ("block_kv_dkv_compute", self.block_kv_dkv_compute),
+            ),
+        ];
+        if !self.use_fused_bwd_kernel {
+            q_blocks.push(("block_q_dq", self.block_q_dq));
+            kv_blocks.push((
+                "block_kv_dq",
+                self.block_kv_dq,
+                ("block_kv_dq", self.block_kv_dq),
+            ));
+        }
+        let sublane = if dense_mask {
+            // Partial mask blocks are int8: (32, 128) tiles.
+            tpu_tile(DType::I8).0
+        } else {
+            tpu_tile(dtype).0
+        };
+        // (block names, problem): blocks of equal size with the same problem share a message.
+        let mut problems: Vec<(Vec<&str>, String)> = Vec::new();
+        let mut add = |name: &'static str, problem: Option<String>| {
+            if let Some(p) = problem {
+                match problems.iter_mut().find(|(_, q)| *q == p) {
+                    Some((names, _)) => names.push(name),
+                    None => problems.push((vec![name], p)),
+                }
+            }
+        };
+        // A block that does not divide its extent gets that message alone.
+        let tpu = rules.tpu_tiling;
+        for (name, b) in q_blocks {
+            let d = divides(b, "the query sequence length", q_len);
+            let t = d.is_none() && tpu;
+            add(name, d);
+            if t {
+                add(name, tiled(b, q_len, sublane, "sublane", dtype, dense_mask));
+            }
+        }
+        for (name, b, (cname, c)) in kv_blocks {
+            let d = divides(b, "the key sequence length", kv_len);
+            let t = d.is_none() && tpu;
+            add(name, d);
+            if t {
+                add(name, tiled(b, kv_len, NUM_LANES, "lane", dtype, dense_mask));
+            }
+            if cname != name {
+                let d = divides(c, name, b);
+                let t = d.is_none() && tpu && c != b;
+                add(cname, d);
+                if t {
+                    add(cname, tiled(c, b, NUM_LANES, "lane", dtype, dense_mask));
+                }
+            }
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        let text: Vec<String> = problems
+            .into_iter()
+            .map(|(names, p)| format!("{} {p}", names.join(", ")))
+            .collect();
+        Err(SplashError::BlockSizes(text.join("; ")))
+    }
+}
+
+/// Why `b` does not divide `n` (`b` is the size of the named blocks, shown before).
+fn divides(b: usize, what: &str, n: usize) -> Option<String> {
+    if b == 0 {
+        Some("= 0; block sizes must be positive".into())
+    } else if n % b != 0 {
+        Some(format!(
+            "= {b}, which does not divide {what} ({n}); use a divisor of {n} such as {}",
+            nearest_divisor(n, b)
+        ))
+    } else {
+        None
+    }
+}
+
+/// Why `b` does not tile on TPU.
+fn tiled(
+    b: usize,
+    full: usize,
+    mult: usize,
+    kind: &str,
+    dtype: DType,
+    dense_mask: bool,
+) -> Option<String> {
+    if b == 0 || b == full || b % mult == 0 {
+        return None;
+    }
+    let why = if dense_mask && kind == "sublane" {
+        "int8 partial mask blocks".to_string()
+    } else if kind == "lane" {
+        "scores and key segment ids, whose key axis is the lane axis".to_string()
+    } else {
+        format!("{dtype} query blocks")
+    };
+    Some(format!(
+        "= {b}, which is neither a multiple of {mult} ({kind} tiling of {why} on TPU) nor \
+         {full}; use {} (or TargetRules::portable() for non-TPU backends)",
+        (b.div_ceil(mult) * mult).min(full)
+    ))
+}
+
+/// The divisor of `n` closest to `b` (ties to the smaller).
+fn nearest_divisor(n: usize, b: usize) -> usize {
+    (1..=n)
+        .filter(|d| n % d == 0)
+        .min_by_key(|&d| (d.abs_diff(b), d))
+        .unwrap_or(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_for_typical_sequences() {
+        for s in [128, 256, 4096] {
+            BlockSizes::default()
+                .validate(s, s, DType::F32, &TargetRules::tpu(), true)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn errors_name_the_block_and_the_fix() {
+        let mut b = BlockSizes::uniform(96, 128);
+        let e = b
+            .validate(256, 256, DType::F32, &TargetRules::tpu(), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("block_q, block_q_dkv, block_q_dq = 96, which does not divide the query sequence length (256)"),
+            "{e}"
+        );
+        b = BlockSizes::uniform(64, 256);
+        b.block_kv_compute = 96;
+        let e = b
+            .validate(256, 256, DType::F32, &TargetRules::tpu(), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("block_kv_compute = 96, which does not divide block_kv (256)"),
+            "{e}"
+        );
+        let e = BlockSizes::uniform(64, 64)
+            .validate(256, 256, DType::F32, &TargetRules::tpu(), false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "block_kv, block_kv_dkv, block_kv_dq = 64, which is neither a multiple of 128"
+            ),
+            "{e}"
+        );
+        // Portable rules only need divisibility.
+        BlockSizes::uniform(64, 64)
+            .validate(256, 256, DType::F32, &TargetRules::portable(), false)
+            .unwrap();
+        // Dense masks need 32-row int8 tiles.
+        let e = BlockSizes::uniform(16, 128)
+            .validate(256, 256, DType::F32, &TargetRules::tpu(), true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("= 16, which is neither a multiple of 32"), "{e}");
+        // With the fused kernel the dq blocks are unused.
+        let mut fused = BlockSizes::uniform(128, 128).with_fused_bwd(true);
+        fused.block_q_dq = 7;
+        fused
+            .validate(256, 256, DType::F32, &TargetRules::tpu(), false)
+            .unwrap();
+    }
+}

@@ -1,0 +1,790 @@
+//! The splash attention kernels, written with `#[tpu_kernel]`.
+//!
+//! Layouts (all row-major): `q`, `out`, `dout`, `dq` are `[B, H, Sq, D]`; `k`, `v`, `dk`,
+//! `dv` are `[B, KVH, Skv, D]`; residuals `lse` and `di` are `[B, H, Sq, 1]` (queries on
+//! sublanes, as the kernels use them); query segment ids `[B, Sq, 1]`, key segment ids
+//! `[B, 1, Skv]` (both reshapes of `[B, S]`). Query head `h` uses key/value head
+//! `h / (H / KVH)` (MHA, GQA and MQA alike).
+//!
+//! Scalar prefetch: the [`MaskInfo`](crate::MaskInfo) tables `data_next`, `block_mask`,
+//! `mask_next` (`[TH, rows, width]`, `TH` = 1 when every head shares the mask), each head's
+//! mask class `[H]`, the attention sinks `[H]` and the sequence offsets `[2]` (global
+//! position of the first query and of the first key).
+//!
+//! Every grid step looks its block up in the tables: empty entries do nothing (the grid is
+//! shrunk to the longest row of non-empty blocks; padding entries repeat the previous block so
+//! nothing new is fetched), full blocks are computed without evaluating the mask and partial
+//! blocks with it, computed in-kernel from iota and global positions or loaded from the
+//! stored int8 partial blocks.
+
+use std::fmt;
+
+use tessera_dsl::prelude::*;
+
+use crate::mask::MaskExpr;
+use crate::mask_info::KernelMask;
+
+/// `block_mask` code of a block computed with the mask.
+const PARTIAL: i32 = 1;
+/// `block_mask` code of a block computed without the mask.
+const FULL: i32 = 2;
+
+/// An `f32` that can key the kernel cache (compared and hashed by its bits).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct F32Bits(u32);
+
+impl F32Bits {
+    pub fn new(x: f32) -> Self {
+        F32Bits(x.to_bits())
+    }
+
+    pub fn get(self) -> f32 {
+        f32::from_bits(self.0)
+    }
+}
+
+impl fmt::Debug for F32Bits {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.get())
+    }
+}
+
+/// The compile-time configuration of one attention kernel: block sizes and everything that
+/// changes the code it traces.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KernelConfig {
+    /// Query rows per grid step.
+    pub bq: usize,
+    /// Keys per grid step.
+    pub bkv: usize,
+    /// Keys per inner compute step (divides `bkv`).
+    pub bkv_compute: usize,
+    /// Logits are `scale * q.k`.
+    pub scale: F32Bits,
+    /// Logits are `cap * tanh(logits / cap)`.
+    pub soft_cap: Option<F32Bits>,
+    /// The (finite) floor of the running max: the logit masked entries stand for.
+    pub mask_value: F32Bits,
+    /// How partial blocks are masked.
+    pub mask: KernelMask,
+    /// Tables differ per head (index them with the head; else with 0).
+    pub per_head: bool,
+    /// Some block is partial (trace the masked path).
+    pub any_partial: bool,
+    /// Some block is full (trace the unmasked path).
+    pub any_full: bool,
+    /// Segment ids restrict attention to equal ids.
+    pub segmented: bool,
+    /// Attention sinks (one logit per head with a zero value).
+    pub sinks: bool,
+}
+
+/// The compile-time configuration of the backward preprocessing kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PrepConfig {
+    pub bq: usize,
+    pub sinks: bool,
+}
+
+fn table_row(h: Value, per_head: bool) -> Value {
+    if per_head {
+        h
+    } else {
+        constant(DType::I32, &[], 0)
+    }
+}
+
+fn cast_to(x: Value, dtype: DType) -> Value {
+    if x.dtype() == dtype {
+        x
+    } else {
+        x.cast(dtype)
+    }
+}
+
+/// A computable mask evaluated on query positions `[bq, 1]` and key positions `[1, bkv]`.
+fn eval_mask(e: &MaskExpr, q: Value, kv: Value, shape: &[usize]) -> Value {
+    match e {
+        MaskExpr::Full => constant(DType::Bool, shape, true),
+        MaskExpr::Causal { offset } => kv.le(q + *offset as i32),
+        MaskExpr::Local {
+            left,
+            right,
+            offset,
+        } => {
+            let c = if *offset == 0 { q } else { q + *offset as i32 };
+            let lo = left.map(|l| (c - l as i32).le(kv));
+            let hi = right.map(|r| kv.le(c + r as i32));
+            match (lo, hi) {
+                (Some(a), Some(b)) => a & b,
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => constant(DType::Bool, shape, true),
+            }
+        }
+        MaskExpr::Chunked { chunk } => {
+            let c = *chunk as i32;
+            kv.le(q) & (q / c).eq(kv / c)
+        }
+        MaskExpr::And(a, b) => eval_mask(a, q, kv, shape) & eval_mask(b, q, kv, shape),
+        MaskExpr::Or(a, b) => eval_mask(a, q, kv, shape) | eval_mask(b, q, kv, shape),
+    }
+}
+
+/// The visibility of a `[bq, bkvc]` tile, or `None` when everything is visible.
+///
+/// `q_block`/`kv_block` are the tile's block indices (run-time), `c` the compute step inside
+/// the key block; `masked` selects the partial-block path.
+struct Tile<'a> {
+    cfg: &'a KernelConfig,
+    masked: bool,
+    q_block: Value,
+    kv_block: Value,
+    c: usize,
+    offsets: Smem<i32>,
+    head_class: Smem<i32>,
+    head: Value,
+    q_seg: Ref<i32>,
+    kv_seg: Ref<i32>,
+    mask_blocks: Ref<i8>,
+}
+
+impl Tile<'_> {
+    fn visible(&self) -> Option<Value> {
+        let cfg = self.cfg;
+        let (bq, bkvc) = (cfg.bq, cfg.bkv_compute);
+        let shape = [bq, bkvc];
+        let mut vis: Option<Value> = None;
+        if self.masked {
+            let m = match &cfg.mask {
+                KernelMask::Dense => {
+                    let block = if cfg.bkv == bkvc {
+                        self.mask_blocks.load()
+                    } else {
+                        self.mask_blocks
+                            .at(&[all(), ds(self.c * bkvc, bkvc)])
+                            .load()
+                    };
+                    block.ne(0)
+                }
+                KernelMask::Computed(exprs) => {
+                    let q0 = self.offsets.get([0]) + self.q_block * bq as i32;
+                    let k0 = self.offsets.get([1])
+                        + self.kv_block * cfg.bkv as i32
+                        + (self.c * bkvc) as i32;
+                    let q = iota(DType::I32, &[bq, 1], 0) + q0;
+                    let kv = iota(DType::I32, &[1, bkvc], 1) + k0;
+                    let mut m = eval_mask(&exprs[exprs.len() - 1], q, kv, &shape);
+                    if exprs.len() > 1 {
+                        let class = self.head_class.get([self.head]);
+                        for (ci, e) in exprs.iter().enumerate().rev().skip(1) {
+                            m = select(class.eq(ci as i32), eval_mask(e, q, kv, &shape), m);
+                        }
+                    }
+                    m
+                }
+            };
+            vis = Some(m);
+        }
+        if cfg.segmented {
+            let q_ids = self.q_seg.load();
+            let kv_ids = if cfg.bkv == bkvc {
+                self.kv_seg.load()
+            } else {
+                self.kv_seg.at(&[all(), ds(self.c * bkvc, bkvc)]).load()
+            };
+            let same = q_ids.eq(kv_ids);
+            vis = Some(match vis {
+                Some(m) => m & same,
+                None => same,
+            });
+        }
+        vis
+    }
+}
+
+/// Scaled (and soft-capped) logits of a tile: `(capped, scaled-before-cap)`.
+fn logits(cfg: &KernelConfig, q: Value, k: Value) -> (Value, Value) {
+    let scale = cfg.scale.get();
+    let raw = dot_nt(q, k);
+    let raw = if scale == 1.0 { raw } else { raw * scale };
+    match cfg.soft_cap {
+        Some(c) => {
+            let c = c.get();
+            ((raw / c).tanh() * c, raw)
+        }
+        None => (raw, raw),
+    }
+}
+
+/// `ds` through the soft cap: `d(cap * tanh(x / cap))/dx = 1 - tanh(x / cap)^2`.
+fn through_cap(cfg: &KernelConfig, ds: Value, raw: Value) -> Value {
+    match cfg.soft_cap {
+        Some(c) => {
+            let t = (raw / c.get()).tanh();
+            ds * (1.0 - t * t)
+        }
+        None => ds,
+    }
+}
+
+/// A window of `len` rows from `start` of a block, or the whole block.
+fn rows(r: Ref<impl Element>, start: usize, len: usize, whole: bool) -> Value {
+    if whole {
+        r.load()
+    } else {
+        r.at(&[ds(start, len), all()]).load()
+    }
+}
+
+/// Forward: `out = softmax(logits) v` with an online softmax over key blocks, and the
+/// logsumexp of every query row (`-inf` for rows that see no key; then `out` is 0).
+#[tpu_kernel(grid = (B, H, NQ, W),
+             dimension_semantics = (parallel, parallel, arbitrary, arbitrary))]
+pub fn splash_fwd<T: Element>(
+    #[shape(TH, NQ, W)] data_next: Smem<i32>,
+    #[shape(TH, NQ, W)] block_mask: Smem<i32>,
+    #[shape(TH, NQ, W)] mask_next: Smem<i32>,
+    #[shape(H)] head_class: Smem<i32>,
+    #[shape(H)] sinks: Smem<f32>,
+    #[shape(2)] offsets: Smem<i32>,
+    #[shape(B, H, SQ, D)]
+    #[block((None, None, cfg.bq, D), |b, h, i, j| (b, h, i, 0))]
+    q: Ref<T>,
+    #[shape(B, KVH, SKV, D)]
+    #[block((None, None, cfg.bkv, D),
+            |b, h, i, j| (b, h / (H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
+    k: Ref<T>,
+    #[shape(B, KVH, SKV, DV)]
+    #[block((None, None, cfg.bkv, DV),
+            |b, h, i, j| (b, h / (H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
+    v: Ref<T>,
+    #[shape(B, SQ, 1)]
+    #[block((None, cfg.bq, 1), |b, h, i, j| (b, i, 0))]
+    q_seg: Ref<i32>,
+    #[shape(B, 1, SKV)]
+    #[block((None, 1, cfg.bkv),
+            |b, h, i, j| (b, 0, data_next.get([table_row(h, cfg.per_head), i, j])))]
+    kv_seg: Ref<i32>,
+    #[shape(_NM, MQ, MKV)]
+    #[block((None, MQ, MKV),
+            |b, h, i, j| (mask_next.get([table_row(h, cfg.per_head), i, j]), 0, 0))]
+    mask_blocks: Ref<i8>,
+    #[shape(B, H, SQ, DV)]
+    #[block((None, None, cfg.bq, DV), |b, h, i, j| (b, h, i, 0))]
+    out: RefMut<T>,
+    #[shape(B, H, SQ, 1)]
+    #[block((None, None, cfg.bq, 1), |b, h, i, j| (b, h, i, 0))]
+    lse: RefMut<f32>,
+    #[scratch(cfg.bq, 1)] m_scratch: Scratch<f32>,
+    #[scratch(cfg.bq, 1)] l_scratch: Scratch<f32>,
+    #[scratch(cfg.bq, DV)] acc: Scratch<f32>,
+    #[comptime] cfg: KernelConfig,
+) {
+    let (h, i, j) = (program_id(1), program_id(2), program_id(3));
+    let row = table_row(h, cfg.per_head);
+    when(j.eq(0), || {
+        acc.store(0.0);
+        if cfg.sinks {
+            // The sink is one more logit with a zero value: it starts the max and the sum.
+            m_scratch.store(sinks.get([h]));
+            l_scratch.store(1.0);
+        } else {
+            m_scratch.store(cfg.mask_value.get());
+            l_scratch.store(0.0);
+        }
+    });
+    let kind = block_mask.get([row, i, j]);
+    let kv_block = data_next.get([row, i, j]);
+    let bkvc = cfg.bkv_compute;
+    let whole = bkvc == cfg.bkv;
+    let step = |masked: bool| {
+        let qv = q.load();
+        for c in 0..cfg.bkv / bkvc {
+            let tile = Tile {
+                cfg: &cfg,
+                masked,
+                q_block: i,
+                kv_block,
+                c,
+                offsets,
+                head_class,
+                head: h,
+                q_seg,
+                kv_seg,
+                mask_blocks,
+            };
+            let (s, _) = logits(&cfg, qv, rows(k, c * bkvc, bkvc, whole));
+            // Masked entries never count: -inf logits under a finite running max.
+            let s = match tile.visible() {
+                Some(vis) => select(vis, s, f32::NEG_INFINITY),
+                None => s,
+            };
+            let m_prev = m_scratch.load();
+            let m_next = m_prev.maximum(s.max_keepdims(-1));
+            let alpha = (m_prev - m_next).exp();
+            let p = (s - m_next).exp();
+            l_scratch.store(alpha * l_scratch.load() + p.sum_keepdims(-1));
+            let pv = dot(cast_to(p, T::DTYPE), rows(v, c * bkvc, bkvc, whole));
+            acc.store(acc.load() * alpha + pv);
+            m_scratch.store(m_next);
+        }
+    };
+    if cfg.any_full {
+        when(kind.eq(FULL), || step(false));
+    }
+    if cfg.any_partial {
+        when(kind.eq(PARTIAL), || step(true));
+    }
+    when(j.eq(num_programs(3) - 1), || {
+        let l = l_scratch.load();
+        let none = l.eq(0.0);
+        let l_safe = select(none, 1.0, l);
+        out.store(cast_to(acc.load() / l_safe, T::DTYPE));
+        lse.store(select(
+            none,
+            f32::NEG_INFINITY,
+            m_scratch.load() + l_safe.log(),
+        ));
+    });
+}
+
+/// Backward preprocessing: `di = rowsum(out * dout)` per query row, and the gradient of the
+/// attention sinks, `dsinks[h] = -sum over rows of exp(sink[h] - lse) * di`.
+#[tpu_kernel(grid = (H, B, SQ / cfg.bq), dimension_semantics = (parallel, arbitrary, arbitrary))]
+pub fn splash_bwd_prep<T: Element>(
+    #[shape(H)] sinks: Smem<f32>,
+    #[shape(B, H, SQ, DV)]
+    #[block((None, None, cfg.bq, DV), |h, b, i| (b, h, i, 0))]
+    out: Ref<T>,
+    #[shape(B, H, SQ, DV)]
+    #[block((None, None, cfg.bq, DV), |h, b, i| (b, h, i, 0))]
+    dout: Ref<T>,
+    #[shape(B, H, SQ, 1)]
+    #[block((None, None, cfg.bq, 1), |h, b, i| (b, h, i, 0))]
+    lse: Ref<f32>,
+    #[shape(B, H, SQ, 1)]
+    #[block((None, None, cfg.bq, 1), |h, b, i| (b, h, i, 0))]
+    di: RefMut<f32>,
+    #[shape(H, 1, 1)]
+    #[block((None, 1, 1), |h, b, i| (h, 0, 0))]
+    dsinks: RefMut<f32>,
+    #[scratch(1, 1)] dsink_acc: Scratch<f32>,
+    #[comptime] cfg: PrepConfig,
+) {
+    let (h, b, i) = (program_id(0), program_id(1), program_id(2));
+    let d = (cast_to(out.load(), DType::F32) * cast_to(dout.load(), DType::F32)).sum_keepdims(-1);
+    di.store(d);
+    let first = b.eq(0) & i.eq(0);
+    when(first, || dsink_acc.store(0.0));
+    if cfg.sinks {
+        let p_sink = (sinks.get([h]) - lse.load()).exp();
+        let part = (p_sink * d).sum_keepdims(0);
+        dsink_acc.store(dsink_acc.load() - part);
+    }
+    let last = b.eq(num_programs(1) - 1) & i.eq(num_programs(2) - 1);
+    when(last, || dsinks.store(dsink_acc.load()));
+}
+
+/// dQ: for each query block, `dq = scale * sum over key blocks of ds k` with
+/// `ds = p * (dp - di)`, `p = exp(logits - lse)`, `dp = dout v^T`.
+#[tpu_kernel(grid = (B, H, NQ, W),
+             dimension_semantics = (parallel, parallel, arbitrary, arbitrary))]
+pub fn splash_dq<T: Element>(
+    #[shape(TH, NQ, W)] data_next: Smem<i32>,
+    #[shape(TH, NQ, W)] block_mask: Smem<i32>,
+    #[shape(TH, NQ, W)] mask_next: Smem<i32>,
+    #[shape(H)] head_class: Smem<i32>,
+    #[shape(2)] offsets: Smem<i32>,
+    #[shape(B, H, SQ, D)]
+    #[block((None, None, cfg.bq, D), |b, h, i, j| (b, h, i, 0))]
+    q: Ref<T>,
+    #[shape(B, KVH, SKV, D)]
+    #[block((None, None, cfg.bkv, D),
+            |b, h, i, j| (b, h / (H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
+    k: Ref<T>,
+    #[shape(B, KVH, SKV, DV)]
+    #[block((None, None, cfg.bkv, DV),
+            |b, h, i, j| (b, h / (H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
+    v: Ref<T>,
+    #[shape(B, SQ, 1)]
+    #[block((None, cfg.bq, 1), |b, h, i, j| (b, i, 0))]
+    q_seg: Ref<i32>,
+    #[shape(B, 1, SKV)]
+    #[block((None, 1, cfg.bkv),
+            |b, h, i, j| (b, 0, data_next.get([table_row(h, cfg.per_head), i, j])))]
+    kv_seg: Ref<i32>,
+    #[shape(_NM, MQ, MKV)]
+    #[block((None, MQ, MKV),
+            |b, h, i, j| (mask_next.get([table_row(h, cfg.per_head), i, j]), 0, 0))]
+    mask_blocks: Ref<i8>,
+    #[shape(B, H, SQ, 1)]
+    #[block((None, None, cfg.bq, 1), |b, h, i, j| (b, h, i, 0))]
+    lse: Ref<f32>,
+    #[shape(B, H, SQ, DV)]
+    #[block((None, None, cfg.bq, DV), |b, h, i, j| (b, h, i, 0))]
+    dout: Ref<T>,
+    #[shape(B, H, SQ, 1)]
+    #[block((None, None, cfg.bq, 1), |b, h, i, j| (b, h, i, 0))]
+    di: Ref<f32>,
+    #[shape(B, H, SQ, D)]
+    #[block((None, None, cfg.bq, D), |b, h, i, j| (b, h, i, 0))]
+    dq: RefMut<T>,
+    #[scratch(cfg.bq, D)] dq_acc: Scratch<f32>,
+    #[comptime] cfg: KernelConfig,
+) {
+    let (h, i, j) = (program_id(1), program_id(2), program_id(3));
+    let row = table_row(h, cfg.per_head);
+    when(j.eq(0), || dq_acc.store(0.0));
+    let kind = block_mask.get([row, i, j]);
+    let kv_block = data_next.get([row, i, j]);
+    let bkvc = cfg.bkv_compute;
+    let whole = bkvc == cfg.bkv;
+    let step = |masked: bool| {
+        let (qv, dov, lse_v, di_v) = (q.load(), dout.load(), lse.load(), di.load());
+        let mut total: Option<Value> = None;
+        for c in 0..cfg.bkv / bkvc {
+            let tile = Tile {
+                cfg: &cfg,
+                masked,
+                q_block: i,
+                kv_block,
+                c,
+                offsets,
+                head_class,
+                head: h,
+                q_seg,
+                kv_seg,
+                mask_blocks,
+            };
+            let kc = rows(k, c * bkvc, bkvc, whole);
+            let (s, raw) = logits(&cfg, qv, kc);
+            let p = (s - lse_v).exp();
+            let p = match tile.visible() {
+                Some(vis) => select(vis, p, 0.0),
+                None => p,
+            };
+            let dp = dot_nt(dov, rows(v, c * bkvc, bkvc, whole));
+            let ds = through_cap(&cfg, p * (dp - di_v), raw);
+            let part = dot(cast_to(ds, T::DTYPE), kc);
+            total = Some(match total {
+                Some(t) => t + part,
+                None => part,
+            });
+        }
+        if let Some(t) = total {
+            let scale = cfg.scale.get();
+            let t = if scale == 1.0 { t } else { t * scale };
+            dq_acc.store(dq_acc.load() + t);
+        }
+    };
+    if cfg.any_full {
+        when(kind.eq(FULL), || step(false));
+    }
+    if cfg.any_partial {
+        when(kind.eq(PARTIAL), || step(true));
+    }
+    when(j.eq(num_programs(3) - 1), || {
+        dq.store(cast_to(dq_acc.load(), T::DTYPE))
+    });
+}
+
+/// The operands of a dK/dV step.
+struct DkvRefs<T: Element> {
+    offsets: Smem<i32>,
+    head_class: Smem<i32>,
+    q: Ref<T>,
+    k: Ref<T>,
+    v: Ref<T>,
+    dout: Ref<T>,
+    lse: Ref<f32>,
+    di: Ref<f32>,
+    q_seg: Ref<i32>,
+    kv_seg: Ref<i32>,
+    mask_blocks: Ref<i8>,
+    dk_acc: Scratch<f32>,
+    dv_acc: Scratch<f32>,
+}
+
+/// The dK/dV step shared by the separate and the fused kernels: accumulates into the
+/// `[bkv, D]` scratch and returns this query block's dQ contribution when asked.
+fn dkv_step<T: Element>(
+    cfg: &KernelConfig,
+    masked: bool,
+    (q_block, kv_block, head): (Value, Value, Value),
+    r: &DkvRefs<T>,
+    want_dq: bool,
+) -> Option<Value> {
+    let (qv, dov, lse_v, di_v) = (r.q.load(), r.dout.load(), r.lse.load(), r.di.load());
+    let bkvc = cfg.bkv_compute;
+    let whole = bkvc == cfg.bkv;
+    let scale = cfg.scale.get();
+    let mut dq_total: Option<Value> = None;
+    for c in 0..cfg.bkv / bkvc {
+        let tile = Tile {
+            cfg,
+            masked,
+            q_block,
+            kv_block,
+            c,
+            offsets: r.offsets,
+            head_class: r.head_class,
+            head,
+            q_seg: r.q_seg,
+            kv_seg: r.kv_seg,
+            mask_blocks: r.mask_blocks,
+        };
+        let kc = rows(r.k, c * bkvc, bkvc, whole);
+        let vc = rows(r.v, c * bkvc, bkvc, whole);
+        let (s, raw) = logits(cfg, qv, kc);
+        let p = (s - lse_v).exp();
+        let p = match tile.visible() {
+            Some(vis) => select(vis, p, 0.0),
+            None => p,
+        };
+        let dv_part = dot_tn(cast_to(p, T::DTYPE), dov);
+        let dp = dot_nt(dov, vc);
+        let ds = cast_to(through_cap(cfg, p * (dp - di_v), raw), T::DTYPE);
+        let dk_part = dot_tn(ds, qv);
+        let dk_part = if scale == 1.0 {
+            dk_part
+        } else {
+            dk_part * scale
+        };
+        if whole {
+            r.dv_acc.store(r.dv_acc.load() + dv_part);
+            r.dk_acc.store(r.dk_acc.load() + dk_part);
+        } else {
+            let win = [ds_rows(c * bkvc, bkvc), all()];
+            r.dv_acc.at(&win).store(r.dv_acc.at(&win).load() + dv_part);
+            r.dk_acc.at(&win).store(r.dk_acc.at(&win).load() + dk_part);
+        }
+        if want_dq {
+            let part = dot(ds, kc);
+            dq_total = Some(match dq_total {
+                Some(t) => t + part,
+                None => part,
+            });
+        }
+    }
+    dq_total.map(|t| if scale == 1.0 { t } else { t * scale })
+}
+
+fn ds_rows(start: usize, len: usize) -> tessera_dsl::Idx {
+    ds(start, len)
+}
+
+/// dK and dV: for each key block, sums over the query heads that share its key/value head
+/// and over their query blocks (walked through the `Major::Kv` tables).
+#[tpu_kernel(grid = (B, KVH, NKV, H / KVH, WQ),
+             dimension_semantics = (parallel, parallel, arbitrary, arbitrary, arbitrary))]
+pub fn splash_dkv<T: Element>(
+    #[shape(TH, NKV, WQ)] data_next: Smem<i32>,
+    #[shape(TH, NKV, WQ)] block_mask: Smem<i32>,
+    #[shape(TH, NKV, WQ)] mask_next: Smem<i32>,
+    #[shape(H)] head_class: Smem<i32>,
+    #[shape(2)] offsets: Smem<i32>,
+    #[shape(B, H, SQ, D)]
+    #[block((None, None, cfg.bq, D),
+            |b, kh, j, g, i| (b, kh * (H / KVH) + g,
+                              data_next.get([table_row(kh * (H / KVH) + g, cfg.per_head), j, i]), 0))]
+    q: Ref<T>,
+    #[shape(B, KVH, SKV, D)]
+    #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
+    k: Ref<T>,
+    #[shape(B, KVH, SKV, DV)]
+    #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
+    v: Ref<T>,
+    #[shape(B, SQ, 1)]
+    #[block((None, cfg.bq, 1),
+            |b, kh, j, g, i| (b, data_next.get([table_row(kh * (H / KVH) + g, cfg.per_head), j, i]), 0))]
+    q_seg: Ref<i32>,
+    #[shape(B, 1, SKV)]
+    #[block((None, 1, cfg.bkv), |b, kh, j, g, i| (b, 0, j))]
+    kv_seg: Ref<i32>,
+    #[shape(_NM, MQ, MKV)]
+    #[block((None, MQ, MKV),
+            |b, kh, j, g, i| (mask_next.get([table_row(kh * (H / KVH) + g, cfg.per_head), j, i]), 0, 0))]
+    mask_blocks: Ref<i8>,
+    #[shape(B, H, SQ, 1)]
+    #[block((None, None, cfg.bq, 1),
+            |b, kh, j, g, i| (b, kh * (H / KVH) + g,
+                              data_next.get([table_row(kh * (H / KVH) + g, cfg.per_head), j, i]), 0))]
+    lse: Ref<f32>,
+    #[shape(B, H, SQ, DV)]
+    #[block((None, None, cfg.bq, DV),
+            |b, kh, j, g, i| (b, kh * (H / KVH) + g,
+                              data_next.get([table_row(kh * (H / KVH) + g, cfg.per_head), j, i]), 0))]
+    dout: Ref<T>,
+    #[shape(B, H, SQ, 1)]
+    #[block((None, None, cfg.bq, 1),
+            |b, kh, j, g, i| (b, kh * (H / KVH) + g,
+                              data_next.get([table_row(kh * (H / KVH) + g, cfg.per_head), j, i]), 0))]
+    di: Ref<f32>,
+    #[shape(B, KVH, SKV, D)]
+    #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
+    dk: RefMut<T>,
+    #[shape(B, KVH, SKV, DV)]
+    #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
+    dv: RefMut<T>,
+    #[scratch(cfg.bkv, D)] dk_acc: Scratch<f32>,
+    #[scratch(cfg.bkv, DV)] dv_acc: Scratch<f32>,
+    #[comptime] cfg: KernelConfig,
+) {
+    let (kh, j, g, i) = (program_id(1), program_id(2), program_id(3), program_id(4));
+    let heads_per_kv = num_programs(3);
+    let h = kh * heads_per_kv + g;
+    let row = table_row(h, cfg.per_head);
+    when(g.eq(0) & i.eq(0), || {
+        dk_acc.store(0.0);
+        dv_acc.store(0.0);
+    });
+    let kind = block_mask.get([row, j, i]);
+    let q_block = data_next.get([row, j, i]);
+    let refs = DkvRefs {
+        offsets,
+        head_class,
+        q,
+        k,
+        v,
+        dout,
+        lse,
+        di,
+        q_seg,
+        kv_seg,
+        mask_blocks,
+        dk_acc,
+        dv_acc,
+    };
+    let step = |masked: bool| {
+        dkv_step(&cfg, masked, (q_block, j, h), &refs, false);
+    };
+    if cfg.any_full {
+        when(kind.eq(FULL), || step(false));
+    }
+    if cfg.any_partial {
+        when(kind.eq(PARTIAL), || step(true));
+    }
+    let last = g.eq(heads_per_kv - 1) & i.eq(num_programs(4) - 1);
+    when(last, || {
+        dk.store(cast_to(dk_acc.load(), T::DTYPE));
+        dv.store(cast_to(dv_acc.load(), T::DTYPE));
+    });
+}
+
+/// The fused backward: dK and dV as [`splash_dkv`], plus each (key block, query block)'s dQ
+/// contribution in `dq_partial[key block]` (zero for skipped blocks), reduced over key blocks
+/// by [`splash_dq_reduce`]. Its tables are not shrunk: every query block has a slot.
+#[tpu_kernel(grid = (B, KVH, NKV, H / KVH, NQ),
+             dimension_semantics = (parallel, parallel, arbitrary, arbitrary, arbitrary))]
+pub fn splash_bwd_fused<T: Element>(
+    #[shape(TH, NKV, NQ)] data_next: Smem<i32>,
+    #[shape(TH, NKV, NQ)] block_mask: Smem<i32>,
+    #[shape(TH, NKV, NQ)] mask_next: Smem<i32>,
+    #[shape(H)] head_class: Smem<i32>,
+    #[shape(2)] offsets: Smem<i32>,
+    #[shape(B, H, SQ, D)]
+    #[block((None, None, cfg.bq, D), |b, kh, j, g, i| (b, kh * (H / KVH) + g, i, 0))]
+    q: Ref<T>,
+    #[shape(B, KVH, SKV, D)]
+    #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
+    k: Ref<T>,
+    #[shape(B, KVH, SKV, DV)]
+    #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
+    v: Ref<T>,
+    #[shape(B, SQ, 1)]
+    #[block((None, cfg.bq, 1), |b, kh, j, g, i| (b, i, 0))]
+    q_seg: Ref<i32>,
+    #[shape(B, 1, SKV)]
+    #[block((None, 1, cfg.bkv), |b, kh, j, g, i| (b, 0, j))]
+    kv_seg: Ref<i32>,
+    #[shape(_NM, MQ, MKV)]
+    #[block((None, MQ, MKV),
+            |b, kh, j, g, i| (mask_next.get([table_row(kh * (H / KVH) + g, cfg.per_head), j, i]), 0, 0))]
+    mask_blocks: Ref<i8>,
+    #[shape(B, H, SQ, 1)]
+    #[block((None, None, cfg.bq, 1), |b, kh, j, g, i| (b, kh * (H / KVH) + g, i, 0))]
+    lse: Ref<f32>,
+    #[shape(B, H, SQ, DV)]
+    #[block((None, None, cfg.bq, DV), |b, kh, j, g, i| (b, kh * (H / KVH) + g, i, 0))]
+    dout: Ref<T>,
+    #[shape(B, H, SQ, 1)]
+    #[block((None, None, cfg.bq, 1), |b, kh, j, g, i| (b, kh * (H / KVH) + g, i, 0))]
+    di: Ref<f32>,
+    #[shape(NKV, B, H, SQ, D)]
+    #[block((None, None, None, cfg.bq, D), |b, kh, j, g, i| (j, b, kh * (H / KVH) + g, i, 0))]
+    dq_partial: RefMut<f32>,
+    #[shape(B, KVH, SKV, D)]
+    #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
+    dk: RefMut<T>,
+    #[shape(B, KVH, SKV, DV)]
+    #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
+    dv: RefMut<T>,
+    #[scratch(cfg.bkv, D)] dk_acc: Scratch<f32>,
+    #[scratch(cfg.bkv, DV)] dv_acc: Scratch<f32>,
+    #[comptime] cfg: KernelConfig,
+) {
+    let (kh, j, g, i) = (program_id(1), program_id(2), program_id(3), program_id(4));
+    let heads_per_kv = num_programs(3);
+    let h = kh * heads_per_kv + g;
+    let row = table_row(h, cfg.per_head);
+    when(g.eq(0) & i.eq(0), || {
+        dk_acc.store(0.0);
+        dv_acc.store(0.0);
+    });
+    let kind = block_mask.get([row, j, i]);
+    dq_partial.store(0.0);
+    let refs = DkvRefs {
+        offsets,
+        head_class,
+        q,
+        k,
+        v,
+        dout,
+        lse,
+        di,
+        q_seg,
+        kv_seg,
+        mask_blocks,
+        dk_acc,
+        dv_acc,
+    };
+    let step = |masked: bool| {
+        let dq = dkv_step(&cfg, masked, (i, j, h), &refs, true);
+        if let Some(dq) = dq {
+            dq_partial.store(dq);
+        }
+    };
+    if cfg.any_full {
+        when(kind.eq(FULL), || step(false));
+    }
+    if cfg.any_partial {
+        when(kind.eq(PARTIAL), || step(true));
+    }
+    let last = g.eq(heads_per_kv - 1) & i.eq(num_programs(4) - 1);
+    when(last, || {
+        dk.store(cast_to(dk_acc.load(), T::DTYPE));
+        dv.store(cast_to(dv_acc.load(), T::DTYPE));
+    });
+}
+
+/// Sums the fused backward's per-key-block dQ contributions, one key block per step of the
+/// innermost (`arbitrary`) axis into an f32 accumulator.
+#[tpu_kernel(grid = (B, H, SQ / bq, NKV),
+             dimension_semantics = (parallel, parallel, parallel, arbitrary))]
+pub fn splash_dq_reduce<T: Element>(
+    #[shape(NKV, B, H, SQ, D)]
+    #[block((None, None, None, bq, D), |b, h, i, j| (j, b, h, i, 0))]
+    dq_partial: Ref<f32>,
+    #[shape(B, H, SQ, D)]
+    #[block((None, None, bq, D), |b, h, i, j| (b, h, i, 0))]
+    dq: RefMut<T>,
+    #[scratch(bq, D)] acc: Scratch<f32>,
+    #[comptime] bq: usize,
+) {
+    let j = program_id(3);
+    when(j.eq(0), || acc.store(0.0));
+    acc.store(acc.load() + dq_partial.load());
+    when(j.eq(num_programs(3) - 1), || {
+        dq.store(cast_to(acc.load(), T::DTYPE))
+    });
+}

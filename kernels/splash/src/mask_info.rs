@@ -1,0 +1,413 @@
+//! `MaskInfo`: the block-sparsity tables the kernels read from scalar prefetch (SMEM).
+//!
+//! The attention matrix of every head is cut into blocks (`block_q` queries by `block_kv`
+//! keys) and each block is classified [`BlockKind::Empty`] (skipped: never computed),
+//! [`BlockKind::Partial`] (computed with the mask applied) or [`BlockKind::Full`] (computed
+//! without evaluating the mask). For every row of blocks the non-empty blocks are listed in
+//! order, so the kernel's inner grid axis walks only those (the grid is "shrunk" to the
+//! longest list; shorter rows are padded with empty entries that repeat the last block, so no
+//! new data is fetched for them):
+//!
+//! - `data_next[h, r, s]`: the block index (along the inner axis) of slot `s` of row `r`;
+//! - `block_mask[h, r, s]`: its [`BlockKind::code`] (0 empty/padding, 1 partial, 2 full);
+//! - `mask_next[h, r, s]`: for dense masks, which stored partial mask block to load.
+//!
+//! Computable masks (causal, local, chunked and their combinations) are evaluated in the
+//! kernel from iota and the block's global positions; masks with a dense part store their
+//! distinct partial blocks (`partial_blocks`, int8, deduplicated).
+//!
+//! The forward and dQ kernels walk key blocks for each query block ([`Major::Q`]); the dK/dV
+//! kernel walks query blocks for each key block ([`Major::Kv`]).
+
+use std::collections::HashMap;
+
+use crate::error::SplashError;
+use crate::mask::{BlockKind, MaskExpr, MultiHeadMask, Rect, SeqOffsets, MAX_POSITION};
+
+/// At most this many distinct computable per-head masks are evaluated in-kernel (each
+/// partial block evaluates all of them); beyond, partial blocks are stored densely.
+pub const MAX_COMPUTED_MASK_CLASSES: usize = 4;
+
+/// Which block axis the tables' rows run along.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Major {
+    /// Rows are query blocks; slots walk key blocks (forward, dQ).
+    Q,
+    /// Rows are key blocks; slots walk query blocks (dK/dV).
+    Kv,
+}
+
+/// How a kernel evaluates the mask of a partial block.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum KernelMask {
+    /// From iota and global positions: one expression per mask class (heads map to classes
+    /// through `MaskInfo::head_class`).
+    Computed(Vec<MaskExpr>),
+    /// Loaded from `partial_blocks[mask_next[..]]`.
+    Dense,
+}
+
+/// Counts of blocks over all heads of one batch element (before shrinking the grid).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct BlockStats {
+    /// All blocks: heads x query blocks x key blocks.
+    pub total: usize,
+    /// Blocks computed without evaluating the mask.
+    pub full: usize,
+    /// Blocks computed with the mask applied.
+    pub partial: usize,
+    /// Blocks skipped.
+    pub empty: usize,
+}
+
+impl BlockStats {
+    /// Blocks computed (full and partial).
+    pub fn computed(&self) -> usize {
+        self.full + self.partial
+    }
+
+    /// The counts for `n` batch elements.
+    pub fn times(&self, n: usize) -> BlockStats {
+        BlockStats {
+            total: self.total * n,
+            full: self.full * n,
+            partial: self.partial * n,
+            empty: self.empty * n,
+        }
+    }
+}
+
+/// The block-sparsity tables of one kernel (see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MaskInfo {
+    pub major: Major,
+    pub block_q: usize,
+    pub block_kv: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub offsets: SeqOffsets,
+    /// Query heads.
+    pub heads: usize,
+    /// Head rows of the tables: 1 when every head has the same mask, else `heads`.
+    pub table_heads: usize,
+    /// Rows per head: query blocks ([`Major::Q`]) or key blocks ([`Major::Kv`]).
+    pub rows: usize,
+    /// Slots per row: the grid's inner extent.
+    pub width: usize,
+    pub data_next: Vec<i32>,
+    pub block_mask: Vec<i32>,
+    pub mask_next: Vec<i32>,
+    /// Distinct partial mask blocks, `[n, block_q, block_kv]` int8 (dense masks only).
+    pub partial_blocks: Vec<i8>,
+    pub num_partial_blocks: usize,
+    pub kernel_mask: KernelMask,
+    /// The mask class of every query head (an index into `KernelMask::Computed`).
+    pub head_class: Vec<i32>,
+    /// Block counts over all heads (one batch element).
+    pub stats: BlockStats,
+}
+
+impl MaskInfo {
+    /// Builds the tables for `heads` query heads attending with `mask`, `q_len` queries and
+    /// `kv_len` keys at `offsets` in the global sequence, cut into `block_q` x `block_kv`
+    /// blocks. `shrink`: list only non-empty blocks per row (else every block has a slot).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        mask: &MultiHeadMask,
+        heads: usize,
+        q_len: usize,
+        kv_len: usize,
+        offsets: SeqOffsets,
+        block_q: usize,
+        block_kv: usize,
+        major: Major,
+        shrink: bool,
+    ) -> Result<Self, SplashError> {
+        mask.check_heads(heads)?;
+        if block_q == 0 || block_kv == 0 || q_len % block_q != 0 || kv_len % block_kv != 0 {
+            return Err(SplashError::BlockSizes(format!(
+                "mask blocks {block_q}x{block_kv} do not tile the {q_len}x{kv_len} attention"
+            )));
+        }
+        let q_end = offsets.q + q_len;
+        let kv_end = offsets.kv + kv_len;
+        if q_end > MAX_POSITION || kv_end > MAX_POSITION {
+            return Err(SplashError::Mask(format!(
+                "positions reach {} but must stay below {MAX_POSITION} (2^29) so that mask \
+                 arithmetic fits in i32; shorten the sequence or the offsets",
+                q_end.max(kv_end)
+            )));
+        }
+        let (classes, class_of_head) = mask.classes(heads);
+        for m in &classes {
+            m.check(q_end as i64, kv_end as i64)?;
+        }
+        let exprs: Option<Vec<MaskExpr>> = classes.iter().map(|m| m.to_expr()).collect();
+        let kernel_mask = match exprs {
+            Some(e) if e.len() <= MAX_COMPUTED_MASK_CLASSES => KernelMask::Computed(e),
+            _ => KernelMask::Dense,
+        };
+        let (nq, nkv) = (q_len / block_q, kv_len / block_kv);
+        let (rows, cols) = match major {
+            Major::Q => (nq, nkv),
+            Major::Kv => (nkv, nq),
+        };
+        let rect = |qb: usize, kb: usize| Rect {
+            q0: (offsets.q + qb * block_q) as i64,
+            q1: (offsets.q + (qb + 1) * block_q) as i64,
+            k0: (offsets.kv + kb * block_kv) as i64,
+            k1: (offsets.kv + (kb + 1) * block_kv) as i64,
+        };
+        // kinds[class][row][col]
+        let kinds: Vec<Vec<Vec<BlockKind>>> = classes
+            .iter()
+            .map(|m| {
+                (0..rows)
+                    .map(|r| {
+                        (0..cols)
+                            .map(|c| {
+                                let (qb, kb) = match major {
+                                    Major::Q => (r, c),
+                                    Major::Kv => (c, r),
+                                };
+                                m.classify(rect(qb, kb))
+                            })
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let width = if shrink {
+            kinds
+                .iter()
+                .flat_map(|k| k.iter())
+                .map(|row| row.iter().filter(|&&k| k != BlockKind::Empty).count())
+                .max()
+                .unwrap_or(0)
+                .max(1)
+        } else {
+            cols
+        };
+        // Dense partial blocks, deduplicated; their index per (class, row, col).
+        let mut partial_blocks = Vec::new();
+        let mut block_index: HashMap<Vec<i8>, usize> = HashMap::new();
+        let mut partial_of: HashMap<(usize, usize, usize), usize> = HashMap::new();
+        if kernel_mask == KernelMask::Dense {
+            for (ci, (m, class_kinds)) in classes.iter().zip(&kinds).enumerate() {
+                for (r, row) in class_kinds.iter().enumerate() {
+                    for (c, kind) in row.iter().enumerate() {
+                        if *kind != BlockKind::Partial {
+                            continue;
+                        }
+                        let (qb, kb) = match major {
+                            Major::Q => (r, c),
+                            Major::Kv => (c, r),
+                        };
+                        let rc = rect(qb, kb);
+                        let mut bits = Vec::with_capacity(block_q * block_kv);
+                        for q in rc.q0..rc.q1 {
+                            for kv in rc.k0..rc.k1 {
+                                bits.push(i8::from(m.allows(q, kv)));
+                            }
+                        }
+                        let n = block_index.len();
+                        let idx = *block_index.entry(bits.clone()).or_insert_with(|| {
+                            partial_blocks.extend_from_slice(&bits);
+                            n
+                        });
+                        partial_of.insert((ci, r, c), idx);
+                    }
+                }
+            }
+        }
+        let num_partial_blocks = block_index.len();
+        // Tables per class, then per table head.
+        let mut class_tables = Vec::with_capacity(classes.len());
+        for (ci, class_kinds) in kinds.iter().enumerate() {
+            let mut data_next = Vec::with_capacity(rows * width);
+            let mut block_mask = Vec::with_capacity(rows * width);
+            let mut mask_next = Vec::with_capacity(rows * width);
+            for (r, row) in class_kinds.iter().enumerate() {
+                let slots: Vec<usize> = if shrink {
+                    (0..cols).filter(|&c| row[c] != BlockKind::Empty).collect()
+                } else {
+                    (0..cols).collect()
+                };
+                let (mut last, mut last_mask) = (0usize, 0usize);
+                for s in 0..width {
+                    match slots.get(s) {
+                        Some(&c) => {
+                            last = c;
+                            if let Some(&p) = partial_of.get(&(ci, r, c)) {
+                                last_mask = p;
+                            }
+                            data_next.push(c as i32);
+                            block_mask.push(row[c].code());
+                            mask_next.push(last_mask as i32);
+                        }
+                        None => {
+                            data_next.push(last as i32);
+                            block_mask.push(BlockKind::Empty.code());
+                            mask_next.push(last_mask as i32);
+                        }
+                    }
+                }
+            }
+            class_tables.push((data_next, block_mask, mask_next));
+        }
+        let table_heads = if classes.len() == 1 { 1 } else { heads };
+        let (mut data_next, mut block_mask, mut mask_next) = (Vec::new(), Vec::new(), Vec::new());
+        for h in 0..table_heads {
+            let (d, b, m) = &class_tables[class_of_head[h]];
+            data_next.extend_from_slice(d);
+            block_mask.extend_from_slice(b);
+            mask_next.extend_from_slice(m);
+        }
+        let mut stats = BlockStats::default();
+        for &ci in &class_of_head {
+            for row in &kinds[ci] {
+                for k in row {
+                    stats.total += 1;
+                    match k {
+                        BlockKind::Empty => stats.empty += 1,
+                        BlockKind::Partial => stats.partial += 1,
+                        BlockKind::Full => stats.full += 1,
+                    }
+                }
+            }
+        }
+        Ok(MaskInfo {
+            major,
+            block_q,
+            block_kv,
+            q_len,
+            kv_len,
+            offsets,
+            heads,
+            table_heads,
+            rows,
+            width,
+            data_next,
+            block_mask,
+            mask_next,
+            partial_blocks,
+            num_partial_blocks,
+            kernel_mask,
+            head_class: class_of_head.iter().map(|&c| c as i32).collect(),
+            stats,
+        })
+    }
+
+    /// Whether the tables differ per head (else one row of tables serves every head).
+    pub fn per_head(&self) -> bool {
+        self.table_heads > 1
+    }
+
+    /// Whether partial blocks are loaded from `partial_blocks`.
+    pub fn dense(&self) -> bool {
+        self.kernel_mask == KernelMask::Dense
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mask::{DenseMask, Mask};
+
+    fn info(mask: Mask, s: usize, b: usize, major: Major, shrink: bool) -> MaskInfo {
+        MaskInfo::new(
+            &mask.into(),
+            2,
+            s,
+            s,
+            SeqOffsets::default(),
+            b,
+            b,
+            major,
+            shrink,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn causal_computes_about_half_the_blocks() {
+        let full = info(Mask::Full, 4096, 128, Major::Q, true);
+        let causal = info(Mask::causal(), 4096, 128, Major::Q, true);
+        let n = 32;
+        assert_eq!(full.stats.computed(), 2 * n * n);
+        assert_eq!(causal.stats.computed(), 2 * n * (n + 1) / 2);
+        assert_eq!(causal.stats.partial, 2 * n);
+        assert_eq!(causal.stats.empty, 2 * n * (n - 1) / 2);
+        assert_eq!(causal.width, n);
+        // Row 0 lists block 0 then pads with empty entries repeating it.
+        assert_eq!(&causal.data_next[..3], &[0, 0, 0]);
+        assert_eq!(&causal.block_mask[..3], &[1, 0, 0]);
+        assert_eq!(causal.table_heads, 1);
+        assert!(!causal.dense());
+    }
+
+    #[test]
+    fn local_windows_shrink_the_grid() {
+        let local = info(Mask::local(128, 0), 1024, 128, Major::Q, true);
+        assert_eq!(local.width, 2);
+        let kv = info(Mask::local(128, 0), 1024, 128, Major::Kv, true);
+        assert_eq!(kv.width, 2);
+        // Key block 0 is seen by query blocks 0 (diagonal) and 1.
+        assert_eq!(&kv.data_next[..2], &[0, 1]);
+    }
+
+    #[test]
+    fn dense_masks_store_deduplicated_partial_blocks() {
+        let dense = Mask::Dense(DenseMask::from_fn(256, 256, |q, k| k <= q));
+        let d = info(dense, 256, 64, Major::Q, false);
+        assert!(d.dense());
+        assert_eq!(d.num_partial_blocks, 1);
+        assert_eq!(d.partial_blocks.len(), 64 * 64);
+        let c = info(Mask::causal(), 256, 64, Major::Q, false);
+        assert_eq!(d.stats, c.stats);
+        assert_eq!(d.block_mask, c.block_mask);
+    }
+
+    #[test]
+    fn per_head_masks_get_per_head_tables() {
+        let m = MultiHeadMask::PerHead(vec![Mask::causal(), Mask::Full, Mask::causal()]);
+        let i = MaskInfo::new(
+            &m,
+            3,
+            256,
+            256,
+            SeqOffsets::default(),
+            128,
+            128,
+            Major::Q,
+            true,
+        )
+        .unwrap();
+        assert_eq!(i.table_heads, 3);
+        assert_eq!(i.head_class, vec![0, 1, 0]);
+        assert_eq!(i.stats.computed(), 3 + 4 + 3);
+        assert_eq!(
+            i.kernel_mask,
+            KernelMask::Computed(vec![Mask::causal().to_expr().unwrap(), MaskExpr::Full])
+        );
+    }
+
+    #[test]
+    fn offsets_shift_the_diagonal() {
+        // Query shard 1 of 2 (positions 256..512) against the whole sequence: all of the
+        // first half is visible, the second half is causal.
+        let i = MaskInfo::new(
+            &Mask::causal().into(),
+            1,
+            256,
+            512,
+            SeqOffsets { q: 256, kv: 0 },
+            128,
+            128,
+            Major::Q,
+            false,
+        )
+        .unwrap();
+        assert_eq!(i.block_mask, vec![2, 2, 1, 0, 2, 2, 2, 1]);
+    }
+}
