@@ -568,6 +568,12 @@ pub struct BenchArgs {
     /// Keys per inner compute step of the forward and dK/dV kernels (default: block-kv).
     #[arg(long)]
     pub block_kv_compute: Option<usize>,
+    /// Query block of the backward kernels (default: block-q).
+    #[arg(long)]
+    pub block_q_bwd: Option<usize>,
+    /// Key block of the backward kernels (default: block-kv).
+    #[arg(long)]
+    pub block_kv_bwd: Option<usize>,
     /// Use separate dq and dkv backward kernels instead of the fused one.
     #[arg(long)]
     pub separate_bwd: bool,
@@ -597,6 +603,15 @@ impl BenchArgs {
     fn attention(&self) -> Result<SplashAttention> {
         let mut blocks =
             BlockSizes::uniform(self.block_q, self.block_kv).with_fused_bwd(!self.separate_bwd);
+        if let Some(q) = self.block_q_bwd {
+            blocks.block_q_dkv = q;
+            blocks.block_q_dq = q;
+        }
+        if let Some(kv) = self.block_kv_bwd {
+            blocks.block_kv_dkv = kv;
+            blocks.block_kv_dkv_compute = kv;
+            blocks.block_kv_dq = kv;
+        }
         if let Some(c) = self.block_kv_compute {
             blocks.block_kv_compute = c;
             blocks.block_kv_dkv_compute = c;
@@ -732,8 +747,14 @@ fn peak_memory(args: &BenchArgs, variant: &str) -> Result<u64> {
         .args(["--block-q", &args.block_q.to_string()])
         .args(["--block-kv", &args.block_kv.to_string()])
         .args(["--child", variant]);
-    if let Some(c) = args.block_kv_compute {
-        cmd.args(["--block-kv-compute", &c.to_string()]);
+    for (flag, v) in [
+        ("--block-kv-compute", args.block_kv_compute),
+        ("--block-q-bwd", args.block_q_bwd),
+        ("--block-kv-bwd", args.block_kv_bwd),
+    ] {
+        if let Some(v) = v {
+            cmd.args([flag, &v.to_string()]);
+        }
     }
     if args.separate_bwd {
         cmd.arg("--separate-bwd");
