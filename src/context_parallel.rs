@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 
 use tessera_collectives::axes::Context;
-use tessera_collectives::{mesh, CollectiveError, DTensor, Mesh, Program, Replicated, Split};
+use tessera_collectives::{mesh, CollectiveError, DTensor, Mesh, Program, Replicated, Split, Spmd};
 use tessera_dsl::{ArgSpec, DType, HostArray, TargetRules};
 use tessera_hlo::{FuncBuilder, Value};
 use tessera_runtime::Client;
@@ -160,6 +160,28 @@ impl Ulysses {
         }
     }
 
+    /// Declares the global `q, k, v` arguments (sequence-sharded) and re-shards them to
+    /// heads, replicating the KV heads first when there are fewer than devices.
+    fn qkv_by_heads<'p>(
+        &self,
+        p: &'p Spmd<'_, ContextMesh>,
+    ) -> Result<[DTensor<'p, ContextMesh, HeadSharded>; 3], CollectiveError> {
+        let (d, rep) = (self.dims, self.kv_replication());
+        let q = p.arg::<SeqSharded>(dims4(d.batch, d.heads, d.q_len, d.head_dim), self.dtype)?;
+        let k =
+            p.arg::<SeqSharded>(dims4(d.batch, d.kv_heads, d.kv_len, d.head_dim), self.dtype)?;
+        let v = p.arg::<SeqSharded>(
+            dims4(d.batch, d.kv_heads, d.kv_len, d.head_dim_v),
+            self.dtype,
+        )?;
+        let (k, v) = (replicate_heads(&k, rep)?, replicate_heads(&v, rep)?);
+        Ok([
+            q.all_to_all::<Context, 1, 2>()?,
+            k.all_to_all::<Context, 1, 2>()?,
+            v.all_to_all::<Context, 1, 2>()?,
+        ])
+    }
+
     fn mesh(&self) -> Result<Mesh<ContextMesh>, CpError> {
         Ok(Mesh::<ContextMesh>::new([self.degree])?)
     }
@@ -185,21 +207,8 @@ impl Ulysses {
     pub fn forward_program(&self) -> Result<Program<ContextMesh>, CpError> {
         self.validate()?;
         let local = self.local()?;
-        let d = self.dims;
-        let rep = self.kv_replication();
         let program = Program::build("ulysses_fwd", &self.mesh()?, |p| {
-            let q =
-                p.arg::<SeqSharded>(dims4(d.batch, d.heads, d.q_len, d.head_dim), self.dtype)?;
-            let k =
-                p.arg::<SeqSharded>(dims4(d.batch, d.kv_heads, d.kv_len, d.head_dim), self.dtype)?;
-            let v = p.arg::<SeqSharded>(
-                dims4(d.batch, d.kv_heads, d.kv_len, d.head_dim_v),
-                self.dtype,
-            )?;
-            let (k, v) = (replicate_heads(&k, rep)?, replicate_heads(&v, rep)?);
-            let q: DTensor<'_, ContextMesh, HeadSharded> = q.all_to_all::<Context, 1, 2>()?;
-            let k: DTensor<'_, ContextMesh, HeadSharded> = k.all_to_all::<Context, 1, 2>()?;
-            let v: DTensor<'_, ContextMesh, HeadSharded> = v.all_to_all::<Context, 1, 2>()?;
+            let [q, k, v] = self.qkv_by_heads(p)?;
             let outs = p.local_values(&[&q, &k, &v], |f, x| {
                 let mut env =
                     HashMap::from([(Tensor::Q, x[0]), (Tensor::K, x[1]), (Tensor::V, x[2])]);
@@ -241,26 +250,15 @@ impl Ulysses {
         let d = self.dims;
         let rep = self.kv_replication();
         let program = Program::build("ulysses_bwd", &self.mesh()?, |p| {
-            let q =
-                p.arg::<SeqSharded>(dims4(d.batch, d.heads, d.q_len, d.head_dim), self.dtype)?;
-            let k =
-                p.arg::<SeqSharded>(dims4(d.batch, d.kv_heads, d.kv_len, d.head_dim), self.dtype)?;
-            let v = p.arg::<SeqSharded>(
-                dims4(d.batch, d.kv_heads, d.kv_len, d.head_dim_v),
-                self.dtype,
-            )?;
+            let [q, k, v] = self.qkv_by_heads(p)?;
             let out =
                 p.arg::<SeqSharded>(dims4(d.batch, d.heads, d.q_len, d.head_dim_v), self.dtype)?;
             let lse =
                 p.arg::<SeqSharded3>([d.batch as i64, d.heads as i64, d.q_len as i64], DType::F32)?;
             let dout =
                 p.arg::<SeqSharded>(dims4(d.batch, d.heads, d.q_len, d.head_dim_v), self.dtype)?;
-            let (k, v) = (replicate_heads(&k, rep)?, replicate_heads(&v, rep)?);
             // The transpose of the forward's output all-to-all (split 2, concat 1) is the
             // all-to-all (split 1, concat 2): the same re-sharding the inputs take.
-            let q: DTensor<'_, ContextMesh, HeadSharded> = q.all_to_all::<Context, 1, 2>()?;
-            let k: DTensor<'_, ContextMesh, HeadSharded> = k.all_to_all::<Context, 1, 2>()?;
-            let v: DTensor<'_, ContextMesh, HeadSharded> = v.all_to_all::<Context, 1, 2>()?;
             let out: DTensor<'_, ContextMesh, HeadSharded> = out.all_to_all::<Context, 1, 2>()?;
             let lse: DTensor<'_, ContextMesh, HeadSharded3> = lse.all_to_all::<Context, 1, 2>()?;
             let dout: DTensor<'_, ContextMesh, HeadSharded> = dout.all_to_all::<Context, 1, 2>()?;
