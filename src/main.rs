@@ -193,6 +193,9 @@ fn demo_case(
     let shown: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let mut all_ok = true;
     for b in Backend::ALL {
+        // The first run instantiates (and on `cpu` compiles) the kernel; time the second.
+        backend::run(&def, &inputs, b, &TargetRules::tpu())
+            .with_context(|| format!("running {name} on {b}"))?;
         let start = std::time::Instant::now();
         let outputs = backend::run(&def, &inputs, b, &TargetRules::tpu())
             .with_context(|| format!("running {name} on {b}"))?;
