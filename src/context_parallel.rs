@@ -22,12 +22,11 @@ use std::collections::HashMap;
 
 use tessera_collectives::axes::Context;
 use tessera_collectives::{mesh, CollectiveError, DTensor, Mesh, Program, Replicated, Split, Spmd};
-use tessera_dsl::{ArgSpec, DType, HostArray, TargetRules};
+use tessera_dsl::{DType, HostArray, TargetRules};
 use tessera_hlo::{FuncBuilder, Value};
 use tessera_runtime::Client;
 use tessera_splash::{
-    stage_specs, BlockSizes, Dims, Mask, SplashAttention, SplashError, SplashOptions, Stage,
-    StageArg, Tensor,
+    BlockSizes, Dims, Mask, SplashAttention, SplashError, SplashOptions, Stage, Tensor,
 };
 
 use crate::backend::{from_host_buffer, to_host_buffer};
@@ -345,69 +344,13 @@ fn sum_replicated_heads<'p>(
     })
 }
 
-/// Lowers a splash plan inline into `f`: each stage's kernel is instantiated for the shapes
-/// of its arguments and inlined; `env` maps the plan's tensors to values.
+/// Lowers a splash plan inline into `f` (the kernels under portable rules: this program runs
+/// on the CPU plugin), with errors in the collectives' form.
 fn lower_plan(
     f: &mut FuncBuilder<'_>,
     stages: &[Stage],
     env: &mut HashMap<Tensor, Value>,
 ) -> Result<(), CollectiveError> {
-    let local_err = |e: &dyn std::fmt::Display| CollectiveError::local(e.to_string());
-    for stage in stages {
-        let mut specs = Vec::new();
-        for t in stage.args.iter().filter_map(|a| match a {
-            StageArg::Tensor(t) => Some(*t),
-            StageArg::Const(_) => None,
-        }) {
-            let v = *env
-                .get(&t)
-                .ok_or_else(|| local_err(&format!("stage `{}` needs {t:?}", stage.def.name())))?;
-            let ty = f.value_type(v)?.clone();
-            specs.push((
-                t,
-                ArgSpec::new(
-                    ty.dtype,
-                    ty.dims.iter().map(|&d| d as usize).collect::<Vec<_>>(),
-                ),
-            ));
-        }
-        let spec_of = |t: Tensor| {
-            specs
-                .iter()
-                .find(|(s, _)| *s == t)
-                .map(|(_, a)| a.clone())
-                .expect("collected")
-        };
-        let kernel = stage
-            .def
-            .instantiate(&stage_specs(stage, spec_of), &TargetRules::portable())
-            .map_err(|e| local_err(&e))?;
-        let mut args = Vec::with_capacity(stage.args.len());
-        for a in &stage.args {
-            args.push(match a {
-                StageArg::Tensor(t) => env[t],
-                StageArg::Const(c) => f.constant(literal(c))?,
-            });
-        }
-        let outs =
-            tessera_dsl::stablehlo::lower_into(&kernel, f, &args).map_err(|e| local_err(&e))?;
-        env.extend(stage.outputs.iter().copied().zip(outs));
-    }
-    Ok(())
-}
-
-/// A host array as a StableHLO literal.
-fn literal(a: &HostArray) -> tessera_hlo::Literal {
-    use tessera_dsl::array::ArrayData;
-    let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
-    let lit = match a.data() {
-        ArrayData::F32(v) => tessera_hlo::Literal::f32(dims, v.clone()),
-        ArrayData::BF16(v) => {
-            tessera_hlo::Literal::bf16(dims, &v.iter().map(|x| x.to_f32()).collect::<Vec<_>>())
-        }
-        ArrayData::I32(v) => tessera_hlo::Literal::i32(dims, v.clone()),
-        ArrayData::I8(v) => tessera_hlo::Literal::i8(dims, v.clone()),
-        ArrayData::Bool(v) => tessera_hlo::Literal::bool(dims, v.clone()),
-    };
-    lit.expect("a host array's elements match its shape")
+    crate::attention::lower_stages(f, stages, &TargetRules::portable(), env)
+        .map_err(|e| CollectiveError::local(format!("{e:#}")))
 }
