@@ -42,6 +42,19 @@ pub fn lower_stages(
     rules: &TargetRules,
     env: &mut HashMap<Tensor, hlo::Value>,
 ) -> Result<()> {
+    lower_stages_on_shard(f, stages, rules, env, None)
+}
+
+/// [`lower_stages`] inside an SPMD program: a [`StageArg::PerShard`] argument becomes one
+/// constant holding every shard's array, sliced at run time by `shard` (this device's shard
+/// index, an `i32` scalar).
+pub fn lower_stages_on_shard(
+    f: &mut FuncBuilder<'_>,
+    stages: &[Stage],
+    rules: &TargetRules,
+    env: &mut HashMap<Tensor, hlo::Value>,
+    shard: Option<hlo::Value>,
+) -> Result<()> {
     for stage in stages {
         let mut args = Vec::with_capacity(stage.args.len());
         for a in &stage.args {
@@ -50,6 +63,15 @@ pub fn lower_stages(
                 StageArg::Tensor(t) => *env.get(t).ok_or_else(|| {
                     anyhow!("stage `{}` reads {t:?} before it exists", stage.def.name())
                 })?,
+                StageArg::PerShard(arrays) => {
+                    let shard = shard.ok_or_else(|| {
+                        anyhow!(
+                            "stage `{}` has per-shard tables but no shard index",
+                            stage.def.name()
+                        )
+                    })?;
+                    shard_constant(f, arrays, shard)?
+                }
             });
         }
         let mut specs = Vec::with_capacity(args.len());
@@ -63,6 +85,28 @@ pub fn lower_stages(
         env.extend(stage.outputs.iter().copied().zip(outs));
     }
     Ok(())
+}
+
+/// Every shard's array stacked into one constant `[shards, ...]`, and this shard's sliced out.
+fn shard_constant(
+    f: &mut FuncBuilder<'_>,
+    arrays: &[HostArray],
+    shard: hlo::Value,
+) -> Result<hlo::Value> {
+    let shape = arrays[0].shape().to_vec();
+    let mut stacked_shape = vec![arrays.len()];
+    stacked_shape.extend(&shape);
+    let values: Vec<f64> = arrays.iter().flat_map(|a| a.to_f64_vec()).collect();
+    let stacked = HostArray::from_f64(arrays[0].dtype(), stacked_shape, &values)?;
+    let all = constant(f, &stacked)?;
+    let zero = f.scalar(0.0, DType::I32)?;
+    let mut starts = vec![shard];
+    starts.extend(std::iter::repeat_n(zero, shape.len()));
+    let mut sizes = vec![1i64];
+    sizes.extend(shape.iter().map(|&d| d as i64));
+    let one = f.dynamic_slice(all, &starts, &sizes)?;
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    Ok(f.reshape(one, &dims)?)
 }
 
 /// A host array as a program constant (a splat when all elements are equal).

@@ -161,6 +161,33 @@ pub struct CollectiveCall {
     pub input: Value,
     /// Its result.
     pub output: Value,
+    /// The per-device type of its operand.
+    pub input_type: TensorType,
+}
+
+impl CollectiveCall {
+    /// The bytes each device sends for this collective, with the usual algorithms: an
+    /// all-to-all keeps `1/n` of its operand and sends the rest; an all-gather sends its
+    /// block to the `n - 1` others; a reduce-scatter (ring) sends `(n - 1)/n` of its operand,
+    /// an all-reduce twice that; a permute sends its whole operand.
+    pub fn bytes_sent_per_device(&self) -> usize {
+        let elements = self.input_type.num_elements().unwrap_or(0) as usize;
+        let bytes = elements * self.input_type.dtype.size_bytes();
+        let n = self.collective.axis().size();
+        match &self.collective {
+            Collective::AllToAll { .. } | Collective::ReduceScatter { .. } => bytes * (n - 1) / n,
+            Collective::AllGather { .. } => bytes * (n - 1),
+            Collective::Psum { .. } => 2 * bytes * (n - 1) / n,
+            Collective::Pvary { .. } => 0,
+            Collective::Ppermute { pairs, .. } => {
+                if pairs.iter().all(|(s, t)| s == t) {
+                    0
+                } else {
+                    bytes
+                }
+            }
+        }
+    }
 }
 
 /// What a finished [`Spmd`] function takes and returns.

@@ -112,11 +112,13 @@ impl<'p, M: MeshShape, S, V> DTensor<'p, M, S, V> {
         layout: TensorLayout,
     ) -> Result<DTensor<'p, M, S2, V2>, CollectiveError> {
         let x = self.value;
+        let input_type = self.local_type()?;
         let y = self.ctx.build(c.name(), |f| c.emit(f, x))?;
         self.ctx.record(CollectiveCall {
             collective: c,
             input: x,
             output: y,
+            input_type,
         });
         Ok(self.with_layout(y, layout))
     }

@@ -200,6 +200,9 @@ pub enum StageArg {
     Const(HostArray),
     /// An array of the computation.
     Tensor(Tensor),
+    /// One host array per shard of an SPMD program, all of one shape; each device uses the
+    /// one of its shard (the tables of a [`ShardedSplash`](crate::ShardedSplash)).
+    PerShard(Vec<HostArray>),
 }
 
 /// One kernel launch: the kernel, its arguments (scalar prefetch then inputs) and the
@@ -412,6 +415,14 @@ impl SplashAttention {
     /// The dK/dV (or fused backward) kernel's tables.
     pub fn dkv_mask_info(&self) -> &MaskInfo {
         &self.dkv_info
+    }
+
+    /// Every table set (forward, dK/dV, then dQ when separate), for padding shards to one
+    /// shape.
+    pub(crate) fn mask_infos_mut(&mut self) -> Vec<&mut MaskInfo> {
+        let mut infos = vec![&mut self.fwd_info, &mut self.dkv_info];
+        infos.extend(self.dq_info.as_mut());
+        infos
     }
 
     /// The forward's key blocks over the whole batch: computed (full + partial), skipped
@@ -732,6 +743,11 @@ pub fn run_plan(
                         stage.def.name()
                     ))
                 }),
+                StageArg::PerShard(_) => Err(SplashError::Backend(format!(
+                    "kernel `{}` has per-shard tables: it runs inside an SPMD program, \
+                     lowered with its shard index, not on one device",
+                    stage.def.name()
+                ))),
             })
             .collect::<Result<Vec<_>, _>>()?;
         let outs = exec.run(&stage.def, &args, rules)?;
@@ -756,6 +772,7 @@ pub fn stage_specs(stage: &Stage, tensor: impl Fn(Tensor) -> ArgSpec) -> Vec<Arg
         .map(|a| match a {
             StageArg::Const(c) => c.spec(),
             StageArg::Tensor(t) => tensor(*t),
+            StageArg::PerShard(shards) => shards[0].spec(),
         })
         .collect()
 }

@@ -43,6 +43,7 @@ pub mod kernels;
 mod mask;
 mod mask_info;
 pub mod reference;
+mod sharded;
 
 pub use attention::{
     reshape, run_plan, stage_specs, Dims, Executor, Features, Forward, Grads, Inputs, Interpreter,
@@ -52,3 +53,4 @@ pub use block_sizes::{BlockSizes, NUM_LANES};
 pub use error::SplashError;
 pub use mask::{BlockKind, DenseMask, Mask, MaskExpr, MultiHeadMask, SeqOffsets, MAX_POSITION};
 pub use mask_info::{BlockStats, KernelMask, Major, MaskInfo, MAX_COMPUTED_MASK_CLASSES};
+pub use sharded::ShardedSplash;

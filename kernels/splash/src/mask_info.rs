@@ -307,6 +307,40 @@ impl MaskInfo {
     pub fn dense(&self) -> bool {
         self.kernel_mask == KernelMask::Dense
     }
+
+    /// Widens every row to `width` slots and the stored partial blocks to `num_partial`, so
+    /// that tables built for different shards have one shape (one kernel serves them all).
+    /// New slots are empty entries repeating the row's last block, like the padding `new`
+    /// writes; new partial blocks are all-masked and never referenced.
+    pub fn pad_to(&mut self, width: usize, num_partial: usize) {
+        assert!(
+            width >= self.width && num_partial >= self.num_partial_blocks,
+            "padding only widens the tables"
+        );
+        if width > self.width {
+            let old = self.width;
+            let pad = |v: &[i32], fill: Option<i32>| -> Vec<i32> {
+                v.chunks(old)
+                    .flat_map(|row| {
+                        let last = *row.last().expect("rows have at least one slot");
+                        let extra = fill.unwrap_or(last);
+                        row.iter()
+                            .copied()
+                            .chain((row.len()..width).map(move |_| extra))
+                    })
+                    .collect()
+            };
+            self.data_next = pad(&self.data_next, None);
+            self.block_mask = pad(&self.block_mask, Some(BlockKind::Empty.code()));
+            self.mask_next = pad(&self.mask_next, None);
+            self.width = width;
+        }
+        if self.dense() && num_partial > self.num_partial_blocks {
+            let block = self.block_q * self.block_kv;
+            self.partial_blocks.resize(num_partial * block, 0);
+            self.num_partial_blocks = num_partial;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -409,5 +443,17 @@ mod tests {
         )
         .unwrap();
         assert_eq!(i.block_mask, vec![2, 2, 1, 0, 2, 2, 2, 1]);
+    }
+
+    #[test]
+    fn padding_repeats_the_last_block_as_empty_slots() {
+        let mut causal = info(Mask::causal(), 256, 128, Major::Q, true);
+        assert_eq!(causal.width, 2);
+        let before = causal.stats;
+        causal.pad_to(4, 0);
+        assert_eq!(causal.width, 4);
+        assert_eq!(causal.data_next, vec![0, 0, 0, 0, 0, 1, 1, 1]);
+        assert_eq!(causal.block_mask, vec![1, 0, 0, 0, 2, 1, 0, 0]);
+        assert_eq!(causal.stats, before);
     }
 }

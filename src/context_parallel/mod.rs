@@ -1,0 +1,648 @@
+//! Context-parallel splash attention: the sequence sharded over the devices of a `context`
+//! mesh axis, forward and backward, with MaxText's strategies
+//! (`context_parallel_strategy = ulysses | all_gather | ring`) and the Ulysses x ring hybrid.
+//!
+//! Every strategy takes the global `q [B, H, S, D]`, `k`, `v [B, KVH, S, D]` sequence-sharded
+//! (device `r` holds positions `r S/U .. (r + 1) S/U`) and returns `out` and `lse` sharded the
+//! same way; the backward takes the forward's results and `dout` and returns `dq, dk, dv`.
+//!
+//! - [`Strategy::Ulysses`] (DeepSpeed-Ulysses): an all-to-all re-shards q, k, v from sequence
+//!   to heads, every device attends `H/U` heads over the whole sequence, the inverse
+//!   all-to-all brings the output back. K/V per device: `1/U` of the heads.
+//! - [`Strategy::AllGather`]: K and V are all-gathered along the sequence; every device
+//!   attends its query shard against every key at its causal offset. The backward
+//!   reduce-scatters dK/dV (the all-gather's transpose).
+//! - [`Strategy::Ring`]: K/V shards travel around the ring (collective permutes); every step
+//!   attends the local queries to the shard in hand and merges by logsumexp. The backward
+//!   sends dK/dV accumulators around the ring with their K/V.
+//! - [`Strategy::Usp`]: a 2-D mesh, Ulysses over one axis and ring over the other.
+//!
+//! The programs are SPMD StableHLO built with the typed collectives (the sharding of every
+//! tensor is in its type) with the splash kernels inlined; devices whose blocks differ (the
+//! all-gather and ring strategies) share one kernel through [`ShardedSplash`], which selects
+//! each device's block tables by its mesh coordinate. They run on the PJRT CPU plugin.
+
+mod all_gather;
+mod ring;
+mod ulysses;
+mod usp;
+
+use std::collections::HashMap;
+use std::fmt;
+
+use tessera_collectives::axes::Context;
+use tessera_collectives::{
+    axis, mesh, CollectiveCall, CollectiveError, DTensor, MeshShape, Program, Replicated, Split,
+};
+use tessera_dsl::{DType, HostArray, TargetRules};
+use tessera_hlo::{FuncBuilder, Value};
+use tessera_runtime::Client;
+use tessera_splash::{
+    BlockSizes, Dims, Mask, SeqOffsets, ShardedSplash, SplashError, SplashOptions, Stage, Tensor,
+};
+
+use crate::backend::{from_host_buffer, to_host_buffer};
+
+mesh!(pub ContextMesh = [Context]);
+
+axis!(
+    /// The Ulysses (head-parallel) axis of a USP mesh.
+    pub UlyssesAxis = "ulysses"
+);
+axis!(
+    /// The ring axis of a USP mesh.
+    pub RingAxis = "ring"
+);
+mesh!(pub UspMesh = [UlyssesAxis, RingAxis]);
+
+/// `[B, H, S/U, D]`: the sequence split over `context`.
+type SeqSharded = (Replicated, Replicated, Split<Context>, Replicated);
+/// `[B, H, S/U]` (logsumexp).
+type SeqSharded3 = (Replicated, Replicated, Split<Context>);
+
+/// Why a context-parallel call could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum CpError {
+    #[error("{strategy}: {message}")]
+    Config { strategy: String, message: String },
+    #[error(transparent)]
+    Splash(#[from] SplashError),
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    #[error(transparent)]
+    Kernel(#[from] tessera_dsl::KernelError),
+    #[error("XLA runtime: {0}")]
+    Runtime(#[from] tessera_runtime::Error),
+    #[error("{0}")]
+    Host(String),
+}
+
+/// How the attention is split over the context devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// All-to-all from sequence to heads and back (DeepSpeed-Ulysses).
+    Ulysses,
+    /// K/V all-gathered along the sequence.
+    AllGather,
+    /// K/V passed around a ring, partial results merged by logsumexp.
+    Ring,
+    /// Ulysses over `ulysses` devices times ring over `ring` devices.
+    Usp { ulysses: usize, ring: usize },
+}
+
+impl Strategy {
+    /// Parses the CLI form: `ulysses`, `all-gather` (or MaxText's `all_gather`), `ring`,
+    /// `usp:UxR`, or `usp` alone, which splits `devices` into the most square `U x R` (the
+    /// larger factor on Ulysses).
+    pub fn parse(s: &str, devices: usize) -> Result<Strategy, CpError> {
+        let err = |m: String| CpError::Config {
+            strategy: "strategy".into(),
+            message: m,
+        };
+        Ok(match s {
+            "ulysses" => Strategy::Ulysses,
+            "all-gather" | "all_gather" => Strategy::AllGather,
+            "ring" => Strategy::Ring,
+            "usp" => {
+                let ring = (1..=devices)
+                    .filter(|r| devices % r == 0 && r * r <= devices)
+                    .max()
+                    .unwrap_or(1);
+                Strategy::Usp {
+                    ulysses: devices / ring.max(1),
+                    ring,
+                }
+            }
+            _ => {
+                let Some(split) = s.strip_prefix("usp:") else {
+                    return Err(err(format!(
+                        "unknown strategy `{s}`; expected ulysses, all-gather (all_gather), \
+                         ring, usp or usp:UxR"
+                    )));
+                };
+                let parsed = split
+                    .split_once('x')
+                    .and_then(|(u, r)| Some((u.parse().ok()?, r.parse().ok()?)));
+                match parsed {
+                    Some((ulysses, ring)) if ulysses > 0 && ring > 0 => {
+                        Strategy::Usp { ulysses, ring }
+                    }
+                    _ => {
+                        return Err(err(format!(
+                            "`{s}`: expected usp:UxR with positive degrees, e.g. usp:2x2"
+                        )))
+                    }
+                }
+            }
+        })
+    }
+
+    /// The devices the strategy's degrees multiply to, when it fixes them (USP).
+    pub fn fixed_devices(&self) -> Option<usize> {
+        match *self {
+            Strategy::Usp { ulysses, ring } => Some(ulysses * ring),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Strategy::Ulysses => f.write_str("ulysses"),
+            Strategy::AllGather => f.write_str("all-gather"),
+            Strategy::Ring => f.write_str("ring"),
+            Strategy::Usp { ulysses, ring } => write!(f, "usp:{ulysses}x{ring}"),
+        }
+    }
+}
+
+/// A context-parallel attention: the global problem, its mask, the strategy and the devices.
+#[derive(Debug, Clone)]
+pub struct ContextParallel {
+    /// The global dims (`heads`, `kv_heads`, `q_len = kv_len = S`).
+    pub dims: Dims,
+    pub dtype: DType,
+    /// One mask shared by every head (positions are global).
+    pub mask: Mask,
+    pub block_sizes: BlockSizes,
+    pub strategy: Strategy,
+    /// The context-parallel degree: devices on the context axis (for USP, `U x R`).
+    pub devices: usize,
+}
+
+/// One collective of a program and what it moves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectiveStat {
+    /// `all_to_all`, `all_gather`, `reduce_scatter`, `ppermute`, ...
+    pub name: &'static str,
+    /// The mesh axis it runs over.
+    pub axis: String,
+    /// The per-device operand shape and dtype.
+    pub operand: String,
+    /// Bytes each device sends (see `CollectiveCall::bytes_sent_per_device`).
+    pub bytes_per_device: usize,
+}
+
+/// What each device holds and moves, for `--stats`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpStats {
+    pub strategy: Strategy,
+    pub devices: usize,
+    /// KV heads each device's attention holds.
+    pub kv_heads_per_device: usize,
+    /// Keys per KV head each device's attention holds at once.
+    pub kv_len_per_device: usize,
+    /// Bytes of K and V each device's attention holds at once.
+    pub kv_bytes_per_device: usize,
+    /// How many times each KV head was replicated for Ulysses (1: none).
+    pub kv_replication: usize,
+    pub forward: Vec<CollectiveStat>,
+    pub backward: Vec<CollectiveStat>,
+}
+
+impl fmt::Display for CpStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "strategy {} on {} devices", self.strategy, self.devices)?;
+        write!(
+            f,
+            "per device K/V held by the attention: {} KV heads x {} keys = {} bytes",
+            self.kv_heads_per_device, self.kv_len_per_device, self.kv_bytes_per_device
+        )?;
+        if self.kv_replication > 1 {
+            write!(
+                f,
+                " (each KV head replicated {}x to reach the degree)",
+                self.kv_replication
+            )?;
+        }
+        writeln!(f)?;
+        for (pass, list) in [("forward", &self.forward), ("backward", &self.backward)] {
+            let total: usize = list.iter().map(|c| c.bytes_per_device).sum();
+            writeln!(
+                f,
+                "{pass}: {} collectives, {total} bytes sent per device",
+                list.len()
+            )?;
+            for c in list {
+                writeln!(
+                    f,
+                    "  {:<15} over {:<8} {:<28} {:>12} bytes per device",
+                    c.name, c.axis, c.operand, c.bytes_per_device
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A built SPMD program of either mesh.
+pub enum CpProgram {
+    Context(Program<ContextMesh>),
+    /// USP programs take and return the sequence as `[R, S/R]` (see `usp`); `run` reshapes.
+    Usp(Program<UspMesh>),
+}
+
+impl fmt::Debug for CpProgram {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (mesh, collectives) = match self {
+            CpProgram::Context(p) => ("context", p.collectives().len()),
+            CpProgram::Usp(p) => ("usp", p.collectives().len()),
+        };
+        f.debug_struct("CpProgram")
+            .field("mesh", &mesh)
+            .field("collectives", &collectives)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CpProgram {
+    /// The StableHLO text that runs.
+    pub fn to_mlir(&self) -> String {
+        match self {
+            CpProgram::Context(p) => p.to_mlir(),
+            CpProgram::Usp(p) => p.to_mlir(),
+        }
+    }
+
+    /// The collectives, in program order.
+    pub fn collectives(&self) -> &[CollectiveCall] {
+        match self {
+            CpProgram::Context(p) => p.collectives(),
+            CpProgram::Usp(p) => p.collectives(),
+        }
+    }
+
+    fn collective_stats(&self) -> Vec<CollectiveStat> {
+        self.collectives()
+            .iter()
+            .map(|c| CollectiveStat {
+                name: c.collective.name(),
+                axis: c.collective.axis().name().to_string(),
+                operand: c.input_type.to_string(),
+                bytes_per_device: c.bytes_sent_per_device(),
+            })
+            .collect()
+    }
+
+    /// Compiles for the devices of the mesh and runs on global host arrays.
+    pub fn run(&self, inputs: &[&HostArray]) -> Result<Vec<HostArray>, CpError> {
+        let ring = match self {
+            CpProgram::Context(_) => None,
+            CpProgram::Usp(p) => Some(p.mesh().sizes()[1]),
+        };
+        let buffers = inputs
+            .iter()
+            .map(|a| match ring {
+                Some(r) => to_host_buffer(&usp::to_pieces(a, r)),
+                None => to_host_buffer(a),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let outs = match self {
+            CpProgram::Context(p) => run_on(p, &buffers)?,
+            CpProgram::Usp(p) => run_on(p, &buffers)?,
+        };
+        outs.iter()
+            .map(|b| {
+                let a = from_host_buffer(b).map_err(CpError::Host)?;
+                Ok(if ring.is_some() {
+                    usp::from_pieces(&a)
+                } else {
+                    a
+                })
+            })
+            .collect()
+    }
+}
+
+fn run_on<M: MeshShape>(
+    program: &Program<M>,
+    buffers: &[tessera_runtime::HostBuffer],
+) -> Result<Vec<tessera_runtime::HostBuffer>, CpError> {
+    let client = Client::cpu_shared(program.mesh().num_devices())?;
+    let exe = program.compile(&client)?;
+    Ok(exe.run_global(buffers)?)
+}
+
+impl ContextParallel {
+    fn config_error(&self, message: String) -> CpError {
+        CpError::Config {
+            strategy: self.strategy.to_string(),
+            message,
+        }
+    }
+
+    /// Checks the configuration with a message naming the culprit and the fix (MaxText's
+    /// rules, with KV replication for Ulysses when `KVH < U`).
+    pub fn validate(&self) -> Result<(), CpError> {
+        let (d, n) = (self.dims, self.devices);
+        let err = |m: String| Err(self.config_error(m));
+        if n == 0 {
+            return err("the context degree must be at least 1".into());
+        }
+        if let Some(fixed) = self.strategy.fixed_devices() {
+            if fixed != n {
+                return err(format!(
+                    "the degrees multiply to {fixed} devices but {n} were given; use \
+                     --devices {fixed} or another usp:UxR"
+                ));
+            }
+        }
+        if d.q_len != d.kv_len {
+            return err(format!(
+                "q and kv lengths differ ({} and {}); context parallelism is for \
+                 self-attention",
+                d.q_len, d.kv_len
+            ));
+        }
+        if d.q_len % n != 0 {
+            return err(format!(
+                "the sequence length {} is not divisible by the context degree {n}; pad the \
+                 sequence to a multiple of {n}",
+                d.q_len
+            ));
+        }
+        let ulysses = match self.strategy {
+            Strategy::Ulysses => n,
+            Strategy::Usp { ulysses, .. } => ulysses,
+            Strategy::AllGather | Strategy::Ring => 1,
+        };
+        if ulysses > 1 {
+            self.validate_heads(ulysses)?;
+        }
+        let (q_local, kv_local) = self.local_lengths();
+        let b = self.block_sizes;
+        let blocks = [
+            ("block_q", b.block_q, q_local),
+            ("block_kv", b.block_kv, kv_local),
+            ("block_q_dkv", b.block_q_dkv, q_local),
+            ("block_kv_dkv", b.block_kv_dkv, kv_local),
+        ]
+        .into_iter()
+        .chain(
+            (!b.use_fused_bwd_kernel)
+                .then_some([
+                    ("block_q_dq", b.block_q_dq, q_local),
+                    ("block_kv_dq", b.block_kv_dq, kv_local),
+                ])
+                .into_iter()
+                .flatten(),
+        );
+        for (name, block, len) in blocks {
+            if block == 0 || len % block != 0 {
+                return err(format!(
+                    "{name} = {block} does not divide the {len} {} each device's attention \
+                     holds ({} / {}); use a {name} that divides {len}",
+                    if name.contains("kv") {
+                        "keys"
+                    } else {
+                        "queries"
+                    },
+                    d.q_len,
+                    d.q_len / len,
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_heads(&self, u: usize) -> Result<(), CpError> {
+        let d = self.dims;
+        let err = |m: String| Err(self.config_error(m));
+        if d.heads % u != 0 {
+            return err(format!(
+                "{} query heads are not divisible by the Ulysses degree {u}; use a degree \
+                 that divides the heads",
+                d.heads
+            ));
+        }
+        if d.kv_heads < u && u % d.kv_heads != 0 {
+            return err(format!(
+                "{} KV heads cannot be replicated evenly to the Ulysses degree {u}; use a \
+                 degree that is a multiple of the KV heads",
+                d.kv_heads
+            ));
+        }
+        if d.kv_heads >= u && d.kv_heads % u != 0 {
+            return err(format!(
+                "{} KV heads are not divisible by the Ulysses degree {u}",
+                d.kv_heads
+            ));
+        }
+        Ok(())
+    }
+
+    /// Queries and keys each device's attention kernel sees (per head).
+    fn local_lengths(&self) -> (usize, usize) {
+        let (s, n) = (self.dims.q_len, self.devices.max(1));
+        match self.strategy {
+            Strategy::Ulysses => (s, s),
+            Strategy::AllGather => (s / n, s),
+            Strategy::Ring => (s / n, s / n),
+            Strategy::Usp { ring, .. } => (s / ring, s / ring),
+        }
+    }
+
+    /// The Ulysses degree (1 for the strategies without a head all-to-all).
+    fn ulysses_degree(&self) -> usize {
+        match self.strategy {
+            Strategy::Ulysses => self.devices,
+            Strategy::Usp { ulysses, .. } => ulysses,
+            Strategy::AllGather | Strategy::Ring => 1,
+        }
+    }
+
+    /// How often each KV head is replicated so the Ulysses all-to-all can split them.
+    fn kv_replication(&self) -> usize {
+        let u = self.ulysses_degree();
+        if self.dims.kv_heads < u {
+            u / self.dims.kv_heads
+        } else {
+            1
+        }
+    }
+
+    /// The dims each device's attention kernel sees.
+    fn local_dims(&self) -> Dims {
+        let d = self.dims;
+        let u = self.ulysses_degree();
+        let (q_len, kv_len) = self.local_lengths();
+        Dims {
+            heads: d.heads / u,
+            kv_heads: d.kv_heads * self.kv_replication() / u,
+            q_len,
+            kv_len,
+            ..d
+        }
+    }
+
+    /// One splash attention per shard at `offsets[shard]` (local dims; portable rules: the
+    /// program runs on the CPU plugin).
+    fn sharded_splash(&self, offsets: &[SeqOffsets]) -> Result<ShardedSplash, CpError> {
+        Ok(ShardedSplash::new(
+            self.mask.clone(),
+            self.local_dims(),
+            self.dtype,
+            self.block_sizes,
+            SplashOptions::default(),
+            TargetRules::portable(),
+            offsets,
+        )?)
+    }
+
+    /// Per-device K/V, replication and the bytes every collective of both programs moves.
+    pub fn stats(&self) -> Result<CpStats, CpError> {
+        self.validate()?;
+        let ld = self.local_dims();
+        let d = self.dims;
+        let kv_bytes = d.batch * ld.kv_heads * ld.kv_len * (d.head_dim + d.head_dim_v);
+        Ok(CpStats {
+            strategy: self.strategy,
+            devices: self.devices,
+            kv_heads_per_device: ld.kv_heads,
+            kv_len_per_device: ld.kv_len,
+            kv_bytes_per_device: kv_bytes * self.dtype.size_bytes(),
+            kv_replication: self.kv_replication(),
+            forward: self.forward_program()?.collective_stats(),
+            backward: self.backward_program()?.collective_stats(),
+        })
+    }
+
+    /// The forward SPMD program: global `q, k, v` in, `out [B, H, S, Dv]` and
+    /// `lse [B, H, S]` out.
+    pub fn forward_program(&self) -> Result<CpProgram, CpError> {
+        self.validate()?;
+        match self.strategy {
+            Strategy::Ulysses => Ok(CpProgram::Context(ulysses::forward(self)?)),
+            Strategy::AllGather => Ok(CpProgram::Context(all_gather::forward(self)?)),
+            Strategy::Ring => Ok(CpProgram::Context(ring::forward(self)?)),
+            Strategy::Usp { .. } => Ok(CpProgram::Usp(usp::forward(self)?)),
+        }
+    }
+
+    /// The backward SPMD program: global `q, k, v, out, lse, dout` in, `dq, dk, dv` out.
+    pub fn backward_program(&self) -> Result<CpProgram, CpError> {
+        self.validate()?;
+        match self.strategy {
+            Strategy::Ulysses => Ok(CpProgram::Context(ulysses::backward(self)?)),
+            Strategy::AllGather => Ok(CpProgram::Context(all_gather::backward(self)?)),
+            Strategy::Ring => Ok(CpProgram::Context(ring::backward(self)?)),
+            Strategy::Usp { .. } => Ok(CpProgram::Usp(usp::backward(self)?)),
+        }
+    }
+
+    /// Forward on `devices` CPU devices: `out` and `lse` of global `q`, `k`, `v`.
+    pub fn forward(
+        &self,
+        q: &HostArray,
+        k: &HostArray,
+        v: &HostArray,
+    ) -> Result<(HostArray, HostArray), CpError> {
+        let outs = self.forward_program()?.run(&[q, k, v])?;
+        let [out, lse]: [HostArray; 2] = outs
+            .try_into()
+            .map_err(|_| CpError::Host("the forward program returns out and lse".into()))?;
+        Ok((out, lse))
+    }
+
+    /// Backward on `devices` CPU devices: global `dq`, `dk`, `dv` of `sum(out * dout)`,
+    /// given the forward's `out` and `lse`.
+    pub fn backward(
+        &self,
+        q: &HostArray,
+        k: &HostArray,
+        v: &HostArray,
+        out: &HostArray,
+        lse: &HostArray,
+        dout: &HostArray,
+    ) -> Result<(HostArray, HostArray, HostArray), CpError> {
+        let outs = self.backward_program()?.run(&[q, k, v, out, lse, dout])?;
+        let [dq, dk, dv]: [HostArray; 3] = outs
+            .try_into()
+            .map_err(|_| CpError::Host("the backward program returns dq, dk and dv".into()))?;
+        Ok((dq, dk, dv))
+    }
+
+    /// `[B, H, S, D]` and friends as program dims.
+    fn global_dims(&self) -> GlobalDims {
+        let d = self.dims;
+        let i = |x: usize| x as i64;
+        GlobalDims {
+            q: [i(d.batch), i(d.heads), i(d.q_len), i(d.head_dim)],
+            k: [i(d.batch), i(d.kv_heads), i(d.kv_len), i(d.head_dim)],
+            v: [i(d.batch), i(d.kv_heads), i(d.kv_len), i(d.head_dim_v)],
+            out: [i(d.batch), i(d.heads), i(d.q_len), i(d.head_dim_v)],
+            lse: [i(d.batch), i(d.heads), i(d.q_len)],
+        }
+    }
+}
+
+/// The global shapes of a call's arrays.
+struct GlobalDims {
+    q: [i64; 4],
+    k: [i64; 4],
+    v: [i64; 4],
+    out: [i64; 4],
+    lse: [i64; 3],
+}
+
+/// Lowers a splash plan inline into `f` (portable rules: the program runs on the CPU
+/// plugin); `shard` selects the per-shard tables. Errors in the collectives' form.
+fn lower_plan(
+    f: &mut FuncBuilder<'_>,
+    stages: &[Stage],
+    env: &mut HashMap<Tensor, Value>,
+    shard: Option<Value>,
+) -> Result<(), CollectiveError> {
+    crate::attention::lower_stages_on_shard(f, stages, &TargetRules::portable(), env, shard)
+        .map_err(|e| CollectiveError::local(format!("{e:#}")))
+}
+
+/// `lse [B, H, S]` as the kernels' `[B, H, S, 1]`.
+fn lse_to_kernel(f: &mut FuncBuilder<'_>, lse: Value) -> Result<Value, CollectiveError> {
+    let t = f.value_type(lse)?.clone();
+    let mut dims = t.dims.clone();
+    dims.push(1);
+    Ok(f.reshape(lse, &dims)?)
+}
+
+/// The kernels' `[B, H, S, 1]` as `lse [B, H, S]`.
+fn lse_from_kernel(f: &mut FuncBuilder<'_>, lse: Value) -> Result<Value, CollectiveError> {
+    let t = f.value_type(lse)?.clone();
+    Ok(f.reshape(lse, &t.dims[..3])?)
+}
+
+/// Repeats each head `rep` times along dim 1 (`[B, KVH, ...] -> [B, KVH*rep, ...]`), so head
+/// `j` becomes heads `j*rep .. j*rep + rep`.
+fn replicate_heads<'p, M: MeshShape, S, V>(
+    x: &DTensor<'p, M, S, V>,
+    rep: usize,
+) -> Result<DTensor<'p, M, S, V>, CollectiveError> {
+    if rep == 1 {
+        return Ok(x.clone());
+    }
+    x.map_local(|f, v| {
+        let d = f.value_type(v)?.dims.clone();
+        let wide: Vec<i64> = [&d[..2], &[rep as i64], &d[2..]].concat();
+        let keep: Vec<i64> = [0, 1].into_iter().chain(3..wide.len() as i64).collect();
+        let wide = f.broadcast_in_dim(v, &wide, &keep)?;
+        let merged: Vec<i64> = [&[d[0], d[1] * rep as i64], &d[2..]].concat();
+        Ok(f.reshape(wide, &merged)?)
+    })
+}
+
+/// The transpose of [`replicate_heads`]: sums each group of `rep` heads.
+fn sum_replicated_heads<'p, M: MeshShape, S, V>(
+    x: &DTensor<'p, M, S, V>,
+    rep: usize,
+) -> Result<DTensor<'p, M, S, V>, CollectiveError> {
+    if rep == 1 {
+        return Ok(x.clone());
+    }
+    x.map_local(|f, v| {
+        let d = f.value_type(v)?.dims.clone();
+        let grouped: Vec<i64> = [&[d[0], d[1] / rep as i64, rep as i64], &d[2..]].concat();
+        let grouped = f.reshape(v, &grouped)?;
+        Ok(f.reduce(grouped, &[2], tessera_hlo::Reducer::Sum)?)
+    })
+}

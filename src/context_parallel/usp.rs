@@ -1,0 +1,179 @@
+//! USP, the Ulysses x ring hybrid, on a 2-D mesh `[ulysses U, ring R]`.
+//!
+//! The sequence is cut into `R` ring chunks of `S/R`, and each ring chunk into `U` pieces of
+//! `S/(U R)`: device `(u, r)` holds piece `u` of chunk `r`. The programs see the sequence as
+//! `[R, S/R]` (dims 2 and 3 of a 5-D view, a free reshape of the global array), so each of
+//! the two splits has its own dim and mesh axis. An all-to-all over `ulysses` (split heads,
+//! concatenate the pieces) gives device `(u, r)` the whole chunk `r` for `H/U` heads; ring
+//! attention over `ring` runs on those chunks; the inverse all-to-all brings the output back.
+
+use tessera_collectives::{
+    CollectiveError, DTensor, Invariant, Mesh, Program, Replicated, Split, Spmd,
+};
+use tessera_dsl::DType;
+use tessera_hlo::{FuncBuilder, Value};
+
+use super::ring::{backward_steps, forward_steps, BackwardInputs, RingPlans};
+use super::{
+    replicate_heads, sum_replicated_heads, ContextParallel, CpError, RingAxis, Strategy,
+    UlyssesAxis, UspMesh,
+};
+
+/// `[B, H, R, S/R, D]`: chunks over `ring`, pieces of a chunk over `ulysses`.
+type Pieces = (
+    Replicated,
+    Replicated,
+    Split<RingAxis>,
+    Split<UlyssesAxis>,
+    Replicated,
+);
+/// `[B, H, R, S/R]` (logsumexp).
+type Pieces4 = (Replicated, Replicated, Split<RingAxis>, Split<UlyssesAxis>);
+/// `[B, H/U, R, S/R, D]` after the all-to-all: whole chunks, heads over `ulysses`.
+type Chunks5 = (
+    Replicated,
+    Split<UlyssesAxis>,
+    Split<RingAxis>,
+    Replicated,
+    Replicated,
+);
+/// `[B, H/U, R, S/R]`.
+type Chunks4Lse = (Replicated, Split<UlyssesAxis>, Split<RingAxis>, Replicated);
+/// `[B, H/U, S, D]` with the sequence over `ring`: what the ring steps work on.
+type Chunks = (Replicated, Split<UlyssesAxis>, Split<RingAxis>, Replicated);
+
+fn degrees(cp: &ContextParallel) -> (usize, usize) {
+    match cp.strategy {
+        Strategy::Usp { ulysses, ring } => (ulysses, ring),
+        _ => unreachable!("usp programs are built for the usp strategy"),
+    }
+}
+
+fn mesh(cp: &ContextParallel) -> Result<Mesh<UspMesh>, CpError> {
+    let (u, r) = degrees(cp);
+    Ok(Mesh::<UspMesh>::new([u, r])?)
+}
+
+/// `[B, H, R, S/R, D]` global dims of a `[B, H, S, D]` array.
+fn pieces_dims(cp: &ContextParallel, dims: [i64; 4]) -> [i64; 5] {
+    let r = degrees(cp).1 as i64;
+    [dims[0], dims[1], r, dims[2] / r, dims[3]]
+}
+
+/// Merges dims 2 and 3 of a local value (`[B, h, 1, n, D] -> [B, h, n, D]`) or splits them
+/// back (`rank_up`).
+fn chunk_view(f: &mut FuncBuilder<'_>, x: Value, rank_up: bool) -> Result<Value, CollectiveError> {
+    let d = f.value_type(x)?.dims.clone();
+    let dims: Vec<i64> = if rank_up {
+        [&d[..2], &[1], &d[2..]].concat()
+    } else {
+        [&d[..2], &[d[2] * d[3]], &d[4..]].concat()
+    };
+    Ok(f.reshape(x, &dims)?)
+}
+
+/// Declares a `[B, H, S, D]` argument in pieces and re-shards it to whole chunks.
+fn chunks_of<'p>(
+    cp: &ContextParallel,
+    p: &'p Spmd<'_, UspMesh>,
+    dims: [i64; 4],
+    rep: usize,
+) -> Result<DTensor<'p, UspMesh, Chunks>, CollectiveError> {
+    let x = p.arg::<Pieces>(pieces_dims(cp, dims), cp.dtype)?;
+    let x = replicate_heads(&x, rep)?;
+    x.all_to_all::<UlyssesAxis, 1, 3>()?
+        .map_local_as::<Chunks, Invariant>(|f, v| chunk_view(f, v, false))
+}
+
+/// Returns a `[B, H/U, S, D]` chunk value (f32) in pieces, as `dtype`.
+fn output_pieces(
+    cp: &ContextParallel,
+    p: &Spmd<'_, UspMesh>,
+    x: Value,
+    rep: usize,
+) -> Result<(), CollectiveError> {
+    let x = p.with_builder(|f| {
+        let x = f.convert(x, cp.dtype)?;
+        chunk_view(f, x, true)
+    })?;
+    let x = p
+        .declare::<Chunks5, Invariant>(x)?
+        .all_to_all::<UlyssesAxis, 3, 1>()?;
+    sum_replicated_heads(&x, rep)?.output::<Pieces>()
+}
+
+pub(super) fn forward(cp: &ContextParallel) -> Result<Program<UspMesh>, CpError> {
+    let (_, ring) = degrees(cp);
+    let plans = RingPlans::new(cp, ring, false)?;
+    let g = cp.global_dims();
+    let rep = cp.kv_replication();
+    Ok(Program::build("usp_fwd", &mesh(cp)?, |p| {
+        let q = chunks_of(cp, p, g.q, 1)?;
+        let k = chunks_of(cp, p, g.k, rep)?;
+        let v = chunks_of(cp, p, g.v, rep)?;
+        let shard = p.axis_index::<RingAxis>()?;
+        let [out, lse] =
+            forward_steps::<_, RingAxis, _>(p, q.value(), k, v, shard.value(), &plans.forward)?;
+        output_pieces(cp, p, out, 1)?;
+        // [B, h, n, 1] -> [B, h, 1, n], then the pieces back over `ulysses`.
+        let lse = p.with_builder(|f| {
+            let d = f.value_type(lse)?.dims.clone();
+            Ok(f.reshape(lse, &[d[0], d[1], 1, d[2]])?)
+        })?;
+        p.declare::<Chunks4Lse, Invariant>(lse)?
+            .all_to_all::<UlyssesAxis, 3, 1>()?
+            .output::<Pieces4>()
+    })?)
+}
+
+pub(super) fn backward(cp: &ContextParallel) -> Result<Program<UspMesh>, CpError> {
+    let (_, ring) = degrees(cp);
+    let plans = RingPlans::new(cp, ring, true)?;
+    let g = cp.global_dims();
+    let rep = cp.kv_replication();
+    Ok(Program::build("usp_bwd", &mesh(cp)?, |p| {
+        let q = chunks_of(cp, p, g.q, 1)?;
+        let k = chunks_of(cp, p, g.k, rep)?;
+        let v = chunks_of(cp, p, g.v, rep)?;
+        let out = chunks_of(cp, p, g.out, 1)?;
+        let r = degrees(cp).1 as i64;
+        let lse_dims = [g.lse[0], g.lse[1], r, g.lse[2] / r];
+        let lse = p
+            .arg::<Pieces4>(lse_dims, DType::F32)?
+            .all_to_all::<UlyssesAxis, 1, 3>()?;
+        let dout = chunks_of(cp, p, g.out, 1)?;
+        let shard = p.axis_index::<RingAxis>()?;
+        // [B, h, 1, n] -> the kernels' [B, h, n, 1].
+        let lse = p.with_builder(|f| {
+            let d = f.value_type(lse.value())?.dims.clone();
+            Ok(f.reshape(lse.value(), &[d[0], d[1], d[3], 1])?)
+        })?;
+        let x = BackwardInputs {
+            q: q.value(),
+            out: out.value(),
+            lse,
+            dout: dout.value(),
+            shard: shard.value(),
+        };
+        let [dq, dk, dv] = backward_steps::<_, RingAxis, _>(p, &x, k, v, &plans)?;
+        output_pieces(cp, p, dq, 1)?;
+        output_pieces(cp, p, dk, rep)?;
+        output_pieces(cp, p, dv, rep)
+    })?)
+}
+
+/// The 5-D view the USP programs take of a `[B, H, S, ...]` host array (`[B, H, R, S/R,
+/// ...]`), and back.
+pub(super) fn to_pieces(a: &tessera_dsl::HostArray, ring: usize) -> tessera_dsl::HostArray {
+    let s = a.shape();
+    let mut shape = vec![s[0], s[1], ring, s[2] / ring];
+    shape.extend(&s[3..]);
+    tessera_splash::reshape(a, &shape)
+}
+
+pub(super) fn from_pieces(a: &tessera_dsl::HostArray) -> tessera_dsl::HostArray {
+    let s = a.shape();
+    let mut shape = vec![s[0], s[1], s[2] * s[3]];
+    shape.extend(&s[4..]);
+    tessera_splash::reshape(a, &shape)
+}

@@ -1,0 +1,304 @@
+//! Context-parallel splash attention on U CPU devices (Ulysses, all-gather, ring and the
+//! Ulysses x ring hybrid) gives the results of the dense float64 reference on one device,
+//! forward and backward, for MHA and GQA (including fewer KV heads than devices), causal and
+//! local masks, U in {2, 4, 8}; the programs move data with the collectives each strategy
+//! names and no others.
+
+mod common;
+
+use common::{assert_close, random};
+use tessera::context_parallel::{ContextParallel, Strategy};
+use tessera::dsl::DType;
+use tessera::splash::reference::{self, RefInputs};
+use tessera::splash::{BlockSizes, Dims, Mask, SeqOffsets};
+
+const HEAD_DIM: usize = 64;
+
+fn dims(heads: usize, kv_heads: usize, seq: usize) -> Dims {
+    Dims {
+        batch: 1,
+        heads,
+        kv_heads,
+        q_len: seq,
+        kv_len: seq,
+        head_dim: HEAD_DIM,
+        head_dim_v: HEAD_DIM,
+    }
+}
+
+fn config(
+    strategy: Strategy,
+    devices: usize,
+    d: Dims,
+    mask: Mask,
+    block: usize,
+) -> ContextParallel {
+    ContextParallel {
+        dims: d,
+        dtype: DType::F32,
+        mask,
+        block_sizes: BlockSizes::uniform(block, block),
+        strategy,
+        devices,
+    }
+}
+
+/// Runs `strategy` on `devices` devices and compares `out`, `lse`, `dq`, `dk`, `dv` with the
+/// f64 reference (tolerances of the splash tests: 2e-4 absolute for the forward, 1e-3
+/// relative to the largest gradient for the backward).
+fn check(strategy: &str, devices: usize, heads: usize, kv_heads: usize, mask: Mask) {
+    let seq = 512;
+    let d = dims(heads, kv_heads, seq);
+    let strategy = Strategy::parse(strategy, devices).unwrap();
+    // The largest block that divides what every device's kernel holds.
+    let block = (seq / devices).min(128);
+    let cp = config(strategy, devices, d, mask.clone(), block);
+    let what = format!("{strategy} on {devices} devices, H={heads} KVH={kv_heads} {mask:?}");
+
+    let q = random(DType::F32, &[1, heads, seq, HEAD_DIM], 1);
+    let k = random(DType::F32, &[1, kv_heads, seq, HEAD_DIM], 2);
+    let v = random(DType::F32, &[1, kv_heads, seq, HEAD_DIM], 3);
+    let dout = random(DType::F32, &[1, heads, seq, HEAD_DIM], 4);
+    let mask = mask.into();
+    let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
+    let r = RefInputs {
+        dims: d,
+        q: &qf,
+        k: &kf,
+        v: &vf,
+        q_segment_ids: None,
+        kv_segment_ids: None,
+        sinks: None,
+        mask: &mask,
+        offsets: SeqOffsets::default(),
+        scale: 1.0 / (HEAD_DIM as f64).sqrt(),
+        soft_cap: None,
+    };
+    let want = reference::forward(&r);
+    let want_grads = reference::backward(&r, &dout.to_f64_vec());
+
+    let (out, lse) = cp
+        .forward(&q, &k, &v)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    assert_eq!(out.shape(), q.shape(), "{what}: out shape");
+    assert_close(&out.to_f64_vec(), &want.out, 2e-4, &format!("{what}: out"));
+    assert_close(&lse.to_f64_vec(), &want.lse, 2e-4, &format!("{what}: lse"));
+
+    let (dq, dk, dv) = cp
+        .backward(&q, &k, &v, &out, &lse, &dout)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    for (name, got, want, shape) in [
+        ("dq", &dq, &want_grads.dq, q.shape()),
+        ("dk", &dk, &want_grads.dk, k.shape()),
+        ("dv", &dv, &want_grads.dv, v.shape()),
+    ] {
+        assert_eq!(got.shape(), shape, "{what}: {name} shape");
+        let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+        assert_close(
+            &got.to_f64_vec(),
+            want,
+            1e-3 * scale,
+            &format!("{what}: {name}"),
+        );
+    }
+}
+
+#[test]
+fn ulysses_matches_the_reference() {
+    check("ulysses", 2, 4, 4, Mask::local(64, 0));
+    check("ulysses", 4, 8, 8, Mask::causal());
+    // 2 KV heads on 4 devices: each KV head is replicated twice before the all-to-all.
+    check("ulysses", 4, 8, 2, Mask::causal());
+    check("ulysses", 8, 8, 2, Mask::local(100, 0));
+}
+
+#[test]
+fn all_gather_matches_the_reference() {
+    check("all_gather", 2, 8, 2, Mask::local(64, 0));
+    check("all-gather", 4, 8, 8, Mask::causal());
+    check("all-gather", 8, 4, 1, Mask::causal());
+}
+
+#[test]
+fn ring_matches_the_reference() {
+    check("ring", 2, 4, 4, Mask::causal());
+    check("ring", 4, 8, 2, Mask::local(100, 0));
+    check("ring", 8, 4, 4, Mask::causal());
+}
+
+#[test]
+fn usp_matches_the_reference() {
+    check("usp:2x2", 4, 8, 2, Mask::causal());
+    // 1 KV head on a Ulysses degree of 2: replicated.
+    check("usp:2x4", 8, 4, 1, Mask::local(64, 0));
+    check("usp", 8, 8, 8, Mask::causal());
+}
+
+fn count(text: &str, op: &str) -> usize {
+    text.matches(&format!("\"stablehlo.{op}\"")).count()
+}
+
+/// `[all_to_all, all_gather, reduce_scatter, collective_permute]` counts of both programs.
+fn collectives(strategy: &str, devices: usize) -> [[usize; 4]; 2] {
+    let s = Strategy::parse(strategy, devices).unwrap();
+    let cp = config(s, devices, dims(8, 8, 512), Mask::causal(), 128);
+    let ops = [
+        "all_to_all",
+        "all_gather",
+        "reduce_scatter",
+        "collective_permute",
+    ];
+    [cp.forward_program(), cp.backward_program()].map(|p| {
+        let text = p.unwrap().to_mlir();
+        ops.map(|op| count(&text, op))
+    })
+}
+
+#[test]
+fn each_strategy_moves_data_with_its_own_collectives() {
+    // Ulysses: q, k, v in and out, lse back; backward: q, k, v, out, lse, dout in, dq, dk,
+    // dv back. No all-gather, no permute.
+    assert_eq!(collectives("ulysses", 4), [[5, 0, 0, 0], [9, 0, 0, 0]]);
+    // All-gather: K and V gathered; the backward reduce-scatters dK and dV.
+    assert_eq!(collectives("all-gather", 4), [[0, 2, 0, 0], [0, 2, 2, 0]]);
+    // Ring on 4 devices: K and V move 3 times; the backward also moves the dK/dV
+    // accumulators 4 times (the last brings them home).
+    assert_eq!(collectives("ring", 4), [[0, 0, 0, 6], [0, 0, 0, 14]]);
+    // USP 2x2: Ulysses all-to-alls over `ulysses`, permutes over `ring` (1 step of K/V).
+    assert_eq!(collectives("usp:2x2", 4), [[5, 0, 0, 2], [9, 0, 0, 6]]);
+}
+
+#[test]
+fn ulysses_holds_one_over_u_of_all_gathers_kv() {
+    let stats = |strategy| {
+        let cp = ContextParallel {
+            dims: dims(32, 32, 4096),
+            dtype: DType::BF16,
+            mask: Mask::causal(),
+            block_sizes: BlockSizes::uniform(256, 256),
+            strategy,
+            devices: 16,
+        };
+        cp.stats().unwrap()
+    };
+    let ulysses = stats(Strategy::Ulysses);
+    let all_gather = stats(Strategy::AllGather);
+    // 2 of 32 KV heads over the whole sequence against all 32.
+    assert_eq!(ulysses.kv_heads_per_device, 2);
+    assert_eq!(
+        ulysses.kv_bytes_per_device * 16,
+        all_gather.kv_bytes_per_device
+    );
+    assert_eq!(all_gather.kv_bytes_per_device, 32 * 4096 * 128 * 2);
+    let ring = stats(Strategy::Ring);
+    assert_eq!(ring.kv_len_per_device, 4096 / 16);
+    // Every collective reports what it sends: Ulysses' forward all-to-all of q keeps 1/16.
+    let q_bytes = 32 * (4096 / 16) * 64 * 2;
+    assert_eq!(ulysses.forward[0].name, "all_to_all");
+    assert_eq!(ulysses.forward[0].bytes_per_device, q_bytes * 15 / 16);
+    assert_eq!(all_gather.forward[0].name, "all_gather");
+    assert_eq!(all_gather.forward[0].bytes_per_device, q_bytes * 15);
+}
+
+#[test]
+fn kv_replication_is_visible_in_the_stats() {
+    let cp = config(Strategy::Ulysses, 4, dims(8, 2, 512), Mask::causal(), 128);
+    let s = cp.stats().unwrap();
+    assert_eq!((s.kv_replication, s.kv_heads_per_device), (2, 1));
+    assert!(s.to_string().contains("replicated 2x"), "{s}");
+}
+
+#[test]
+fn invalid_configurations_are_named() {
+    let cases: [(Strategy, usize, Dims, usize, &str); 7] = [
+        (
+            Strategy::Ulysses,
+            4,
+            dims(6, 6, 512),
+            128,
+            "ulysses: 6 query heads are not divisible by the Ulysses degree 4",
+        ),
+        (Strategy::Ulysses, 4, dims(6, 3, 512), 128, "6 query heads"),
+        (
+            Strategy::Ulysses,
+            8,
+            dims(8, 3, 512),
+            64,
+            "3 KV heads cannot be replicated evenly to the Ulysses degree 8",
+        ),
+        (
+            Strategy::Ring,
+            3,
+            dims(8, 8, 512),
+            128,
+            "ring: the sequence length 512 is not divisible by the context degree 3",
+        ),
+        (
+            Strategy::Ring,
+            8,
+            dims(8, 8, 512),
+            128,
+            "ring: block_q = 128 does not divide the 64 queries each device's attention holds",
+        ),
+        (
+            Strategy::AllGather,
+            8,
+            dims(8, 8, 512),
+            128,
+            "all-gather: block_q = 128 does not divide the 64 queries",
+        ),
+        (
+            Strategy::Usp {
+                ulysses: 2,
+                ring: 2,
+            },
+            8,
+            dims(8, 8, 512),
+            128,
+            "usp:2x2: the degrees multiply to 4 devices but 8 were given",
+        ),
+    ];
+    for (strategy, devices, d, block, message) in cases {
+        let cp = config(strategy, devices, d, Mask::causal(), block);
+        let e = cp.validate().unwrap_err().to_string();
+        assert!(e.contains(message), "{strategy}: {e}");
+        assert!(cp.forward_program().is_err());
+    }
+}
+
+#[test]
+fn strategies_parse_in_both_spellings() {
+    assert_eq!(
+        Strategy::parse("all_gather", 4).unwrap(),
+        Strategy::AllGather
+    );
+    assert_eq!(
+        Strategy::parse("all-gather", 4).unwrap(),
+        Strategy::AllGather
+    );
+    assert_eq!(
+        Strategy::parse("usp", 8).unwrap(),
+        Strategy::Usp {
+            ulysses: 4,
+            ring: 2
+        }
+    );
+    assert_eq!(
+        Strategy::parse("usp", 4).unwrap(),
+        Strategy::Usp {
+            ulysses: 2,
+            ring: 2
+        }
+    );
+    assert_eq!(
+        Strategy::parse("usp:1x4", 4).unwrap(),
+        Strategy::Usp {
+            ulysses: 1,
+            ring: 4
+        }
+    );
+    for bad in ["rings", "usp:2", "usp:0x4", "usp:ax2"] {
+        let e = Strategy::parse(bad, 4).unwrap_err().to_string();
+        assert!(e.contains("usp:UxR"), "{bad}: {e}");
+    }
+}
