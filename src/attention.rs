@@ -17,6 +17,7 @@ use tessera_splash::{
 };
 
 use crate::backend::{self, from_host_buffer, to_host_buffer, Backend, RunError};
+use crate::context_parallel::{ContextParallel, Strategy};
 use crate::npy::{read_npy, write_npy};
 
 impl Executor for Backend {
@@ -440,9 +441,21 @@ pub struct AttentionArgs {
     /// Use the fused dq+dkv backward kernel.
     #[arg(long)]
     pub fused_bwd: bool,
-    /// Where the kernels run: interpret or cpu (StableHLO on the XLA CPU plugin).
-    #[arg(long, default_value = "interpret")]
-    pub backend: Backend,
+    /// Where the kernels run: interpret (the default) or cpu (StableHLO on the XLA CPU
+    /// plugin). With --strategy, always cpu.
+    #[arg(long)]
+    pub backend: Option<Backend>,
+    /// Context parallelism over --devices CPU devices: ulysses, all-gather (or all_gather),
+    /// ring, usp:UxR (Ulysses degree x ring degree) or usp (the most square split).
+    #[arg(long)]
+    pub strategy: Option<String>,
+    /// Devices of the context axis, with --strategy (default: 4, or U x R for usp:UxR).
+    #[arg(long, requires = "strategy")]
+    pub devices: Option<usize>,
+    /// With --strategy: write the forward StableHLO program that ran to FILE, and the
+    /// backward's (with --dout) beside it, as FILE with `.bwd` before its extension.
+    #[arg(long, requires = "strategy", value_name = "FILE")]
+    pub dump_hlo: Option<PathBuf>,
     /// Output, float32 [B, H, S, D].
     #[arg(long)]
     pub out: PathBuf,
@@ -461,7 +474,8 @@ pub struct AttentionArgs {
     /// Gradient of v (with --dout).
     #[arg(long, requires = "dout")]
     pub dv: Option<PathBuf>,
-    /// Print one JSON line with the forward's key-block counters.
+    /// Print one JSON line with the forward's key-block counters; with --strategy, also what
+    /// each device holds (K/V bytes) and what every collective sends.
     #[arg(long)]
     pub stats: bool,
 }
@@ -488,6 +502,9 @@ fn default_block(n: usize, cap: usize, mult: usize) -> usize {
         .find(|b| n % b == 0 && b % mult == 0)
         .unwrap_or(n)
 }
+
+/// Context devices when `--strategy` is given without `--devices`.
+const DEFAULT_DEVICES: usize = 4;
 
 /// Runs `tessera attention`.
 pub fn attention_command(a: &AttentionArgs) -> Result<()> {
@@ -520,18 +537,50 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         None => None,
     };
     let mask = Mask::parse(&a.mask)?;
-    let bq = a
-        .block_q
-        .unwrap_or_else(|| default_block(dims.q_len, 512, 16));
+    let strategy = match &a.strategy {
+        Some(s) => Some(Strategy::parse(s, a.devices.unwrap_or(DEFAULT_DEVICES))?),
+        None => None,
+    };
+    let devices = match (a.devices, strategy.and_then(|s| s.fixed_devices())) {
+        (Some(n), _) => n,
+        (None, Some(n)) => n,
+        (None, None) => DEFAULT_DEVICES,
+    };
+    // The default blocks divide what each device's kernel holds.
+    let (q_len, kv_len) = match strategy {
+        Some(s) => s.local_lengths(dims.q_len, devices),
+        None => (dims.q_len, dims.kv_len),
+    };
+    let bq = a.block_q.unwrap_or_else(|| default_block(q_len, 512, 16));
     let bkv = a
         .block_kv
-        .unwrap_or_else(|| default_block(dims.kv_len, 512, 128));
+        .unwrap_or_else(|| default_block(kv_len, 512, 128));
     let blocks = BlockSizes::uniform(bq, bkv).with_fused_bwd(a.fused_bwd);
     let options = SplashOptions {
         scale: a.scale,
         soft_cap: a.soft_cap,
         ..SplashOptions::default()
     };
+    if let Some(strategy) = strategy {
+        if let Some(b) = a.backend.filter(|&b| b != Backend::Cpu) {
+            bail!(
+                "--strategy runs on the XLA CPU plugin's devices; drop --backend {b} or use \
+                 --backend cpu"
+            );
+        }
+        let cp = ContextParallel {
+            dims,
+            dtype: DType::F32,
+            mask,
+            block_sizes: blocks,
+            options,
+            strategy,
+            devices,
+        };
+        cp.validate()?;
+        return context_parallel_command(a, &cp, [&q, &k, &v], dout.as_ref(), seg.as_ref());
+    }
+    let backend = a.backend.unwrap_or(Backend::Interpret);
     let attn = SplashAttention::new(mask, dims, DType::F32, blocks, options, TargetRules::tpu())?;
     let x = Inputs {
         q: &q,
@@ -540,13 +589,13 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         segment_ids: seg.as_ref().map(|s| SegmentIds { q: s, kv: s }),
         sinks: None,
     };
-    let fwd = attn.forward(&a.backend, &x)?;
+    let fwd = attn.forward(&backend, &x)?;
     write_npy(&a.out, &fwd.out)?;
     if let Some(p) = &a.lse {
         write_npy(p, &fwd.lse)?;
     }
     if let Some(dout) = &dout {
-        let g = attn.backward(&a.backend, &x, &fwd, dout)?;
+        let g = attn.backward(&backend, &x, &fwd, dout)?;
         for (p, arr) in [(&a.dq, &g.dq), (&a.dk, &g.dk), (&a.dv, &g.dv)] {
             if let Some(p) = p {
                 write_npy(p, arr)?;
@@ -557,6 +606,79 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         println!("{}", stats_json(&attn.stats(), bq, bkv));
     }
     Ok(())
+}
+
+/// `tessera attention --strategy ..`: the context-parallel programs on CPU devices.
+fn context_parallel_command(
+    a: &AttentionArgs,
+    cp: &ContextParallel,
+    [q, k, v]: [&HostArray; 3],
+    dout: Option<&HostArray>,
+    segment_ids: Option<&HostArray>,
+) -> Result<()> {
+    let segmented = segment_ids.is_some();
+    let forward = cp.forward_program(segmented)?;
+    if let Some(path) = &a.dump_hlo {
+        write_text(path, &forward.to_mlir())?;
+    }
+    let mut inputs = vec![q, k, v];
+    inputs.extend(segment_ids);
+    let outs = forward.run(&inputs)?;
+    write_npy(&a.out, &outs[0])?;
+    if let Some(p) = &a.lse {
+        write_npy(p, &outs[1])?;
+    }
+    if let Some(dout) = dout {
+        let backward = cp.backward_program(segmented)?;
+        if let Some(path) = &a.dump_hlo {
+            write_text(&backward_path(path), &backward.to_mlir())?;
+        }
+        let mut inputs = vec![q, k, v, &outs[0], &outs[1], dout];
+        inputs.extend(segment_ids);
+        let grads = backward.run(&inputs)?;
+        for (p, arr) in [(&a.dq, &grads[0]), (&a.dk, &grads[1]), (&a.dv, &grads[2])] {
+            if let Some(p) = p {
+                write_npy(p, arr)?;
+            }
+        }
+    }
+    if a.stats {
+        let s = cp.stats()?;
+        print!("{s}");
+        let total = |l: &[crate::context_parallel::CollectiveStat]| -> usize {
+            l.iter().map(|c| c.bytes_per_device).sum()
+        };
+        println!(
+            "{{\"strategy\":\"{}\",\"devices\":{},\"kv_heads_per_device\":{},\
+             \"kv_bytes_per_device\":{},\"kv_replication\":{},\"forward_collectives\":{},\
+             \"forward_bytes_per_device\":{},\"backward_collectives\":{},\
+             \"backward_bytes_per_device\":{}}}",
+            s.strategy,
+            s.devices,
+            s.kv_heads_per_device,
+            s.kv_bytes_per_device,
+            s.kv_replication,
+            s.forward.len(),
+            total(&s.forward),
+            s.backward.len(),
+            total(&s.backward)
+        );
+    }
+    Ok(())
+}
+
+/// `prog.mlir` -> `prog.bwd.mlir` (`prog` -> `prog.bwd`).
+fn backward_path(path: &Path) -> PathBuf {
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.bwd.{}", ext.to_string_lossy()),
+        None => format!("{stem}.bwd"),
+    };
+    path.with_file_name(name)
+}
+
+fn write_text(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 fn stats_json(s: &BlockStats, bq: usize, bkv: usize) -> String {

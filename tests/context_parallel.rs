@@ -8,7 +8,7 @@ mod common;
 
 use common::{assert_close, random};
 use tessera::context_parallel::{ContextParallel, Strategy};
-use tessera::dsl::DType;
+use tessera::dsl::{DType, HostArray};
 use tessera::splash::reference::{self, RefInputs};
 use tessera::splash::{BlockSizes, Dims, Mask, SeqOffsets};
 
@@ -38,22 +38,43 @@ fn config(
         dtype: DType::F32,
         mask,
         block_sizes: BlockSizes::uniform(block, block),
+        options: Default::default(),
         strategy,
         devices,
     }
 }
 
+fn check(strategy: &str, devices: usize, heads: usize, kv_heads: usize, mask: Mask) {
+    check_with(strategy, devices, heads, kv_heads, mask, false);
+}
+
 /// Runs `strategy` on `devices` devices and compares `out`, `lse`, `dq`, `dk`, `dv` with the
 /// f64 reference (tolerances of the splash tests: 2e-4 absolute for the forward, 1e-3
-/// relative to the largest gradient for the backward).
-fn check(strategy: &str, devices: usize, heads: usize, kv_heads: usize, mask: Mask) {
+/// relative to the largest gradient for the backward). `packed`: with segment ids (packed
+/// sequences whose boundaries cross the shards) and a soft cap.
+fn check_with(
+    strategy: &str,
+    devices: usize,
+    heads: usize,
+    kv_heads: usize,
+    mask: Mask,
+    packed: bool,
+) {
     let seq = 512;
     let d = dims(heads, kv_heads, seq);
     let strategy = Strategy::parse(strategy, devices).unwrap();
     // The largest block that divides what every device's kernel holds.
     let block = (seq / devices).min(128);
-    let cp = config(strategy, devices, d, mask.clone(), block);
-    let what = format!("{strategy} on {devices} devices, H={heads} KVH={kv_heads} {mask:?}");
+    let mut cp = config(strategy, devices, d, mask.clone(), block);
+    let soft_cap = packed.then_some(3.0);
+    cp.options.soft_cap = soft_cap.map(|c| c as f32);
+    let segments: Vec<i32> = (0..seq as i32).map(|i| i / 100).collect();
+    let segment_ids = HostArray::i32([1, seq], segments.clone()).unwrap();
+    let segment_ids = packed.then_some(&segment_ids);
+    let what = format!(
+        "{strategy} on {devices} devices, H={heads} KVH={kv_heads} {mask:?}{}",
+        if packed { " packed" } else { "" }
+    );
 
     let q = random(DType::F32, &[1, heads, seq, HEAD_DIM], 1);
     let k = random(DType::F32, &[1, kv_heads, seq, HEAD_DIM], 2);
@@ -66,26 +87,26 @@ fn check(strategy: &str, devices: usize, heads: usize, kv_heads: usize, mask: Ma
         q: &qf,
         k: &kf,
         v: &vf,
-        q_segment_ids: None,
-        kv_segment_ids: None,
+        q_segment_ids: packed.then_some(&segments[..]),
+        kv_segment_ids: packed.then_some(&segments[..]),
         sinks: None,
         mask: &mask,
         offsets: SeqOffsets::default(),
         scale: 1.0 / (HEAD_DIM as f64).sqrt(),
-        soft_cap: None,
+        soft_cap,
     };
     let want = reference::forward(&r);
     let want_grads = reference::backward(&r, &dout.to_f64_vec());
 
     let (out, lse) = cp
-        .forward(&q, &k, &v)
+        .forward(&q, &k, &v, segment_ids)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(out.shape(), q.shape(), "{what}: out shape");
     assert_close(&out.to_f64_vec(), &want.out, 2e-4, &format!("{what}: out"));
     assert_close(&lse.to_f64_vec(), &want.lse, 2e-4, &format!("{what}: lse"));
 
     let (dq, dk, dv) = cp
-        .backward(&q, &k, &v, &out, &lse, &dout)
+        .backward(&q, &k, &v, &out, &lse, &dout, segment_ids)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     for (name, got, want, shape) in [
         ("dq", &dq, &want_grads.dq, q.shape()),
@@ -110,6 +131,7 @@ fn ulysses_matches_the_reference() {
     // 2 KV heads on 4 devices: each KV head is replicated twice before the all-to-all.
     check("ulysses", 4, 8, 2, Mask::causal());
     check("ulysses", 8, 8, 2, Mask::local(100, 0));
+    check_with("ulysses", 4, 8, 4, Mask::causal(), true);
 }
 
 #[test]
@@ -117,6 +139,7 @@ fn all_gather_matches_the_reference() {
     check("all_gather", 2, 8, 2, Mask::local(64, 0));
     check("all-gather", 4, 8, 8, Mask::causal());
     check("all-gather", 8, 4, 1, Mask::causal());
+    check_with("all-gather", 4, 4, 2, Mask::causal(), true);
 }
 
 #[test]
@@ -124,6 +147,7 @@ fn ring_matches_the_reference() {
     check("ring", 2, 4, 4, Mask::causal());
     check("ring", 4, 8, 2, Mask::local(100, 0));
     check("ring", 8, 4, 4, Mask::causal());
+    check_with("ring", 4, 4, 2, Mask::local(100, 0), true);
 }
 
 #[test]
@@ -132,6 +156,7 @@ fn usp_matches_the_reference() {
     // 1 KV head on a Ulysses degree of 2: replicated.
     check("usp:2x4", 8, 4, 1, Mask::local(64, 0));
     check("usp", 8, 8, 8, Mask::causal());
+    check_with("usp:2x2", 4, 4, 2, Mask::causal(), true);
 }
 
 fn count(text: &str, op: &str) -> usize {
@@ -148,7 +173,7 @@ fn collectives(strategy: &str, devices: usize) -> [[usize; 4]; 2] {
         "reduce_scatter",
         "collective_permute",
     ];
-    [cp.forward_program(), cp.backward_program()].map(|p| {
+    [cp.forward_program(false), cp.backward_program(false)].map(|p| {
         let text = p.unwrap().to_mlir();
         ops.map(|op| count(&text, op))
     })
@@ -169,6 +194,20 @@ fn each_strategy_moves_data_with_its_own_collectives() {
 }
 
 #[test]
+fn segment_ids_are_gathered_as_int32() {
+    let cp = config(Strategy::Ulysses, 4, dims(8, 8, 512), Mask::causal(), 128);
+    for program in [cp.forward_program(true), cp.backward_program(true)] {
+        let text = program.unwrap().to_mlir();
+        let gathers: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("\"stablehlo.all_gather\""))
+            .collect();
+        assert_eq!(gathers.len(), 1, "{text}");
+        assert!(gathers[0].contains("xi32>"), "{}", gathers[0]);
+    }
+}
+
+#[test]
 fn ulysses_holds_one_over_u_of_all_gathers_kv() {
     let stats = |strategy| {
         let cp = ContextParallel {
@@ -176,6 +215,7 @@ fn ulysses_holds_one_over_u_of_all_gathers_kv() {
             dtype: DType::BF16,
             mask: Mask::causal(),
             block_sizes: BlockSizes::uniform(256, 256),
+            options: Default::default(),
             strategy,
             devices: 16,
         };
@@ -262,7 +302,7 @@ fn invalid_configurations_are_named() {
         let cp = config(strategy, devices, d, Mask::causal(), block);
         let e = cp.validate().unwrap_err().to_string();
         assert!(e.contains(message), "{strategy}: {e}");
-        assert!(cp.forward_program().is_err());
+        assert!(cp.forward_program(false).is_err());
     }
 }
 

@@ -12,8 +12,8 @@ use tessera_dsl::DType;
 use tessera_splash::{SeqOffsets, ShardedSplash, Tensor};
 
 use super::{
-    lower_plan, lse_from_kernel, lse_to_kernel, ContextMesh, ContextParallel, CpError, SeqSharded,
-    SeqSharded3,
+    features, gather_segments, lower_plan, lse_from_kernel, lse_to_kernel, shard_start,
+    ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
 };
 
 /// `[B, KVH, S, D]` whole on every device.
@@ -32,18 +32,39 @@ fn mesh(cp: &ContextParallel) -> Result<Mesh<ContextMesh>, CpError> {
     Ok(Mesh::<ContextMesh>::new([cp.devices])?)
 }
 
-pub(super) fn forward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpError> {
-    let plan = splash(cp)?.forward_plan(Default::default())?;
+/// Adds this device's query segment ids and every key's to `env`.
+fn add_segments(
+    cp: &ContextParallel,
+    f: &mut tessera_hlo::FuncBuilder<'_>,
+    env: &mut HashMap<Tensor, tessera_hlo::Value>,
+    seg: Option<tessera_hlo::Value>,
+    shard: tessera_hlo::Value,
+) -> Result<(), tessera_collectives::CollectiveError> {
+    let Some(full) = seg else {
+        return Ok(());
+    };
+    let (s, u) = (cp.dims.q_len, cp.devices);
+    let q_start = shard_start(f, shard, 0, u, s / u)?;
+    Segments { full }.add_to(f, env, (Some(q_start), s / u), (None, s))
+}
+
+pub(super) fn forward(
+    cp: &ContextParallel,
+    segmented: bool,
+) -> Result<Program<ContextMesh>, CpError> {
+    let plan = splash(cp)?.forward_plan(features(segmented))?;
     let g = cp.global_dims();
     Ok(Program::build("all_gather_fwd", &mesh(cp)?, |p| {
         let q = p.arg::<SeqSharded>(g.q, cp.dtype)?;
         let k = p.arg::<SeqSharded>(g.k, cp.dtype)?;
         let v = p.arg::<SeqSharded>(g.v, cp.dtype)?;
+        let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         let k: DTensor<'_, ContextMesh, Whole> = k.all_gather::<Context, 2>()?;
         let v: DTensor<'_, ContextMesh, Whole> = v.all_gather::<Context, 2>()?;
         let shard = p.axis_index::<Context>()?;
         let outs = p.local_values(&[&q, &k, &v, &shard], |f, x| {
             let mut env = HashMap::from([(Tensor::Q, x[0]), (Tensor::K, x[1]), (Tensor::V, x[2])]);
+            add_segments(cp, f, &mut env, seg, x[3])?;
             lower_plan(f, &plan, &mut env, Some(x[3]))?;
             Ok(vec![
                 env[&Tensor::Out],
@@ -57,8 +78,11 @@ pub(super) fn forward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpEr
     })?)
 }
 
-pub(super) fn backward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpError> {
-    let plan = splash(cp)?.backward_plan(Default::default())?;
+pub(super) fn backward(
+    cp: &ContextParallel,
+    segmented: bool,
+) -> Result<Program<ContextMesh>, CpError> {
+    let plan = splash(cp)?.backward_plan(features(segmented))?;
     let g = cp.global_dims();
     Ok(Program::build("all_gather_bwd", &mesh(cp)?, |p| {
         let q = p.arg::<SeqSharded>(g.q, cp.dtype)?;
@@ -67,6 +91,7 @@ pub(super) fn backward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpE
         let out = p.arg::<SeqSharded>(g.out, cp.dtype)?;
         let lse = p.arg::<SeqSharded3>(g.lse, DType::F32)?;
         let dout = p.arg::<SeqSharded>(g.out, cp.dtype)?;
+        let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         let k: DTensor<'_, ContextMesh, Whole> = k.all_gather::<Context, 2>()?;
         let v: DTensor<'_, ContextMesh, Whole> = v.all_gather::<Context, 2>()?;
         let shard = p.axis_index::<Context>()?;
@@ -79,6 +104,7 @@ pub(super) fn backward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpE
                 (Tensor::Lse, lse_to_kernel(f, x[4])?),
                 (Tensor::DOut, x[5]),
             ]);
+            add_segments(cp, f, &mut env, seg, x[6])?;
             lower_plan(f, &plan, &mut env, Some(x[6]))?;
             Ok(vec![env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]])
         })?;

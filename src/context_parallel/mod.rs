@@ -33,12 +33,14 @@ use std::fmt;
 use tessera_collectives::axes::Context;
 use tessera_collectives::{
     axis, mesh, CollectiveCall, CollectiveError, DTensor, MeshShape, Program, Replicated, Split,
+    Spmd,
 };
 use tessera_dsl::{DType, HostArray, TargetRules};
 use tessera_hlo::{FuncBuilder, Value};
 use tessera_runtime::Client;
 use tessera_splash::{
-    BlockSizes, Dims, Mask, SeqOffsets, ShardedSplash, SplashError, SplashOptions, Stage, Tensor,
+    BlockSizes, Dims, Features, Mask, SeqOffsets, ShardedSplash, SplashError, SplashOptions, Stage,
+    Tensor,
 };
 
 use crate::backend::{from_host_buffer, to_host_buffer};
@@ -137,6 +139,18 @@ impl Strategy {
         })
     }
 
+    /// The queries and keys each device's attention kernel sees of a sequence of `seq` on
+    /// `devices` devices (what the block sizes must divide).
+    pub fn local_lengths(&self, seq: usize, devices: usize) -> (usize, usize) {
+        let n = devices.max(1);
+        match *self {
+            Strategy::Ulysses => (seq, seq),
+            Strategy::AllGather => (seq / n, seq),
+            Strategy::Ring => (seq / n, seq / n),
+            Strategy::Usp { ring, .. } => (seq / ring, seq / ring),
+        }
+    }
+
     /// The devices the strategy's degrees multiply to, when it fixes them (USP).
     pub fn fixed_devices(&self) -> Option<usize> {
         match *self {
@@ -166,6 +180,8 @@ pub struct ContextParallel {
     /// One mask shared by every head (positions are global).
     pub mask: Mask,
     pub block_sizes: BlockSizes,
+    /// Scale, soft cap and mask value (the offsets are set per device).
+    pub options: SplashOptions,
     pub strategy: Strategy,
     /// The context-parallel degree: devices on the context axis (for USP, `U x R`).
     pub devices: usize,
@@ -434,13 +450,7 @@ impl ContextParallel {
 
     /// Queries and keys each device's attention kernel sees (per head).
     fn local_lengths(&self) -> (usize, usize) {
-        let (s, n) = (self.dims.q_len, self.devices.max(1));
-        match self.strategy {
-            Strategy::Ulysses => (s, s),
-            Strategy::AllGather => (s / n, s),
-            Strategy::Ring => (s / n, s / n),
-            Strategy::Usp { ring, .. } => (s / ring, s / ring),
-        }
+        self.strategy.local_lengths(self.dims.q_len, self.devices)
     }
 
     /// The Ulysses degree (1 for the strategies without a head all-to-all).
@@ -484,7 +494,7 @@ impl ContextParallel {
             self.local_dims(),
             self.dtype,
             self.block_sizes,
-            SplashOptions::default(),
+            self.options,
             TargetRules::portable(),
             offsets,
         )?)
@@ -503,42 +513,66 @@ impl ContextParallel {
             kv_len_per_device: ld.kv_len,
             kv_bytes_per_device: kv_bytes * self.dtype.size_bytes(),
             kv_replication: self.kv_replication(),
-            forward: self.forward_program()?.collective_stats(),
-            backward: self.backward_program()?.collective_stats(),
+            forward: self.forward_program(false)?.collective_stats(),
+            backward: self.backward_program(false)?.collective_stats(),
         })
     }
 
-    /// The forward SPMD program: global `q, k, v` in, `out [B, H, S, Dv]` and
-    /// `lse [B, H, S]` out.
-    pub fn forward_program(&self) -> Result<CpProgram, CpError> {
+    /// The forward SPMD program: global `q, k, v` (and `segment_ids [B, S]` int32 when
+    /// `segmented`) in, `out [B, H, S, Dv]` and `lse [B, H, S]` out.
+    pub fn forward_program(&self, segmented: bool) -> Result<CpProgram, CpError> {
         self.validate()?;
+        let s = segmented;
         match self.strategy {
-            Strategy::Ulysses => Ok(CpProgram::Context(ulysses::forward(self)?)),
-            Strategy::AllGather => Ok(CpProgram::Context(all_gather::forward(self)?)),
-            Strategy::Ring => Ok(CpProgram::Context(ring::forward(self)?)),
-            Strategy::Usp { .. } => Ok(CpProgram::Usp(usp::forward(self)?)),
+            Strategy::Ulysses => Ok(CpProgram::Context(ulysses::forward(self, s)?)),
+            Strategy::AllGather => Ok(CpProgram::Context(all_gather::forward(self, s)?)),
+            Strategy::Ring => Ok(CpProgram::Context(ring::forward(self, s)?)),
+            Strategy::Usp { .. } => Ok(CpProgram::Usp(usp::forward(self, s)?)),
         }
     }
 
-    /// The backward SPMD program: global `q, k, v, out, lse, dout` in, `dq, dk, dv` out.
-    pub fn backward_program(&self) -> Result<CpProgram, CpError> {
+    /// The backward SPMD program: global `q, k, v, out, lse, dout` (and `segment_ids` when
+    /// `segmented`) in, `dq, dk, dv` out.
+    pub fn backward_program(&self, segmented: bool) -> Result<CpProgram, CpError> {
         self.validate()?;
+        let s = segmented;
         match self.strategy {
-            Strategy::Ulysses => Ok(CpProgram::Context(ulysses::backward(self)?)),
-            Strategy::AllGather => Ok(CpProgram::Context(all_gather::backward(self)?)),
-            Strategy::Ring => Ok(CpProgram::Context(ring::backward(self)?)),
-            Strategy::Usp { .. } => Ok(CpProgram::Usp(usp::backward(self)?)),
+            Strategy::Ulysses => Ok(CpProgram::Context(ulysses::backward(self, s)?)),
+            Strategy::AllGather => Ok(CpProgram::Context(all_gather::backward(self, s)?)),
+            Strategy::Ring => Ok(CpProgram::Context(ring::backward(self, s)?)),
+            Strategy::Usp { .. } => Ok(CpProgram::Usp(usp::backward(self, s)?)),
         }
     }
 
-    /// Forward on `devices` CPU devices: `out` and `lse` of global `q`, `k`, `v`.
+    /// Checks segment ids against the configuration: int32 `[B, S]`.
+    fn check_segments(&self, segment_ids: Option<&HostArray>) -> Result<(), CpError> {
+        let d = self.dims;
+        match segment_ids {
+            Some(s) if s.dtype() != DType::I32 || s.shape() != [d.batch, d.q_len] => Err(self
+                .config_error(format!(
+                    "segment ids must be int32 [B, S] = [{}, {}], got {} {:?}",
+                    d.batch,
+                    d.q_len,
+                    s.dtype(),
+                    s.shape()
+                ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Forward on `devices` CPU devices: `out` and `lse` of global `q`, `k`, `v`, with
+    /// `segment_ids [B, S]` (shared by queries and keys) when given.
     pub fn forward(
         &self,
         q: &HostArray,
         k: &HostArray,
         v: &HostArray,
+        segment_ids: Option<&HostArray>,
     ) -> Result<(HostArray, HostArray), CpError> {
-        let outs = self.forward_program()?.run(&[q, k, v])?;
+        self.check_segments(segment_ids)?;
+        let mut inputs = vec![q, k, v];
+        inputs.extend(segment_ids);
+        let outs = self.forward_program(segment_ids.is_some())?.run(&inputs)?;
         let [out, lse]: [HostArray; 2] = outs
             .try_into()
             .map_err(|_| CpError::Host("the forward program returns out and lse".into()))?;
@@ -546,7 +580,7 @@ impl ContextParallel {
     }
 
     /// Backward on `devices` CPU devices: global `dq`, `dk`, `dv` of `sum(out * dout)`,
-    /// given the forward's `out` and `lse`.
+    /// given the forward's `out` and `lse` (and the forward's segment ids).
     pub fn backward(
         &self,
         q: &HostArray,
@@ -555,8 +589,12 @@ impl ContextParallel {
         out: &HostArray,
         lse: &HostArray,
         dout: &HostArray,
+        segment_ids: Option<&HostArray>,
     ) -> Result<(HostArray, HostArray, HostArray), CpError> {
-        let outs = self.backward_program()?.run(&[q, k, v, out, lse, dout])?;
+        self.check_segments(segment_ids)?;
+        let mut inputs = vec![q, k, v, out, lse, dout];
+        inputs.extend(segment_ids);
+        let outs = self.backward_program(segment_ids.is_some())?.run(&inputs)?;
         let [dq, dk, dv]: [HostArray; 3] = outs
             .try_into()
             .map_err(|_| CpError::Host("the backward program returns dq, dk and dv".into()))?;
@@ -568,6 +606,7 @@ impl ContextParallel {
         let d = self.dims;
         let i = |x: usize| x as i64;
         GlobalDims {
+            seq: [i(d.batch), i(d.q_len)],
             q: [i(d.batch), i(d.heads), i(d.q_len), i(d.head_dim)],
             k: [i(d.batch), i(d.kv_heads), i(d.kv_len), i(d.head_dim)],
             v: [i(d.batch), i(d.kv_heads), i(d.kv_len), i(d.head_dim_v)],
@@ -579,6 +618,8 @@ impl ContextParallel {
 
 /// The global shapes of a call's arrays.
 struct GlobalDims {
+    /// `[B, S]` (segment ids).
+    seq: [i64; 2],
     q: [i64; 4],
     k: [i64; 4],
     v: [i64; 4],
@@ -596,6 +637,85 @@ fn lower_plan(
 ) -> Result<(), CollectiveError> {
     crate::attention::lower_stages_on_shard(f, stages, &TargetRules::portable(), env, shard)
         .map_err(|e| CollectiveError::local(format!("{e:#}")))
+}
+
+/// The whole `[B, S]` segment ids on every device of a context mesh (every strategy
+/// all-gathers them: 4 bytes a token, against K/V's `2 D` elements per KV head).
+fn gather_segments(
+    cp: &ContextParallel,
+    p: &Spmd<'_, ContextMesh>,
+) -> Result<Value, CollectiveError> {
+    let seg = p.arg::<(Replicated, Split<Context>)>(cp.global_dims().seq, DType::I32)?;
+    Ok(seg.all_gather::<Context, 1>()?.value())
+}
+
+/// Whole `[B, S]` segment ids in a program, sliced per device and step.
+#[derive(Debug, Clone, Copy)]
+struct Segments {
+    full: Value,
+}
+
+impl Segments {
+    /// Positions `start .. start + len` (all when `start` is `None`) as the kernels' query
+    /// `[B, len, 1]` or key `[B, 1, len]` segment ids.
+    fn slice(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        start: Option<Value>,
+        len: usize,
+        queries: bool,
+    ) -> Result<Value, CollectiveError> {
+        let b = f.value_type(self.full)?.dims[0];
+        let len = len as i64;
+        let x = match start {
+            Some(start) => {
+                let zero = f.scalar(0.0, DType::I32)?;
+                f.dynamic_slice(self.full, &[zero, start], &[b, len])?
+            }
+            None => self.full,
+        };
+        let dims = if queries { [b, len, 1] } else { [b, 1, len] };
+        Ok(f.reshape(x, &dims)?)
+    }
+
+    /// Adds the query and key segment ids of an attention of `q_len` queries from `q_start`
+    /// and `kv_len` keys from `kv_start` to a plan's environment.
+    fn add_to(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        env: &mut HashMap<Tensor, Value>,
+        (q_start, q_len): (Option<Value>, usize),
+        (kv_start, kv_len): (Option<Value>, usize),
+    ) -> Result<(), CollectiveError> {
+        let q = self.slice(f, q_start, q_len, true)?;
+        let kv = self.slice(f, kv_start, kv_len, false)?;
+        env.extend([(Tensor::QSegments, q), (Tensor::KvSegments, kv)]);
+        Ok(())
+    }
+}
+
+/// `((shard + shift) mod ring) * len`: where shard `shard + shift` of `len` positions starts.
+fn shard_start(
+    f: &mut FuncBuilder<'_>,
+    shard: Value,
+    shift: usize,
+    ring: usize,
+    len: usize,
+) -> Result<Value, CollectiveError> {
+    let shift = f.scalar(shift as f64, DType::I32)?;
+    let ring = f.scalar(ring as f64, DType::I32)?;
+    let len = f.scalar(len as f64, DType::I32)?;
+    let x = f.add(shard, shift)?;
+    let x = f.rem(x, ring)?;
+    Ok(f.mul(x, len)?)
+}
+
+/// The splash features of a call.
+fn features(segmented: bool) -> Features {
+    Features {
+        segmented,
+        sinks: false,
+    }
 }
 
 /// `lse [B, H, S]` as the kernels' `[B, H, S, 1]`.

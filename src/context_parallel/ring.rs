@@ -25,8 +25,8 @@ use tessera_hlo::{FuncBuilder, Value};
 use tessera_splash::{SeqOffsets, Stage, Tensor};
 
 use super::{
-    lower_plan, lse_from_kernel, lse_to_kernel, ContextMesh, ContextParallel, CpError, SeqSharded,
-    SeqSharded3,
+    features, gather_segments, lower_plan, lse_from_kernel, lse_to_kernel, shard_start,
+    ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
 };
 
 /// The splash plans of every ring step: at step `t` shard `r` (of `ring` shards of `n`
@@ -40,7 +40,12 @@ pub(super) struct RingPlans {
 }
 
 impl RingPlans {
-    pub fn new(cp: &ContextParallel, ring: usize, backward: bool) -> Result<Self, CpError> {
+    pub fn new(
+        cp: &ContextParallel,
+        ring: usize,
+        backward: bool,
+        segmented: bool,
+    ) -> Result<Self, CpError> {
         let n = cp.dims.q_len / ring;
         let mut plans = RingPlans {
             forward: Vec::new(),
@@ -56,15 +61,41 @@ impl RingPlans {
                 .collect();
             let splash = cp.sharded_splash(&offsets)?;
             if backward {
-                let mut stages = splash.backward_plan(Default::default())?;
+                let mut stages = splash.backward_plan(features(segmented))?;
                 let rest = stages.split_off(1);
                 plans.prep = stages;
                 plans.backward.push(rest);
             } else {
-                plans.forward.push(splash.forward_plan(Default::default())?);
+                plans
+                    .forward
+                    .push(splash.forward_plan(features(segmented))?);
             }
         }
         Ok(plans)
+    }
+}
+
+/// Segment ids on a ring of `ring` shards of `n` positions: at step `t` shard `r` attends
+/// its own queries to the keys of shard `r - t`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RingSegments {
+    pub seg: Segments,
+    pub n: usize,
+    pub ring: usize,
+}
+
+impl RingSegments {
+    fn add_to(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        env: &mut HashMap<Tensor, Value>,
+        shard: Value,
+        step: usize,
+    ) -> Result<(), CollectiveError> {
+        let q = shard_start(f, shard, 0, self.ring, self.n)?;
+        let kv = shard_start(f, shard, self.ring - step, self.ring, self.n)?;
+        self.seg
+            .add_to(f, env, (Some(q), self.n), (Some(kv), self.n))
     }
 }
 
@@ -77,6 +108,7 @@ pub(super) fn forward_steps<'p, M, A, S>(
     mut k: DTensor<'p, M, S, Invariant>,
     mut v: DTensor<'p, M, S, Invariant>,
     shard: Value,
+    segments: Option<RingSegments>,
     plans: &[Vec<Stage>],
 ) -> Result<[Value; 2], CollectiveError>
 where
@@ -88,6 +120,9 @@ where
     for (t, plan) in plans.iter().enumerate() {
         let step = p.local_values(&[&k, &v], |f, x| {
             let mut env = HashMap::from([(Tensor::Q, q), (Tensor::K, x[0]), (Tensor::V, x[1])]);
+            if let Some(s) = segments {
+                s.add_to(f, &mut env, shard, t)?;
+            }
             lower_plan(f, plan, &mut env, Some(shard))?;
             let part = [f.convert(env[&Tensor::Out], DType::F32)?, env[&Tensor::Lse]];
             Ok(match acc {
@@ -111,6 +146,7 @@ pub(super) struct BackwardInputs {
     pub lse: Value,
     pub dout: Value,
     pub shard: Value,
+    pub segments: Option<RingSegments>,
 }
 
 /// Runs the backward steps; returns `dq` and this device's `dk`, `dv` (all f32), the latter
@@ -152,6 +188,9 @@ where
                 (Tensor::DOut, x.dout),
                 (Tensor::Di, di),
             ]);
+            if let Some(s) = x.segments {
+                s.add_to(f, &mut env, x.shard, t)?;
+            }
             lower_plan(f, plan, &mut env, Some(x.shard))?;
             let mut grads = Vec::with_capacity(3);
             for (i, t) in [Tensor::Dq, Tensor::Dk, Tensor::Dv].into_iter().enumerate() {
@@ -226,16 +265,36 @@ fn mesh(cp: &ContextParallel) -> Result<Mesh<ContextMesh>, CpError> {
     Ok(Mesh::<ContextMesh>::new([cp.devices])?)
 }
 
-pub(super) fn forward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpError> {
-    let plans = RingPlans::new(cp, cp.devices, false)?;
+/// The segment ids of a ring over the context axis.
+fn ring_segments(cp: &ContextParallel, full: Value) -> RingSegments {
+    RingSegments {
+        seg: Segments { full },
+        n: cp.dims.q_len / cp.devices,
+        ring: cp.devices,
+    }
+}
+
+pub(super) fn forward(
+    cp: &ContextParallel,
+    segmented: bool,
+) -> Result<Program<ContextMesh>, CpError> {
+    let plans = RingPlans::new(cp, cp.devices, false, segmented)?;
     let g = cp.global_dims();
     Ok(Program::build("ring_fwd", &mesh(cp)?, |p| {
         let q = p.arg::<SeqSharded>(g.q, cp.dtype)?;
         let k = p.arg::<SeqSharded>(g.k, cp.dtype)?;
         let v = p.arg::<SeqSharded>(g.v, cp.dtype)?;
+        let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         let shard = p.axis_index::<Context>()?;
-        let [out, lse] =
-            forward_steps::<_, Context, _>(p, q.value(), k, v, shard.value(), &plans.forward)?;
+        let [out, lse] = forward_steps::<_, Context, _>(
+            p,
+            q.value(),
+            k,
+            v,
+            shard.value(),
+            seg.map(|full| ring_segments(cp, full)),
+            &plans.forward,
+        )?;
         let (out, lse) =
             p.with_builder(|f| Ok((f.convert(out, cp.dtype)?, lse_from_kernel(f, lse)?)))?;
         p.declare::<SeqSharded, Invariant>(out)?
@@ -245,8 +304,11 @@ pub(super) fn forward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpEr
     })?)
 }
 
-pub(super) fn backward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpError> {
-    let plans = RingPlans::new(cp, cp.devices, true)?;
+pub(super) fn backward(
+    cp: &ContextParallel,
+    segmented: bool,
+) -> Result<Program<ContextMesh>, CpError> {
+    let plans = RingPlans::new(cp, cp.devices, true, segmented)?;
     let g = cp.global_dims();
     Ok(Program::build("ring_bwd", &mesh(cp)?, |p| {
         let q = p.arg::<SeqSharded>(g.q, cp.dtype)?;
@@ -255,6 +317,7 @@ pub(super) fn backward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpE
         let out = p.arg::<SeqSharded>(g.out, cp.dtype)?;
         let lse = p.arg::<SeqSharded3>(g.lse, DType::F32)?;
         let dout = p.arg::<SeqSharded>(g.out, cp.dtype)?;
+        let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         let shard = p.axis_index::<Context>()?;
         let lse = p.with_builder(|f| lse_to_kernel(f, lse.value()))?;
         let x = BackwardInputs {
@@ -263,6 +326,7 @@ pub(super) fn backward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpE
             lse,
             dout: dout.value(),
             shard: shard.value(),
+            segments: seg.map(|full| ring_segments(cp, full)),
         };
         let grads = backward_steps::<_, Context, _>(p, &x, k, v, &plans)?;
         for g in grads {

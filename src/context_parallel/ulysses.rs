@@ -20,8 +20,8 @@ use tessera_dsl::DType;
 use tessera_splash::{SeqOffsets, Tensor};
 
 use super::{
-    lower_plan, lse_from_kernel, lse_to_kernel, replicate_heads, sum_replicated_heads, ContextMesh,
-    ContextParallel, CpError, SeqSharded, SeqSharded3,
+    features, gather_segments, lower_plan, lse_from_kernel, lse_to_kernel, replicate_heads,
+    sum_replicated_heads, ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
 };
 
 /// `[B, H/U, S, D]`: the heads split over `context`, the whole sequence on every device.
@@ -53,15 +53,23 @@ fn mesh(cp: &ContextParallel) -> Result<Mesh<ContextMesh>, CpError> {
 }
 
 /// The forward program: global `q, k, v` in, `out` and `lse` out.
-pub(super) fn forward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpError> {
+pub(super) fn forward(
+    cp: &ContextParallel,
+    segmented: bool,
+) -> Result<Program<ContextMesh>, CpError> {
     // Every device attends the whole sequence: one shard, no offsets.
     let plan = cp
         .sharded_splash(&[SeqOffsets::default()])?
-        .forward_plan(Default::default())?;
+        .forward_plan(features(segmented))?;
+    let s = cp.dims.q_len;
     Ok(Program::build("ulysses_fwd", &mesh(cp)?, |p| {
         let [q, k, v] = qkv_by_heads(cp, p)?;
+        let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         let outs = p.local_values(&[&q, &k, &v], |f, x| {
             let mut env = HashMap::from([(Tensor::Q, x[0]), (Tensor::K, x[1]), (Tensor::V, x[2])]);
+            if let Some(full) = seg {
+                Segments { full }.add_to(f, &mut env, (None, s), (None, s))?;
+            }
             lower_plan(f, &plan, &mut env, None)?;
             Ok(vec![
                 env[&Tensor::Out],
@@ -76,17 +84,22 @@ pub(super) fn forward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpEr
 }
 
 /// The backward program: global `q, k, v, out, lse, dout` in, `dq, dk, dv` out.
-pub(super) fn backward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpError> {
+pub(super) fn backward(
+    cp: &ContextParallel,
+    segmented: bool,
+) -> Result<Program<ContextMesh>, CpError> {
     let plan = cp
         .sharded_splash(&[SeqOffsets::default()])?
-        .backward_plan(Default::default())?;
+        .backward_plan(features(segmented))?;
     let g = cp.global_dims();
+    let s = cp.dims.q_len;
     let rep = cp.kv_replication();
     Ok(Program::build("ulysses_bwd", &mesh(cp)?, |p| {
         let [q, k, v] = qkv_by_heads(cp, p)?;
         let out = p.arg::<SeqSharded>(g.out, cp.dtype)?;
         let lse = p.arg::<SeqSharded3>(g.lse, DType::F32)?;
         let dout = p.arg::<SeqSharded>(g.out, cp.dtype)?;
+        let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         // The transpose of the forward's output all-to-all (split 2, concat 1) is the
         // all-to-all (split 1, concat 2): the same re-sharding the inputs take.
         let out: DTensor<'_, ContextMesh, HeadSharded> = out.all_to_all::<Context, 1, 2>()?;
@@ -101,6 +114,9 @@ pub(super) fn backward(cp: &ContextParallel) -> Result<Program<ContextMesh>, CpE
                 (Tensor::Lse, lse_to_kernel(f, x[4])?),
                 (Tensor::DOut, x[5]),
             ]);
+            if let Some(full) = seg {
+                Segments { full }.add_to(f, &mut env, (None, s), (None, s))?;
+            }
             lower_plan(f, &plan, &mut env, None)?;
             Ok(vec![env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]])
         })?;

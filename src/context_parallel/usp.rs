@@ -13,9 +13,9 @@ use tessera_collectives::{
 use tessera_dsl::DType;
 use tessera_hlo::{FuncBuilder, Value};
 
-use super::ring::{backward_steps, forward_steps, BackwardInputs, RingPlans};
+use super::ring::{backward_steps, forward_steps, BackwardInputs, RingPlans, RingSegments};
 use super::{
-    replicate_heads, sum_replicated_heads, ContextParallel, CpError, RingAxis, Strategy,
+    replicate_heads, sum_replicated_heads, ContextParallel, CpError, RingAxis, Segments, Strategy,
     UlyssesAxis, UspMesh,
 };
 
@@ -29,6 +29,8 @@ type Pieces = (
 );
 /// `[B, H, R, S/R]` (logsumexp).
 type Pieces4 = (Replicated, Replicated, Split<RingAxis>, Split<UlyssesAxis>);
+/// `[B, R, S/R]` (segment ids).
+type SegPieces = (Replicated, Split<RingAxis>, Split<UlyssesAxis>);
 /// `[B, H/U, R, S/R, D]` after the all-to-all: whole chunks, heads over `ulysses`.
 type Chunks5 = (
     Replicated,
@@ -102,18 +104,47 @@ fn output_pieces(
     sum_replicated_heads(&x, rep)?.output::<Pieces>()
 }
 
-pub(super) fn forward(cp: &ContextParallel) -> Result<Program<UspMesh>, CpError> {
+/// The segment ids `[B, S]` (as `[B, R, S/R]` in pieces) gathered whole on every device, for
+/// the ring over `ring`.
+fn ring_segments(
+    cp: &ContextParallel,
+    p: &Spmd<'_, UspMesh>,
+) -> Result<RingSegments, CollectiveError> {
+    let ring = degrees(cp).1;
+    let [b, s] = cp.global_dims().seq;
+    let r = ring as i64;
+    let seg = p.arg::<SegPieces>([b, r, s / r], DType::I32)?;
+    let whole = seg
+        .all_gather::<UlyssesAxis, 2>()?
+        .all_gather::<RingAxis, 1>()?;
+    let full = p.with_builder(|f| Ok(f.reshape(whole.value(), &[b, s])?))?;
+    Ok(RingSegments {
+        seg: Segments { full },
+        n: cp.dims.q_len / ring,
+        ring,
+    })
+}
+
+pub(super) fn forward(cp: &ContextParallel, segmented: bool) -> Result<Program<UspMesh>, CpError> {
     let (_, ring) = degrees(cp);
-    let plans = RingPlans::new(cp, ring, false)?;
+    let plans = RingPlans::new(cp, ring, false, segmented)?;
     let g = cp.global_dims();
     let rep = cp.kv_replication();
     Ok(Program::build("usp_fwd", &mesh(cp)?, |p| {
         let q = chunks_of(cp, p, g.q, 1)?;
         let k = chunks_of(cp, p, g.k, rep)?;
         let v = chunks_of(cp, p, g.v, rep)?;
+        let seg = segmented.then(|| ring_segments(cp, p)).transpose()?;
         let shard = p.axis_index::<RingAxis>()?;
-        let [out, lse] =
-            forward_steps::<_, RingAxis, _>(p, q.value(), k, v, shard.value(), &plans.forward)?;
+        let [out, lse] = forward_steps::<_, RingAxis, _>(
+            p,
+            q.value(),
+            k,
+            v,
+            shard.value(),
+            seg,
+            &plans.forward,
+        )?;
         output_pieces(cp, p, out, 1)?;
         // [B, h, n, 1] -> [B, h, 1, n], then the pieces back over `ulysses`.
         let lse = p.with_builder(|f| {
@@ -126,9 +157,9 @@ pub(super) fn forward(cp: &ContextParallel) -> Result<Program<UspMesh>, CpError>
     })?)
 }
 
-pub(super) fn backward(cp: &ContextParallel) -> Result<Program<UspMesh>, CpError> {
+pub(super) fn backward(cp: &ContextParallel, segmented: bool) -> Result<Program<UspMesh>, CpError> {
     let (_, ring) = degrees(cp);
-    let plans = RingPlans::new(cp, ring, true)?;
+    let plans = RingPlans::new(cp, ring, true, segmented)?;
     let g = cp.global_dims();
     let rep = cp.kv_replication();
     Ok(Program::build("usp_bwd", &mesh(cp)?, |p| {
@@ -142,6 +173,7 @@ pub(super) fn backward(cp: &ContextParallel) -> Result<Program<UspMesh>, CpError
             .arg::<Pieces4>(lse_dims, DType::F32)?
             .all_to_all::<UlyssesAxis, 1, 3>()?;
         let dout = chunks_of(cp, p, g.out, 1)?;
+        let seg = segmented.then(|| ring_segments(cp, p)).transpose()?;
         let shard = p.axis_index::<RingAxis>()?;
         // [B, h, 1, n] -> the kernels' [B, h, n, 1].
         let lse = p.with_builder(|f| {
@@ -154,6 +186,7 @@ pub(super) fn backward(cp: &ContextParallel) -> Result<Program<UspMesh>, CpError
             lse,
             dout: dout.value(),
             shard: shard.value(),
+            segments: seg,
         };
         let [dq, dk, dv] = backward_steps::<_, RingAxis, _>(p, &x, k, v, &plans)?;
         output_pieces(cp, p, dq, 1)?;
@@ -164,16 +197,24 @@ pub(super) fn backward(cp: &ContextParallel) -> Result<Program<UspMesh>, CpError
 
 /// The 5-D view the USP programs take of a `[B, H, S, ...]` host array (`[B, H, R, S/R,
 /// ...]`), and back.
+/// The sequence dim of a program array: 1 for segment ids `[B, S]`, else 2.
+fn seq_dim(rank: usize) -> usize {
+    if rank == 2 {
+        1
+    } else {
+        2
+    }
+}
+
 pub(super) fn to_pieces(a: &tessera_dsl::HostArray, ring: usize) -> tessera_dsl::HostArray {
-    let s = a.shape();
-    let mut shape = vec![s[0], s[1], ring, s[2] / ring];
-    shape.extend(&s[3..]);
+    let (s, d) = (a.shape(), seq_dim(a.shape().len()));
+    let shape = [&s[..d], &[ring, s[d] / ring], &s[d + 1..]].concat();
     tessera_splash::reshape(a, &shape)
 }
 
+/// The inverse of [`to_pieces`] for the programs' outputs (`[B, H, R, S/R, ...]`).
 pub(super) fn from_pieces(a: &tessera_dsl::HostArray) -> tessera_dsl::HostArray {
     let s = a.shape();
-    let mut shape = vec![s[0], s[1], s[2] * s[3]];
-    shape.extend(&s[4..]);
+    let shape = [&s[..2], &[s[2] * s[3]], &s[4..]].concat();
     tessera_splash::reshape(a, &shape)
 }
