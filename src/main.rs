@@ -62,7 +62,7 @@ enum Command {
     /// Run the example kernels on every backend and check them against naive f64 references.
     Demo,
     /// Splash attention on .npy inputs: forward (out, lse) and, with --dout, gradients.
-    Attention(tessera::attention::AttentionArgs),
+    Attention(Box<tessera::attention::AttentionArgs>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{assert_close, random};
-use tessera::context_parallel::{ContextParallel, Strategy};
+use tessera::context_parallel::{ContextParallel, CpInputs, Strategy};
 use tessera::dsl::{DType, HostArray};
 use tessera::splash::reference::{self, RefInputs};
 use tessera::splash::{BlockSizes, Dims, Mask, SeqOffsets};
@@ -96,17 +96,21 @@ fn check_with(
         soft_cap,
     };
     let want = reference::forward(&r);
+    let x = CpInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        segment_ids,
+    };
     let want_grads = reference::backward(&r, &dout.to_f64_vec());
 
-    let (out, lse) = cp
-        .forward(&q, &k, &v, segment_ids)
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let (out, lse) = cp.forward(&x).unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(out.shape(), q.shape(), "{what}: out shape");
     assert_close(&out.to_f64_vec(), &want.out, 2e-4, &format!("{what}: out"));
     assert_close(&lse.to_f64_vec(), &want.lse, 2e-4, &format!("{what}: lse"));
 
     let (dq, dk, dv) = cp
-        .backward(&q, &k, &v, &out, &lse, &dout, segment_ids)
+        .backward(&x, &out, &lse, &dout)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     for (name, got, want, shape) in [
         ("dq", &dq, &want_grads.dq, q.shape()),

@@ -134,6 +134,115 @@ fn forward_gradients_and_stats_match_the_reference() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// `--strategy` on CPU devices gives the reference's results, writes the programs that ran
+/// and reports what each device holds and sends.
+#[test]
+fn context_parallel_strategies_match_the_reference() {
+    let d = dir("cp");
+    let (b, h, kvh, s, hd) = (1, 4, 2, 256, 64);
+    let q = random(DType::F32, &[b, h, s, hd], 1);
+    let k = random(DType::F32, &[b, kvh, s, hd], 2);
+    let v = random(DType::F32, &[b, kvh, s, hd], 3);
+    let dout = random(DType::F32, &[b, h, s, hd], 4);
+    let seg: Vec<i32> = (0..s as i32).map(|i| i / 100).collect();
+    let segs = HostArray::i32([b, s], seg.clone()).unwrap();
+    let mask: MultiHeadMask = Mask::causal().into();
+    let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
+    let r = RefInputs {
+        dims: Dims::of(q.shape(), k.shape(), v.shape()).unwrap(),
+        q: &qf,
+        k: &kf,
+        v: &vf,
+        q_segment_ids: Some(&seg),
+        kv_segment_ids: Some(&seg),
+        sinks: None,
+        mask: &mask,
+        offsets: SeqOffsets::default(),
+        scale: 1.0 / 8.0,
+        soft_cap: None,
+    };
+    let want = reference::forward(&r);
+    let grads = reference::backward(&r, &dout.to_f64_vec());
+    let inputs = [
+        ("--q", save(&d, "q.npy", &q)),
+        ("--k", save(&d, "k.npy", &k)),
+        ("--v", save(&d, "v.npy", &v)),
+        ("--segment-ids", save(&d, "seg.npy", &segs)),
+        ("--dout", save(&d, "dout.npy", &dout)),
+    ];
+    let p = |n: &str| d.join(n).to_str().unwrap().to_string();
+    for (strategy, devices, permutes, all_to_alls) in [
+        ("ring", "4", true, false),
+        ("usp:2x2", "4", true, true),
+        ("all_gather", "2", false, false),
+    ] {
+        let mut args: Vec<String> = inputs
+            .iter()
+            .flat_map(|(flag, path)| [flag.to_string(), path.clone()])
+            .collect();
+        for (flag, value) in [
+            ("--mask", "causal".to_string()),
+            ("--strategy", strategy.to_string()),
+            ("--devices", devices.to_string()),
+            ("--dump-hlo", p("prog.mlir")),
+            ("--out", p("out.npy")),
+            ("--lse", p("lse.npy")),
+            ("--dq", p("dq.npy")),
+            ("--dk", p("dk.npy")),
+            ("--dv", p("dv.npy")),
+        ] {
+            args.extend([flag.to_string(), value]);
+        }
+        args.push("--stats".into());
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (ok, stdout, err) = run(&args);
+        assert!(ok, "{strategy}: {err:?}");
+        let read = |n: &str| read_npy(&d.join(n)).unwrap().to_f64_vec();
+        let max_err = |got: Vec<f64>, want: &[f64]| {
+            let scale = want.iter().map(|x| x.abs()).fold(0.0, f64::max).max(1.0);
+            got.iter()
+                .zip(want)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0.0, f64::max)
+                / scale
+        };
+        assert!(
+            max_err(read("out.npy"), &want.out) <= 2e-4,
+            "{strategy}: out"
+        );
+        assert!(
+            max_err(read("lse.npy"), &want.lse) <= 2e-4,
+            "{strategy}: lse"
+        );
+        assert!(max_err(read("dq.npy"), &grads.dq) <= 1e-3, "{strategy}: dq");
+        assert!(max_err(read("dk.npy"), &grads.dk) <= 1e-3, "{strategy}: dk");
+        assert!(max_err(read("dv.npy"), &grads.dv) <= 1e-3, "{strategy}: dv");
+        for file in ["prog.mlir", "prog.bwd.mlir"] {
+            let text = std::fs::read_to_string(d.join(file)).unwrap();
+            assert!(
+                text.contains("mhlo.num_partitions = 4") || devices != "4",
+                "{file}"
+            );
+            assert_eq!(
+                text.contains("\"stablehlo.collective_permute\""),
+                permutes,
+                "{strategy}: {file}"
+            );
+            assert_eq!(
+                text.contains("\"stablehlo.all_to_all\""),
+                all_to_alls,
+                "{strategy}: {file}"
+            );
+        }
+        assert!(
+            stdout.contains(&format!("\"strategy\":\"{}\"", strategy.replace('_', "-"))),
+            "{stdout}"
+        );
+        assert!(stdout.contains("kv_bytes_per_device"), "{stdout}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 #[test]
 fn bad_input_gets_one_line_and_a_failure_exit() {
     let d = dir("bad");
@@ -164,6 +273,44 @@ fn bad_input_gets_one_line_and_a_failure_exit() {
         (
             vec!["--q", &q, "--k", &k1, "--v", &k1, "--mask", "window:3"],
             "bad mask",
+        ),
+        (
+            vec!["--q", &q, "--k", &k1, "--v", &k1, "--strategy", "ulysses"],
+            "3 query heads are not divisible by the Ulysses degree 4",
+        ),
+        (
+            vec![
+                "--q",
+                &q,
+                "--k",
+                &k1,
+                "--v",
+                &k1,
+                "--strategy",
+                "ring",
+                "--devices",
+                "3",
+            ],
+            "the sequence length 128 is not divisible by the context degree 3",
+        ),
+        (
+            vec!["--q", &q, "--k", &k1, "--v", &k1, "--strategy", "rings"],
+            "unknown strategy `rings`",
+        ),
+        (
+            vec![
+                "--q",
+                &q,
+                "--k",
+                &k1,
+                "--v",
+                &k1,
+                "--strategy",
+                "ring",
+                "--backend",
+                "interpret",
+            ],
+            "--strategy runs on the XLA CPU plugin's devices",
         ),
     ];
     for (mut args, want) in cases {

@@ -171,6 +171,19 @@ impl fmt::Display for Strategy {
     }
 }
 
+/// The global arrays of a call.
+#[derive(Debug, Clone, Copy)]
+pub struct CpInputs<'a> {
+    /// `[B, H, S, D]`.
+    pub q: &'a HostArray,
+    /// `[B, KVH, S, D]`.
+    pub k: &'a HostArray,
+    /// `[B, KVH, S, Dv]`.
+    pub v: &'a HostArray,
+    /// `[B, S]` int32, shared by queries and keys (packed sequences).
+    pub segment_ids: Option<&'a HostArray>,
+}
+
 /// A context-parallel attention: the global problem, its mask, the strategy and the devices.
 #[derive(Debug, Clone)]
 pub struct ContextParallel {
@@ -560,19 +573,14 @@ impl ContextParallel {
         }
     }
 
-    /// Forward on `devices` CPU devices: `out` and `lse` of global `q`, `k`, `v`, with
-    /// `segment_ids [B, S]` (shared by queries and keys) when given.
-    pub fn forward(
-        &self,
-        q: &HostArray,
-        k: &HostArray,
-        v: &HostArray,
-        segment_ids: Option<&HostArray>,
-    ) -> Result<(HostArray, HostArray), CpError> {
-        self.check_segments(segment_ids)?;
-        let mut inputs = vec![q, k, v];
-        inputs.extend(segment_ids);
-        let outs = self.forward_program(segment_ids.is_some())?.run(&inputs)?;
+    /// Forward on `devices` CPU devices: `out` and `lse` of the global inputs.
+    pub fn forward(&self, x: &CpInputs<'_>) -> Result<(HostArray, HostArray), CpError> {
+        self.check_segments(x.segment_ids)?;
+        let mut inputs = vec![x.q, x.k, x.v];
+        inputs.extend(x.segment_ids);
+        let outs = self
+            .forward_program(x.segment_ids.is_some())?
+            .run(&inputs)?;
         let [out, lse]: [HostArray; 2] = outs
             .try_into()
             .map_err(|_| CpError::Host("the forward program returns out and lse".into()))?;
@@ -580,21 +588,20 @@ impl ContextParallel {
     }
 
     /// Backward on `devices` CPU devices: global `dq`, `dk`, `dv` of `sum(out * dout)`,
-    /// given the forward's `out` and `lse` (and the forward's segment ids).
+    /// given the forward's `out` and `lse`.
     pub fn backward(
         &self,
-        q: &HostArray,
-        k: &HostArray,
-        v: &HostArray,
+        x: &CpInputs<'_>,
         out: &HostArray,
         lse: &HostArray,
         dout: &HostArray,
-        segment_ids: Option<&HostArray>,
     ) -> Result<(HostArray, HostArray, HostArray), CpError> {
-        self.check_segments(segment_ids)?;
-        let mut inputs = vec![q, k, v, out, lse, dout];
-        inputs.extend(segment_ids);
-        let outs = self.backward_program(segment_ids.is_some())?.run(&inputs)?;
+        self.check_segments(x.segment_ids)?;
+        let mut inputs = vec![x.q, x.k, x.v, out, lse, dout];
+        inputs.extend(x.segment_ids);
+        let outs = self
+            .backward_program(x.segment_ids.is_some())?
+            .run(&inputs)?;
         let [dq, dk, dv]: [HostArray; 3] = outs
             .try_into()
             .map_err(|_| CpError::Host("the backward program returns dq, dk and dv".into()))?;
