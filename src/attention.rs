@@ -701,12 +701,16 @@ pub enum BenchCommand {
     /// Splash attention against dense attention (materialised scores) on the XLA CPU plugin:
     /// forward and forward+backward time, GFLOP/s and peak memory, one process per program.
     Attention(BenchArgs),
+    /// Context-parallel strategies (Ulysses, all-gather, ring, USP) side by side on the same
+    /// XLA CPU devices: forward and forward+backward times and their ratios.
+    ContextParallel(crate::context_parallel::bench::CpBenchArgs),
 }
 
 /// Runs `tessera bench`.
 pub fn bench(what: &BenchCommand) -> Result<()> {
     match what {
         BenchCommand::Attention(args) => bench_command(args),
+        BenchCommand::ContextParallel(args) => crate::context_parallel::bench::bench_command(args),
     }
 }
 

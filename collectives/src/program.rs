@@ -163,6 +163,11 @@ pub fn element_type(dtype: DType) -> ElementType {
 }
 
 impl<M: MeshShape> Executable<M> {
+    /// The mesh it runs on.
+    pub fn mesh(&self) -> &Mesh<M> {
+        &self.mesh
+    }
+
     /// The program's signature.
     pub fn signature(&self) -> &Signature {
         &self.signature

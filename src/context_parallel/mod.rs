@@ -23,6 +23,7 @@
 //! each device's block tables by its mesh coordinate. They run on the PJRT CPU plugin.
 
 mod all_gather;
+pub mod bench;
 mod ring;
 mod ulysses;
 mod usp;
@@ -32,8 +33,8 @@ use std::fmt;
 
 use tessera_collectives::axes::Context;
 use tessera_collectives::{
-    axis, mesh, CollectiveCall, CollectiveError, DTensor, MeshShape, Program, Replicated, Split,
-    Spmd,
+    axis, mesh, CollectiveCall, CollectiveError, DTensor, Executable, MeshShape, Program,
+    Replicated, Split, Spmd,
 };
 use tessera_dsl::{DType, HostArray, TargetRules};
 use tessera_hlo::{FuncBuilder, Value};
@@ -314,11 +315,39 @@ impl CpProgram {
             .collect()
     }
 
-    /// Compiles for the devices of the mesh and runs on global host arrays.
+    /// Compiles for the devices of the mesh (the XLA CPU plugin with that many devices).
+    pub fn compile(&self) -> Result<CpExecutable, CpError> {
+        Ok(match self {
+            CpProgram::Context(p) => CpExecutable::Context(compile_on(p)?),
+            CpProgram::Usp(p) => CpExecutable::Usp(compile_on(p)?),
+        })
+    }
+
+    /// Compiles and runs once on global host arrays.
+    pub fn run(&self, inputs: &[&HostArray]) -> Result<Vec<HostArray>, CpError> {
+        self.compile()?.run(inputs)
+    }
+}
+
+fn compile_on<M: MeshShape>(program: &Program<M>) -> Result<Executable<M>, CpError> {
+    let client = Client::cpu_shared(program.mesh().num_devices())?;
+    Ok(program.compile(&client)?)
+}
+
+/// A compiled [`CpProgram`].
+#[allow(missing_debug_implementations)] // wraps a loaded PJRT executable
+pub enum CpExecutable {
+    Context(Executable<ContextMesh>),
+    Usp(Executable<UspMesh>),
+}
+
+impl CpExecutable {
+    /// Runs on global host arrays: shards them over the devices, runs, and assembles the
+    /// global results.
     pub fn run(&self, inputs: &[&HostArray]) -> Result<Vec<HostArray>, CpError> {
         let ring = match self {
-            CpProgram::Context(_) => None,
-            CpProgram::Usp(p) => Some(p.mesh().sizes()[1]),
+            CpExecutable::Context(_) => None,
+            CpExecutable::Usp(e) => Some(e.mesh().sizes()[1]),
         };
         let buffers = inputs
             .iter()
@@ -328,8 +357,8 @@ impl CpProgram {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let outs = match self {
-            CpProgram::Context(p) => run_on(p, &buffers)?,
-            CpProgram::Usp(p) => run_on(p, &buffers)?,
+            CpExecutable::Context(e) => e.run_global(&buffers)?,
+            CpExecutable::Usp(e) => e.run_global(&buffers)?,
         };
         outs.iter()
             .map(|b| {
@@ -342,15 +371,6 @@ impl CpProgram {
             })
             .collect()
     }
-}
-
-fn run_on<M: MeshShape>(
-    program: &Program<M>,
-    buffers: &[tessera_runtime::HostBuffer],
-) -> Result<Vec<tessera_runtime::HostBuffer>, CpError> {
-    let client = Client::cpu_shared(program.mesh().num_devices())?;
-    let exe = program.compile(&client)?;
-    Ok(exe.run_global(buffers)?)
 }
 
 impl ContextParallel {

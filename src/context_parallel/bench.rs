@@ -1,0 +1,191 @@
+//! `tessera bench context-parallel`: the strategies side by side on the same CPU devices.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use tessera_dsl::{DType, HostArray};
+use tessera_splash::{BlockSizes, Dims, Mask};
+
+use super::{ContextParallel, CpExecutable, Strategy};
+
+/// Arguments of `tessera bench context-parallel`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CpBenchArgs {
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Key/value heads (default: as many as query heads).
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    #[arg(long, default_value_t = 4096)]
+    pub seq: usize,
+    #[arg(long, default_value_t = 64)]
+    pub head_dim: usize,
+    /// full, causal, causal:OFFSET, local:LEFT:RIGHT or chunked:SIZE.
+    #[arg(long, default_value = "causal")]
+    pub mask: String,
+    /// Devices of the context axis.
+    #[arg(long, default_value_t = 4)]
+    pub devices: usize,
+    /// Query and key block of every kernel (it must divide each device's share).
+    #[arg(long, default_value_t = 512)]
+    pub block: usize,
+    /// Strategies to compare (comma-separated).
+    #[arg(long, default_value = "ulysses,all-gather,ring", value_delimiter = ',')]
+    pub strategies: Vec<String>,
+    /// Timed runs per program (after one warm-up run, interleaved across strategies); the
+    /// minimum is reported.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+}
+
+/// One strategy compiled, with its results of the last run.
+struct Compiled {
+    strategy: Strategy,
+    forward: CpExecutable,
+    backward: CpExecutable,
+    compile_s: f64,
+    best_fwd: f64,
+    best_bwd: f64,
+    outputs: Vec<HostArray>,
+}
+
+/// Runs the benchmark: forward and forward+backward time of every strategy on the same
+/// devices and inputs, the ratios to the fastest, and the largest difference between their
+/// results.
+pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
+    let dims = Dims {
+        batch: a.batch,
+        heads: a.heads,
+        kv_heads: a.kv_heads.unwrap_or(a.heads),
+        q_len: a.seq,
+        kv_len: a.seq,
+        head_dim: a.head_dim,
+        head_dim_v: a.head_dim,
+    };
+    let mask = Mask::parse(&a.mask)?;
+    let shapes = [
+        [dims.batch, dims.heads, dims.q_len, dims.head_dim],
+        [dims.batch, dims.kv_heads, dims.kv_len, dims.head_dim],
+        [dims.batch, dims.kv_heads, dims.kv_len, dims.head_dim_v],
+        [dims.batch, dims.heads, dims.q_len, dims.head_dim_v],
+    ];
+    let [q, k, v, dout] = shapes.map(|s| crate::reference::random(DType::F32, &s, 7));
+    println!(
+        "context-parallel splash attention on {} XLA CPU devices: B={} H={} KVH={} S={} D={} \
+         mask={} blocks {}x{}",
+        a.devices,
+        dims.batch,
+        dims.heads,
+        dims.kv_heads,
+        dims.q_len,
+        dims.head_dim,
+        a.mask,
+        a.block,
+        a.block
+    );
+    println!(
+        "(times include sharding the global host arrays over the devices and assembling the \
+         results, the same work for every strategy)"
+    );
+    let mut runs = Vec::new();
+    for name in &a.strategies {
+        let strategy = Strategy::parse(name, a.devices)?;
+        let cp = ContextParallel {
+            dims,
+            dtype: DType::F32,
+            mask: mask.clone(),
+            block_sizes: BlockSizes::uniform(a.block, a.block),
+            options: Default::default(),
+            strategy,
+            devices: a.devices,
+        };
+        let start = Instant::now();
+        let forward = cp.forward_program(false)?.compile()?;
+        let backward = cp.backward_program(false)?.compile()?;
+        runs.push(Compiled {
+            strategy,
+            forward,
+            backward,
+            compile_s: start.elapsed().as_secs_f64(),
+            best_fwd: f64::INFINITY,
+            best_bwd: f64::INFINITY,
+            outputs: Vec::new(),
+        });
+    }
+    if runs.is_empty() {
+        bail!("no strategies to compare; give --strategies ulysses,all-gather,ring");
+    }
+    // Interleaved so load changes on the machine hit every strategy alike; run 0 warms up.
+    for rep in 0..=a.reps.max(1) {
+        for r in &mut runs {
+            let start = Instant::now();
+            let fwd = r.forward.run(&[&q, &k, &v])?;
+            let t_fwd = start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            let grads = r.backward.run(&[&q, &k, &v, &fwd[0], &fwd[1], &dout])?;
+            let t_bwd = start.elapsed().as_secs_f64();
+            if rep > 0 {
+                r.best_fwd = r.best_fwd.min(t_fwd);
+                r.best_bwd = r.best_bwd.min(t_fwd + t_bwd);
+            }
+            r.outputs = fwd.into_iter().chain(grads).collect();
+        }
+    }
+    let fastest_fwd = runs
+        .iter()
+        .map(|r| r.best_fwd)
+        .fold(f64::INFINITY, f64::min);
+    let fastest_bwd = runs
+        .iter()
+        .map(|r| r.best_bwd)
+        .fold(f64::INFINITY, f64::min);
+    println!(
+        "{:<12} {:>10} {:>10} {:>12} {:>12} {:>14}",
+        "strategy", "compile s", "fwd s", "fwd ratio", "fwd+bwd s", "fwd+bwd ratio"
+    );
+    for r in &runs {
+        println!(
+            "{:<12} {:>10.2} {:>10.4} {:>11.2}x {:>12.4} {:>13.2}x",
+            r.strategy.to_string(),
+            r.compile_s,
+            r.best_fwd,
+            r.best_fwd / fastest_fwd,
+            r.best_bwd,
+            r.best_bwd / fastest_bwd
+        );
+    }
+    // The strategies compute the same attention.
+    let names = ["out", "lse", "dq", "dk", "dv"];
+    let mut worst = 0.0f64;
+    for r in &runs[1..] {
+        for (i, name) in names.iter().enumerate() {
+            let (err, _) = crate::reference::max_abs_diff(
+                &r.outputs[i].to_f64_vec(),
+                &runs[0].outputs[i].to_f64_vec(),
+            );
+            if err > worst {
+                worst = err;
+                println!(
+                    "max |{} - {}| {name}: {err:.2e}",
+                    r.strategy, runs[0].strategy
+                );
+            }
+        }
+    }
+    let json: Vec<String> = runs
+        .iter()
+        .map(|r| {
+            format!(
+                "\"{}\":{{\"fwd_s\":{:.4},\"fwdbwd_s\":{:.4}}}",
+                r.strategy, r.best_fwd, r.best_bwd
+            )
+        })
+        .collect();
+    println!("{{{},\"max_abs_diff\":{worst:.3e}}}", json.join(","));
+    if worst > 1e-3 {
+        bail!("the strategies disagree by {worst:.2e}");
+    }
+    Ok(())
+}
