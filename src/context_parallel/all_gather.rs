@@ -8,12 +8,11 @@ use std::collections::HashMap;
 
 use tessera_collectives::axes::Context;
 use tessera_collectives::{DTensor, Invariant, Mesh, Program, Replicated, Varying};
-use tessera_dsl::DType;
 use tessera_splash::{SeqOffsets, ShardedSplash, Tensor};
 
 use super::{
-    features, gather_segments, lower_plan, lse_from_kernel, lse_to_kernel, shard_start,
-    ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
+    backward_env, features, gather_segments, lower_plan, lse_from_kernel, shard_start,
+    BackwardArgs, ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
 };
 
 /// `[B, KVH, S, D]` whole on every device.
@@ -83,27 +82,21 @@ pub(super) fn backward(
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
     let plan = splash(cp)?.backward_plan(features(segmented))?;
-    let g = cp.global_dims();
     Ok(Program::build("all_gather_bwd", &mesh(cp)?, |p| {
-        let q = p.arg::<SeqSharded>(g.q, cp.dtype)?;
-        let k = p.arg::<SeqSharded>(g.k, cp.dtype)?;
-        let v = p.arg::<SeqSharded>(g.v, cp.dtype)?;
-        let out = p.arg::<SeqSharded>(g.out, cp.dtype)?;
-        let lse = p.arg::<SeqSharded3>(g.lse, DType::F32)?;
-        let dout = p.arg::<SeqSharded>(g.out, cp.dtype)?;
+        let BackwardArgs {
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dout,
+        } = BackwardArgs::declare(cp, p)?;
         let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         let k: DTensor<'_, ContextMesh, Whole> = k.all_gather::<Context, 2>()?;
         let v: DTensor<'_, ContextMesh, Whole> = v.all_gather::<Context, 2>()?;
         let shard = p.axis_index::<Context>()?;
         let grads = p.local_values(&[&q, &k, &v, &out, &lse, &dout, &shard], |f, x| {
-            let mut env = HashMap::from([
-                (Tensor::Q, x[0]),
-                (Tensor::K, x[1]),
-                (Tensor::V, x[2]),
-                (Tensor::Out, x[3]),
-                (Tensor::Lse, lse_to_kernel(f, x[4])?),
-                (Tensor::DOut, x[5]),
-            ]);
+            let mut env = backward_env(f, x)?;
             add_segments(cp, f, &mut env, seg, x[6])?;
             lower_plan(f, &plan, &mut env, Some(x[6]))?;
             Ok(vec![env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]])

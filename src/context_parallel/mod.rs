@@ -666,6 +666,50 @@ fn lower_plan(
         .map_err(|e| CollectiveError::local(format!("{e:#}")))
 }
 
+/// The sequence-sharded arguments of a backward program on the context mesh, declared in the
+/// order every strategy takes them: `q, k, v, out, lse, dout`.
+struct BackwardArgs<'p> {
+    q: DTensor<'p, ContextMesh, SeqSharded>,
+    k: DTensor<'p, ContextMesh, SeqSharded>,
+    v: DTensor<'p, ContextMesh, SeqSharded>,
+    out: DTensor<'p, ContextMesh, SeqSharded>,
+    lse: DTensor<'p, ContextMesh, SeqSharded3>,
+    dout: DTensor<'p, ContextMesh, SeqSharded>,
+}
+
+impl<'p> BackwardArgs<'p> {
+    fn declare(
+        cp: &ContextParallel,
+        p: &'p Spmd<'_, ContextMesh>,
+    ) -> Result<Self, CollectiveError> {
+        let g = cp.global_dims();
+        Ok(BackwardArgs {
+            q: p.arg(g.q, cp.dtype)?,
+            k: p.arg(g.k, cp.dtype)?,
+            v: p.arg(g.v, cp.dtype)?,
+            out: p.arg(g.out, cp.dtype)?,
+            lse: p.arg(g.lse, DType::F32)?,
+            dout: p.arg(g.out, cp.dtype)?,
+        })
+    }
+}
+
+/// A backward plan's environment from the local values of `q, k, v, out, lse, dout` (`lse`
+/// as the user's `[B, H, S]`).
+fn backward_env(
+    f: &mut FuncBuilder<'_>,
+    x: &[Value],
+) -> Result<HashMap<Tensor, Value>, CollectiveError> {
+    Ok(HashMap::from([
+        (Tensor::Q, x[0]),
+        (Tensor::K, x[1]),
+        (Tensor::V, x[2]),
+        (Tensor::Out, x[3]),
+        (Tensor::Lse, lse_to_kernel(f, x[4])?),
+        (Tensor::DOut, x[5]),
+    ]))
+}
+
 /// The whole `[B, S]` segment ids on every device of a context mesh (every strategy
 /// all-gathers them: 4 bytes a token, against K/V's `2 D` elements per KV head).
 fn gather_segments(

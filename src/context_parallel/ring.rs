@@ -26,7 +26,7 @@ use tessera_splash::{SeqOffsets, Stage, Tensor};
 
 use super::{
     features, gather_segments, lower_plan, lse_from_kernel, lse_to_kernel, shard_start,
-    ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
+    BackwardArgs, ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
 };
 
 /// The splash plans of every ring step: at step `t` shard `r` (of `ring` shards of `n`
@@ -309,14 +309,15 @@ pub(super) fn backward(
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
     let plans = RingPlans::new(cp, cp.devices, true, segmented)?;
-    let g = cp.global_dims();
     Ok(Program::build("ring_bwd", &mesh(cp)?, |p| {
-        let q = p.arg::<SeqSharded>(g.q, cp.dtype)?;
-        let k = p.arg::<SeqSharded>(g.k, cp.dtype)?;
-        let v = p.arg::<SeqSharded>(g.v, cp.dtype)?;
-        let out = p.arg::<SeqSharded>(g.out, cp.dtype)?;
-        let lse = p.arg::<SeqSharded3>(g.lse, DType::F32)?;
-        let dout = p.arg::<SeqSharded>(g.out, cp.dtype)?;
+        let BackwardArgs {
+            q,
+            k,
+            v,
+            out,
+            lse,
+            dout,
+        } = BackwardArgs::declare(cp, p)?;
         let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         let shard = p.axis_index::<Context>()?;
         let lse = p.with_builder(|f| lse_to_kernel(f, lse.value()))?;

@@ -20,7 +20,7 @@ use tessera_dsl::DType;
 use tessera_splash::{SeqOffsets, Tensor};
 
 use super::{
-    features, gather_segments, lower_plan, lse_from_kernel, lse_to_kernel, replicate_heads,
+    backward_env, features, gather_segments, lower_plan, lse_from_kernel, replicate_heads,
     sum_replicated_heads, ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
 };
 
@@ -106,14 +106,7 @@ pub(super) fn backward(
         let lse: DTensor<'_, ContextMesh, HeadSharded3> = lse.all_to_all::<Context, 1, 2>()?;
         let dout: DTensor<'_, ContextMesh, HeadSharded> = dout.all_to_all::<Context, 1, 2>()?;
         let grads = p.local_values(&[&q, &k, &v, &out, &lse, &dout], |f, x| {
-            let mut env = HashMap::from([
-                (Tensor::Q, x[0]),
-                (Tensor::K, x[1]),
-                (Tensor::V, x[2]),
-                (Tensor::Out, x[3]),
-                (Tensor::Lse, lse_to_kernel(f, x[4])?),
-                (Tensor::DOut, x[5]),
-            ]);
+            let mut env = backward_env(f, x)?;
             if let Some(full) = seg {
                 Segments { full }.add_to(f, &mut env, (None, s), (None, s))?;
             }
