@@ -112,8 +112,10 @@ impl<'p, M: MeshShape, S, V> DTensor<'p, M, S, V> {
         layout: TensorLayout,
     ) -> Result<DTensor<'p, M, S2, V2>, CollectiveError> {
         let x = self.value;
-        let input_type = self.local_type()?;
-        let y = self.ctx.build(c.name(), |f| c.emit(f, x))?;
+        let (y, input_type) = self.ctx.build(c.name(), |f| {
+            let input_type = f.value_type(x)?.clone();
+            Ok((c.emit(f, x)?, input_type))
+        })?;
         self.ctx.record(CollectiveCall {
             collective: c,
             input: x,
