@@ -156,23 +156,25 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
             r.best_bwd / fastest_bwd
         );
     }
-    // The strategies compute the same attention.
+    // The strategies compute the same attention: each against the first.
     let names = ["out", "lse", "dq", "dk", "dv"];
     let mut worst = 0.0f64;
     for r in &runs[1..] {
-        for (i, name) in names.iter().enumerate() {
-            let (err, _) = crate::reference::max_abs_diff(
-                &r.outputs[i].to_f64_vec(),
-                &runs[0].outputs[i].to_f64_vec(),
-            );
-            if err > worst {
-                worst = err;
-                println!(
-                    "max |{} - {}| {name}: {err:.2e}",
-                    r.strategy, runs[0].strategy
-                );
-            }
-        }
+        let diffs: Vec<String> = names
+            .iter()
+            .zip(r.outputs.iter().zip(&runs[0].outputs))
+            .map(|(name, (a, b))| {
+                let (err, _) = crate::reference::max_abs_diff(&a.to_f64_vec(), &b.to_f64_vec());
+                worst = worst.max(err);
+                format!("{name} {err:.1e}")
+            })
+            .collect();
+        println!(
+            "max |{} - {}|: {}",
+            r.strategy,
+            runs[0].strategy,
+            diffs.join(", ")
+        );
     }
     let json: Vec<String> = runs
         .iter()

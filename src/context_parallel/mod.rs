@@ -33,7 +33,7 @@ use std::fmt;
 
 use tessera_collectives::axes::Context;
 use tessera_collectives::{
-    axis, mesh, CollectiveCall, CollectiveError, DTensor, Executable, MeshShape, Program,
+    axis, mesh, CollectiveCall, CollectiveError, DTensor, Executable, Mesh, MeshShape, Program,
     Replicated, Split, Spmd,
 };
 use tessera_dsl::{DType, HostArray, TargetRules};
@@ -411,11 +411,7 @@ impl ContextParallel {
                 d.q_len
             ));
         }
-        let ulysses = match self.strategy {
-            Strategy::Ulysses => n,
-            Strategy::Usp { ulysses, .. } => ulysses,
-            Strategy::AllGather | Strategy::Ring => 1,
-        };
+        let ulysses = self.ulysses_degree();
         if ulysses > 1 {
             self.validate_heads(ulysses)?;
         }
@@ -484,6 +480,11 @@ impl ContextParallel {
     /// Queries and keys each device's attention kernel sees (per head).
     fn local_lengths(&self) -> (usize, usize) {
         self.strategy.local_lengths(self.dims.q_len, self.devices)
+    }
+
+    /// The 1-D mesh of the ulysses, all-gather and ring programs.
+    fn context_mesh(&self) -> Result<Mesh<ContextMesh>, CpError> {
+        Ok(Mesh::<ContextMesh>::new([self.devices])?)
     }
 
     /// The Ulysses degree (1 for the strategies without a head all-to-all).

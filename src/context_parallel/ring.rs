@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use tessera_collectives::axes::Context;
 use tessera_collectives::{
-    CollectiveError, DTensor, HasAxis, Invariant, Layout, Mesh, MeshAxis, MeshShape, PermuteDimOf,
+    CollectiveError, DTensor, HasAxis, Invariant, Layout, MeshAxis, MeshShape, PermuteDimOf,
     Program, Spmd,
 };
 use tessera_dsl::DType;
@@ -261,10 +261,6 @@ fn merge_partials(
     Ok([f.add(scaled[0], scaled[1])?, lse])
 }
 
-fn mesh(cp: &ContextParallel) -> Result<Mesh<ContextMesh>, CpError> {
-    Ok(Mesh::<ContextMesh>::new([cp.devices])?)
-}
-
 /// The segment ids of a ring over the context axis.
 fn ring_segments(cp: &ContextParallel, full: Value) -> RingSegments {
     RingSegments {
@@ -280,7 +276,7 @@ pub(super) fn forward(
 ) -> Result<Program<ContextMesh>, CpError> {
     let plans = RingPlans::new(cp, cp.devices, false, segmented)?;
     let g = cp.global_dims();
-    Ok(Program::build("ring_fwd", &mesh(cp)?, |p| {
+    Ok(Program::build("ring_fwd", &cp.context_mesh()?, |p| {
         let q = p.arg::<SeqSharded>(g.q, cp.dtype)?;
         let k = p.arg::<SeqSharded>(g.k, cp.dtype)?;
         let v = p.arg::<SeqSharded>(g.v, cp.dtype)?;
@@ -309,7 +305,7 @@ pub(super) fn backward(
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
     let plans = RingPlans::new(cp, cp.devices, true, segmented)?;
-    Ok(Program::build("ring_bwd", &mesh(cp)?, |p| {
+    Ok(Program::build("ring_bwd", &cp.context_mesh()?, |p| {
         let BackwardArgs {
             q,
             k,

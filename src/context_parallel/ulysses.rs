@@ -15,7 +15,7 @@
 use std::collections::HashMap;
 
 use tessera_collectives::axes::Context;
-use tessera_collectives::{CollectiveError, DTensor, Mesh, Program, Replicated, Split, Spmd};
+use tessera_collectives::{CollectiveError, DTensor, Program, Replicated, Split, Spmd};
 use tessera_dsl::DType;
 use tessera_splash::{SeqOffsets, Tensor};
 
@@ -48,10 +48,6 @@ fn qkv_by_heads<'p>(
     ])
 }
 
-fn mesh(cp: &ContextParallel) -> Result<Mesh<ContextMesh>, CpError> {
-    Ok(Mesh::<ContextMesh>::new([cp.devices])?)
-}
-
 /// The forward program: global `q, k, v` in, `out` and `lse` out.
 pub(super) fn forward(
     cp: &ContextParallel,
@@ -62,7 +58,7 @@ pub(super) fn forward(
         .sharded_splash(&[SeqOffsets::default()])?
         .forward_plan(features(segmented))?;
     let s = cp.dims.q_len;
-    Ok(Program::build("ulysses_fwd", &mesh(cp)?, |p| {
+    Ok(Program::build("ulysses_fwd", &cp.context_mesh()?, |p| {
         let [q, k, v] = qkv_by_heads(cp, p)?;
         let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         let outs = p.local_values(&[&q, &k, &v], |f, x| {
@@ -94,7 +90,7 @@ pub(super) fn backward(
     let g = cp.global_dims();
     let s = cp.dims.q_len;
     let rep = cp.kv_replication();
-    Ok(Program::build("ulysses_bwd", &mesh(cp)?, |p| {
+    Ok(Program::build("ulysses_bwd", &cp.context_mesh()?, |p| {
         let [q, k, v] = qkv_by_heads(cp, p)?;
         let out = p.arg::<SeqSharded>(g.out, cp.dtype)?;
         let lse = p.arg::<SeqSharded3>(g.lse, DType::F32)?;
