@@ -449,6 +449,10 @@ pub struct AttentionArgs {
     /// ring, usp:UxR (Ulysses degree x ring degree) or usp (the most square split).
     #[arg(long)]
     pub strategy: Option<String>,
+    /// Causal load balancing for all-gather and ring (zigzag: device r holds chunks r and
+    /// 2N-1-r of 2N); inputs and outputs stay in natural order.
+    #[arg(long, requires = "strategy")]
+    pub load_balance: bool,
     /// Devices of the context axis, with --strategy (default: 4, or U x R for usp:UxR).
     #[arg(long, requires = "strategy")]
     pub devices: Option<usize>,
@@ -548,7 +552,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
     };
     // The default blocks divide what each device's kernel holds.
     let (q_len, kv_len) = match strategy {
-        Some(s) => s.local_lengths(dims.q_len, devices),
+        Some(s) => s.local_lengths(dims.q_len, devices, a.load_balance),
         None => (dims.q_len, dims.kv_len),
     };
     let bq = a.block_q.unwrap_or_else(|| default_block(q_len, 512, 16));
@@ -576,6 +580,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
             options,
             strategy,
             devices,
+            load_balance: a.load_balance,
         };
         cp.validate()?;
         return context_parallel_command(a, &cp, [&q, &k, &v], dout.as_ref(), seg.as_ref());
@@ -650,7 +655,8 @@ fn context_parallel_command(
         };
         println!(
             "{{\"strategy\":\"{}\",\"devices\":{},\"kv_heads_per_device\":{},\
-             \"kv_bytes_per_device\":{},\"kv_replication\":{},\"forward_collectives\":{},\
+             \"kv_bytes_per_device\":{},\"kv_replication\":{},\"blocks_per_device\":{:?},\
+             \"forward_collectives\":{},\
              \"forward_bytes_per_device\":{},\"backward_collectives\":{},\
              \"backward_bytes_per_device\":{}}}",
             s.strategy,
@@ -658,6 +664,7 @@ fn context_parallel_command(
             s.kv_heads_per_device,
             s.kv_bytes_per_device,
             s.kv_replication,
+            s.blocks_per_device,
             s.forward.len(),
             total(&s.forward),
             s.backward.len(),

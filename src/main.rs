@@ -331,6 +331,7 @@ fn demo_context_parallel() -> Result<bool> {
             options: SplashOptions::default(),
             strategy: Strategy::parse(strategy, devices)?,
             devices,
+            load_balance: false,
         };
         let start = std::time::Instant::now();
         let x = CpInputs {

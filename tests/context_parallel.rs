@@ -41,11 +41,17 @@ fn config(
         options: Default::default(),
         strategy,
         devices,
+        load_balance: false,
     }
 }
 
 fn check(strategy: &str, devices: usize, heads: usize, kv_heads: usize, mask: Mask) {
     check_with(strategy, devices, heads, kv_heads, mask, false);
+}
+
+/// Like [`check`], with causal load balancing (zigzag).
+fn check_balanced(strategy: &str, devices: usize, heads: usize, kv_heads: usize, mask: Mask) {
+    run_check(strategy, devices, heads, kv_heads, mask, false, true);
 }
 
 /// Runs `strategy` on `devices` devices and compares `out`, `lse`, `dq`, `dk`, `dv` with the
@@ -60,20 +66,35 @@ fn check_with(
     mask: Mask,
     packed: bool,
 ) {
+    run_check(strategy, devices, heads, kv_heads, mask, packed, false);
+}
+
+fn run_check(
+    strategy: &str,
+    devices: usize,
+    heads: usize,
+    kv_heads: usize,
+    mask: Mask,
+    packed: bool,
+    load_balance: bool,
+) {
     let seq = 512;
     let d = dims(heads, kv_heads, seq);
     let strategy = Strategy::parse(strategy, devices).unwrap();
-    // The largest block that divides what every device's kernel holds.
-    let block = (seq / devices).min(128);
+    // The largest block that divides what every kernel call holds.
+    let parts = if load_balance { 2 } else { 1 };
+    let block = (seq / devices / parts).min(128);
     let mut cp = config(strategy, devices, d, mask.clone(), block);
+    cp.load_balance = load_balance;
     let soft_cap = packed.then_some(3.0);
     cp.options.soft_cap = soft_cap.map(|c| c as f32);
     let segments: Vec<i32> = (0..seq as i32).map(|i| i / 100).collect();
     let segment_ids = HostArray::i32([1, seq], segments.clone()).unwrap();
     let segment_ids = packed.then_some(&segment_ids);
     let what = format!(
-        "{strategy} on {devices} devices, H={heads} KVH={kv_heads} {mask:?}{}",
-        if packed { " packed" } else { "" }
+        "{strategy} on {devices} devices, H={heads} KVH={kv_heads} {mask:?}{}{}",
+        if packed { " packed" } else { "" },
+        if load_balance { " load-balanced" } else { "" }
     );
 
     let q = random(DType::F32, &[1, heads, seq, HEAD_DIM], 1);
@@ -155,6 +176,17 @@ fn ring_matches_the_reference() {
 }
 
 #[test]
+fn load_balanced_all_gather_and_ring_match_the_reference() {
+    check_balanced("all-gather", 2, 4, 2, Mask::causal());
+    check_balanced("all-gather", 4, 8, 8, Mask::local(100, 0));
+    check_balanced("ring", 2, 4, 4, Mask::local(64, 0));
+    check_balanced("ring", 4, 8, 2, Mask::causal());
+    check_balanced("ring", 8, 4, 1, Mask::causal());
+    run_check("all-gather", 8, 4, 4, Mask::causal(), true, true);
+    run_check("ring", 4, 4, 2, Mask::causal(), true, true);
+}
+
+#[test]
 fn usp_matches_the_reference() {
     check("usp:2x2", 4, 8, 2, Mask::causal());
     // 1 KV head on a Ulysses degree of 2: replicated.
@@ -170,7 +202,10 @@ fn count(text: &str, op: &str) -> usize {
 /// `[all_to_all, all_gather, reduce_scatter, collective_permute]` counts of both programs.
 fn collectives(strategy: &str, devices: usize) -> [[usize; 4]; 2] {
     let s = Strategy::parse(strategy, devices).unwrap();
-    let cp = config(s, devices, dims(8, 8, 512), Mask::causal(), 128);
+    collectives_of(&config(s, devices, dims(8, 8, 512), Mask::causal(), 128))
+}
+
+fn collectives_of(cp: &ContextParallel) -> [[usize; 4]; 2] {
     let ops = [
         "all_to_all",
         "all_gather",
@@ -222,6 +257,7 @@ fn ulysses_holds_one_over_u_of_all_gathers_kv() {
             options: Default::default(),
             strategy,
             devices: 16,
+            load_balance: false,
         };
         cp.stats().unwrap()
     };
@@ -242,6 +278,41 @@ fn ulysses_holds_one_over_u_of_all_gathers_kv() {
     assert_eq!(ulysses.forward[0].bytes_per_device, q_bytes * 15 / 16);
     assert_eq!(all_gather.forward[0].name, "all_gather");
     assert_eq!(all_gather.forward[0].bytes_per_device, q_bytes * 15);
+}
+
+#[test]
+fn load_balancing_evens_out_causal_work() {
+    for strategy in [Strategy::AllGather, Strategy::Ring] {
+        let mut cp = config(strategy, 4, dims(8, 8, 1024), Mask::causal(), 128);
+        let plain = cp.stats().unwrap().blocks_per_device;
+        // Device r's queries see (r + 1) of 4 quarters of the keys: 8 query blocks of 128
+        // per head x 8 heads.
+        assert!(
+            plain.windows(2).all(|w| w[0] < w[1]),
+            "{strategy}: {plain:?}"
+        );
+        cp.load_balance = true;
+        let balanced = cp.stats().unwrap().blocks_per_device;
+        assert!(
+            balanced.iter().all(|&b| b == balanced[0]),
+            "{strategy}: {balanced:?}"
+        );
+        // The same blocks in all, moved between devices.
+        assert_eq!(
+            balanced.iter().sum::<usize>(),
+            plain.iter().sum::<usize>(),
+            "{strategy}"
+        );
+        // Load balancing moves no other data.
+        assert_eq!(
+            collectives_of(&cp),
+            collectives_of(&ContextParallel {
+                load_balance: false,
+                ..cp.clone()
+            }),
+            "{strategy}"
+        );
+    }
 }
 
 #[test]
@@ -282,7 +353,7 @@ fn invalid_configurations_are_named() {
             8,
             dims(8, 8, 512),
             128,
-            "ring: block_q = 128 does not divide the 64 queries each device's attention holds",
+            "ring: block_q = 128 does not divide the 64 queries each attention call on a device holds",
         ),
         (
             Strategy::AllGather,
@@ -307,6 +378,32 @@ fn invalid_configurations_are_named() {
         let e = cp.validate().unwrap_err().to_string();
         assert!(e.contains(message), "{strategy}: {e}");
         assert!(cp.forward_program(false).is_err());
+    }
+    let balanced = [
+        (
+            Strategy::Ulysses,
+            dims(8, 8, 512),
+            128,
+            "ulysses: does not support load balancing (context_parallel_load_balance)",
+        ),
+        (
+            Strategy::Ring,
+            dims(8, 8, 516),
+            4,
+            "the sequence length 516 is not divisible by 8",
+        ),
+        (
+            Strategy::Ring,
+            dims(8, 8, 512),
+            128,
+            "ring: block_q = 128 does not divide the 64 queries",
+        ),
+    ];
+    for (strategy, d, block, message) in balanced {
+        let mut cp = config(strategy, 4, d, Mask::causal(), block);
+        cp.load_balance = true;
+        let e = cp.validate().unwrap_err().to_string();
+        assert!(e.contains(message), "{strategy}: {e}");
     }
 }
 

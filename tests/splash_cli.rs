@@ -171,10 +171,11 @@ fn context_parallel_strategies_match_the_reference() {
         ("--dout", save(&d, "dout.npy", &dout)),
     ];
     let p = |n: &str| d.join(n).to_str().unwrap().to_string();
-    for (strategy, devices, permutes, all_to_alls) in [
-        ("ring", "4", true, false),
-        ("usp:2x2", "4", true, true),
-        ("all_gather", "2", false, false),
+    for (strategy, devices, permutes, all_to_alls, balanced) in [
+        ("ring", "4", true, false, false),
+        ("usp:2x2", "4", true, true, false),
+        ("all_gather", "2", false, false, false),
+        ("ring", "2", true, false, true),
     ] {
         let mut args: Vec<String> = inputs
             .iter()
@@ -194,6 +195,9 @@ fn context_parallel_strategies_match_the_reference() {
             args.extend([flag.to_string(), value]);
         }
         args.push("--stats".into());
+        if balanced {
+            args.push("--load-balance".into());
+        }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let (ok, stdout, err) = run(&args);
         assert!(ok, "{strategy}: {err:?}");
@@ -239,6 +243,10 @@ fn context_parallel_strategies_match_the_reference() {
             "{stdout}"
         );
         assert!(stdout.contains("kv_bytes_per_device"), "{stdout}");
+        assert!(
+            stdout.contains("forward key blocks computed per device"),
+            "{stdout}"
+        );
     }
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -296,6 +304,20 @@ fn bad_input_gets_one_line_and_a_failure_exit() {
         (
             vec!["--q", &q, "--k", &k1, "--v", &k1, "--strategy", "rings"],
             "unknown strategy `rings`",
+        ),
+        (
+            vec![
+                "--q",
+                &q,
+                "--k",
+                &k1,
+                "--v",
+                &k1,
+                "--strategy",
+                "usp",
+                "--load-balance",
+            ],
+            "does not support load balancing",
         ),
         (
             vec![

@@ -3,51 +3,97 @@
 //! (global positions `r S/U ..`) against them, with the mask's tables for that offset. The
 //! backward computes dQ locally and partial dK/dV over the whole sequence on every device,
 //! which the all-gather's transpose, a reduce-scatter, sums and re-shards.
+//!
+//! With load balancing the shard of device `r` is chunks `r` and `2U - 1 - r` of `2U`
+//! (zigzag order): the gathered K/V are put back in natural order, each chunk of queries
+//! attends them separately at its own offset, and dK/dV go back to zigzag order before the
+//! reduce-scatter.
 
 use std::collections::HashMap;
 
 use tessera_collectives::axes::Context;
-use tessera_collectives::{DTensor, Invariant, Program, Replicated, Varying};
-use tessera_splash::{SeqOffsets, ShardedSplash, Tensor};
+use tessera_collectives::{CollectiveError, DTensor, Invariant, Program, Replicated, Varying};
+use tessera_dsl::DType;
+use tessera_hlo::{FuncBuilder, Value};
+use tessera_splash::{SeqOffsets, Stage, Tensor};
 
 use super::{
-    backward_env, features, gather_segments, lower_plan, lse_from_kernel, shard_start,
-    BackwardArgs, ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
+    backward_env, chunk_of, features, gather_segments, lower_plan, lse_from_kernel, part_start,
+    reorder_chunks, seq_concat, seq_part, zigzag_inverse, zigzag_order, BackwardArgs, ContextMesh,
+    ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
 };
 
 /// `[B, KVH, S, D]` whole on every device.
 type Whole = (Replicated, Replicated, Replicated, Replicated);
 
-/// Device `r` attends queries `r S/U ..` to all keys.
-fn splash(cp: &ContextParallel) -> Result<ShardedSplash, CpError> {
-    let n = cp.dims.q_len / cp.devices;
-    let offsets: Vec<_> = (0..cp.devices)
-        .map(|r| SeqOffsets { q: r * n, kv: 0 })
-        .collect();
-    cp.sharded_splash(&offsets)
+/// Where every device's query part `part` attends: queries from chunk
+/// [`chunk_of`]`(r, part)`, all keys.
+pub(super) fn offsets(cp: &ContextParallel, part: usize) -> Vec<SeqOffsets> {
+    let u = cp.devices;
+    let len = cp.dims.q_len / (u * cp.parts());
+    (0..u)
+        .map(|r| SeqOffsets {
+            q: chunk_of(r, part, u) * len,
+            kv: 0,
+        })
+        .collect()
 }
 
-/// Adds this device's query segment ids and every key's to `env`.
+/// Per part of each device's queries, the plans of every device: part `h` of device `r`
+/// attends queries from chunk [`chunk_of`]`(r, h)` to all keys.
+fn plans(
+    cp: &ContextParallel,
+    segmented: bool,
+    backward: bool,
+) -> Result<Vec<Vec<Stage>>, CpError> {
+    (0..cp.parts())
+        .map(|h| {
+            let splash = cp.sharded_splash(&offsets(cp, h))?;
+            Ok(if backward {
+                splash.backward_plan(features(segmented))?
+            } else {
+                splash.forward_plan(features(segmented))?
+            })
+        })
+        .collect()
+}
+
+/// The gathered K or V in natural order (they arrive in the programs' order).
+fn natural(
+    cp: &ContextParallel,
+    f: &mut FuncBuilder<'_>,
+    x: Value,
+) -> Result<Value, CollectiveError> {
+    if cp.load_balance {
+        reorder_chunks(f, x, 2, &zigzag_inverse(cp.devices))
+    } else {
+        Ok(x)
+    }
+}
+
+/// Adds part `part` of this device's query segment ids and every key's to `env`.
 fn add_segments(
     cp: &ContextParallel,
-    f: &mut tessera_hlo::FuncBuilder<'_>,
-    env: &mut HashMap<Tensor, tessera_hlo::Value>,
-    seg: Option<tessera_hlo::Value>,
-    shard: tessera_hlo::Value,
-) -> Result<(), tessera_collectives::CollectiveError> {
+    f: &mut FuncBuilder<'_>,
+    env: &mut HashMap<Tensor, Value>,
+    seg: Option<Value>,
+    shard: Value,
+    part: usize,
+) -> Result<(), CollectiveError> {
     let Some(full) = seg else {
         return Ok(());
     };
     let (s, u) = (cp.dims.q_len, cp.devices);
-    let q_start = shard_start(f, shard, 0, u, s / u)?;
-    Segments { full }.add_to(f, env, (Some(q_start), s / u), (None, s))
+    let len = s / (u * cp.parts());
+    let q_start = part_start(f, shard, 0, u, part, len)?;
+    Segments { full }.add_to(f, env, (Some(q_start), len), (None, s))
 }
 
 pub(super) fn forward(
     cp: &ContextParallel,
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
-    let plan = splash(cp)?.forward_plan(features(segmented))?;
+    let plans = plans(cp, segmented, false)?;
     let g = cp.global_dims();
     Ok(Program::build(
         "all_gather_fwd",
@@ -61,14 +107,18 @@ pub(super) fn forward(
             let v: DTensor<'_, ContextMesh, Whole> = v.all_gather::<Context, 2>()?;
             let shard = p.axis_index::<Context>()?;
             let outs = p.local_values(&[&q, &k, &v, &shard], |f, x| {
-                let mut env =
-                    HashMap::from([(Tensor::Q, x[0]), (Tensor::K, x[1]), (Tensor::V, x[2])]);
-                add_segments(cp, f, &mut env, seg, x[3])?;
-                lower_plan(f, &plan, &mut env, Some(x[3]))?;
-                Ok(vec![
-                    env[&Tensor::Out],
-                    lse_from_kernel(f, env[&Tensor::Lse])?,
-                ])
+                let (k, v) = (natural(cp, f, x[1])?, natural(cp, f, x[2])?);
+                let (mut outs, mut lses) = (Vec::new(), Vec::new());
+                for (h, plan) in plans.iter().enumerate() {
+                    let q = seq_part(f, x[0], h, plans.len())?;
+                    let mut env = HashMap::from([(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)]);
+                    add_segments(cp, f, &mut env, seg, x[3], h)?;
+                    lower_plan(f, plan, &mut env, Some(x[3]))?;
+                    outs.push(env[&Tensor::Out]);
+                    lses.push(env[&Tensor::Lse]);
+                }
+                let (out, lse) = (seq_concat(f, &outs)?, seq_concat(f, &lses)?);
+                Ok(vec![out, lse_from_kernel(f, lse)?])
             })?;
             p.declare::<SeqSharded, Invariant>(outs[0])?
                 .output::<SeqSharded>()?;
@@ -82,7 +132,7 @@ pub(super) fn backward(
     cp: &ContextParallel,
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
-    let plan = splash(cp)?.backward_plan(features(segmented))?;
+    let plans = plans(cp, segmented, true)?;
     Ok(Program::build(
         "all_gather_bwd",
         &cp.context_mesh()?,
@@ -100,10 +150,43 @@ pub(super) fn backward(
             let v: DTensor<'_, ContextMesh, Whole> = v.all_gather::<Context, 2>()?;
             let shard = p.axis_index::<Context>()?;
             let grads = p.local_values(&[&q, &k, &v, &out, &lse, &dout, &shard], |f, x| {
-                let mut env = backward_env(f, x)?;
-                add_segments(cp, f, &mut env, seg, x[6])?;
-                lower_plan(f, &plan, &mut env, Some(x[6]))?;
-                Ok(vec![env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]])
+                let (k, v) = (natural(cp, f, x[1])?, natural(cp, f, x[2])?);
+                let parts = plans.len();
+                let mut dq = Vec::new();
+                let mut dkv: Option<[Value; 2]> = None;
+                for (h, plan) in plans.iter().enumerate() {
+                    // This part's queries and their residuals against all keys.
+                    let local = [
+                        seq_part(f, x[0], h, parts)?,
+                        k,
+                        v,
+                        seq_part(f, x[3], h, parts)?,
+                        seq_part(f, x[4], h, parts)?,
+                        seq_part(f, x[5], h, parts)?,
+                    ];
+                    let mut env = backward_env(f, &local)?;
+                    add_segments(cp, f, &mut env, seg, x[6], h)?;
+                    lower_plan(f, plan, &mut env, Some(x[6]))?;
+                    dq.push(env[&Tensor::Dq]);
+                    let part = [env[&Tensor::Dk], env[&Tensor::Dv]];
+                    dkv = Some(match dkv {
+                        None => part,
+                        Some(acc) => [
+                            sum_in_f32(f, acc[0], part[0])?,
+                            sum_in_f32(f, acc[1], part[1])?,
+                        ],
+                    });
+                }
+                let mut grads = vec![seq_concat(f, &dq)?];
+                for g in dkv.expect("at least one part") {
+                    // Back to the programs' order for the reduce-scatter.
+                    grads.push(if cp.load_balance {
+                        reorder_chunks(f, g, 2, &zigzag_order(cp.devices))?
+                    } else {
+                        g
+                    });
+                }
+                Ok(grads)
             })?;
             p.declare::<SeqSharded, Invariant>(grads[0])?
                 .output::<SeqSharded>()?;
@@ -118,4 +201,12 @@ pub(super) fn backward(
             Ok(())
         },
     )?)
+}
+
+/// `a + b` accumulated in f32, in their dtype.
+fn sum_in_f32(f: &mut FuncBuilder<'_>, a: Value, b: Value) -> Result<Value, CollectiveError> {
+    let dtype = f.value_type(a)?.dtype;
+    let (a32, b32) = (f.convert(a, DType::F32)?, f.convert(b, DType::F32)?);
+    let sum = f.add(a32, b32)?;
+    Ok(f.convert(sum, dtype)?)
 }

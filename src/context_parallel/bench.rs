@@ -34,6 +34,9 @@ pub struct CpBenchArgs {
     /// Strategies to compare (comma-separated).
     #[arg(long, default_value = "ulysses,all-gather,ring", value_delimiter = ',')]
     pub strategies: Vec<String>,
+    /// Also time all-gather and ring with causal load balancing (zigzag).
+    #[arg(long)]
+    pub load_balance: bool,
     /// Timed runs per program (after one warm-up run, interleaved across strategies); the
     /// minimum is reported.
     #[arg(long, default_value_t = 3)]
@@ -42,7 +45,8 @@ pub struct CpBenchArgs {
 
 /// One strategy compiled, with its results of the last run.
 struct Compiled {
-    strategy: Strategy,
+    /// The strategy, `+lb` with load balancing.
+    name: String,
     forward: CpExecutable,
     backward: CpExecutable,
     compile_s: f64,
@@ -89,9 +93,16 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
         "(times include sharding the global host arrays over the devices and assembling the \
          results, the same work for every strategy)"
     );
-    let mut runs = Vec::new();
+    let mut variants = Vec::new();
     for name in &a.strategies {
         let strategy = Strategy::parse(name, a.devices)?;
+        variants.push((strategy, false));
+        if a.load_balance && matches!(strategy, Strategy::AllGather | Strategy::Ring) {
+            variants.push((strategy, true));
+        }
+    }
+    let mut runs = Vec::new();
+    for (strategy, load_balance) in variants {
         let cp = ContextParallel {
             dims,
             dtype: DType::F32,
@@ -100,12 +111,13 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
             options: Default::default(),
             strategy,
             devices: a.devices,
+            load_balance,
         };
         let start = Instant::now();
         let forward = cp.forward_program(false)?.compile()?;
         let backward = cp.backward_program(false)?.compile()?;
         runs.push(Compiled {
-            strategy,
+            name: format!("{strategy}{}", if load_balance { "+lb" } else { "" }),
             forward,
             backward,
             compile_s: start.elapsed().as_secs_f64(),
@@ -142,13 +154,13 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
         .map(|r| r.best_bwd)
         .fold(f64::INFINITY, f64::min);
     println!(
-        "{:<12} {:>10} {:>10} {:>12} {:>12} {:>14}",
+        "{:<14} {:>10} {:>10} {:>12} {:>12} {:>14}",
         "strategy", "compile s", "fwd s", "fwd ratio", "fwd+bwd s", "fwd+bwd ratio"
     );
     for r in &runs {
         println!(
-            "{:<12} {:>10.2} {:>10.4} {:>11.2}x {:>12.4} {:>13.2}x",
-            r.strategy.to_string(),
+            "{:<14} {:>10.2} {:>10.4} {:>11.2}x {:>12.4} {:>13.2}x",
+            r.name,
             r.compile_s,
             r.best_fwd,
             r.best_fwd / fastest_fwd,
@@ -169,19 +181,14 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
                 format!("{name} {err:.1e}")
             })
             .collect();
-        println!(
-            "max |{} - {}|: {}",
-            r.strategy,
-            runs[0].strategy,
-            diffs.join(", ")
-        );
+        println!("max |{} - {}|: {}", r.name, runs[0].name, diffs.join(", "));
     }
     let json: Vec<String> = runs
         .iter()
         .map(|r| {
             format!(
                 "\"{}\":{{\"fwd_s\":{:.4},\"fwdbwd_s\":{:.4}}}",
-                r.strategy, r.best_fwd, r.best_bwd
+                r.name, r.best_fwd, r.best_bwd
             )
         })
         .collect();

@@ -140,14 +140,16 @@ impl Strategy {
         })
     }
 
-    /// The queries and keys each device's attention kernel sees of a sequence of `seq` on
-    /// `devices` devices (what the block sizes must divide).
-    pub fn local_lengths(&self, seq: usize, devices: usize) -> (usize, usize) {
+    /// The queries and keys each kernel call sees of a sequence of `seq` on `devices` devices
+    /// (what the block sizes must divide); with `load_balance` each device's shard is two
+    /// chunks attended separately.
+    pub fn local_lengths(&self, seq: usize, devices: usize, load_balance: bool) -> (usize, usize) {
         let n = devices.max(1);
+        let part = if load_balance { seq / (2 * n) } else { seq / n };
         match *self {
             Strategy::Ulysses => (seq, seq),
-            Strategy::AllGather => (seq / n, seq),
-            Strategy::Ring => (seq / n, seq / n),
+            Strategy::AllGather => (part, seq),
+            Strategy::Ring => (part, part),
             Strategy::Usp { ring, .. } => (seq / ring, seq / ring),
         }
     }
@@ -199,6 +201,11 @@ pub struct ContextParallel {
     pub strategy: Strategy,
     /// The context-parallel degree: devices on the context axis (for USP, `U x R`).
     pub devices: usize,
+    /// Causal load balancing (MaxText's `context_parallel_load_balance`) for all-gather and
+    /// ring: the sequence is cut into `2U` chunks and device `r` holds chunks `r` and
+    /// `2U - 1 - r` (zigzag), so under a causal mask every device has the same work. The
+    /// arrays stay in natural order for the caller; the programs take them in zigzag order.
+    pub load_balance: bool,
 }
 
 /// One collective of a program and what it moves.
@@ -227,6 +234,9 @@ pub struct CpStats {
     pub kv_bytes_per_device: usize,
     /// How many times each KV head was replicated for Ulysses (1: none).
     pub kv_replication: usize,
+    /// Forward key blocks each device computes (every head and batch element, skipped
+    /// blocks not counted): the work balance across devices.
+    pub blocks_per_device: Vec<usize>,
     pub forward: Vec<CollectiveStat>,
     pub backward: Vec<CollectiveStat>,
 }
@@ -247,6 +257,14 @@ impl fmt::Display for CpStats {
             )?;
         }
         writeln!(f)?;
+        let most = self.blocks_per_device.iter().copied().max().unwrap_or(0);
+        let total: usize = self.blocks_per_device.iter().sum();
+        writeln!(
+            f,
+            "forward key blocks computed per device: {:?} (busiest {:.2}x the mean)",
+            self.blocks_per_device,
+            most as f64 * self.blocks_per_device.len() as f64 / total.max(1) as f64
+        )?;
         for (pass, list) in [("forward", &self.forward), ("backward", &self.backward)] {
             let total: usize = list.iter().map(|c| c.bytes_per_device).sum();
             writeln!(
@@ -266,40 +284,113 @@ impl fmt::Display for CpStats {
     }
 }
 
-/// A built SPMD program of either mesh.
-pub enum CpProgram {
+/// A built SPMD program of either mesh, with the order in which it takes the sequence.
+pub struct CpProgram {
+    program: MeshProgram,
+    view: HostView,
+}
+
+enum MeshProgram {
     Context(Program<ContextMesh>),
-    /// USP programs take and return the sequence as `[R, S/R]` (see `usp`); `run` reshapes.
     Usp(Program<UspMesh>),
+}
+
+/// How the global arrays a program takes are laid out along the sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostView {
+    /// As the caller has them.
+    Natural,
+    /// USP: the sequence as `[R, S/R]` (a reshape; see `usp`).
+    UspPieces { ring: usize },
+    /// Load balancing: `2U` chunks in the order `0, 2U-1, 1, 2U-2, ..`, so device `r`'s
+    /// shard is chunks `r` and `2U - 1 - r`.
+    Zigzag { devices: usize },
+}
+
+/// The sequence dim of a program array: 1 for segment ids `[B, S]`, else 2.
+fn seq_dim(rank: usize) -> usize {
+    if rank == 2 {
+        1
+    } else {
+        2
+    }
+}
+
+/// The zigzag chunk order on `devices` devices: slot `i` holds natural chunk `order[i]`.
+fn zigzag_order(devices: usize) -> Vec<usize> {
+    (0..devices)
+        .flat_map(|r| [r, 2 * devices - 1 - r])
+        .collect()
+}
+
+/// `a` with its sequence dim cut into `order.len()` chunks, chunk `i` of the result being
+/// chunk `order[i]` of `a`.
+fn permute_chunks(a: &HostArray, order: &[usize]) -> HostArray {
+    let shape = a.shape();
+    let dim = seq_dim(shape.len());
+    let outer: usize = shape[..dim].iter().product();
+    let chunk = shape[dim] / order.len() * shape[dim + 1..].iter().product::<usize>();
+    let values = a.to_f64_vec();
+    let mut out = Vec::with_capacity(values.len());
+    for o in 0..outer {
+        let base = o * chunk * order.len();
+        for &c in order {
+            out.extend_from_slice(&values[base + c * chunk..base + (c + 1) * chunk]);
+        }
+    }
+    HostArray::from_f64(a.dtype(), shape.to_vec(), &out).expect("a permutation keeps the shape")
+}
+
+impl HostView {
+    /// A caller's array as the program takes it.
+    fn program_order(self, a: &HostArray) -> HostArray {
+        match self {
+            HostView::Natural => a.clone(),
+            HostView::UspPieces { ring } => usp::to_pieces(a, ring),
+            HostView::Zigzag { devices } => permute_chunks(a, &zigzag_order(devices)),
+        }
+    }
+
+    /// A program's result as the caller wants it.
+    fn caller_order(self, a: HostArray) -> HostArray {
+        match self {
+            HostView::Natural => a,
+            HostView::UspPieces { .. } => usp::from_pieces(&a),
+            HostView::Zigzag { devices } => permute_chunks(&a, &zigzag_inverse(devices)),
+        }
+    }
 }
 
 impl fmt::Debug for CpProgram {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (mesh, collectives) = match self {
-            CpProgram::Context(p) => ("context", p.collectives().len()),
-            CpProgram::Usp(p) => ("usp", p.collectives().len()),
-        };
         f.debug_struct("CpProgram")
-            .field("mesh", &mesh)
-            .field("collectives", &collectives)
+            .field("view", &self.view)
+            .field("collectives", &self.collectives().len())
             .finish_non_exhaustive()
     }
 }
 
 impl CpProgram {
+    fn context(program: Program<ContextMesh>, view: HostView) -> Self {
+        CpProgram {
+            program: MeshProgram::Context(program),
+            view,
+        }
+    }
+
     /// The StableHLO text that runs.
     pub fn to_mlir(&self) -> String {
-        match self {
-            CpProgram::Context(p) => p.to_mlir(),
-            CpProgram::Usp(p) => p.to_mlir(),
+        match &self.program {
+            MeshProgram::Context(p) => p.to_mlir(),
+            MeshProgram::Usp(p) => p.to_mlir(),
         }
     }
 
     /// The collectives, in program order.
     pub fn collectives(&self) -> &[CollectiveCall] {
-        match self {
-            CpProgram::Context(p) => p.collectives(),
-            CpProgram::Usp(p) => p.collectives(),
+        match &self.program {
+            MeshProgram::Context(p) => p.collectives(),
+            MeshProgram::Usp(p) => p.collectives(),
         }
     }
 
@@ -317,9 +408,13 @@ impl CpProgram {
 
     /// Compiles for the devices of the mesh (the XLA CPU plugin with that many devices).
     pub fn compile(&self) -> Result<CpExecutable, CpError> {
-        Ok(match self {
-            CpProgram::Context(p) => CpExecutable::Context(compile_on(p)?),
-            CpProgram::Usp(p) => CpExecutable::Usp(compile_on(p)?),
+        let exe = match &self.program {
+            MeshProgram::Context(p) => MeshExecutable::Context(compile_on(p)?),
+            MeshProgram::Usp(p) => MeshExecutable::Usp(compile_on(p)?),
+        };
+        Ok(CpExecutable {
+            exe,
+            view: self.view,
         })
     }
 
@@ -336,38 +431,32 @@ fn compile_on<M: MeshShape>(program: &Program<M>) -> Result<Executable<M>, CpErr
 
 /// A compiled [`CpProgram`].
 #[allow(missing_debug_implementations)] // wraps a loaded PJRT executable
-pub enum CpExecutable {
+pub struct CpExecutable {
+    exe: MeshExecutable,
+    view: HostView,
+}
+
+enum MeshExecutable {
     Context(Executable<ContextMesh>),
     Usp(Executable<UspMesh>),
 }
 
 impl CpExecutable {
-    /// Runs on global host arrays: shards them over the devices, runs, and assembles the
-    /// global results.
+    /// Runs on global host arrays (in natural order): shards them over the devices, runs,
+    /// and assembles the global results.
     pub fn run(&self, inputs: &[&HostArray]) -> Result<Vec<HostArray>, CpError> {
-        let ring = match self {
-            CpExecutable::Context(_) => None,
-            CpExecutable::Usp(e) => Some(e.mesh().sizes()[1]),
-        };
         let buffers = inputs
             .iter()
-            .map(|a| match ring {
-                Some(r) => to_host_buffer(&usp::to_pieces(a, r)),
-                None => to_host_buffer(a),
-            })
+            .map(|a| to_host_buffer(&self.view.program_order(a)))
             .collect::<Result<Vec<_>, _>>()?;
-        let outs = match self {
-            CpExecutable::Context(e) => e.run_global(&buffers)?,
-            CpExecutable::Usp(e) => e.run_global(&buffers)?,
+        let outs = match &self.exe {
+            MeshExecutable::Context(e) => e.run_global(&buffers)?,
+            MeshExecutable::Usp(e) => e.run_global(&buffers)?,
         };
         outs.iter()
             .map(|b| {
                 let a = from_host_buffer(b).map_err(CpError::Host)?;
-                Ok(if ring.is_some() {
-                    usp::from_pieces(&a)
-                } else {
-                    a
-                })
+                Ok(self.view.caller_order(a))
             })
             .collect()
     }
@@ -411,6 +500,24 @@ impl ContextParallel {
                 d.q_len
             ));
         }
+        if self.load_balance {
+            if !matches!(self.strategy, Strategy::AllGather | Strategy::Ring) {
+                return err(
+                    "does not support load balancing (context_parallel_load_balance); it \
+                     balances the all-gather and ring strategies"
+                        .into(),
+                );
+            }
+            if d.q_len % (2 * n) != 0 {
+                return err(format!(
+                    "load balancing cuts the sequence into 2 x {n} chunks, but the sequence \
+                     length {} is not divisible by {}; pad the sequence to a multiple of {}",
+                    d.q_len,
+                    2 * n,
+                    2 * n
+                ));
+            }
+        }
         let ulysses = self.ulysses_degree();
         if ulysses > 1 {
             self.validate_heads(ulysses)?;
@@ -436,8 +543,8 @@ impl ContextParallel {
         for (name, block, len) in blocks {
             if block == 0 || len % block != 0 {
                 return err(format!(
-                    "{name} = {block} does not divide the {len} {} each device's attention \
-                     holds ({} / {}); use a {name} that divides {len}",
+                    "{name} = {block} does not divide the {len} {} each attention call on a \
+                     device holds ({} / {}); use a {name} that divides {len}",
                     if name.contains("kv") {
                         "keys"
                     } else {
@@ -479,7 +586,28 @@ impl ContextParallel {
 
     /// Queries and keys each device's attention kernel sees (per head).
     fn local_lengths(&self) -> (usize, usize) {
-        self.strategy.local_lengths(self.dims.q_len, self.devices)
+        self.strategy
+            .local_lengths(self.dims.q_len, self.devices, self.load_balance)
+    }
+
+    /// Chunks of each device's shard attended separately: 2 with load balancing, else 1.
+    fn parts(&self) -> usize {
+        if self.load_balance {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// The host-side order of the sequence the programs take.
+    fn host_view(&self) -> HostView {
+        match self.strategy {
+            Strategy::Usp { ring, .. } => HostView::UspPieces { ring },
+            _ if self.load_balance => HostView::Zigzag {
+                devices: self.devices,
+            },
+            _ => HostView::Natural,
+        }
     }
 
     /// The 1-D mesh of the ulysses, all-gather and ring programs.
@@ -547,35 +675,65 @@ impl ContextParallel {
             kv_len_per_device: ld.kv_len,
             kv_bytes_per_device: kv_bytes * self.dtype.size_bytes(),
             kv_replication: self.kv_replication(),
+            blocks_per_device: self.blocks_per_device()?,
             forward: self.forward_program(false)?.collective_stats(),
             backward: self.backward_program(false)?.collective_stats(),
         })
+    }
+
+    /// Forward key blocks each device computes over all its kernel calls.
+    fn blocks_per_device(&self) -> Result<Vec<usize>, CpError> {
+        let calls: Vec<Vec<SeqOffsets>> = match self.strategy {
+            Strategy::Ulysses => vec![vec![SeqOffsets::default()]],
+            Strategy::AllGather => (0..self.parts())
+                .map(|h| all_gather::offsets(self, h))
+                .collect(),
+            Strategy::Ring => ring::all_offsets(self, self.devices),
+            Strategy::Usp { ring, .. } => ring::all_offsets(self, ring),
+        };
+        let mut per_shard = vec![0; calls[0].len()];
+        for offsets in &calls {
+            for (i, shard) in self.sharded_splash(offsets)?.shards().iter().enumerate() {
+                per_shard[i] += shard.stats().computed();
+            }
+        }
+        // Shards are positions on the context (or, for USP, the ring) axis; Ulysses devices
+        // all run the one call.
+        Ok((0..self.devices)
+            .map(|d| per_shard[d % per_shard.len()])
+            .collect())
     }
 
     /// The forward SPMD program: global `q, k, v` (and `segment_ids [B, S]` int32 when
     /// `segmented`) in, `out [B, H, S, Dv]` and `lse [B, H, S]` out.
     pub fn forward_program(&self, segmented: bool) -> Result<CpProgram, CpError> {
         self.validate()?;
-        let s = segmented;
-        match self.strategy {
-            Strategy::Ulysses => Ok(CpProgram::Context(ulysses::forward(self, s)?)),
-            Strategy::AllGather => Ok(CpProgram::Context(all_gather::forward(self, s)?)),
-            Strategy::Ring => Ok(CpProgram::Context(ring::forward(self, s)?)),
-            Strategy::Usp { .. } => Ok(CpProgram::Usp(usp::forward(self, s)?)),
-        }
+        let (s, view) = (segmented, self.host_view());
+        Ok(match self.strategy {
+            Strategy::Ulysses => CpProgram::context(ulysses::forward(self, s)?, view),
+            Strategy::AllGather => CpProgram::context(all_gather::forward(self, s)?, view),
+            Strategy::Ring => CpProgram::context(ring::forward(self, s)?, view),
+            Strategy::Usp { .. } => CpProgram {
+                program: MeshProgram::Usp(usp::forward(self, s)?),
+                view,
+            },
+        })
     }
 
     /// The backward SPMD program: global `q, k, v, out, lse, dout` (and `segment_ids` when
     /// `segmented`) in, `dq, dk, dv` out.
     pub fn backward_program(&self, segmented: bool) -> Result<CpProgram, CpError> {
         self.validate()?;
-        let s = segmented;
-        match self.strategy {
-            Strategy::Ulysses => Ok(CpProgram::Context(ulysses::backward(self, s)?)),
-            Strategy::AllGather => Ok(CpProgram::Context(all_gather::backward(self, s)?)),
-            Strategy::Ring => Ok(CpProgram::Context(ring::backward(self, s)?)),
-            Strategy::Usp { .. } => Ok(CpProgram::Usp(usp::backward(self, s)?)),
-        }
+        let (s, view) = (segmented, self.host_view());
+        Ok(match self.strategy {
+            Strategy::Ulysses => CpProgram::context(ulysses::backward(self, s)?, view),
+            Strategy::AllGather => CpProgram::context(all_gather::backward(self, s)?, view),
+            Strategy::Ring => CpProgram::context(ring::backward(self, s)?, view),
+            Strategy::Usp { .. } => CpProgram {
+                program: MeshProgram::Usp(usp::backward(self, s)?),
+                view,
+            },
+        })
     }
 
     /// Checks segment ids against the configuration: int32 `[B, S]`.
@@ -711,14 +869,20 @@ fn backward_env(
     ]))
 }
 
-/// The whole `[B, S]` segment ids on every device of a context mesh (every strategy
-/// all-gathers them: 4 bytes a token, against K/V's `2 D` elements per KV head).
+/// The whole `[B, S]` segment ids, in natural order, on every device of a context mesh
+/// (every strategy all-gathers them: 4 bytes a token, against K/V's `2 D` elements per KV
+/// head).
 fn gather_segments(
     cp: &ContextParallel,
     p: &Spmd<'_, ContextMesh>,
 ) -> Result<Value, CollectiveError> {
     let seg = p.arg::<(Replicated, Split<Context>)>(cp.global_dims().seq, DType::I32)?;
-    Ok(seg.all_gather::<Context, 1>()?.value())
+    let full = seg.all_gather::<Context, 1>()?.value();
+    if !cp.load_balance {
+        return Ok(full);
+    }
+    // Gathered in zigzag order; the kernels' positions are natural.
+    p.with_builder(|f| reorder_chunks(f, full, 1, &zigzag_inverse(cp.devices)))
 }
 
 /// Whole `[B, S]` segment ids in a program, sliced per device and step.
@@ -766,20 +930,95 @@ impl Segments {
     }
 }
 
-/// `((shard + shift) mod ring) * len`: where shard `shard + shift` of `len` positions starts.
-fn shard_start(
+/// The natural chunk that part `part` of shard `shard` holds, of `ring` shards: with one
+/// part per shard the shard itself; with two (zigzag load balancing) chunks `shard` and
+/// `2 ring - 1 - shard` of `2 ring`.
+fn chunk_of(shard: usize, part: usize, ring: usize) -> usize {
+    if part == 0 {
+        shard
+    } else {
+        2 * ring - 1 - shard
+    }
+}
+
+/// In a program, [`chunk_of`]`((shard + shift) mod ring, part, ring) * len`: where that
+/// part starts in the natural sequence.
+fn part_start(
     f: &mut FuncBuilder<'_>,
     shard: Value,
     shift: usize,
     ring: usize,
+    part: usize,
     len: usize,
 ) -> Result<Value, CollectiveError> {
     let shift = f.scalar(shift as f64, DType::I32)?;
-    let ring = f.scalar(ring as f64, DType::I32)?;
-    let len = f.scalar(len as f64, DType::I32)?;
+    let ring_size = f.scalar(ring as f64, DType::I32)?;
     let x = f.add(shard, shift)?;
-    let x = f.rem(x, ring)?;
-    Ok(f.mul(x, len)?)
+    let mut chunk = f.rem(x, ring_size)?;
+    if part == 1 {
+        let last = f.scalar((2 * ring - 1) as f64, DType::I32)?;
+        chunk = f.sub(last, chunk)?;
+    }
+    let len = f.scalar(len as f64, DType::I32)?;
+    Ok(f.mul(chunk, len)?)
+}
+
+/// Part `part` of `parts` equal parts of a local value's sequence dim (2).
+fn seq_part(
+    f: &mut FuncBuilder<'_>,
+    x: Value,
+    part: usize,
+    parts: usize,
+) -> Result<Value, CollectiveError> {
+    if parts == 1 {
+        return Ok(x);
+    }
+    let dims = f.value_type(x)?.dims.clone();
+    let len = dims[2] / parts as i64;
+    let mut start = vec![0; dims.len()];
+    start[2] = part as i64 * len;
+    let mut limit = dims.clone();
+    limit[2] = start[2] + len;
+    Ok(f.slice(x, &start, &limit)?)
+}
+
+/// Concatenates the parts of a sequence back along dim 2.
+fn seq_concat(f: &mut FuncBuilder<'_>, parts: &[Value]) -> Result<Value, CollectiveError> {
+    if parts.len() == 1 {
+        return Ok(parts[0]);
+    }
+    Ok(f.concatenate(parts, 2)?)
+}
+
+/// `x` with dim `dim` cut into `order.len()` chunks, chunk `i` of the result being chunk
+/// `order[i]` of `x` (the in-program twin of [`permute_chunks`]).
+fn reorder_chunks(
+    f: &mut FuncBuilder<'_>,
+    x: Value,
+    dim: usize,
+    order: &[usize],
+) -> Result<Value, CollectiveError> {
+    let dims = f.value_type(x)?.dims.clone();
+    let len = dims[dim] / order.len() as i64;
+    let mut chunks = Vec::with_capacity(order.len());
+    for &c in order {
+        let mut start = vec![0; dims.len()];
+        start[dim] = c as i64 * len;
+        let mut limit = dims.clone();
+        limit[dim] = start[dim] + len;
+        chunks.push(f.slice(x, &start, &limit)?);
+    }
+    Ok(f.concatenate(&chunks, dim as i64)?)
+}
+
+/// The inverse of [`zigzag_order`]: zigzag slot of every natural chunk.
+fn zigzag_inverse(devices: usize) -> Vec<usize> {
+    let order = zigzag_order(devices);
+    let mut inverse = vec![0; order.len()];
+    for (slot, &chunk) in order.iter().enumerate() {
+        inverse[chunk] = slot;
+    }
+    inverse
 }
 
 /// The splash features of a call.

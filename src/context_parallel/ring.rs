@@ -25,18 +25,24 @@ use tessera_hlo::{FuncBuilder, Value};
 use tessera_splash::{SeqOffsets, Stage, Tensor};
 
 use super::{
-    features, gather_segments, lower_plan, lse_from_kernel, lse_to_kernel, shard_start,
-    BackwardArgs, ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
+    chunk_of, features, gather_segments, lower_plan, lse_from_kernel, lse_to_kernel, part_start,
+    seq_concat, seq_part, BackwardArgs, ContextMesh, ContextParallel, CpError, Segments,
+    SeqSharded, SeqSharded3,
 };
 
-/// The splash plans of every ring step: at step `t` shard `r` (of `ring` shards of `n`
-/// positions) attends its queries to the keys of shard `r - t`.
+/// The splash plans of every ring step: at step `t` shard `r` attends its queries to the
+/// keys of shard `r - t`. With load balancing each shard is two chunks (zigzag), and every
+/// pair of a query chunk and a key chunk is its own attention, at its own offsets (pairs that
+/// see nothing under the mask are skipped block by block).
 pub(super) struct RingPlans {
-    pub forward: Vec<Vec<Stage>>,
-    /// The backward preprocessing (`rowsum(out * dout)`), the same on every step.
+    /// Parts per shard: 1, or 2 with load balancing.
+    pub parts: usize,
+    /// `forward[t][q_part][kv_part]`.
+    pub forward: Vec<Vec<Vec<Vec<Stage>>>>,
+    /// The backward preprocessing (`rowsum(out * dout)`) of one part.
     pub prep: Vec<Stage>,
-    /// Every step's backward kernels after the preprocessing.
-    pub backward: Vec<Vec<Stage>>,
+    /// `backward[t][q_part][kv_part]`: the backward kernels after the preprocessing.
+    pub backward: Vec<Vec<Vec<Vec<Stage>>>>,
 }
 
 impl RingPlans {
@@ -46,41 +52,73 @@ impl RingPlans {
         backward: bool,
         segmented: bool,
     ) -> Result<Self, CpError> {
-        let n = cp.dims.q_len / ring;
+        let parts = cp.parts();
+        let len = cp.dims.q_len / (ring * parts);
         let mut plans = RingPlans {
+            parts,
             forward: Vec::new(),
             prep: Vec::new(),
             backward: Vec::new(),
         };
         for t in 0..ring {
-            let offsets: Vec<_> = (0..ring)
-                .map(|r| SeqOffsets {
-                    q: r * n,
-                    kv: (r + ring - t) % ring * n,
-                })
-                .collect();
-            let splash = cp.sharded_splash(&offsets)?;
+            let mut step = Vec::with_capacity(parts);
+            for hq in 0..parts {
+                let mut row = Vec::with_capacity(parts);
+                for hk in 0..parts {
+                    let splash = cp.sharded_splash(&step_offsets(ring, len, t, (hq, hk)))?;
+                    row.push(if backward {
+                        let mut stages = splash.backward_plan(features(segmented))?;
+                        let rest = stages.split_off(1);
+                        plans.prep = stages;
+                        rest
+                    } else {
+                        splash.forward_plan(features(segmented))?
+                    });
+                }
+                step.push(row);
+            }
             if backward {
-                let mut stages = splash.backward_plan(features(segmented))?;
-                let rest = stages.split_off(1);
-                plans.prep = stages;
-                plans.backward.push(rest);
+                plans.backward.push(step);
             } else {
-                plans
-                    .forward
-                    .push(splash.forward_plan(features(segmented))?);
+                plans.forward.push(step);
             }
         }
         Ok(plans)
     }
 }
 
-/// Segment ids on a ring of `ring` shards of `n` positions: at step `t` shard `r` attends
-/// its own queries to the keys of shard `r - t`.
+/// Where every shard attends at step `t` of a ring of `ring` shards cut into chunks of `len`:
+/// its query part `hq` to key part `hk` of shard `r - t`.
+fn step_offsets(ring: usize, len: usize, t: usize, (hq, hk): (usize, usize)) -> Vec<SeqOffsets> {
+    (0..ring)
+        .map(|r| SeqOffsets {
+            q: chunk_of(r, hq, ring) * len,
+            kv: chunk_of((r + ring - t) % ring, hk, ring) * len,
+        })
+        .collect()
+}
+
+/// Every forward attention call of a ring of `ring` shards: the offsets of each shard.
+pub(super) fn all_offsets(cp: &ContextParallel, ring: usize) -> Vec<Vec<SeqOffsets>> {
+    let parts = cp.parts();
+    let len = cp.dims.q_len / (ring * parts);
+    let mut calls = Vec::new();
+    for t in 0..ring {
+        for hq in 0..parts {
+            for hk in 0..parts {
+                calls.push(step_offsets(ring, len, t, (hq, hk)));
+            }
+        }
+    }
+    calls
+}
+
+/// Segment ids (natural order) on a ring of `ring` shards of `parts` chunks of `len`
+/// positions: at step `t` shard `r` attends its own queries to the keys of shard `r - t`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RingSegments {
     pub seg: Segments,
-    pub n: usize,
+    pub len: usize,
     pub ring: usize,
 }
 
@@ -91,11 +129,12 @@ impl RingSegments {
         env: &mut HashMap<Tensor, Value>,
         shard: Value,
         step: usize,
+        (q_part, kv_part): (usize, usize),
     ) -> Result<(), CollectiveError> {
-        let q = shard_start(f, shard, 0, self.ring, self.n)?;
-        let kv = shard_start(f, shard, self.ring - step, self.ring, self.n)?;
-        self.seg
-            .add_to(f, env, (Some(q), self.n), (Some(kv), self.n))
+        let (ring, len) = (self.ring, self.len);
+        let q = part_start(f, shard, 0, ring, q_part, len)?;
+        let kv = part_start(f, shard, ring - step, ring, kv_part, len)?;
+        self.seg.add_to(f, env, (Some(q), len), (Some(kv), len))
     }
 }
 
@@ -109,34 +148,58 @@ pub(super) fn forward_steps<'p, M, A, S>(
     mut v: DTensor<'p, M, S, Invariant>,
     shard: Value,
     segments: Option<RingSegments>,
-    plans: &[Vec<Stage>],
+    plans: &RingPlans,
 ) -> Result<[Value; 2], CollectiveError>
 where
     M: MeshShape + HasAxis<A>,
     A: MeshAxis,
     S: PermuteDimOf<A, 2> + Layout<M>,
 {
-    let mut acc: Option<[Value; 2]> = None;
-    for (t, plan) in plans.iter().enumerate() {
-        let step = p.local_values(&[&k, &v], |f, x| {
-            let mut env = HashMap::from([(Tensor::Q, q), (Tensor::K, x[0]), (Tensor::V, x[1])]);
-            if let Some(s) = segments {
-                s.add_to(f, &mut env, shard, t)?;
+    let parts = plans.parts;
+    // Per query part: the merged `out` (f32) and `lse` so far.
+    let mut acc: Vec<Option<[Value; 2]>> = vec![None; parts];
+    for (t, step) in plans.forward.iter().enumerate() {
+        let merged = p.local_values(&[&k, &v], |f, x| {
+            let mut merged = Vec::with_capacity(2 * parts);
+            for (hq, row) in step.iter().enumerate() {
+                let mut part_acc = acc[hq];
+                for (hk, plan) in row.iter().enumerate() {
+                    let mut env = HashMap::from([
+                        (Tensor::Q, seq_part(f, q, hq, parts)?),
+                        (Tensor::K, seq_part(f, x[0], hk, parts)?),
+                        (Tensor::V, seq_part(f, x[1], hk, parts)?),
+                    ]);
+                    if let Some(s) = segments {
+                        s.add_to(f, &mut env, shard, t, (hq, hk))?;
+                    }
+                    lower_plan(f, plan, &mut env, Some(shard))?;
+                    let part = [f.convert(env[&Tensor::Out], DType::F32)?, env[&Tensor::Lse]];
+                    part_acc = Some(match part_acc {
+                        None => part,
+                        Some(a) => merge_partials(f, a, part)?,
+                    });
+                }
+                merged.extend(part_acc.expect("every query part meets a key part"));
             }
-            lower_plan(f, plan, &mut env, Some(shard))?;
-            let part = [f.convert(env[&Tensor::Out], DType::F32)?, env[&Tensor::Lse]];
-            Ok(match acc {
-                None => part.to_vec(),
-                Some(acc) => merge_partials(f, acc, part)?.to_vec(),
-            })
+            Ok(merged)
         })?;
-        acc = Some([step[0], step[1]]);
-        if t + 1 < plans.len() {
+        for (hq, pair) in merged.chunks(2).enumerate() {
+            acc[hq] = Some([pair[0], pair[1]]);
+        }
+        if t + 1 < plans.forward.len() {
             k = k.ring_shift::<A, 2>(1)?;
             v = v.ring_shift::<A, 2>(1)?;
         }
     }
-    Ok(acc.expect("a ring has at least one step"))
+    let acc: Vec<[Value; 2]> = acc
+        .into_iter()
+        .map(|a| a.expect("a ring has at least one step"))
+        .collect();
+    p.with_builder(|f| {
+        let outs: Vec<Value> = acc.iter().map(|a| a[0]).collect();
+        let lses: Vec<Value> = acc.iter().map(|a| a[1]).collect();
+        Ok([seq_concat(f, &outs)?, seq_concat(f, &lses)?])
+    })
 }
 
 /// The local inputs of the backward steps (this device's shards, kernel-shaped `lse`).
@@ -163,53 +226,77 @@ where
     A: MeshAxis,
     S: PermuteDimOf<A, 2> + Layout<M>,
 {
-    let di = p.with_builder(|f| {
-        let mut env = HashMap::from([
-            (Tensor::Out, x.out),
-            (Tensor::DOut, x.dout),
-            (Tensor::Lse, x.lse),
-        ]);
-        lower_plan(f, &plans.prep, &mut env, None)?;
-        Ok(env[&Tensor::Di])
+    let parts = plans.parts;
+    // Per query part: its q, lse, dout and rowsum(out * dout).
+    let residuals = p.with_builder(|f| {
+        let mut residuals = Vec::with_capacity(parts);
+        for h in 0..parts {
+            let mut env = HashMap::from([
+                (Tensor::Q, seq_part(f, x.q, h, parts)?),
+                (Tensor::Out, seq_part(f, x.out, h, parts)?),
+                (Tensor::DOut, seq_part(f, x.dout, h, parts)?),
+                (Tensor::Lse, seq_part(f, x.lse, h, parts)?),
+            ]);
+            lower_plan(f, &plans.prep, &mut env, None)?;
+            env.remove(&Tensor::Out);
+            env.remove(&Tensor::DSinks);
+            residuals.push(env);
+        }
+        Ok(residuals)
     })?;
-    let mut dq: Option<Value> = None;
+    let mut dq: Vec<Option<Value>> = vec![None; parts];
     let mut dkv: Option<[DTensor<'p, M, S, Invariant>; 2]> = None;
-    for (t, plan) in plans.backward.iter().enumerate() {
+    for (t, step) in plans.backward.iter().enumerate() {
         let mut inputs: Vec<&dyn tessera_collectives::LocalValue<M>> = vec![&k, &v];
         if let Some([dk, dv]) = &dkv {
             inputs.extend([dk as &dyn tessera_collectives::LocalValue<M>, dv]);
         }
-        let step = p.local_values(&inputs, |f, y| {
-            let mut env = HashMap::from([
-                (Tensor::Q, x.q),
-                (Tensor::K, y[0]),
-                (Tensor::V, y[1]),
-                (Tensor::Lse, x.lse),
-                (Tensor::DOut, x.dout),
-                (Tensor::Di, di),
-            ]);
-            if let Some(s) = x.segments {
-                s.add_to(f, &mut env, x.shard, t)?;
+        let grads = p.local_values(&inputs, |f, y| {
+            // dK/dV per key part: the accumulators that arrived with K/V, or nothing yet.
+            let mut dk: Vec<Option<Value>> = Vec::with_capacity(parts);
+            let mut dv: Vec<Option<Value>> = Vec::with_capacity(parts);
+            for h in 0..parts {
+                dk.push(y.get(2).map(|&a| seq_part(f, a, h, parts)).transpose()?);
+                dv.push(y.get(3).map(|&a| seq_part(f, a, h, parts)).transpose()?);
             }
-            lower_plan(f, plan, &mut env, Some(x.shard))?;
-            let mut grads = Vec::with_capacity(3);
-            for (i, t) in [Tensor::Dq, Tensor::Dk, Tensor::Dv].into_iter().enumerate() {
-                let g = f.convert(env[&t], DType::F32)?;
-                // dQ accumulates here; dK/dV into the accumulators that arrived with K/V.
-                let acc = match i {
-                    0 => dq,
-                    _ => y.get(i + 1).copied(),
-                };
-                grads.push(match acc {
-                    Some(a) => f.add(a, g)?,
-                    None => g,
-                });
+            let mut dq_step = dq.clone();
+            for (hq, row) in step.iter().enumerate() {
+                for (hk, plan) in row.iter().enumerate() {
+                    let mut env = residuals[hq].clone();
+                    env.insert(Tensor::K, seq_part(f, y[0], hk, parts)?);
+                    env.insert(Tensor::V, seq_part(f, y[1], hk, parts)?);
+                    if let Some(s) = x.segments {
+                        s.add_to(f, &mut env, x.shard, t, (hq, hk))?;
+                    }
+                    lower_plan(f, plan, &mut env, Some(x.shard))?;
+                    for (acc, g) in [
+                        (&mut dq_step[hq], Tensor::Dq),
+                        (&mut dk[hk], Tensor::Dk),
+                        (&mut dv[hk], Tensor::Dv),
+                    ] {
+                        let g = f.convert(env[&g], DType::F32)?;
+                        *acc = Some(match *acc {
+                            Some(a) => f.add(a, g)?,
+                            None => g,
+                        });
+                    }
+                }
             }
-            Ok(grads)
+            let mut out: Vec<Value> = dq_step
+                .into_iter()
+                .map(|g| g.expect("every part"))
+                .collect();
+            for acc in [dk, dv] {
+                let acc: Vec<Value> = acc.into_iter().map(|g| g.expect("every part")).collect();
+                out.push(seq_concat(f, &acc)?);
+            }
+            Ok(out)
         })?;
-        dq = Some(step[0]);
-        let dk: DTensor<'p, M, S, Invariant> = p.declare(step[1])?;
-        let dv: DTensor<'p, M, S, Invariant> = p.declare(step[2])?;
+        for (h, &g) in grads[..parts].iter().enumerate() {
+            dq[h] = Some(g);
+        }
+        let dk: DTensor<'p, M, S, Invariant> = p.declare(grads[parts])?;
+        let dv: DTensor<'p, M, S, Invariant> = p.declare(grads[parts + 1])?;
         // The accumulators follow their K/V shard; after the last step this permute brings
         // each home.
         dkv = Some([dk.ring_shift::<A, 2>(1)?, dv.ring_shift::<A, 2>(1)?]);
@@ -219,11 +306,12 @@ where
         }
     }
     let [dk, dv] = dkv.expect("a ring has at least one step");
-    Ok([
-        dq.expect("a ring has at least one step"),
-        dk.value(),
-        dv.value(),
-    ])
+    let dq: Vec<Value> = dq
+        .into_iter()
+        .map(|g| g.expect("a ring has at least one step"))
+        .collect();
+    let dq = p.with_builder(|f| seq_concat(f, &dq))?;
+    Ok([dq, dk.value(), dv.value()])
 }
 
 /// Merges two attentions of the same queries over disjoint keys, each normalised with its
@@ -265,7 +353,7 @@ fn merge_partials(
 fn ring_segments(cp: &ContextParallel, full: Value) -> RingSegments {
     RingSegments {
         seg: Segments { full },
-        n: cp.dims.q_len / cp.devices,
+        len: cp.dims.q_len / (cp.devices * cp.parts()),
         ring: cp.devices,
     }
 }
@@ -289,7 +377,7 @@ pub(super) fn forward(
             v,
             shard.value(),
             seg.map(|full| ring_segments(cp, full)),
-            &plans.forward,
+            &plans,
         )?;
         let (out, lse) =
             p.with_builder(|f| Ok((f.convert(out, cp.dtype)?, lse_from_kernel(f, lse)?)))?;

@@ -14,6 +14,7 @@ use tessera_dsl::DType;
 use tessera_hlo::{FuncBuilder, Value};
 
 use super::ring::{backward_steps, forward_steps, BackwardInputs, RingPlans, RingSegments};
+use super::seq_dim;
 use super::{
     replicate_heads, sum_replicated_heads, ContextParallel, CpError, RingAxis, Segments, Strategy,
     UlyssesAxis, UspMesh,
@@ -120,7 +121,7 @@ fn ring_segments(
     let full = p.with_builder(|f| Ok(f.reshape(whole.value(), &[b, s])?))?;
     Ok(RingSegments {
         seg: Segments { full },
-        n: cp.dims.q_len / ring,
+        len: cp.dims.q_len / ring,
         ring,
     })
 }
@@ -136,15 +137,8 @@ pub(super) fn forward(cp: &ContextParallel, segmented: bool) -> Result<Program<U
         let v = chunks_of(cp, p, g.v, rep)?;
         let seg = segmented.then(|| ring_segments(cp, p)).transpose()?;
         let shard = p.axis_index::<RingAxis>()?;
-        let [out, lse] = forward_steps::<_, RingAxis, _>(
-            p,
-            q.value(),
-            k,
-            v,
-            shard.value(),
-            seg,
-            &plans.forward,
-        )?;
+        let [out, lse] =
+            forward_steps::<_, RingAxis, _>(p, q.value(), k, v, shard.value(), seg, &plans)?;
         output_pieces(cp, p, out, 1)?;
         // [B, h, n, 1] -> [B, h, 1, n], then the pieces back over `ulysses`.
         let lse = p.with_builder(|f| {
@@ -197,15 +191,6 @@ pub(super) fn backward(cp: &ContextParallel, segmented: bool) -> Result<Program<
 
 /// The 5-D view the USP programs take of a `[B, H, S, ...]` host array (`[B, H, R, S/R,
 /// ...]`), and back.
-/// The sequence dim of a program array: 1 for segment ids `[B, S]`, else 2.
-fn seq_dim(rank: usize) -> usize {
-    if rank == 2 {
-        1
-    } else {
-        2
-    }
-}
-
 pub(super) fn to_pieces(a: &tessera_dsl::HostArray, ring: usize) -> tessera_dsl::HostArray {
     let (s, d) = (a.shape(), seq_dim(a.shape().len()));
     let shape = [&s[..d], &[ring, s[d] / ring], &s[d + 1..]].concat();
