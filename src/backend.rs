@@ -6,10 +6,10 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use tessera_dsl::array::ArrayData;
 use tessera_dsl::interpret::{self, InterpretOptions};
-use tessera_dsl::{DType, HostArray, Kernel, KernelDef, KernelError, TargetRules};
-use tessera_runtime::{Client, CompileOptions, HostBuffer, LoadedExecutable};
+use tessera_dsl::{ArgSpec, HostArray, Kernel, KernelDef, KernelError, TargetRules};
+use tessera_runtime::{Client, CompileOptions, LoadedExecutable};
+use tessera_splash::{Executor, SplashError};
 
 /// Where a kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -59,6 +59,21 @@ impl FromStr for Backend {
     }
 }
 
+/// Splash attention's plans run their kernels on any backend.
+impl Executor for Backend {
+    fn run(
+        &self,
+        def: &KernelDef,
+        args: &[HostArray],
+        rules: &TargetRules,
+    ) -> Result<Vec<HostArray>, SplashError> {
+        run(def, args, *self, rules).map_err(|e| match e {
+            RunError::Kernel(k) => SplashError::Kernel(k),
+            other => SplashError::Backend(other.to_string()),
+        })
+    }
+}
+
 /// Why a kernel could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -66,8 +81,6 @@ pub enum RunError {
     Kernel(#[from] KernelError),
     #[error("XLA runtime: {0}")]
     Runtime(#[from] tessera_runtime::Error),
-    #[error("kernel `{kernel}`: {message}")]
-    Output { kernel: String, message: String },
     #[error(
         "the gpu backend needs a CUDA PJRT plugin: install the wheel (`pip install \
          jax-cuda12-pjrt jax-cuda12-plugin[with-cuda]`) and set {GPU_PLUGIN_VAR} to its \
@@ -84,7 +97,7 @@ pub fn run(
     backend: Backend,
     rules: &TargetRules,
 ) -> Result<Vec<HostArray>, RunError> {
-    let specs: Vec<_> = args.iter().map(|a| a.spec()).collect();
+    let specs: Vec<_> = args.iter().map(ArgSpec::of).collect();
     let kernel = def.instantiate(&specs, rules)?;
     run_kernel(&kernel, args, backend)
 }
@@ -143,69 +156,6 @@ fn compiled(k: &Kernel, client: &Client) -> Result<Arc<LoadedExecutable>, RunErr
 }
 
 fn run_on(k: &Kernel, args: &[HostArray], client: &Client) -> Result<Vec<HostArray>, RunError> {
-    let exe = compiled(k, client)?;
-    let inputs = args
-        .iter()
-        .map(to_host_buffer)
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut per_device = exe.execute_host(&[inputs])?;
-    let outputs = per_device.pop().unwrap_or_default();
-    outputs
-        .iter()
-        .map(|b| {
-            from_host_buffer(b).map_err(|message| RunError::Output {
-                kernel: k.name.clone(),
-                message,
-            })
-        })
-        .collect()
-}
-
-fn dims(shape: &[usize]) -> Vec<i64> {
-    shape.iter().map(|&d| d as i64).collect()
-}
-
-/// A host array as a PJRT host buffer.
-pub fn to_host_buffer(a: &HostArray) -> Result<HostBuffer, tessera_runtime::Error> {
-    let d = dims(a.shape());
-    match a.data() {
-        ArrayData::F32(v) => HostBuffer::from_slice(&d, v),
-        ArrayData::BF16(v) => HostBuffer::from_slice(&d, v),
-        ArrayData::I32(v) => HostBuffer::from_slice(&d, v),
-        ArrayData::I8(v) => HostBuffer::from_slice(&d, v),
-        ArrayData::Bool(v) => HostBuffer::from_slice(&d, v),
-    }
-}
-
-/// A PJRT host buffer as a host array (for the element types tessera computes with).
-pub fn from_host_buffer(b: &HostBuffer) -> Result<HostArray, String> {
-    use tessera_runtime::ElementType as E;
-    let shape: Vec<usize> = b.dims().iter().map(|&d| d as usize).collect();
-    let err = |e: tessera_runtime::Error| e.to_string();
-    let data = match b.element_type() {
-        E::F32 => ArrayData::F32(b.to_vec().map_err(err)?),
-        E::BF16 => ArrayData::BF16(b.to_vec().map_err(err)?),
-        E::I32 => ArrayData::I32(b.to_vec().map_err(err)?),
-        E::I8 => ArrayData::I8(b.to_vec().map_err(err)?),
-        E::Pred => ArrayData::Bool(b.to_vec().map_err(err)?),
-        other => {
-            return Err(format!(
-                "the program returned {other:?}, which tessera arrays do not hold"
-            ))
-        }
-    };
-    HostArray::new(shape, data).map_err(|e| e.to_string())
-}
-
-/// The dtype of a PJRT element type, where tessera has one.
-pub fn dtype_of(e: tessera_runtime::ElementType) -> Option<DType> {
-    use tessera_runtime::ElementType as E;
-    Some(match e {
-        E::F32 => DType::F32,
-        E::BF16 => DType::BF16,
-        E::I32 => DType::I32,
-        E::I8 => DType::I8,
-        E::Pred => DType::Bool,
-        _ => return None,
-    })
+    let mut per_device = compiled(k, client)?.execute_arrays(&[args])?;
+    Ok(per_device.pop().unwrap_or_default())
 }

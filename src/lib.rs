@@ -1,17 +1,19 @@
 //! tessera: a Pallas-like kernel DSL embedded in Rust.
 //!
-//! This facade re-exports the layers (see DESIGN.md) and hosts the example kernels and the
-//! `tessera` command-line tool.
+//! This facade re-exports the layers (see docs/architecture.md) and holds what ties them
+//! together: the [`backend`]s a kernel runs on, the example [`kernels`] with their f64
+//! [`reference`]s, the kernel [`registry`] and `.npy` I/O ([`npy`]). A kernel author imports
+//! [`prelude`]. The `tessera` command-line tool is the crate's binary (the default `cli`
+//! feature); the library itself has no CLI dependencies.
 
 pub use tessera_collectives as collectives;
 pub use tessera_dsl as dsl;
 pub use tessera_hlo as hlo;
+pub use tessera_parallel as parallel;
 pub use tessera_runtime as runtime;
 pub use tessera_splash as splash;
 
-pub mod attention;
 pub mod backend;
-pub mod context_parallel;
 pub mod kernels;
 pub mod npy;
 pub mod reference;

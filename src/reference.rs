@@ -5,10 +5,7 @@ use tessera_dsl::{DType, HostArray};
 
 /// Deterministic pseudo-random values in [-1, 1), rounded to `dtype`.
 pub fn random(dtype: DType, shape: &[usize], seed: u64) -> HostArray {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let n: usize = shape.iter().product();
-    let values: Vec<f64> = (0..n).map(|_| rng.f64() * 2.0 - 1.0).collect();
-    HostArray::from_f64(dtype, shape.to_vec(), &values).expect("the shape matches the values")
+    HostArray::random(dtype, shape, seed)
 }
 
 /// `x [m, k] @ y [k, n]`.

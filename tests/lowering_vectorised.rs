@@ -90,7 +90,7 @@ fn heads_vectorise_and_match_the_interpreter_and_the_reference() {
     let args: Vec<HostArray> = (0..3).map(|i| random(DType::F32, &[h, s, d], i)).collect();
     let kernel = def
         .instantiate(
-            &args.iter().map(|a| a.spec()).collect::<Vec<_>>(),
+            &args.iter().map(ArgSpec::of).collect::<Vec<_>>(),
             &TargetRules::tpu(),
         )
         .unwrap();
@@ -125,7 +125,9 @@ fn heads_vectorise_and_match_the_interpreter_and_the_reference() {
 fn batched_conditions_and_loops_are_masked_per_element() {
     let x = random(DType::F32, &[3, 1, 16, 128], 11);
     let def = head_dependent();
-    let kernel = def.instantiate(&[x.spec()], &TargetRules::tpu()).unwrap();
+    let kernel = def
+        .instantiate(&[ArgSpec::of(&x)], &TargetRules::tpu())
+        .unwrap();
     assert_eq!(vectorised_dims(&kernel), 1);
     let results = per_backend(&def, std::slice::from_ref(&x));
     assert_eq!(results[0], results[1], "the backends agree exactly");
@@ -178,7 +180,7 @@ fn scalar_prefetch_and_dynamic_windows_agree_across_backends() {
     let x = random(DType::F32, &[h, n * 64, 128], 5);
     let def = gather_and_fold();
     let kernel = def
-        .instantiate(&[order.spec(), x.spec()], &TargetRules::tpu())
+        .instantiate(&[ArgSpec::of(&order), ArgSpec::of(&x)], &TargetRules::tpu())
         .unwrap();
     assert_eq!(
         vectorised_dims(&kernel),

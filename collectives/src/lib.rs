@@ -110,7 +110,7 @@ pub use layout::{
     WithSplit, WithWhole, MAX_RANK,
 };
 pub use mesh::{AxisGroups, HasAxis, Mesh, MeshShape};
-pub use program::{element_type, Executable, Program};
+pub use program::{Executable, Program};
 pub use spmd::{CollectiveCall, LocalValue, Signature, Spmd, TensorInfo, TensorLayout};
 pub use tensor::DTensor;
 

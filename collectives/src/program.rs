@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use tessera_hlo::{DType, Module};
+use tessera_hlo::Module;
 use tessera_runtime::{Client, CompileOptions, ElementType, HostBuffer, LoadedExecutable};
 
 use crate::error::CollectiveError;
@@ -151,17 +151,6 @@ impl<M: MeshShape> fmt::Debug for Executable<M> {
     }
 }
 
-/// The runtime element type of a StableHLO dtype.
-pub fn element_type(dtype: DType) -> ElementType {
-    match dtype {
-        DType::F32 => ElementType::F32,
-        DType::BF16 => ElementType::BF16,
-        DType::I32 => ElementType::I32,
-        DType::I8 => ElementType::I8,
-        DType::Bool => ElementType::Pred,
-    }
-}
-
 impl<M: MeshShape> Executable<M> {
     /// The mesh it runs on.
     pub fn mesh(&self) -> &Mesh<M> {
@@ -200,7 +189,7 @@ impl<M: MeshShape> Executable<M> {
                 ));
             }
             for (i, (buffer, info)) in inputs.iter().zip(&self.signature.inputs).enumerate() {
-                let expected = element_type(info.local.dtype);
+                let expected = ElementType::from(info.local.dtype);
                 if buffer.dims() != info.local.dims.as_slice() || buffer.element_type() != expected
                 {
                     return Err(CollectiveError::operand(

@@ -30,6 +30,11 @@ impl ArgSpec {
             shape: shape.into(),
         }
     }
+
+    /// The dtype and shape of a host array, as instantiation wants them.
+    pub fn of(a: &crate::HostArray) -> Self {
+        ArgSpec::new(a.dtype(), a.shape())
+    }
 }
 
 impl fmt::Display for ArgSpec {

@@ -26,7 +26,6 @@
 #![warn(missing_docs)]
 
 mod builder;
-mod dtype;
 mod error;
 mod literal;
 mod module;
@@ -36,7 +35,6 @@ pub mod testing;
 mod types;
 
 pub use builder::FuncBuilder;
-pub use dtype::DType;
 pub use error::HloError;
 pub use literal::{bf16_bits_to_f32, f32_to_bf16_bits, format_bf16, format_f32, Elements, Literal};
 pub use module::{Func, Module};
@@ -45,4 +43,5 @@ pub use ops::{
     CustomCallApiVersion, DotDims, Grouping, Op, OpKind, OutputOperandAlias, Precision, Reducer,
     Region, Sharding, TypeClass, UnaryOp, Value,
 };
+pub use tessera_array::{DType, HostArray};
 pub use types::TensorType;

@@ -260,6 +260,16 @@ pub enum Error {
     },
 
     /// The plugin produced a buffer whose element type this crate does not support.
+    /// A buffer whose element type tessera arrays do not hold (e.g. `f64` from a plugin).
+    #[error(
+        "the buffer holds {element_type}, which tessera arrays do not hold (f32, bf16, i32, i8, \
+         bool)"
+    )]
+    NotAnArrayType {
+        /// The buffer's element type.
+        element_type: ElementType,
+    },
+
     #[error("unsupported PJRT element type {raw}")]
     UnsupportedElementType {
         /// Raw `PJRT_Buffer_Type`.

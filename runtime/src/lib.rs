@@ -39,6 +39,7 @@
 //! the wrappers are immutable after creation. Every PJRT object is destroyed exactly once, by
 //! its wrapper's `Drop`; buffers and executables keep their client alive.
 
+mod array;
 mod element;
 mod error;
 mod options;
@@ -61,4 +62,5 @@ pub use options::{CompileOptions, DeviceAssignment};
 pub use plugin::{NamedValue, Plugin};
 pub use provision::{cpu_plugin_path, ProvisionedPlugin, Provisioner, WheelSpec};
 pub use shape::ArrayShape;
+pub use tessera_array::{ArrayData, DType, HostArray};
 pub use topology::{Executable, Topology};

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 use crate::array::HostArray;
 use crate::error::{KernelError, Problem, ProblemKind};
-use crate::instantiate::KernelDef;
+use crate::instantiate::{ArgSpec, KernelDef};
 use crate::ir::{
     DimSemantics, Inst, Kernel, Loc, MemorySpace, Op, OperandRole, RefId, Region, Slice, ValueId,
 };
@@ -49,7 +49,7 @@ pub fn run(
     args: &[HostArray],
     options: &InterpretOptions,
 ) -> Result<Vec<HostArray>, KernelError> {
-    let specs: Vec<_> = args.iter().map(|a| a.spec()).collect();
+    let specs: Vec<_> = args.iter().map(ArgSpec::of).collect();
     let kernel = def.instantiate(&specs, &options.rules)?;
     run_kernel(&kernel, args, options)
 }

@@ -770,9 +770,9 @@ pub fn stage_specs(stage: &Stage, tensor: impl Fn(Tensor) -> ArgSpec) -> Vec<Arg
         .args
         .iter()
         .map(|a| match a {
-            StageArg::Const(c) => c.spec(),
+            StageArg::Const(c) => ArgSpec::of(c),
             StageArg::Tensor(t) => tensor(*t),
-            StageArg::PerShard(shards) => shards[0].spec(),
+            StageArg::PerShard(shards) => ArgSpec::of(&shards[0]),
         })
         .collect()
 }

@@ -20,6 +20,9 @@ pub enum SplashError {
     /// A kernel failed to instantiate or run.
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// Building a StableHLO program around the kernels failed.
+    #[error("program: {0}")]
+    Program(#[from] tessera_hlo::HloError),
     /// The backend that ran a kernel failed.
     #[error("backend: {0}")]
     Backend(String),

@@ -42,6 +42,7 @@ mod error;
 pub mod kernels;
 mod mask;
 mod mask_info;
+pub mod program;
 pub mod reference;
 mod sharded;
 
@@ -53,4 +54,5 @@ pub use block_sizes::{BlockSizes, NUM_LANES};
 pub use error::SplashError;
 pub use mask::{BlockKind, DenseMask, Mask, MaskExpr, MultiHeadMask, SeqOffsets, MAX_POSITION};
 pub use mask_info::{BlockStats, KernelMask, Major, MaskInfo, MAX_COMPUTED_MASK_CLASSES};
+pub use program::{dense_program, lower_stages, lower_stages_on_shard, splash_program, Pass};
 pub use sharded::ShardedSplash;

@@ -1,5 +1,5 @@
-//! The splash kernels on the interpreter against the f64 reference (the facade's
-//! `tests/splash_backends.rs` runs the full matrix on every backend).
+//! The splash kernels on the interpreter against the f64 reference (`tests/backends.rs` runs
+//! the full matrix on the interpreter and the XLA CPU plugin).
 
 use tessera_dsl::{DType, HostArray, TargetRules};
 use tessera_splash::reference::{self, RefInputs};

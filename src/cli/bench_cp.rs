@@ -3,10 +3,9 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use tessera_dsl::{DType, HostArray};
-use tessera_splash::{BlockSizes, Dims, Mask};
-
-use super::{ContextParallel, CpExecutable, Strategy};
+use tessera::dsl::{DType, HostArray};
+use tessera::parallel::{ContextParallel, CpExecutable, Strategy};
+use tessera::splash::{BlockSizes, Dims, Mask};
 
 /// Arguments of `tessera bench context-parallel`.
 #[derive(clap::Args, Debug, Clone)]
@@ -75,7 +74,7 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
         [dims.batch, dims.kv_heads, dims.kv_len, dims.head_dim_v],
         [dims.batch, dims.heads, dims.q_len, dims.head_dim_v],
     ];
-    let [q, k, v, dout] = shapes.map(|s| crate::reference::random(DType::F32, &s, 7));
+    let [q, k, v, dout] = shapes.map(|s| tessera::reference::random(DType::F32, &s, 7));
     println!(
         "context-parallel splash attention on {} XLA CPU devices: B={} H={} KVH={} S={} D={} \
          mask={} blocks {}x{}",
@@ -176,7 +175,7 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
             .iter()
             .zip(r.outputs.iter().zip(&runs[0].outputs))
             .map(|(name, (a, b))| {
-                let (err, _) = crate::reference::max_abs_diff(&a.to_f64_vec(), &b.to_f64_vec());
+                let (err, _) = tessera::reference::max_abs_diff(&a.to_f64_vec(), &b.to_f64_vec());
                 worst = worst.max(err);
                 format!("{name} {err:.1e}")
             })

@@ -3,10 +3,10 @@
 //! (separate and fused backward) x {segment ids, soft cap, sinks, offsets}, each case on
 //! both backends. Sizes are small (S 256-512) so the suite fits a 2-core CI in debug mode.
 
-mod splash_util;
+mod util;
 
-use splash_util::{check, check_all, dims, segments, Case, ShuffledInterpreter};
-use tessera::splash::{BlockSizes, DenseMask, Dims, Mask, MultiHeadMask, SeqOffsets};
+use tessera_splash::{BlockSizes, DenseMask, Dims, Mask, MultiHeadMask, SeqOffsets};
+use util::{check, check_all, dims, segments, Case, ShuffledInterpreter};
 
 #[test]
 fn full_mask_mha_with_explicit_scale() {

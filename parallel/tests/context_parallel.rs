@@ -7,10 +7,10 @@
 mod common;
 
 use common::{assert_close, random};
-use tessera::context_parallel::{ContextParallel, CpInputs, Strategy};
-use tessera::dsl::{DType, HostArray};
-use tessera::splash::reference::{self, RefInputs};
-use tessera::splash::{BlockSizes, Dims, Mask, SeqOffsets};
+use tessera_dsl::{DType, HostArray};
+use tessera_parallel::{ContextParallel, CpInputs, Strategy};
+use tessera_splash::reference::{self, RefInputs};
+use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets};
 
 const HEAD_DIM: usize = 64;
 

@@ -2,8 +2,8 @@
 //! computes about half the key blocks of a full mask, local windows far fewer, and the
 //! tables walk only non-empty blocks.
 
-use tessera::dsl::{DType, TargetRules};
-use tessera::splash::{BlockSizes, Dims, Mask, SplashAttention};
+use tessera_dsl::{DType, TargetRules};
+use tessera_splash::{BlockSizes, Dims, Mask, SplashAttention};
 
 fn attention(mask: Mask, block: usize) -> SplashAttention {
     let dims = Dims {

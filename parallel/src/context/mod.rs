@@ -23,7 +23,6 @@
 //! each device's block tables by its mesh coordinate. They run on the PJRT CPU plugin.
 
 mod all_gather;
-pub mod bench;
 mod ring;
 mod ulysses;
 mod usp;
@@ -38,13 +37,11 @@ use tessera_collectives::{
 };
 use tessera_dsl::{DType, HostArray, TargetRules};
 use tessera_hlo::{FuncBuilder, Value};
-use tessera_runtime::Client;
+use tessera_runtime::{Client, HostBuffer};
 use tessera_splash::{
     BlockSizes, Dims, Features, Mask, SeqOffsets, ShardedSplash, SplashError, SplashOptions, Stage,
     Tensor,
 };
-
-use crate::backend::{from_host_buffer, to_host_buffer};
 
 mesh!(pub ContextMesh = [Context]);
 
@@ -447,17 +444,14 @@ impl CpExecutable {
     pub fn run(&self, inputs: &[&HostArray]) -> Result<Vec<HostArray>, CpError> {
         let buffers = inputs
             .iter()
-            .map(|a| to_host_buffer(&self.view.program_order(a)))
+            .map(|a| HostBuffer::from_array(&self.view.program_order(a)))
             .collect::<Result<Vec<_>, _>>()?;
         let outs = match &self.exe {
             MeshExecutable::Context(e) => e.run_global(&buffers)?,
             MeshExecutable::Usp(e) => e.run_global(&buffers)?,
         };
         outs.iter()
-            .map(|b| {
-                let a = from_host_buffer(b).map_err(CpError::Host)?;
-                Ok(self.view.caller_order(a))
-            })
+            .map(|b| Ok(self.view.caller_order(b.to_array()?)))
             .collect()
     }
 }
@@ -821,8 +815,8 @@ fn lower_plan(
     env: &mut HashMap<Tensor, Value>,
     shard: Option<Value>,
 ) -> Result<(), CollectiveError> {
-    crate::attention::lower_stages_on_shard(f, stages, &TargetRules::portable(), env, shard)
-        .map_err(|e| CollectiveError::local(format!("{e:#}")))
+    tessera_splash::lower_stages_on_shard(f, stages, &TargetRules::portable(), env, shard)
+        .map_err(|e| CollectiveError::local(e.to_string()))
 }
 
 /// The sequence-sharded arguments of a backward program on the context mesh, declared in the

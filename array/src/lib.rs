@@ -1,0 +1,264 @@
+//! tessera-array: the element types ([`DType`]) and the dense host array ([`HostArray`]) that
+//! every tessera crate speaks. Kernels take and return them on the interpreter, StableHLO
+//! constants are built from them (`tessera-hlo`), and the runtime copies them to and from
+//! device buffers (`tessera-runtime`, the one place that maps a [`DType`] to a PJRT element
+//! type). A leaf crate, so that no layer has to depend on another just to share an array.
+
+use std::fmt;
+
+use half::bf16;
+
+/// The element types tessera kernels and programs compute with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DType {
+    /// IEEE 754 single precision float (`f32`).
+    F32,
+    /// bfloat16: 8-bit exponent, 7-bit mantissa (`bf16`).
+    BF16,
+    /// Signed 32-bit integer (`i32`).
+    I32,
+    /// Signed 8-bit integer (`i8`).
+    I8,
+    /// Boolean, `i1` in MLIR (one byte on device).
+    Bool,
+}
+
+impl DType {
+    /// Every dtype, in a fixed order (for tests and listings).
+    pub const ALL: [DType; 5] = [DType::F32, DType::BF16, DType::I32, DType::I8, DType::Bool];
+
+    /// Size of one element in bytes, as stored on device (bool is one byte).
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            DType::F32 | DType::I32 => 4,
+            DType::BF16 => 2,
+            DType::I8 | DType::Bool => 1,
+        }
+    }
+
+    /// The MLIR element type spelling used in StableHLO and Mosaic text (`f32`, `bf16`, `i1`, ...).
+    pub const fn mlir_name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+            DType::I8 => "i8",
+            DType::Bool => "i1",
+        }
+    }
+
+    /// The user-facing name (`f32`, `bf16`, `i32`, `i8`, `bool`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::BF16 => "bf16",
+            DType::I32 => "i32",
+            DType::I8 => "i8",
+            DType::Bool => "bool",
+        }
+    }
+
+    /// True for the floating-point types (`f32`, `bf16`).
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::BF16)
+    }
+
+    /// True for the (signed) integer types (`i32`, `i8`); false for `bool`.
+    pub const fn is_int(self) -> bool {
+        matches!(self, DType::I32 | DType::I8)
+    }
+
+    /// True for `bool`.
+    pub const fn is_bool(self) -> bool {
+        matches!(self, DType::Bool)
+    }
+
+    /// Parses a user-facing name, as printed by [`DType::name`].
+    pub fn from_name(name: &str) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.name() == name)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The elements of a [`HostArray`], row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ArrayData {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+    I32(Vec<i32>),
+    I8(Vec<i8>),
+    Bool(Vec<bool>),
+}
+
+impl ArrayData {
+    pub fn len(&self) -> usize {
+        match self {
+            ArrayData::F32(v) => v.len(),
+            ArrayData::BF16(v) => v.len(),
+            ArrayData::I32(v) => v.len(),
+            ArrayData::I8(v) => v.len(),
+            ArrayData::Bool(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn dtype(&self) -> DType {
+        match self {
+            ArrayData::F32(_) => DType::F32,
+            ArrayData::BF16(_) => DType::BF16,
+            ArrayData::I32(_) => DType::I32,
+            ArrayData::I8(_) => DType::I8,
+            ArrayData::Bool(_) => DType::Bool,
+        }
+    }
+}
+
+/// A shape that does not match the number of elements given.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("shape {shape:?} holds {expected} elements but {actual} were given")]
+pub struct ShapeError {
+    pub shape: Vec<usize>,
+    pub expected: usize,
+    pub actual: usize,
+}
+
+/// A dense row-major array in host memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostArray {
+    shape: Vec<usize>,
+    data: ArrayData,
+}
+
+impl HostArray {
+    pub fn new(shape: impl Into<Vec<usize>>, data: ArrayData) -> Result<Self, ShapeError> {
+        let shape = shape.into();
+        let expected: usize = shape.iter().product();
+        if expected != data.len() {
+            return Err(ShapeError {
+                shape,
+                expected,
+                actual: data.len(),
+            });
+        }
+        Ok(HostArray { shape, data })
+    }
+
+    pub fn f32(shape: impl Into<Vec<usize>>, data: Vec<f32>) -> Result<Self, ShapeError> {
+        Self::new(shape, ArrayData::F32(data))
+    }
+
+    pub fn bf16(shape: impl Into<Vec<usize>>, data: Vec<bf16>) -> Result<Self, ShapeError> {
+        Self::new(shape, ArrayData::BF16(data))
+    }
+
+    pub fn i32(shape: impl Into<Vec<usize>>, data: Vec<i32>) -> Result<Self, ShapeError> {
+        Self::new(shape, ArrayData::I32(data))
+    }
+
+    /// An array of `dtype` from f64 values, rounding/converting each (tests, references).
+    pub fn from_f64(
+        dtype: DType,
+        shape: impl Into<Vec<usize>>,
+        values: &[f64],
+    ) -> Result<Self, ShapeError> {
+        let data = match dtype {
+            DType::F32 => ArrayData::F32(values.iter().map(|&v| v as f32).collect()),
+            DType::BF16 => ArrayData::BF16(values.iter().map(|&v| bf16::from_f64(v)).collect()),
+            DType::I32 => ArrayData::I32(values.iter().map(|&v| v as i32).collect()),
+            DType::I8 => ArrayData::I8(values.iter().map(|&v| v as i8).collect()),
+            DType::Bool => ArrayData::Bool(values.iter().map(|&v| v != 0.0).collect()),
+        };
+        Self::new(shape, data)
+    }
+
+    /// Deterministic pseudo-random values uniform in [-1, 1), converted to `dtype` (for tests,
+    /// benchmarks and references; the same seed gives the same array everywhere).
+    pub fn random(dtype: DType, shape: impl Into<Vec<usize>>, seed: u64) -> Self {
+        let shape = shape.into();
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let n: usize = shape.iter().product();
+        let values: Vec<f64> = (0..n).map(|_| rng.f64() * 2.0 - 1.0).collect();
+        Self::from_f64(dtype, shape, &values).expect("the shape matches the values")
+    }
+
+    /// Zeros (false for bool).
+    pub fn zeros(dtype: DType, shape: impl Into<Vec<usize>>) -> Self {
+        let shape = shape.into();
+        let n: usize = shape.iter().product();
+        let data = match dtype {
+            DType::F32 => ArrayData::F32(vec![0.0; n]),
+            DType::BF16 => ArrayData::BF16(vec![bf16::ZERO; n]),
+            DType::I32 => ArrayData::I32(vec![0; n]),
+            DType::I8 => ArrayData::I8(vec![0; n]),
+            DType::Bool => ArrayData::Bool(vec![false; n]),
+        };
+        HostArray { shape, data }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    pub fn data(&self) -> &ArrayData {
+        &self.data
+    }
+
+    pub fn into_data(self) -> ArrayData {
+        self.data
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Every element as f64 (exact for every dtype here).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match &self.data {
+            ArrayData::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            ArrayData::BF16(v) => v.iter().map(|&x| x.to_f64()).collect(),
+            ArrayData::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            ArrayData::I8(v) => v.iter().map(|&x| x as f64).collect(),
+            ArrayData::Bool(v) => v.iter().map(|&x| if x { 1.0 } else { 0.0 }).collect(),
+        }
+    }
+
+    /// Every element as f32 (exact except for large i32).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        self.to_f64_vec().into_iter().map(|x| x as f32).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_name(d.name()), Some(d));
+        }
+        assert_eq!(DType::from_name("f64"), None);
+    }
+
+    #[test]
+    fn sizes_match_tpu_storage() {
+        assert_eq!(DType::BF16.size_bytes(), 2);
+        assert_eq!(DType::Bool.mlir_name(), "i1");
+    }
+}

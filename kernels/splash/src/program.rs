@@ -1,0 +1,395 @@
+//! Splash attention inside StableHLO programs: lowering a plan's kernel stages into a
+//! function being built ([`lower_stages`], and [`lower_stages_on_shard`] inside an SPMD
+//! program), a whole attention as one program ([`splash_program`]), and the dense-attention
+//! baseline an XLA user writes without a kernel ([`dense_program`]).
+//!
+//! This module builds programs; it never runs them (splash does not depend on the runtime).
+
+use std::collections::HashMap;
+
+use tessera_dsl::array::ArrayData;
+use tessera_dsl::{ArgSpec, DType, HostArray, TargetRules};
+use tessera_hlo::{self as hlo, ComparisonDirection, DotDims, FuncBuilder, Module, Reducer};
+
+use crate::attention::{Dims, Features, SplashAttention, Stage, StageArg, Tensor};
+use crate::error::SplashError;
+use crate::mask::Mask;
+
+type Result<T, E = SplashError> = std::result::Result<T, E>;
+
+/// Lowers `stages` into the function `f` is building. `env` holds the program values of the
+/// tensors the stages read (inputs) and receives those they produce. Constant arguments
+/// (tables, placeholders) become program constants.
+pub fn lower_stages(
+    f: &mut FuncBuilder<'_>,
+    stages: &[Stage],
+    rules: &TargetRules,
+    env: &mut HashMap<Tensor, hlo::Value>,
+) -> Result<()> {
+    lower_stages_on_shard(f, stages, rules, env, None)
+}
+
+/// [`lower_stages`] inside an SPMD program: a [`StageArg::PerShard`] argument becomes one
+/// constant holding every shard's array, sliced at run time by `shard` (this device's shard
+/// index, an `i32` scalar).
+pub fn lower_stages_on_shard(
+    f: &mut FuncBuilder<'_>,
+    stages: &[Stage],
+    rules: &TargetRules,
+    env: &mut HashMap<Tensor, hlo::Value>,
+    shard: Option<hlo::Value>,
+) -> Result<()> {
+    for stage in stages {
+        let mut args = Vec::with_capacity(stage.args.len());
+        for a in &stage.args {
+            args.push(match a {
+                StageArg::Const(c) => constant(f, c)?,
+                StageArg::Tensor(t) => *env.get(t).ok_or_else(|| {
+                    SplashError::Backend(format!(
+                        "stage `{}` reads {t:?} before it exists",
+                        stage.def.name()
+                    ))
+                })?,
+                StageArg::PerShard(arrays) => {
+                    let shard = shard.ok_or_else(|| {
+                        SplashError::Backend(format!(
+                            "stage `{}` has per-shard tables but no shard index",
+                            stage.def.name()
+                        ))
+                    })?;
+                    shard_constant(f, arrays, shard)?
+                }
+            });
+        }
+        let mut specs = Vec::with_capacity(args.len());
+        for &v in &args {
+            let ty = f.value_type(v)?;
+            let shape: Vec<usize> = ty.dims.iter().map(|&d| d as usize).collect();
+            specs.push(ArgSpec::new(ty.dtype, shape));
+        }
+        let kernel = stage.def.instantiate(&specs, rules)?;
+        let outs = tessera_dsl::stablehlo::lower_into(&kernel, f, &args)?;
+        env.extend(stage.outputs.iter().copied().zip(outs));
+    }
+    Ok(())
+}
+
+/// Every shard's array stacked into one constant `[shards, ...]`, and this shard's sliced out.
+fn shard_constant(
+    f: &mut FuncBuilder<'_>,
+    arrays: &[HostArray],
+    shard: hlo::Value,
+) -> Result<hlo::Value> {
+    let shape = arrays[0].shape().to_vec();
+    let mut stacked_shape = vec![arrays.len()];
+    stacked_shape.extend(&shape);
+    let values: Vec<f64> = arrays.iter().flat_map(|a| a.to_f64_vec()).collect();
+    let stacked = HostArray::from_f64(arrays[0].dtype(), stacked_shape, &values)
+        .map_err(|e| SplashError::Backend(format!("per-shard tables: {e}")))?;
+    let all = constant(f, &stacked)?;
+    let zero = f.scalar(0.0, DType::I32)?;
+    let mut starts = vec![shard];
+    starts.extend(std::iter::repeat_n(zero, shape.len()));
+    let mut sizes = vec![1i64];
+    sizes.extend(shape.iter().map(|&d| d as i64));
+    let one = f.dynamic_slice(all, &starts, &sizes)?;
+    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+    Ok(f.reshape(one, &dims)?)
+}
+
+/// A host array as a program constant (a splat when all elements are equal).
+fn constant(f: &mut FuncBuilder<'_>, a: &HostArray) -> Result<hlo::Value> {
+    let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
+    let values = a.to_f64_vec();
+    if values.iter().all(|&v| v == values[0]) {
+        return Ok(f.splat(values[0], hlo::TensorType::new(dims, a.dtype()))?);
+    }
+    let lit = match a.data() {
+        ArrayData::F32(v) => hlo::Literal::f32(dims, v.clone())?,
+        ArrayData::I32(v) => hlo::Literal::i32(dims, v.clone())?,
+        ArrayData::I8(v) => hlo::Literal::i8(dims, v.clone())?,
+        ArrayData::Bool(v) => hlo::Literal::bool(dims, v.clone())?,
+        ArrayData::BF16(v) => {
+            let f: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
+            hlo::Literal::bf16(dims, &f)?
+        }
+    };
+    Ok(f.constant(lit)?)
+}
+
+/// What a program computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// `q, k, v -> out, lse`.
+    Forward,
+    /// `q, k, v, dout -> out, lse, dq, dk, dv`.
+    ForwardBackward,
+}
+
+fn tensor_type(dtype: DType, shape: &[usize]) -> hlo::TensorType {
+    hlo::TensorType::new(shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), dtype)
+}
+
+/// Splash attention (no segment ids or sinks) as one StableHLO program over its kernels.
+pub fn splash_program(attn: &SplashAttention, pass: Pass) -> Result<Module> {
+    let d = attn.dims();
+    let mut m = Module::new("splash_attention");
+    let mut f = m.func("main");
+    let dt = attn.dtype();
+    let q = f.arg(tensor_type(dt, &[d.batch, d.heads, d.q_len, d.head_dim]))?;
+    let k = f.arg(tensor_type(
+        dt,
+        &[d.batch, d.kv_heads, d.kv_len, d.head_dim],
+    ))?;
+    let v = f.arg(tensor_type(
+        dt,
+        &[d.batch, d.kv_heads, d.kv_len, d.head_dim_v],
+    ))?;
+    let mut env = HashMap::from([(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)]);
+    let feats = Features::default();
+    lower_stages(&mut f, &attn.forward_plan(feats), attn.rules(), &mut env)?;
+    let lse = f.reshape(
+        env[&Tensor::Lse],
+        &[d.batch as i64, d.heads as i64, d.q_len as i64],
+    )?;
+    let mut results = vec![env[&Tensor::Out], lse];
+    if pass == Pass::ForwardBackward {
+        let dout = f.arg(tensor_type(dt, &[d.batch, d.heads, d.q_len, d.head_dim_v]))?;
+        env.insert(Tensor::DOut, dout);
+        lower_stages(&mut f, &attn.backward_plan(feats), attn.rules(), &mut env)?;
+        results.extend([env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]]);
+    }
+    f.finish(&results)?;
+    Ok(m)
+}
+
+/// Dense attention as an XLA user writes it without a kernel: the `[B, H, Sq, Skv]` scores
+/// materialised, masked with `select`, softmaxed, multiplied by v; the backward from the
+/// saved probabilities. Takes the same arguments and returns the same results as
+/// [`splash_program`]. Only computable masks (no dense or per-head masks).
+pub fn dense_program(
+    dims: Dims,
+    dtype: DType,
+    mask: &Mask,
+    scale: f32,
+    soft_cap: Option<f32>,
+    pass: Pass,
+) -> Result<Module> {
+    let d = dims;
+    let (b, h, sq, skv) = (
+        d.batch as i64,
+        d.heads as i64,
+        d.q_len as i64,
+        d.kv_len as i64,
+    );
+    let scores_dims = [b, h, sq, skv];
+    let mut m = Module::new("dense_attention");
+    let mut f = m.func("main");
+    let q = f.arg(tensor_type(dtype, &[d.batch, d.heads, d.q_len, d.head_dim]))?;
+    let k = f.arg(tensor_type(
+        dtype,
+        &[d.batch, d.kv_heads, d.kv_len, d.head_dim],
+    ))?;
+    let v = f.arg(tensor_type(
+        dtype,
+        &[d.batch, d.kv_heads, d.kv_len, d.head_dim_v],
+    ))?;
+    // GQA: repeat each kv head for its query heads.
+    let group = (d.heads / d.kv_heads) as i64;
+    let repeat = |f: &mut FuncBuilder<'_>, x: hlo::Value, dh: usize| -> Result<hlo::Value> {
+        if group == 1 {
+            return Ok(x);
+        }
+        let kvh = d.kv_heads as i64;
+        let x = f.broadcast_in_dim(x, &[b, kvh, group, skv, dh as i64], &[0, 1, 3, 4])?;
+        Ok(f.reshape(x, &[b, h, skv, dh as i64])?)
+    };
+    let kh = repeat(&mut f, k, d.head_dim)?;
+    let vh = repeat(&mut f, v, d.head_dim_v)?;
+    let batch = |lc: i64, rc: i64| DotDims::new([0, 1], [0, 1], [lc], [rc]);
+    let raw = f.dot_general(q, kh, &batch(3, 3), DType::F32, None)?;
+    let sc = f.splat(scale as f64, tensor_type(DType::F32, &[]))?;
+    let sc = f.broadcast_in_dim(sc, &scores_dims, &[])?;
+    let raw = f.mul(raw, sc)?;
+    let (s, cap_t) = match soft_cap {
+        Some(c) => {
+            let cv = f.splat(
+                c as f64,
+                hlo::TensorType::new(scores_dims.to_vec(), DType::F32),
+            )?;
+            let t = f.div(raw, cv)?;
+            let t = f.tanh(t)?;
+            (f.mul(t, cv)?, Some(t))
+        }
+        None => (raw, None),
+    };
+    let vis = dense_mask(&mut f, mask, d)?;
+    let s = match vis {
+        Some(vis) => {
+            let ninf = f.splat(
+                f64::NEG_INFINITY,
+                hlo::TensorType::new(scores_dims.to_vec(), DType::F32),
+            )?;
+            f.select(vis, s, ninf)?
+        }
+        None => s,
+    };
+    let row =
+        |f: &mut FuncBuilder<'_>, x: hlo::Value| f.broadcast_in_dim(x, &scores_dims, &[0, 1, 2]);
+    let mx = f.reduce(s, &[3], Reducer::Max)?;
+    let mxb = row(&mut f, mx)?;
+    let e = f.sub(s, mxb)?;
+    let e = f.exp(e)?;
+    let l = f.reduce(e, &[3], Reducer::Sum)?;
+    let lb = row(&mut f, l)?;
+    let p = f.div(e, lb)?;
+    let p_in = if dtype == DType::F32 {
+        p
+    } else {
+        f.convert(p, dtype)?
+    };
+    let out = f.dot_general(p_in, vh, &batch(3, 2), DType::F32, None)?;
+    let logl = f.log(l)?;
+    let lse = f.add(mx, logl)?;
+    let out_t = if dtype == DType::F32 {
+        out
+    } else {
+        f.convert(out, dtype)?
+    };
+    let mut results = vec![out_t, lse];
+    if pass == Pass::ForwardBackward {
+        let dout = f.arg(tensor_type(
+            dtype,
+            &[d.batch, d.heads, d.q_len, d.head_dim_v],
+        ))?;
+        // dv = p^T dout, dp = dout v^T, ds = p (dp - rowsum(out * dout)).
+        let dvh = f.dot_general(p_in, dout, &batch(2, 2), DType::F32, None)?;
+        let dp = f.dot_general(dout, vh, &batch(3, 3), DType::F32, None)?;
+        let dout32 = if dtype == DType::F32 {
+            dout
+        } else {
+            f.convert(dout, DType::F32)?
+        };
+        let od = f.mul(out, dout32)?;
+        let di = f.reduce(od, &[3], Reducer::Sum)?;
+        let dib = row(&mut f, di)?;
+        let ds = f.sub(dp, dib)?;
+        let mut ds = f.mul(p, ds)?;
+        if let Some(t) = cap_t {
+            let one = f.splat(1.0, hlo::TensorType::new(scores_dims.to_vec(), DType::F32))?;
+            let t2 = f.mul(t, t)?;
+            let g = f.sub(one, t2)?;
+            ds = f.mul(ds, g)?;
+        }
+        let ds = f.mul(ds, sc)?;
+        let ds_in = if dtype == DType::F32 {
+            ds
+        } else {
+            f.convert(ds, dtype)?
+        };
+        let dq = f.dot_general(ds_in, kh, &batch(3, 2), DType::F32, None)?;
+        let dkh = f.dot_general(ds_in, q, &batch(2, 2), DType::F32, None)?;
+        let unrepeat = |f: &mut FuncBuilder<'_>, x: hlo::Value, dh: usize| -> Result<hlo::Value> {
+            let x = if group == 1 {
+                x
+            } else {
+                let x = f.reshape(x, &[b, d.kv_heads as i64, group, skv, dh as i64])?;
+                f.reduce(x, &[2], Reducer::Sum)?
+            };
+            Ok(if dtype == DType::F32 {
+                x
+            } else {
+                f.convert(x, dtype)?
+            })
+        };
+        let dk = unrepeat(&mut f, dkh, d.head_dim)?;
+        let dv = unrepeat(&mut f, dvh, d.head_dim_v)?;
+        let dq = if dtype == DType::F32 {
+            dq
+        } else {
+            f.convert(dq, dtype)?
+        };
+        results.extend([dq, dk, dv]);
+    }
+    f.finish(&results)?;
+    Ok(m)
+}
+
+/// The visibility of every (query, key) pair as a `[B, H, Sq, Skv]` bool, or `None` for a
+/// full mask.
+fn dense_mask(f: &mut FuncBuilder<'_>, mask: &Mask, d: Dims) -> Result<Option<hlo::Value>> {
+    if *mask == Mask::Full {
+        return Ok(None);
+    }
+    let (sq, skv) = (d.q_len as i64, d.kv_len as i64);
+    let ty = tensor_type(DType::I32, &[d.q_len, d.kv_len]);
+    let qi = f.iota(ty.clone(), 0)?;
+    let ki = f.iota(ty.clone(), 1)?;
+    let vis = mask_expr(f, mask, qi, ki, &ty)?;
+    let vis = f.broadcast_in_dim(vis, &[d.batch as i64, d.heads as i64, sq, skv], &[2, 3])?;
+    Ok(Some(vis))
+}
+
+fn mask_expr(
+    f: &mut FuncBuilder<'_>,
+    mask: &Mask,
+    q: hlo::Value,
+    k: hlo::Value,
+    ty: &hlo::TensorType,
+) -> Result<hlo::Value> {
+    use ComparisonDirection::{Eq, Le};
+    let int = |f: &mut FuncBuilder<'_>, x: i64| f.splat(x as f64, ty.clone());
+    Ok(match mask {
+        Mask::Full => f.splat(1.0, ty.with_dtype(DType::Bool))?,
+        Mask::Causal { offset } => {
+            let o = int(f, *offset)?;
+            let qo = f.add(q, o)?;
+            f.compare(Le, k, qo)?
+        }
+        Mask::Local {
+            left,
+            right,
+            offset,
+        } => {
+            let o = int(f, *offset)?;
+            let c = f.add(q, o)?;
+            let mut vis = f.splat(1.0, ty.with_dtype(DType::Bool))?;
+            if let Some(l) = left {
+                let l = int(f, *l as i64)?;
+                let lo = f.sub(c, l)?;
+                let ok = f.compare(Le, lo, k)?;
+                vis = f.and(vis, ok)?;
+            }
+            if let Some(r) = right {
+                let r = int(f, *r as i64)?;
+                let hi = f.add(c, r)?;
+                let ok = f.compare(Le, k, hi)?;
+                vis = f.and(vis, ok)?;
+            }
+            vis
+        }
+        Mask::ChunkedCausal { chunk } => {
+            let c = int(f, *chunk as i64)?;
+            let causal = f.compare(Le, k, q)?;
+            let qc = f.div(q, c)?;
+            let kc = f.div(k, c)?;
+            let same = f.compare(Eq, qc, kc)?;
+            f.and(causal, same)?
+        }
+        Mask::And(a, b) => {
+            let a = mask_expr(f, a, q, k, ty)?;
+            let b = mask_expr(f, b, q, k, ty)?;
+            f.and(a, b)?
+        }
+        Mask::Or(a, b) => {
+            let a = mask_expr(f, a, q, k, ty)?;
+            let b = mask_expr(f, b, q, k, ty)?;
+            f.or(a, b)?
+        }
+        Mask::Dense(_) => {
+            return Err(SplashError::Mask(
+                "the dense baseline takes computable masks only (no dense masks)".into(),
+            ))
+        }
+    })
+}

@@ -1,0 +1,17 @@
+//! tessera-parallel: parallelism strategies built from the typed collectives.
+//!
+//! [`context`]: context-parallel splash attention, the sequence sharded over the devices of a
+//! `context` mesh axis, with MaxText's strategies (`ulysses`, `all_gather`, `ring`), the
+//! Ulysses x ring hybrid (`usp`) and causal load balancing. Each pass is one SPMD StableHLO
+//! program built from `tessera-collectives` with the splash kernels of `tessera-splash`
+//! inlined; [`ContextParallel`] builds, compiles and runs them on the PJRT CPU plugin's
+//! devices.
+//!
+//! This crate knows no CLI; it uses `tessera-runtime` only to compile and run its programs.
+
+pub mod context;
+
+pub use context::{
+    CollectiveStat, ContextMesh, ContextParallel, CpError, CpExecutable, CpInputs, CpProgram,
+    CpStats, RingAxis, Strategy, UlyssesAxis, UspMesh,
+};

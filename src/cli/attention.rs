@@ -1,0 +1,303 @@
+//! `tessera attention`: splash attention on `.npy` inputs, on one device or context parallel.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use tessera::backend::Backend;
+use tessera::dsl::{DType, HostArray, TargetRules};
+use tessera::npy::{read_npy, write_npy};
+use tessera::parallel::{CollectiveStat, ContextParallel, Strategy};
+use tessera::splash::{
+    BlockSizes, BlockStats, Dims, Inputs, Mask, SegmentIds, SplashAttention, SplashOptions,
+};
+
+/// Arguments of `tessera attention`.
+#[derive(clap::Args, Debug)]
+pub struct AttentionArgs {
+    /// Queries, float32 [B, H, S, D].
+    #[arg(long)]
+    pub q: PathBuf,
+    /// Keys, float32 [B, KVH, S, D] (KVH divides H: MHA, GQA, MQA).
+    #[arg(long)]
+    pub k: PathBuf,
+    /// Values, float32 [B, KVH, S, D].
+    #[arg(long)]
+    pub v: PathBuf,
+    /// Segment ids, int32 [B, S], shared by queries and keys (packed sequences).
+    #[arg(long)]
+    pub segment_ids: Option<PathBuf>,
+    /// full, causal, causal:OFFSET, local:LEFT:RIGHT or chunked:SIZE.
+    #[arg(long, default_value = "full")]
+    pub mask: String,
+    /// Soft cap c: logits = c * tanh(logits / c).
+    #[arg(long, allow_negative_numbers = true)]
+    pub soft_cap: Option<f32>,
+    /// Logit scale (default 1/sqrt(D)).
+    #[arg(long, allow_negative_numbers = true)]
+    pub scale: Option<f32>,
+    /// Query block size of every kernel (default: the largest divisor of S up to 512 that
+    /// tiles on TPU).
+    #[arg(long)]
+    pub block_q: Option<usize>,
+    /// Key block size of every kernel (default: the largest divisor of S up to 512 that is a
+    /// multiple of 128, or S).
+    #[arg(long)]
+    pub block_kv: Option<usize>,
+    /// Use the fused dq+dkv backward kernel.
+    #[arg(long)]
+    pub fused_bwd: bool,
+    /// Where the kernels run: interpret (the default) or cpu (StableHLO on the XLA CPU
+    /// plugin). With --strategy, always cpu.
+    #[arg(long)]
+    pub backend: Option<Backend>,
+    /// Context parallelism over --devices CPU devices: ulysses, all-gather (or all_gather),
+    /// ring, usp:UxR (Ulysses degree x ring degree) or usp (the most square split).
+    #[arg(long)]
+    pub strategy: Option<String>,
+    /// Causal load balancing for all-gather and ring (zigzag: device r holds chunks r and
+    /// 2N-1-r of 2N); inputs and outputs stay in natural order.
+    #[arg(long, requires = "strategy")]
+    pub load_balance: bool,
+    /// Devices of the context axis, with --strategy (default: 4, or U x R for usp:UxR).
+    #[arg(long, requires = "strategy")]
+    pub devices: Option<usize>,
+    /// With --strategy: write the forward StableHLO program that ran to FILE, and the
+    /// backward's (with --dout) beside it, as FILE with `.bwd` before its extension.
+    #[arg(long, requires = "strategy", value_name = "FILE")]
+    pub dump_hlo: Option<PathBuf>,
+    /// Output, float32 [B, H, S, D].
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Logsumexp of every query row, float32 [B, H, S].
+    #[arg(long)]
+    pub lse: Option<PathBuf>,
+    /// Output cotangent, float32 [B, H, S, D]: computes the gradients of sum(out * dout).
+    #[arg(long, requires_all = ["dq", "dk", "dv"])]
+    pub dout: Option<PathBuf>,
+    /// Gradient of q (with --dout).
+    #[arg(long, requires = "dout")]
+    pub dq: Option<PathBuf>,
+    /// Gradient of k (with --dout).
+    #[arg(long, requires = "dout")]
+    pub dk: Option<PathBuf>,
+    /// Gradient of v (with --dout).
+    #[arg(long, requires = "dout")]
+    pub dv: Option<PathBuf>,
+    /// Print one JSON line with the forward's key-block counters; with --strategy, also what
+    /// each device holds (K/V bytes) and what every collective sends.
+    #[arg(long)]
+    pub stats: bool,
+}
+
+fn read_f32(path: &Path, what: &str) -> Result<HostArray> {
+    let a = read_npy(path)?;
+    if a.dtype() != DType::F32 {
+        bail!(
+            "{}: {what} must be float32, got {} (save with x.astype(np.float32))",
+            path.display(),
+            a.dtype()
+        );
+    }
+    Ok(a)
+}
+
+/// The largest divisor of `n` up to `cap` that is a multiple of `mult`, else `n`.
+fn default_block(n: usize, cap: usize, mult: usize) -> usize {
+    if n <= cap {
+        return n;
+    }
+    (1..=cap)
+        .rev()
+        .find(|b| n % b == 0 && b % mult == 0)
+        .unwrap_or(n)
+}
+
+/// Context devices when `--strategy` is given without `--devices`.
+const DEFAULT_DEVICES: usize = 4;
+
+/// Runs `tessera attention`.
+pub fn attention_command(a: &AttentionArgs) -> Result<()> {
+    let q = read_f32(&a.q, "q")?;
+    let k = read_f32(&a.k, "k")?;
+    let v = read_f32(&a.v, "v")?;
+    let dims = Dims::of(q.shape(), k.shape(), v.shape())?;
+    let seg = match &a.segment_ids {
+        Some(p) => {
+            let s = read_npy(p)?;
+            if dims.q_len != dims.kv_len {
+                bail!("--segment-ids are shared by queries and keys, which needs equal sequence lengths (q {}, k {})", dims.q_len, dims.kv_len);
+            }
+            if s.dtype() != DType::I32 || s.shape() != [dims.batch, dims.q_len] {
+                bail!(
+                    "{}: segment ids must be int32 [B, S] = [{}, {}], got {} {:?}",
+                    p.display(),
+                    dims.batch,
+                    dims.q_len,
+                    s.dtype(),
+                    s.shape()
+                );
+            }
+            Some(s)
+        }
+        None => None,
+    };
+    let dout = match &a.dout {
+        Some(p) => Some(read_f32(p, "dout")?),
+        None => None,
+    };
+    let mask = Mask::parse(&a.mask)?;
+    let strategy = match &a.strategy {
+        Some(s) => Some(Strategy::parse(s, a.devices.unwrap_or(DEFAULT_DEVICES))?),
+        None => None,
+    };
+    let devices = match (a.devices, strategy.and_then(|s| s.fixed_devices())) {
+        (Some(n), _) => n,
+        (None, Some(n)) => n,
+        (None, None) => DEFAULT_DEVICES,
+    };
+    // The default blocks divide what each device's kernel holds.
+    let (q_len, kv_len) = match strategy {
+        Some(s) => s.local_lengths(dims.q_len, devices, a.load_balance),
+        None => (dims.q_len, dims.kv_len),
+    };
+    let bq = a.block_q.unwrap_or_else(|| default_block(q_len, 512, 16));
+    let bkv = a
+        .block_kv
+        .unwrap_or_else(|| default_block(kv_len, 512, 128));
+    let blocks = BlockSizes::uniform(bq, bkv).with_fused_bwd(a.fused_bwd);
+    let options = SplashOptions {
+        scale: a.scale,
+        soft_cap: a.soft_cap,
+        ..SplashOptions::default()
+    };
+    if let Some(strategy) = strategy {
+        if let Some(b) = a.backend.filter(|&b| b != Backend::Cpu) {
+            bail!(
+                "--strategy runs on the XLA CPU plugin's devices; drop --backend {b} or use \
+                 --backend cpu"
+            );
+        }
+        let cp = ContextParallel {
+            dims,
+            dtype: DType::F32,
+            mask,
+            block_sizes: blocks,
+            options,
+            strategy,
+            devices,
+            load_balance: a.load_balance,
+        };
+        cp.validate()?;
+        return context_parallel_command(a, &cp, [&q, &k, &v], dout.as_ref(), seg.as_ref());
+    }
+    let backend = a.backend.unwrap_or(Backend::Interpret);
+    let attn = SplashAttention::new(mask, dims, DType::F32, blocks, options, TargetRules::tpu())?;
+    let x = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        segment_ids: seg.as_ref().map(|s| SegmentIds { q: s, kv: s }),
+        sinks: None,
+    };
+    let fwd = attn.forward(&backend, &x)?;
+    write_npy(&a.out, &fwd.out)?;
+    if let Some(p) = &a.lse {
+        write_npy(p, &fwd.lse)?;
+    }
+    if let Some(dout) = &dout {
+        let g = attn.backward(&backend, &x, &fwd, dout)?;
+        for (p, arr) in [(&a.dq, &g.dq), (&a.dk, &g.dk), (&a.dv, &g.dv)] {
+            if let Some(p) = p {
+                write_npy(p, arr)?;
+            }
+        }
+    }
+    if a.stats {
+        println!("{}", stats_json(&attn.stats(), bq, bkv));
+    }
+    Ok(())
+}
+
+/// `tessera attention --strategy ..`: the context-parallel programs on CPU devices.
+fn context_parallel_command(
+    a: &AttentionArgs,
+    cp: &ContextParallel,
+    [q, k, v]: [&HostArray; 3],
+    dout: Option<&HostArray>,
+    segment_ids: Option<&HostArray>,
+) -> Result<()> {
+    let segmented = segment_ids.is_some();
+    let forward = cp.forward_program(segmented)?;
+    if let Some(path) = &a.dump_hlo {
+        write_text(path, &forward.to_mlir())?;
+    }
+    let mut inputs = vec![q, k, v];
+    inputs.extend(segment_ids);
+    let outs = forward.run(&inputs)?;
+    write_npy(&a.out, &outs[0])?;
+    if let Some(p) = &a.lse {
+        write_npy(p, &outs[1])?;
+    }
+    if let Some(dout) = dout {
+        let backward = cp.backward_program(segmented)?;
+        if let Some(path) = &a.dump_hlo {
+            write_text(&backward_path(path), &backward.to_mlir())?;
+        }
+        let mut inputs = vec![q, k, v, &outs[0], &outs[1], dout];
+        inputs.extend(segment_ids);
+        let grads = backward.run(&inputs)?;
+        for (p, arr) in [(&a.dq, &grads[0]), (&a.dk, &grads[1]), (&a.dv, &grads[2])] {
+            if let Some(p) = p {
+                write_npy(p, arr)?;
+            }
+        }
+    }
+    if a.stats {
+        let s = cp.stats()?;
+        print!("{s}");
+        let total = |l: &[CollectiveStat]| -> usize { l.iter().map(|c| c.bytes_per_device).sum() };
+        println!(
+            "{{\"strategy\":\"{}\",\"devices\":{},\"kv_heads_per_device\":{},\
+             \"kv_bytes_per_device\":{},\"kv_replication\":{},\"blocks_per_device\":{:?},\
+             \"forward_collectives\":{},\
+             \"forward_bytes_per_device\":{},\"backward_collectives\":{},\
+             \"backward_bytes_per_device\":{}}}",
+            s.strategy,
+            s.devices,
+            s.kv_heads_per_device,
+            s.kv_bytes_per_device,
+            s.kv_replication,
+            s.blocks_per_device,
+            s.forward.len(),
+            total(&s.forward),
+            s.backward.len(),
+            total(&s.backward)
+        );
+    }
+    Ok(())
+}
+
+/// `prog.mlir` -> `prog.bwd.mlir` (`prog` -> `prog.bwd`).
+fn backward_path(path: &Path) -> PathBuf {
+    let stem = path.file_stem().unwrap_or_default().to_string_lossy();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.bwd.{}", ext.to_string_lossy()),
+        None => format!("{stem}.bwd"),
+    };
+    path.with_file_name(name)
+}
+
+fn write_text(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn stats_json(s: &BlockStats, bq: usize, bkv: usize) -> String {
+    format!(
+        "{{\"block_q\":{bq},\"block_kv\":{bkv},\"kv_blocks_total\":{},\"kv_blocks_computed\":{},\
+         \"kv_blocks_skipped\":{},\"kv_blocks_masked\":{}}}",
+        s.total,
+        s.computed(),
+        s.empty,
+        s.partial
+    )
+}

@@ -1,0 +1,400 @@
+//! `tessera bench attention`: splash against dense attention on the XLA CPU plugin, and the
+//! `tessera bench` command family.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use tessera::dsl::{DType, HostArray, TargetRules};
+use tessera::runtime::{Client, CompileOptions, HostBuffer};
+use tessera::splash::{dense_program, splash_program, Pass};
+use tessera::splash::{BlockSizes, Dims, Mask, SplashAttention, SplashOptions};
+
+/// What `tessera bench` measures.
+#[derive(clap::Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Splash attention against dense attention (materialised scores) on the XLA CPU plugin:
+    /// forward and forward+backward time, GFLOP/s and peak memory, one process per program.
+    Attention(BenchArgs),
+    /// Context-parallel strategies (Ulysses, all-gather, ring, USP) side by side on the same
+    /// XLA CPU devices: forward and forward+backward times and their ratios.
+    ContextParallel(super::bench_cp::CpBenchArgs),
+}
+
+/// Runs `tessera bench`.
+pub fn bench(what: &BenchCommand) -> Result<()> {
+    match what {
+        BenchCommand::Attention(args) => bench_command(args),
+        BenchCommand::ContextParallel(args) => super::bench_cp::bench_command(args),
+    }
+}
+
+/// Arguments of `tessera bench attention`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Key/value heads (default: as many as query heads).
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    #[arg(long, default_value_t = 4096)]
+    pub seq: usize,
+    #[arg(long, default_value_t = 64)]
+    pub head_dim: usize,
+    /// full, causal, causal:OFFSET, local:LEFT:RIGHT or chunked:SIZE.
+    #[arg(long, default_value = "causal")]
+    pub mask: String,
+    #[arg(long, default_value_t = 512)]
+    pub block_q: usize,
+    #[arg(long, default_value_t = 512)]
+    pub block_kv: usize,
+    /// Keys per inner compute step of the forward and dK/dV kernels (default: block-kv).
+    #[arg(long)]
+    pub block_kv_compute: Option<usize>,
+    /// Query block of the backward kernels (default: block-q).
+    #[arg(long)]
+    pub block_q_bwd: Option<usize>,
+    /// Key block of the backward kernels (default: block-kv).
+    #[arg(long)]
+    pub block_kv_bwd: Option<usize>,
+    /// Use separate dq and dkv backward kernels instead of the fused one.
+    #[arg(long)]
+    pub separate_bwd: bool,
+    /// Timed runs per program (after one warm-up run, interleaved across programs); the
+    /// minimum is reported.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Run one program once in this process and print its peak memory as JSON (the bench
+    /// measures each program's memory in a fresh process).
+    #[arg(long, hide = true)]
+    pub child: Option<String>,
+}
+
+impl BenchArgs {
+    fn dims(&self) -> Dims {
+        Dims {
+            batch: self.batch,
+            heads: self.heads,
+            kv_heads: self.kv_heads.unwrap_or(self.heads),
+            q_len: self.seq,
+            kv_len: self.seq,
+            head_dim: self.head_dim,
+            head_dim_v: self.head_dim,
+        }
+    }
+
+    fn attention(&self) -> Result<SplashAttention> {
+        let mut blocks =
+            BlockSizes::uniform(self.block_q, self.block_kv).with_fused_bwd(!self.separate_bwd);
+        if let Some(q) = self.block_q_bwd {
+            blocks.block_q_dkv = q;
+            blocks.block_q_dq = q;
+        }
+        if let Some(kv) = self.block_kv_bwd {
+            blocks.block_kv_dkv = kv;
+            blocks.block_kv_dkv_compute = kv;
+            blocks.block_kv_dq = kv;
+        }
+        if let Some(c) = self.block_kv_compute {
+            blocks.block_kv_compute = c;
+            blocks.block_kv_dkv_compute = c;
+        }
+        Ok(SplashAttention::new(
+            Mask::parse(&self.mask)?,
+            self.dims(),
+            DType::F32,
+            blocks,
+            SplashOptions::default(),
+            TargetRules::tpu(),
+        )?)
+    }
+}
+
+/// A `/proc/self/status` field in bytes (0 where unavailable).
+fn proc_status_bytes(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Deterministic inputs `q, k, v, dout` for the bench.
+fn bench_inputs(d: Dims) -> Vec<HostArray> {
+    let shapes = [
+        vec![d.batch, d.heads, d.q_len, d.head_dim],
+        vec![d.batch, d.kv_heads, d.kv_len, d.head_dim],
+        vec![d.batch, d.kv_heads, d.kv_len, d.head_dim_v],
+        vec![d.batch, d.heads, d.q_len, d.head_dim_v],
+    ];
+    shapes
+        .iter()
+        .enumerate()
+        .map(|(i, s)| tessera::reference::random(DType::F32, s, 100 + i as u64))
+        .collect()
+}
+
+/// The programs compared, in the order they run.
+const VARIANTS: [&str; 4] = ["splash-fwd", "dense-fwd", "splash-fwdbwd", "dense-fwdbwd"];
+
+fn pass_of(variant: &str) -> Pass {
+    if variant.ends_with("fwdbwd") {
+        Pass::ForwardBackward
+    } else {
+        Pass::Forward
+    }
+}
+
+/// A variant compiled, with its device inputs.
+struct Compiled {
+    exe: tessera::runtime::LoadedExecutable,
+    inputs: Vec<tessera::runtime::Buffer>,
+    compile_s: f64,
+}
+
+impl Compiled {
+    fn new(args: &BenchArgs, attn: &SplashAttention, variant: &str) -> Result<Self> {
+        let pass = pass_of(variant);
+        let module = if variant.starts_with("splash") {
+            splash_program(attn, pass)?
+        } else {
+            let mask = Mask::parse(&args.mask)?;
+            dense_program(attn.dims(), DType::F32, &mask, attn.scale(), None, pass)?
+        };
+        let client = Client::cpu_shared(1)?;
+        let start = Instant::now();
+        let exe = client.compile(&module.to_mlir(), &CompileOptions::single_device())?;
+        let compile_s = start.elapsed().as_secs_f64();
+        let mut inputs = bench_inputs(attn.dims());
+        if pass == Pass::Forward {
+            inputs.truncate(3);
+        }
+        let inputs = inputs
+            .iter()
+            .map(|a| client.buffer_from_host(&HostBuffer::from_array(a)?, 0))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Compiled {
+            exe,
+            inputs,
+            compile_s,
+        })
+    }
+
+    /// Runs once; returns the seconds taken and the outputs.
+    fn run(&self) -> Result<(f64, Vec<HostArray>)> {
+        let refs: Vec<&tessera::runtime::Buffer> = self.inputs.iter().collect();
+        let start = Instant::now();
+        let outs = self.exe.execute(std::slice::from_ref(&refs))?;
+        let secs = start.elapsed().as_secs_f64();
+        let host = outs
+            .into_iter()
+            .flatten()
+            .map(|b| Ok(b.to_host()?.to_array()?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((secs, host))
+    }
+}
+
+/// In a fresh process: compiles one variant, runs it once and prints
+/// `{"peak_rss":..,"base_rss":..}` (bytes; base = before the run).
+fn bench_child(args: &BenchArgs, variant: &str) -> Result<()> {
+    let attn = args.attention()?;
+    let c = Compiled::new(args, &attn, variant)?;
+    let base = proc_status_bytes("VmRSS:");
+    let refs: Vec<&tessera::runtime::Buffer> = c.inputs.iter().collect();
+    drop(c.exe.execute(std::slice::from_ref(&refs))?);
+    println!(
+        "{{\"peak_rss\":{},\"base_rss\":{base}}}",
+        proc_status_bytes("VmHWM:")
+    );
+    Ok(())
+}
+
+/// Peak memory of one variant's execution (bytes above the process's resident memory
+/// before it), measured in a fresh process so nothing else's allocations count.
+fn peak_memory(args: &BenchArgs, variant: &str) -> Result<u64> {
+    let exe = std::env::current_exe().context("locating the tessera executable")?;
+    let d = args.dims();
+    let mut cmd = std::process::Command::new(exe);
+    cmd.args(["bench", "attention"])
+        .args(["--batch", &d.batch.to_string()])
+        .args(["--heads", &d.heads.to_string()])
+        .args(["--kv-heads", &d.kv_heads.to_string()])
+        .args(["--seq", &d.q_len.to_string()])
+        .args(["--head-dim", &d.head_dim.to_string()])
+        .args(["--mask", &args.mask])
+        .args(["--block-q", &args.block_q.to_string()])
+        .args(["--block-kv", &args.block_kv.to_string()])
+        .args(["--child", variant]);
+    for (flag, v) in [
+        ("--block-kv-compute", args.block_kv_compute),
+        ("--block-q-bwd", args.block_q_bwd),
+        ("--block-kv-bwd", args.block_kv_bwd),
+    ] {
+        if let Some(v) = v {
+            cmd.args([flag, &v.to_string()]);
+        }
+    }
+    if args.separate_bwd {
+        cmd.arg("--separate-bwd");
+    }
+    let out = cmd
+        .output()
+        .with_context(|| format!("running the {variant} memory probe"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().rfind(|l| l.starts_with('{'));
+    let (Some(line), true) = (line, out.status.success()) else {
+        bail!(
+            "the {variant} memory probe failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .rfind(|l| !l.trim().is_empty())
+                .unwrap_or("(no message)")
+        );
+    };
+    let field = |name: &str| -> Result<u64> {
+        let key = format!("\"{name}\":");
+        let rest = &line[line.find(&key).context("malformed probe output")? + key.len()..];
+        let end = rest.find([',', '}']).context("malformed probe output")?;
+        Ok(rest[..end].trim().parse()?)
+    };
+    Ok(field("peak_rss")?.saturating_sub(field("base_rss")?))
+}
+
+/// Runs `tessera bench attention`: splash against dense attention on the PJRT CPU plugin.
+pub fn bench_command(args: &BenchArgs) -> Result<()> {
+    if let Some(variant) = &args.child {
+        if !VARIANTS.contains(&variant.as_str()) {
+            bail!("unknown bench variant `{variant}`; expected one of {VARIANTS:?}");
+        }
+        return bench_child(args, variant);
+    }
+    let attn = args.attention()?;
+    let d = attn.dims();
+    let stats = attn.stats();
+    let fwd_flops = 4.0 * d.head_dim as f64 * visible_pairs(&attn);
+    println!(
+        "splash vs dense attention on the XLA CPU plugin: B={} H={} KVH={} S={} D={} mask={} \
+         blocks {}x{} ({} backward)",
+        d.batch,
+        d.heads,
+        d.kv_heads,
+        d.q_len,
+        d.head_dim,
+        args.mask,
+        args.block_q,
+        args.block_kv,
+        if args.separate_bwd {
+            "separate"
+        } else {
+            "fused"
+        }
+    );
+    println!(
+        "forward key blocks: {} computed ({} masked), {} skipped of {}",
+        stats.computed(),
+        stats.partial,
+        stats.empty,
+        stats.total
+    );
+    // Peak memory first, each program alone in a fresh process.
+    let mut peak = HashMap::new();
+    for variant in VARIANTS {
+        peak.insert(variant, peak_memory(args, variant)?);
+    }
+    // Time the programs in one process, interleaved, so load changes hit all alike.
+    let mut programs = Vec::new();
+    for variant in VARIANTS {
+        programs.push(Compiled::new(args, &attn, variant)?);
+    }
+    let mut best = [f64::INFINITY; VARIANTS.len()];
+    let mut outputs: Vec<Vec<HostArray>> = vec![Vec::new(); VARIANTS.len()];
+    for rep in 0..=args.reps.max(1) {
+        for (i, p) in programs.iter().enumerate() {
+            let (secs, outs) = p.run()?;
+            // Run 0 warms up.
+            if rep > 0 {
+                best[i] = best[i].min(secs);
+            }
+            outputs[i] = outs;
+        }
+    }
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    println!(
+        "{:<14} {:>10} {:>10} {:>10} {:>15}",
+        "program", "compile s", "best s", "GFLOP/s", "exec peak MiB"
+    );
+    for (i, variant) in VARIANTS.iter().enumerate() {
+        let flops = match pass_of(variant) {
+            Pass::Forward => fwd_flops,
+            // Backward: 5 matmuls of the forward's size (dv, dp, dq, dk and the recomputed
+            // or saved scores), so forward + backward is 3.5x the forward.
+            Pass::ForwardBackward => 3.5 * fwd_flops,
+        };
+        println!(
+            "{:<14} {:>10.2} {:>10.4} {:>10.2} {:>15.1}",
+            variant,
+            programs[i].compile_s,
+            best[i],
+            flops / best[i] / 1e9,
+            mib(peak[variant])
+        );
+    }
+    let mut summary = Vec::new();
+    for (pass, s, dn) in [("fwd", 0, 1), ("fwd+bwd", 2, 3)] {
+        let ratio = best[dn] / best[s];
+        println!(
+            "{pass:<8} splash {:.3} s vs dense {:.3} s: {ratio:.2}x faster; peak memory \
+             {:.1} MiB vs {:.1} MiB",
+            best[s],
+            best[dn],
+            mib(peak[VARIANTS[s]]),
+            mib(peak[VARIANTS[dn]])
+        );
+        summary.push(format!("\"{}_speedup\":{ratio:.3}", pass.replace('+', "")));
+    }
+    // The two implementations must agree.
+    let names = ["out", "lse", "dq", "dk", "dv"];
+    let mut worst = 0.0f64;
+    for (name, (a, b)) in names.iter().zip(outputs[2].iter().zip(&outputs[3])) {
+        let (err, _) = tessera::reference::max_abs_diff(&a.to_f64_vec(), &b.to_f64_vec());
+        worst = worst.max(err);
+        println!("max |splash - dense| {name}: {err:.2e}");
+    }
+    println!(
+        "{{{},\"max_abs_diff\":{worst:.3e},\"kv_blocks_computed\":{},\"kv_blocks_total\":{}}}",
+        summary.join(","),
+        stats.computed(),
+        stats.total
+    );
+    if worst > 1e-3 {
+        bail!("splash and dense attention disagree by {worst:.2e}");
+    }
+    Ok(())
+}
+
+/// The number of visible (query, key) pairs over the whole batch and all heads.
+fn visible_pairs(attn: &SplashAttention) -> f64 {
+    let d = attn.dims();
+    let o = attn.options().offsets;
+    let count = |m: &Mask| -> u64 {
+        (0..d.q_len)
+            .map(|i| {
+                (0..d.kv_len)
+                    .filter(|&j| m.allows((o.q + i) as i64, (o.kv + j) as i64))
+                    .count() as u64
+            })
+            .sum()
+    };
+    let pairs: u64 = match attn.mask() {
+        tessera::splash::MultiHeadMask::Shared(m) => count(m) * d.heads as u64,
+        tessera::splash::MultiHeadMask::PerHead(ms) => ms.iter().map(count).sum(),
+    };
+    (pairs * d.batch as u64) as f64
+}
