@@ -77,7 +77,7 @@ impl FuncBuilder<'_> {
             )
         })?;
         check_dims(OP, "dimensions", dimensions, t.rank())?;
-        let init = self.constant(init)?;
+        let init = self.literal(init)?;
         let body = self.reducer_region(OP, reducer, t.dtype)?;
         let result = TensorType::new(kept_dims(&t.dims, dimensions), t.dtype);
         Ok(self.emit1(

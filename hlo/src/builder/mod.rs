@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::module::{Func, Module};
 use crate::ops::{Op, OpKind, Region, Sharding, Value};
-use crate::{DType, HloError, Literal, TensorType};
+use crate::{DType, HloError, HostArray, Literal, TensorType};
 
 mod collective;
 mod control;
@@ -153,20 +153,24 @@ impl<'m> FuncBuilder<'m> {
             })
     }
 
-    /// A constant from a literal.
-    pub fn constant(&mut self, literal: Literal) -> Result<Value, HloError> {
-        let ty = literal.ty();
-        Ok(self.emit1(OpKind::Constant(literal), vec![], ty, vec![]))
+    /// A constant holding a host array (emitted as a splat when its elements are all equal).
+    pub fn constant(&mut self, array: &HostArray) -> Result<Value, HloError> {
+        self.literal(Literal::from_array(array)?)
     }
 
     /// A rank-0 constant (see [`Literal::scalar`] for the accepted values).
     pub fn scalar(&mut self, value: f64, dtype: DType) -> Result<Value, HloError> {
-        self.constant(Literal::scalar(value, dtype)?)
+        self.literal(Literal::scalar(value, dtype)?)
     }
 
     /// A constant of type `ty` with every element equal to `value` (emitted as a splat).
     pub fn splat(&mut self, value: f64, ty: TensorType) -> Result<Value, HloError> {
-        self.constant(Literal::splat(value, &ty)?)
+        self.literal(Literal::splat(value, &ty)?)
+    }
+
+    pub(crate) fn literal(&mut self, literal: Literal) -> Result<Value, HloError> {
+        let ty = literal.ty();
+        Ok(self.emit1(OpKind::Constant(literal), vec![], ty, vec![]))
     }
 
     /// Ends the function, returning `results`, and adds it to the module.

@@ -5,7 +5,9 @@ use crate::ops::{
     ComparisonDirection, ComparisonType, CustomCall, CustomCallApiVersion, DotDims, Grouping,
     OutputOperandAlias, Precision, Reducer, Sharding, UnaryOp, Value,
 };
-use crate::{DType, FuncBuilder, HloError, Literal, Module, TensorType};
+use half::bf16;
+
+use crate::{DType, FuncBuilder, HloError, HostArray, Module, TensorType};
 
 fn t(dims: &[i64], dtype: DType) -> TensorType {
     TensorType::new(dims.to_vec(), dtype)
@@ -133,11 +135,12 @@ fn elementwise_text() {
 fn constants_text() {
     let b = body(1, |f| {
         Ok(vec![
-            f.constant(Literal::f32(
-                [2, 2],
-                vec![1.0, f32::INFINITY, f32::NAN, -0.25],
-            )?)?,
-            f.constant(Literal::bf16([2], &[0.1, f32::NEG_INFINITY])?)?,
+            f.constant(
+                &HostArray::f32([2, 2], vec![1.0, f32::INFINITY, f32::NAN, -0.25]).unwrap(),
+            )?,
+            f.constant(
+                &HostArray::bf16([2], vec![bf16::from_f32(0.1), bf16::NEG_INFINITY]).unwrap(),
+            )?,
             f.scalar(-3.0, DType::I8)?,
             f.scalar(1.0, DType::Bool)?,
             f.splat(7.0, t(&[3], DType::I32))?,

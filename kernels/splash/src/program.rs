@@ -7,7 +7,6 @@
 
 use std::collections::HashMap;
 
-use tessera_dsl::array::ArrayData;
 use tessera_dsl::{ArgSpec, DType, HostArray, TargetRules};
 use tessera_hlo::{self as hlo, ComparisonDirection, DotDims, FuncBuilder, Module, Reducer};
 
@@ -43,7 +42,7 @@ pub fn lower_stages_on_shard(
         let mut args = Vec::with_capacity(stage.args.len());
         for a in &stage.args {
             args.push(match a {
-                StageArg::Const(c) => constant(f, c)?,
+                StageArg::Const(c) => f.constant(c)?,
                 StageArg::Tensor(t) => *env.get(t).ok_or_else(|| {
                     SplashError::Backend(format!(
                         "stage `{}` reads {t:?} before it exists",
@@ -86,7 +85,7 @@ fn shard_constant(
     let values: Vec<f64> = arrays.iter().flat_map(|a| a.to_f64_vec()).collect();
     let stacked = HostArray::from_f64(arrays[0].dtype(), stacked_shape, &values)
         .map_err(|e| SplashError::Backend(format!("per-shard tables: {e}")))?;
-    let all = constant(f, &stacked)?;
+    let all = f.constant(&stacked)?;
     let zero = f.scalar(0.0, DType::I32)?;
     let mut starts = vec![shard];
     starts.extend(std::iter::repeat_n(zero, shape.len()));
@@ -95,26 +94,6 @@ fn shard_constant(
     let one = f.dynamic_slice(all, &starts, &sizes)?;
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     Ok(f.reshape(one, &dims)?)
-}
-
-/// A host array as a program constant (a splat when all elements are equal).
-fn constant(f: &mut FuncBuilder<'_>, a: &HostArray) -> Result<hlo::Value> {
-    let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
-    let values = a.to_f64_vec();
-    if values.iter().all(|&v| v == values[0]) {
-        return Ok(f.splat(values[0], hlo::TensorType::new(dims, a.dtype()))?);
-    }
-    let lit = match a.data() {
-        ArrayData::F32(v) => hlo::Literal::f32(dims, v.clone())?,
-        ArrayData::I32(v) => hlo::Literal::i32(dims, v.clone())?,
-        ArrayData::I8(v) => hlo::Literal::i8(dims, v.clone())?,
-        ArrayData::Bool(v) => hlo::Literal::bool(dims, v.clone())?,
-        ArrayData::BF16(v) => {
-            let f: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
-            hlo::Literal::bf16(dims, &f)?
-        }
-    };
-    Ok(f.constant(lit)?)
 }
 
 /// What a program computes.
