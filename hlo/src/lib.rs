@@ -8,6 +8,12 @@
 //! plugin (StableHLO 1.13) and libtpu parse. Constants are built from the shared host array
 //! ([`HostArray`]).
 //!
+//! Manually partitioned (SPMD) programs come in two forms: per-device arguments and results
+//! marked `mhlo.sharding = "{manual}"` (GSPMD's form, [`Sharding::Manual`]), or, on a module
+//! with a mesh ([`Module::set_mesh`]), Shardy's form: `@main` over global tensors split over
+//! the mesh axes ([`Sharding::ManualSplit`]), its body an `sdy.manual_computation`. A module
+//! with a mesh prints both ([`Module::to_mlir`], [`Module::to_mlir_gspmd`]).
+//!
 //! ```
 //! use tessera_hlo::{DType, Grouping, Module, Sharding, TensorType};
 //!

@@ -13,7 +13,8 @@ use samples::{sample_modules, Sample};
 use tessera_hlo::{DType, HostArray};
 use tessera_runtime::{Client, CompileOptions, DeviceAssignment};
 
-fn compile_options(s: &Sample) -> CompileOptions {
+/// How `s` compiles; `shardy` for a module printed in Shardy's form.
+fn compile_options(s: &Sample, shardy: bool) -> CompileOptions {
     let (replicas, partitions) = (
         s.module.num_replicas() as usize,
         s.module.num_partitions() as usize,
@@ -24,7 +25,9 @@ fn compile_options(s: &Sample) -> CompileOptions {
         o.device_assignment = Some(DeviceAssignment::sequential(replicas, partitions).unwrap());
         o
     } else if partitions > 1 {
-        CompileOptions::manual_partitions(partitions).unwrap()
+        CompileOptions::manual_partitions(partitions)
+            .unwrap()
+            .with_shardy(shardy)
     } else if replicas > 1 {
         CompileOptions::replicated(replicas).unwrap()
     } else {
@@ -44,16 +47,23 @@ fn every_sample_compiles_and_computes_its_expected_values() {
         }
         let client = Client::cpu_shared(s.num_devices())
             .unwrap_or_else(|e| panic!("{}: client: {e}", s.name));
-        let text = s.module.to_mlir();
-        let exe = client
-            .compile(&text, &compile_options(s))
-            .unwrap_or_else(|e| panic!("{}: {e}\n{text}", s.name));
-        if let Some(check) = &s.check {
-            let outputs = exe
-                .execute_arrays(&check.inputs)
+        // A module with a mesh prints Shardy's form by default; its GSPMD form must compute
+        // the same.
+        let mut forms = vec![(s.module.to_mlir(), !s.module.mesh().is_empty())];
+        if !s.module.mesh().is_empty() {
+            forms.push((s.module.to_mlir_gspmd(), false));
+        }
+        for (text, shardy) in forms {
+            let exe = client
+                .compile(&text, &compile_options(s, shardy))
                 .unwrap_or_else(|e| panic!("{}: {e}\n{text}", s.name));
-            compare(s, &outputs, &check.outputs);
-            checked += 1;
+            if let Some(check) = &s.check {
+                let outputs = exe
+                    .execute_arrays(&check.inputs)
+                    .unwrap_or_else(|e| panic!("{}: {e}\n{text}", s.name));
+                compare(s, &outputs, &check.outputs);
+                checked += 1;
+            }
         }
     }
     assert!(

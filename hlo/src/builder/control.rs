@@ -389,6 +389,13 @@ impl FuncBuilder<'_> {
         if spec.target.is_empty() {
             return Err(HloError::attr(OP, "call_target_name", "must not be empty"));
         }
+        if spec.sharding.is_some() && !self.module.mesh().is_empty() {
+            return Err(HloError::attr(
+                OP,
+                "mhlo.sharding",
+                "is GSPMD's form, not allowed on a module with a mesh (Shardy's form)",
+            ));
+        }
         let types = operands
             .iter()
             .enumerate()

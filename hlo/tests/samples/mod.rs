@@ -40,7 +40,7 @@ impl Sample {
 
 /// Every sample module, in a fixed order.
 pub fn sample_modules() -> Result<Vec<Sample>, HloError> {
-    let builders: [fn() -> Result<Sample, HloError>; 37] = [
+    let builders: [fn() -> Result<Sample, HloError>; 39] = [
         constants,
         unary_float,
         unary_bf16,
@@ -78,6 +78,8 @@ pub fn sample_modules() -> Result<Vec<Sample>, HloError> {
         cross_replica,
         mesh_2x2,
         sharded_matmul_psum,
+        shardy_blocks,
+        shardy_no_results,
     ];
     builders.iter().map(|b| b()).collect()
 }
@@ -1285,6 +1287,69 @@ fn mesh_2x2() -> Result<Sample, HloError> {
         name: "mesh_2x2",
         module,
         check,
+    })
+}
+
+fn shardy_blocks() -> Result<Sample, HloError> {
+    // Shardy's form on a 2 x 2 mesh (`rows` major): x[4, 2] (x[i][j] = 10 i + j) split over
+    // `rows` on dim 0 and `cols` on dim 1 ([2, 1] per device), a scalar s = 1.5 split nowhere.
+    // Device d = 2 * row + col. Results: x gathered over `cols` and doubled by a private
+    // function (split over `rows` only: [2, 2] per device), and s summed over all devices.
+    let mut module = Module::new("shardy_blocks");
+    module.set_mesh(&[("rows", 2), ("cols", 2)])?;
+    let split = |axes: &[Option<&str>]| {
+        Sharding::ManualSplit(axes.iter().map(|a| a.map(String::from)).collect())
+    };
+    {
+        let mut double = module.func("double");
+        double.set_public(false);
+        let a = double.arg(t(&[2, 2], DType::F32))?;
+        let r = double.add(a, a)?;
+        double.finish(&[r])?;
+    }
+    let mut f = module.func("main");
+    let x = f.arg_with_sharding(t(&[2, 1], DType::F32), split(&[Some("rows"), Some("cols")]))?;
+    let s = f.arg_with_sharding(t(&[], DType::F32), split(&[]))?;
+    let g = f.all_gather(x, 1, &[vec![0, 1], vec![2, 3]], Grouping::FlattenedIds)?;
+    let g = f.call("double", &[g])?[0];
+    let total = f.all_reduce(s, Reducer::Sum, &group4(), Grouping::FlattenedIds)?;
+    f.finish_with_shardings(&[
+        (g, Some(split(&[Some("rows"), None]))),
+        (total, Some(split(&[]))),
+    ])?;
+    let x = |i: i32, j: i32| (10 * i + j) as f32;
+    let check = per_device(4, |d| {
+        let (row, col) = (d / 2, d % 2);
+        let rows = [2 * row, 2 * row + 1];
+        let inputs = vec![
+            f32_lit(&[2, 1], rows.iter().map(|&i| x(i, col)).collect())?,
+            f32_lit(&[], vec![1.5])?,
+        ];
+        let doubled = rows.iter().flat_map(|&i| [2.0 * x(i, 0), 2.0 * x(i, 1)]);
+        let outputs = vec![
+            f32_lit(&[2, 2], doubled.collect())?,
+            f32_lit(&[], vec![6.0])?,
+        ];
+        Ok((inputs, outputs))
+    })?;
+    Ok(Sample {
+        name: "shardy_blocks",
+        module,
+        check,
+    })
+}
+
+fn shardy_no_results() -> Result<Sample, HloError> {
+    // Shardy's form of a function with no arguments and no results.
+    let mut module = Module::new("shardy_no_results");
+    module.set_mesh(&[("all", 4)])?;
+    let mut f = module.func("main");
+    let _ = f.partition_id();
+    f.finish(&[])?;
+    Ok(Sample {
+        name: "shardy_no_results",
+        module,
+        check: None,
     })
 }
 
