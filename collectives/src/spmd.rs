@@ -243,8 +243,9 @@ pub trait LocalValue<M> {
 }
 
 /// Builds one SPMD function on the mesh `M`: the function's arguments and results are
-/// per-device shards (`mhlo.sharding = "{manual}"`), and the typed [`DTensor`]s it hands out
-/// carry their sharding in their type.
+/// per-device shards (on a module with the mesh, blocks of global tensors split over its
+/// axes; else `mhlo.sharding = "{manual}"`), and the typed [`DTensor`]s it hands out carry
+/// their sharding in their type.
 ///
 /// Usually made by [`Program::build`](crate::Program::build); to emit into a function built
 /// elsewhere (e.g. beside other code), wrap its [`FuncBuilder`] with [`Spmd::new`] and take
@@ -299,9 +300,24 @@ impl<M: MeshShape> Ctx<M> for Spmd<'_, M> {
 
 impl<'m, M: MeshShape> Spmd<'m, M> {
     /// Wraps a function builder whose module has one partition per mesh device
-    /// (`mhlo.num_partitions`) and one replica.
+    /// (`mhlo.num_partitions`) and one replica, and either this mesh
+    /// ([`Module::set_mesh`](tessera_hlo::Module::set_mesh)) or none.
     pub fn new(builder: FuncBuilder<'m>, mesh: &Mesh<M>) -> Result<Self, CollectiveError> {
         let partitions = builder.num_partitions() as usize;
+        let module_mesh = builder.mesh();
+        let same_mesh = module_mesh.len() == mesh.axis_names().len()
+            && module_mesh
+                .iter()
+                .zip(mesh.axis_names().iter().zip(mesh.sizes()))
+                .all(|((n, s), (m, &k))| n == m && *s as usize == k);
+        if !module_mesh.is_empty() && !same_mesh {
+            return Err(CollectiveError::Mesh {
+                reason: format!(
+                    "SPMD function @{} on the mesh {mesh}: the module's mesh is {module_mesh:?}",
+                    builder.name()
+                ),
+            });
+        }
         if partitions != mesh.num_devices() || builder.num_replicas() != 1 {
             return Err(CollectiveError::DeviceCount {
                 context: format!(
@@ -349,7 +365,8 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
         let local = layout.local_dims(&self.mesh, global, &context)?;
         let local = TensorType::new(local, dtype);
         let value = self.ctx().build("arg", |f| {
-            Ok(f.arg_with_sharding(local.clone(), Sharding::Manual)?)
+            let sharding = block_sharding(f, &layout.spec);
+            Ok(f.arg_with_sharding(local.clone(), sharding)?)
         })?;
         self.inputs.borrow_mut().push(TensorInfo {
             spec: layout.spec.clone(),
@@ -440,12 +457,14 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     }
 
     /// Ends the function: it returns the tensors given to [`DTensor::output`], in order, each
-    /// with `mhlo.sharding = "{manual}"`.
+    /// a per-device block: [`Sharding::ManualSplit`] on a module with a mesh (as
+    /// [`Program::build`](crate::Program::build) makes), else [`Sharding::Manual`].
     pub fn finish(self) -> Result<Signature, CollectiveError> {
         let (builder, signature, outputs) = self.into_parts();
         let results: Vec<(Value, Option<Sharding>)> = outputs
             .into_iter()
-            .map(|v| (v, Some(Sharding::Manual)))
+            .zip(&signature.outputs)
+            .map(|(v, info)| (v, Some(block_sharding(&builder, &info.spec))))
             .collect();
         builder.finish_with_shardings(&results)?;
         Ok(signature)
@@ -478,4 +497,21 @@ pub(crate) fn declare<'p, M: MeshShape, S, V>(
         &format!("{op} of a local value {ty}"),
     )?;
     Ok(DTensor::new(ctx, value, layout))
+}
+
+/// The sharding of an argument or result of `f` split as `spec`: on a module with a mesh,
+/// that block of the global tensor (Shardy's form names the split axes); else `{manual}`.
+fn block_sharding(f: &FuncBuilder<'_>, spec: &PartitionSpec) -> Sharding {
+    if f.mesh().is_empty() {
+        return Sharding::Manual;
+    }
+    Sharding::ManualSplit(
+        spec.dims()
+            .iter()
+            .map(|d| match d {
+                DimSpec::Split(axis) => Some(axis.to_string()),
+                DimSpec::Replicated => None,
+            })
+            .collect(),
+    )
 }

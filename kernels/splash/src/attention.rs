@@ -17,6 +17,17 @@ use crate::kernels::{
 use crate::mask::{MultiHeadMask, SeqOffsets};
 use crate::mask_info::{BlockStats, Major, MaskInfo};
 
+/// The kernel `kernel` instantiated for the element type of `dtype`: `bf16` for bf16
+/// attention, `f32` otherwise (the two dtypes attention takes).
+macro_rules! for_dtype {
+    ($dtype:expr, $kernel:ident($($arg:expr),*)) => {
+        match $dtype {
+            DType::BF16 => $kernel::<half::bf16>($($arg),*),
+            _ => $kernel::<f32>($($arg),*),
+        }
+    };
+}
+
 /// JAX's default mask value: the finite stand-in logit of masked entries.
 pub const DEFAULT_MASK_VALUE: f32 = -0.7 * f32::MAX;
 
@@ -505,10 +516,7 @@ impl SplashAttention {
     pub fn forward_plan(&self, f: Features) -> Vec<Stage> {
         let info = &self.fwd_info;
         let cfg = self.config(info, self.block_sizes.block_kv_compute, f);
-        let def = match self.dtype {
-            DType::BF16 => splash_fwd::<half::bf16>(cfg),
-            _ => splash_fwd::<f32>(cfg),
-        };
+        let def = for_dtype!(self.dtype, splash_fwd(cfg));
         let mut args = self.tables(info);
         args.push(self.sinks(f));
         args.push(self.offsets());
@@ -530,10 +538,7 @@ impl SplashAttention {
             bq: largest_block(self.dims.q_len, 512),
             sinks: f.sinks,
         };
-        let prep_def = match self.dtype {
-            DType::BF16 => splash_bwd_prep::<half::bf16>(prep),
-            _ => splash_bwd_prep::<f32>(prep),
-        };
+        let prep_def = for_dtype!(self.dtype, splash_bwd_prep(prep));
         let mut stages = vec![Stage {
             def: prep_def,
             args: vec![
@@ -554,30 +559,21 @@ impl SplashAttention {
         args.push(Self::mask_blocks(info));
         args.extend(residuals.clone());
         if b.use_fused_bwd_kernel {
-            let def = match self.dtype {
-                DType::BF16 => splash_bwd_fused::<half::bf16>(cfg),
-                _ => splash_bwd_fused::<f32>(cfg),
-            };
+            let def = for_dtype!(self.dtype, splash_bwd_fused(cfg));
             stages.push(Stage {
                 def,
                 args,
                 outputs: vec![Tensor::DqPartial, Tensor::Dk, Tensor::Dv],
             });
             let bq = largest_block(self.dims.q_len, 512);
-            let def = match self.dtype {
-                DType::BF16 => splash_dq_reduce::<half::bf16>(bq),
-                _ => splash_dq_reduce::<f32>(bq),
-            };
+            let def = for_dtype!(self.dtype, splash_dq_reduce(bq));
             stages.push(Stage {
                 def,
                 args: vec![StageArg::Tensor(Tensor::DqPartial)],
                 outputs: vec![Tensor::Dq],
             });
         } else {
-            let def = match self.dtype {
-                DType::BF16 => splash_dkv::<half::bf16>(cfg),
-                _ => splash_dkv::<f32>(cfg),
-            };
+            let def = for_dtype!(self.dtype, splash_dkv(cfg));
             stages.push(Stage {
                 def,
                 args,
@@ -588,10 +584,7 @@ impl SplashAttention {
                 .as_ref()
                 .expect("separate backward has dq tables");
             let cfg = self.config(info, info.block_kv, f);
-            let def = match self.dtype {
-                DType::BF16 => splash_dq::<half::bf16>(cfg),
-                _ => splash_dq::<f32>(cfg),
-            };
+            let def = for_dtype!(self.dtype, splash_dq(cfg));
             let mut args = self.tables(info);
             args.push(self.offsets());
             args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
