@@ -39,8 +39,8 @@ use tessera_dsl::{DType, HostArray, TargetRules};
 use tessera_hlo::{FuncBuilder, Value};
 use tessera_runtime::{Client, HostBuffer};
 use tessera_splash::{
-    BlockSizes, Dims, Features, Mask, SeqOffsets, ShardedSplash, SplashError, SplashOptions, Stage,
-    Tensor,
+    BlockSizes, Dims, Features, Inputs, Mask, SegmentIds, SeqOffsets, ShardedSplash, SplashError,
+    SplashOptions, Stage, Tensor,
 };
 
 mesh!(pub ContextMesh = [Context]);
@@ -71,10 +71,18 @@ pub enum CpError {
     Collective(#[from] CollectiveError),
     #[error(transparent)]
     Kernel(#[from] tessera_dsl::KernelError),
+    /// (The message includes the cause, so it is not also a `source`: a chain printer would
+    /// repeat it.)
     #[error("XLA runtime: {0}")]
-    Runtime(#[from] tessera_runtime::Error),
+    Runtime(tessera_runtime::Error),
     #[error("{0}")]
     Host(String),
+}
+
+impl From<tessera_runtime::Error> for CpError {
+    fn from(e: tessera_runtime::Error) -> Self {
+        CpError::Runtime(e)
+    }
 }
 
 /// How the attention is split over the context devices.
@@ -472,6 +480,18 @@ impl ContextParallel {
         if n == 0 {
             return err("the context degree must be at least 1".into());
         }
+        let sizes = [
+            ("batch", d.batch),
+            ("heads", d.heads),
+            ("kv_heads", d.kv_heads),
+            ("q_len", d.q_len),
+            ("kv_len", d.kv_len),
+            ("head_dim", d.head_dim),
+            ("head_dim_v", d.head_dim_v),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, size)| *size == 0) {
+            return err(format!("{name} is 0; every dim must be at least 1"));
+        }
         if let Some(fixed) = self.strategy.fixed_devices() {
             if fixed != n {
                 return err(format!(
@@ -730,25 +750,44 @@ impl ContextParallel {
         })
     }
 
-    /// Checks segment ids against the configuration: int32 `[B, S]`.
-    fn check_segments(&self, segment_ids: Option<&HostArray>) -> Result<(), CpError> {
-        let d = self.dims;
-        match segment_ids {
-            Some(s) if s.dtype() != DType::I32 || s.shape() != [d.batch, d.q_len] => Err(self
-                .config_error(format!(
-                    "segment ids must be int32 [B, S] = [{}, {}], got {} {:?}",
-                    d.batch,
-                    d.q_len,
-                    s.dtype(),
-                    s.shape()
-                ))),
-            _ => Ok(()),
-        }
+    /// Checks a call's global arrays with the same checks as a single-device splash
+    /// attention (shapes against `dims`, dtype, finite values, segment ids int32 `[B, S]`),
+    /// so every strategy validates its inputs alike, before anything is compiled.
+    pub fn check_inputs(&self, x: &CpInputs<'_>) -> Result<(), CpError> {
+        let inputs = Inputs {
+            q: x.q,
+            k: x.k,
+            v: x.v,
+            segment_ids: x.segment_ids.map(|s| SegmentIds { q: s, kv: s }),
+            sinks: None,
+        };
+        self.dims.check_inputs(self.dtype, &inputs)?;
+        Ok(())
+    }
+
+    /// Checks a backward's output cotangent: shaped like the output, finite.
+    pub fn check_dout(&self, dout: &HostArray) -> Result<(), CpError> {
+        Ok(self.dims.check_output_like("dout", self.dtype, dout)?)
+    }
+
+    /// Checks everything a backward takes: the inputs, the forward's `out` and `lse`, and
+    /// `dout`.
+    pub fn check_backward_inputs(
+        &self,
+        x: &CpInputs<'_>,
+        out: &HostArray,
+        lse: &HostArray,
+        dout: &HostArray,
+    ) -> Result<(), CpError> {
+        self.check_inputs(x)?;
+        self.dims.check_output_like("out", self.dtype, out)?;
+        self.dims.check_lse(lse)?;
+        self.check_dout(dout)
     }
 
     /// Forward on `devices` CPU devices: `out` and `lse` of the global inputs.
     pub fn forward(&self, x: &CpInputs<'_>) -> Result<(HostArray, HostArray), CpError> {
-        self.check_segments(x.segment_ids)?;
+        self.check_inputs(x)?;
         let mut inputs = vec![x.q, x.k, x.v];
         inputs.extend(x.segment_ids);
         let outs = self
@@ -769,7 +808,7 @@ impl ContextParallel {
         lse: &HostArray,
         dout: &HostArray,
     ) -> Result<(HostArray, HostArray, HostArray), CpError> {
-        self.check_segments(x.segment_ids)?;
+        self.check_backward_inputs(x, out, lse, dout)?;
         let mut inputs = vec![x.q, x.k, x.v, out, lse, dout];
         inputs.extend(x.segment_ids);
         let outs = self
