@@ -111,7 +111,9 @@ pub use layout::{
 };
 pub use mesh::{AxisGroups, HasAxis, Mesh, MeshShape};
 pub use program::{Executable, Program};
-pub use spmd::{CollectiveCall, LocalValue, Signature, Spmd, TensorInfo, TensorLayout};
+pub use spmd::{
+    CollectiveCall, LocalResults, LocalValue, Signature, Spmd, TensorInfo, TensorLayout,
+};
 pub use tensor::DTensor;
 
 /// What SPMD programs usually need: the types, the usual axes and the macros.
