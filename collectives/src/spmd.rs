@@ -234,7 +234,7 @@ impl<M> dyn Ctx<M> + '_ {
 /// A value the local ops of a program on mesh `M` accept: any [`DTensor`] of that mesh.
 #[diagnostic::on_unimplemented(
     message = "a local op of a program on the mesh `{M}` cannot take `{Self}`",
-    label = "not a tensor of the mesh `{M}`",
+    label = "this is not a tensor of the mesh `{M}`",
     note = "local ops take the `DTensor`s of their own program"
 )]
 pub trait LocalValue<M> {
@@ -246,7 +246,7 @@ pub trait LocalValue<M> {
 /// 1 to 4 [`DTensor`]s of one program.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a tuple of tensors of the mesh `{M}`",
-    label = "not the typed results of a local op",
+    label = "this is not a tuple of tensors of the program",
     note = "a local op with several results returns a tuple of 1 to 4 `DTensor`s of its program"
 )]
 pub trait LocalResults<'p, M>: Sized {
@@ -428,8 +428,9 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     }
 
     /// Runs a local (per-device) computation on the values of `inputs` and returns its raw
-    /// results; give them a layout with [`Spmd::declare`]. This is where kernels compose:
-    /// the closure may call `tessera_dsl::stablehlo::lower_into(kernel, f, args)`.
+    /// results; [`Spmd::local_results`] (several results) and [`Spmd::local`] (one) type them
+    /// instead. This is where kernels compose: the closure may call
+    /// `tessera_dsl::stablehlo::lower_into(kernel, f, args)`.
     pub fn local_values(
         &self,
         inputs: &[&dyn LocalValue<M>],

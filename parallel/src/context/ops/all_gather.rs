@@ -14,9 +14,8 @@ use super::super::{
     seq_part, zigzag_inverse, zigzag_order, ContextParallel, CpError, Strategy,
 };
 use super::{
-    add_segments, check_local, expect_strategy, features, local_error, sum_in_f32, AxisIndex,
-    BySequence, BySequenceRows, Inputs, LocalShapes, QueryShard, WholeKeys, WholeSegmentIds,
-    WholeSequence,
+    add_segments, expect_strategy, features, local_error, sum_in_f32, AxisIndex, BySequence,
+    BySequenceRows, Inputs, LocalShapes, QueryShard, WholeKeys, WholeSegmentIds, WholeSequence,
 };
 
 const OP: &str = "all-gather attention";
@@ -140,10 +139,7 @@ impl<A: MeshAxis> AllGatherAttention<A> {
         K: WholeKeys<A, Batch = B, Heads = H>,
         V: WholeKeys<A, Batch = B, Heads = H>,
     {
-        let s = &self.shapes;
-        check_local(OP, "q", q, &s.q)?;
-        check_local(OP, "k", k, &s.k)?;
-        check_local(OP, "v", v, &s.v)?;
+        self.shapes.check_qkv(OP, q, k, v)?;
         let plans = self.plans(segment_ids.is_some(), false)?;
         let mut inputs = Inputs::new(&[q, k, v, shard]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));
@@ -192,13 +188,8 @@ impl<A: MeshAxis> AllGatherAttention<A> {
         L: QueryShard<A, Batch = B, Heads = H>,
         DO: QueryShard<A, Batch = B, Heads = H>,
     {
-        let s = &self.shapes;
-        check_local(OP, "q", q, &s.q)?;
-        check_local(OP, "k", k, &s.k)?;
-        check_local(OP, "v", v, &s.v)?;
-        check_local(OP, "out", out, &s.out)?;
-        check_local(OP, "lse", lse, &s.lse)?;
-        check_local(OP, "dout", dout, &s.out)?;
+        self.shapes.check_qkv(OP, q, k, v)?;
+        self.shapes.check_residuals(OP, out, lse, dout)?;
         let plans = self.plans(segment_ids.is_some(), true)?;
         let mut inputs = Inputs::new(&[q, k, v, out, lse, dout, shard]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));

@@ -103,7 +103,7 @@ pub type WholeSegmentIds<B> = (B, Replicated);
 #[diagnostic::on_unimplemented(
     message = "Ulysses attention over `{A}` needs the heads (dim 1) split over `{A}` and the \
                whole sequence (dim 2) on every device",
-    label = "not split by heads over `{A}`",
+    label = "this operand is not split by heads over `{A}`",
     note = "re-shard from the sequence to the heads first: `all_to_all::<{A}, 1, 2>()` splits \
             dim 1 and gathers dim 2"
 )]
@@ -219,6 +219,44 @@ impl LocalShapes {
             out: [b, i(d.heads), sq, i(d.head_dim_v)],
             lse: [b, i(d.heads), sq],
         }
+    }
+}
+
+impl LocalShapes {
+    /// Checks `q`, `k` and `v` (see [`check_local`]).
+    fn check_qkv<M: MeshShape, Q, K, V>(
+        &self,
+        op: &str,
+        q: &DTensor<'_, M, Q>,
+        k: &DTensor<'_, M, K>,
+        v: &DTensor<'_, M, V>,
+    ) -> Result<(), CollectiveError> {
+        check_local(op, "q", q, &self.q)?;
+        self.check_kv(op, k, v)
+    }
+
+    /// Checks `k` and `v`.
+    fn check_kv<M: MeshShape, K, V>(
+        &self,
+        op: &str,
+        k: &DTensor<'_, M, K>,
+        v: &DTensor<'_, M, V>,
+    ) -> Result<(), CollectiveError> {
+        check_local(op, "k", k, &self.k)?;
+        check_local(op, "v", v, &self.v)
+    }
+
+    /// Checks the forward's `out`, `lse` and the cotangent `dout`.
+    fn check_residuals<M: MeshShape, O, L, DO>(
+        &self,
+        op: &str,
+        out: &DTensor<'_, M, O>,
+        lse: &DTensor<'_, M, L>,
+        dout: &DTensor<'_, M, DO>,
+    ) -> Result<(), CollectiveError> {
+        check_local(op, "out", out, &self.out)?;
+        check_local(op, "lse", lse, &self.lse)?;
+        check_local(op, "dout", dout, &self.out)
     }
 }
 

@@ -8,7 +8,7 @@ use tessera_collectives::{
 };
 use tessera_dsl::DType;
 use tessera_hlo::{FuncBuilder, Value};
-use tessera_splash::{SeqOffsets, ShardedSplash, Stage, Tensor};
+use tessera_splash::{SeqOffsets, ShardedSplash, SplashError, Stage, Tensor};
 
 use super::super::{
     chunk_of, lower_plan, lse_from_kernel, lse_to_kernel, part_start, seq_concat, seq_part,
@@ -157,6 +157,19 @@ impl<A: MeshAxis> RingAttention<A> {
         })
     }
 
+    /// The plans of step `t`, `[q_part][kv_part]`, made by `plan` from each pair's kernels.
+    fn plans(
+        &self,
+        t: usize,
+        plan: impl Fn(&ShardedSplash) -> Result<Vec<Stage>, SplashError>,
+    ) -> Result<Vec<Vec<Vec<Stage>>>, CollectiveError> {
+        self.step(t)?
+            .iter()
+            .map(|row| row.iter().map(&plan).collect::<Result<Vec<_>, _>>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(local_error)
+    }
+
     /// Adds the query and key segment ids of the pair `(q_part, kv_part)` at step `t` (the
     /// segment ids at input `at`, whole and in natural order).
     #[allow(clippy::too_many_arguments)] // a builder, an environment and the pair's position
@@ -203,20 +216,8 @@ impl<A: MeshAxis> RingAttention<A> {
         K: KeyShard<A, Batch = B, Heads = H>,
         V: KeyShard<A, Batch = B, Heads = H>,
     {
-        let s = &self.shapes;
-        check_local(OP, "q", q, &s.q)?;
-        check_local(OP, "k", k, &s.k)?;
-        check_local(OP, "v", v, &s.v)?;
-        let segmented = segment_ids.is_some();
-        let plans = self
-            .step(t)?
-            .iter()
-            .map(|row| {
-                row.iter()
-                    .map(|s| s.forward_plan(features(segmented)).map_err(local_error))
-                    .collect::<Result<Vec<_>, _>>()
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        self.shapes.check_qkv(OP, q, k, v)?;
+        let plans = self.plans(t, |s| s.forward_plan(features(segment_ids.is_some())))?;
         let parts = self.parts();
         let mut inputs = Inputs::new(&[q, k, v, shard]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));
@@ -277,11 +278,8 @@ impl<A: MeshAxis> RingAttention<A> {
         L: QueryShard<A, Batch = B, Heads = H>,
         DO: QueryShard<A, Batch = B, Heads = H>,
     {
-        let s = &self.shapes;
-        check_local(OP, "q", q, &s.q)?;
-        check_local(OP, "out", out, &s.out)?;
-        check_local(OP, "lse", lse, &s.lse)?;
-        check_local(OP, "dout", dout, &s.out)?;
+        check_local(OP, "q", q, &self.shapes.q)?;
+        self.shapes.check_residuals(OP, out, lse, dout)?;
         // The first stage of every backward plan is the same preprocessing.
         let mut prep = self.step(0)?[0][0]
             .backward_plan(features(false))
@@ -329,23 +327,12 @@ impl<A: MeshAxis> RingAttention<A> {
         K: KeyShard<A, Batch = B, Heads = H>,
         V: KeyShard<A, Batch = B, Heads = H>,
     {
-        check_local(OP, "k", k, &self.shapes.k)?;
-        check_local(OP, "v", v, &self.shapes.v)?;
-        let segmented = segment_ids.is_some();
-        let plans = self
-            .step(t)?
-            .iter()
-            .map(|row| {
-                row.iter()
-                    .map(|s| {
-                        let mut stages = s.backward_plan(features(segmented))?;
-                        // After the preprocessing (`backward_residuals`).
-                        Ok(stages.split_off(1))
-                    })
-                    .collect::<Result<Vec<Vec<Stage>>, _>>()
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(local_error)?;
+        self.shapes.check_kv(OP, k, v)?;
+        let plans = self.plans(t, |s| {
+            let mut stages = s.backward_plan(features(segment_ids.is_some()))?;
+            // After the preprocessing (`backward_residuals`).
+            Ok(stages.split_off(1))
+        })?;
         let parts = self.parts();
         let r = residuals;
         let mut inputs = Inputs::new(&[&r.q, &r.dout, &r.lse, &r.di, k, v, shard]);

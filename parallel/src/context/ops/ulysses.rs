@@ -10,8 +10,8 @@ use tessera_splash::{SeqOffsets, ShardedSplash, Tensor};
 
 use super::super::{backward_env, lower_plan, lse_from_kernel, ContextParallel, CpError, Strategy};
 use super::{
-    add_segments, check_local, expect_strategy, features, local_error, ByHeads, ByHeadsRows,
-    Inputs, LocalShapes, UlyssesOperand, WholeSegmentIds,
+    add_segments, expect_strategy, features, local_error, ByHeads, ByHeadsRows, Inputs,
+    LocalShapes, UlyssesOperand, WholeSegmentIds,
 };
 
 const OP: &str = "Ulysses attention";
@@ -75,10 +75,7 @@ impl<A: MeshAxis> UlyssesAttention<A> {
         K: UlyssesOperand<A, Batch = B>,
         V: UlyssesOperand<A, Batch = B>,
     {
-        let s = &self.shapes;
-        check_local(OP, "q", q, &s.q)?;
-        check_local(OP, "k", k, &s.k)?;
-        check_local(OP, "v", v, &s.v)?;
+        self.shapes.check_qkv(OP, q, k, v)?;
         let segmented = segment_ids.is_some();
         let plan = self
             .splash
@@ -122,13 +119,8 @@ impl<A: MeshAxis> UlyssesAttention<A> {
         L: UlyssesOperand<A, Batch = B>,
         DO: UlyssesOperand<A, Batch = B>,
     {
-        let s = &self.shapes;
-        check_local(OP, "q", q, &s.q)?;
-        check_local(OP, "k", k, &s.k)?;
-        check_local(OP, "v", v, &s.v)?;
-        check_local(OP, "out", out, &s.out)?;
-        check_local(OP, "lse", lse, &s.lse)?;
-        check_local(OP, "dout", dout, &s.out)?;
+        self.shapes.check_qkv(OP, q, k, v)?;
+        self.shapes.check_residuals(OP, out, lse, dout)?;
         let segmented = segment_ids.is_some();
         let plan = self
             .splash
