@@ -23,6 +23,7 @@
 //! each device's block tables by its mesh coordinate. They run on the PJRT CPU plugin.
 
 mod all_gather;
+pub mod ops;
 mod ring;
 mod ulysses;
 mod usp;
@@ -39,7 +40,7 @@ use tessera_dsl::{DType, HostArray, TargetRules};
 use tessera_hlo::{FuncBuilder, Value};
 use tessera_runtime::{Client, HostBuffer};
 use tessera_splash::{
-    BlockSizes, Dims, Features, Inputs, Mask, SegmentIds, SeqOffsets, ShardedSplash, SplashError,
+    BlockSizes, Dims, Inputs, Mask, SegmentIds, SeqOffsets, ShardedSplash, SplashError,
     SplashOptions, Stage, Tensor,
 };
 
@@ -700,10 +701,10 @@ impl ContextParallel {
         let calls: Vec<Vec<SeqOffsets>> = match self.strategy {
             Strategy::Ulysses => vec![vec![SeqOffsets::default()]],
             Strategy::AllGather => (0..self.parts())
-                .map(|h| all_gather::offsets(self, h))
+                .map(|h| ops::all_gather_offsets(self, h))
                 .collect(),
-            Strategy::Ring => ring::all_offsets(self, self.devices),
-            Strategy::Usp { ring, .. } => ring::all_offsets(self, ring),
+            Strategy::Ring => ops::ring_offsets(self, self.devices),
+            Strategy::Usp { ring, .. } => ops::ring_offsets(self, ring),
         };
         let mut per_shard = vec![0; calls[0].len()];
         for offsets in &calls {
@@ -858,8 +859,8 @@ fn lower_plan(
         .map_err(|e| CollectiveError::local(e.to_string()))
 }
 
-/// The sequence-sharded arguments of a backward program on the context mesh, declared in the
-/// order every strategy takes them: `q, k, v, out, lse, dout`.
+/// The sequence-sharded arguments of a backward program on the context mesh, in the order
+/// every strategy takes them: `q, k, v, out, lse, dout`.
 struct BackwardArgs<'p> {
     q: DTensor<'p, ContextMesh, SeqSharded>,
     k: DTensor<'p, ContextMesh, SeqSharded>,
@@ -870,10 +871,7 @@ struct BackwardArgs<'p> {
 }
 
 impl<'p> BackwardArgs<'p> {
-    fn declare(
-        cp: &ContextParallel,
-        p: &'p Spmd<'_, ContextMesh>,
-    ) -> Result<Self, CollectiveError> {
+    fn new(cp: &ContextParallel, p: &'p Spmd<'_, ContextMesh>) -> Result<Self, CollectiveError> {
         let g = cp.global_dims();
         Ok(BackwardArgs {
             q: p.arg(g.q, cp.dtype)?,
@@ -905,17 +903,17 @@ fn backward_env(
 /// The whole `[B, S]` segment ids, in natural order, on every device of a context mesh
 /// (every strategy all-gathers them: 4 bytes a token, against K/V's `2 D` elements per KV
 /// head).
-fn gather_segments(
+fn gather_segments<'p>(
     cp: &ContextParallel,
-    p: &Spmd<'_, ContextMesh>,
-) -> Result<Value, CollectiveError> {
+    p: &'p Spmd<'_, ContextMesh>,
+) -> Result<DTensor<'p, ContextMesh, ops::WholeSegmentIds<Replicated>>, CollectiveError> {
     let seg = p.arg::<(Replicated, Split<Context>)>(cp.global_dims().seq, DType::I32)?;
-    let full = seg.all_gather::<Context, 1>()?.value();
+    let full = seg.all_gather::<Context, 1>()?;
     if !cp.load_balance {
         return Ok(full);
     }
     // Gathered in zigzag order; the kernels' positions are natural.
-    p.with_builder(|f| reorder_chunks(f, full, 1, &zigzag_inverse(cp.devices)))
+    full.map_local(|f, x| reorder_chunks(f, x, 1, &zigzag_inverse(cp.devices)))
 }
 
 /// Whole `[B, S]` segment ids in a program, sliced per device and step.
@@ -1052,14 +1050,6 @@ fn zigzag_inverse(devices: usize) -> Vec<usize> {
         inverse[chunk] = slot;
     }
     inverse
-}
-
-/// The splash features of a call.
-fn features(segmented: bool) -> Features {
-    Features {
-        segmented,
-        sinks: false,
-    }
 }
 
 /// `lse [B, H, S]` as the kernels' `[B, H, S, 1]`.
