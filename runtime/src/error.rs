@@ -363,6 +363,18 @@ pub enum Error {
         actual_device: usize,
     },
 
+    /// An argument of `execute_donating` is donated on some devices and lent on others.
+    #[error(
+        "argument {argument} is donated on some devices but lent in list {list}; donate an \
+         argument on every device or on none"
+    )]
+    DonationMismatch {
+        /// Argument index within the lists.
+        argument: usize,
+        /// A list where it differs from list 0.
+        list: usize,
+    },
+
     /// A buffer or executable was used with a client that did not create it.
     #[error("{what} belongs to a different PJRT client")]
     ForeignObject {

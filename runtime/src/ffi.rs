@@ -791,6 +791,26 @@ pjrt_structs! {
         pub num_descriptions: usize,
     }
 
+    // --- Device residency (train): buffer state after donation ---------------------------
+
+    /// `struct PJRT_Buffer_IsDeleted_Args`.
+    pub struct PJRT_Buffer_IsDeleted_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub buffer: *mut PJRT_Buffer,
+        pub is_deleted: bool,
+    }
+
+    /// `struct PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args`.
+    pub struct PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub buffer: *mut PJRT_Buffer,
+        pub device_memory_ptr: *mut c_void,
+    }
+
+    // --- end device residency ------------------------------------------------------------
+
     /// `struct PJRT_Compile_Args`.
     pub struct PJRT_Compile_Args {
         pub struct_size: usize,
@@ -879,7 +899,7 @@ pjrt_structs! {
         pub PJRT_Buffer_Device: Unbound,
         pub PJRT_Buffer_Memory: Unbound,
         pub PJRT_Buffer_Delete: Unbound,
-        pub PJRT_Buffer_IsDeleted: Unbound,
+        pub PJRT_Buffer_IsDeleted: PjrtFn<PJRT_Buffer_IsDeleted_Args>,
         pub PJRT_Buffer_CopyToDevice: Unbound,
         pub PJRT_Buffer_ToHostBuffer: PjrtFn<PJRT_Buffer_ToHostBuffer_Args>,
         pub PJRT_Buffer_IsOnCpu: Unbound,
@@ -887,7 +907,8 @@ pjrt_structs! {
         pub PJRT_Buffer_UnsafePointer: Unbound,
         pub PJRT_Buffer_IncreaseExternalReferenceCount: Unbound,
         pub PJRT_Buffer_DecreaseExternalReferenceCount: Unbound,
-        pub PJRT_Buffer_OpaqueDeviceMemoryDataPointer: Unbound,
+        pub PJRT_Buffer_OpaqueDeviceMemoryDataPointer:
+            PjrtFn<PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args>,
         pub PJRT_CopyToDeviceStream_Destroy: Unbound,
         pub PJRT_CopyToDeviceStream_AddChunk: Unbound,
         pub PJRT_CopyToDeviceStream_TotalBytes: Unbound,

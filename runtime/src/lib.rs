@@ -55,7 +55,7 @@ mod plugin;
 #[allow(unsafe_code)]
 mod topology;
 
-pub use client::{Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_COUNT_OPTION};
+pub use client::{Argument, Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_COUNT_OPTION};
 pub use element::{ElementType, HostBuffer, NativeType};
 pub use error::{Error, ErrorCode, Result};
 pub use options::{CompileOptions, DeviceAssignment};
