@@ -39,6 +39,18 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
             "tessera-runtime",
         ],
     ),
+    (
+        "tessera-train",
+        "train",
+        &[
+            "tessera-array",
+            "tessera-hlo",
+            "tessera-splash",
+            "tessera-collectives",
+            "tessera-parallel",
+            "tessera-runtime",
+        ],
+    ),
 ];
 
 fn manifest(dir: &str) -> toml::Table {

@@ -23,6 +23,7 @@
 //! each device's block tables by its mesh coordinate. They run on the PJRT CPU plugin.
 
 mod all_gather;
+pub mod layer;
 pub mod ops;
 mod ring;
 mod ulysses;
