@@ -349,7 +349,11 @@ impl MeshArgument<'_> {
 
 impl<M: MeshShape> Executable<M> {
     /// Copies the global array of input `input` to the devices, each its shard.
-    pub fn upload(&self, input: usize, global: &HostBuffer) -> Result<DeviceArray, CollectiveError> {
+    pub fn upload(
+        &self,
+        input: usize,
+        global: &HostBuffer,
+    ) -> Result<DeviceArray, CollectiveError> {
         let info = self.signature.inputs.get(input).ok_or_else(|| {
             CollectiveError::operand(
                 "upload",
@@ -382,7 +386,11 @@ impl<M: MeshShape> Executable<M> {
 
     /// Copies output `output` (as returned by [`Executable::run_on_devices`]) to the host and
     /// assembles the global array (checking that replicas agree).
-    pub fn download(&self, output: usize, array: &DeviceArray) -> Result<HostBuffer, CollectiveError> {
+    pub fn download(
+        &self,
+        output: usize,
+        array: &DeviceArray,
+    ) -> Result<HostBuffer, CollectiveError> {
         let info = self.signature.outputs.get(output).ok_or_else(|| {
             CollectiveError::operand(
                 "download",
@@ -455,7 +463,9 @@ impl<M: MeshShape> Executable<M> {
         }
         let per_device = self.exe.execute_donating(lists)?;
         let mut outputs: Vec<DeviceArray> = (0..self.signature.outputs.len())
-            .map(|_| DeviceArray { shards: Vec::with_capacity(n) })
+            .map(|_| DeviceArray {
+                shards: Vec::with_capacity(n),
+            })
             .collect();
         for list in per_device {
             for (o, b) in list.into_iter().enumerate() {

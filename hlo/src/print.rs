@@ -117,9 +117,9 @@ impl<'a> FuncPrinter<'a> {
                 "{name}: {}{}",
                 self.ty(a),
                 arg_attrs(
-                    f.arg_shardings[i].as_ref().map(|s| {
-                        format!("mhlo.sharding = {}", quote(s.as_str()))
-                    }),
+                    f.arg_shardings[i]
+                        .as_ref()
+                        .map(|s| { format!("mhlo.sharding = {}", quote(s.as_str())) }),
                     self.alias_of(i)
                 )
             );

@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::ffi::c_char;
 use std::fmt;
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use crate::element::{byte_size, ElementType, HostBuffer, NativeType};
@@ -552,6 +553,18 @@ impl Buffer {
     }
 }
 
+/// A launch id for every execution of the process (positive, wrapping). The CPU plugin keys
+/// the rendezvous of a program's collectives by it; left at 0, every execution shares run id
+/// 0, and consecutive train steps on 4 devices measured rare wrong results (one step's loss
+/// off by 6e-4 to 1e-2 in about 1 of 100 steps, never with distinct ids in the same runs).
+fn next_launch_id() -> i32 {
+    static NEXT: AtomicI32 = AtomicI32::new(1);
+    NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+        Some(if n == i32::MAX { 1 } else { n + 1 })
+    })
+    .unwrap_or(1)
+}
+
 /// An argument of [`LoadedExecutable::execute_donating`].
 #[derive(Debug)]
 pub enum Argument<'b> {
@@ -726,7 +739,10 @@ impl LoadedExecutable {
     /// a donated argument that the program aliases to an output is consumed (the plugin marks
     /// it deleted) and the output lives at the same device address; a donated argument the
     /// program does not alias is left alone by the plugin and freed here.
-    pub fn execute_donating(&self, argument_lists: Vec<Vec<Argument<'_>>>) -> Result<Vec<Vec<Buffer>>> {
+    pub fn execute_donating(
+        &self,
+        argument_lists: Vec<Vec<Argument<'_>>>,
+    ) -> Result<Vec<Vec<Buffer>>> {
         let num_args = argument_lists.first().map_or(0, Vec::len);
         let mut donated = vec![false; num_args];
         if let Some(first) = argument_lists.first() {
@@ -754,7 +770,11 @@ impl LoadedExecutable {
         outputs
     }
 
-    fn execute_raw(&self, argument_lists: &[&[&Buffer]], donated: &[bool]) -> Result<Vec<Vec<Buffer>>> {
+    fn execute_raw(
+        &self,
+        argument_lists: &[&[&Buffer]],
+        donated: &[bool],
+    ) -> Result<Vec<Vec<Buffer>>> {
         let p = self.client.plugin.inner;
         let num_devices = self.devices.len();
         if argument_lists.len() != num_devices {
@@ -826,6 +846,7 @@ impl LoadedExecutable {
 
         let f = api_fn!(p, PJRT_LoadedExecutable_Execute)?;
         let mut options = ffi::PJRT_ExecuteOptions::init();
+        options.launch_id = next_launch_id();
         options.non_donatable_input_indices = non_donatable.as_ptr();
         options.num_non_donatable_input_indices = non_donatable.len();
         let mut args = ffi::PJRT_LoadedExecutable_Execute_Args::init();

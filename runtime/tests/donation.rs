@@ -102,10 +102,18 @@ fn donation_must_agree_across_devices() {
         ])
         .unwrap_err();
     assert!(
-        matches!(err, Error::DonationMismatch { argument: 0, list: 1 }),
+        matches!(
+            err,
+            Error::DonationMismatch {
+                argument: 0,
+                list: 1
+            }
+        ),
         "{err}"
     );
-    assert!(err.to_string().contains("donate an argument on every device or on none"));
+    assert!(err
+        .to_string()
+        .contains("donate an argument on every device or on none"));
     // Nothing ran: the lent buffers are intact.
     assert_eq!(s1.to_vec::<f32>().unwrap(), vec![1.0; 1024]);
 }

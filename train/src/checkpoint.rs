@@ -42,7 +42,11 @@ fn names(specs: &[ParamSpec]) -> Vec<String> {
 /// a crash leaves the old checkpoint whole).
 pub fn save(path: &Path, specs: &[ParamSpec], ck: &Checkpoint) -> Result<(), TrainError> {
     let names = names(specs);
-    let shapes = specs.iter().chain(specs).chain(specs).map(|s| s.shape.clone());
+    let shapes = specs
+        .iter()
+        .chain(specs)
+        .chain(specs)
+        .map(|s| s.shape.clone());
     let bytes: Vec<Vec<u8>> = ck
         .tensors
         .iter()
@@ -64,7 +68,8 @@ pub fn save(path: &Path, specs: &[ParamSpec], ck: &Checkpoint) -> Result<(), Tra
         ("seed".to_string(), ck.seed.to_string()),
         ("model".to_string(), ck.model.clone()),
     ]);
-    let data = safetensors::serialize(views, Some(metadata)).map_err(|e| err(path, e.to_string()))?;
+    let data =
+        safetensors::serialize(views, Some(metadata)).map_err(|e| err(path, e.to_string()))?;
     let tmp = path.with_extension("safetensors.tmp");
     std::fs::write(&tmp, data).map_err(|e| err(path, format!("cannot write: {e}")))?;
     std::fs::rename(&tmp, path).map_err(|e| err(path, format!("cannot write: {e}")))
@@ -83,7 +88,10 @@ pub fn load(
         .map_err(|e| err(path, format!("not a safetensors file ({e})")))?;
     let meta = meta.metadata().clone().unwrap_or_default();
     if meta.get("format").map(String::as_str) != Some("tessera-train") {
-        return Err(err(path, "not a tessera-train checkpoint (no format metadata)"));
+        return Err(err(
+            path,
+            "not a tessera-train checkpoint (no format metadata)",
+        ));
     }
     let get = |key: &str| {
         meta.get(key)

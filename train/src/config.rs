@@ -219,6 +219,28 @@ impl TrainConfig {
         }
     }
 
+    /// Sets the four splash blocks to the largest power of two up to 512 (MaxText's default
+    /// block) that divides what each attention call holds: the local queries for the `q`
+    /// blocks, the local keys for the `kv` blocks.
+    pub fn with_default_blocks(mut self) -> Self {
+        let cp = self.ici_context_parallelism.max(1);
+        let (q, kv) = self
+            .strategy
+            .local_lengths(self.max_target_length, cp, self.load_balance);
+        let block = |len: usize| {
+            (0..=9)
+                .rev()
+                .map(|e| 1usize << e)
+                .find(|b| len % b == 0)
+                .unwrap_or(1)
+        };
+        self.sa_block_q = block(q);
+        self.sa_block_q_dkv = block(q);
+        self.sa_block_kv = block(kv);
+        self.sa_block_kv_dkv = block(kv);
+        self
+    }
+
     /// All devices: data x context.
     pub fn devices(&self) -> usize {
         self.ici_data_parallelism * self.ici_context_parallelism

@@ -48,7 +48,10 @@ impl SyntheticData {
             let mut t = rng.u32(0..self.vocab as u32);
             for _ in 0..seq {
                 let draw = rng.u32(0..8);
-                let pick = CUMULATIVE_EIGHTHS.iter().position(|&c| draw < c).unwrap_or(3);
+                let pick = CUMULATIVE_EIGHTHS
+                    .iter()
+                    .position(|&c| draw < c)
+                    .unwrap_or(3);
                 let next = self.successors[t as usize][pick];
                 tokens.push(t as i32);
                 targets.push(next as i32);

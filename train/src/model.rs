@@ -16,7 +16,7 @@
 //! 3. **Reduce.** One all-reduce over all devices sums every parameter's gradient and the
 //!    loss (each device contributed its tokens).
 //! 4. **Update.** Global-norm clipping and AdamW, identical on every device, so parameters
-//!    and moments stay replicated; they are outputs aliased to their inputs (donated).
+//!    and moments stay replicated on the devices from step to step (donated to the next).
 
 use tessera_collectives::{CollectiveError, Invariant, Program, Replicated, Spmd};
 use tessera_hlo::{
@@ -116,7 +116,7 @@ pub enum StepKind {
     Train,
     /// The forward alone: the loss.
     Forward,
-    /// Forward and backward with the all-reduce: the loss and the gradients, no update.
+    /// Forward and backward with the all-reduce: the loss and the gradient norm, no update.
     Gradients,
 }
 
@@ -133,7 +133,7 @@ pub fn build_program(
     let mesh = layer.mesh()?;
     let devices = mesh.num_devices();
     let m = cfg.model;
-    let mut program = Program::build(
+    let program = Program::build(
         match kind {
             StepKind::Train => "train_step",
             StepKind::Forward => "forward",
@@ -175,18 +175,18 @@ pub fn build_program(
                 return scalar_output(p, loss);
             }
             let grads = model.backward(p, &fwd)?;
-            let (loss, grads) = p.with_builder(|f| reduce_gradients(f, &grads, fwd.loss_sum, cfg))?;
+            let (loss, grads) =
+                p.with_builder(|f| reduce_gradients(f, &grads, fwd.loss_sum, cfg))?;
             if kind == StepKind::Gradients {
+                // The global norm depends on every gradient, so nothing is pruned, and the
+                // program writes no more than the full step does.
+                let norm = p.with_builder(|f| global_norm(f, &grads))?;
                 scalar_output(p, loss)?;
-                for (g, s) in grads.iter().zip(&specs) {
-                    replicated_output(p, *g, s.shape.len())?;
-                }
-                return Ok(());
+                return scalar_output(p, norm);
             }
             let hyper = hyper.expect("a train step has its scalars");
-            let (norm, new) = p.with_builder(|f| {
-                adamw(f, cfg, &specs, &params, &moments, &grads, hyper)
-            })?;
+            let (norm, new) =
+                p.with_builder(|f| adamw(f, cfg, &specs, &params, &moments, &grads, hyper))?;
             for (v, i) in new.iter().zip((0..n).cycle()) {
                 replicated_output(p, *v, specs[i].shape.len())?;
             }
@@ -194,11 +194,11 @@ pub fn build_program(
             scalar_output(p, norm)
         },
     )?;
-    if kind == StepKind::Train {
-        for i in 0..3 * n {
-            program.donate(i, i)?;
-        }
-    }
+    // The state is donated to every step but not aliased to its outputs: with
+    // `tf.aliasing_output` on them, consecutive steps on the XLA CPU plugin (xla-cpu-pjrt
+    // 0.0.1) were not reproducible (the second step's loss varied by up to 1e-2 from run to
+    // run), while the same program without the aliases is bit-identical run to run. The
+    // donated buffers are freed as the step ends, so the state is held once between steps.
     Ok(program)
 }
 
@@ -325,7 +325,11 @@ impl<'a> Model<'a> {
         self.b * self.s
     }
 
-    fn forward(&self, p: &Spmd<'_, ModelMesh>, ids: [Value; 3]) -> Result<Forward, CollectiveError> {
+    fn forward(
+        &self,
+        p: &Spmd<'_, ModelMesh>,
+        ids: [Value; 3],
+    ) -> Result<Forward, CollectiveError> {
         let m = self.m;
         let n = self.rows();
         let (onehot, target_onehot, cos, sin, mut x) = p.with_builder(|f| {
@@ -451,9 +455,7 @@ impl<'a> Model<'a> {
                 grads[base + 8] = Some(dw2);
                 Ok((dx1, dout))
             })?;
-            let (dq, dk, dv) = self
-                .layer
-                .backward(p, t.q, t.k, t.v, t.out, t.lse, dout)?;
+            let (dq, dk, dv) = self.layer.backward(p, t.q, t.k, t.v, t.out, t.lse, dout)?;
             dx = p.with_builder(|f| {
                 let (dq, dk) = (from_heads(f, dq)?, from_heads(f, dk)?);
                 let dq = rope_backward(f, dq, m.heads, fwd.cos, fwd.sin)?;
@@ -731,6 +733,22 @@ fn reduce_gradients(
     Ok((loss, out))
 }
 
+/// `sqrt(sum of g^2)` over every gradient.
+fn global_norm(f: &mut FuncBuilder<'_>, grads: &[Value]) -> Result<Value, CollectiveError> {
+    let mut sq = None;
+    for &g in grads {
+        let rank = f.value_type(g)?.rank() as i64;
+        let g2 = f.mul(g, g)?;
+        let s = f.reduce(g2, &(0..rank).collect::<Vec<_>>(), Reducer::Sum)?;
+        sq = Some(match sq {
+            None => s,
+            Some(acc) => f.add(acc, s)?,
+        });
+    }
+    let sq = sq.ok_or_else(|| CollectiveError::local("a model has parameters"))?;
+    Ok(f.sqrt(sq)?)
+}
+
 /// Global-norm clipping and AdamW. `moments` are `mu` then `nu` (one per parameter), `hyper`
 /// is `[lr, 1/(1-b1^t), 1/(1-b2^t)]`. Returns the gradient norm (before clipping) and the new
 /// parameters, `mu` and `nu`, in that order.
@@ -744,19 +762,7 @@ fn adamw(
     hyper: Value,
 ) -> Result<(Value, Vec<Value>), CollectiveError> {
     let n = params.len();
-    let mut sq = None;
-    for &g in grads {
-        let dims = f.value_type(g)?.dims.clone();
-        let all: Vec<i64> = (0..dims.len() as i64).collect();
-        let g2 = f.mul(g, g)?;
-        let s = f.reduce(g2, &all, Reducer::Sum)?;
-        sq = Some(match sq {
-            None => s,
-            Some(acc) => f.add(acc, s)?,
-        });
-    }
-    let sq = sq.ok_or_else(|| CollectiveError::local("a model has parameters"))?;
-    let norm = f.sqrt(sq)?;
+    let norm = global_norm(f, grads)?;
     let scalar = |f: &mut FuncBuilder<'_>, i: i64| -> Result<Value, CollectiveError> {
         let x = f.slice(hyper, &[i], &[i + 1])?;
         Ok(f.reshape(x, &[])?)

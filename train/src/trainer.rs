@@ -122,7 +122,11 @@ impl Trainer {
         Self::with_state(cfg, ck.tensors, ck.step)
     }
 
-    fn with_state(cfg: TrainConfig, tensors: Vec<Vec<f32>>, step: usize) -> Result<Self, TrainError> {
+    fn with_state(
+        cfg: TrainConfig,
+        tensors: Vec<Vec<f32>>,
+        step: usize,
+    ) -> Result<Self, TrainError> {
         cfg.validate()?;
         let layer = attention_layer(&cfg)?;
         let specs = param_specs(&cfg.model);
@@ -140,7 +144,9 @@ impl Trainer {
             .collect::<Result<Vec<_>, TrainError>>()?;
         let order = layer.sequence_order();
         let batch = cfg.global_batch();
-        let positions: Vec<i32> = (0..batch).flat_map(|_| order.iter().map(|&p| p as i32)).collect();
+        let positions: Vec<i32> = (0..batch)
+            .flat_map(|_| order.iter().map(|&p| p as i32))
+            .collect();
         let positions = exe.upload(3 * specs.len() + 3, &token_buffer(&layer, &positions)?)?;
         let data = SyntheticData::new(cfg.seed, cfg.model.vocab);
         Ok(Trainer {
@@ -281,7 +287,11 @@ impl Trainer {
                 .transpose()?;
             let mut best = f64::INFINITY;
             for _ in 0..reps.max(1) + 1 {
-                let state = if with_moments { &self.state[..] } else { params };
+                let state = if with_moments {
+                    &self.state[..]
+                } else {
+                    params
+                };
                 let mut inputs: Vec<MeshArgument<'_>> =
                     state.iter().map(MeshArgument::Lent).collect();
                 inputs.extend(hyper.as_ref().map(MeshArgument::Lent));
@@ -292,7 +302,10 @@ impl Trainer {
                 ]);
                 let start = Instant::now();
                 let out = exe.run_on_devices(inputs)?;
-                let _ = out.last().map(|o| exe.download(out.len() - 1, o)).transpose()?;
+                let _ = out
+                    .last()
+                    .map(|o| exe.download(out.len() - 1, o))
+                    .transpose()?;
                 best = best.min(start.elapsed().as_secs_f64());
             }
             Ok(best)
@@ -339,7 +352,12 @@ impl Trainer {
                 }
                 let g = f.broadcast_in_dim(x.value(), &[grad_elements], &[])?;
                 let group: Vec<i64> = (0..devices as i64).collect();
-                let g = f.all_reduce(g, Reducer::Sum, &[group], tessera_hlo::Grouping::FlattenedIds)?;
+                let g = f.all_reduce(
+                    g,
+                    Reducer::Sum,
+                    &[group],
+                    tessera_hlo::Grouping::FlattenedIds,
+                )?;
                 let s = f.reduce(g, &[0], Reducer::Sum)?;
                 Ok(f.add(total, s)?)
             })?;

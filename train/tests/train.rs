@@ -30,6 +30,13 @@ fn micro() -> TrainConfig {
     cfg
 }
 
+/// The tests that train run one at a time: each already uses every core (4 devices).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 fn run(cfg: TrainConfig, steps: usize) -> Vec<StepMetrics> {
     let mut t = Trainer::new(cfg).unwrap();
     (0..steps).map(|_| t.train_step().unwrap()).collect()
@@ -41,6 +48,7 @@ fn losses(m: &[StepMetrics]) -> Vec<f64> {
 
 #[test]
 fn every_strategy_trains_to_the_same_losses_as_all_gather() {
+    let _serial = serial();
     let steps = 5;
     let mut reference = micro();
     reference.strategy = Strategy::AllGather;
@@ -53,7 +61,13 @@ fn every_strategy_trains_to_the_same_losses_as_all_gather() {
     for (name, strategy) in [
         ("ulysses", Strategy::Ulysses),
         ("ring", Strategy::Ring),
-        ("usp:2x2", Strategy::Usp { ulysses: 2, ring: 2 }),
+        (
+            "usp:2x2",
+            Strategy::Usp {
+                ulysses: 2,
+                ring: 2,
+            },
+        ),
     ] {
         let mut cfg = micro();
         cfg.strategy = strategy;
@@ -78,6 +92,7 @@ fn every_strategy_trains_to_the_same_losses_as_all_gather() {
 
 #[test]
 fn a_resumed_run_continues_exactly() {
+    let _serial = serial();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("step3.safetensors");
     let mut cfg = micro();
@@ -93,7 +108,13 @@ fn a_resumed_run_continues_exactly() {
     let rest: Vec<StepMetrics> = (0..3).map(|_| resumed.train_step().unwrap()).collect();
     for (a, b) in rest.iter().zip(&uninterrupted[3..]) {
         assert_eq!(a.step, b.step);
-        assert!((a.loss - b.loss).abs() <= 1e-5, "step {}: {} vs {}", a.step, a.loss, b.loss);
+        assert!(
+            (a.loss - b.loss).abs() <= 1e-5,
+            "step {}: {} vs {}",
+            a.step,
+            a.loss,
+            b.loss
+        );
     }
     // Another seed would not continue the same data.
     let mut other = cfg;
@@ -102,9 +123,12 @@ fn a_resumed_run_continues_exactly() {
     assert!(err.contains("--seed 3"), "{err}");
 }
 
+/// A change to a valid configuration.
+type Change = Box<dyn Fn(&mut TrainConfig)>;
+
 #[test]
 fn bad_combinations_are_named_before_compiling() {
-    let cases: Vec<(Box<dyn Fn(&mut TrainConfig)>, &str)> = vec![
+    let cases: Vec<(Change, &str)> = vec![
         (
             Box::new(|c| c.ici_context_parallelism = 8),
             "4 query heads (--heads) are not divisible by 8",
@@ -122,7 +146,12 @@ fn bad_combinations_are_named_before_compiling() {
             "--context-parallel-load-balance balances the all_gather and ring strategies",
         ),
         (
-            Box::new(|c| c.strategy = Strategy::Usp { ulysses: 2, ring: 4 }),
+            Box::new(|c| {
+                c.strategy = Strategy::Usp {
+                    ulysses: 2,
+                    ring: 4,
+                }
+            }),
             "--ici-context-parallelism 8",
         ),
         (

@@ -128,7 +128,10 @@ impl AttentionLayer {
     /// The global dims `[B, R, S/R]` of a `[B, S]` token array declared as [`TokenLayout`].
     pub fn token_dims(&self) -> [i64; 3] {
         let [data, _, ring] = self.mesh_sizes();
-        let (b, s) = ((self.cp.dims.batch * data) as i64, self.cp.dims.q_len as i64);
+        let (b, s) = (
+            (self.cp.dims.batch * data) as i64,
+            self.cp.dims.q_len as i64,
+        );
         [b, ring as i64, s / ring as i64]
     }
 
@@ -178,7 +181,10 @@ impl AttentionLayer {
             Kernels::Ring(ring) => {
                 let shard = p.axis_index::<Context>()?;
                 let partial = forward_steps(p, ring, &shard, &q, k, v, None)?;
-                Ok((partial.out.convert(self.cp.dtype)?.value(), partial.lse.value()))
+                Ok((
+                    partial.out.convert(self.cp.dtype)?.value(),
+                    partial.lse.value(),
+                ))
             }
             Kernels::Usp(ring) => {
                 let q = to_chunks(&q, 1)?;
@@ -250,7 +256,8 @@ impl AttentionLayer {
                 let residuals = ring.backward_residuals(p, &q, &out, &lse, &dout)?;
                 let g = backward_steps(p, ring, &shard, &residuals, k, v, None)?;
                 let dtype = self.cp.dtype;
-                [g.dq, g.dk, g.dv].map(|x| x.convert(dtype).map(|x| x.value()))
+                [g.dq, g.dk, g.dv]
+                    .map(|x| x.convert(dtype).map(|x| x.value()))
                     .into_iter()
                     .collect::<Result<Vec<_>, _>>()?
                     .try_into()
