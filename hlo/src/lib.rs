@@ -32,6 +32,7 @@
 
 #![warn(missing_docs)]
 
+pub mod autodiff;
 mod builder;
 mod error;
 mod literal;
