@@ -163,6 +163,33 @@ fn reductions_match_finite_differences() {
 }
 
 #[test]
+fn max_and_min_reductions_credit_a_winning_init_value() {
+    // Rows 0 and 2 stay below the max's init 0.2 (and above the min's init -0.3): the init
+    // wins there; in rows 1 and 3 an element does.
+    let x = HostArray::from_f64(
+        DType::F32,
+        [4, 3],
+        &[
+            -0.1, 0.15, 0.05, 0.9, -0.8, 0.3, 0.1, -0.2, 0.0, -0.6, 0.7, 0.4,
+        ],
+    )
+    .unwrap();
+    check1(
+        "stablehlo.reduce (max, min with inits)",
+        &[x, uniform(&[], 0.2, 0.21, 6), uniform(&[], -0.31, -0.3, 7)],
+        &|f, a| {
+            let mx = f.reduce_with(&[a[0]], &[a[1]], &[1], |b, args| {
+                Ok::<_, HloError>(vec![b.max(args[0], args[1])?])
+            })?;
+            let mn = f.reduce_with(&[a[0]], &[a[2]], &[1], |b, args| {
+                Ok::<_, HloError>(vec![b.min(args[1], args[0])?])
+            })?;
+            Ok(vec![mx[0], mn[0]])
+        },
+    );
+}
+
+#[test]
 fn dot_general_matches_finite_differences() {
     // matmul; batch dims in different places on each side; two contracting dims listed out
     // of order; an outer product (no contraction).
