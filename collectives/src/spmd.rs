@@ -234,12 +234,48 @@ impl<M> dyn Ctx<M> + '_ {
 /// A value the local ops of a program on mesh `M` accept: any [`DTensor`] of that mesh.
 #[diagnostic::on_unimplemented(
     message = "a local op of a program on the mesh `{M}` cannot take `{Self}`",
-    label = "not a tensor of the mesh `{M}`",
+    label = "this is not a tensor of the mesh `{M}`",
     note = "local ops take the `DTensor`s of their own program"
 )]
 pub trait LocalValue<M> {
     /// The per-device value.
     fn local_value(&self) -> Value;
+}
+
+/// The typed results of a local op with several results ([`Spmd::local_results`]): a tuple of
+/// 1 to 4 [`DTensor`]s of one program.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a tuple of tensors of the mesh `{M}`",
+    label = "this is not a tuple of tensors of the program",
+    note = "a local op with several results returns a tuple of 1 to 4 `DTensor`s of its program"
+)]
+pub trait LocalResults<'p, M>: Sized {
+    /// How many results.
+    const COUNT: usize;
+    /// Wraps `values` (one per result), checking each fits its type (rank, axes used once).
+    fn wrap(p: &'p Spmd<'_, M>, values: &[Value]) -> Result<Self, CollectiveError>;
+}
+
+macro_rules! local_results {
+    ($(($($s:ident $v:ident $i:tt),+);)*) => {
+        $(
+            impl<'p, M: MeshShape, $($s: Layout<M>, $v: Variation<M>),+> LocalResults<'p, M>
+                for ($(DTensor<'p, M, $s, $v>,)+)
+            {
+                const COUNT: usize = [$($i),+].len();
+                fn wrap(p: &'p Spmd<'_, M>, values: &[Value]) -> Result<Self, CollectiveError> {
+                    Ok(($(p.declare::<$s, $v>(values[$i])?,)+))
+                }
+            }
+        )*
+    };
+}
+
+local_results! {
+    (S0 V0 0);
+    (S0 V0 0, S1 V1 1);
+    (S0 V0 0, S1 V1 1, S2 V2 2);
+    (S0 V0 0, S1 V1 1, S2 V2 2, S3 V3 3);
 }
 
 /// Builds one SPMD function on the mesh `M`: the function's arguments and results are
@@ -409,8 +445,9 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     }
 
     /// Runs a local (per-device) computation on the values of `inputs` and returns its raw
-    /// results; give them a layout with [`Spmd::declare`]. This is where kernels compose:
-    /// the closure may call `tessera_dsl::stablehlo::lower_into(kernel, f, args)`.
+    /// results; [`Spmd::local_results`] (several results) and [`Spmd::local`] (one) type them
+    /// instead. This is where kernels compose: the closure may call
+    /// `tessera_dsl::stablehlo::lower_into(kernel, f, args)`.
     pub fn local_values(
         &self,
         inputs: &[&dyn LocalValue<M>],
@@ -418,6 +455,29 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     ) -> Result<Vec<Value>, CollectiveError> {
         let args: Vec<Value> = inputs.iter().map(|x| x.local_value()).collect();
         self.ctx().build("local op", |b| f(b, &args))
+    }
+
+    /// A local computation with several results, typed by `R`: a tuple of [`DTensor`]s
+    /// (`(DTensor<'_, M, S1, V1>, DTensor<'_, M, S2, V2>, ..)`, up to 4) whose shardings say
+    /// what each device holds. A typed local op (e.g. a kernel) states `R` in its signature,
+    /// so its callers get typed results. `f` returns one value per result, in order.
+    pub fn local_results<'p, R: LocalResults<'p, M>>(
+        &'p self,
+        inputs: &[&dyn LocalValue<M>],
+        f: impl FnOnce(&mut FuncBuilder<'_>, &[Value]) -> Result<Vec<Value>, CollectiveError>,
+    ) -> Result<R, CollectiveError> {
+        let values = self.local_values(inputs, f)?;
+        if values.len() != R::COUNT {
+            return Err(CollectiveError::operand(
+                "local op",
+                format!(
+                    "the closure returned {} values for {} typed results",
+                    values.len(),
+                    R::COUNT
+                ),
+            ));
+        }
+        R::wrap(self, &values)
     }
 
     /// A local computation with one result, declared to have the layout `S`, `V`.

@@ -558,17 +558,22 @@ pub fn provision_wheel(spec: &WheelSpec) -> Result<ProvisionedPlugin> {
     Provisioner::from_env()?.provision(spec)
 }
 
-/// Path of the CPU plugin library: `TESSERA_PJRT_PLUGIN` if set (it must exist), else the
+/// Path of the CPU plugin library: `TESSERA_PJRT_PLUGIN` if set (it must name a file), else the
 /// library of the provisioned [`cpu_plugin_wheel`] (downloaded on first use).
 pub fn cpu_plugin_path() -> Result<PathBuf> {
     if let Some(path) = env::var_os(PLUGIN_ENV).filter(|v| !v.is_empty()) {
         let path = PathBuf::from(path);
-        if path.is_file() {
-            return Ok(path);
-        }
+        // `metadata` follows symlinks: a link to the library is fine.
+        let problem = match fs::metadata(&path) {
+            Ok(m) if m.is_file() => return Ok(path),
+            Ok(m) if m.is_dir() => "is a directory",
+            Ok(_) => "is not a regular file",
+            Err(_) => "does not exist",
+        };
         return Err(Error::PluginOverrideMissing {
             variable: PLUGIN_ENV,
             path,
+            problem,
         });
     }
     Ok(provision_wheel(&cpu_plugin_wheel()?)?.library)
