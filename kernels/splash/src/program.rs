@@ -1,14 +1,19 @@
 //! Splash attention inside StableHLO programs: lowering a plan's kernel stages into a
 //! function being built ([`lower_stages`], and [`lower_stages_on_shard`] inside an SPMD
-//! program), a whole attention as one program ([`splash_program`]), and the dense-attention
-//! baseline an XLA user writes without a kernel ([`dense_program`]).
+//! program), a forward that autodiff differentiates through the backward kernels
+//! ([`lower_forward_on_shard`]), a whole attention as one program ([`splash_program`]), and
+//! the dense-attention baseline an XLA user writes without a kernel ([`dense_program`]).
 //!
 //! This module builds programs; it never runs them (splash does not depend on the runtime).
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use tessera_dsl::{ArgSpec, DType, HostArray, TargetRules};
-use tessera_hlo::{self as hlo, ComparisonDirection, DotDims, FuncBuilder, Module, Reducer};
+use tessera_hlo::autodiff::{VjpCall, VjpRule};
+use tessera_hlo::{
+    self as hlo, ComparisonDirection, DotDims, FuncBuilder, HloError, Module, Reducer,
+};
 
 use crate::attention::{Dims, Features, SplashAttention, Stage, StageArg, Tensor};
 use crate::error::SplashError;
@@ -73,6 +78,130 @@ pub fn lower_stages_on_shard(
     Ok(())
 }
 
+/// Lowers a forward plan (`Q, K, V -> Out, Lse`) into `f` like [`lower_stages_on_shard`], as
+/// one custom-VJP unit ([`FuncBuilder::custom_vjp`]) whose backward lowers `backward`, the
+/// same attention's [`backward_plan`](crate::SplashAttention::backward_plan): reverse-mode
+/// autodiff of a program holding the attention runs the kernel author's backward kernels,
+/// never the forward kernel's loop. The unit's inputs are `Q`, `K`, `V` (their cotangents
+/// `Dq`, `Dk`, `Dv`); the other tensors in `env` (segment ids, sinks) are not differentiated.
+/// A cotangent of `Lse` (ring attention's merge has one) enters the backward kernels as
+/// `Di - dLse`: `d lse / d logits` is the softmax, so it adds `p dLse` to `ds = p (dp - Di)`.
+pub fn lower_forward_on_shard(
+    f: &mut FuncBuilder<'_>,
+    forward: &[Stage],
+    backward: Vec<Stage>,
+    rules: &TargetRules,
+    env: &mut HashMap<Tensor, hlo::Value>,
+    shard: Option<hlo::Value>,
+) -> Result<()> {
+    let mut inputs = Vec::with_capacity(3);
+    for t in DIFFERENTIATED {
+        inputs.push(*env.get(&t).ok_or_else(|| {
+            SplashError::Backend(format!("the splash forward needs {t:?} in its environment"))
+        })?);
+    }
+    if !backward
+        .first()
+        .is_some_and(|s| s.outputs.contains(&Tensor::Di))
+    {
+        return Err(SplashError::Backend(
+            "the backward plan must start with the preprocessing stage computing Di".into(),
+        ));
+    }
+    let context: HashMap<Tensor, hlo::Value> = env
+        .iter()
+        .filter(|(t, _)| !DIFFERENTIATED.contains(t))
+        .map(|(&t, &v)| (t, v))
+        .collect();
+    let rule = Rc::new(SplashVjp {
+        backward,
+        rules: rules.clone(),
+        context: context.clone(),
+        shard,
+    });
+    let outs = f.custom_vjp(rule, &inputs, |f, x| {
+        let mut env = context.clone();
+        env.extend(DIFFERENTIATED.into_iter().zip(x.iter().copied()));
+        lower_stages_on_shard(f, forward, rules, &mut env, shard)?;
+        let out = |t: Tensor| {
+            env.get(&t).copied().ok_or_else(|| {
+                SplashError::Backend(format!("the splash forward plan produced no {t:?}"))
+            })
+        };
+        Ok::<_, SplashError>(vec![out(Tensor::Out)?, out(Tensor::Lse)?])
+    })?;
+    env.insert(Tensor::Out, outs[0]);
+    env.insert(Tensor::Lse, outs[1]);
+    Ok(())
+}
+
+/// The tensors a splash forward unit differentiates.
+const DIFFERENTIATED: [Tensor; 3] = [Tensor::Q, Tensor::K, Tensor::V];
+
+/// The VJP of a splash forward: its backward plan on the unit's inputs and outputs.
+#[derive(Debug)]
+struct SplashVjp {
+    backward: Vec<Stage>,
+    rules: TargetRules,
+    /// The forward's other tensors (segment ids, sinks).
+    context: HashMap<Tensor, hlo::Value>,
+    shard: Option<hlo::Value>,
+}
+
+impl VjpRule for SplashVjp {
+    fn name(&self) -> &str {
+        "splash attention"
+    }
+
+    fn vjp(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        call: &VjpCall<'_>,
+    ) -> Result<Vec<Option<hlo::Value>>, HloError> {
+        let failed = |e: SplashError| HloError::Autodiff {
+            op: "custom_vjp".into(),
+            reason: format!("`splash attention`: lowering its backward: {e}"),
+        };
+        let mut env = self.context.clone();
+        env.extend(DIFFERENTIATED.into_iter().zip(call.inputs.iter().copied()));
+        env.insert(Tensor::Out, call.outputs[0]);
+        env.insert(Tensor::Lse, call.outputs[1]);
+        let dout = match call.cotangents[0] {
+            Some(d) => d,
+            None => {
+                let t = f.value_type(call.outputs[0])?.clone();
+                f.splat(0.0, t)?
+            }
+        };
+        env.insert(Tensor::DOut, dout);
+        let (prep, kernels) = self.backward.split_at(1);
+        lower_stages_on_shard(f, prep, &self.rules, &mut env, self.shard).map_err(failed)?;
+        if let Some(dlse) = call.cotangents[1] {
+            let di = env[&Tensor::Di];
+            env.insert(Tensor::Di, f.sub(di, dlse)?);
+        }
+        lower_stages_on_shard(f, kernels, &self.rules, &mut env, self.shard).map_err(failed)?;
+        let mut grads = Vec::with_capacity(3);
+        for (t, &x) in [Tensor::Dq, Tensor::Dk, Tensor::Dv]
+            .into_iter()
+            .zip(call.inputs)
+        {
+            let g = *env.get(&t).ok_or_else(|| {
+                failed(SplashError::Backend(format!(
+                    "the backward plan produced no {t:?}"
+                )))
+            })?;
+            let want = f.value_type(x)?.dtype;
+            grads.push(Some(if f.value_type(g)?.dtype == want {
+                g
+            } else {
+                f.convert(g, want)?
+            }));
+        }
+        Ok(grads)
+    }
+}
+
 /// Every shard's array stacked into one constant `[shards, ...]`, and this shard's sliced out.
 fn shard_constant(
     f: &mut FuncBuilder<'_>,
@@ -109,7 +238,9 @@ fn tensor_type(dtype: DType, shape: &[usize]) -> hlo::TensorType {
     hlo::TensorType::new(shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), dtype)
 }
 
-/// Splash attention (no segment ids or sinks) as one StableHLO program over its kernels.
+/// Splash attention (no segment ids or sinks) as one StableHLO program over its kernels. The
+/// forward-backward pass differentiates the forward with reverse-mode autodiff, which runs
+/// the backward kernels ([`lower_forward_on_shard`]).
 pub fn splash_program(attn: &SplashAttention, pass: Pass) -> Result<Module> {
     let d = attn.dims();
     let mut m = Module::new("splash_attention");
@@ -126,17 +257,23 @@ pub fn splash_program(attn: &SplashAttention, pass: Pass) -> Result<Module> {
     ))?;
     let mut env = HashMap::from([(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)]);
     let feats = Features::default();
-    lower_stages(&mut f, &attn.forward_plan(feats), attn.rules(), &mut env)?;
+    lower_forward_on_shard(
+        &mut f,
+        &attn.forward_plan(feats),
+        attn.backward_plan(feats),
+        attn.rules(),
+        &mut env,
+        None,
+    )?;
     let lse = f.reshape(
         env[&Tensor::Lse],
         &[d.batch as i64, d.heads as i64, d.q_len as i64],
     )?;
     let mut results = vec![env[&Tensor::Out], lse];
     if pass == Pass::ForwardBackward {
+        // The gradient of sum(out * dout): the backward kernels, through autodiff.
         let dout = f.arg(tensor_type(dt, &[d.batch, d.heads, d.q_len, d.head_dim_v]))?;
-        env.insert(Tensor::DOut, dout);
-        lower_stages(&mut f, &attn.backward_plan(feats), attn.rules(), &mut env)?;
-        results.extend([env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]]);
+        results.extend(f.vjp(&[env[&Tensor::Out]], &[dout], &[q, k, v])?);
     }
     f.finish(&results)?;
     Ok(m)
