@@ -5,7 +5,7 @@ mod fd;
 
 use std::rc::Rc;
 
-use fd::{check1, uniform};
+use fd::{check1, compile1, uniform};
 use tessera_hlo::autodiff::{VjpCall, VjpRule};
 use tessera_hlo::{CustomCall, DType, FuncBuilder, HloError, Module, Reducer, TensorType, Value};
 
@@ -316,13 +316,7 @@ fn grad_through_a_reduction_and_matmul_runs() {
     let loss = f.reduce(r2, &[0, 1], Reducer::Sum).unwrap();
     let g = f.grad(loss, &[w]).unwrap();
     f.finish(&[loss, g[0]]).unwrap();
-    let client = tessera_runtime::Client::cpu_shared(1).unwrap();
-    let exe = client
-        .compile(
-            &m.to_mlir(),
-            &tessera_runtime::CompileOptions::single_device(),
-        )
-        .unwrap();
+    let exe = compile1(&m);
     let h = |shape: &[usize], v: &[f64]| {
         tessera_hlo::HostArray::from_f64(DType::F32, shape.to_vec(), v).unwrap()
     };

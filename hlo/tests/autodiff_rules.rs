@@ -3,7 +3,7 @@
 
 mod fd;
 
-use fd::{check1, index, signed, uniform};
+use fd::{check1, compile1, index, signed, uniform};
 use tessera_hlo::{
     BinaryOp, DType, DotDims, FuncBuilder, HloError, HostArray, Reducer, TensorType, UnaryOp, Value,
 };
@@ -363,10 +363,7 @@ fn convert_to_bf16_and_back_passes_the_cotangent_through() {
     // The backward converts the cotangent to bf16 and back: exactly the identity on bf16
     // values.
     assert!(text.contains("stablehlo.convert"), "{text}");
-    let client = tessera_runtime::Client::cpu_shared(1).unwrap();
-    let exe = client
-        .compile(&text, &tessera_runtime::CompileOptions::single_device())
-        .unwrap();
+    let exe = compile1(&m);
     let run = |x: &HostArray, c: &HostArray| {
         let out = exe.execute_arrays(&[vec![x.clone(), c.clone()]]).unwrap();
         (out[0][0].to_f64_vec(), out[0][1].to_f64_vec())
@@ -417,13 +414,7 @@ fn reduce_max_splits_ties_evenly() {
     let bs = sum_all(&mut f, bm).unwrap();
     let gb = f.grad(bs, &[a, b]).unwrap();
     f.finish(&[g[0], gb[0], gb[1]]).unwrap();
-    let client = tessera_runtime::Client::cpu_shared(1).unwrap();
-    let exe = client
-        .compile(
-            &m.to_mlir(),
-            &tessera_runtime::CompileOptions::single_device(),
-        )
-        .unwrap();
+    let exe = compile1(&m);
     let other = HostArray::from_f64(
         DType::F32,
         [3, 4],

@@ -402,6 +402,14 @@ pub fn check(name: &str, inputs: &[Vec<HostArray>], forward: Forward<'_>) -> Mea
     measured
 }
 
+/// Compiles `m` for one CPU device.
+pub fn compile1(m: &Module) -> tessera_runtime::LoadedExecutable {
+    Client::cpu_shared(1)
+        .unwrap()
+        .compile(&m.to_mlir(), &options(1))
+        .unwrap_or_else(|e| panic!("{e}\n{}", m.to_mlir()))
+}
+
 /// [`check`] on one device.
 pub fn check1(name: &str, inputs: &[HostArray], forward: Forward<'_>) -> Measured {
     check(name, &[inputs.to_vec()], forward)
