@@ -206,7 +206,7 @@ fn splash_case(
         TargetRules::tpu(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let x = |seed| HostArray::random(dtype, &[b, h, s, d], seed);
+    let x = |seed| HostArray::random(dtype, [b, h, s, d], seed);
     let (q, k, v, dout) = (x(1), x(2), x(3), x(4));
     let seg = HostArray::i32([b, s], (0..s as i32).map(|i| i / 300).collect()).unwrap();
     let inputs = Inputs {
