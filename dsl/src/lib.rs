@@ -15,6 +15,7 @@ mod error;
 mod instantiate;
 pub mod interpret;
 pub mod ir;
+pub mod mosaic;
 pub mod rules;
 pub mod stablehlo;
 mod trace;
