@@ -32,6 +32,7 @@ mod module;
 mod ops;
 mod print;
 pub mod testing;
+mod tpu;
 mod types;
 
 pub use builder::FuncBuilder;
@@ -44,4 +45,5 @@ pub use ops::{
     Region, Sharding, TypeClass, UnaryOp, Value,
 };
 pub use tessera_array::{DType, HostArray};
+pub use tpu::{CostEstimate, TpuCustomCall, TPU_CUSTOM_CALL};
 pub use types::TensorType;
