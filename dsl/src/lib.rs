@@ -14,6 +14,7 @@ mod error;
 mod instantiate;
 pub mod interpret;
 pub mod ir;
+pub mod mosaic;
 pub mod rules;
 pub mod stablehlo;
 mod trace;

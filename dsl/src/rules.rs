@@ -113,21 +113,7 @@ pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
         }
     }
     if let Some(limit) = rules.vmem_limit_bytes {
-        let mut items: Vec<(String, usize)> = Vec::new();
-        for (i, o) in k.operands.iter().enumerate() {
-            if o.memory != MemorySpace::Vmem {
-                continue;
-            }
-            let elems: usize = o.block_sizes().iter().product();
-            let bytes = elems * o.dtype.size_bytes();
-            // Pipelined blocks are double-buffered; scratch is allocated once.
-            let bytes = if o.role == OperandRole::Scratch {
-                bytes
-            } else {
-                2 * bytes
-            };
-            items.push((k.describe(RefId(i as u32)), bytes));
-        }
+        let mut items = vmem_items(k);
         let total: usize = items.iter().map(|(_, b)| b).sum();
         if total > limit {
             items.sort_by_key(|item| std::cmp::Reverse(item.1));
@@ -152,6 +138,31 @@ pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
         }
     }
     problems
+}
+
+/// The VMEM buffers of a kernel with their bytes: pipelined blocks are double-buffered,
+/// scratch is allocated once.
+fn vmem_items(k: &Kernel) -> Vec<(String, usize)> {
+    let mut items = Vec::new();
+    for (i, o) in k.operands.iter().enumerate() {
+        if o.memory != MemorySpace::Vmem {
+            continue;
+        }
+        let elems: usize = o.block_sizes().iter().product();
+        let bytes = elems * o.dtype.size_bytes();
+        let bytes = if o.role == OperandRole::Scratch {
+            bytes
+        } else {
+            2 * bytes
+        };
+        items.push((k.describe(RefId(i as u32)), bytes));
+    }
+    items
+}
+
+/// The VMEM a kernel needs: its double-buffered blocks plus its scratch.
+pub fn vmem_bytes(k: &Kernel) -> usize {
+    vmem_items(k).iter().map(|(_, b)| b).sum()
 }
 
 fn round_up(x: usize, m: usize) -> usize {
