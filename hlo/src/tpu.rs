@@ -7,8 +7,8 @@
 //!   "has_communication": true,               (kernels that do remote DMA)
 //!   "cost_estimate": {"flops": .., "transcendentals": .., "bytes_accessed": ..,
 //!                     "remote_bytes_transferred": ..},
-//!   "needs_layout_passes": true,
-//!   "scoped_memory_configs": [{"memory_space": 1, "offset": 0, "size": <VMEM limit>}]}}
+//!   "needs_layout_passes": true},
+//!  "scoped_memory_configs": [{"memory_space": 1, "offset": 0, "size": <VMEM limit>}]}
 //! ```
 //!
 //! with `kernel_name` (the name the compiler's messages use) and row-major operand and
@@ -21,7 +21,7 @@ use crate::error::HloError;
 use crate::ops::{CustomCall, Op, OpKind, Region, Value};
 use crate::print::quote;
 use crate::types::TensorType;
-use crate::Module;
+use crate::{Func, Module};
 
 /// The `call_target_name` of a Mosaic kernel.
 pub const TPU_CUSTOM_CALL: &str = "tpu_custom_call";
@@ -86,13 +86,15 @@ impl TpuCustomCall {
         if self.needs_layout_passes {
             json.push_str(", \"needs_layout_passes\": true");
         }
+        json.push('}');
+        // The VMEM limit is a backend setting beside the kernel's config.
         if let Some(limit) = self.vmem_limit_bytes {
             json.push_str(&format!(
                 ", \"scoped_memory_configs\": [{{\"memory_space\": 1, \"offset\": 0, \
                  \"size\": {limit}}}]"
             ));
         }
-        json.push_str("}}");
+        json.push('}');
         json
     }
 
@@ -152,6 +154,57 @@ impl Module {
         }
         names
     }
+}
+
+impl Module {
+    /// For each distinct Mosaic kernel of this module (by name; its first call), a one-device
+    /// module whose `main` takes that call's operands as arguments and returns its results.
+    /// Compiled alone, each tells whether the compiler accepts that kernel: how a failed
+    /// program's error is traced to the kernel that caused it.
+    pub fn tpu_kernel_programs(&self) -> Result<Vec<(String, Module)>, HloError> {
+        let mut calls = Vec::new();
+        for f in self.funcs() {
+            collect_calls(f, f.body(), &mut calls)?;
+        }
+        let mut programs: Vec<(String, Module)> = Vec::new();
+        for (name, spec, operand_types, result_types) in calls {
+            if programs.iter().any(|(n, _)| *n == name) {
+                continue;
+            }
+            let mut m = Module::new("kernel");
+            let mut f = m.func("main");
+            let args = operand_types
+                .into_iter()
+                .map(|t| f.arg(t))
+                .collect::<Result<Vec<_>, _>>()?;
+            let outs = f.custom_call(spec, &args, &result_types)?;
+            f.finish(&outs)?;
+            programs.push((name, m));
+        }
+        Ok(programs)
+    }
+}
+
+/// A `tpu_custom_call` found in a module: kernel name, attributes, operand and result types.
+type Call = (String, CustomCall, Vec<TensorType>, Vec<TensorType>);
+
+fn collect_calls(f: &Func, region: &Region, calls: &mut Vec<Call>) -> Result<(), HloError> {
+    for op in &region.ops {
+        if let (Some(name), OpKind::CustomCall(spec)) = (kernel_name(op), &op.kind) {
+            let ty = |v: &Value| {
+                f.value_type(*v).cloned().ok_or_else(|| {
+                    HloError::attr(TPU_CUSTOM_CALL, "operands", "a value has no type")
+                })
+            };
+            let operands = op.operands.iter().map(ty).collect::<Result<_, _>>()?;
+            let results = op.results.iter().map(ty).collect::<Result<_, _>>()?;
+            calls.push((name, spec.clone(), operands, results));
+        }
+        for r in &op.regions {
+            collect_calls(f, r, calls)?;
+        }
+    }
+    Ok(())
 }
 
 fn collect_kernel_names(region: &Region, names: &mut Vec<String>) {
@@ -234,8 +287,8 @@ mod tests {
             "{\"custom_call_config\": {\"body\": \"bW9kdWxlIHt9Cg==\", \"has_communication\": \
              true, \"cost_estimate\": {\"flops\": 10, \"transcendentals\": 2, \
              \"bytes_accessed\": 64, \"remote_bytes_transferred\": 0}, \
-             \"needs_layout_passes\": true, \"scoped_memory_configs\": [{\"memory_space\": 1, \
-             \"offset\": 0, \"size\": 1048576}]}}"
+             \"needs_layout_passes\": true}, \"scoped_memory_configs\": [{\"memory_space\": 1, \
+             \"offset\": 0, \"size\": 1048576}]}"
         );
     }
 
@@ -267,6 +320,17 @@ mod tests {
             "{text}"
         );
         assert_eq!(m.tpu_kernel_names(), vec!["scale \"x\"\n".to_string()]);
+        let programs = m.tpu_kernel_programs().unwrap();
+        assert_eq!(programs.len(), 1);
+        let alone = programs[0].1.to_mlir();
+        assert!(
+            alone.contains("@main(%arg0: tensor<4xi32>, %arg1: tensor<8x128xf32>)"),
+            "{alone}"
+        );
+        assert!(
+            alone.contains(r#"kernel_name = "scale \"x\"\0A""#),
+            "{alone}"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use tessera::backend::Backend;
-use tessera::dsl::{DType, HostArray, TargetRules};
+use tessera::dsl::{DType, HostArray, Target, TargetRules};
 use tessera::npy::{read_npy, write_npy};
 use tessera::parallel::{CollectiveStat, ContextParallel, Strategy};
 use tessera::splash::{
@@ -186,6 +186,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
             strategy,
             devices,
             load_balance: a.load_balance,
+            target: Target::portable(),
         };
         cp.validate()?;
         return context_parallel_command(a, &cp, [&q, &k, &v], dout.as_ref(), seg.as_ref());

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use tessera_dsl::array::ArrayData;
-use tessera_dsl::{ArgSpec, DType, HostArray, TargetRules};
+use tessera_dsl::{ArgSpec, DType, HostArray};
 use tessera_hlo::{self as hlo, ComparisonDirection, DotDims, FuncBuilder, Module, Reducer};
 
 use crate::attention::{Dims, Features, SplashAttention, Stage, StageArg, Tensor};
@@ -17,16 +17,17 @@ use crate::mask::Mask;
 
 type Result<T, E = SplashError> = std::result::Result<T, E>;
 
-/// Lowers `stages` into the function `f` is building. `env` holds the program values of the
-/// tensors the stages read (inputs) and receives those they produce. Constant arguments
-/// (tables, placeholders) become program constants.
+/// Lowers `stages` into the function `f` is building, each kernel for its stage's target
+/// (inline StableHLO loops, or a Mosaic `tpu_custom_call` for
+/// [`Target::tpu`](tessera_dsl::Target::tpu)). `env` holds
+/// the program values of the tensors the stages read (inputs) and receives those they
+/// produce. Constant arguments (tables, placeholders) become program constants.
 pub fn lower_stages(
     f: &mut FuncBuilder<'_>,
     stages: &[Stage],
-    rules: &TargetRules,
     env: &mut HashMap<Tensor, hlo::Value>,
 ) -> Result<()> {
-    lower_stages_on_shard(f, stages, rules, env, None)
+    lower_stages_on_shard(f, stages, env, None)
 }
 
 /// [`lower_stages`] inside an SPMD program: a [`StageArg::PerShard`] argument becomes one
@@ -35,7 +36,6 @@ pub fn lower_stages(
 pub fn lower_stages_on_shard(
     f: &mut FuncBuilder<'_>,
     stages: &[Stage],
-    rules: &TargetRules,
     env: &mut HashMap<Tensor, hlo::Value>,
     shard: Option<hlo::Value>,
 ) -> Result<()> {
@@ -67,8 +67,8 @@ pub fn lower_stages_on_shard(
             let shape: Vec<usize> = ty.dims.iter().map(|&d| d as usize).collect();
             specs.push(ArgSpec::new(ty.dtype, shape));
         }
-        let kernel = stage.def.instantiate(&specs, rules)?;
-        let outs = tessera_dsl::stablehlo::lower_into(&kernel, f, &args)?;
+        let kernel = stage.def.instantiate(&specs, &stage.target.rules)?;
+        let outs = stage.target.lower_into(&kernel, f, &args)?;
         env.extend(stage.outputs.iter().copied().zip(outs));
     }
     Ok(())
@@ -122,6 +122,8 @@ fn constant(f: &mut FuncBuilder<'_>, a: &HostArray) -> Result<hlo::Value> {
 pub enum Pass {
     /// `q, k, v -> out, lse`.
     Forward,
+    /// `q, k, v, out, lse, dout -> dq, dk, dv` (the backward kernels alone).
+    Backward,
     /// `q, k, v, dout -> out, lse, dq, dk, dv`.
     ForwardBackward,
 }
@@ -130,12 +132,21 @@ fn tensor_type(dtype: DType, shape: &[usize]) -> hlo::TensorType {
     hlo::TensorType::new(shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), dtype)
 }
 
-/// Splash attention (no segment ids or sinks) as one StableHLO program over its kernels.
-pub fn splash_program(attn: &SplashAttention, pass: Pass) -> Result<Module> {
+/// Splash attention (no sinks) as one StableHLO program over its kernels, each lowered for
+/// the attention's target. Arguments: `q, k, v`, then with `features.segmented` the query
+/// and key segment ids `[B, Sq]`, `[B, Skv]` int32, then for [`Pass::Backward`]
+/// `out, lse [B, H, Sq], dout` and for [`Pass::ForwardBackward`] `dout`.
+pub fn splash_program(attn: &SplashAttention, pass: Pass, features: Features) -> Result<Module> {
+    if features.sinks {
+        return Err(SplashError::Options(
+            "splash programs take no attention sinks; leave them out".into(),
+        ));
+    }
     let d = attn.dims();
     let mut m = Module::new("splash_attention");
     let mut f = m.func("main");
     let dt = attn.dtype();
+    let out_shape = [d.batch, d.heads, d.q_len, d.head_dim_v];
     let q = f.arg(tensor_type(dt, &[d.batch, d.heads, d.q_len, d.head_dim]))?;
     let k = f.arg(tensor_type(
         dt,
@@ -146,17 +157,30 @@ pub fn splash_program(attn: &SplashAttention, pass: Pass) -> Result<Module> {
         &[d.batch, d.kv_heads, d.kv_len, d.head_dim_v],
     ))?;
     let mut env = HashMap::from([(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)]);
-    let feats = Features::default();
-    lower_stages(&mut f, &attn.forward_plan(feats), attn.rules(), &mut env)?;
-    let lse = f.reshape(
-        env[&Tensor::Lse],
-        &[d.batch as i64, d.heads as i64, d.q_len as i64],
-    )?;
-    let mut results = vec![env[&Tensor::Out], lse];
-    if pass == Pass::ForwardBackward {
-        let dout = f.arg(tensor_type(dt, &[d.batch, d.heads, d.q_len, d.head_dim_v]))?;
+    if features.segmented {
+        let (b, sq, skv) = (d.batch as i64, d.q_len as i64, d.kv_len as i64);
+        let qs = f.arg(tensor_type(DType::I32, &[d.batch, d.q_len]))?;
+        let ks = f.arg(tensor_type(DType::I32, &[d.batch, d.kv_len]))?;
+        let qs = f.reshape(qs, &[b, sq, 1])?;
+        let ks = f.reshape(ks, &[b, 1, skv])?;
+        env.extend([(Tensor::QSegments, qs), (Tensor::KvSegments, ks)]);
+    }
+    let lse_dims = [d.batch as i64, d.heads as i64, d.q_len as i64];
+    let mut results = Vec::new();
+    if pass != Pass::Backward {
+        lower_stages(&mut f, &attn.forward_plan(features), &mut env)?;
+        let lse = f.reshape(env[&Tensor::Lse], &lse_dims)?;
+        results.extend([env[&Tensor::Out], lse]);
+    } else {
+        let out = f.arg(tensor_type(dt, &out_shape))?;
+        let lse = f.arg(tensor_type(DType::F32, &[d.batch, d.heads, d.q_len]))?;
+        let lse = f.reshape(lse, &[lse_dims[0], lse_dims[1], lse_dims[2], 1])?;
+        env.extend([(Tensor::Out, out), (Tensor::Lse, lse)]);
+    }
+    if pass != Pass::Forward {
+        let dout = f.arg(tensor_type(dt, &out_shape))?;
         env.insert(Tensor::DOut, dout);
-        lower_stages(&mut f, &attn.backward_plan(feats), attn.rules(), &mut env)?;
+        lower_stages(&mut f, &attn.backward_plan(features), &mut env)?;
         results.extend([env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]]);
     }
     f.finish(&results)?;
@@ -183,6 +207,11 @@ pub fn dense_program(
         d.kv_len as i64,
     );
     let scores_dims = [b, h, sq, skv];
+    if pass == Pass::Backward {
+        return Err(SplashError::Options(
+            "the dense baseline computes the forward, or forward and backward together".into(),
+        ));
+    }
     let mut m = Module::new("dense_attention");
     let mut f = m.func("main");
     let q = f.arg(tensor_type(dtype, &[d.batch, d.heads, d.q_len, d.head_dim]))?;

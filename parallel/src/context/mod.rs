@@ -35,8 +35,8 @@ use tessera_collectives::{
     axis, mesh, CollectiveCall, CollectiveError, DTensor, Executable, Mesh, MeshShape, Program,
     Replicated, Split, Spmd,
 };
-use tessera_dsl::{DType, HostArray, TargetRules};
-use tessera_hlo::{FuncBuilder, Value};
+use tessera_dsl::{DType, HostArray, Target};
+use tessera_hlo::{FuncBuilder, Module, Value};
 use tessera_runtime::{Client, HostBuffer};
 use tessera_splash::{
     BlockSizes, Dims, Features, Mask, SeqOffsets, ShardedSplash, SplashError, SplashOptions, Stage,
@@ -203,6 +203,10 @@ pub struct ContextParallel {
     /// `2U - 1 - r` (zigzag), so under a causal mask every device has the same work. The
     /// arrays stay in natural order for the caller; the programs take them in zigzag order.
     pub load_balance: bool,
+    /// What the kernels are lowered for: [`Target::portable`] (inline StableHLO, runs on the
+    /// CPU plugin) or [`Target::tpu`] (Mosaic custom calls inside the manual-sharded program,
+    /// compile-only for a TPU topology).
+    pub target: Target,
 }
 
 /// One collective of a program and what it moves.
@@ -380,6 +384,14 @@ impl CpProgram {
         match &self.program {
             MeshProgram::Context(p) => p.to_mlir(),
             MeshProgram::Usp(p) => p.to_mlir(),
+        }
+    }
+
+    /// The StableHLO module (its `mhlo.num_partitions` is the number of devices).
+    pub fn module(&self) -> &Module {
+        match &self.program {
+            MeshProgram::Context(p) => p.module(),
+            MeshProgram::Usp(p) => p.module(),
         }
     }
 
@@ -642,8 +654,7 @@ impl ContextParallel {
         }
     }
 
-    /// One splash attention per shard at `offsets[shard]` (local dims; portable rules: the
-    /// program runs on the CPU plugin).
+    /// One splash attention per shard at `offsets[shard]` (local dims), for the target.
     fn sharded_splash(&self, offsets: &[SeqOffsets]) -> Result<ShardedSplash, CpError> {
         Ok(ShardedSplash::new(
             self.mask.clone(),
@@ -651,7 +662,7 @@ impl ContextParallel {
             self.dtype,
             self.block_sizes,
             self.options,
-            TargetRules::portable(),
+            self.target.clone(),
             offsets,
         )?)
     }
@@ -730,8 +741,16 @@ impl ContextParallel {
         })
     }
 
-    /// Checks segment ids against the configuration: int32 `[B, S]`.
+    /// Checks segment ids against the configuration (int32 `[B, S]`), and that the kernels
+    /// are lowered for a backend that runs here.
     fn check_segments(&self, segment_ids: Option<&HostArray>) -> Result<(), CpError> {
+        if self.target.is_tpu() {
+            return Err(self.config_error(
+                "programs built for the TPU target (Mosaic custom calls) compile for a TPU \
+                 topology but do not run on the CPU plugin; use Target::portable() to run them"
+                    .into(),
+            ));
+        }
         let d = self.dims;
         match segment_ids {
             Some(s) if s.dtype() != DType::I32 || s.shape() != [d.batch, d.q_len] => Err(self
@@ -807,15 +826,16 @@ struct GlobalDims {
     lse: [i64; 3],
 }
 
-/// Lowers a splash plan inline into `f` (portable rules: the program runs on the CPU
-/// plugin); `shard` selects the per-shard tables. Errors in the collectives' form.
+/// Lowers a splash plan into `f`, each kernel for the plan's target (inline, or a Mosaic
+/// custom call inside the manual-sharded region); `shard` selects the per-shard tables.
+/// Errors in the collectives' form.
 fn lower_plan(
     f: &mut FuncBuilder<'_>,
     stages: &[Stage],
     env: &mut HashMap<Tensor, Value>,
     shard: Option<Value>,
 ) -> Result<(), CollectiveError> {
-    tessera_splash::lower_stages_on_shard(f, stages, &TargetRules::portable(), env, shard)
+    tessera_splash::lower_stages_on_shard(f, stages, env, shard)
         .map_err(|e| CollectiveError::local(e.to_string()))
 }
 
