@@ -185,6 +185,41 @@ impl Module {
     }
 }
 
+impl Module {
+    /// The Mosaic kernels of this module as `(kernel name, Mosaic module text)`, each distinct
+    /// body once, in program order (decoded from the calls' `backend_config`).
+    pub fn tpu_kernel_bodies(&self) -> Result<Vec<(String, String)>, HloError> {
+        let mut calls = Vec::new();
+        for f in self.funcs() {
+            collect_calls(f, f.body(), &mut calls)?;
+        }
+        let mut bodies: Vec<(String, String)> = Vec::new();
+        for (name, spec, _, _) in calls {
+            let text = mosaic_body(&spec.backend_config).ok_or_else(|| {
+                HloError::attr(
+                    TPU_CUSTOM_CALL,
+                    "backend_config",
+                    format!("kernel `{name}` has no readable Mosaic body"),
+                )
+            })?;
+            if !bodies.iter().any(|(n, t)| *n == name && *t == text) {
+                bodies.push((name, text));
+            }
+        }
+        Ok(bodies)
+    }
+}
+
+/// The Mosaic text in a `backend_config` written by [`TpuCustomCall::backend_config`].
+fn mosaic_body(config: &str) -> Option<String> {
+    let start = config.find("\"body\": \"")? + "\"body\": \"".len();
+    let len = config[start..].find('"')?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&config[start..start + len])
+        .ok()?;
+    String::from_utf8(bytes).ok()
+}
+
 /// A `tpu_custom_call` found in a module: kernel name, attributes, operand and result types.
 type Call = (String, CustomCall, Vec<TensorType>, Vec<TensorType>);
 

@@ -340,7 +340,8 @@ impl Plugin {
     /// [`crate::provision::set_libtpu_compile_only_env`] sets them.
     pub fn libtpu() -> Result<Self> {
         let path = crate::provision::libtpu_path()?;
-        for (name, value) in crate::provision::LIBTPU_COMPILE_ONLY_ENV {
+        // The first two change what libtpu does; the others only quiet its log.
+        for &(name, value) in &crate::provision::LIBTPU_COMPILE_ONLY_ENV[..2] {
             if std::env::var_os(name).is_none() {
                 return Err(Error::LibtpuEnvironment {
                     variable: name,

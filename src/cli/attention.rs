@@ -102,7 +102,7 @@ fn read_f32(path: &Path, what: &str) -> Result<HostArray> {
 }
 
 /// The largest divisor of `n` up to `cap` that is a multiple of `mult`, else `n`.
-fn default_block(n: usize, cap: usize, mult: usize) -> usize {
+pub(super) fn default_block(n: usize, cap: usize, mult: usize) -> usize {
     if n <= cap {
         return n;
     }
@@ -113,7 +113,7 @@ fn default_block(n: usize, cap: usize, mult: usize) -> usize {
 }
 
 /// Context devices when `--strategy` is given without `--devices`.
-const DEFAULT_DEVICES: usize = 4;
+pub(super) const DEFAULT_DEVICES: usize = 4;
 
 /// Runs `tessera attention`.
 pub fn attention_command(a: &AttentionArgs) -> Result<()> {
@@ -279,7 +279,7 @@ fn context_parallel_command(
 }
 
 /// `prog.mlir` -> `prog.bwd.mlir` (`prog` -> `prog.bwd`).
-fn backward_path(path: &Path) -> PathBuf {
+pub(super) fn backward_path(path: &Path) -> PathBuf {
     let stem = path.file_stem().unwrap_or_default().to_string_lossy();
     let name = match path.extension() {
         Some(ext) => format!("{stem}.bwd.{}", ext.to_string_lossy()),
@@ -288,7 +288,7 @@ fn backward_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-fn write_text(path: &Path, text: &str) -> Result<()> {
+pub(super) fn write_text(path: &Path, text: &str) -> Result<()> {
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
