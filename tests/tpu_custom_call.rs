@@ -3,7 +3,8 @@
 //! on its own, independent of tessera's Mosaic lowering.
 
 use tessera::hlo::{DType, Module, Sharding, TensorType, TpuCustomCall};
-use tessera::runtime::{CompileOptions, Error, Plugin};
+use tessera::runtime::{CompileOptions, Plugin};
+use tessera::tpu::{TpuCompileError, TpuTarget};
 
 /// `out = 2 * x` over a grid of two `[8, 128]` f32 blocks of a `[16, 128]` array.
 const DOUBLE: &str = r#"module attributes {stable_mosaic.version = 11 : i64} {
@@ -25,16 +26,19 @@ fn libtpu() -> Plugin {
     Plugin::libtpu().unwrap_or_else(|e| panic!("libtpu is needed for the TPU compile tests: {e}"))
 }
 
-/// `main(x [16*devices, 128] sharded) = double(x)` on `devices` manual partitions.
-fn program(mosaic: &str, devices: u32) -> Module {
-    let mut m = Module::new("double");
+/// `main(x) = kernels[n-1](..kernels[0](x))` on `devices` manual partitions, `x` a
+/// `[16, 128]` f32 shard; each kernel `(name, Mosaic text)`.
+fn program(kernels: &[(&str, &str)], devices: u32) -> Module {
+    let mut m = Module::new("doubles");
     m.set_num_partitions(devices).unwrap();
     let mut f = m.func("main");
     let t = TensorType::new([16, 128], DType::F32);
-    let x = f.arg_with_sharding(t.clone(), Sharding::Manual).unwrap();
-    let call = TpuCustomCall::new("double", mosaic);
-    let y = f.tpu_custom_call(&call, &[x], &[t]).unwrap();
-    f.finish_with_shardings(&[(y[0], Some(Sharding::Manual))])
+    let mut x = f.arg_with_sharding(t.clone(), Sharding::Manual).unwrap();
+    for (name, mosaic) in kernels {
+        let call = TpuCustomCall::new(*name, *mosaic);
+        x = f.tpu_custom_call(&call, &[x], &[t.clone()]).unwrap()[0];
+    }
+    f.finish_with_shardings(&[(x, Some(Sharding::Manual))])
         .unwrap();
     m
 }
@@ -42,7 +46,7 @@ fn program(mosaic: &str, devices: u32) -> Module {
 #[test]
 fn a_mosaic_kernel_compiles_inside_a_manual_sharded_program() {
     let topology = libtpu().topology("v5p:2x2x1").unwrap();
-    let text = program(DOUBLE, 4).to_mlir();
+    let text = program(&[("double", DOUBLE)], 4).to_mlir();
     let exe = topology
         .compile(&text, &CompileOptions::manual_partitions(4).unwrap())
         .unwrap_or_else(|e| panic!("{e}\n{text}"));
@@ -52,18 +56,26 @@ fn a_mosaic_kernel_compiles_inside_a_manual_sharded_program() {
 }
 
 #[test]
-fn the_compiler_names_a_broken_kernel() {
-    let topology = libtpu().topology("v5p:2x2x1").unwrap();
+fn the_compilers_message_comes_with_the_kernels_name() {
     let broken = DOUBLE.replace("arith.addf %v, %v", "arith.addi %v, %v");
-    let err = topology
-        .compile(
-            &program(&broken, 4).to_mlir(),
-            &CompileOptions::manual_partitions(4).unwrap(),
-        )
+    let module = program(&[("double", DOUBLE), ("broken_double", &broken)], 4);
+    let err = TpuTarget::parse("tpu:v5p:2x2x1")
+        .unwrap()
+        .compile(&module)
         .unwrap_err();
-    let Error::Pjrt { message, .. } = &err else {
+    let TpuCompileError::Compiler { culprit, message } = &err else {
         panic!("{err}")
     };
-    println!("{message}");
-    assert!(message.contains("arith.addi"), "{message}");
+    assert_eq!(culprit, "kernel `broken_double`");
+    // The compiler's words, verbatim.
+    assert!(
+        message
+            .contains("'arith.addi' op operand #0 must be signless-non-zero-bitwidth-integer-like"),
+        "{message}"
+    );
+    let shown = err.to_string();
+    assert!(
+        shown.starts_with("the TPU compiler rejected kernel `broken_double`:\n"),
+        "{shown}"
+    );
 }

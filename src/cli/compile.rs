@@ -36,6 +36,10 @@ pub struct CompileArgs {
     /// to FILE with `.bwd` before its extension).
     #[arg(long, global = true, value_name = "FILE")]
     pub emit_stablehlo: Option<PathBuf>,
+    /// The scoped VMEM budget every kernel is checked against and compiled with, in MiB
+    /// (default 16, v5e's default scoped limit).
+    #[arg(long, global = true, value_name = "MIB")]
+    pub vmem_limit_mib: Option<usize>,
     #[command(subcommand)]
     pub what: CompileWhat,
 }
@@ -132,9 +136,18 @@ pub struct CompileAttentionArgs {
 /// Runs `tessera compile`.
 pub fn compile_command(a: &CompileArgs) -> Result<()> {
     let target = TpuTarget::parse(&a.target)?;
+    let mut kernels = Target::tpu();
+    if let Some(mib) = a.vmem_limit_mib {
+        if mib == 0 {
+            bail!("--vmem-limit-mib must be at least 1");
+        }
+        kernels.rules = kernels.rules.with_vmem_limit(mib << 20);
+    }
     let programs = match &a.what {
-        CompileWhat::Attention(x) => attention_programs(x)?,
-        CompileWhat::Kernel { name, params, args } => vec![kernel_program(name, params, args)?],
+        CompileWhat::Attention(x) => attention_programs(x, &kernels)?,
+        CompileWhat::Kernel { name, params, args } => {
+            vec![kernel_program(name, params, args, &kernels)?]
+        }
     };
     for (i, program) in programs.iter().enumerate() {
         if let Some(dir) = &a.emit_mosaic {
@@ -184,7 +197,7 @@ fn print_summary(program: &Module, r: &CompileReport) {
     println!();
 }
 
-fn attention_programs(a: &CompileAttentionArgs) -> Result<Vec<Module>> {
+fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<Module>> {
     let dims = Dims {
         batch: a.batch,
         heads: a.heads,
@@ -233,7 +246,7 @@ fn attention_programs(a: &CompileAttentionArgs) -> Result<Vec<Module>> {
             dtype,
             blocks,
             SplashOptions::default(),
-            Target::tpu(),
+            target.clone(),
         )?;
         let pass = match a.pass {
             PassArg::Forward => Pass::Forward,
@@ -251,7 +264,7 @@ fn attention_programs(a: &CompileAttentionArgs) -> Result<Vec<Module>> {
         strategy,
         devices,
         load_balance: a.load_balance,
-        target: Target::tpu(),
+        target: target.clone(),
     };
     cp.validate()?;
     let mut programs = Vec::new();
@@ -266,7 +279,12 @@ fn attention_programs(a: &CompileAttentionArgs) -> Result<Vec<Module>> {
 
 /// A registered kernel instantiated under the TPU rules, as the only op of a one-device
 /// program: `main(scalar prefetch and inputs) = kernel(...)`.
-fn kernel_program(name: &str, params: &[(String, String)], args: &[ArgSpec]) -> Result<Module> {
+fn kernel_program(
+    name: &str,
+    params: &[(String, String)],
+    args: &[ArgSpec],
+    target: &Target,
+) -> Result<Module> {
     let info = registry::find(name).map_err(|e| anyhow!(e))?;
     let (def, default_args) = info.build(params).map_err(|e| anyhow!(e))?;
     let args = if args.is_empty() {
@@ -274,7 +292,6 @@ fn kernel_program(name: &str, params: &[(String, String)], args: &[ArgSpec]) -> 
     } else {
         args.to_vec()
     };
-    let target = Target::tpu();
     let kernel = def.instantiate(&args, &target.rules)?;
     let mut module = Module::new(name);
     let mut f = module.func("main");
