@@ -21,6 +21,8 @@
 //! ```
 
 use std::fmt::Write as _;
+
+use base64::Engine as _;
 use std::time::Instant;
 
 use tessera_hlo::Module;
@@ -92,6 +94,9 @@ pub struct CompileReport {
     pub bytes_accessed: Option<f64>,
     /// Transcendental operations per device, from the compiler's cost analysis.
     pub transcendentals: Option<f64>,
+    /// Scoped VMEM each Mosaic kernel uses as compiled (the largest over its calls), in
+    /// program order; read from the compiled program.
+    pub kernel_vmem: Vec<(String, i64)>,
     /// Wall time of the compile.
     pub compile_seconds: f64,
 }
@@ -166,10 +171,16 @@ fn report(
                 _ => None,
             })
     };
+    let kernels = module.tpu_kernel_names();
+    let kernel_vmem = match exe.optimized_program()? {
+        Some(p) => scoped_vmem(&p.code, &kernels),
+        None => Vec::new(),
+    };
     Ok(CompileReport {
         topology: target.topology.clone(),
         devices,
-        kernels: module.tpu_kernel_names(),
+        kernels,
+        kernel_vmem,
         executable_bytes: exe.serialize()?.len(),
         memory: exe.memory_stats()?,
         flops: cost("flops"),
@@ -177,6 +188,65 @@ fn report(
         transcendentals: cost("transcendentals"),
         compile_seconds,
     })
+}
+
+/// The scoped VMEM (memory space 1) the compiler gave each Mosaic kernel, read from the
+/// compiled program (a serialized HLO module whose custom calls carry their backend config
+/// as JSON: `"custom_call_config":{"body":"<base64>",..},"used_scoped_memory_configs":
+/// [{"memory_space":"1","offset":"0","size":"N"}]`). A kernel is recognised by its function
+/// `@NAME(` in the decoded body. The largest use per kernel name, in `kernels`' order.
+fn scoped_vmem(program: &[u8], kernels: &[String]) -> Vec<(String, i64)> {
+    const BODY: &[u8] = b"\"custom_call_config\":{\"body\":\"";
+    const USED: &[u8] = b"\"used_scoped_memory_configs\":[";
+    let mut found: Vec<(String, i64)> = kernels.iter().map(|k| (k.clone(), -1)).collect();
+    let mut at = 0;
+    while let Some(i) = find(&program[at..], BODY) {
+        let start = at + i + BODY.len();
+        let Some(len) = program[start..].iter().position(|&b| b == b'"') else {
+            break;
+        };
+        at = start + len;
+        let text = base64::engine::general_purpose::STANDARD
+            .decode(&program[start..at])
+            .ok()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        let Some(slot) = found
+            .iter_mut()
+            .find(|(name, _)| text.contains(&format!("@{name}(")))
+        else {
+            continue;
+        };
+        // This call's list: after its body, before the next body.
+        let end = find(&program[at..], BODY).map_or(program.len(), |j| at + j);
+        let Some(u) = find(&program[at..end], USED) else {
+            continue;
+        };
+        let list_start = at + u + USED.len();
+        let list_end = program[list_start..end]
+            .iter()
+            .position(|&b| b == b']')
+            .map_or(end, |j| list_start + j);
+        let list = String::from_utf8_lossy(&program[list_start..list_end]);
+        for entry in list.split('}') {
+            if entry.contains("\"memory_space\":\"1\"") {
+                if let Some(size) = entry
+                    .split("\"size\":\"")
+                    .nth(1)
+                    .and_then(|s| s.split('"').next())
+                    .and_then(|s| s.parse::<i64>().ok())
+                {
+                    slot.1 = slot.1.max(size);
+                }
+            }
+        }
+    }
+    found.retain(|(_, bytes)| *bytes >= 0);
+    found
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// The compiler's own message of a PJRT error (the whole error for other kinds).
@@ -243,6 +313,12 @@ impl CompileReport {
                 m.generated_code_bytes
             );
         }
+        let vmem: Vec<String> = self
+            .kernel_vmem
+            .iter()
+            .map(|(k, b)| format!("{}:{b}", json_string(k)))
+            .collect();
+        let _ = write!(json, ",\"scoped_vmem_bytes\":{{{}}}", vmem.join(","));
         let _ = write!(
             json,
             ",\"flops\":{},\"bytes_accessed\":{},\"transcendentals\":{},\"compile_seconds\":{:.3}}}",
@@ -304,13 +380,15 @@ mod tests {
             flops: Some(1.5e9),
             bytes_accessed: None,
             transcendentals: None,
+            kernel_vmem: vec![("splash_fwd".into(), 4096)],
             compile_seconds: 0.25,
         };
         assert_eq!(
             r.to_json(),
             "{\"topology\":\"v5e:2x2\",\"devices\":4,\"kernels\":[\"splash_fwd\",\"a\\\"b\"],\
              \"executable_bytes\":10,\"argument_bytes\":1,\"output_bytes\":2,\"alias_bytes\":0,\
-             \"temp_bytes\":3,\"generated_code_bytes\":0,\"flops\":1500000000,\
+             \"temp_bytes\":3,\"generated_code_bytes\":0,\"scoped_vmem_bytes\":{\"splash_fwd\":4096},\
+             \"flops\":1500000000,\
              \"bytes_accessed\":null,\"transcendentals\":null,\"compile_seconds\":0.250}"
         );
     }

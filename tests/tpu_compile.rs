@@ -81,6 +81,12 @@ fn splash(
     };
     assert_eq!(memory.argument_bytes, args + segments);
     assert!(report.flops.is_some_and(|f| f > 0.0), "{report:?}");
+    // Every kernel's compiled scoped VMEM is known and within the rules' 16 MiB budget.
+    assert_eq!(report.kernel_vmem.len(), expected.len(), "{report:?}");
+    assert!(report
+        .kernel_vmem
+        .iter()
+        .all(|(_, b)| *b > 0 && *b <= 16 << 20));
     report
 }
 

@@ -63,4 +63,4 @@ pub use plugin::{NamedValue, Plugin};
 pub use provision::{cpu_plugin_path, libtpu_path, ProvisionedPlugin, Provisioner, WheelSpec};
 pub use shape::ArrayShape;
 pub use tessera_array::{ArrayData, DType, HostArray};
-pub use topology::{CompiledMemoryStats, Executable, Topology};
+pub use topology::{CompiledMemoryStats, Executable, OptimizedProgram, Topology};

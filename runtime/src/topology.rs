@@ -305,6 +305,15 @@ impl Executable {
     /// from the plugin's optimized HLO. `Ok(None)` when the plugin does not provide it or the
     /// signature has parameters that are not plain arrays.
     pub fn parameters(&self) -> Result<Option<Vec<ArrayShape>>> {
+        Ok(self
+            .optimized_program()?
+            .and_then(|p| entry_parameters(&p.code, p.format == "hlo_with_config")))
+    }
+
+    /// The plugin's optimized program: for XLA a serialized `HloModuleProto` (format `hlo`)
+    /// or `HloModuleProtoWithConfig` (`hlo_with_config`). `Ok(None)` when the plugin does not
+    /// provide it.
+    pub fn optimized_program(&self) -> Result<Option<OptimizedProgram>> {
         let p = self.plugin.inner;
         let f = api_fn!(p, PJRT_Executable_OptimizedProgram)?;
         let mut program = ffi::PJRT_Program::init();
@@ -314,22 +323,11 @@ impl Executable {
         // SAFETY: `args` is initialised; `program.code` is null, so the plugin only writes the
         // needed size (and the format) into `program`, which outlives the call.
         let err = unsafe { f(&mut args) };
-        if let Err(e) = p.check(err, "PJRT_Executable_OptimizedProgram") {
-            return match e {
-                Error::Pjrt {
-                    code: ErrorCode::Unimplemented,
-                    ..
-                } => Ok(None),
-                e => Err(e),
-            };
+        if unimplemented_as_none(p.check(err, "PJRT_Executable_OptimizedProgram"))?.is_none() {
+            return Ok(None);
         }
         // SAFETY: the format string is owned by the plugin and static.
         let format = unsafe { copy_string(program.format, program.format_size) };
-        let with_config = match format.as_str() {
-            "hlo" => false,
-            "hlo_with_config" => true,
-            _ => return Ok(None),
-        };
         let mut code = vec![0u8; program.code_size];
         program.code = code.as_mut_ptr().cast::<c_char>();
         program.code_size = code.len();
@@ -338,7 +336,7 @@ impl Executable {
         let err = unsafe { f(&mut args) };
         p.check(err, "PJRT_Executable_OptimizedProgram")?;
         code.truncate(program.code_size);
-        Ok(entry_parameters(&code, with_config))
+        Ok(Some(OptimizedProgram { format, code }))
     }
 
     /// Bytes of generated code, as the plugin counts them; `Ok(None)` when the plugin does
@@ -431,6 +429,15 @@ impl Executable {
         }
         Ok(bytes)
     }
+}
+
+/// A compiled executable's optimized program, in the plugin's serialization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptimizedProgram {
+    /// `hlo` or `hlo_with_config` for XLA plugins.
+    pub format: String,
+    /// The serialized program.
+    pub code: Vec<u8>,
 }
 
 /// Memory one device needs to run a compiled executable, as the compiler computed it

@@ -194,6 +194,14 @@ fn print_summary(program: &Module, r: &CompileReport) {
             mib(m.temp_bytes)
         );
     }
+    if !r.kernel_vmem.is_empty() {
+        let vmem: Vec<String> = r
+            .kernel_vmem
+            .iter()
+            .map(|(k, b)| format!("{k} {:.2} MiB", mib(*b)))
+            .collect();
+        print!("; scoped VMEM: {}", vmem.join(", "));
+    }
     println!();
 }
 
