@@ -1,0 +1,129 @@
+//! The dependency rules of docs/architecture.md, checked on the crate manifests: each crate
+//! depends on exactly the tessera crates it is allowed to, and the facade library carries no
+//! CLI dependency (clap and anyhow only behind the `cli` feature, for the binary).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// Every workspace crate, its folder, and the tessera crates it may depend on (normal
+/// dependencies; tests may use more).
+const ALLOWED: &[(&str, &str, &[&str])] = &[
+    ("tessera-array", "array", &[]),
+    ("tessera-macros", "macros", &[]),
+    ("tessera-hlo", "hlo", &["tessera-array"]),
+    ("tessera-runtime", "runtime", &["tessera-array"]),
+    (
+        "tessera-dsl",
+        "dsl",
+        &["tessera-array", "tessera-hlo", "tessera-macros"],
+    ),
+    (
+        "tessera-splash",
+        "kernels/splash",
+        &["tessera-array", "tessera-dsl", "tessera-hlo"],
+    ),
+    (
+        "tessera-collectives",
+        "collectives",
+        &["tessera-array", "tessera-hlo", "tessera-runtime"],
+    ),
+    (
+        "tessera-parallel",
+        "parallel",
+        &[
+            "tessera-array",
+            "tessera-dsl",
+            "tessera-hlo",
+            "tessera-splash",
+            "tessera-collectives",
+            "tessera-runtime",
+        ],
+    ),
+];
+
+fn manifest(dir: &str) -> toml::Table {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(dir)
+        .join("Cargo.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    text.parse()
+        .unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
+}
+
+fn tessera_deps(m: &toml::Table, section: &str) -> BTreeSet<String> {
+    m.get(section)
+        .and_then(|d| d.as_table())
+        .map(|d| {
+            d.keys()
+                .filter(|k| k.starts_with("tessera"))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn every_crate_depends_only_on_what_the_architecture_allows() {
+    let workspace = manifest(".");
+    let members: BTreeSet<String> = workspace["workspace"]["members"]
+        .as_array()
+        .expect("workspace members")
+        .iter()
+        .map(|m| m.as_str().expect("a member path").to_string())
+        .collect();
+    let listed: BTreeSet<String> = ALLOWED.iter().map(|(_, dir, _)| dir.to_string()).collect();
+    assert_eq!(
+        members, listed,
+        "the workspace members and the crates of docs/architecture.md differ; add the new \
+         crate to ALLOWED here and to the document"
+    );
+    for (name, dir, allowed) in ALLOWED {
+        let m = manifest(dir);
+        assert_eq!(m["package"]["name"].as_str(), Some(*name), "{dir}");
+        let deps = tessera_deps(&m, "dependencies");
+        let allowed: BTreeSet<String> = allowed.iter().map(|s| s.to_string()).collect();
+        let extra: Vec<_> = deps.difference(&allowed).collect();
+        assert!(
+            extra.is_empty(),
+            "{name} depends on {extra:?}, which docs/architecture.md does not allow"
+        );
+    }
+}
+
+#[test]
+fn the_library_has_no_cli_dependencies() {
+    let m = manifest(".");
+    for dep in ["clap", "anyhow"] {
+        let spec = &m["dependencies"][dep];
+        assert_eq!(
+            spec.get("optional").and_then(|o| o.as_bool()),
+            Some(true),
+            "{dep} must be optional (enabled by the `cli` feature only)"
+        );
+    }
+    let cli: Vec<&str> = m["features"]["cli"]
+        .as_array()
+        .expect("a `cli` feature")
+        .iter()
+        .filter_map(|f| f.as_str())
+        .collect();
+    assert_eq!(cli, ["dep:clap", "dep:anyhow"]);
+    // The binary needs the feature; nothing else in the library may name clap or anyhow.
+    let bins = m["bin"].as_array().expect("the tessera binary");
+    assert_eq!(bins[0]["required-features"][0].as_str(), Some("cli"));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "rs") && !path.ends_with("main.rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            for dep in ["clap", "anyhow"] {
+                assert!(
+                    !text.contains(&format!("{dep}::")),
+                    "{} uses {dep}: library modules must not (the CLI lives in src/cli/)",
+                    path.display()
+                );
+            }
+        }
+    }
+}
