@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 
+mod illegal_kernels;
+
 use base64::Engine as _;
 use tessera::dsl::mosaic::{self, MosaicKernel};
 use tessera::dsl::{ArgSpec, DType, HostArray, KernelDef, TargetRules};
@@ -33,8 +35,11 @@ fn custom_call_module(m: &MosaicKernel) -> String {
         )
     };
     let body = base64::engine::general_purpose::STANDARD.encode(m.text.as_bytes());
+    // The scoped VMEM limit the kernel runs under: its blocks and scratch plus room for
+    // the intermediates Mosaic keeps in VMEM (at least libtpu's default).
+    let vmem_limit = m.vmem_limit_bytes;
     let config = format!(
-        "{{\\22custom_call_config\\22: {{\\22body\\22: \\22{body}\\22, \\22needs_layout_passes\\22: true}}}}"
+        "{{\\22custom_call_config\\22: {{\\22body\\22: \\22{body}\\22, \\22needs_layout_passes\\22: true}}, \\22scoped_memory_configs\\22: [{{\\22memory_space\\22: 1, \\22offset\\22: 0, \\22size\\22: {vmem_limit}}}]}}"
     );
     let args: Vec<String> = m
         .operands
@@ -201,7 +206,7 @@ fn splash_case(
         TargetRules::tpu(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
-    let x = |seed| HostArray::random(dtype, &[b, h, s, d], seed);
+    let x = |seed| HostArray::random(dtype, [b, h, s, d], seed);
     let (q, k, v, dout) = (x(1), x(2), x(3), x(4));
     let seg = HostArray::i32([b, s], (0..s as i32).map(|i| i / 300).collect()).unwrap();
     let inputs = Inputs {
@@ -251,4 +256,31 @@ fn splash_kernels_compile_for_tpu() {
     let failures = failures.into_inner();
     println!("compiled: {:?}", compiled.into_inner());
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// Each kernel our TPU rules refuse is refused by libtpu too (instantiated without the
+/// rules): the rules are what Mosaic enforces, not stricter guesses.
+#[test]
+#[ignore = "needs libtpu: set TESSERA_LIBTPU and run with --ignored"]
+fn kernels_breaking_a_tpu_rule_do_not_compile() {
+    let plugin = libtpu();
+    let topology = plugin.topology("v5e:2x2").expect("topology");
+    let mut accepted = Vec::new();
+    for case in illegal_kernels::all() {
+        let k = case
+            .def
+            .instantiate(&case.args, &TargetRules::portable())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let m = mosaic::lower(&k).unwrap_or_else(|e| panic!("{e}"));
+        let options = CompileOptions::manual_partitions(1).expect("one partition");
+        match topology.compile(&custom_call_module(&m), &options) {
+            Ok(_) => accepted.push(case.name),
+            Err(e) => println!(
+                "{}: libtpu refuses it: {}",
+                case.name,
+                e.to_string().lines().next().unwrap_or("")
+            ),
+        }
+    }
+    assert!(accepted.is_empty(), "libtpu compiled {accepted:?}");
 }

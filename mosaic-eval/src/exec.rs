@@ -102,9 +102,10 @@ impl Tensor {
         }
     }
 
-    pub fn window(&self, starts: &[usize], sizes: &[usize]) -> Tensor {
+    /// Flat offsets into `self` of the box of `sizes` at `starts`, row-major.
+    fn box_offsets(&self, starts: &[usize], sizes: &[usize]) -> Vec<usize> {
         let st = strides(&self.shape);
-        let picks: Vec<usize> = indices(sizes)
+        indices(sizes)
             .map(|idx| {
                 idx.iter()
                     .zip(starts)
@@ -112,7 +113,11 @@ impl Tensor {
                     .map(|((i, s), t)| (i + s) * t)
                     .sum()
             })
-            .collect();
+            .collect()
+    }
+
+    pub fn window(&self, starts: &[usize], sizes: &[usize]) -> Tensor {
+        let picks = self.box_offsets(starts, sizes);
         Tensor {
             elem: self.elem,
             shape: sizes.to_vec(),
@@ -121,16 +126,7 @@ impl Tensor {
     }
 
     pub fn write_window(&mut self, starts: &[usize], src: &Tensor) {
-        let st = strides(&self.shape);
-        let targets: Vec<usize> = indices(&src.shape)
-            .map(|idx| {
-                idx.iter()
-                    .zip(starts)
-                    .zip(&st)
-                    .map(|((i, s), t)| (i + s) * t)
-                    .sum()
-            })
-            .collect();
+        let targets = self.box_offsets(starts, &src.shape);
         match (&mut self.data, &src.data) {
             (Data::F(d), Data::F(s)) => targets.iter().zip(s).for_each(|(&t, &v)| d[t] = v),
             (Data::I(d), Data::I(s)) => targets.iter().zip(s).for_each(|(&t, &v)| d[t] = v),

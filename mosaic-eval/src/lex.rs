@@ -95,7 +95,7 @@ pub(crate) fn lex(text: &str) -> Result<Lexed, EvalError> {
                         || chars[i] == '.'
                         || ((chars[i] == '-' || chars[i] == '+')
                             && matches!(chars[i - 1], 'e' | 'E')
-                            && !chars[start..i].iter().any(|c| *c == 'x')))
+                            && !chars[start..i].contains(&'x')))
                 {
                     i += 1;
                 }

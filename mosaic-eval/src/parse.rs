@@ -869,13 +869,11 @@ fn dot_contracting(body: &str) -> Option<(usize, usize)> {
         .split(']')
         .filter_map(|part| {
             let inner = part.trim_start_matches([',', ' ']).strip_prefix('[')?;
-            Some(
-                inner
-                    .split(',')
-                    .filter(|s| !s.trim().is_empty())
-                    .map(|s| s.trim().parse().ok())
-                    .collect::<Option<Vec<usize>>>()?,
-            )
+            inner
+                .split(',')
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| s.trim().parse().ok())
+                .collect::<Option<Vec<usize>>>()
         })
         .collect();
     match lists.as_slice() {

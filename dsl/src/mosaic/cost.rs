@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use crate::ir::{Kernel, Literal, Op, OperandRole, Region, UnaryOp, ValueId};
+use crate::rules::tpu_tile;
 
 /// Work of one kernel call, for XLA's scheduler (the custom call's `cost_estimate`).
 ///
@@ -95,4 +96,34 @@ fn region(
             | Op::Iota { .. } => {}
         }
     }
+}
+
+/// Bytes of every vector value the kernel body defines, padded to TPU tiles: an upper bound
+/// of the intermediates Mosaic may hold in VMEM at once.
+pub(super) fn intermediate_bytes(k: &Kernel) -> usize {
+    fn region(k: &Kernel, r: &Region) -> usize {
+        let mut total = 0;
+        for inst in &r.insts {
+            for &v in &inst.results {
+                let t = k.value_type(v);
+                if t.rank() >= 1 {
+                    let (sub, lane) = tpu_tile(t.dtype);
+                    let n = t.shape.len();
+                    let rows = if n >= 2 { t.shape[n - 2] } else { 1 };
+                    let lead: usize = t.shape[..n.saturating_sub(2)].iter().product();
+                    let padded =
+                        lead * rows.div_ceil(sub) * sub * t.shape[n - 1].div_ceil(lane) * lane;
+                    total += padded * t.dtype.size_bytes().max(1);
+                }
+            }
+            total += inst
+                .op
+                .regions()
+                .into_iter()
+                .map(|r| region(k, r))
+                .sum::<usize>();
+        }
+        total
+    }
+    region(k, &k.body)
 }

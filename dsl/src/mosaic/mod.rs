@@ -58,9 +58,19 @@ pub struct MosaicKernel {
     pub scalar_prefetch: usize,
     /// An upper bound of the work of one call (every `when` counted as taken).
     pub cost: CostEstimate,
-    /// VMEM the kernel needs: double-buffered input and output blocks plus scratch.
+    /// VMEM the kernel's buffers take: double-buffered input and output blocks plus scratch.
     pub vmem_bytes: usize,
+    /// A scoped VMEM limit to compile the kernel with (the custom call's `vmem_limit_bytes`):
+    /// its buffers plus every vector value of its body (tile-padded), an upper bound of what
+    /// Mosaic keeps in VMEM, between [`MIN_VMEM_LIMIT_BYTES`] and [`MAX_VMEM_LIMIT_BYTES`].
+    pub vmem_limit_bytes: usize,
 }
+
+/// The least VMEM limit [`MosaicKernel::vmem_limit_bytes`] asks for (libtpu's default).
+pub const MIN_VMEM_LIMIT_BYTES: usize = 16 << 20;
+/// The most VMEM limit [`MosaicKernel::vmem_limit_bytes`] asks for: half of a v5e's or v6e's
+/// VMEM, below a v5p's.
+pub const MAX_VMEM_LIMIT_BYTES: usize = 64 << 20;
 
 /// Lowers an instantiated kernel to a Mosaic module.
 ///
@@ -113,6 +123,7 @@ pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
         .collect();
     let scalar_prefetch = k.operands_with(OperandRole::ScalarPrefetch).count();
     let text = Emitter::new(k, &order).module()?;
+    let vmem_bytes = crate::rules::vmem_bytes(k);
     Ok(MosaicKernel {
         name: k.name.clone(),
         text,
@@ -120,7 +131,9 @@ pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
         results,
         scalar_prefetch,
         cost: cost::estimate(k),
-        vmem_bytes: crate::rules::vmem_bytes(k),
+        vmem_bytes,
+        vmem_limit_bytes: (vmem_bytes + cost::intermediate_bytes(k))
+            .clamp(MIN_VMEM_LIMIT_BYTES, MAX_VMEM_LIMIT_BYTES),
     })
 }
 

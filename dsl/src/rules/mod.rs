@@ -7,6 +7,10 @@
 use crate::error::{Problem, ProblemKind};
 use crate::ir::{BlockDim, DType, Kernel, MemorySpace, OperandRole, RefId};
 
+mod mosaic_ops;
+
+pub use mosaic_ops::check as check_mosaic_ops;
+
 /// Default scoped VMEM budget: v5e's 16 MiB default scoped limit.
 pub const DEFAULT_VMEM_LIMIT_BYTES: usize = 16 << 20;
 
@@ -18,6 +22,8 @@ pub struct TargetRules {
     pub tpu_tiling: bool,
     /// Maximum bytes of VMEM for double-buffered blocks plus scratch, if limited.
     pub vmem_limit_bytes: Option<usize>,
+    /// Check what Mosaic accepts inside a kernel body (see [`check_mosaic_ops`]).
+    pub mosaic_ops: bool,
 }
 
 impl Default for TargetRules {
@@ -27,12 +33,14 @@ impl Default for TargetRules {
 }
 
 impl TargetRules {
-    /// The rules Mosaic enforces on TPU, with v5e's default scoped VMEM budget.
+    /// The rules Mosaic enforces on TPU, with v5e's default scoped VMEM budget: block
+    /// tiling, the VMEM budget, and what Mosaic accepts inside a kernel body.
     pub fn tpu() -> Self {
         TargetRules {
             name: "tpu",
             tpu_tiling: true,
             vmem_limit_bytes: Some(DEFAULT_VMEM_LIMIT_BYTES),
+            mosaic_ops: true,
         }
     }
 
@@ -42,6 +50,7 @@ impl TargetRules {
             name: "portable",
             tpu_tiling: false,
             vmem_limit_bytes: None,
+            mosaic_ops: false,
         }
     }
 
@@ -61,9 +70,13 @@ pub fn tpu_tile(dtype: DType) -> (usize, usize) {
     }
 }
 
-/// Checks block tiling, exact coverage and the VMEM budget; returns every problem found.
+/// Checks block tiling, exact coverage, the VMEM budget and (for TPU) the ops of the body;
+/// returns every problem found.
 pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
     let mut problems = Vec::new();
+    if rules.mosaic_ops {
+        problems.extend(mosaic_ops::check(k));
+    }
     for (i, o) in k.operands.iter().enumerate() {
         let r = RefId(i as u32);
         let Some(b) = &o.block else { continue };
