@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 use std::time::Instant;
 
-use tessera_hlo::Module;
+use tessera_hlo::{DType, Module};
 use tessera_runtime::{CompileOptions, CompiledMemoryStats, Error as RuntimeError, NamedValue};
 use tessera_runtime::{Executable, Plugin, Topology};
 
@@ -272,6 +272,20 @@ fn blame(topology: &Topology, module: &Module, program_error: &RuntimeError) -> 
             }
         }
     }
+    // A kernel accepted alone may still be refused in the program (e.g. out of scoped VMEM
+    // beside its neighbours); the compiler then names the custom call by its result shapes.
+    let message = compiler_message(program_error);
+    let named: Vec<&String> = kernels
+        .iter()
+        .filter(|(_, alone)| mentions_results(&message, alone))
+        .map(|(name, _)| name)
+        .collect();
+    if let [name] = named.as_slice() {
+        return TpuCompileError::Compiler {
+            culprit: format!("kernel `{name}` (in the program; it compiles alone)"),
+            message,
+        };
+    }
     let culprit = if kernels.is_empty() {
         format!("the program `{}`", module.name())
     } else {
@@ -282,9 +296,32 @@ fn blame(topology: &Topology, module: &Module, program_error: &RuntimeError) -> 
             names.join(", ")
         )
     };
-    TpuCompileError::Compiler {
-        culprit,
-        message: compiler_message(program_error),
+    TpuCompileError::Compiler { culprit, message }
+}
+
+/// Whether the compiler's `message` shows a custom call with the results of the kernel
+/// program `alone` (HLO text such as `f32[1,2,2048,128]{`).
+fn mentions_results(message: &str, alone: &Module) -> bool {
+    let Some(main) = alone.get_func("main") else {
+        return false;
+    };
+    let results = main.result_types();
+    message.contains("custom-call")
+        && !results.is_empty()
+        && results.iter().all(|t| {
+            let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
+            message.contains(&format!("{}[{}]{{", hlo_type(t.dtype), dims.join(",")))
+        })
+}
+
+/// The HLO name of an element type.
+fn hlo_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::I32 => "s32",
+        DType::I8 => "s8",
+        DType::Bool => "pred",
     }
 }
 
@@ -362,6 +399,33 @@ mod tests {
             let e = TpuTarget::parse(bad).unwrap_err();
             assert!(e.to_string().contains("expected tpu:TOPOLOGY"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_custom_call_in_a_compiler_message_is_matched_by_its_results() {
+        use tessera_hlo::TensorType;
+        let alone = |results: &[&[i64]]| {
+            let mut m = Module::new("kernel");
+            let mut f = m.func("main");
+            let outs: Vec<_> = results
+                .iter()
+                .map(|d| f.arg(TensorType::new(d.to_vec(), DType::F32)).unwrap())
+                .collect();
+            f.finish(&outs).unwrap();
+            m
+        };
+        let message = "Ran out of memory in memory space vmem while allocating on stack for \
+            %name.4 = (f32[2,1,2,2048,128]{4,3,2,1,0:T(8,128)}, f32[1,2,2048,128]{3,2,1,0:T(8,128)}) \
+            custom-call(%copy-done.3), custom_call_target=\"tpu_custom_call\"";
+        assert!(mentions_results(
+            message,
+            &alone(&[&[2, 1, 2, 2048, 128], &[1, 2, 2048, 128]])
+        ));
+        assert!(!mentions_results(message, &alone(&[&[1, 2, 2048, 1]])));
+        assert!(!mentions_results(
+            "f32[1,2,2048,128]{",
+            &alone(&[&[1, 2, 2048, 128]])
+        ));
     }
 
     #[test]

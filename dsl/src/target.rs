@@ -130,7 +130,13 @@ impl Target {
                 transcendentals: mosaic.cost.transcendentals,
                 bytes_accessed: mosaic.cost.bytes_accessed,
             }),
-            vmem_limit_bytes: self.rules.vmem_limit_bytes.map(|b| b as u64),
+            // Mosaic's own bound of what the kernel keeps in VMEM, or the rules' budget when
+            // that is larger.
+            vmem_limit_bytes: Some(
+                mosaic
+                    .vmem_limit_bytes
+                    .max(self.rules.vmem_limit_bytes.unwrap_or(0)) as u64,
+            ),
             ..TpuCustomCall::new(mosaic.name, mosaic.text)
         };
         f.tpu_custom_call(&call, &operands, &results)

@@ -14,9 +14,14 @@ use tessera::splash::{
 /// Arguments of `tessera attention`.
 #[derive(clap::Args, Debug)]
 pub struct AttentionArgs {
-    /// Queries, float32 [B, H, S, D].
+    /// Queries, float32 [B, H, S, D] (see --dtype).
     #[arg(long)]
     pub q: PathBuf,
+    /// Element type the attention computes in: f32, or bf16 (q, k, v and dout as float32
+    /// files rounded to bf16, or uint16 files of raw bf16 bits; out and the gradients are
+    /// written as float32 holding the bf16 values exactly).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
     /// Keys, float32 [B, KVH, S, D] (KVH divides H: MHA, GQA, MQA).
     #[arg(long)]
     pub k: PathBuf,
@@ -89,16 +94,27 @@ pub struct AttentionArgs {
     pub stats: bool,
 }
 
-fn read_f32(path: &Path, what: &str) -> Result<HostArray> {
+/// Reads q, k, v or dout as `dtype`: float32 files (converted to bf16, rounding to nearest
+/// even, with `--dtype bf16`), or with `--dtype bf16` uint16 files of raw bf16 bits.
+fn read_float(path: &Path, what: &str, dtype: DType) -> Result<HostArray> {
     let a = read_npy(path)?;
-    if a.dtype() != DType::F32 {
-        bail!(
-            "{}: {what} must be float32, got {} (save with x.astype(np.float32))",
-            path.display(),
-            a.dtype()
-        );
+    match (a.dtype(), dtype) {
+        (DType::F32, DType::F32) | (DType::BF16, DType::BF16) => Ok(a),
+        (DType::F32, DType::BF16) => Ok(HostArray::from_f64(
+            DType::BF16,
+            a.shape().to_vec(),
+            &a.to_f64_vec(),
+        )?),
+        (DType::BF16, _) => bail!(
+            "{}: {what} holds uint16 (raw bf16 bits), which needs --dtype bf16",
+            path.display()
+        ),
+        (other, _) => bail!(
+            "{}: {what} must be float32 (or, with --dtype bf16, uint16 bf16 bits), got {other} \
+             (save with x.astype(np.float32))",
+            path.display()
+        ),
     }
-    Ok(a)
 }
 
 /// The largest divisor of `n` up to `cap` that is a multiple of `mult`, else `n`.
@@ -117,9 +133,14 @@ pub(super) const DEFAULT_DEVICES: usize = 4;
 
 /// Runs `tessera attention`.
 pub fn attention_command(a: &AttentionArgs) -> Result<()> {
-    let q = read_f32(&a.q, "q")?;
-    let k = read_f32(&a.k, "k")?;
-    let v = read_f32(&a.v, "v")?;
+    let dtype = match a.dtype.as_str() {
+        "f32" => DType::F32,
+        "bf16" => DType::BF16,
+        other => bail!("--dtype {other} is not supported; use f32 or bf16"),
+    };
+    let q = read_float(&a.q, "q", dtype)?;
+    let k = read_float(&a.k, "k", dtype)?;
+    let v = read_float(&a.v, "v", dtype)?;
     let dims = Dims::of(q.shape(), k.shape(), v.shape())?;
     let seg = match &a.segment_ids {
         Some(p) => {
@@ -142,7 +163,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         None => None,
     };
     let dout = match &a.dout {
-        Some(p) => Some(read_f32(p, "dout")?),
+        Some(p) => Some(read_float(p, "dout", dtype)?),
         None => None,
     };
     let mask = Mask::parse(&a.mask)?;
@@ -179,7 +200,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         }
         let cp = ContextParallel {
             dims,
-            dtype: DType::F32,
+            dtype,
             mask,
             block_sizes: blocks,
             options,
@@ -192,7 +213,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         return context_parallel_command(a, &cp, [&q, &k, &v], dout.as_ref(), seg.as_ref());
     }
     let backend = a.backend.unwrap_or(Backend::Interpret);
-    let attn = SplashAttention::new(mask, dims, DType::F32, blocks, options, TargetRules::tpu())?;
+    let attn = SplashAttention::new(mask, dims, dtype, blocks, options, TargetRules::tpu())?;
     let x = Inputs {
         q: &q,
         k: &k,
