@@ -36,7 +36,9 @@ fn program(kernels: &[(&str, &str)], devices: u32) -> Module {
     let mut x = f.arg_with_sharding(t.clone(), Sharding::Manual).unwrap();
     for (name, mosaic) in kernels {
         let call = TpuCustomCall::new(*name, *mosaic);
-        x = f.tpu_custom_call(&call, &[x], &[t.clone()]).unwrap()[0];
+        x = f
+            .tpu_custom_call(&call, &[x], std::slice::from_ref(&t))
+            .unwrap()[0];
     }
     f.finish_with_shardings(&[(x, Some(Sharding::Manual))])
         .unwrap();

@@ -148,65 +148,65 @@ impl Module {
     /// The `kernel_name`s of the Mosaic kernels (`tpu_custom_call`s) in this module, in
     /// program order, each once.
     pub fn tpu_kernel_names(&self) -> Vec<String> {
-        let mut names = Vec::new();
-        for f in self.funcs() {
-            collect_kernel_names(f.body(), &mut names);
+        let mut names: Vec<String> = Vec::new();
+        for call in self.tpu_calls() {
+            if !names.contains(&call.name) {
+                names.push(call.name);
+            }
         }
         names
     }
-}
 
-impl Module {
     /// For each distinct Mosaic kernel of this module (by name; its first call), a one-device
     /// module whose `main` takes that call's operands as arguments and returns its results.
     /// Compiled alone, each tells whether the compiler accepts that kernel: how a failed
     /// program's error is traced to the kernel that caused it.
     pub fn tpu_kernel_programs(&self) -> Result<Vec<(String, Module)>, HloError> {
-        let mut calls = Vec::new();
-        for f in self.funcs() {
-            collect_calls(f, f.body(), &mut calls)?;
-        }
         let mut programs: Vec<(String, Module)> = Vec::new();
-        for (name, spec, operand_types, result_types) in calls {
-            if programs.iter().any(|(n, _)| *n == name) {
+        for call in self.tpu_calls() {
+            if programs.iter().any(|(n, _)| *n == call.name) {
                 continue;
             }
             let mut m = Module::new("kernel");
             let mut f = m.func("main");
-            let args = operand_types
+            let args = call
+                .operands
                 .into_iter()
                 .map(|t| f.arg(t))
                 .collect::<Result<Vec<_>, _>>()?;
-            let outs = f.custom_call(spec, &args, &result_types)?;
+            let outs = f.custom_call(call.spec, &args, &call.results)?;
             f.finish(&outs)?;
-            programs.push((name, m));
+            programs.push((call.name, m));
         }
         Ok(programs)
     }
-}
 
-impl Module {
     /// The Mosaic kernels of this module as `(kernel name, Mosaic module text)`, each distinct
     /// body once, in program order (decoded from the calls' `backend_config`).
     pub fn tpu_kernel_bodies(&self) -> Result<Vec<(String, String)>, HloError> {
-        let mut calls = Vec::new();
-        for f in self.funcs() {
-            collect_calls(f, f.body(), &mut calls)?;
-        }
         let mut bodies: Vec<(String, String)> = Vec::new();
-        for (name, spec, _, _) in calls {
-            let text = mosaic_body(&spec.backend_config).ok_or_else(|| {
+        for call in self.tpu_calls() {
+            let text = mosaic_body(&call.spec.backend_config).ok_or_else(|| {
                 HloError::attr(
                     TPU_CUSTOM_CALL,
                     "backend_config",
-                    format!("kernel `{name}` has no readable Mosaic body"),
+                    format!("kernel `{}` has no readable Mosaic body", call.name),
                 )
             })?;
-            if !bodies.iter().any(|(n, t)| *n == name && *t == text) {
-                bodies.push((name, text));
+            if !bodies.iter().any(|(n, t)| *n == call.name && *t == text) {
+                bodies.push((call.name, text));
             }
         }
         Ok(bodies)
+    }
+
+    /// Every `tpu_custom_call` of the module, in program order.
+    fn tpu_calls(&self) -> Vec<Call> {
+        let mut calls = Vec::new();
+        for f in self.funcs() {
+            collect_calls(f, f.body(), &mut calls);
+        }
+        calls
     }
 }
 
@@ -220,37 +220,32 @@ fn mosaic_body(config: &str) -> Option<String> {
     String::from_utf8(bytes).ok()
 }
 
-/// A `tpu_custom_call` found in a module: kernel name, attributes, operand and result types.
-type Call = (String, CustomCall, Vec<TensorType>, Vec<TensorType>);
-
-fn collect_calls(f: &Func, region: &Region, calls: &mut Vec<Call>) -> Result<(), HloError> {
-    for op in &region.ops {
-        if let (Some(name), OpKind::CustomCall(spec)) = (kernel_name(op), &op.kind) {
-            let ty = |v: &Value| {
-                f.value_type(*v).cloned().ok_or_else(|| {
-                    HloError::attr(TPU_CUSTOM_CALL, "operands", "a value has no type")
-                })
-            };
-            let operands = op.operands.iter().map(ty).collect::<Result<_, _>>()?;
-            let results = op.results.iter().map(ty).collect::<Result<_, _>>()?;
-            calls.push((name, spec.clone(), operands, results));
-        }
-        for r in &op.regions {
-            collect_calls(f, r, calls)?;
-        }
-    }
-    Ok(())
+/// A `tpu_custom_call` found in a module.
+struct Call {
+    name: String,
+    spec: CustomCall,
+    operands: Vec<TensorType>,
+    results: Vec<TensorType>,
 }
 
-fn collect_kernel_names(region: &Region, names: &mut Vec<String>) {
+fn collect_calls(f: &Func, region: &Region, calls: &mut Vec<Call>) {
     for op in &region.ops {
-        if let Some(name) = kernel_name(op) {
-            if !names.contains(&name) {
-                names.push(name);
-            }
+        if let (Some(name), OpKind::CustomCall(spec)) = (kernel_name(op), &op.kind) {
+            // Every value of a finished function has a type.
+            let types = |vs: &[Value]| {
+                vs.iter()
+                    .filter_map(|v| f.value_type(*v).cloned())
+                    .collect()
+            };
+            calls.push(Call {
+                name,
+                spec: spec.clone(),
+                operands: types(&op.operands),
+                results: types(&op.results),
+            });
         }
         for r in &op.regions {
-            collect_kernel_names(r, names);
+            collect_calls(f, r, calls);
         }
     }
 }
