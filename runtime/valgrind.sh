@@ -18,6 +18,10 @@ if [ ${#tests[@]} -eq 0 ]; then
 fi
 command -v valgrind >/dev/null || { echo "valgrind not found (apt-get install valgrind)" >&2; exit 2; }
 cd "$here"
+# The binaries run outside cargo, so the environment of ../.cargo/config.toml (libtpu's
+# compile-only variables) is set here.
+export TPU_SKIP_MDS_QUERY=1 ALLOW_MULTIPLE_LIBTPU_LOAD=1 TPU_WORKER_HOSTNAMES=localhost \
+  TPU_ACCELERATOR_TYPE=v5p-8
 args=()
 for t in "${tests[@]}"; do args+=(--test "$t"); done
 mapfile -t bins < <(cargo test -p tessera-runtime "${args[@]}" --no-run --message-format=json \

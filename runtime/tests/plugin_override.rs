@@ -41,7 +41,7 @@ fn missing_override_names_path_and_variable() {
 }
 
 #[test]
-fn libtpu_override_and_environment() {
+fn tpu_compiler_override_and_environment() {
     // One test owns the libtpu variables of this process (tests run in threads).
     let missing = std::env::temp_dir().join("tessera-no-such-libtpu/libtpu.so");
     std::env::set_var("TESSERA_LIBTPU", &missing);
