@@ -79,14 +79,22 @@ impl Executor for Backend {
 pub enum RunError {
     #[error(transparent)]
     Kernel(#[from] KernelError),
+    /// (The message includes the cause, so it is not also a `source`: a chain printer would
+    /// repeat it.)
     #[error("XLA runtime: {0}")]
-    Runtime(#[from] tessera_runtime::Error),
+    Runtime(tessera_runtime::Error),
     #[error(
         "the gpu backend needs a CUDA PJRT plugin: install the wheel (`pip install \
          jax-cuda12-pjrt jax-cuda12-plugin[with-cuda]`) and set {GPU_PLUGIN_VAR} to its \
          xla_cuda_plugin.so"
     )]
     NoGpuPlugin,
+}
+
+impl From<tessera_runtime::Error> for RunError {
+    fn from(e: tessera_runtime::Error) -> Self {
+        RunError::Runtime(e)
+    }
 }
 
 /// Runs `def` on `args` (scalar prefetch, then inputs) on `backend`, instantiated under

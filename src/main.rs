@@ -10,7 +10,12 @@ use cli::{Cli, Command};
 fn main() -> ExitCode {
     // Before any thread starts: libtpu (`tessera compile`) reads these when it loads.
     tessera::runtime::provision::set_libtpu_compile_only_env();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return cli::report_parse_error(e),
+    };
+    // Still one thread, and no plugin loaded yet.
+    cli::configure_plugin_logs(cli.verbose);
     let result = match cli.command {
         Command::Kernels => {
             cli::kernel::list_kernels();
@@ -21,7 +26,8 @@ fn main() -> ExitCode {
             params,
             args,
             rules,
-        } => cli::kernel::print_ir(&kernel, &params, args, &rules).map(|()| true),
+            emit,
+        } => cli::kernel::print_ir(&kernel, &params, args, &rules, emit).map(|()| true),
         Command::Run {
             kernel,
             params,

@@ -110,7 +110,9 @@ fn the_library_has_no_cli_dependencies() {
         .iter()
         .filter_map(|f| f.as_str())
         .collect();
-    assert_eq!(cli, ["dep:clap", "dep:anyhow"]);
+    for dep in ["dep:clap", "dep:anyhow"] {
+        assert!(cli.contains(&dep), "the `cli` feature must enable {dep}");
+    }
     // The binary needs the feature; nothing else in the library may name clap or anyhow.
     let bins = m["bin"].as_array().expect("the tessera binary");
     assert_eq!(bins[0]["required-features"][0].as_str(), Some("cli"));

@@ -284,3 +284,35 @@ fn kernels_breaking_a_tpu_rule_do_not_compile() {
     }
     assert!(accepted.is_empty(), "libtpu compiled {accepted:?}");
 }
+
+/// A [1, 1] window read as a scalar (`vector.extract`) and used as a dynamic slice start,
+/// which the TPU rules allow.
+#[test]
+#[ignore = "needs libtpu: set TESSERA_LIBTPU and run with --ignored"]
+fn one_element_read_as_a_scalar_compiles() {
+    use tessera::dsl::prelude::*;
+    #[tpu_kernel(grid = (1,))]
+    fn shifted(
+        #[shape(8, 128)] x: Ref<f32>,
+        #[shape(8, 128)] shift: Ref<i32>,
+        #[shape(8, 128)] out: RefMut<f32>,
+    ) {
+        let start = shift.at(&[ds(0, 1), ds(0, 1)]).load().reshape(&[]);
+        out.at(&[ds(0, 1), all()])
+            .store(x.at(&[ds(start, 1), all()]).load());
+        out.at(&[ds(1, 7), all()]).store(0.0);
+    }
+    let plugin = libtpu();
+    for t in TOPOLOGIES {
+        let topology = plugin.topology(t).unwrap();
+        compile(
+            &topology,
+            &shifted(),
+            &[
+                ArgSpec::new(DType::F32, [8, 128]),
+                ArgSpec::new(DType::I32, [8, 128]),
+            ],
+        )
+        .unwrap();
+    }
+}

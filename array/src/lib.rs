@@ -85,6 +85,30 @@ impl fmt::Display for DType {
     }
 }
 
+/// Rounds an `f64` to the nearest `bf16`, ties to even, in one rounding step: the value an MLIR
+/// parser gives a decimal literal of a bf16 tensor, and the one conversion from `f64` to
+/// `bf16` in tessera.
+///
+/// `half::bf16::from_f64` drops the low 32 bits of the `f64` before rounding, so a value just
+/// above a midpoint between two bf16 numbers (by less than 2^-20 of it) rounds to even instead
+/// of up; this corrects that one case.
+pub fn bf16_from_f64(x: f64) -> bf16 {
+    let rounded = bf16::from_f64(x);
+    let away = bf16::from_bits(rounded.to_bits().wrapping_add(1));
+    if !x.is_finite() || !away.is_finite() || rounded.to_f64().abs() > x.abs() {
+        // NaN and infinities, the largest finite magnitude, and a result already rounded away
+        // from zero are exact.
+        return rounded;
+    }
+    // Both neighbours have at most 8 significant bits, so their midpoint is exact in f64.
+    let midpoint = (rounded.to_f64() + away.to_f64()) / 2.0;
+    if x.abs() > midpoint.abs() {
+        away
+    } else {
+        rounded
+    }
+}
+
 /// The elements of a [`HostArray`], row-major.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ArrayData {
@@ -171,7 +195,7 @@ impl HostArray {
     ) -> Result<Self, ShapeError> {
         let data = match dtype {
             DType::F32 => ArrayData::F32(values.iter().map(|&v| v as f32).collect()),
-            DType::BF16 => ArrayData::BF16(values.iter().map(|&v| bf16::from_f64(v)).collect()),
+            DType::BF16 => ArrayData::BF16(values.iter().map(|&v| bf16_from_f64(v)).collect()),
             DType::I32 => ArrayData::I32(values.iter().map(|&v| v as i32).collect()),
             DType::I8 => ArrayData::I8(values.iter().map(|&v| v as i8).collect()),
             DType::Bool => ArrayData::Bool(values.iter().map(|&v| v != 0.0).collect()),
@@ -254,6 +278,54 @@ mod tests {
             assert_eq!(DType::from_name(d.name()), Some(d));
         }
         assert_eq!(DType::from_name("f64"), None);
+    }
+
+    /// The nearest bf16 by exhaustive search over the neighbours of `x`, ties to even.
+    fn nearest_bf16(x: f64) -> u16 {
+        let sign = if x.is_sign_negative() { 0x8000 } else { 0 };
+        let a = x.abs();
+        // Past the midpoint between the largest finite bf16 and 2^128, the result is infinity.
+        if a >= bf16::MAX.to_f64() + 2f64.powi(119) {
+            return sign | 0x7F80;
+        }
+        let (mut best, mut best_err) = (0u16, f64::INFINITY);
+        let start = (bf16::from_f32(a as f32).to_bits()).saturating_sub(2);
+        for b in start..=(start + 4).min(0x7F7F) {
+            let err = (bf16::from_bits(b).to_f64() - a).abs();
+            if err < best_err || (err == best_err && b % 2 == 0) {
+                (best, best_err) = (b, err);
+            }
+        }
+        sign | best
+    }
+
+    #[test]
+    fn f64_to_bf16_rounds_once() {
+        assert_eq!(bf16_from_f64(1.0).to_bits(), 0x3F80);
+        assert_eq!(bf16_from_f64(-1.0).to_bits(), 0xBF80);
+        assert_eq!(bf16_from_f64(1e300).to_bits(), 0x7F80);
+        assert!(bf16_from_f64(f64::NAN).is_nan());
+        // Just above the midpoint of 1.0 and its successor rounds up; `half` alone rounds to
+        // even here because it never sees the 1e-12.
+        assert_eq!(bf16_from_f64(1.0 + 1.0 / 256.0 + 1e-12).to_bits(), 0x3F81);
+        assert_eq!(bf16::from_f64(1.0 + 1.0 / 256.0 + 1e-12).to_bits(), 0x3F80);
+        assert_eq!(bf16_from_f64(1.0 + 1.0 / 256.0).to_bits(), 0x3F80);
+        assert_eq!(bf16_from_f64(1.0 + 3.0 / 256.0).to_bits(), 0x3F82);
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..100_000 {
+            // Values near midpoints, subnormals and everything in between.
+            let b = rng.u16(0..0x7F7F);
+            let mid = (bf16::from_bits(b).to_f64() + bf16::from_bits(b + 1).to_f64()) / 2.0;
+            let x = match rng.u8(0..3) {
+                0 => mid * (1.0 + (rng.f64() - 0.5) * 1e-9),
+                1 => mid,
+                _ => f64::from_bits(rng.u64(..)),
+            };
+            if x.is_finite() {
+                assert_eq!(bf16_from_f64(x).to_bits(), nearest_bf16(x), "{x:e}");
+                assert_eq!(bf16_from_f64(-x).to_bits(), nearest_bf16(-x), "{x:e}");
+            }
+        }
     }
 
     #[test]

@@ -119,7 +119,7 @@ impl fmt::Display for PartitionSpec {
 /// One dim's sharding on mesh `M`: [`Replicated`], or [`Split<A>`] for an axis `A` of `M`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a dim sharding",
-    label = "not `Replicated` or `Split<Axis>`",
+    label = "this is not `Replicated` or `Split<Axis>`",
     note = "a sharding is a tuple with one entry per dim, each `Replicated` or `Split<Axis>`"
 )]
 pub trait DimSharding<M>: 'static {
@@ -139,7 +139,7 @@ impl<M: HasAxis<A>, A: MeshAxis> DimSharding<M> for Split<A> {
 /// scalar), up to [`MAX_RANK`] dims.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a sharding of a tensor on the mesh `{M}`",
-    label = "not a sharding",
+    label = "this is not a sharding",
     note = "a sharding is a tuple with one entry per dim (at most 8), each `Replicated` or \
             `Split<Axis>` with an axis of the mesh"
 )]
@@ -185,7 +185,7 @@ layout_tuples! {
 /// axis `A` of `M`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a variation of a tensor on the mesh `{M}`",
-    label = "not `Invariant` or `Varying<Axis>`",
+    label = "this is not `Invariant` or `Varying<Axis>`",
     note = "use `Invariant`, or `Varying<Axis>` with an axis of the mesh"
 )]
 pub trait Variation<M>: 'static {
@@ -221,8 +221,8 @@ pub trait DimAt<const D: usize> {
 
 /// `all_to_all` over `A` concatenates dim `D`: it must be the dim split over `A`.
 #[diagnostic::on_unimplemented(
-    message = "`all_to_all` over `{A}` concatenates dim {D}, so dim {D} must be the dim split \
-               over `{A}`, but the tensor is sharded as `{Self}`",
+    message = "`all_to_all` over `{A}` concatenates dim {D}, so dim {D} must be split over \
+               `{A}`, but it is not",
     label = "dim {D} is not split over `{A}`",
     note = "`all_to_all::<Axis, SPLIT, CONCAT>` makes dim CONCAT (split over Axis) whole and \
             splits dim SPLIT over Axis: e.g. Ulysses `[B, H, S/U, D] -> [B, H/U, S, D]` is \
@@ -232,8 +232,7 @@ pub trait ConcatDimOf<A, const D: usize> {}
 
 /// `all_to_all` over `A` splits dim `D`: it must be whole.
 #[diagnostic::on_unimplemented(
-    message = "`all_to_all` over `{A}` splits dim {D}, but dim {D} is already split in a tensor \
-               sharded as `{Self}`",
+    message = "`all_to_all` over `{A}` splits dim {D}, but dim {D} is already split",
     label = "dim {D} is already split",
     note = "a dim is split over at most one mesh axis, and SPLIT and CONCAT must be different \
             dims; make dim {D} whole first (all_gather)"
@@ -242,8 +241,7 @@ pub trait SplitDimOf<A, const D: usize> {}
 
 /// `all_gather` over `A` gathers dim `D`: it must be split over `A`.
 #[diagnostic::on_unimplemented(
-    message = "`all_gather` over `{A}` gathers dim {D}, but dim {D} is not split over `{A}` in a \
-               tensor sharded as `{Self}`",
+    message = "`all_gather` over `{A}` gathers dim {D}, but dim {D} is not split over `{A}`",
     label = "dim {D} is not split over `{A}`",
     note = "`all_gather::<Axis, DIM>` concatenates the blocks of dim DIM held along Axis; check \
             the axis and the dim"
@@ -252,8 +250,7 @@ pub trait GatherDimOf<A, const D: usize> {}
 
 /// `reduce_scatter` over `A` scatters dim `D`: it must be whole.
 #[diagnostic::on_unimplemented(
-    message = "`reduce_scatter` over `{A}` scatters dim {D}, but dim {D} is already split in a \
-               tensor sharded as `{Self}`",
+    message = "`reduce_scatter` over `{A}` scatters dim {D}, but dim {D} is already split",
     label = "dim {D} is already split",
     note = "a dim is split over at most one mesh axis; scatter a whole dim"
 )]
@@ -262,7 +259,7 @@ pub trait ScatterDimOf<A, const D: usize> {}
 /// `ppermute` / `ring_shift` over `A` moves the blocks of dim `D`: it must be split over `A`.
 #[diagnostic::on_unimplemented(
     message = "`ppermute` over `{A}` moves the blocks of dim {D} between the devices of `{A}`, \
-               but dim {D} is not split over `{A}` in a tensor sharded as `{Self}`",
+               but dim {D} is not split over `{A}`",
     label = "dim {D} is not split over `{A}`: nothing differs between the devices to move",
     note = "a tensor that is not split over the axis is the same on every device of it, so a \
             ring shift would not change it; shift a tensor split over the axis (e.g. the K/V \
@@ -273,8 +270,7 @@ pub trait PermuteDimOf<A, const D: usize> {}
 /// A local op needs dim `D` whole on every device. Use it as a bound on the sharding of a
 /// local op's operand (`S: WholeDim<2>`) to have the compiler reject a sharded dim.
 #[diagnostic::on_unimplemented(
-    message = "this local op needs dim {D} whole on every device, but the tensor is sharded as \
-               `{Self}`",
+    message = "this local op needs dim {D} whole on every device, but dim {D} is split",
     label = "dim {D} is split across devices",
     note = "re-shard first: `all_to_all` moves the split to another dim (Ulysses), \
             `all_gather` makes the dim whole"
@@ -285,7 +281,7 @@ pub trait WholeDim<const D: usize> {}
 #[diagnostic::on_unimplemented(
     message = "summing over `{A}` (psum, reduce_scatter) needs a tensor that varies over `{A}`, \
                but this one is `{Self}`",
-    label = "does not vary over `{A}`",
+    label = "this tensor does not vary over `{A}`",
     note = "a `Varying<Axis>` tensor holds one summand per device (e.g. a partial result of a \
             local op); an `Invariant` tensor is the same on every device, and a split tensor \
             is made whole with `all_gather`"
@@ -298,7 +294,7 @@ impl<A> VaryingOver<A> for Varying<A> {}
 /// A program output must not vary beyond its split dims.
 #[diagnostic::on_unimplemented(
     message = "a program output must be `Invariant`, but this tensor is `{Self}`",
-    label = "varies from device to device",
+    label = "this tensor varies from device to device",
     note = "sum the per-device values first: `psum` (replicated result) or `reduce_scatter` \
             (split result)"
 )]
@@ -311,7 +307,7 @@ impl InvariantOutput for Invariant {}
 #[diagnostic::on_unimplemented(
     message = "the program declares the output sharding `{Declared}`, but this tensor is \
                sharded as `{Self}`",
-    label = "sharded as `{Self}`",
+    label = "this tensor is not sharded as declared",
     note = "re-shard before returning (e.g. the inverse `all_to_all`), or declare the sharding \
             the tensor has"
 )]
@@ -324,7 +320,7 @@ impl<S> MatchesOutput<S> for S {}
 /// operand's, `S` the first's).
 #[diagnostic::on_unimplemented(
     message = "cannot combine a tensor sharded as `{S}` with one sharded as `{Self}`",
-    label = "sharded as `{Self}`",
+    label = "this operand is sharded differently from the first",
     note = "elementwise ops need the same sharding on both sides; re-shard one operand first \
             (all_to_all, all_gather, ...)"
 )]

@@ -11,9 +11,20 @@ use crate::host;
 use crate::mesh::{Mesh, MeshShape};
 use crate::spmd::{CollectiveCall, Signature, Spmd, TensorInfo};
 
-/// An SPMD program on the mesh `M`: a StableHLO module in the manual-sharding form
-/// (`mhlo.num_partitions` = devices, `{manual}` arguments and results, a channel handle per
-/// collective), the form `jax.shard_map` emits and that also compiles for TPU.
+/// An SPMD program on the mesh `M`: a StableHLO module with one partition per device whose
+/// `@main` takes and returns per-device blocks, a channel handle per collective: the form
+/// `jax.shard_map` emits, printed two ways.
+///
+/// * [`Program::to_mlir`], what [`Program::compile`] compiles (with
+///   `use_shardy_partitioner`): Shardy's form, an `sdy.mesh` and `@main` over global tensors
+///   (`sdy.sharding`) whose body is an `sdy.manual_computation` over every mesh axis.
+/// * [`Program::to_mlir_gspmd`]: GSPMD's form, per-device types with
+///   `mhlo.sharding = "{manual}"`; the form known to compile for TPU (libtpu), compiled
+///   without Shardy.
+///
+/// Both run the same per-device program on the same per-device buffers. The XLA CPU plugin
+/// (StableHLO 1.13) compiles both; the GSPMD form makes it warn that GSPMD sharding
+/// propagation is deprecated, the Shardy form compiles without the warning.
 ///
 /// ```
 /// use tessera_collectives::prelude::*;
@@ -61,10 +72,16 @@ impl<M: MeshShape> Program<M> {
         body: impl FnOnce(&Spmd<'_, M>) -> Result<(), CollectiveError>,
     ) -> Result<Self, CollectiveError> {
         let mut module = Module::new(name);
-        let devices = u32::try_from(mesh.num_devices()).map_err(|_| CollectiveError::Mesh {
-            reason: format!("{mesh} is too many devices"),
-        })?;
-        module.set_num_partitions(devices)?;
+        let axes = mesh
+            .axis_names()
+            .iter()
+            .zip(mesh.sizes())
+            .map(|(&name, &size)| Ok((name, u32::try_from(size)?)))
+            .collect::<Result<Vec<_>, std::num::TryFromIntError>>()
+            .map_err(|_| CollectiveError::Mesh {
+                reason: format!("{mesh} is too many devices"),
+            })?;
+        module.set_mesh(&axes)?;
         let (signature, collectives) = {
             let spmd = Spmd::new(module.func("main"), mesh)?;
             body(&spmd)?;
@@ -90,9 +107,16 @@ impl<M: MeshShape> Program<M> {
         &self.module
     }
 
-    /// The StableHLO text.
+    /// The StableHLO text in Shardy's form (what [`Program::compile`] compiles).
     pub fn to_mlir(&self) -> String {
         self.module.to_mlir()
+    }
+
+    /// The StableHLO text in GSPMD's manual form (`{manual}` per-device arguments and
+    /// results), for compilers without Shardy: compile it with
+    /// `CompileOptions::manual_partitions` (no `use_shardy_partitioner`).
+    pub fn to_mlir_gspmd(&self) -> String {
+        self.module.to_mlir_gspmd()
     }
 
     /// The arguments: sharding, global and per-device types.
@@ -125,7 +149,7 @@ impl<M: MeshShape> Program<M> {
                 actual: client.devices().len(),
             });
         }
-        let options = CompileOptions::manual_partitions(n)?;
+        let options = CompileOptions::manual_partitions(n)?.with_shardy(true);
         let exe = client.compile(&self.to_mlir(), &options)?;
         Ok(Executable {
             exe,

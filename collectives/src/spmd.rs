@@ -234,7 +234,7 @@ impl<M> dyn Ctx<M> + '_ {
 /// A value the local ops of a program on mesh `M` accept: any [`DTensor`] of that mesh.
 #[diagnostic::on_unimplemented(
     message = "a local op of a program on the mesh `{M}` cannot take `{Self}`",
-    label = "not a tensor of the mesh `{M}`",
+    label = "this is not a tensor of the mesh `{M}`",
     note = "local ops take the `DTensor`s of their own program"
 )]
 pub trait LocalValue<M> {
@@ -242,9 +242,46 @@ pub trait LocalValue<M> {
     fn local_value(&self) -> Value;
 }
 
+/// The typed results of a local op with several results ([`Spmd::local_results`]): a tuple of
+/// 1 to 4 [`DTensor`]s of one program.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a tuple of tensors of the mesh `{M}`",
+    label = "this is not a tuple of tensors of the program",
+    note = "a local op with several results returns a tuple of 1 to 4 `DTensor`s of its program"
+)]
+pub trait LocalResults<'p, M>: Sized {
+    /// How many results.
+    const COUNT: usize;
+    /// Wraps `values` (one per result), checking each fits its type (rank, axes used once).
+    fn wrap(p: &'p Spmd<'_, M>, values: &[Value]) -> Result<Self, CollectiveError>;
+}
+
+macro_rules! local_results {
+    ($(($($s:ident $v:ident $i:tt),+);)*) => {
+        $(
+            impl<'p, M: MeshShape, $($s: Layout<M>, $v: Variation<M>),+> LocalResults<'p, M>
+                for ($(DTensor<'p, M, $s, $v>,)+)
+            {
+                const COUNT: usize = [$($i),+].len();
+                fn wrap(p: &'p Spmd<'_, M>, values: &[Value]) -> Result<Self, CollectiveError> {
+                    Ok(($(p.declare::<$s, $v>(values[$i])?,)+))
+                }
+            }
+        )*
+    };
+}
+
+local_results! {
+    (S0 V0 0);
+    (S0 V0 0, S1 V1 1);
+    (S0 V0 0, S1 V1 1, S2 V2 2);
+    (S0 V0 0, S1 V1 1, S2 V2 2, S3 V3 3);
+}
+
 /// Builds one SPMD function on the mesh `M`: the function's arguments and results are
-/// per-device shards (`mhlo.sharding = "{manual}"`), and the typed [`DTensor`]s it hands out
-/// carry their sharding in their type.
+/// per-device shards (on a module with the mesh, blocks of global tensors split over its
+/// axes; else `mhlo.sharding = "{manual}"`), and the typed [`DTensor`]s it hands out carry
+/// their sharding in their type.
 ///
 /// Usually made by [`Program::build`](crate::Program::build); to emit into a function built
 /// elsewhere (e.g. beside other code), wrap its [`FuncBuilder`] with [`Spmd::new`] and take
@@ -299,9 +336,24 @@ impl<M: MeshShape> Ctx<M> for Spmd<'_, M> {
 
 impl<'m, M: MeshShape> Spmd<'m, M> {
     /// Wraps a function builder whose module has one partition per mesh device
-    /// (`mhlo.num_partitions`) and one replica.
+    /// (`mhlo.num_partitions`) and one replica, and either this mesh
+    /// ([`Module::set_mesh`](tessera_hlo::Module::set_mesh)) or none.
     pub fn new(builder: FuncBuilder<'m>, mesh: &Mesh<M>) -> Result<Self, CollectiveError> {
         let partitions = builder.num_partitions() as usize;
+        let module_mesh = builder.mesh();
+        let same_mesh = module_mesh.len() == mesh.axis_names().len()
+            && module_mesh
+                .iter()
+                .zip(mesh.axis_names().iter().zip(mesh.sizes()))
+                .all(|((n, s), (m, &k))| n == m && *s as usize == k);
+        if !module_mesh.is_empty() && !same_mesh {
+            return Err(CollectiveError::Mesh {
+                reason: format!(
+                    "SPMD function @{} on the mesh {mesh}: the module's mesh is {module_mesh:?}",
+                    builder.name()
+                ),
+            });
+        }
         if partitions != mesh.num_devices() || builder.num_replicas() != 1 {
             return Err(CollectiveError::DeviceCount {
                 context: format!(
@@ -349,7 +401,8 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
         let local = layout.local_dims(&self.mesh, global, &context)?;
         let local = TensorType::new(local, dtype);
         let value = self.ctx().build("arg", |f| {
-            Ok(f.arg_with_sharding(local.clone(), Sharding::Manual)?)
+            let sharding = block_sharding(f, &layout.spec);
+            Ok(f.arg_with_sharding(local.clone(), sharding)?)
         })?;
         self.inputs.borrow_mut().push(TensorInfo {
             spec: layout.spec.clone(),
@@ -392,8 +445,9 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     }
 
     /// Runs a local (per-device) computation on the values of `inputs` and returns its raw
-    /// results; give them a layout with [`Spmd::declare`]. This is where kernels compose:
-    /// the closure may call `tessera_dsl::stablehlo::lower_into(kernel, f, args)`.
+    /// results; [`Spmd::local_results`] (several results) and [`Spmd::local`] (one) type them
+    /// instead. This is where kernels compose: the closure may call
+    /// `tessera_dsl::stablehlo::lower_into(kernel, f, args)`.
     pub fn local_values(
         &self,
         inputs: &[&dyn LocalValue<M>],
@@ -401,6 +455,29 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     ) -> Result<Vec<Value>, CollectiveError> {
         let args: Vec<Value> = inputs.iter().map(|x| x.local_value()).collect();
         self.ctx().build("local op", |b| f(b, &args))
+    }
+
+    /// A local computation with several results, typed by `R`: a tuple of [`DTensor`]s
+    /// (`(DTensor<'_, M, S1, V1>, DTensor<'_, M, S2, V2>, ..)`, up to 4) whose shardings say
+    /// what each device holds. A typed local op (e.g. a kernel) states `R` in its signature,
+    /// so its callers get typed results. `f` returns one value per result, in order.
+    pub fn local_results<'p, R: LocalResults<'p, M>>(
+        &'p self,
+        inputs: &[&dyn LocalValue<M>],
+        f: impl FnOnce(&mut FuncBuilder<'_>, &[Value]) -> Result<Vec<Value>, CollectiveError>,
+    ) -> Result<R, CollectiveError> {
+        let values = self.local_values(inputs, f)?;
+        if values.len() != R::COUNT {
+            return Err(CollectiveError::operand(
+                "local op",
+                format!(
+                    "the closure returned {} values for {} typed results",
+                    values.len(),
+                    R::COUNT
+                ),
+            ));
+        }
+        R::wrap(self, &values)
     }
 
     /// A local computation with one result, declared to have the layout `S`, `V`.
@@ -440,12 +517,14 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     }
 
     /// Ends the function: it returns the tensors given to [`DTensor::output`], in order, each
-    /// with `mhlo.sharding = "{manual}"`.
+    /// a per-device block: [`Sharding::ManualSplit`] on a module with a mesh (as
+    /// [`Program::build`](crate::Program::build) makes), else [`Sharding::Manual`].
     pub fn finish(self) -> Result<Signature, CollectiveError> {
         let (builder, signature, outputs) = self.into_parts();
         let results: Vec<(Value, Option<Sharding>)> = outputs
             .into_iter()
-            .map(|v| (v, Some(Sharding::Manual)))
+            .zip(&signature.outputs)
+            .map(|(v, info)| (v, Some(block_sharding(&builder, &info.spec))))
             .collect();
         builder.finish_with_shardings(&results)?;
         Ok(signature)
@@ -478,4 +557,21 @@ pub(crate) fn declare<'p, M: MeshShape, S, V>(
         &format!("{op} of a local value {ty}"),
     )?;
     Ok(DTensor::new(ctx, value, layout))
+}
+
+/// The sharding of an argument or result of `f` split as `spec`: on a module with a mesh,
+/// that block of the global tensor (Shardy's form names the split axes); else `{manual}`.
+fn block_sharding(f: &FuncBuilder<'_>, spec: &PartitionSpec) -> Sharding {
+    if f.mesh().is_empty() {
+        return Sharding::Manual;
+    }
+    Sharding::ManualSplit(
+        spec.dims()
+            .iter()
+            .map(|d| match d {
+                DimSpec::Split(axis) => Some(axis.to_string()),
+                DimSpec::Replicated => None,
+            })
+            .collect(),
+    )
 }

@@ -105,6 +105,38 @@ fn local_op_rank_must_match_the_layout() {
 }
 
 #[test]
+fn local_results_are_checked_against_their_types() {
+    // As many values as typed results, each of its declared rank.
+    let e = build_err(|p| {
+        let x = p.arg::<Seq>([1, 4, 8, 2], DType::F32)?;
+        let _: (DTensor<'_, Ring, Seq>, DTensor<'_, Ring, Seq>) =
+            p.local_results(&[&x], |_, v| Ok(vec![v[0]]))?;
+        Ok(())
+    });
+    contains_all(&e, &["local op", "returned 1 values for 2 typed results"]);
+    let e = build_err(|p| {
+        let x = p.arg::<Seq>([1, 4, 8, 2], DType::F32)?;
+        let _: (DTensor<'_, Ring, Seq>, DTensor<'_, Ring, (Replicated,)>) =
+            p.local_results(&[&x], |_, v| Ok(vec![v[0], v[0]]))?;
+        Ok(())
+    });
+    contains_all(&e, &["declare", "1 dims", "rank 4"]);
+    // Right counts and ranks: typed results with their layouts.
+    Program::build("ok", &ring4(), |p| {
+        let x = p.arg::<Seq>([1, 4, 8, 2], DType::F32)?;
+        type Partial = (Replicated, Replicated, Replicated, Replicated);
+        let (a, b): (
+            DTensor<'_, Ring, Seq>,
+            DTensor<'_, Ring, Partial, Varying<Context>>,
+        ) = p.local_results(&[&x], |f, v| Ok(vec![f.exp(v[0])?, v[0]]))?;
+        assert_eq!(a.layout().spec.to_string(), "P(None, None, context, None)");
+        assert_eq!(b.layout().varying, Some("context"));
+        a.output::<Seq>()
+    })
+    .unwrap();
+}
+
+#[test]
 fn tensor_ops_inside_a_local_closure_are_an_error() {
     let e = build_err(|p| {
         let x = p.arg::<Seq>([1, 4, 8, 2], DType::F32)?;

@@ -31,10 +31,24 @@ fn program(
         text.contains("mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32"),
         "{text}"
     );
+    // Shardy's form: the mesh, the global argument split over it, the body manual over both
+    // axes on the per-device block.
+    for expected in [
+        r#""sdy.mesh"() <{mesh = #sdy.mesh<["data"=2, "context"=4]>, sym_name = "mesh"}>"#,
+        r#"%arg0: tensor<2x8x16x2xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}, {"context"}, {}]>}"#,
+        r#""sdy.manual_computation"(%arg0) <{in_shardings = #sdy.sharding_per_value<[<@mesh, [{"data"}, {}, {"context"}, {}]>]>, manual_axes = #sdy<manual_axes{"data", "context"}>"#,
+        "^bb0(%local0: tensor<1x8x4x2xf32>):",
+    ] {
+        assert!(text.contains(expected), "{expected} in:\n{text}");
+    }
+    assert!(!text.contains("mhlo.sharding"), "{text}");
+    // GSPMD's form: the same body on per-device types, `{manual}`.
+    let gspmd = p.to_mlir_gspmd();
     assert!(
-        text.contains(r#"%arg0: tensor<1x8x4x2xf32> {mhlo.sharding = "{manual}"}"#),
-        "{text}"
+        gspmd.contains(r#"%arg0: tensor<1x8x4x2xf32> {mhlo.sharding = "{manual}"}"#),
+        "{gspmd}"
     );
+    assert!(!gspmd.contains("sdy."), "{gspmd}");
     text
 }
 
@@ -104,7 +118,11 @@ fn all_to_all_over_context_and_its_inverse() {
     }
     has(&lines[0], "(tensor<1x8x4x2xf32>) -> tensor<1x2x16x2xf32>");
     has(&lines[1], "(tensor<1x2x16x2xf32>) -> tensor<1x8x4x2xf32>");
-    assert!(text.contains(r#"-> (tensor<1x2x16x2xf32> {mhlo.sharding = "{manual}"}"#));
+    assert!(text.contains(
+        r#"-> (tensor<2x8x16x2xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {"context"}, {}, {}]>}"#
+    ));
+    assert!(text
+        .contains(r#""sdy.return"(%0, %1) : (tensor<1x2x16x2xf32>, tensor<1x8x4x2xf32>) -> ()"#));
 }
 
 #[test]

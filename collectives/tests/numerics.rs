@@ -1,6 +1,8 @@
 //! Every combinator's numbers, checked exactly against a host-side reference (tests/common),
 //! on 1-D meshes of 2, 4 and 8 devices and on 2-D meshes over each axis, in f32 and bf16.
 //! Inputs are small random integers, so every result (including sums) is exact in bf16.
+//! Every program runs in both of its forms (Shardy's, which `Program::compile` uses, and
+//! GSPMD's `{manual}` form), and the two must agree bit for bit.
 
 mod common;
 
@@ -8,7 +10,7 @@ use common::{axes_of, client, coords, from_buffer, local, to_buffer, Arr};
 use tessera_collectives::prelude::*;
 use tessera_collectives::{DimSharding, DimSpec};
 use tessera_hlo::DType;
-use tessera_runtime::HostBuffer;
+use tessera_runtime::{CompileOptions, HostBuffer};
 
 mesh!(Ring = [Context]);
 mesh!(DataContext = [Data, Context]);
@@ -42,6 +44,18 @@ fn run<M: MeshShape>(
         .compile(&client(n))
         .unwrap_or_else(|e| panic!("{e}\n{}", program.to_mlir()));
     let out = exe.run(&per_device).unwrap();
+    let gspmd = client(n)
+        .compile(
+            &program.to_mlir_gspmd(),
+            &CompileOptions::manual_partitions(n).unwrap(),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", program.to_mlir_gspmd()));
+    assert_eq!(
+        gspmd.execute_host(&per_device).unwrap(),
+        out,
+        "the GSPMD form computes what the Shardy form does:\n{}",
+        program.to_mlir()
+    );
     out.iter()
         .map(|o| o.iter().map(from_buffer).collect())
         .collect()

@@ -14,7 +14,7 @@ use crate::ir::{
 };
 use crate::rules::{self, TargetRules};
 use crate::trace::Element;
-use crate::trace::{IntoIndex, Ref, RefMut, Scratch, Smem, TraceState, Value};
+use crate::trace::{Ref, RefMut, Scratch, Smem, TraceState, Value};
 
 /// The dtype and shape of one kernel argument (an input or scalar-prefetch array).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -444,13 +444,6 @@ impl Builder {
 
 /// An index map as generated code passes it: grid indices in, block indices out.
 pub type IndexMapFn<'a> = &'a dyn Fn(&[Value]) -> Vec<Value>;
-
-/// Converts what an index map returns (values or integers) into block indices.
-#[doc(hidden)]
-#[track_caller]
-pub fn __index(i: impl IntoIndex) -> Value {
-    i.into_index()
-}
 
 impl Param {
     /// A parameter shown by its `Display` form (block sizes, dtypes, flags).

@@ -5,7 +5,14 @@
 //! [`HloError`] naming the op and the mismatch, so the emitted text is valid by construction.
 //! Programs are stored as data ([`Op`]: an [`OpKind`] with operands, results and regions) and
 //! rendered with [`Module::to_mlir`] in MLIR's generic op syntax, which the XLA CPU PJRT
-//! plugin (StableHLO 1.13) and libtpu parse.
+//! plugin (StableHLO 1.13) and libtpu parse. Constants are built from the shared host array
+//! ([`HostArray`]).
+//!
+//! Manually partitioned (SPMD) programs come in two forms: per-device arguments and results
+//! marked `mhlo.sharding = "{manual}"` (GSPMD's form, [`Sharding::Manual`]), or, on a module
+//! with a mesh ([`Module::set_mesh`]), Shardy's form: `@main` over global tensors split over
+//! the mesh axes ([`Sharding::ManualSplit`]), its body an `sdy.manual_computation`. A module
+//! with a mesh prints both ([`Module::to_mlir`], [`Module::to_mlir_gspmd`]).
 //!
 //! ```
 //! use tessera_hlo::{DType, Grouping, Module, Sharding, TensorType};
@@ -31,19 +38,18 @@ mod literal;
 mod module;
 mod ops;
 mod print;
-pub mod testing;
 mod tpu;
 mod types;
 
 pub use builder::FuncBuilder;
 pub use error::HloError;
-pub use literal::{bf16_bits_to_f32, f32_to_bf16_bits, format_bf16, format_f32, Elements, Literal};
+pub use literal::Literal;
 pub use module::{Func, Module};
 pub use ops::{
     BinaryOp, ChannelHandle, CollectiveAttrs, ComparisonDirection, ComparisonType, CustomCall,
     CustomCallApiVersion, DotDims, Grouping, Op, OpKind, OutputOperandAlias, Precision, Reducer,
     Region, Sharding, TypeClass, UnaryOp, Value,
 };
-pub use tessera_array::{DType, HostArray};
+pub use tessera_array::{ArrayData, DType, HostArray};
 pub use tpu::{CostEstimate, TpuCustomCall, TPU_CUSTOM_CALL};
 pub use types::TensorType;

@@ -28,6 +28,7 @@ pub struct Module {
     name: String,
     num_partitions: u32,
     num_replicas: u32,
+    mesh: Vec<(String, u32)>,
     funcs: Vec<Func>,
     next_channel: i64,
 }
@@ -39,6 +40,7 @@ impl Module {
             name: name.into(),
             num_partitions: 1,
             num_replicas: 1,
+            mesh: Vec::new(),
             funcs: Vec::new(),
             next_channel: 1,
         }
@@ -57,8 +59,53 @@ impl Module {
                 reason: "mhlo.num_partitions must be >= 1".into(),
             });
         }
+        if !self.mesh.is_empty() && n != self.num_partitions {
+            return Err(HloError::Module {
+                reason: format!(
+                    "the mesh has {} devices; mhlo.num_partitions cannot be {n}",
+                    self.num_partitions
+                ),
+            });
+        }
         self.num_partitions = n;
         Ok(())
+    }
+
+    /// Makes this a manually partitioned module on a device mesh: named axes with their
+    /// sizes, major to minor (partition `p` sits at the row-major coordinates of `p`), and
+    /// `mhlo.num_partitions` their product. `@main` then takes and returns per-device blocks
+    /// ([`Sharding::ManualSplit`]), and [`Module::to_mlir`] prints Shardy's form. Call it
+    /// before adding functions.
+    pub fn set_mesh(&mut self, axes: &[(&str, u32)]) -> Result<(), HloError> {
+        let err = |reason: String| HloError::Module { reason };
+        if !self.funcs.is_empty() {
+            return Err(err("set the mesh before adding functions".into()));
+        }
+        if axes.is_empty() {
+            return Err(err("a mesh needs at least one axis".into()));
+        }
+        let mut devices = 1u32;
+        for (i, &(name, size)) in axes.iter().enumerate() {
+            if name.is_empty() || axes[..i].iter().any(|&(n, _)| n == name) {
+                return Err(err(format!(
+                    "mesh axis #{i} `{name}`: axis names must be non-empty and distinct"
+                )));
+            }
+            if size == 0 {
+                return Err(err(format!("mesh axis `{name}` has size 0")));
+            }
+            devices = devices
+                .checked_mul(size)
+                .ok_or_else(|| err("the mesh has more than u32::MAX devices".into()))?;
+        }
+        self.mesh = axes.iter().map(|&(n, s)| (n.to_string(), s)).collect();
+        self.num_partitions = devices;
+        Ok(())
+    }
+
+    /// The mesh axes and their sizes (empty without a mesh).
+    pub fn mesh(&self) -> &[(String, u32)] {
+        &self.mesh
     }
 
     /// Sets `mhlo.num_replicas` (at least 1).
@@ -112,8 +159,83 @@ impl Module {
     }
 
     /// The module as MLIR text (generic op syntax, one op per line, deterministic).
+    ///
+    /// With a mesh it is Shardy's form, for a compile with `use_shardy_partitioner`: an
+    /// `sdy.mesh`, `@main` over global tensors with `sdy.sharding` attributes, and its body
+    /// in an `sdy.manual_computation` over every mesh axis. Without one, shardings print as
+    /// `mhlo.sharding` (GSPMD).
     pub fn to_mlir(&self) -> String {
-        crate::print::render_module(self)
+        crate::print::render_module(self, !self.mesh.is_empty())
+    }
+
+    /// The module in GSPMD's manual form, mesh or not: per-device types with
+    /// `mhlo.sharding = "{manual}"`, for a compile without Shardy (what libtpu is known to
+    /// compile).
+    pub fn to_mlir_gspmd(&self) -> String {
+        crate::print::render_module(self, false)
+    }
+
+    /// Checks the sharding of an argument or result (`what`) of type `ty` of the function
+    /// `func`: [`Sharding::ManualSplit`] needs a mesh, names its axes and has one entry per
+    /// dim; on a module with a mesh, `@main` takes and returns only such blocks and other
+    /// functions carry no shardings (Shardy's form has no `mhlo.sharding`).
+    pub(crate) fn check_sharding(
+        &self,
+        func: &str,
+        what: &str,
+        ty: &TensorType,
+        sharding: Option<&Sharding>,
+    ) -> Result<(), HloError> {
+        let err = |reason: String| HloError::Func {
+            func: func.to_string(),
+            reason: format!("{what}: {reason}"),
+        };
+        match (sharding, self.mesh.is_empty()) {
+            (Some(Sharding::ManualSplit(_)), true) => Err(err(
+                "a ManualSplit sharding needs a module mesh; call Module::set_mesh first".into(),
+            )),
+            (Some(Sharding::ManualSplit(axes)), false) => {
+                if func != "main" {
+                    return Err(err("only @main takes and returns ManualSplit blocks".into()));
+                }
+                if axes.len() != ty.rank() {
+                    return Err(err(format!(
+                        "the ManualSplit sharding names {} dims, the type {ty} has {}",
+                        axes.len(),
+                        ty.rank()
+                    )));
+                }
+                let mut global = 1i64;
+                for (d, (a, &local)) in axes.iter().zip(&ty.dims).enumerate() {
+                    let size = match a {
+                        None => 1,
+                        Some(a) => {
+                            let Some(&(_, size)) = self.mesh.iter().find(|(n, _)| n == a) else {
+                                return Err(err(format!(
+                                    "dim {d} is split over `{a}`, not a mesh axis"
+                                )));
+                            };
+                            if axes[..d].iter().any(|b| b.as_ref() == Some(a)) {
+                                return Err(err(format!("mesh axis `{a}` splits two dims")));
+                            }
+                            i64::from(size)
+                        }
+                    };
+                    global = local
+                        .checked_mul(size)
+                        .and_then(|g| global.checked_mul(g))
+                        .ok_or_else(|| err(format!("the global tensor of {ty} is too large")))?;
+                }
+                Ok(())
+            }
+            (_, true) => Ok(()),
+            (None, false) if func != "main" => Ok(()),
+            (_, false) => Err(err(if func == "main" {
+                "on a module with a mesh, @main takes and returns ManualSplit blocks".into()
+            } else {
+                "on a module with a mesh, only @main has shardings".into()
+            })),
+        }
     }
 
     pub(crate) fn add_func(&mut self, func: Func) -> Result<(), HloError> {

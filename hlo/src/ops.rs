@@ -562,11 +562,17 @@ impl CustomCall {
     }
 }
 
-/// An `mhlo.sharding` annotation (argument, result, or custom call).
+/// The sharding of an argument, a result or a custom call.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Sharding {
     /// `{manual}`: the value is a per-device shard in a manually partitioned program.
     Manual,
+    /// A per-device block of a global tensor in a manually partitioned program, on a module
+    /// with a mesh ([`Module::set_mesh`](crate::Module::set_mesh)): dim `d` is split over the
+    /// mesh axis `axes[d]` (`None`: whole on every device). Only on `@main`'s arguments and
+    /// results. The Shardy form declares the global tensor with this split; the GSPMD form
+    /// prints `{manual}` (see [`Module::to_mlir`](crate::Module::to_mlir)).
+    ManualSplit(Vec<Option<String>>),
     /// `{replicated}`.
     Replicated,
     /// Any other HLO sharding string, e.g. `{devices=[4,1]<=[4]}` (not checked).
@@ -574,10 +580,10 @@ pub enum Sharding {
 }
 
 impl Sharding {
-    /// The sharding string (without quotes).
+    /// The `mhlo.sharding` string (without quotes) of the GSPMD form.
     pub fn as_str(&self) -> &str {
         match self {
-            Sharding::Manual => "{manual}",
+            Sharding::Manual | Sharding::ManualSplit(_) => "{manual}",
             Sharding::Replicated => "{replicated}",
             Sharding::Raw(s) => s,
         }

@@ -13,7 +13,8 @@ use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{Expr, GenericParam, Ident};
+use syn::visit_mut::{self, VisitMut};
+use syn::{Expr, GenericParam, Ident, RangeLimits};
 
 use crate::parse::{BlockDim, Kernel, Param, Role};
 use crate::validate;
@@ -81,36 +82,59 @@ fn loc(api: &TokenStream, span: Span) -> TokenStream {
     }
 }
 
-/// The generated trait that turns a size expression into a `usize`, with a sentence for the
-/// common mistake of a run-time `Value` where a compile-time size is required.
-const SIZE_TRAIT: &str = "__KernelSize";
-
-fn size_trait() -> TokenStream {
-    let tr = Ident::new(SIZE_TRAIT, Span::call_site());
-    quote! {
-        #[diagnostic::on_unimplemented(
-            message = "a kernel size must be a compile-time `usize`, but this is `{Self}`",
-            label = "expected a `usize` known when the kernel is instantiated",
-            note = "grid, block, shape and scratch sizes are plain Rust values: literals, const \
-                    generics, `#[comptime]` parameters and argument dims; a traced `Value` only \
-                    exists at run time"
-        )]
-        trait #tr {
-            fn __size(self) -> usize;
-        }
-        impl #tr for usize {
-            fn __size(self) -> usize {
-                self
-            }
-        }
-    }
+/// `e` as a `usize` through `tessera_dsl::KernelSize` (whose message names the mistake of a
+/// run-time `Value`), its errors spanned on `e` (no `as` cast: no
+/// `clippy::unnecessary_cast` in the user's crate, and no silent truncation).
+fn size(dsl: &TokenStream, e: &Expr) -> TokenStream {
+    call_on(
+        e,
+        quote!(#dsl::KernelSize::kernel_size),
+        e.to_token_stream(),
+    )
 }
 
-/// `e` as a `usize`, its errors spanned on `e` (no `as` cast: no `clippy::unnecessary_cast`
-/// in the user's crate, and no silent truncation).
-fn size(e: &Expr) -> TokenStream {
-    let tr = Ident::new(SIZE_TRAIT, e.span());
-    call_on(e, quote!(#tr::__size), e.to_token_stream())
+/// The body with the bounds of its `for` loops over ranges passed through
+/// `tessera_dsl::LoopBounds` (`for i in a..b` becomes `for i in LoopBounds::range((a, b))`,
+/// the same range), so that a run-time `Value` bound is named as such rather than reported as
+/// two mismatched types. Nested items are left alone: they are not part of the body.
+fn with_loop_bounds(dsl: &TokenStream, body: &syn::Block) -> syn::Block {
+    struct Loops<'a> {
+        dsl: &'a TokenStream,
+    }
+
+    impl VisitMut for Loops<'_> {
+        fn visit_expr_for_loop_mut(&mut self, l: &mut syn::ExprForLoop) {
+            visit_mut::visit_expr_for_loop_mut(self, l);
+            let mut e = &*l.expr;
+            while let Expr::Paren(p) = e {
+                e = &p.expr;
+            }
+            let Expr::Range(r) = e else {
+                return;
+            };
+            let (Some(start), Some(end)) = (&r.start, &r.end) else {
+                return;
+            };
+            let (method, dots) = match r.limits {
+                RangeLimits::HalfOpen(t) => (quote!(range), t.spans[0]),
+                RangeLimits::Closed(t) => (quote!(range_inclusive), t.spans[0]),
+            };
+            // Shown at the `..`: its errors are about both bounds.
+            let dsl = self.dsl;
+            let mut bounds = Group::new(Delimiter::Parenthesis, quote!(#start, #end));
+            bounds.set_span(dots);
+            let mut args = Group::new(Delimiter::Parenthesis, bounds.into_token_stream());
+            args.set_span(dots);
+            let path = respan_all(quote!(#dsl::LoopBounds::#method), dots);
+            *l.expr = Expr::Verbatim(quote!(#path #args));
+        }
+
+        fn visit_item_mut(&mut self, _: &mut syn::Item) {}
+    }
+
+    let mut body = body.clone();
+    Loops { dsl }.visit_block_mut(&mut body);
+    body
 }
 
 /// The call `path(args)` shown exactly where the user's tokens `at` are (the callee from the
@@ -153,7 +177,8 @@ pub fn expand(k: &Kernel) -> TokenStream {
     let api = quote!(#dsl::__private);
     let b = private("__b");
     let f = &k.func;
-    let (attrs, vis, ident, body) = (&f.attrs, &f.vis, &f.sig.ident, &f.block);
+    let (attrs, vis, ident) = (&f.attrs, &f.vis, &f.sig.ident);
+    let body = with_loop_bounds(&dsl, &f.block);
     let generics = &f.sig.generics;
     let (_, ty_generics, where_clause) = generics.split_for_impl();
     let turbofish = ty_generics.as_turbofish();
@@ -232,7 +257,7 @@ pub fn expand(k: &Kernel) -> TokenStream {
                 }
                 _ => {
                     let text = crate::parse::tokens_text(e);
-                    let expected = size(e);
+                    let expected = size(&dsl, e);
                     stmts.push(quote! { #b.__dim_eq(#name, #d, #shape[#d], #text, #expected)?; });
                 }
             }
@@ -250,7 +275,7 @@ pub fn expand(k: &Kernel) -> TokenStream {
             _ => None,
         };
         if let Some(dims) = dims {
-            let dims = dims.iter().map(size);
+            let dims = dims.iter().map(|e| size(&dsl, e));
             stmts.push(quote! { let #shape: ::std::vec::Vec<usize> = ::std::vec![#(#dims),*]; });
         }
         if role.is_blocked() {
@@ -261,7 +286,7 @@ pub fn expand(k: &Kernel) -> TokenStream {
                     .iter()
                     .map(|d| match d {
                         BlockDim::Sized(e) => {
-                            let e = size(e);
+                            let e = size(&dsl, e);
                             quote!(#api::BlockDim::Sized(#e))
                         }
                         BlockDim::Squeezed => quote!(#api::BlockDim::Squeezed),
@@ -291,7 +316,7 @@ pub fn expand(k: &Kernel) -> TokenStream {
             .collect(),
         None => vec![quote!(Arbitrary); grid_rank],
     };
-    let grid = grid.iter().map(size);
+    let grid = grid.iter().map(|e| size(&dsl, e));
     stmts.push(quote! {
         #b.__grid(&[#(#grid),*], &[#(#api::DimSemantics::#semantics),*])?;
     });
@@ -309,7 +334,7 @@ pub fn expand(k: &Kernel) -> TokenStream {
             Role::Scratch => ("__scratch", None),
             Role::Input | Role::Output => {
                 let block = private_of("block", hid);
-                let index = index_map(&api, h, grid_rank);
+                let index = index_map(&dsl, h, grid_rank);
                 let method = if role == Role::Input {
                     "__input"
                 } else {
@@ -352,12 +377,9 @@ pub fn expand(k: &Kernel) -> TokenStream {
         let (n, ty) = (&c.ident, &c.ty);
         quote!(#n: #ty)
     });
-    let size_trait = size_trait();
     quote! {
         #(#attrs)*
         #vis fn #ident #generics (#(#comptime_args),*) -> #api::KernelDef #where_clause {
-            #size_trait
-
             #api::KernelDef::__new(
                 #kernel_name,
                 ::std::vec![#(#params),*],
@@ -378,12 +400,14 @@ pub fn expand(k: &Kernel) -> TokenStream {
 }
 
 /// The index map closure as the builder takes it: grid indices in, block indices out.
-fn index_map(api: &TokenStream, h: &Param, grid_rank: usize) -> TokenStream {
+fn index_map(dsl: &TokenStream, h: &Param, grid_rank: usize) -> TokenStream {
+    let api = quote!(#dsl::__private);
+    let index = quote!(#dsl::IntoIndex::into_index);
     let g = private("__g");
     let Some(c) = h.block.as_ref().and_then(|b| b.index.as_ref()) else {
         // No block: the whole array is block 0 at every grid step.
         let rank = h.shape.as_ref().expect("validated").items.len();
-        let zeros = vec![quote!(#api::__index(0i32)); rank];
+        let zeros = vec![quote!(#index(0i32)); rank];
         return quote!(&|_: &[#api::Value]| ::std::vec![#(#zeros),*]);
     };
     let block_rank = h.block.as_ref().expect("has an index map").dims.len();
@@ -409,22 +433,18 @@ fn index_map(api: &TokenStream, h: &Param, grid_rank: usize) -> TokenStream {
             .enumerate()
             .map(|(i, e)| {
                 let i = syn::Index::from(i);
-                call_on(
-                    e,
-                    quote!(#api::__index),
-                    respan_all(quote!(#t.#i), e.span()),
-                )
+                call_on(e, index.clone(), respan_all(quote!(#t.#i), e.span()))
             })
             .collect(),
         Some(r) => {
             let t = respan_all(quote!(#t), r.expr.span());
-            vec![call_on(r.expr, quote!(#api::__index), t)]
+            vec![call_on(r.expr, index, t)]
         }
-        None if block_rank == 1 => vec![quote!(#api::__index(#t))],
+        None if block_rank == 1 => vec![quote!(#index(#t))],
         None => (0..block_rank)
             .map(|i| {
                 let i = syn::Index::from(i);
-                quote!(#api::__index(#t.#i))
+                quote!(#index(#t.#i))
             })
             .collect(),
     };

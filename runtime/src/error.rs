@@ -89,13 +89,13 @@ pub enum Error {
     },
 
     /// The shared library could not be loaded.
-    #[error("cannot load PJRT plugin {}: {source}", path.display())]
+    #[error("cannot load PJRT plugin {}: {cause}", path.display())]
     Load {
         /// Path given.
         path: PathBuf,
-        /// The dynamic loader's error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        /// The dynamic loader's error. Part of the message, so not also a `source` (a chain
+        /// printer would repeat it).
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// The library loaded but is not a usable PJRT plugin.
@@ -138,13 +138,17 @@ pub enum Error {
         minor: i32,
     },
 
-    /// An environment variable names a plugin file that does not exist.
-    #[error("{variable}={} does not name an existing file", path.display())]
+    /// An environment variable names no plugin file: nothing, a directory or something that
+    /// is not a regular file (`/dev/null`).
+    #[error("{variable}={} {problem}; point it at the plugin's .so file", path.display())]
     PluginOverrideMissing {
         /// The variable, e.g. `TESSERA_PJRT_PLUGIN`.
         variable: &'static str,
         /// The path it holds.
         path: PathBuf,
+        /// What it names instead: "does not exist", "is a directory", "is not a regular
+        /// file".
+        problem: &'static str,
     },
 
     /// libtpu is about to be loaded without a variable compile-only needs.
@@ -229,13 +233,13 @@ pub enum Error {
     NoCacheDir,
 
     /// A file-system or process operation failed.
-    #[error("{context}: {source}")]
+    #[error("{context}: {cause}")]
     Io {
         /// What was being done.
         context: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
+        /// The OS error. Part of the message, so not also a `source` (a chain printer would
+        /// repeat it).
+        cause: std::io::Error,
     },
 
     /// Host data does not match its declared shape.
@@ -394,10 +398,10 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+    pub(crate) fn io(context: impl Into<String>, cause: std::io::Error) -> Self {
         Self::Io {
             context: context.into(),
-            source,
+            cause,
         }
     }
 }

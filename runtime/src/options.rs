@@ -88,9 +88,10 @@ impl DeviceAssignment {
 /// The two multi-device forms (see `notes/pjrt-runtime.md`):
 /// * replicas: [`CompileOptions::replicated`], module attribute `mhlo.num_replicas = N`,
 ///   collectives with `replica_groups`;
-/// * manual partitions (what `shard_map` emits, and what compiles for TPU):
-///   [`CompileOptions::manual_partitions`], module attribute `mhlo.num_partitions = N`,
-///   arguments/results with `mhlo.sharding = "{manual}"`.
+/// * manual partitions (what `shard_map` emits): [`CompileOptions::manual_partitions`],
+///   module attribute `mhlo.num_partitions = N`, arguments/results with
+///   `mhlo.sharding = "{manual}"` (GSPMD's form, what compiles for TPU), or, with
+///   [`CompileOptions::with_shardy`], Shardy's form (`sdy.mesh`, `sdy.manual_computation`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CompileOptions {
     /// Number of replicas (>= 1).
@@ -99,7 +100,8 @@ pub struct CompileOptions {
     pub num_partitions: usize,
     /// Run the SPMD partitioner (required for `num_partitions > 1`).
     pub use_spmd_partitioning: bool,
-    /// Use Shardy instead of GSPMD (only for `sdy.*` modules).
+    /// Use Shardy instead of GSPMD: for modules in Shardy's form (`sdy.mesh`,
+    /// `sdy.manual_computation`); a module with `mhlo.sharding` attributes falls back to GSPMD.
     pub use_shardy_partitioner: bool,
     /// Explicit device assignment; `None` lets the plugin choose (for a client compile).
     pub device_assignment: Option<DeviceAssignment>,

@@ -382,7 +382,7 @@ fn load_uncached(path: PathBuf) -> Result<PluginInner> {
     // path must name a trusted PJRT plugin.
     let library = unsafe { libloading::Library::new(&path) }.map_err(|e| Error::Load {
         path: path.clone(),
-        source: Box::new(e),
+        cause: Box::new(e),
     })?;
     // SAFETY: every PJRT plugin exports `GetPjrtApi` with this signature (pjrt_c_api.h).
     let get_api = unsafe { library.get::<ffi::GetPjrtApiFn>(ffi::GET_PJRT_API_SYMBOL) }

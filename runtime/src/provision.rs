@@ -587,14 +587,21 @@ fn library_override(variable: &'static str) -> Result<Option<PathBuf>> {
         return Ok(None);
     };
     let path = PathBuf::from(path);
-    if path.is_file() {
-        Ok(Some(path))
-    } else {
-        Err(Error::PluginOverrideMissing { variable, path })
-    }
+    // `metadata` follows symlinks: a link to the library is fine.
+    let problem = match fs::metadata(&path) {
+        Ok(m) if m.is_file() => return Ok(Some(path)),
+        Ok(m) if m.is_dir() => "is a directory",
+        Ok(_) => "is not a regular file",
+        Err(_) => "does not exist",
+    };
+    Err(Error::PluginOverrideMissing {
+        variable,
+        path,
+        problem,
+    })
 }
 
-/// Path of the CPU plugin library: `TESSERA_PJRT_PLUGIN` if set (it must exist), else the
+/// Path of the CPU plugin library: `TESSERA_PJRT_PLUGIN` if set (it must name a file), else the
 /// library of the provisioned [`cpu_plugin_wheel`] (downloaded on first use).
 pub fn cpu_plugin_path() -> Result<PathBuf> {
     if let Some(path) = library_override(PLUGIN_ENV)? {

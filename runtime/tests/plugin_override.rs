@@ -1,5 +1,5 @@
-//! `TESSERA_PJRT_PLUGIN` naming a missing file is an error that names the path and the
-//! variable. Its own test binary: it sets process environment.
+//! `TESSERA_PJRT_PLUGIN` naming a missing file, a directory or a device is an error that names
+//! the path, the variable and what is wrong. Its own test binary: it sets process environment.
 
 use tessera_runtime::{cpu_plugin_path, libtpu_path, Client, Error, Plugin};
 
@@ -12,6 +12,18 @@ fn missing_override_names_path_and_variable() {
     let text = err.to_string();
     assert!(text.contains("TESSERA_PJRT_PLUGIN"), "{text}");
     assert!(text.contains(&*missing.to_string_lossy()), "{text}");
+    assert!(text.contains("does not exist"), "{text}");
+    // A directory or a device is named as what it is.
+    for (path, problem) in [
+        (std::env::temp_dir(), "is a directory"),
+        ("/dev/null".into(), "is not a regular file"),
+    ] {
+        std::env::set_var("TESSERA_PJRT_PLUGIN", &path);
+        let text = cpu_plugin_path().unwrap_err().to_string();
+        assert!(text.contains(problem), "{text}");
+        assert!(text.contains("point it at the plugin's .so file"), "{text}");
+    }
+    std::env::set_var("TESSERA_PJRT_PLUGIN", &missing);
     // Everything built on it reports the same error instead of provisioning.
     assert!(matches!(
         Client::cpu_shared(1),
@@ -34,10 +46,12 @@ fn missing_override_names_path_and_variable() {
     let err = Plugin::load(&not_a_plugin).unwrap_err();
     assert!(matches!(err, Error::Load { .. }), "{err}");
     let _ = std::fs::remove_file(&not_a_plugin);
-    assert!(matches!(
-        Plugin::load("/nonexistent/plugin.so"),
-        Err(Error::Io { .. })
-    ));
+    let err = Plugin::load("/nonexistent/plugin.so").unwrap_err();
+    assert!(matches!(err, Error::Io { .. }), "{err}");
+    // The OS error is in the message once, and not again as a source (which a chain printer
+    // such as anyhow's `{:#}` would append).
+    assert!(err.to_string().contains("No such file"), "{err}");
+    assert!(std::error::Error::source(&err).is_none(), "{err}");
 }
 
 #[test]

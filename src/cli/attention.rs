@@ -2,14 +2,17 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use tessera::backend::Backend;
 use tessera::dsl::{DType, HostArray, Target, TargetRules};
-use tessera::npy::{read_npy, write_npy};
-use tessera::parallel::{CollectiveStat, ContextParallel, Strategy};
+use tessera::npy::read_npy;
+use tessera::parallel::{CollectiveStat, ContextParallel, CpInputs, Strategy};
 use tessera::splash::{
     BlockSizes, BlockStats, Dims, Inputs, Mask, SegmentIds, SplashAttention, SplashOptions,
 };
+
+use super::outputs::Outputs;
+use super::positive;
 
 /// Arguments of `tessera attention`.
 #[derive(clap::Args, Debug)]
@@ -42,11 +45,11 @@ pub struct AttentionArgs {
     pub scale: Option<f32>,
     /// Query block size of every kernel (default: the largest divisor of S up to 512 that
     /// tiles on TPU).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub block_q: Option<usize>,
     /// Key block size of every kernel (default: the largest divisor of S up to 512 that is a
     /// multiple of 128, or S).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub block_kv: Option<usize>,
     /// Use the fused dq+dkv backward kernel.
     #[arg(long)]
@@ -64,7 +67,7 @@ pub struct AttentionArgs {
     #[arg(long, requires = "strategy")]
     pub load_balance: bool,
     /// Devices of the context axis, with --strategy (default: 4, or U x R for usp:UxR).
-    #[arg(long, requires = "strategy")]
+    #[arg(long, requires = "strategy", value_parser = positive)]
     pub devices: Option<usize>,
     /// With --strategy: write the forward StableHLO program that ran to FILE, and the
     /// backward's (with --dout) beside it, as FILE with `.bwd` before its extension.
@@ -131,7 +134,46 @@ pub(super) fn default_block(n: usize, cap: usize, mult: usize) -> usize {
 /// Context devices when `--strategy` is given without `--devices`.
 pub(super) const DEFAULT_DEVICES: usize = 4;
 
-/// Runs `tessera attention`.
+/// The files `tessera attention` writes, with their flags, in the order they are written.
+fn output_files(a: &AttentionArgs) -> Vec<(&'static str, PathBuf)> {
+    let mut files = vec![("--out", a.out.clone())];
+    let optional = [
+        ("--lse", &a.lse),
+        ("--dq", &a.dq),
+        ("--dk", &a.dk),
+        ("--dv", &a.dv),
+    ];
+    files.extend(
+        optional
+            .into_iter()
+            .filter_map(|(flag, p)| Some((flag, p.clone()?))),
+    );
+    if let Some(path) = &a.dump_hlo {
+        files.push(("--dump-hlo", path.clone()));
+        if a.dout.is_some() {
+            files.push((BACKWARD_DUMP, backward_path(path)));
+        }
+    }
+    files
+}
+
+/// The label of the backward program's dump (beside `--dump-hlo`).
+const BACKWARD_DUMP: &str = "--dump-hlo (backward)";
+
+/// The files `tessera attention` reads, with their flags.
+fn input_files(a: &AttentionArgs) -> Vec<(&'static str, &Path)> {
+    let mut files = vec![
+        ("--q", a.q.as_path()),
+        ("--k", a.k.as_path()),
+        ("--v", a.v.as_path()),
+    ];
+    files.extend(a.segment_ids.as_deref().map(|p| ("--segment-ids", p)));
+    files.extend(a.dout.as_deref().map(|p| ("--dout", p)));
+    files
+}
+
+/// Runs `tessera attention`: reads and checks every input, checks every output path, then
+/// computes; the outputs appear only when everything succeeded.
 pub fn attention_command(a: &AttentionArgs) -> Result<()> {
     let dtype = match a.dtype.as_str() {
         "f32" => DType::F32,
@@ -144,10 +186,15 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
     let dims = Dims::of(q.shape(), k.shape(), v.shape())?;
     let seg = match &a.segment_ids {
         Some(p) => {
-            let s = read_npy(p)?;
             if dims.q_len != dims.kv_len {
-                bail!("--segment-ids are shared by queries and keys, which needs equal sequence lengths (q {}, k {})", dims.q_len, dims.kv_len);
+                bail!(
+                    "--segment-ids are shared by queries and keys, which needs equal sequence \
+                     lengths (q {}, k {})",
+                    dims.q_len,
+                    dims.kv_len
+                );
             }
+            let s = read_npy(p)?;
             if s.dtype() != DType::I32 || s.shape() != [dims.batch, dims.q_len] {
                 bail!(
                     "{}: segment ids must be int32 [B, S] = [{}, {}], got {} {:?}",
@@ -210,7 +257,24 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
             target: Target::portable(),
         };
         cp.validate()?;
-        return context_parallel_command(a, &cp, [&q, &k, &v], dout.as_ref(), seg.as_ref());
+        let x = CpInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            segment_ids: seg.as_ref(),
+        };
+        // The same checks as one device's (splash's), through the parallel crate.
+        cp.check_inputs(&x)?;
+        if let Some(dout) = &dout {
+            cp.check_dout(dout)?;
+        }
+        let mut outputs = prepare_outputs(a)?;
+        let stats = context_parallel_command(a, &cp, &x, dout.as_ref(), &mut outputs)?;
+        outputs.commit()?;
+        if let Some(stats) = stats {
+            out!("{stats}");
+        }
+        return Ok(());
     }
     let backend = a.backend.unwrap_or(Backend::Interpret);
     let attn = SplashAttention::new(mask, dims, dtype, blocks, options, TargetRules::tpu())?;
@@ -221,82 +285,95 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         segment_ids: seg.as_ref().map(|s| SegmentIds { q: s, kv: s }),
         sinks: None,
     };
-    let fwd = attn.forward(&backend, &x)?;
-    write_npy(&a.out, &fwd.out)?;
-    if let Some(p) = &a.lse {
-        write_npy(p, &fwd.lse)?;
-    }
+    attn.check_inputs(&x)?;
     if let Some(dout) = &dout {
-        let g = attn.backward(&backend, &x, &fwd, dout)?;
-        for (p, arr) in [(&a.dq, &g.dq), (&a.dk, &g.dk), (&a.dv, &g.dv)] {
-            if let Some(p) = p {
-                write_npy(p, arr)?;
-            }
+        attn.check_dout(dout)?;
+    }
+    let mut outputs = prepare_outputs(a)?;
+    let fwd = attn.forward(&backend, &x)?;
+    let grads = match &dout {
+        Some(dout) => Some(attn.backward(&backend, &x, &fwd, dout)?),
+        None => None,
+    };
+    outputs.write_npy_if("--out", &fwd.out)?;
+    outputs.write_npy_if("--lse", &fwd.lse)?;
+    if let Some(g) = &grads {
+        for (flag, arr) in [("--dq", &g.dq), ("--dk", &g.dk), ("--dv", &g.dv)] {
+            outputs.write_npy_if(flag, arr)?;
         }
     }
+    outputs.commit()?;
     if a.stats {
-        println!("{}", stats_json(&attn.stats(), bq, bkv));
+        outln!("{}", stats_json(&attn.stats(), bq, bkv));
     }
     Ok(())
 }
 
-/// `tessera attention --strategy ..`: the context-parallel programs on CPU devices.
+fn prepare_outputs(a: &AttentionArgs) -> Result<Outputs> {
+    let files = output_files(a);
+    let outputs: Vec<(&str, &Path)> = files.iter().map(|(f, p)| (*f, p.as_path())).collect();
+    Outputs::prepare(&outputs, &input_files(a))
+}
+
+/// `tessera attention --strategy ..`: the context-parallel programs on CPU devices, their
+/// results written to `outputs` once all are computed; returns what `--stats` prints.
 fn context_parallel_command(
     a: &AttentionArgs,
     cp: &ContextParallel,
-    [q, k, v]: [&HostArray; 3],
+    x: &CpInputs<'_>,
     dout: Option<&HostArray>,
-    segment_ids: Option<&HostArray>,
-) -> Result<()> {
-    let segmented = segment_ids.is_some();
+    outputs: &mut Outputs,
+) -> Result<Option<String>> {
+    let segmented = x.segment_ids.is_some();
     let forward = cp.forward_program(segmented)?;
-    if let Some(path) = &a.dump_hlo {
-        write_text(path, &forward.to_mlir())?;
-    }
-    let mut inputs = vec![q, k, v];
-    inputs.extend(segment_ids);
+    let mut inputs = vec![x.q, x.k, x.v];
+    inputs.extend(x.segment_ids);
     let outs = forward.run(&inputs)?;
-    write_npy(&a.out, &outs[0])?;
-    if let Some(p) = &a.lse {
-        write_npy(p, &outs[1])?;
-    }
-    if let Some(dout) = dout {
-        let backward = cp.backward_program(segmented)?;
-        if let Some(path) = &a.dump_hlo {
-            write_text(&backward_path(path), &backward.to_mlir())?;
+    let backward = match dout {
+        Some(dout) => {
+            let program = cp.backward_program(segmented)?;
+            let mut inputs = vec![x.q, x.k, x.v, &outs[0], &outs[1], dout];
+            inputs.extend(x.segment_ids);
+            let grads = program.run(&inputs)?;
+            Some((program, grads))
         }
-        let mut inputs = vec![q, k, v, &outs[0], &outs[1], dout];
-        inputs.extend(segment_ids);
-        let grads = backward.run(&inputs)?;
-        for (p, arr) in [(&a.dq, &grads[0]), (&a.dk, &grads[1]), (&a.dv, &grads[2])] {
-            if let Some(p) = p {
-                write_npy(p, arr)?;
-            }
+        None => None,
+    };
+    outputs.write_text_if("--dump-hlo", &forward.to_mlir())?;
+    outputs.write_npy_if("--out", &outs[0])?;
+    outputs.write_npy_if("--lse", &outs[1])?;
+    if let Some((program, grads)) = &backward {
+        outputs.write_text_if(BACKWARD_DUMP, &program.to_mlir())?;
+        for (flag, arr) in [
+            ("--dq", &grads[0]),
+            ("--dk", &grads[1]),
+            ("--dv", &grads[2]),
+        ] {
+            outputs.write_npy_if(flag, arr)?;
         }
     }
-    if a.stats {
-        let s = cp.stats()?;
-        print!("{s}");
-        let total = |l: &[CollectiveStat]| -> usize { l.iter().map(|c| c.bytes_per_device).sum() };
-        println!(
-            "{{\"strategy\":\"{}\",\"devices\":{},\"kv_heads_per_device\":{},\
-             \"kv_bytes_per_device\":{},\"kv_replication\":{},\"blocks_per_device\":{:?},\
-             \"forward_collectives\":{},\
-             \"forward_bytes_per_device\":{},\"backward_collectives\":{},\
-             \"backward_bytes_per_device\":{}}}",
-            s.strategy,
-            s.devices,
-            s.kv_heads_per_device,
-            s.kv_bytes_per_device,
-            s.kv_replication,
-            s.blocks_per_device,
-            s.forward.len(),
-            total(&s.forward),
-            s.backward.len(),
-            total(&s.backward)
-        );
+    if !a.stats {
+        return Ok(None);
     }
-    Ok(())
+    let s = cp.stats()?;
+    let total = |l: &[CollectiveStat]| -> usize { l.iter().map(|c| c.bytes_per_device).sum() };
+    Ok(Some(format!(
+        "{s}{{\"strategy\":\"{}\",\"devices\":{},\"kv_heads_per_device\":{},\
+         \"kv_bytes_per_device\":{},\"kv_replication\":{},\"blocks_per_device\":{:?},\
+         \"forward_collectives\":{},\
+         \"forward_bytes_per_device\":{},\"backward_collectives\":{},\
+         \"backward_bytes_per_device\":{}}}\n",
+        s.strategy,
+        s.devices,
+        s.kv_heads_per_device,
+        s.kv_bytes_per_device,
+        s.kv_replication,
+        s.blocks_per_device,
+        s.forward.len(),
+        total(&s.forward),
+        s.backward.len(),
+        total(&s.backward)
+    )))
 }
 
 /// `prog.mlir` -> `prog.bwd.mlir` (`prog` -> `prog.bwd`).
@@ -307,10 +384,6 @@ pub(super) fn backward_path(path: &Path) -> PathBuf {
         None => format!("{stem}.bwd"),
     };
     path.with_file_name(name)
-}
-
-pub(super) fn write_text(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 fn stats_json(s: &BlockStats, bq: usize, bkv: usize) -> String {

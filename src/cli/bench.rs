@@ -32,39 +32,39 @@ pub fn bench(what: &BenchCommand) -> Result<()> {
 /// Arguments of `tessera bench attention`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = super::positive)]
     pub batch: usize,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::positive)]
     pub heads: usize,
     /// Key/value heads (default: as many as query heads).
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive)]
     pub kv_heads: Option<usize>,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = super::positive)]
     pub seq: usize,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::positive)]
     pub head_dim: usize,
     /// full, causal, causal:OFFSET, local:LEFT:RIGHT or chunked:SIZE.
     #[arg(long, default_value = "causal")]
     pub mask: String,
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = super::positive)]
     pub block_q: usize,
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = super::positive)]
     pub block_kv: usize,
     /// Keys per inner compute step of the forward and dK/dV kernels (default: block-kv).
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive)]
     pub block_kv_compute: Option<usize>,
     /// Query block of the backward kernels (default: block-q).
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive)]
     pub block_q_bwd: Option<usize>,
     /// Key block of the backward kernels (default: block-kv).
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive)]
     pub block_kv_bwd: Option<usize>,
     /// Use separate dq and dkv backward kernels instead of the fused one.
     #[arg(long)]
     pub separate_bwd: bool,
     /// Timed runs per program (after one warm-up run, interleaved across programs); the
     /// minimum is reported.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = super::positive)]
     pub reps: usize,
     /// Run one program once in this process and print its peak memory as JSON (the bench
     /// measures each program's memory in a fresh process).
@@ -209,7 +209,7 @@ fn bench_child(args: &BenchArgs, variant: &str) -> Result<()> {
     let base = proc_status_bytes("VmRSS:");
     let refs: Vec<&tessera::runtime::Buffer> = c.inputs.iter().collect();
     drop(c.exe.execute(std::slice::from_ref(&refs))?);
-    println!(
+    outln!(
         "{{\"peak_rss\":{},\"base_rss\":{base}}}",
         proc_status_bytes("VmHWM:")
     );
@@ -255,6 +255,7 @@ fn peak_memory(args: &BenchArgs, variant: &str) -> Result<u64> {
             String::from_utf8_lossy(&out.stderr)
                 .lines()
                 .rfind(|l| !l.trim().is_empty())
+                .map(|l| l.strip_prefix("error: ").unwrap_or(l))
                 .unwrap_or("(no message)")
         );
     };
@@ -279,7 +280,7 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
     let d = attn.dims();
     let stats = attn.stats();
     let fwd_flops = 4.0 * d.head_dim as f64 * visible_pairs(&attn);
-    println!(
+    outln!(
         "splash vs dense attention on the XLA CPU plugin: B={} H={} KVH={} S={} D={} mask={} \
          blocks {}x{} ({} backward)",
         d.batch,
@@ -296,7 +297,7 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
             "fused"
         }
     );
-    println!(
+    outln!(
         "forward key blocks: {} computed ({} masked), {} skipped of {}",
         stats.computed(),
         stats.partial,
@@ -315,7 +316,7 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
     }
     let mut best = [f64::INFINITY; VARIANTS.len()];
     let mut outputs: Vec<Vec<HostArray>> = vec![Vec::new(); VARIANTS.len()];
-    for rep in 0..=args.reps.max(1) {
+    for rep in 0..=args.reps {
         for (i, p) in programs.iter().enumerate() {
             let (secs, outs) = p.run()?;
             // Run 0 warms up.
@@ -326,9 +327,13 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
         }
     }
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-    println!(
+    outln!(
         "{:<14} {:>10} {:>10} {:>10} {:>15}",
-        "program", "compile s", "best s", "GFLOP/s", "exec peak MiB"
+        "program",
+        "compile s",
+        "best s",
+        "GFLOP/s",
+        "exec peak MiB"
     );
     for (i, variant) in VARIANTS.iter().enumerate() {
         let flops = match pass_of(variant) {
@@ -338,7 +343,7 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
             Pass::ForwardBackward => 3.5 * fwd_flops,
             Pass::Backward => 2.5 * fwd_flops,
         };
-        println!(
+        outln!(
             "{:<14} {:>10.2} {:>10.4} {:>10.2} {:>15.1}",
             variant,
             programs[i].compile_s,
@@ -350,7 +355,7 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
     let mut summary = Vec::new();
     for (pass, s, dn) in [("fwd", 0, 1), ("fwd+bwd", 2, 3)] {
         let ratio = best[dn] / best[s];
-        println!(
+        outln!(
             "{pass:<8} splash {:.3} s vs dense {:.3} s: {ratio:.2}x faster; peak memory \
              {:.1} MiB vs {:.1} MiB",
             best[s],
@@ -366,9 +371,9 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
     for (name, (a, b)) in names.iter().zip(outputs[2].iter().zip(&outputs[3])) {
         let (err, _) = tessera::reference::max_abs_diff(&a.to_f64_vec(), &b.to_f64_vec());
         worst = worst.max(err);
-        println!("max |splash - dense| {name}: {err:.2e}");
+        outln!("max |splash - dense| {name}: {err:.2e}");
     }
-    println!(
+    outln!(
         "{{{},\"max_abs_diff\":{worst:.3e},\"kv_blocks_computed\":{},\"kv_blocks_total\":{}}}",
         summary.join(","),
         stats.computed(),

@@ -10,25 +10,25 @@ use tessera::splash::{BlockSizes, Dims, Mask};
 /// Arguments of `tessera bench context-parallel`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CpBenchArgs {
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = super::positive)]
     pub batch: usize,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = super::positive)]
     pub heads: usize,
     /// Key/value heads (default: as many as query heads).
-    #[arg(long)]
+    #[arg(long, value_parser = super::positive)]
     pub kv_heads: Option<usize>,
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = super::positive)]
     pub seq: usize,
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = super::positive)]
     pub head_dim: usize,
     /// full, causal, causal:OFFSET, local:LEFT:RIGHT or chunked:SIZE.
     #[arg(long, default_value = "causal")]
     pub mask: String,
     /// Devices of the context axis.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = super::positive)]
     pub devices: usize,
     /// Query and key block of every kernel (it must divide each device's share).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = super::positive)]
     pub block: usize,
     /// Strategies to compare (comma-separated).
     #[arg(long, default_value = "ulysses,all-gather,ring", value_delimiter = ',')]
@@ -38,7 +38,7 @@ pub struct CpBenchArgs {
     pub load_balance: bool,
     /// Timed runs per program (after one warm-up run, interleaved across strategies); the
     /// minimum is reported.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = super::positive)]
     pub reps: usize,
 }
 
@@ -75,7 +75,7 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
         [dims.batch, dims.heads, dims.q_len, dims.head_dim_v],
     ];
     let [q, k, v, dout] = shapes.map(|s| tessera::reference::random(DType::F32, &s, 7));
-    println!(
+    outln!(
         "context-parallel splash attention on {} XLA CPU devices: B={} H={} KVH={} S={} D={} \
          mask={} blocks {}x{}",
         a.devices,
@@ -88,7 +88,7 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
         a.block,
         a.block
     );
-    println!(
+    outln!(
         "(times include sharding the global host arrays over the devices and assembling the \
          results, the same work for every strategy)"
     );
@@ -130,7 +130,7 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
         bail!("no strategies to compare; give --strategies ulysses,all-gather,ring");
     }
     // Interleaved so load changes on the machine hit every strategy alike; run 0 warms up.
-    for rep in 0..=a.reps.max(1) {
+    for rep in 0..=a.reps {
         for r in &mut runs {
             let start = Instant::now();
             let fwd = r.forward.run(&[&q, &k, &v])?;
@@ -153,12 +153,17 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
         .iter()
         .map(|r| r.best_bwd)
         .fold(f64::INFINITY, f64::min);
-    println!(
+    outln!(
         "{:<14} {:>10} {:>10} {:>12} {:>12} {:>14}",
-        "strategy", "compile s", "fwd s", "fwd ratio", "fwd+bwd s", "fwd+bwd ratio"
+        "strategy",
+        "compile s",
+        "fwd s",
+        "fwd ratio",
+        "fwd+bwd s",
+        "fwd+bwd ratio"
     );
     for r in &runs {
-        println!(
+        outln!(
             "{:<14} {:>10.2} {:>10.4} {:>11.2}x {:>12.4} {:>13.2}x",
             r.name,
             r.compile_s,
@@ -181,7 +186,7 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
                 format!("{name} {err:.1e}")
             })
             .collect();
-        println!("max |{} - {}|: {}", r.name, runs[0].name, diffs.join(", "));
+        outln!("max |{} - {}|: {}", r.name, runs[0].name, diffs.join(", "));
     }
     let json: Vec<String> = runs
         .iter()
@@ -192,7 +197,7 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
             )
         })
         .collect();
-    println!("{{{},\"max_abs_diff\":{worst:.3e}}}", json.join(","));
+    outln!("{{{},\"max_abs_diff\":{worst:.3e}}}", json.join(","));
     if worst > 1e-3 {
         bail!("the strategies disagree by {worst:.2e}");
     }

@@ -20,7 +20,7 @@ use tessera::splash::{
 };
 use tessera::tpu::{CompileReport, TpuTarget};
 
-use super::attention::{backward_path, default_block, write_text, DEFAULT_DEVICES};
+use super::attention::{backward_path, default_block, DEFAULT_DEVICES};
 use super::{parse_arg, parse_param};
 
 /// Arguments of `tessera compile`.
@@ -29,11 +29,12 @@ pub struct CompileArgs {
     /// The TPU topology to compile for: tpu:v5p:2x2x1, tpu:v5e:2x2, tpu:v6e:2x2, ...
     #[arg(long, global = true, default_value = "tpu:v5p:2x2x1")]
     pub target: String,
-    /// Write each Mosaic kernel's module to DIR/KERNEL.mlir.
+    /// Write each Mosaic kernel's module to DIR/KERNEL.mlir (before compiling, so a program
+    /// the compiler rejects can be read).
     #[arg(long, global = true, value_name = "DIR")]
     pub emit_mosaic: Option<PathBuf>,
-    /// Write the StableHLO program to FILE (with --strategy and --pass both, the backward's
-    /// to FILE with `.bwd` before its extension).
+    /// Write the StableHLO program to FILE before compiling it (with --strategy and --pass
+    /// both, the backward's to FILE with `.bwd` before its extension).
     #[arg(long, global = true, value_name = "FILE")]
     pub emit_stablehlo: Option<PathBuf>,
     /// The scoped VMEM budget every kernel is checked against and compiled with, in MiB
@@ -169,14 +170,14 @@ pub fn compile_command(a: &CompileArgs) -> Result<()> {
         reports.push(report);
     }
     for r in &reports {
-        println!("{}", r.to_json());
+        outln!("{}", r.to_json());
     }
     Ok(())
 }
 
 fn print_summary(program: &Module, r: &CompileReport) {
     let mib = |b: i64| b as f64 / (1u64 << 20) as f64;
-    print!(
+    out!(
         "compiled `{}` for {} ({} device{}) in {:.2} s: kernels {}; executable {} bytes",
         program.name(),
         r.topology,
@@ -187,7 +188,7 @@ fn print_summary(program: &Module, r: &CompileReport) {
         r.executable_bytes
     );
     if let Some(m) = &r.memory {
-        print!(
+        out!(
             "; per device: arguments {:.2} MiB, outputs {:.2} MiB, temporaries {:.2} MiB",
             mib(m.argument_bytes),
             mib(m.output_bytes),
@@ -200,9 +201,9 @@ fn print_summary(program: &Module, r: &CompileReport) {
             .iter()
             .map(|(k, b)| format!("{k} {:.2} MiB", mib(*b)))
             .collect();
-        print!("; scoped VMEM: {}", vmem.join(", "));
+        out!("; scoped VMEM: {}", vmem.join(", "));
     }
-    println!();
+    outln!();
 }
 
 fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<Module>> {
@@ -347,4 +348,8 @@ fn emit_mosaic(dir: &Path, program: &Module) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn write_text(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }

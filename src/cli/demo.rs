@@ -38,7 +38,7 @@ fn demo_case(
         let err = check(&inputs, &outputs[0]);
         let ok = err <= tol;
         all_ok &= ok;
-        println!(
+        outln!(
             "{:<16} {:<40} {:<9} {:>8.1} ms   max |err| {:.2e} (tol {:.0e})  {}",
             name,
             shown.join(" "),
@@ -187,7 +187,7 @@ fn demo_context_parallel() -> Result<bool> {
             .fold(0.0, f64::max);
         let tol = 1e-4;
         all_ok &= err <= tol;
-        println!(
+        outln!(
             "{:<16} {:<48} {:<9} {:>8.1} ms   max |err| {:.2e} (tol {:.0e})  {}",
             "context_parallel",
             format!("{} H=8 KVH=4 S={seq} causal, fwd+bwd+compile", cp.strategy),

@@ -1,18 +1,22 @@
 //! `tessera kernels`, `tessera ir` and `tessera run`: the built-in kernels by name.
 
+use std::path::{Path, PathBuf};
+
 use anyhow::{anyhow, bail, Result};
 use tessera::backend::{self, Backend};
+use tessera::dsl::ir::OperandRole;
 use tessera::dsl::{ArgSpec, DType, HostArray};
-use tessera::npy::{read_npy, write_npy};
+use tessera::npy::read_npy;
 use tessera::registry;
 
-use super::rules;
+use super::outputs::Outputs;
+use super::{rules, Emit};
 
 pub fn list_kernels() {
     for k in registry::KERNELS {
-        println!("{}  {}", k.name, k.summary);
+        outln!("{}  {}", k.name, k.summary);
         for p in k.params {
-            println!("    {:<8} = {:<6} {}", p.name, p.default, p.help);
+            outln!("    {:<10} = {:<7} {}", p.name, p.default, p.help);
         }
     }
 }
@@ -22,20 +26,26 @@ pub fn print_ir(
     params: &[(String, String)],
     args: Vec<ArgSpec>,
     rules_name: &str,
+    emit: Emit,
 ) -> Result<()> {
     let info = registry::find(kernel).map_err(|e| anyhow!(e))?;
     let (def, default_args) = info.build(params).map_err(|e| anyhow!(e))?;
     let args = if args.is_empty() { default_args } else { args };
     let k = def.instantiate(&args, &rules(rules_name)?)?;
-    print!("{k}");
+    match emit {
+        Emit::Ir => out!("{k}"),
+        Emit::Stablehlo => out!("{}", tessera::dsl::stablehlo::lower_module(&k)?.to_mlir()),
+    }
     Ok(())
 }
 
+/// Runs `tessera run`: reads the inputs, checks them, the parameters and the output paths
+/// against the kernel, then runs it; the outputs appear only when everything succeeded.
 pub fn run_kernel(
     kernel: &str,
     params: &[(String, String)],
-    inputs: &[std::path::PathBuf],
-    outputs: &[std::path::PathBuf],
+    inputs: &[PathBuf],
+    outputs: &[PathBuf],
     backend: Backend,
     rules_name: &str,
 ) -> Result<()> {
@@ -68,16 +78,37 @@ pub fn run_kernel(
         };
         args.push(a);
     }
-    let results = backend::run(&def, &args, backend, &rules(rules_name)?)?;
-    if outputs.len() != results.len() {
+    let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+    info.check_sizes(params, &def, &specs)
+        .map_err(|e| anyhow!(e))?;
+    let k = def.instantiate(&specs, &rules(rules_name)?)?;
+    let results = k
+        .operands
+        .iter()
+        .filter(|o| o.role == OperandRole::Output)
+        .count();
+    if outputs.len() != results {
         bail!(
-            "`{kernel}` has {} outputs, got {} --output files",
-            results.len(),
+            "`{kernel}` has {results} output{}, got {} --output files",
+            if results == 1 { "" } else { "s" },
             outputs.len()
         );
     }
-    for (path, a) in outputs.iter().zip(&results) {
-        write_npy(path, a)?;
+    let output_files: Vec<(&str, &Path)> =
+        outputs.iter().map(|p| ("--output", p.as_path())).collect();
+    let input_labels: Vec<String> = def
+        .args()
+        .iter()
+        .map(|a| format!("`{}` (--input)", a.name))
+        .collect();
+    let input_files: Vec<(&str, &Path)> = input_labels
+        .iter()
+        .zip(inputs)
+        .map(|(label, p)| (label.as_str(), p.as_path()))
+        .collect();
+    let mut staged = Outputs::prepare(&output_files, &input_files)?;
+    for (i, a) in backend::run_kernel(&k, &args, backend)?.iter().enumerate() {
+        staged.write_npy(i, a)?;
     }
-    Ok(())
+    staged.commit()
 }

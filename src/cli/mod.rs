@@ -1,12 +1,31 @@
 //! The `tessera` command line: its clap types and commands. Part of the binary only, so the
 //! library carries no CLI dependencies.
 
+/// `print!` to stdout that ends the process quietly when stdout is closed (`tessera kernels |
+/// head`) instead of panicking; see [`write_stdout`].
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// `println!` through [`out!`].
+macro_rules! outln {
+    () => {
+        $crate::cli::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 pub mod attention;
 pub mod bench;
 mod bench_cp;
 pub mod compile;
 pub mod demo;
 pub mod kernel;
+mod outputs;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -20,13 +39,26 @@ use tessera::dsl::{ArgSpec, DType, TargetRules};
     about = "A Pallas-like kernel DSL embedded in Rust"
 )]
 pub struct Cli {
+    /// Let the XLA plugin's log lines (INFO, warnings) through to stderr; also
+    /// TESSERA_VERBOSE=1.
+    #[arg(short, long, global = true)]
+    pub verbose: bool,
     #[command(subcommand)]
     pub command: Command,
 }
 
+/// What `tessera ir` prints.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Emit {
+    /// The verified kernel IR.
+    Ir,
+    /// The kernel lowered to a StableHLO module (MLIR text), as the XLA backends compile it.
+    Stablehlo,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// List the built-in kernels and their compile-time parameters.
+    /// List the built-in kernels and their parameters (compile-time ones and sizes).
     Kernels,
     /// Print the IR of a built-in kernel instantiated with the given parameters.
     Ir {
@@ -41,12 +73,16 @@ pub enum Command {
         /// Hardware rules to check: tpu (default) or portable.
         #[arg(long, default_value = "tpu")]
         rules: String,
+        /// What to print: the kernel IR or its StableHLO module.
+        #[arg(long, value_enum, default_value = "ir")]
+        emit: Emit,
     },
     /// Run a built-in kernel on .npy inputs and write its outputs as .npy files.
     Run {
         /// Kernel name (see `tessera kernels`).
         kernel: String,
-        /// A compile-time parameter, NAME=VALUE (repeatable).
+        /// A compile-time parameter, NAME=VALUE (repeatable). Sizes come from the inputs; a
+        /// size parameter given must agree with them.
         #[arg(long = "param", short = 'p', value_parser = parse_param)]
         params: Vec<(String, String)>,
         /// Input .npy files, in argument order (float32 files are converted to the kernel's dtype).
@@ -75,6 +111,82 @@ pub enum Command {
         #[command(subcommand)]
         what: bench::BenchCommand,
     },
+}
+
+/// Writes to stdout. A closed pipe ends the process with the status a Unix tool killed by
+/// SIGPIPE has (141), silently, as `yes | head` does; another write error ends it with one
+/// line and status 1. (Rust ignores SIGPIPE, so `println!` would panic instead.)
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(141);
+        }
+        eprintln!("error: cannot write to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// The variable that lets the plugin's log lines through, like `-v`.
+pub const VERBOSE_VAR: &str = "TESSERA_VERBOSE";
+
+/// The XLA plugin's log threshold (TensorFlow's variable, which the plugin's logging reads):
+/// 2 drops INFO and WARNING lines (`cpu_device_count set`, the GSPMD deprecation warning),
+/// keeps errors.
+const PLUGIN_LOG_VAR: &str = "TF_CPP_MIN_LOG_LEVEL";
+
+/// Keeps the plugin's INFO and warning lines off stderr unless `verbose`, TESSERA_VERBOSE or
+/// the user's own TF_CPP_MIN_LOG_LEVEL asks otherwise. Call before the plugin is loaded (the
+/// plugin reads the variable from the process environment), while the process has one thread
+/// (setting the environment races with other threads reading it). The processes the CLI
+/// starts (the bench's memory probes) inherit the setting.
+pub fn configure_plugin_logs(verbose: bool) {
+    let from_env = std::env::var_os(VERBOSE_VAR).is_some_and(|v| !v.is_empty() && v != "0");
+    if verbose || from_env || std::env::var_os(PLUGIN_LOG_VAR).is_some() {
+        return;
+    }
+    std::env::set_var(PLUGIN_LOG_VAR, "2");
+}
+
+/// Reports a command-line error as one line (clap's message without its usage block) and
+/// returns clap's exit code; help and version print as clap prints them.
+pub fn report_parse_error(e: clap::Error) -> std::process::ExitCode {
+    use clap::error::ErrorKind;
+    let code = u8::try_from(e.exit_code()).unwrap_or(2);
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        // Nothing useful can be done when printing help fails (a closed pipe).
+        let _ = e.print();
+        return std::process::ExitCode::from(code);
+    }
+    let text = e.render().to_string();
+    let mut line = String::new();
+    for part in text
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+    {
+        if !line.is_empty() {
+            line.push_str(if line.ends_with(':') { " " } else { "; " });
+        }
+        line.push_str(part);
+    }
+    eprintln!("{line} (see --help)");
+    std::process::ExitCode::from(code)
+}
+
+/// A count or size that must be at least 1.
+pub fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        Ok(_) => Err("must be at least 1".into()),
+        Err(_) => Err(format!("expected a positive integer, got `{s}`")),
+    }
 }
 
 pub fn parse_param(s: &str) -> Result<(String, String), String> {

@@ -2,10 +2,9 @@
 //! the crate (plain index arithmetic on `f32` arrays), and conversions to device buffers.
 #![allow(dead_code)]
 
-use half::bf16;
 use tessera_collectives::{DimSpec, MeshShape, PartitionSpec};
-use tessera_hlo::DType;
-use tessera_runtime::{Client, ElementType, HostBuffer};
+use tessera_hlo::{DType, HostArray};
+use tessera_runtime::{Client, HostBuffer};
 
 /// The process-wide CPU client with `n` devices.
 pub fn client(n: usize) -> Client {
@@ -132,38 +131,15 @@ pub fn local(global: &Arr, spec: &[Option<usize>], sizes: &[usize], coords: &[us
 }
 
 pub fn to_buffer(a: &Arr, dtype: DType) -> HostBuffer {
-    let dims = a.dims_i64();
-    match dtype {
-        DType::F32 => HostBuffer::from_slice(&dims, &a.data).unwrap(),
-        DType::BF16 => {
-            let v: Vec<bf16> = a.data.iter().map(|&x| bf16::from_f32(x)).collect();
-            HostBuffer::from_slice(&dims, &v).unwrap()
-        }
-        DType::I32 => {
-            let v: Vec<i32> = a.data.iter().map(|&x| x as i32).collect();
-            HostBuffer::from_slice(&dims, &v).unwrap()
-        }
-        other => panic!("no test conversion for {other}"),
-    }
+    let values: Vec<f64> = a.data.iter().map(|&x| f64::from(x)).collect();
+    let array = HostArray::from_f64(dtype, a.dims.clone(), &values).unwrap();
+    HostBuffer::from_array(&array).unwrap()
 }
 
 pub fn from_buffer(b: &HostBuffer) -> Arr {
-    let dims: Vec<usize> = b.dims().iter().map(|&d| d as usize).collect();
-    let data = match b.element_type() {
-        ElementType::F32 => b.to_vec::<f32>().unwrap(),
-        ElementType::BF16 => b
-            .to_vec::<bf16>()
-            .unwrap()
-            .into_iter()
-            .map(f32::from)
-            .collect(),
-        ElementType::I32 => b
-            .to_vec::<i32>()
-            .unwrap()
-            .into_iter()
-            .map(|x| x as f32)
-            .collect(),
-        other => panic!("no test conversion for {other:?}"),
-    };
-    Arr { dims, data }
+    let array = b.to_array().unwrap();
+    Arr {
+        dims: array.shape().to_vec(),
+        data: array.to_f32_vec(),
+    }
 }

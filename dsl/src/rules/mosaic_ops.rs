@@ -105,12 +105,17 @@ fn refusal(k: &Kernel, inst: &Inst) -> Option<String> {
             let adds_unit_lane = shape.len() == from.len() + 1
                 && shape.last() == Some(&1)
                 && shape[..from.len()] == from[..];
-            if from.is_empty() || keeps_tiles || adds_unit_lane || from == shape {
+            // One 32-bit element out of a vector: `vector.extract` into a scalar register.
+            let extracts_scalar =
+                shape.is_empty() && from.iter().all(|&d| d == 1) && ty(*x).dtype.size_bytes() == 4;
+            if from.is_empty() || keeps_tiles || adds_unit_lane || extracts_scalar || from == shape
+            {
                 scalar_refusal(inst, &operands, &results)
             } else {
                 Some(format!(
                     "Mosaic reshapes vectors only when the last two dims stay the same (leading \
-                     dims may change) or a trailing dim of 1 is added; {from:?} to {shape:?} \
+                     dims may change), a trailing dim of 1 is added, or one 32-bit element \
+                     becomes a scalar; {from:?} to {shape:?} \
                      changes the tiled dims; restructure the computation (e.g. load the block \
                      in the shape you need)"
                 ))

@@ -10,7 +10,7 @@ use crate::ir::{DType, Loc, Op, RefId, Slice};
 /// A Rust element type usable in kernel operand types (`Ref<f32>`, `Scratch<half::bf16>`, ...).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a kernel element type",
-    label = "not an element type",
+    label = "this is not a kernel element type",
     note = "kernel operands hold `f32`, `bf16`, `i32`, `i8` or `bool` elements"
 )]
 pub trait Element: Copy + Send + Sync + 'static {
@@ -69,7 +69,7 @@ impl IntoStart for Value {
 /// A window length: a compile-time `usize`, since vector shapes are static.
 #[diagnostic::on_unimplemented(
     message = "a window length is a vector shape and must be a compile-time `usize`, not `{Self}`",
-    label = "expected a compile-time `usize`",
+    label = "this is not a compile-time `usize`",
     note = "for a run-time extent, load a fixed-size window and mask it with `select`"
 )]
 pub trait StaticLen {
@@ -181,15 +181,37 @@ impl WindowMut {
     }
 }
 
-macro_rules! handle {
-    ($(#[$doc:meta])* $name:ident) => {
-        $(#[$doc])*
-        #[derive(Debug)]
-        pub struct $name<T: Element> {
-            id: RefId,
-            _t: PhantomData<T>,
-        }
+/// A read-only input block in VMEM.
+#[derive(Debug)]
+pub struct Ref<T: Element> {
+    id: RefId,
+    _t: PhantomData<T>,
+}
 
+/// A write-only output block in VMEM.
+#[derive(Debug)]
+pub struct RefMut<T: Element> {
+    id: RefId,
+    _t: PhantomData<T>,
+}
+
+/// A kernel-private buffer that persists across grid steps (accumulators).
+#[derive(Debug)]
+pub struct Scratch<T: Element> {
+    id: RefId,
+    _t: PhantomData<T>,
+}
+
+/// A whole small array in SMEM (scalar prefetch), read one element at a time.
+#[derive(Debug)]
+pub struct Smem<T: Element> {
+    id: RefId,
+    _t: PhantomData<T>,
+}
+
+// The structs are written out (not generated) so that a bound they state is shown as written.
+macro_rules! handle_impls {
+    ($($name:ident),*) => {$(
         impl<T: Element> Clone for $name<T> {
             fn clone(&self) -> Self {
                 *self
@@ -217,30 +239,15 @@ macro_rules! handle {
                 T::DTYPE
             }
         }
-    };
+    )*};
 }
 
-handle!(
-    /// A read-only input block in VMEM.
-    Ref
-);
-handle!(
-    /// A write-only output block in VMEM.
-    RefMut
-);
-handle!(
-    /// A kernel-private buffer that persists across grid steps (accumulators).
-    Scratch
-);
-handle!(
-    /// A whole small array in SMEM (scalar prefetch), read one element at a time.
-    Smem
-);
+handle_impls!(Ref, RefMut, Scratch, Smem);
 
 /// Marks the refs a kernel may store to. Inputs (`Ref<T>`) and SMEM tables are read-only.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is a kernel input, and inputs are read-only",
-    label = "cannot store to an input",
+    label = "an input cannot be stored to",
     note = "declare the parameter as `RefMut<T>` (an output) or keep partial results in a `Scratch<T>`"
 )]
 pub trait Writable {}
@@ -315,7 +322,7 @@ impl<T: Element> Scratch<T> {
 /// An index into an SMEM table: an i32 [`Value`] or a Rust integer.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot be used as an index",
-    label = "expected an i32 `Value` or a Rust integer",
+    label = "this is not an i32 `Value` or a Rust integer",
     note = "index maps return one block index per array dim, and `Smem::get` takes one index \
             per table dim: grid indices, values read from SMEM, or integers"
 )]
@@ -324,6 +331,7 @@ pub trait IntoIndex {
     fn into_index(self) -> Value;
 }
 
+#[diagnostic::do_not_recommend]
 impl IntoIndex for Value {
     fn into_index(self) -> Value {
         self
@@ -332,6 +340,7 @@ impl IntoIndex for Value {
 
 macro_rules! into_index_int {
     ($($t:ty),*) => {$(
+        #[diagnostic::do_not_recommend]
         impl IntoIndex for $t {
             #[track_caller]
             fn into_index(self) -> Value {

@@ -77,7 +77,7 @@ impl FuncBuilder<'_> {
             )
         })?;
         check_dims(OP, "dimensions", dimensions, t.rank())?;
-        let init = self.constant(init)?;
+        let init = self.literal(init)?;
         let body = self.reducer_region(OP, reducer, t.dtype)?;
         let result = TensorType::new(kept_dims(&t.dims, dimensions), t.dtype);
         Ok(self.emit1(
@@ -388,6 +388,13 @@ impl FuncBuilder<'_> {
         const OP: &str = "stablehlo.custom_call";
         if spec.target.is_empty() {
             return Err(HloError::attr(OP, "call_target_name", "must not be empty"));
+        }
+        if spec.sharding.is_some() && !self.module.mesh().is_empty() {
+            return Err(HloError::attr(
+                OP,
+                "mhlo.sharding",
+                "is GSPMD's form, not allowed on a module with a mesh (Shardy's form)",
+            ));
         }
         let types = operands
             .iter()

@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::module::{Func, Module};
 use crate::ops::{Op, OpKind, Region, Sharding, Value};
-use crate::{DType, HloError, Literal, TensorType};
+use crate::{DType, HloError, HostArray, Literal, TensorType};
 
 mod collective;
 mod control;
@@ -102,12 +102,18 @@ impl<'m> FuncBuilder<'m> {
         self.module.num_partitions()
     }
 
+    /// The mesh of the module being built (empty without one; see [`Module::set_mesh`]).
+    pub fn mesh(&self) -> &[(String, u32)] {
+        self.module.mesh()
+    }
+
     /// `mhlo.num_replicas` of the module being built.
     pub fn num_replicas(&self) -> u32 {
         self.module.num_replicas()
     }
 
-    /// Adds a function argument (a parameter of the program when this is `@main`).
+    /// Adds a function argument (a parameter of the program when this is `@main`). On a
+    /// module with a mesh, `@main`'s arguments need [`FuncBuilder::arg_with_sharding`].
     pub fn arg(&mut self, ty: TensorType) -> Result<Value, HloError> {
         self.add_arg(ty, None)
     }
@@ -122,7 +128,10 @@ impl<'m> FuncBuilder<'m> {
     }
 
     fn add_arg(&mut self, ty: TensorType, sharding: Option<Sharding>) -> Result<Value, HloError> {
-        ty.validate(FUNC, &format!("argument #{}", self.args.len()))?;
+        let what = format!("argument #{}", self.args.len());
+        ty.validate(FUNC, &what)?;
+        self.module
+            .check_sharding(&self.name, &what, &ty, sharding.as_ref())?;
         let v = self.new_value(ty, 0);
         self.args.push(v);
         self.arg_shardings.push(sharding);
@@ -153,20 +162,24 @@ impl<'m> FuncBuilder<'m> {
             })
     }
 
-    /// A constant from a literal.
-    pub fn constant(&mut self, literal: Literal) -> Result<Value, HloError> {
-        let ty = literal.ty();
-        Ok(self.emit1(OpKind::Constant(literal), vec![], ty, vec![]))
+    /// A constant holding a host array (emitted as a splat when its elements are all equal).
+    pub fn constant(&mut self, array: &HostArray) -> Result<Value, HloError> {
+        self.literal(Literal::from_array(array)?)
     }
 
     /// A rank-0 constant (see [`Literal::scalar`] for the accepted values).
     pub fn scalar(&mut self, value: f64, dtype: DType) -> Result<Value, HloError> {
-        self.constant(Literal::scalar(value, dtype)?)
+        self.literal(Literal::scalar(value, dtype)?)
     }
 
     /// A constant of type `ty` with every element equal to `value` (emitted as a splat).
     pub fn splat(&mut self, value: f64, ty: TensorType) -> Result<Value, HloError> {
-        self.constant(Literal::splat(value, &ty)?)
+        self.literal(Literal::splat(value, &ty)?)
+    }
+
+    pub(crate) fn literal(&mut self, literal: Literal) -> Result<Value, HloError> {
+        let ty = literal.ty();
+        Ok(self.emit1(OpKind::Constant(literal), vec![], ty, vec![]))
     }
 
     /// Ends the function, returning `results`, and adds it to the module.
@@ -185,9 +198,13 @@ impl<'m> FuncBuilder<'m> {
             func: name.into(),
             reason,
         };
-        for (i, (v, _)) in results.iter().enumerate() {
-            self.check_value("func.return", &format!("result #{i}"), *v)
+        for (i, (v, sharding)) in results.iter().enumerate() {
+            let what = format!("result #{i}");
+            let ty = self
+                .check_value("func.return", &what, *v)
                 .map_err(|e| func_err(&self.name, e.to_string()))?;
+            self.module
+                .check_sharding(&self.name, &what, &ty, sharding.as_ref())?;
         }
         let frame = self
             .frames

@@ -5,7 +5,9 @@ use crate::ops::{
     ComparisonDirection, ComparisonType, CustomCall, CustomCallApiVersion, DotDims, Grouping,
     OutputOperandAlias, Precision, Reducer, Sharding, UnaryOp, Value,
 };
-use crate::{DType, FuncBuilder, HloError, Literal, Module, TensorType};
+use half::bf16;
+
+use crate::{DType, FuncBuilder, HloError, HostArray, Module, TensorType};
 
 fn t(dims: &[i64], dtype: DType) -> TensorType {
     TensorType::new(dims.to_vec(), dtype)
@@ -133,11 +135,12 @@ fn elementwise_text() {
 fn constants_text() {
     let b = body(1, |f| {
         Ok(vec![
-            f.constant(Literal::f32(
-                [2, 2],
-                vec![1.0, f32::INFINITY, f32::NAN, -0.25],
-            )?)?,
-            f.constant(Literal::bf16([2], &[0.1, f32::NEG_INFINITY])?)?,
+            f.constant(
+                &HostArray::f32([2, 2], vec![1.0, f32::INFINITY, f32::NAN, -0.25]).unwrap(),
+            )?,
+            f.constant(
+                &HostArray::bf16([2], vec![bf16::from_f32(0.1), bf16::NEG_INFINITY]).unwrap(),
+            )?,
             f.scalar(-3.0, DType::I8)?,
             f.scalar(1.0, DType::Bool)?,
             f.splat(7.0, t(&[3], DType::I32))?,
@@ -1490,4 +1493,148 @@ fn huge_dimensions_are_errors_not_panics() {
     let x = f.arg(f32t(&[big])).unwrap();
     let s = f.slice_strided(x, &[0], &[big], &[i64::MAX]).unwrap();
     assert_eq!(f.value_type(s).unwrap(), &f32t(&[1]));
+}
+
+fn split(axes: &[Option<&str>]) -> Sharding {
+    Sharding::ManualSplit(axes.iter().map(|a| a.map(String::from)).collect())
+}
+
+#[test]
+fn shardy_form_of_a_mesh_module() {
+    let mut m = Module::new("blocks");
+    m.set_mesh(&[("data", 2), ("context", 4)]).unwrap();
+    assert_eq!(m.num_partitions(), 8);
+    let mut f = m.func("main");
+    let x = f
+        .arg_with_sharding(f32t(&[1, 3]), split(&[Some("data"), None]))
+        .unwrap();
+    let y = f.exp(x).unwrap();
+    f.finish_with_shardings(&[(y, Some(split(&[None, Some("context")])))])
+        .unwrap();
+    let expected = r#"module @blocks attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  "sdy.mesh"() <{mesh = #sdy.mesh<["data"=2, "context"=4]>, sym_name = "mesh"}> : () -> ()
+  func.func public @main(%arg0: tensor<2x3xf32> {sdy.sharding = #sdy.sharding<@mesh, [{"data"}, {}]>}) -> (tensor<1x12xf32> {sdy.sharding = #sdy.sharding<@mesh, [{}, {"context"}]>}) {
+    %manual = "sdy.manual_computation"(%arg0) <{in_shardings = #sdy.sharding_per_value<[<@mesh, [{"data"}, {}]>]>, manual_axes = #sdy<manual_axes{"data", "context"}>, out_shardings = #sdy.sharding_per_value<[<@mesh, [{}, {"context"}]>]>}> ({
+    ^bb0(%local0: tensor<1x3xf32>):
+      %0 = "stablehlo.exponential"(%local0) : (tensor<1x3xf32>) -> tensor<1x3xf32>
+      "sdy.return"(%0) : (tensor<1x3xf32>) -> ()
+    }) : (tensor<2x3xf32>) -> tensor<1x12xf32>
+    "func.return"(%manual) : (tensor<1x12xf32>) -> ()
+  }
+}
+"#;
+    assert_eq!(m.to_mlir(), expected);
+    let gspmd = r#"module @blocks attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+  func.func public @main(%arg0: tensor<1x3xf32> {mhlo.sharding = "{manual}"}) -> (tensor<1x3xf32> {mhlo.sharding = "{manual}"}) {
+    %0 = "stablehlo.exponential"(%arg0) : (tensor<1x3xf32>) -> tensor<1x3xf32>
+    "func.return"(%0) : (tensor<1x3xf32>) -> ()
+  }
+}
+"#;
+    assert_eq!(m.to_mlir_gspmd(), gspmd);
+}
+
+#[test]
+fn mesh_errors() {
+    let mesh_err = |axes: &[(&str, u32)]| Module::new("m").set_mesh(axes).unwrap_err();
+    assert!(mesh_err(&[]).to_string().contains("at least one axis"));
+    assert!(mesh_err(&[("a", 2), ("a", 2)])
+        .to_string()
+        .contains("distinct"));
+    assert!(mesh_err(&[("a", 0)]).to_string().contains("size 0"));
+    assert!(mesh_err(&[("a", 1 << 16), ("b", 1 << 16)])
+        .to_string()
+        .contains("u32::MAX"));
+    let mut m = Module::new("m");
+    m.func("main").finish(&[]).unwrap();
+    assert!(m
+        .set_mesh(&[("a", 2)])
+        .unwrap_err()
+        .to_string()
+        .contains("before adding functions"));
+    let mut m = Module::new("m");
+    m.set_mesh(&[("a", 2)]).unwrap();
+    assert!(m.set_num_partitions(4).is_err());
+    m.set_num_partitions(2).unwrap();
+
+    // ManualSplit needs a mesh.
+    let e = err_in(2, |f| {
+        f.arg_with_sharding(f32t(&[2]), split(&[Some("a")]))?;
+        Ok(())
+    });
+    assert!(e.to_string().contains("Module::set_mesh"), "{e}");
+
+    let in_mesh = |name: &str, f: &dyn Fn(&mut FuncBuilder<'_>) -> Result<(), HloError>| {
+        let mut m = Module::new("m");
+        m.set_mesh(&[("a", 2), ("b", 2)]).unwrap();
+        let mut b = m.func(name);
+        f(&mut b).expect_err("expected an error").to_string()
+    };
+    let e = in_mesh("main", &|f| f.arg(f32t(&[2])).map(drop));
+    assert!(
+        e.contains("@main takes and returns ManualSplit blocks"),
+        "{e}"
+    );
+    let e = in_mesh("main", &|f| {
+        f.arg_with_sharding(f32t(&[2]), Sharding::Manual).map(drop)
+    });
+    assert!(
+        e.contains("@main takes and returns ManualSplit blocks"),
+        "{e}"
+    );
+    let e = in_mesh("main", &|f| {
+        f.arg_with_sharding(f32t(&[2]), split(&[])).map(drop)
+    });
+    assert!(
+        e.contains("names 0 dims, the type tensor<2xf32> has 1"),
+        "{e}"
+    );
+    let e = in_mesh("main", &|f| {
+        f.arg_with_sharding(f32t(&[2]), split(&[Some("c")]))
+            .map(drop)
+    });
+    assert!(e.contains("`c`, not a mesh axis"), "{e}");
+    let e = in_mesh("main", &|f| {
+        f.arg_with_sharding(f32t(&[2, 2]), split(&[Some("a"), Some("a")]))
+            .map(drop)
+    });
+    assert!(e.contains("`a` splits two dims"), "{e}");
+    let e = in_mesh("helper", &|f| {
+        f.arg_with_sharding(f32t(&[2]), split(&[Some("a")]))
+            .map(drop)
+    });
+    assert!(e.contains("only @main"), "{e}");
+    let e = in_mesh("helper", &|f| {
+        f.arg_with_sharding(f32t(&[2]), Sharding::Replicated)
+            .map(drop)
+    });
+    assert!(e.contains("only @main has shardings"), "{e}");
+    let e = in_mesh("helper", &|f| {
+        let x = f.arg(f32t(&[2]))?;
+        let spec = CustomCall {
+            sharding: Some(Sharding::Manual),
+            ..CustomCall::new("Sharding")
+        };
+        f.custom_call(spec, &[x], &[f32t(&[2])]).map(drop)
+    });
+    assert!(e.contains("not allowed on a module with a mesh"), "{e}");
+    // A result without a block sharding.
+    let mut m = Module::new("m");
+    m.set_mesh(&[("a", 2)]).unwrap();
+    let mut f = m.func("main");
+    let x = f.arg_with_sharding(f32t(&[2]), split(&[None])).unwrap();
+    let e = f.finish(&[x]).unwrap_err().to_string();
+    assert!(e.contains("result #0"), "{e}");
+}
+
+#[test]
+fn a_global_tensor_too_large_is_an_error() {
+    let mut m = Module::new("m");
+    m.set_mesh(&[("a", 4)]).unwrap();
+    let mut f = m.func("main");
+    let e = f
+        .arg_with_sharding(f32t(&[i64::MAX / 2]), split(&[Some("a")]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("too large"), "{e}");
 }

@@ -17,6 +17,17 @@ use crate::kernels::{
 use crate::mask::{MultiHeadMask, SeqOffsets};
 use crate::mask_info::{BlockStats, Major, MaskInfo};
 
+/// The kernel `kernel` instantiated for the element type of `dtype`: `bf16` for bf16
+/// attention, `f32` otherwise (the two dtypes attention takes).
+macro_rules! for_dtype {
+    ($dtype:expr, $kernel:ident($($arg:expr),*)) => {
+        match $dtype {
+            DType::BF16 => $kernel::<half::bf16>($($arg),*),
+            _ => $kernel::<f32>($($arg),*),
+        }
+    };
+}
+
 /// JAX's default mask value: the finite stand-in logit of masked entries.
 pub const DEFAULT_MASK_VALUE: f32 = -0.7 * f32::MAX;
 
@@ -86,6 +97,97 @@ impl Dims {
             head_dim: q[3],
             head_dim_v: v[3],
         })
+    }
+
+    /// Checks a call's arrays against these dims and `dtype` (q, k, v of dtype and finite,
+    /// segment ids int32 `[B, S]`, sinks f32 `[H]` and finite); returns the features the call
+    /// uses. Every entry point (one device or context parallel) checks its inputs here.
+    pub fn check_inputs(&self, dtype: DType, x: &Inputs<'_>) -> Result<Features, SplashError> {
+        let dims = Dims::of(x.q.shape(), x.k.shape(), x.v.shape())?;
+        if dims != *self {
+            return Err(SplashError::Shape(format!(
+                "the inputs have dims {dims:?} but the attention was configured for {self:?}"
+            )));
+        }
+        for (name, a) in [("q", x.q), ("k", x.k), ("v", x.v)] {
+            if a.dtype() != dtype {
+                return Err(SplashError::Shape(format!(
+                    "{name} is {} but the attention was configured for {dtype}",
+                    a.dtype()
+                )));
+            }
+            check_finite(name, a)?;
+        }
+        if let Some(s) = x.segment_ids {
+            for (name, a, len) in [("q", s.q, self.q_len), ("kv", s.kv, self.kv_len)] {
+                let want = [self.batch, len];
+                if a.dtype() != DType::I32 || a.shape() != want {
+                    return Err(SplashError::Shape(format!(
+                        "{name} segment ids must be i32{want:?}, got {}{:?}",
+                        a.dtype(),
+                        a.shape()
+                    )));
+                }
+            }
+        }
+        if let Some(s) = x.sinks {
+            if s.dtype() != DType::F32 || s.shape() != [self.heads] {
+                return Err(SplashError::Shape(format!(
+                    "sinks must be f32[{}] (one per query head), got {}{:?}",
+                    self.heads,
+                    s.dtype(),
+                    s.shape()
+                )));
+            }
+            check_finite("sinks", s)?;
+        }
+        Ok(Features {
+            segmented: x.segment_ids.is_some(),
+            sinks: x.sinks.is_some(),
+        })
+    }
+
+    /// Checks an array shaped like the output (`dout`, or a forward's `out` handed back):
+    /// `dtype[B, H, Sq, Dv]`, finite.
+    pub fn check_output_like(
+        &self,
+        name: &str,
+        dtype: DType,
+        a: &HostArray,
+    ) -> Result<(), SplashError> {
+        let want = [self.batch, self.heads, self.q_len, self.head_dim_v];
+        if a.shape() != want || a.dtype() != dtype {
+            return Err(SplashError::Shape(format!(
+                "{name} must be {dtype}{want:?} like the output, got {}{:?}",
+                a.dtype(),
+                a.shape()
+            )));
+        }
+        check_finite(name, a)
+    }
+
+    /// Checks a logsumexp handed back to a backward: f32 `[B, H, Sq]`, no NaN or `+inf`
+    /// (`-inf` marks a row without a visible key).
+    pub fn check_lse(&self, lse: &HostArray) -> Result<(), SplashError> {
+        let want = [self.batch, self.heads, self.q_len];
+        if lse.shape() != want || lse.dtype() != DType::F32 {
+            return Err(SplashError::Shape(format!(
+                "lse must be f32{want:?}, got {}{:?}",
+                lse.dtype(),
+                lse.shape()
+            )));
+        }
+        match lse
+            .to_f64_vec()
+            .iter()
+            .position(|x| x.is_nan() || *x == f64::INFINITY)
+        {
+            Some(i) => Err(SplashError::Shape(format!(
+                "lse holds {} at flat index {i}; a logsumexp is finite or -inf",
+                lse.to_f64_vec()[i]
+            ))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -514,10 +616,7 @@ impl SplashAttention {
     pub fn forward_plan(&self, f: Features) -> Vec<Stage> {
         let info = &self.fwd_info;
         let cfg = self.config(info, self.block_sizes.block_kv_compute, f);
-        let def = match self.dtype {
-            DType::BF16 => splash_fwd::<half::bf16>(cfg),
-            _ => splash_fwd::<f32>(cfg),
-        };
+        let def = for_dtype!(self.dtype, splash_fwd(cfg));
         let mut args = self.tables(info);
         args.push(self.sinks(f));
         args.push(self.offsets());
@@ -540,10 +639,7 @@ impl SplashAttention {
             bq: largest_block(self.dims.q_len, 512),
             sinks: f.sinks,
         };
-        let prep_def = match self.dtype {
-            DType::BF16 => splash_bwd_prep::<half::bf16>(prep),
-            _ => splash_bwd_prep::<f32>(prep),
-        };
+        let prep_def = for_dtype!(self.dtype, splash_bwd_prep(prep));
         let mut stages = vec![Stage {
             def: prep_def,
             args: vec![
@@ -565,10 +661,7 @@ impl SplashAttention {
         args.push(Self::mask_blocks(info));
         args.extend(residuals.clone());
         if b.use_fused_bwd_kernel {
-            let def = match self.dtype {
-                DType::BF16 => splash_bwd_fused::<half::bf16>(cfg),
-                _ => splash_bwd_fused::<f32>(cfg),
-            };
+            let def = for_dtype!(self.dtype, splash_bwd_fused(cfg));
             stages.push(Stage {
                 def,
                 args,
@@ -576,10 +669,7 @@ impl SplashAttention {
                 target: self.target.clone(),
             });
             let bq = largest_block(self.dims.q_len, 512);
-            let def = match self.dtype {
-                DType::BF16 => splash_dq_reduce::<half::bf16>(bq),
-                _ => splash_dq_reduce::<f32>(bq),
-            };
+            let def = for_dtype!(self.dtype, splash_dq_reduce(bq));
             stages.push(Stage {
                 def,
                 args: vec![StageArg::Tensor(Tensor::DqPartial)],
@@ -587,10 +677,7 @@ impl SplashAttention {
                 target: self.target.clone(),
             });
         } else {
-            let def = match self.dtype {
-                DType::BF16 => splash_dkv::<half::bf16>(cfg),
-                _ => splash_dkv::<f32>(cfg),
-            };
+            let def = for_dtype!(self.dtype, splash_dkv(cfg));
             stages.push(Stage {
                 def,
                 args,
@@ -602,10 +689,7 @@ impl SplashAttention {
                 .as_ref()
                 .expect("separate backward has dq tables");
             let cfg = self.config(info, info.block_kv, f);
-            let def = match self.dtype {
-                DType::BF16 => splash_dq::<half::bf16>(cfg),
-                _ => splash_dq::<f32>(cfg),
-            };
+            let def = for_dtype!(self.dtype, splash_dq(cfg));
             let mut args = self.tables(info);
             args.push(self.offsets());
             args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
@@ -624,50 +708,36 @@ impl SplashAttention {
 
     /// Checks the call's arrays against the configuration; returns the features it uses.
     pub fn check_inputs(&self, x: &Inputs<'_>) -> Result<Features, SplashError> {
-        let dims = Dims::of(x.q.shape(), x.k.shape(), x.v.shape())?;
-        if dims != self.dims {
-            return Err(SplashError::Shape(format!(
-                "the inputs have dims {dims:?} but the attention was configured for {:?}",
-                self.dims
-            )));
+        self.dims.check_inputs(self.dtype, x)
+    }
+
+    /// Checks the output cotangent `dout` of a backward call: the output's dtype and shape,
+    /// finite.
+    pub fn check_dout(&self, dout: &HostArray) -> Result<(), SplashError> {
+        self.dims.check_output_like("dout", self.dtype, dout)
+    }
+
+    /// The dtype and shape of a plan tensor (what the kernels of [`Self::forward_plan`] and
+    /// [`Self::backward_plan`] take and produce).
+    pub fn tensor_spec(&self, t: Tensor) -> ArgSpec {
+        let d = self.dims;
+        let (b, h, kvh, sq, skv) = (d.batch, d.heads, d.kv_heads, d.q_len, d.kv_len);
+        let (dt, f32) = (self.dtype, DType::F32);
+        match t {
+            Tensor::Q | Tensor::Dq => ArgSpec::new(dt, [b, h, sq, d.head_dim]),
+            Tensor::K | Tensor::Dk => ArgSpec::new(dt, [b, kvh, skv, d.head_dim]),
+            Tensor::V | Tensor::Dv => ArgSpec::new(dt, [b, kvh, skv, d.head_dim_v]),
+            Tensor::Out | Tensor::DOut => ArgSpec::new(dt, [b, h, sq, d.head_dim_v]),
+            Tensor::QSegments => ArgSpec::new(DType::I32, [b, sq, 1]),
+            Tensor::KvSegments => ArgSpec::new(DType::I32, [b, 1, skv]),
+            Tensor::Sinks => ArgSpec::new(f32, [h]),
+            Tensor::Lse | Tensor::Di => ArgSpec::new(f32, [b, h, sq, 1]),
+            Tensor::DqPartial => ArgSpec::new(
+                f32,
+                [skv / self.block_sizes.block_kv_dkv, b, h, sq, d.head_dim],
+            ),
+            Tensor::DSinks => ArgSpec::new(f32, [h, 1, 1]),
         }
-        for (name, a) in [("q", x.q), ("k", x.k), ("v", x.v)] {
-            if a.dtype() != self.dtype {
-                return Err(SplashError::Shape(format!(
-                    "{name} is {} but the attention was configured for {}",
-                    a.dtype(),
-                    self.dtype
-                )));
-            }
-            check_finite(name, a)?;
-        }
-        if let Some(s) = x.segment_ids {
-            for (name, a, len) in [("q", s.q, self.dims.q_len), ("kv", s.kv, self.dims.kv_len)] {
-                let want = [self.dims.batch, len];
-                if a.dtype() != DType::I32 || a.shape() != want {
-                    return Err(SplashError::Shape(format!(
-                        "{name} segment ids must be i32{want:?}, got {}{:?}",
-                        a.dtype(),
-                        a.shape()
-                    )));
-                }
-            }
-        }
-        if let Some(s) = x.sinks {
-            if s.dtype() != DType::F32 || s.shape() != [self.dims.heads] {
-                return Err(SplashError::Shape(format!(
-                    "sinks must be f32[{}] (one per query head), got {}{:?}",
-                    self.dims.heads,
-                    s.dtype(),
-                    s.shape()
-                )));
-            }
-            check_finite("sinks", s)?;
-        }
-        Ok(Features {
-            segmented: x.segment_ids.is_some(),
-            sinks: x.sinks.is_some(),
-        })
     }
 
     /// The tensors of a call, as the plans name them.
@@ -710,17 +780,8 @@ impl SplashAttention {
         dout: &HostArray,
     ) -> Result<Grads, SplashError> {
         let f = self.check_inputs(x)?;
+        self.check_dout(dout)?;
         let d = self.dims;
-        let out_shape = [d.batch, d.heads, d.q_len, d.head_dim_v];
-        if dout.shape() != out_shape || dout.dtype() != self.dtype {
-            return Err(SplashError::Shape(format!(
-                "dout must be {}{out_shape:?} like the output, got {}{:?}",
-                self.dtype,
-                dout.dtype(),
-                dout.shape()
-            )));
-        }
-        check_finite("dout", dout)?;
         let mut env = self.env(x);
         env.insert(Tensor::Out, fwd.out.clone());
         env.insert(

@@ -20,10 +20,17 @@ pub enum SplashError {
     /// A kernel failed to instantiate or run.
     #[error(transparent)]
     Kernel(#[from] KernelError),
-    /// Building a StableHLO program around the kernels failed.
+    /// Building a StableHLO program around the kernels failed. (The message includes the
+    /// cause, so it is not also a `source`: a chain printer would repeat it.)
     #[error("program: {0}")]
-    Program(#[from] tessera_hlo::HloError),
+    Program(tessera_hlo::HloError),
     /// The backend that ran a kernel failed.
     #[error("backend: {0}")]
     Backend(String),
+}
+
+impl From<tessera_hlo::HloError> for SplashError {
+    fn from(e: tessera_hlo::HloError) -> Self {
+        SplashError::Program(e)
+    }
 }

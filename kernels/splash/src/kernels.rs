@@ -17,11 +17,12 @@
 //! blocks with it, computed in-kernel from iota and global positions or loaded from the
 //! stored int8 partial blocks.
 
+use std::convert::Infallible;
 use std::fmt;
 
 use tessera_dsl::prelude::*;
 
-use crate::mask::MaskExpr;
+use crate::mask::{MaskExpr, PositionOps};
 use crate::mask_info::KernelMask;
 
 /// `block_mask` code of a block computed with the mask.
@@ -117,32 +118,45 @@ fn cast_to(x: Value, dtype: DType) -> Value {
     }
 }
 
-/// A computable mask evaluated on query positions `[bq, 1]` and key positions `[1, bkv]`.
-fn eval_mask(e: &MaskExpr, q: Value, kv: Value, shape: &[usize]) -> Value {
-    match e {
-        MaskExpr::Full => constant(DType::Bool, shape, true),
-        MaskExpr::Causal { offset } => kv.le(q + *offset as i32),
-        MaskExpr::Local {
-            left,
-            right,
-            offset,
-        } => {
-            let c = if *offset == 0 { q } else { q + *offset as i32 };
-            let lo = left.map(|l| (c - l as i32).le(kv));
-            let hi = right.map(|r| kv.le(c + r as i32));
-            match (lo, hi) {
-                (Some(a), Some(b)) => a & b,
-                (Some(a), None) | (None, Some(a)) => a,
-                (None, None) => constant(DType::Bool, shape, true),
-            }
-        }
-        MaskExpr::Chunked { chunk } => {
-            let c = *chunk as i32;
-            kv.le(q) & (q / c).eq(kv / c)
-        }
-        MaskExpr::And(a, b) => eval_mask(a, q, kv, shape) & eval_mask(b, q, kv, shape),
-        MaskExpr::Or(a, b) => eval_mask(a, q, kv, shape) | eval_mask(b, q, kv, shape),
+/// Masks on traced kernel values: query positions `[bq, 1]` and key positions `[1, bkvc]`
+/// (i32), visibility a bool tile of `shape`.
+struct TracedPositions<'a> {
+    shape: &'a [usize],
+}
+
+impl PositionOps for TracedPositions<'_> {
+    type Pos = Value;
+    type Vis = Value;
+    type Error = Infallible;
+
+    fn add(&mut self, p: Value, by: i64) -> Result<Value, Infallible> {
+        // `by` is within ±2 * MAX_POSITION (saturated), so it fits in i32.
+        Ok(if by == 0 { p } else { p + by as i32 })
     }
+    fn chunk_index(&mut self, p: Value, chunk: i64) -> Result<Value, Infallible> {
+        Ok(p / chunk as i32)
+    }
+    fn le(&mut self, a: Value, b: Value) -> Result<Value, Infallible> {
+        Ok(a.le(b))
+    }
+    fn eq(&mut self, a: Value, b: Value) -> Result<Value, Infallible> {
+        Ok(a.eq(b))
+    }
+    fn and(&mut self, a: Value, b: Value) -> Result<Value, Infallible> {
+        Ok(a & b)
+    }
+    fn or(&mut self, a: Value, b: Value) -> Result<Value, Infallible> {
+        Ok(a | b)
+    }
+    fn all_visible(&mut self) -> Result<Value, Infallible> {
+        Ok(constant(DType::Bool, self.shape, true))
+    }
+}
+
+/// A computable mask on query positions `[bq, 1]` and key positions `[1, bkvc]`.
+fn eval_mask(e: &MaskExpr, q: Value, kv: Value, shape: &[usize]) -> Value {
+    let Ok(vis) = e.eval(&mut TracedPositions { shape }, q, kv);
+    vis
 }
 
 /// The visibility of a `[bq, bkvc]` tile, or `None` when everything is visible.

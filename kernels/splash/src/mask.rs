@@ -253,23 +253,14 @@ impl Mask {
     /// Whether key position `kv` is visible to query position `q` (global positions).
     pub fn allows(&self, q: i64, kv: i64) -> bool {
         match self {
-            Mask::Full => true,
-            Mask::Causal { offset } => kv <= q + sat_signed(*offset),
-            Mask::Local {
-                left,
-                right,
-                offset,
-            } => {
-                let c = q + sat_signed(*offset);
-                left.is_none_or(|l| c - sat(l) <= kv) && right.is_none_or(|r| kv <= c + sat(r))
-            }
-            Mask::ChunkedCausal { chunk } => {
-                let c = sat(*chunk);
-                kv <= q && q.div_euclid(c) == kv.div_euclid(c)
-            }
             Mask::Dense(d) => d.get(q, kv),
             Mask::And(a, b) => a.allows(q, kv) && b.allows(q, kv),
             Mask::Or(a, b) => a.allows(q, kv) || b.allows(q, kv),
+            // Every other mask is a computable leaf (`leaf_expr` is `Some`).
+            leaf => leaf.leaf_expr().is_some_and(|e| {
+                let Ok(visible) = e.eval(&mut HostPositions, q, kv);
+                visible
+            }),
         }
     }
 
@@ -413,6 +404,19 @@ impl Mask {
 
     /// The in-kernel form of a computable mask; `None` if it has a dense part.
     pub(crate) fn to_expr(&self) -> Option<MaskExpr> {
+        match self {
+            Mask::And(a, b) => Some(MaskExpr::And(
+                Box::new(a.to_expr()?),
+                Box::new(b.to_expr()?),
+            )),
+            Mask::Or(a, b) => Some(MaskExpr::Or(Box::new(a.to_expr()?), Box::new(b.to_expr()?))),
+            leaf => leaf.leaf_expr(),
+        }
+    }
+
+    /// The in-kernel form of a computable leaf, with its parameters saturated; `None` for a
+    /// dense mask or a combination.
+    fn leaf_expr(&self) -> Option<MaskExpr> {
         Some(match self {
             Mask::Full => MaskExpr::Full,
             Mask::Causal { offset } => MaskExpr::Causal {
@@ -428,16 +432,15 @@ impl Mask {
                 offset: sat_signed(*offset),
             },
             Mask::ChunkedCausal { chunk } => MaskExpr::Chunked { chunk: sat(*chunk) },
-            Mask::Dense(_) => return None,
-            Mask::And(a, b) => MaskExpr::And(Box::new(a.to_expr()?), Box::new(b.to_expr()?)),
-            Mask::Or(a, b) => MaskExpr::Or(Box::new(a.to_expr()?), Box::new(b.to_expr()?)),
+            Mask::Dense(_) | Mask::And(..) | Mask::Or(..) => return None,
         })
     }
 }
 
-/// A computable mask as the kernels evaluate it from iota (a compile-time parameter).
-/// Windows, chunks and offsets are clamped to `±MAX_POSITION`, so the kernels' i32
-/// arithmetic cannot overflow.
+/// A computable mask as the kernels evaluate it from iota (a compile-time parameter), and
+/// the one definition of each mask's semantics (its `eval`, generic over the values: host
+/// positions, traced kernel values, StableHLO values). Windows, chunks and offsets are
+/// clamped to `±MAX_POSITION`, so the kernels' i32 arithmetic cannot overflow.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum MaskExpr {
     Full,
@@ -454,6 +457,127 @@ pub enum MaskExpr {
     },
     And(Box<MaskExpr>, Box<MaskExpr>),
     Or(Box<MaskExpr>, Box<MaskExpr>),
+}
+
+impl MaskExpr {
+    /// Whether each key position in `kv` is visible to the query position in `q` at the same
+    /// (broadcast) place, computed with `ops`: on host integers ([`Mask::allows`]), on traced
+    /// kernel values (the splash kernels) or on StableHLO values (the dense baseline).
+    pub(crate) fn eval<P: PositionOps>(
+        &self,
+        ops: &mut P,
+        q: P::Pos,
+        kv: P::Pos,
+    ) -> Result<P::Vis, P::Error> {
+        match self {
+            MaskExpr::Full => ops.all_visible(),
+            MaskExpr::Causal { offset } => {
+                let last = ops.add(q, *offset)?;
+                ops.le(kv, last)
+            }
+            MaskExpr::Local {
+                left,
+                right,
+                offset,
+            } => {
+                let center = ops.add(q, *offset)?;
+                let after_first = match left {
+                    Some(l) => {
+                        let first = ops.add(center, -l)?;
+                        Some(ops.le(first, kv)?)
+                    }
+                    None => None,
+                };
+                let before_last = match right {
+                    Some(r) => {
+                        let last = ops.add(center, *r)?;
+                        Some(ops.le(kv, last)?)
+                    }
+                    None => None,
+                };
+                match (after_first, before_last) {
+                    (Some(a), Some(b)) => ops.and(a, b),
+                    (Some(a), None) | (None, Some(a)) => Ok(a),
+                    (None, None) => ops.all_visible(),
+                }
+            }
+            MaskExpr::Chunked { chunk } => {
+                let causal = ops.le(kv, q)?;
+                let q_chunk = ops.chunk_index(q, *chunk)?;
+                let kv_chunk = ops.chunk_index(kv, *chunk)?;
+                let same_chunk = ops.eq(q_chunk, kv_chunk)?;
+                ops.and(causal, same_chunk)
+            }
+            MaskExpr::And(a, b) => {
+                let a = a.eval(ops, q, kv)?;
+                let b = b.eval(ops, q, kv)?;
+                ops.and(a, b)
+            }
+            MaskExpr::Or(a, b) => {
+                let a = a.eval(ops, q, kv)?;
+                let b = b.eval(ops, q, kv)?;
+                ops.or(a, b)
+            }
+        }
+    }
+}
+
+/// The position arithmetic and comparisons a mask is made of. [`MaskExpr::eval`] is written
+/// once over them; the host, the kernels and the dense baseline each implement them for their
+/// own values. Constants stay within `±2 * MAX_POSITION`, so they fit in i32.
+pub(crate) trait PositionOps {
+    /// Positions (a scalar, or a tensor that broadcasts against the other operand).
+    type Pos: Copy;
+    /// Visibility (`true`: visible).
+    type Vis;
+    /// What building an operation can fail with.
+    type Error;
+
+    /// `p + by`.
+    fn add(&mut self, p: Self::Pos, by: i64) -> Result<Self::Pos, Self::Error>;
+    /// The index of the chunk of `chunk` positions that `p` (non-negative) falls in.
+    fn chunk_index(&mut self, p: Self::Pos, chunk: i64) -> Result<Self::Pos, Self::Error>;
+    /// `a <= b`.
+    fn le(&mut self, a: Self::Pos, b: Self::Pos) -> Result<Self::Vis, Self::Error>;
+    /// `a == b`.
+    fn eq(&mut self, a: Self::Pos, b: Self::Pos) -> Result<Self::Vis, Self::Error>;
+    /// Visible in both.
+    fn and(&mut self, a: Self::Vis, b: Self::Vis) -> Result<Self::Vis, Self::Error>;
+    /// Visible in either.
+    fn or(&mut self, a: Self::Vis, b: Self::Vis) -> Result<Self::Vis, Self::Error>;
+    /// Everything visible.
+    fn all_visible(&mut self) -> Result<Self::Vis, Self::Error>;
+}
+
+/// Masks on host positions (the f64 reference, the block tables).
+struct HostPositions;
+
+impl PositionOps for HostPositions {
+    type Pos = i64;
+    type Vis = bool;
+    type Error = std::convert::Infallible;
+
+    fn add(&mut self, p: i64, by: i64) -> Result<i64, Self::Error> {
+        Ok(p + by)
+    }
+    fn chunk_index(&mut self, p: i64, chunk: i64) -> Result<i64, Self::Error> {
+        Ok(p.div_euclid(chunk))
+    }
+    fn le(&mut self, a: i64, b: i64) -> Result<bool, Self::Error> {
+        Ok(a <= b)
+    }
+    fn eq(&mut self, a: i64, b: i64) -> Result<bool, Self::Error> {
+        Ok(a == b)
+    }
+    fn and(&mut self, a: bool, b: bool) -> Result<bool, Self::Error> {
+        Ok(a && b)
+    }
+    fn or(&mut self, a: bool, b: bool) -> Result<bool, Self::Error> {
+        Ok(a || b)
+    }
+    fn all_visible(&mut self) -> Result<bool, Self::Error> {
+        Ok(true)
+    }
 }
 
 /// The mask of every query head: one shared mask or one per head.
@@ -571,6 +695,37 @@ mod tests {
             for b in [8, 16] {
                 for r in rects(64, b) {
                     assert_eq!(m.classify(r), m.classify_exact(r), "{m:?} on {r:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn allows_follows_each_definition() {
+        // The definitions, written out independently of `MaskExpr::eval`.
+        type Definition = fn(i64, i64) -> bool;
+        let cases: [(Mask, Definition); 6] = [
+            (Mask::Full, |_, _| true),
+            (Mask::Causal { offset: -3 }, |q, k| k <= q - 3),
+            (Mask::local(2, 1), |q, k| q - 2 <= k && k <= q + 1),
+            (
+                Mask::Local {
+                    left: None,
+                    right: Some(u64::MAX),
+                    offset: 5,
+                },
+                |_, _| true,
+            ),
+            (Mask::chunked(4), |q, k| k <= q && q / 4 == k / 4),
+            (
+                Mask::local(0, 2).and(Mask::causal()).or(Mask::chunked(8)),
+                |q, k| k == q || (k <= q && q / 8 == k / 8),
+            ),
+        ];
+        for (mask, visible) in &cases {
+            for q in 0..24 {
+                for k in 0..24 {
+                    assert_eq!(mask.allows(q, k), visible(q, k), "{mask:?} at ({q}, {k})");
                 }
             }
         }

@@ -7,13 +7,12 @@
 
 use std::collections::HashMap;
 
-use tessera_dsl::array::ArrayData;
 use tessera_dsl::{ArgSpec, DType, HostArray};
 use tessera_hlo::{self as hlo, ComparisonDirection, DotDims, FuncBuilder, Module, Reducer};
 
 use crate::attention::{Dims, Features, SplashAttention, Stage, StageArg, Tensor};
 use crate::error::SplashError;
-use crate::mask::Mask;
+use crate::mask::{Mask, PositionOps};
 
 type Result<T, E = SplashError> = std::result::Result<T, E>;
 
@@ -43,7 +42,7 @@ pub fn lower_stages_on_shard(
         let mut args = Vec::with_capacity(stage.args.len());
         for a in &stage.args {
             args.push(match a {
-                StageArg::Const(c) => constant(f, c)?,
+                StageArg::Const(c) => f.constant(c)?,
                 StageArg::Tensor(t) => *env.get(t).ok_or_else(|| {
                     SplashError::Backend(format!(
                         "stage `{}` reads {t:?} before it exists",
@@ -86,7 +85,7 @@ fn shard_constant(
     let values: Vec<f64> = arrays.iter().flat_map(|a| a.to_f64_vec()).collect();
     let stacked = HostArray::from_f64(arrays[0].dtype(), stacked_shape, &values)
         .map_err(|e| SplashError::Backend(format!("per-shard tables: {e}")))?;
-    let all = constant(f, &stacked)?;
+    let all = f.constant(&stacked)?;
     let zero = f.scalar(0.0, DType::I32)?;
     let mut starts = vec![shard];
     starts.extend(std::iter::repeat_n(zero, shape.len()));
@@ -95,26 +94,6 @@ fn shard_constant(
     let one = f.dynamic_slice(all, &starts, &sizes)?;
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     Ok(f.reshape(one, &dims)?)
-}
-
-/// A host array as a program constant (a splat when all elements are equal).
-fn constant(f: &mut FuncBuilder<'_>, a: &HostArray) -> Result<hlo::Value> {
-    let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
-    let values = a.to_f64_vec();
-    if values.iter().all(|&v| v == values[0]) {
-        return Ok(f.splat(values[0], hlo::TensorType::new(dims, a.dtype()))?);
-    }
-    let lit = match a.data() {
-        ArrayData::F32(v) => hlo::Literal::f32(dims, v.clone())?,
-        ArrayData::I32(v) => hlo::Literal::i32(dims, v.clone())?,
-        ArrayData::I8(v) => hlo::Literal::i8(dims, v.clone())?,
-        ArrayData::Bool(v) => hlo::Literal::bool(dims, v.clone())?,
-        ArrayData::BF16(v) => {
-            let f: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
-            hlo::Literal::bf16(dims, &f)?
-        }
-    };
-    Ok(f.constant(lit)?)
 }
 
 /// What a program computes.
@@ -351,74 +330,59 @@ fn dense_mask(f: &mut FuncBuilder<'_>, mask: &Mask, d: Dims) -> Result<Option<hl
         return Ok(None);
     }
     let (sq, skv) = (d.q_len as i64, d.kv_len as i64);
+    mask.check(sq, skv)?;
+    let expr = mask.to_expr().ok_or_else(|| {
+        SplashError::Mask("the dense baseline takes computable masks only (no dense masks)".into())
+    })?;
     let ty = tensor_type(DType::I32, &[d.q_len, d.kv_len]);
-    let qi = f.iota(ty.clone(), 0)?;
-    let ki = f.iota(ty.clone(), 1)?;
-    let vis = mask_expr(f, mask, qi, ki, &ty)?;
+    let q = f.iota(ty.clone(), 0)?;
+    let kv = f.iota(ty.clone(), 1)?;
+    let vis = expr.eval(&mut ProgramPositions { f, ty }, q, kv)?;
     let vis = f.broadcast_in_dim(vis, &[d.batch as i64, d.heads as i64, sq, skv], &[2, 3])?;
     Ok(Some(vis))
 }
 
-fn mask_expr(
-    f: &mut FuncBuilder<'_>,
-    mask: &Mask,
-    q: hlo::Value,
-    k: hlo::Value,
-    ty: &hlo::TensorType,
-) -> Result<hlo::Value> {
-    use ComparisonDirection::{Eq, Le};
-    let int = |f: &mut FuncBuilder<'_>, x: i64| f.splat(x as f64, ty.clone());
-    Ok(match mask {
-        Mask::Full => f.splat(1.0, ty.with_dtype(DType::Bool))?,
-        Mask::Causal { offset } => {
-            let o = int(f, *offset)?;
-            let qo = f.add(q, o)?;
-            f.compare(Le, k, qo)?
+/// Masks on StableHLO values: `i32` positions and `i1` visibility, all of type `ty`'s shape.
+struct ProgramPositions<'f, 'm> {
+    f: &'f mut FuncBuilder<'m>,
+    ty: hlo::TensorType,
+}
+
+impl ProgramPositions<'_, '_> {
+    fn int(&mut self, x: i64) -> Result<hlo::Value> {
+        Ok(self.f.splat(x as f64, self.ty.clone())?)
+    }
+}
+
+impl PositionOps for ProgramPositions<'_, '_> {
+    type Pos = hlo::Value;
+    type Vis = hlo::Value;
+    type Error = SplashError;
+
+    fn add(&mut self, p: hlo::Value, by: i64) -> Result<hlo::Value> {
+        if by == 0 {
+            return Ok(p);
         }
-        Mask::Local {
-            left,
-            right,
-            offset,
-        } => {
-            let o = int(f, *offset)?;
-            let c = f.add(q, o)?;
-            let mut vis = f.splat(1.0, ty.with_dtype(DType::Bool))?;
-            if let Some(l) = left {
-                let l = int(f, *l as i64)?;
-                let lo = f.sub(c, l)?;
-                let ok = f.compare(Le, lo, k)?;
-                vis = f.and(vis, ok)?;
-            }
-            if let Some(r) = right {
-                let r = int(f, *r as i64)?;
-                let hi = f.add(c, r)?;
-                let ok = f.compare(Le, k, hi)?;
-                vis = f.and(vis, ok)?;
-            }
-            vis
-        }
-        Mask::ChunkedCausal { chunk } => {
-            let c = int(f, *chunk as i64)?;
-            let causal = f.compare(Le, k, q)?;
-            let qc = f.div(q, c)?;
-            let kc = f.div(k, c)?;
-            let same = f.compare(Eq, qc, kc)?;
-            f.and(causal, same)?
-        }
-        Mask::And(a, b) => {
-            let a = mask_expr(f, a, q, k, ty)?;
-            let b = mask_expr(f, b, q, k, ty)?;
-            f.and(a, b)?
-        }
-        Mask::Or(a, b) => {
-            let a = mask_expr(f, a, q, k, ty)?;
-            let b = mask_expr(f, b, q, k, ty)?;
-            f.or(a, b)?
-        }
-        Mask::Dense(_) => {
-            return Err(SplashError::Mask(
-                "the dense baseline takes computable masks only (no dense masks)".into(),
-            ))
-        }
-    })
+        let by = self.int(by)?;
+        Ok(self.f.add(p, by)?)
+    }
+    fn chunk_index(&mut self, p: hlo::Value, chunk: i64) -> Result<hlo::Value> {
+        let chunk = self.int(chunk)?;
+        Ok(self.f.div(p, chunk)?)
+    }
+    fn le(&mut self, a: hlo::Value, b: hlo::Value) -> Result<hlo::Value> {
+        Ok(self.f.compare(ComparisonDirection::Le, a, b)?)
+    }
+    fn eq(&mut self, a: hlo::Value, b: hlo::Value) -> Result<hlo::Value> {
+        Ok(self.f.compare(ComparisonDirection::Eq, a, b)?)
+    }
+    fn and(&mut self, a: hlo::Value, b: hlo::Value) -> Result<hlo::Value> {
+        Ok(self.f.and(a, b)?)
+    }
+    fn or(&mut self, a: hlo::Value, b: hlo::Value) -> Result<hlo::Value> {
+        Ok(self.f.or(a, b)?)
+    }
+    fn all_visible(&mut self) -> Result<hlo::Value> {
+        Ok(self.f.splat(1.0, self.ty.with_dtype(DType::Bool))?)
+    }
 }

@@ -23,6 +23,7 @@
 //! each device's block tables by its mesh coordinate. They run on the PJRT CPU plugin.
 
 mod all_gather;
+pub mod ops;
 mod ring;
 mod ulysses;
 mod usp;
@@ -39,8 +40,8 @@ use tessera_dsl::{DType, HostArray, Target};
 use tessera_hlo::{FuncBuilder, Module, Value};
 use tessera_runtime::{Client, HostBuffer};
 use tessera_splash::{
-    BlockSizes, Dims, Features, Mask, SeqOffsets, ShardedSplash, SplashError, SplashOptions, Stage,
-    Tensor,
+    BlockSizes, Dims, Inputs, Mask, SegmentIds, SeqOffsets, ShardedSplash, SplashError,
+    SplashOptions, Stage, Tensor,
 };
 
 mesh!(pub ContextMesh = [Context]);
@@ -71,10 +72,18 @@ pub enum CpError {
     Collective(#[from] CollectiveError),
     #[error(transparent)]
     Kernel(#[from] tessera_dsl::KernelError),
+    /// (The message includes the cause, so it is not also a `source`: a chain printer would
+    /// repeat it.)
     #[error("XLA runtime: {0}")]
-    Runtime(#[from] tessera_runtime::Error),
+    Runtime(tessera_runtime::Error),
     #[error("{0}")]
     Host(String),
+}
+
+impl From<tessera_runtime::Error> for CpError {
+    fn from(e: tessera_runtime::Error) -> Self {
+        CpError::Runtime(e)
+    }
 }
 
 /// How the attention is split over the context devices.
@@ -484,6 +493,18 @@ impl ContextParallel {
         if n == 0 {
             return err("the context degree must be at least 1".into());
         }
+        let sizes = [
+            ("batch", d.batch),
+            ("heads", d.heads),
+            ("kv_heads", d.kv_heads),
+            ("q_len", d.q_len),
+            ("kv_len", d.kv_len),
+            ("head_dim", d.head_dim),
+            ("head_dim_v", d.head_dim_v),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, size)| *size == 0) {
+            return err(format!("{name} is 0; every dim must be at least 1"));
+        }
         if let Some(fixed) = self.strategy.fixed_devices() {
             if fixed != n {
                 return err(format!(
@@ -691,10 +712,10 @@ impl ContextParallel {
         let calls: Vec<Vec<SeqOffsets>> = match self.strategy {
             Strategy::Ulysses => vec![vec![SeqOffsets::default()]],
             Strategy::AllGather => (0..self.parts())
-                .map(|h| all_gather::offsets(self, h))
+                .map(|h| ops::all_gather_offsets(self, h))
                 .collect(),
-            Strategy::Ring => ring::all_offsets(self, self.devices),
-            Strategy::Usp { ring, .. } => ring::all_offsets(self, ring),
+            Strategy::Ring => ops::ring_offsets(self, self.devices),
+            Strategy::Usp { ring, .. } => ops::ring_offsets(self, ring),
         };
         let mut per_shard = vec![0; calls[0].len()];
         for offsets in &calls {
@@ -741,9 +762,11 @@ impl ContextParallel {
         })
     }
 
-    /// Checks segment ids against the configuration (int32 `[B, S]`), and that the kernels
-    /// are lowered for a backend that runs here.
-    fn check_segments(&self, segment_ids: Option<&HostArray>) -> Result<(), CpError> {
+    /// Checks a call's global arrays with the same checks as a single-device splash
+    /// attention (shapes against `dims`, dtype, finite values, segment ids int32 `[B, S]`),
+    /// so every strategy validates its inputs alike, before anything is compiled; and that
+    /// the kernels are lowered for a backend that runs here.
+    pub fn check_inputs(&self, x: &CpInputs<'_>) -> Result<(), CpError> {
         if self.target.is_tpu() {
             return Err(self.config_error(
                 "programs built for the TPU target (Mosaic custom calls) compile for a TPU \
@@ -751,23 +774,40 @@ impl ContextParallel {
                     .into(),
             ));
         }
-        let d = self.dims;
-        match segment_ids {
-            Some(s) if s.dtype() != DType::I32 || s.shape() != [d.batch, d.q_len] => Err(self
-                .config_error(format!(
-                    "segment ids must be int32 [B, S] = [{}, {}], got {} {:?}",
-                    d.batch,
-                    d.q_len,
-                    s.dtype(),
-                    s.shape()
-                ))),
-            _ => Ok(()),
-        }
+        let inputs = Inputs {
+            q: x.q,
+            k: x.k,
+            v: x.v,
+            segment_ids: x.segment_ids.map(|s| SegmentIds { q: s, kv: s }),
+            sinks: None,
+        };
+        self.dims.check_inputs(self.dtype, &inputs)?;
+        Ok(())
+    }
+
+    /// Checks a backward's output cotangent: shaped like the output, finite.
+    pub fn check_dout(&self, dout: &HostArray) -> Result<(), CpError> {
+        Ok(self.dims.check_output_like("dout", self.dtype, dout)?)
+    }
+
+    /// Checks everything a backward takes: the inputs, the forward's `out` and `lse`, and
+    /// `dout`.
+    pub fn check_backward_inputs(
+        &self,
+        x: &CpInputs<'_>,
+        out: &HostArray,
+        lse: &HostArray,
+        dout: &HostArray,
+    ) -> Result<(), CpError> {
+        self.check_inputs(x)?;
+        self.dims.check_output_like("out", self.dtype, out)?;
+        self.dims.check_lse(lse)?;
+        self.check_dout(dout)
     }
 
     /// Forward on `devices` CPU devices: `out` and `lse` of the global inputs.
     pub fn forward(&self, x: &CpInputs<'_>) -> Result<(HostArray, HostArray), CpError> {
-        self.check_segments(x.segment_ids)?;
+        self.check_inputs(x)?;
         let mut inputs = vec![x.q, x.k, x.v];
         inputs.extend(x.segment_ids);
         let outs = self
@@ -788,7 +828,7 @@ impl ContextParallel {
         lse: &HostArray,
         dout: &HostArray,
     ) -> Result<(HostArray, HostArray, HostArray), CpError> {
-        self.check_segments(x.segment_ids)?;
+        self.check_backward_inputs(x, out, lse, dout)?;
         let mut inputs = vec![x.q, x.k, x.v, out, lse, dout];
         inputs.extend(x.segment_ids);
         let outs = self
@@ -839,8 +879,8 @@ fn lower_plan(
         .map_err(|e| CollectiveError::local(e.to_string()))
 }
 
-/// The sequence-sharded arguments of a backward program on the context mesh, declared in the
-/// order every strategy takes them: `q, k, v, out, lse, dout`.
+/// The sequence-sharded arguments of a backward program on the context mesh, in the order
+/// every strategy takes them: `q, k, v, out, lse, dout`.
 struct BackwardArgs<'p> {
     q: DTensor<'p, ContextMesh, SeqSharded>,
     k: DTensor<'p, ContextMesh, SeqSharded>,
@@ -851,10 +891,7 @@ struct BackwardArgs<'p> {
 }
 
 impl<'p> BackwardArgs<'p> {
-    fn declare(
-        cp: &ContextParallel,
-        p: &'p Spmd<'_, ContextMesh>,
-    ) -> Result<Self, CollectiveError> {
+    fn new(cp: &ContextParallel, p: &'p Spmd<'_, ContextMesh>) -> Result<Self, CollectiveError> {
         let g = cp.global_dims();
         Ok(BackwardArgs {
             q: p.arg(g.q, cp.dtype)?,
@@ -886,17 +923,17 @@ fn backward_env(
 /// The whole `[B, S]` segment ids, in natural order, on every device of a context mesh
 /// (every strategy all-gathers them: 4 bytes a token, against K/V's `2 D` elements per KV
 /// head).
-fn gather_segments(
+fn gather_segments<'p>(
     cp: &ContextParallel,
-    p: &Spmd<'_, ContextMesh>,
-) -> Result<Value, CollectiveError> {
+    p: &'p Spmd<'_, ContextMesh>,
+) -> Result<DTensor<'p, ContextMesh, ops::WholeSegmentIds<Replicated>>, CollectiveError> {
     let seg = p.arg::<(Replicated, Split<Context>)>(cp.global_dims().seq, DType::I32)?;
-    let full = seg.all_gather::<Context, 1>()?.value();
+    let full = seg.all_gather::<Context, 1>()?;
     if !cp.load_balance {
         return Ok(full);
     }
     // Gathered in zigzag order; the kernels' positions are natural.
-    p.with_builder(|f| reorder_chunks(f, full, 1, &zigzag_inverse(cp.devices)))
+    full.map_local(|f, x| reorder_chunks(f, x, 1, &zigzag_inverse(cp.devices)))
 }
 
 /// Whole `[B, S]` segment ids in a program, sliced per device and step.
@@ -1033,14 +1070,6 @@ fn zigzag_inverse(devices: usize) -> Vec<usize> {
         inverse[chunk] = slot;
     }
     inverse
-}
-
-/// The splash features of a call.
-fn features(segmented: bool) -> Features {
-    Features {
-        segmented,
-        sinks: false,
-    }
 }
 
 /// `lse [B, H, S]` as the kernels' `[B, H, S, 1]`.

@@ -2,32 +2,31 @@
 //!
 //! Per device the sequence is sharded, `[B, H, S/U, D]`; an all-to-all (split heads,
 //! concatenate sequence) gives each device the whole sequence for `H/U` heads,
-//! `[B, H/U, S, D]`; the local splash kernels run; the inverse all-to-all brings the result
-//! back to `[B, H, S/U, D]`. The backward is the transpose: the cotangent goes through the
-//! inverse's transpose (the forward all-to-all), the splash dq/dkv kernels run locally, and
-//! the gradients go back through the forward all-to-alls' transposes (the inverse all-to-all).
+//! `[B, H/U, S, D]`; the local splash kernels run ([`UlyssesAttention`], whose signature
+//! requires exactly that layout); the inverse all-to-all brings the result back to
+//! `[B, H, S/U, D]`. The backward is the transpose: the cotangent goes through the inverse's
+//! transpose (the forward all-to-all), the splash dq/dkv kernels run locally, and the
+//! gradients go back through the forward all-to-alls' transposes (the inverse all-to-all).
 //!
 //! GQA: with `KVH` divisible by U the KV heads go through the same all-to-all; with
 //! `KVH < U` (which MaxText rejects) each KV head is first replicated `U / KVH` times so
 //! every device holds the one KV head its query heads use; its gradient is summed back over
 //! the replicas.
 
-use std::collections::HashMap;
-
 use tessera_collectives::axes::Context;
-use tessera_collectives::{CollectiveError, DTensor, Program, Replicated, Split, Spmd};
+use tessera_collectives::{CollectiveError, DTensor, Program, Replicated, Spmd};
 use tessera_dsl::DType;
-use tessera_splash::{SeqOffsets, Tensor};
 
+use super::ops::{ByHeads, ByHeadsRows, UlyssesAttention};
 use super::{
-    backward_env, features, gather_segments, lower_plan, lse_from_kernel, replicate_heads,
-    sum_replicated_heads, ContextMesh, ContextParallel, CpError, Segments, SeqSharded, SeqSharded3,
+    gather_segments, replicate_heads, sum_replicated_heads, ContextMesh, ContextParallel, CpError,
+    SeqSharded, SeqSharded3,
 };
 
 /// `[B, H/U, S, D]`: the heads split over `context`, the whole sequence on every device.
-type HeadSharded = (Replicated, Split<Context>, Replicated, Replicated);
+type HeadSharded = ByHeads<Replicated, Context>;
 /// `[B, H/U, S]`.
-type HeadSharded3 = (Replicated, Split<Context>, Replicated);
+type HeadSharded3 = ByHeadsRows<Replicated, Context>;
 
 /// Declares the global `q, k, v` arguments (sequence-sharded) and re-shards them to heads,
 /// replicating the KV heads first when there are fewer than devices.
@@ -53,27 +52,11 @@ pub(super) fn forward(
     cp: &ContextParallel,
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
-    // Every device attends the whole sequence: one shard, no offsets.
-    let plan = cp
-        .sharded_splash(&[SeqOffsets::default()])?
-        .forward_plan(features(segmented))?;
-    let s = cp.dims.q_len;
+    let attention = UlyssesAttention::<Context>::new(cp)?;
     Ok(Program::build("ulysses_fwd", &cp.context_mesh()?, |p| {
         let [q, k, v] = qkv_by_heads(cp, p)?;
         let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-        let outs = p.local_values(&[&q, &k, &v], |f, x| {
-            let mut env = HashMap::from([(Tensor::Q, x[0]), (Tensor::K, x[1]), (Tensor::V, x[2])]);
-            if let Some(full) = seg {
-                Segments { full }.add_to(f, &mut env, (None, s), (None, s))?;
-            }
-            lower_plan(f, &plan, &mut env, None)?;
-            Ok(vec![
-                env[&Tensor::Out],
-                lse_from_kernel(f, env[&Tensor::Lse])?,
-            ])
-        })?;
-        let out: DTensor<'_, ContextMesh, HeadSharded> = p.declare(outs[0])?;
-        let lse: DTensor<'_, ContextMesh, HeadSharded3> = p.declare(outs[1])?;
+        let (out, lse) = attention.forward(p, &q, &k, &v, seg.as_ref())?;
         out.all_to_all::<Context, 2, 1>()?.output::<SeqSharded>()?;
         lse.all_to_all::<Context, 2, 1>()?.output::<SeqSharded3>()
     })?)
@@ -84,11 +67,8 @@ pub(super) fn backward(
     cp: &ContextParallel,
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
-    let plan = cp
-        .sharded_splash(&[SeqOffsets::default()])?
-        .backward_plan(features(segmented))?;
+    let attention = UlyssesAttention::<Context>::new(cp)?;
     let g = cp.global_dims();
-    let s = cp.dims.q_len;
     let rep = cp.kv_replication();
     Ok(Program::build("ulysses_bwd", &cp.context_mesh()?, |p| {
         let [q, k, v] = qkv_by_heads(cp, p)?;
@@ -101,17 +81,7 @@ pub(super) fn backward(
         let out: DTensor<'_, ContextMesh, HeadSharded> = out.all_to_all::<Context, 1, 2>()?;
         let lse: DTensor<'_, ContextMesh, HeadSharded3> = lse.all_to_all::<Context, 1, 2>()?;
         let dout: DTensor<'_, ContextMesh, HeadSharded> = dout.all_to_all::<Context, 1, 2>()?;
-        let grads = p.local_values(&[&q, &k, &v, &out, &lse, &dout], |f, x| {
-            let mut env = backward_env(f, x)?;
-            if let Some(full) = seg {
-                Segments { full }.add_to(f, &mut env, (None, s), (None, s))?;
-            }
-            lower_plan(f, &plan, &mut env, None)?;
-            Ok(vec![env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]])
-        })?;
-        let dq: DTensor<'_, ContextMesh, HeadSharded> = p.declare(grads[0])?;
-        let dk: DTensor<'_, ContextMesh, HeadSharded> = p.declare(grads[1])?;
-        let dv: DTensor<'_, ContextMesh, HeadSharded> = p.declare(grads[2])?;
+        let (dq, dk, dv) = attention.backward(p, &q, &k, &v, &out, &lse, &dout, seg.as_ref())?;
         dq.all_to_all::<Context, 2, 1>()?.output::<SeqSharded>()?;
         sum_replicated_heads(&dk.all_to_all::<Context, 2, 1>()?, rep)?.output::<SeqSharded>()?;
         sum_replicated_heads(&dv.all_to_all::<Context, 2, 1>()?, rep)?.output::<SeqSharded>()

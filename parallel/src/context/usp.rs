@@ -13,10 +13,11 @@ use tessera_collectives::{
 use tessera_dsl::DType;
 use tessera_hlo::{FuncBuilder, Value};
 
-use super::ring::{backward_steps, forward_steps, BackwardInputs, RingPlans, RingSegments};
+use super::ops::{BySequence, BySequenceRows, RingAttention, WholeSegmentIds};
+use super::ring::{backward_steps, forward_steps};
 use super::seq_dim;
 use super::{
-    replicate_heads, sum_replicated_heads, ContextParallel, CpError, RingAxis, Segments, Strategy,
+    replicate_heads, sum_replicated_heads, ContextParallel, CpError, RingAxis, Strategy,
     UlyssesAxis, UspMesh,
 };
 
@@ -43,7 +44,9 @@ type Chunks5 = (
 /// `[B, H/U, R, S/R]`.
 type Chunks4Lse = (Replicated, Split<UlyssesAxis>, Split<RingAxis>, Replicated);
 /// `[B, H/U, S, D]` with the sequence over `ring`: what the ring steps work on.
-type Chunks = (Replicated, Split<UlyssesAxis>, Split<RingAxis>, Replicated);
+type Chunks = BySequence<Replicated, Split<UlyssesAxis>, RingAxis>;
+/// `[B, H/U, S]` (logsumexp) with the sequence over `ring`.
+type ChunksLse = BySequenceRows<Replicated, Split<UlyssesAxis>, RingAxis>;
 
 fn degrees(cp: &ContextParallel) -> (usize, usize) {
     match cp.strategy {
@@ -63,7 +66,7 @@ fn pieces_dims(cp: &ContextParallel, dims: [i64; 4]) -> [i64; 5] {
     [dims[0], dims[1], r, dims[2] / r, dims[3]]
 }
 
-/// Merges dims 2 and 3 of a local value (`[B, h, 1, n, D] -> [B, h, n, D]`) or splits them
+/// Merges dims 2 and 3 of a local value (`[B, h, 1, n, ..] -> [B, h, n, ..]`) or splits them
 /// back (`rank_up`).
 fn chunk_view(f: &mut FuncBuilder<'_>, x: Value, rank_up: bool) -> Result<Value, CollectiveError> {
     let d = f.value_type(x)?.dims.clone();
@@ -88,72 +91,58 @@ fn chunks_of<'p>(
         .map_local_as::<Chunks, Invariant>(|f, v| chunk_view(f, v, false))
 }
 
-/// Returns a `[B, H/U, S, D]` chunk value (f32) in pieces, as `dtype`.
+/// Returns a `[B, H/U, S, D]` chunk (f32) in pieces, as `dtype`.
 fn output_pieces(
     cp: &ContextParallel,
-    p: &Spmd<'_, UspMesh>,
-    x: Value,
+    x: &DTensor<'_, UspMesh, Chunks>,
     rep: usize,
 ) -> Result<(), CollectiveError> {
-    let x = p.with_builder(|f| {
-        let x = f.convert(x, cp.dtype)?;
-        chunk_view(f, x, true)
-    })?;
-    let x = p
-        .declare::<Chunks5, Invariant>(x)?
+    let x = x
+        .convert(cp.dtype)?
+        .map_local_as::<Chunks5, Invariant>(|f, v| chunk_view(f, v, true))?
         .all_to_all::<UlyssesAxis, 3, 1>()?;
     sum_replicated_heads(&x, rep)?.output::<Pieces>()
 }
 
-/// The segment ids `[B, S]` (as `[B, R, S/R]` in pieces) gathered whole on every device, for
-/// the ring over `ring`.
-fn ring_segments(
+/// The segment ids `[B, S]` (as `[B, R, S/R]` in pieces) gathered whole on every device.
+fn gather_segments<'p>(
     cp: &ContextParallel,
-    p: &Spmd<'_, UspMesh>,
-) -> Result<RingSegments, CollectiveError> {
-    let ring = degrees(cp).1;
+    p: &'p Spmd<'_, UspMesh>,
+) -> Result<DTensor<'p, UspMesh, WholeSegmentIds<Replicated>>, CollectiveError> {
+    let r = degrees(cp).1 as i64;
     let [b, s] = cp.global_dims().seq;
-    let r = ring as i64;
-    let seg = p.arg::<SegPieces>([b, r, s / r], DType::I32)?;
-    let whole = seg
+    p.arg::<SegPieces>([b, r, s / r], DType::I32)?
         .all_gather::<UlyssesAxis, 2>()?
-        .all_gather::<RingAxis, 1>()?;
-    let full = p.with_builder(|f| Ok(f.reshape(whole.value(), &[b, s])?))?;
-    Ok(RingSegments {
-        seg: Segments { full },
-        len: cp.dims.q_len / ring,
-        ring,
-    })
+        .all_gather::<RingAxis, 1>()?
+        .map_local_as::<WholeSegmentIds<Replicated>, Invariant>(|f, x| Ok(f.reshape(x, &[b, s])?))
 }
 
 pub(super) fn forward(cp: &ContextParallel, segmented: bool) -> Result<Program<UspMesh>, CpError> {
-    let (_, ring) = degrees(cp);
-    let plans = RingPlans::new(cp, ring, false, segmented)?;
+    let ring = RingAttention::<RingAxis>::new(cp)?;
     let g = cp.global_dims();
     let rep = cp.kv_replication();
     Ok(Program::build("usp_fwd", &mesh(cp)?, |p| {
         let q = chunks_of(cp, p, g.q, 1)?;
         let k = chunks_of(cp, p, g.k, rep)?;
         let v = chunks_of(cp, p, g.v, rep)?;
-        let seg = segmented.then(|| ring_segments(cp, p)).transpose()?;
+        let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         let shard = p.axis_index::<RingAxis>()?;
-        let [out, lse] =
-            forward_steps::<_, RingAxis, _>(p, q.value(), k, v, shard.value(), seg, &plans)?;
-        output_pieces(cp, p, out, 1)?;
-        // [B, h, n, 1] -> [B, h, 1, n], then the pieces back over `ulysses`.
-        let lse = p.with_builder(|f| {
-            let d = f.value_type(lse)?.dims.clone();
-            Ok(f.reshape(lse, &[d[0], d[1], 1, d[2]])?)
-        })?;
-        p.declare::<Chunks4Lse, Invariant>(lse)?
+        let partial = forward_steps(p, &ring, &shard, &q, k, v, seg.as_ref())?;
+        output_pieces(cp, &partial.out, 1)?;
+        // [B, h, n] -> [B, h, 1, n], then the pieces back over `ulysses`.
+        partial
+            .lse
+            .map_local_as::<Chunks4Lse, Invariant>(|f, lse| {
+                let d = f.value_type(lse)?.dims.clone();
+                Ok(f.reshape(lse, &[d[0], d[1], 1, d[2]])?)
+            })?
             .all_to_all::<UlyssesAxis, 3, 1>()?
             .output::<Pieces4>()
     })?)
 }
 
 pub(super) fn backward(cp: &ContextParallel, segmented: bool) -> Result<Program<UspMesh>, CpError> {
-    let (_, ring) = degrees(cp);
-    let plans = RingPlans::new(cp, ring, true, segmented)?;
+    let ring = RingAttention::<RingAxis>::new(cp)?;
     let g = cp.global_dims();
     let rep = cp.kv_replication();
     Ok(Program::build("usp_bwd", &mesh(cp)?, |p| {
@@ -163,29 +152,22 @@ pub(super) fn backward(cp: &ContextParallel, segmented: bool) -> Result<Program<
         let out = chunks_of(cp, p, g.out, 1)?;
         let r = degrees(cp).1 as i64;
         let lse_dims = [g.lse[0], g.lse[1], r, g.lse[2] / r];
+        // [B, h, 1, n] -> [B, h, n].
         let lse = p
             .arg::<Pieces4>(lse_dims, DType::F32)?
-            .all_to_all::<UlyssesAxis, 1, 3>()?;
+            .all_to_all::<UlyssesAxis, 1, 3>()?
+            .map_local_as::<ChunksLse, Invariant>(|f, lse| {
+                let d = f.value_type(lse)?.dims.clone();
+                Ok(f.reshape(lse, &[d[0], d[1], d[3]])?)
+            })?;
         let dout = chunks_of(cp, p, g.out, 1)?;
-        let seg = segmented.then(|| ring_segments(cp, p)).transpose()?;
+        let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
         let shard = p.axis_index::<RingAxis>()?;
-        // [B, h, 1, n] -> the kernels' [B, h, n, 1].
-        let lse = p.with_builder(|f| {
-            let d = f.value_type(lse.value())?.dims.clone();
-            Ok(f.reshape(lse.value(), &[d[0], d[1], d[3], 1])?)
-        })?;
-        let x = BackwardInputs {
-            q: q.value(),
-            out: out.value(),
-            lse,
-            dout: dout.value(),
-            shard: shard.value(),
-            segments: seg,
-        };
-        let [dq, dk, dv] = backward_steps::<_, RingAxis, _>(p, &x, k, v, &plans)?;
-        output_pieces(cp, p, dq, 1)?;
-        output_pieces(cp, p, dk, rep)?;
-        output_pieces(cp, p, dv, rep)
+        let residuals = ring.backward_residuals(p, &q, &out, &lse, &dout)?;
+        let grads = backward_steps(p, &ring, &shard, &residuals, k, v, seg.as_ref())?;
+        output_pieces(cp, &grads.dq, 1)?;
+        output_pieces(cp, &grads.dk, rep)?;
+        output_pieces(cp, &grads.dv, rep)
     })?)
 }
 

@@ -1,15 +1,13 @@
-//! Sample programs: one module per op kind (plus a few combinations), for compiling and
-//! running through a PJRT runtime in integration tests.
+//! Sample programs (test support): one module per op kind (plus a few combinations), for
+//! compiling and running through the PJRT runtime (`run_samples.rs`).
 //!
 //! Most samples carry a [`Check`]: per-device inputs and expected outputs computed on the
-//! host here, so a runtime test can execute the module and compare.
+//! host here, so the test can execute the module and compare.
 
-use crate::ops::{
-    ComparisonDirection as Dir, ComparisonType, CustomCall, DotDims, Grouping, Precision, Reducer,
-    Sharding, Value,
-};
-use crate::{
-    bf16_bits_to_f32, f32_to_bf16_bits, DType, FuncBuilder, HloError, Literal, Module, TensorType,
+use half::bf16;
+use tessera_hlo::{
+    ArrayData, ComparisonDirection as Dir, ComparisonType, CustomCall, DType, DotDims, FuncBuilder,
+    Grouping, HloError, HostArray, Module, Precision, Reducer, Sharding, TensorType, Value,
 };
 
 /// Inputs and expected outputs of a sample, one list per device (device `i` runs with
@@ -17,9 +15,9 @@ use crate::{
 #[derive(Debug, Clone, PartialEq)]
 pub struct Check {
     /// Arguments of `@main`, per device.
-    pub inputs: Vec<Vec<Literal>>,
+    pub inputs: Vec<Vec<HostArray>>,
     /// Results of `@main`, per device.
-    pub outputs: Vec<Vec<Literal>>,
+    pub outputs: Vec<Vec<HostArray>>,
 }
 
 /// A sample program.
@@ -42,7 +40,7 @@ impl Sample {
 
 /// Every sample module, in a fixed order.
 pub fn sample_modules() -> Result<Vec<Sample>, HloError> {
-    let builders: [fn() -> Result<Sample, HloError>; 37] = [
+    let builders: [fn() -> Result<Sample, HloError>; 39] = [
         constants,
         unary_float,
         unary_bf16,
@@ -80,6 +78,8 @@ pub fn sample_modules() -> Result<Vec<Sample>, HloError> {
         cross_replica,
         mesh_2x2,
         sharded_matmul_psum,
+        shardy_blocks,
+        shardy_no_results,
     ];
     builders.iter().map(|b| b()).collect()
 }
@@ -90,19 +90,73 @@ fn t(dims: &[i64], dtype: DType) -> TensorType {
     TensorType::new(dims.to_vec(), dtype)
 }
 
-fn f32_lit(dims: &[i64], v: Vec<f32>) -> Result<Literal, HloError> {
-    Literal::f32(dims.to_vec(), v)
+/// The tensor type of a host array.
+pub fn type_of(a: &HostArray) -> TensorType {
+    let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
+    TensorType::new(dims, a.dtype())
 }
 
-fn i32_lit(dims: &[i64], v: Vec<i32>) -> Result<Literal, HloError> {
-    Literal::i32(dims.to_vec(), v)
+fn array(dims: &[i64], data: ArrayData) -> Result<HostArray, HloError> {
+    let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+    HostArray::new(shape, data).map_err(|e| HloError::Literal {
+        op: "stablehlo.constant",
+        reason: e.to_string(),
+    })
 }
 
-fn bool_lit(dims: &[i64], v: Vec<bool>) -> Result<Literal, HloError> {
-    Literal::bool(dims.to_vec(), v)
+fn f32_lit(dims: &[i64], v: Vec<f32>) -> Result<HostArray, HloError> {
+    array(dims, ArrayData::F32(v))
 }
 
-fn single(inputs: Vec<Literal>, outputs: Vec<Literal>) -> Option<Check> {
+/// bf16 elements rounded from `v`.
+fn bf16_lit(dims: &[i64], v: &[f32]) -> Result<HostArray, HloError> {
+    array(
+        dims,
+        ArrayData::BF16(v.iter().map(|&x| bf16::from_f32(x)).collect()),
+    )
+}
+
+fn i32_lit(dims: &[i64], v: Vec<i32>) -> Result<HostArray, HloError> {
+    array(dims, ArrayData::I32(v))
+}
+
+fn i8_lit(dims: &[i64], v: Vec<i8>) -> Result<HostArray, HloError> {
+    array(dims, ArrayData::I8(v))
+}
+
+fn bool_lit(dims: &[i64], v: Vec<bool>) -> Result<HostArray, HloError> {
+    array(dims, ArrayData::Bool(v))
+}
+
+/// `value` in every element of a `dims` array of `dtype`.
+fn splat_lit(value: f64, dims: &[i64], dtype: DType) -> Result<HostArray, HloError> {
+    let n = dims.iter().product::<i64>() as usize;
+    let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+    HostArray::from_f64(dtype, shape, &vec![value; n]).map_err(|e| HloError::Literal {
+        op: "stablehlo.constant",
+        reason: e.to_string(),
+    })
+}
+
+fn scalar_lit(value: f64, dtype: DType) -> Result<HostArray, HloError> {
+    splat_lit(value, &[], dtype)
+}
+
+/// `v` rounded to bf16 and back.
+fn round_bf16(v: f32) -> f32 {
+    bf16::from_f32(v).to_f32()
+}
+
+/// A check from each device's inputs and outputs, `io(d)` for device `d`.
+fn per_device(
+    devices: i32,
+    io: impl Fn(i32) -> Result<(Vec<HostArray>, Vec<HostArray>), HloError>,
+) -> Result<Option<Check>, HloError> {
+    let (inputs, outputs) = (0..devices).map(io).collect::<Result<_, _>>()?;
+    Ok(Some(Check { inputs, outputs }))
+}
+
+fn single(inputs: Vec<HostArray>, outputs: Vec<HostArray>) -> Option<Check> {
     Some(Check {
         inputs: vec![inputs],
         outputs: vec![outputs],
@@ -199,13 +253,13 @@ fn constants() -> Result<Sample, HloError> {
             vec![1.0, -2.5, 0.1, f32::INFINITY, f32::NEG_INFINITY, 1.0e-7],
         )?,
         f32_lit(&[4], vec![3.0e20, -0.0, f32::MAX, f32::MIN_POSITIVE])?,
-        Literal::bf16(vec![3], &[0.1, f32::INFINITY, -3.0])?,
-        Literal::splat(0.5, &t(&[2, 2], DType::BF16))?,
+        bf16_lit(&[3], &[0.1, f32::INFINITY, -3.0])?,
+        splat_lit(0.5, &[2, 2], DType::BF16)?,
         i32_lit(&[3], vec![i32::MIN, 0, i32::MAX])?,
-        Literal::i8(vec![2, 2], vec![-128, -1, 0, 127])?,
+        i8_lit(&[2, 2], vec![-128, -1, 0, 127])?,
         bool_lit(&[3], vec![true, false, true])?,
-        Literal::scalar(7.0, DType::I32)?,
-        Literal::splat(1.0, &t(&[2, 3], DType::Bool))?,
+        scalar_lit(7.0, DType::I32)?,
+        splat_lit(1.0, &[2, 3], DType::Bool)?,
         f32_lit(&[0, 2], vec![])?,
     ];
     // NaN compares unequal: check it separately through is_finite / compare below.
@@ -223,9 +277,9 @@ fn constants() -> Result<Sample, HloError> {
         |f| {
             let mut out = Vec::new();
             for l in &lits {
-                out.push(f.constant(l.clone())?);
+                out.push(f.constant(l)?);
             }
-            let n = f.constant(nan.clone())?;
+            let n = f.constant(&nan)?;
             out.push(f.ne(n, n)?);
             Ok(out)
         },
@@ -287,8 +341,8 @@ fn unary_float() -> Result<Sample, HloError> {
 
 fn unary_bf16() -> Result<Sample, HloError> {
     let x = [0.5f32, 1.0, 2.0, 4.0];
-    let bf = |v: &[f32]| Literal::bf16(vec![v.len() as i64], v);
-    let r = |v: f32| bf16_bits_to_f32(f32_to_bf16_bits(v));
+    let bf = |v: &[f32]| bf16_lit(&[v.len() as i64], v);
+    let r = round_bf16;
     let check = single(
         vec![bf(&x)?],
         vec![
@@ -388,7 +442,7 @@ fn binary_int() -> Result<Sample, HloError> {
     sample("binary_int", 1, check, |f| {
         let a = f.arg(t(&[5], DType::I32))?;
         let b = f.arg(t(&[5], DType::I32))?;
-        let s = f.constant(i32_lit(&[5], shift.clone())?)?;
+        let s = f.constant(&i32_lit(&[5], shift.clone())?)?;
         let two = f.splat(2.0, t(&[5], DType::I32))?;
         Ok(vec![
             f.add(a, b)?,
@@ -521,9 +575,9 @@ fn select_clamp() -> Result<Sample, HloError> {
 
 fn convert() -> Result<Sample, HloError> {
     let x = vec![1.7f32, -2.5, 100.25, 0.1];
-    let r = |v: f32| bf16_bits_to_f32(f32_to_bf16_bits(v));
+    let r = round_bf16;
     let outputs = vec![
-        Literal::bf16(vec![4], &x)?,
+        bf16_lit(&[4], &x)?,
         f32_lit(&[4], map(&x, r))?,
         i32_lit(&[4], x.iter().map(|&v| v as i32).collect())?,
         f32_lit(&[3], vec![-3.0, 0.0, 42.0])?,
@@ -535,7 +589,7 @@ fn convert() -> Result<Sample, HloError> {
         f32_lit(&[4], x)?,
         i32_lit(&[3], vec![-3, 0, 42])?,
         bool_lit(&[2], vec![true, false])?,
-        Literal::i8(vec![2], vec![-128, 127])?,
+        i8_lit(&[2], vec![-128, 127])?,
     ];
     sample("convert", 1, single(inputs, outputs), |f| {
         let x = f.arg(t(&[4], DType::F32))?;
@@ -559,7 +613,7 @@ fn iota() -> Result<Sample, HloError> {
     let outputs = vec![
         i32_lit(&[2, 3], vec![0, 1, 2, 0, 1, 2])?,
         f32_lit(&[2, 3], vec![0.0, 0.0, 0.0, 1.0, 1.0, 1.0])?,
-        Literal::bf16(vec![3], &[0.0, 1.0, 2.0])?,
+        bf16_lit(&[3], &[0.0, 1.0, 2.0])?,
     ];
     sample("iota", 1, single(vec![], outputs), |f| {
         Ok(vec![
@@ -658,8 +712,8 @@ fn dynamic_slice() -> Result<Sample, HloError> {
     // Second start (3, 9) is clamped to (2, 2).
     let inputs = vec![
         f32_lit(&dims, x)?,
-        Literal::scalar(1.0, DType::I32)?,
-        Literal::scalar(2.0, DType::I32)?,
+        scalar_lit(1.0, DType::I32)?,
+        scalar_lit(2.0, DType::I32)?,
     ];
     sample("dynamic_slice", 1, single(inputs, outputs), |f| {
         let x = f.arg(t(&dims, DType::F32))?;
@@ -683,7 +737,7 @@ fn dynamic_update_slice() -> Result<Sample, HloError> {
         expect[i * 4 + j] = (k + 1) as f32;
     }
     let upd = f32_lit(&[2, 2], vec![1.0, 2.0, 3.0, 4.0])?;
-    let inputs = vec![upd.clone(), Literal::scalar(1.0, DType::I32)?];
+    let inputs = vec![upd.clone(), scalar_lit(1.0, DType::I32)?];
     sample(
         "dynamic_update_slice",
         1,
@@ -783,10 +837,10 @@ fn dot_general_mixed() -> Result<Sample, HloError> {
         i32_lit(&[2, 2], mm(&af, &bf).iter().map(|&v| v as i32).collect())?,
     ];
     let inputs = vec![
-        Literal::bf16(vec![2, 3], &a)?,
-        Literal::bf16(vec![3, 2], &bm)?,
-        Literal::i8(vec![2, 3], ai)?,
-        Literal::i8(vec![3, 2], bi)?,
+        bf16_lit(&[2, 3], &a)?,
+        bf16_lit(&[3, 2], &bm)?,
+        i8_lit(&[2, 3], ai)?,
+        i8_lit(&[3, 2], bi)?,
     ];
     sample("dot_general_mixed", 1, single(inputs, outputs), |f| {
         let a = f.arg(t(&[2, 3], DType::BF16))?;
@@ -865,10 +919,7 @@ fn while_loop() -> Result<Sample, HloError> {
     let n = 5;
     let tri = (0..n).sum::<i32>() as f32;
     let outputs = vec![i32_lit(&[], vec![n])?, f32_lit(&[2], map(&x, |v| v * tri))?];
-    let inputs = vec![
-        f32_lit(&[2], x)?,
-        Literal::scalar(f64::from(n), DType::I32)?,
-    ];
+    let inputs = vec![f32_lit(&[2], x)?, scalar_lit(f64::from(n), DType::I32)?];
     sample("while", 1, single(inputs, outputs), |f| {
         let x = f.arg(t(&[2], DType::F32))?;
         let n = f.arg(TensorType::scalar(DType::I32))?;
@@ -918,7 +969,7 @@ fn if_else() -> Result<Sample, HloError> {
     let x = vec![1.0f32, 4.0];
     let check = Some(Check {
         inputs: vec![vec![
-            Literal::scalar(1.0, DType::Bool)?,
+            scalar_lit(1.0, DType::Bool)?,
             f32_lit(&[2], x.clone())?,
         ]],
         outputs: vec![vec![f32_lit(&[2], vec![2.0, 8.0])?, i32_lit(&[], vec![1])?]],
@@ -940,7 +991,7 @@ fn if_else() -> Result<Sample, HloError> {
 fn case() -> Result<Sample, HloError> {
     let check = single(
         vec![
-            Literal::scalar(2.0, DType::I32)?,
+            scalar_lit(2.0, DType::I32)?,
             f32_lit(&[2], vec![3.0, -4.0])?,
         ],
         vec![f32_lit(&[2], vec![3.0, 4.0])?],
@@ -1040,12 +1091,12 @@ fn all_to_all() -> Result<Sample, HloError> {
 }
 
 fn all_gather() -> Result<Sample, HloError> {
-    let inputs: Vec<Vec<Literal>> = (0..4)
+    let inputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| Ok(vec![f32_lit(&[2], vec![d as f32, d as f32 + 0.5])?]))
         .collect::<Result<_, HloError>>()?;
     let gathered: Vec<f32> = (0..4).flat_map(|d| [d as f32, d as f32 + 0.5]).collect();
     // Pairs {0,1} and {2,3} gather bf16 along a new leading axis as well.
-    let outputs: Vec<Vec<Literal>> = (0..4)
+    let outputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| {
             let base = (d / 2) * 2;
             let pair: Vec<f32> = (base..base + 2)
@@ -1053,7 +1104,7 @@ fn all_gather() -> Result<Sample, HloError> {
                 .collect();
             Ok(vec![
                 f32_lit(&[8], gathered.clone())?,
-                Literal::bf16(vec![2, 2], &pair)?,
+                bf16_lit(&[2, 2], &pair)?,
             ])
         })
         .collect::<Result<_, HloError>>()?;
@@ -1069,10 +1120,10 @@ fn all_gather() -> Result<Sample, HloError> {
 
 fn collective_permute() -> Result<Sample, HloError> {
     // Ring shift: device i sends to i + 1 (mod 4).
-    let inputs: Vec<Vec<Literal>> = (0..4)
+    let inputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| Ok(vec![f32_lit(&[2], vec![d as f32, 10.0 * d as f32])?]))
         .collect::<Result<_, HloError>>()?;
-    let outputs: Vec<Vec<Literal>> = (0..4)
+    let outputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| {
             let s = (d + 3) % 4;
             Ok(vec![f32_lit(&[2], vec![s as f32, 10.0 * s as f32])?])
@@ -1095,7 +1146,7 @@ fn collective_permute() -> Result<Sample, HloError> {
 }
 
 fn all_reduce() -> Result<Sample, HloError> {
-    let inputs: Vec<Vec<Literal>> = (0..4)
+    let inputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| {
             Ok(vec![
                 f32_lit(&[2], vec![d as f32, 1.0])?,
@@ -1103,7 +1154,7 @@ fn all_reduce() -> Result<Sample, HloError> {
             ])
         })
         .collect::<Result<_, HloError>>()?;
-    let outputs: Vec<Vec<Literal>> = (0..4)
+    let outputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| {
             let pair_sum = if d < 2 { 1.0 } else { 5.0 };
             Ok(vec![
@@ -1132,11 +1183,11 @@ fn all_reduce() -> Result<Sample, HloError> {
 
 fn reduce_scatter() -> Result<Sample, HloError> {
     // Every device holds [0..8) + d; the sum is 4 * [0..8) + 6; device d keeps block d.
-    let inputs: Vec<Vec<Literal>> = (0..4)
+    let inputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| Ok(vec![f32_lit(&[8], seq(8, 1.0, d as f32))?]))
         .collect::<Result<_, HloError>>()?;
     let total = seq(8, 4.0, 6.0);
-    let outputs: Vec<Vec<Literal>> = (0..4)
+    let outputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| Ok(vec![f32_lit(&[2], total[2 * d..2 * d + 2].to_vec())?]))
         .collect::<Result<_, HloError>>()?;
     sample("reduce_scatter", 4, Some(Check { inputs, outputs }), |f| {
@@ -1152,7 +1203,7 @@ fn reduce_scatter() -> Result<Sample, HloError> {
 }
 
 fn device_ids() -> Result<Sample, HloError> {
-    let outputs: Vec<Vec<Literal>> = (0..4)
+    let outputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| Ok(vec![i32_lit(&[], vec![d])?, i32_lit(&[], vec![0])?]))
         .collect::<Result<_, HloError>>()?;
     let check = Some(Check {
@@ -1174,13 +1225,13 @@ fn cross_replica() -> Result<Sample, HloError> {
     let a = f.all_to_all(x, 0, 0, &group4(), Grouping::CrossReplica)?;
     let r = f.replica_id();
     f.finish(&[s, a, r])?;
-    let inputs: Vec<Vec<Literal>> = (0..4)
+    let inputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| Ok(vec![f32_lit(&[4], seq(4, 1.0, 10.0 * d as f32))?]))
         .collect::<Result<_, HloError>>()?;
     let sum: Vec<f32> = (0..4)
         .map(|j| (0..4).map(|d| 10.0 * d as f32 + j as f32).sum())
         .collect();
-    let outputs: Vec<Vec<Literal>> = (0..4)
+    let outputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| {
             let a2a: Vec<f32> = (0..4).map(|src| 10.0 * src as f32 + d as f32).collect();
             Ok(vec![
@@ -1220,23 +1271,85 @@ fn mesh_2x2() -> Result<Sample, HloError> {
         .map(|v| (v, Some(Sharding::Manual)))
         .collect();
     f.finish_with_shardings(&results)?;
-    let mut inputs = Vec::new();
-    let mut outputs = Vec::new();
-    for d in 0..4i32 {
+    let check = per_device(4, |d| {
         let (r, p) = (d / 2, d % 2);
         let base = (2 * r) as f32;
-        inputs.push(vec![f32_lit(&[2], vec![d as f32, 10.0 + d as f32])?]);
-        outputs.push(vec![
+        let inputs = vec![f32_lit(&[2], vec![d as f32, 10.0 + d as f32])?];
+        let outputs = vec![
             f32_lit(&[4], vec![base, 10.0 + base, base + 1.0, 11.0 + base])?,
             f32_lit(&[2], vec![2.0 + 2.0 * p as f32, 22.0 + 2.0 * p as f32])?,
             i32_lit(&[], vec![p])?,
             i32_lit(&[], vec![r])?,
-        ]);
-    }
+        ];
+        Ok((inputs, outputs))
+    })?;
     Ok(Sample {
         name: "mesh_2x2",
         module,
-        check: Some(Check { inputs, outputs }),
+        check,
+    })
+}
+
+fn shardy_blocks() -> Result<Sample, HloError> {
+    // Shardy's form on a 2 x 2 mesh (`rows` major): x[4, 2] (x[i][j] = 10 i + j) split over
+    // `rows` on dim 0 and `cols` on dim 1 ([2, 1] per device), a scalar s = 1.5 split nowhere.
+    // Device d = 2 * row + col. Results: x gathered over `cols` and doubled by a private
+    // function (split over `rows` only: [2, 2] per device), and s summed over all devices.
+    let mut module = Module::new("shardy_blocks");
+    module.set_mesh(&[("rows", 2), ("cols", 2)])?;
+    let split = |axes: &[Option<&str>]| {
+        Sharding::ManualSplit(axes.iter().map(|a| a.map(String::from)).collect())
+    };
+    {
+        let mut double = module.func("double");
+        double.set_public(false);
+        let a = double.arg(t(&[2, 2], DType::F32))?;
+        let r = double.add(a, a)?;
+        double.finish(&[r])?;
+    }
+    let mut f = module.func("main");
+    let x = f.arg_with_sharding(t(&[2, 1], DType::F32), split(&[Some("rows"), Some("cols")]))?;
+    let s = f.arg_with_sharding(t(&[], DType::F32), split(&[]))?;
+    let g = f.all_gather(x, 1, &[vec![0, 1], vec![2, 3]], Grouping::FlattenedIds)?;
+    let g = f.call("double", &[g])?[0];
+    let total = f.all_reduce(s, Reducer::Sum, &group4(), Grouping::FlattenedIds)?;
+    f.finish_with_shardings(&[
+        (g, Some(split(&[Some("rows"), None]))),
+        (total, Some(split(&[]))),
+    ])?;
+    let x = |i: i32, j: i32| (10 * i + j) as f32;
+    let check = per_device(4, |d| {
+        let (row, col) = (d / 2, d % 2);
+        let rows = [2 * row, 2 * row + 1];
+        let inputs = vec![
+            f32_lit(&[2, 1], rows.iter().map(|&i| x(i, col)).collect())?,
+            f32_lit(&[], vec![1.5])?,
+        ];
+        let doubled = rows.iter().flat_map(|&i| [2.0 * x(i, 0), 2.0 * x(i, 1)]);
+        let outputs = vec![
+            f32_lit(&[2, 2], doubled.collect())?,
+            f32_lit(&[], vec![6.0])?,
+        ];
+        Ok((inputs, outputs))
+    })?;
+    Ok(Sample {
+        name: "shardy_blocks",
+        module,
+        check,
+    })
+}
+
+fn shardy_no_results() -> Result<Sample, HloError> {
+    // Shardy's form of a function with no arguments and no results.
+    let mut module = Module::new("shardy_no_results");
+    module.set_mesh(&[("all", 4)])?;
+    let mut f = module.func("main");
+    let _ = f.partition_id();
+    f.finish(&[])?;
+    Ok(Sample {
+        name: "shardy_no_results",
+        module,
+        check: None,
     })
 }
 
@@ -1251,7 +1364,7 @@ fn sharded_matmul_psum() -> Result<Sample, HloError> {
             (0..3).map(move |j| (0..8).map(|k| x[i * 8 + k] * w[k * 3 + j]).sum())
         })
         .collect();
-    let inputs: Vec<Vec<Literal>> = (0..4)
+    let inputs: Vec<Vec<HostArray>> = (0..4)
         .map(|d| {
             let xs: Vec<f32> = (0..2)
                 .flat_map(|i| x[i * 8 + 2 * d..i * 8 + 2 * d + 2].to_vec())
@@ -1290,7 +1403,7 @@ fn sharded_matmul_psum() -> Result<Sample, HloError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{BinaryOp, Op, UnaryOp};
+    use tessera_hlo::{BinaryOp, Op, UnaryOp};
 
     fn collect_names(ops: &[Op], names: &mut std::collections::BTreeSet<&'static str>) {
         for op in ops {
@@ -1363,8 +1476,8 @@ mod tests {
                 assert_eq!(c.inputs.len(), s.num_devices(), "{}", s.name);
                 assert_eq!(c.outputs.len(), s.num_devices(), "{}", s.name);
                 for (ins, outs) in c.inputs.iter().zip(&c.outputs) {
-                    let it: Vec<TensorType> = ins.iter().map(Literal::ty).collect();
-                    let ot: Vec<TensorType> = outs.iter().map(Literal::ty).collect();
+                    let it: Vec<TensorType> = ins.iter().map(type_of).collect();
+                    let ot: Vec<TensorType> = outs.iter().map(type_of).collect();
                     assert_eq!(it, main.arg_types(), "{} inputs", s.name);
                     assert_eq!(ot, main.result_types(), "{} outputs", s.name);
                 }

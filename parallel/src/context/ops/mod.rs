@@ -1,0 +1,352 @@
+//! Typed local ops: the splash kernels one device runs in a context-parallel program, with
+//! what each device must hold in their signatures.
+//!
+//! The collectives re-shard; these ops are where the re-sharded tensors meet the kernel. Each
+//! op takes [`DTensor`]s whose sharding types must fit the strategy and returns its results
+//! already typed, so a program that skips or swaps a re-sharding does not compile:
+//!
+//! - [`UlyssesAttention`]: q, k, v with the heads (dim 1) split over the axis and the whole
+//!   sequence (dim 2) on every device ([`UlyssesOperand`]); `out`, `lse` and the gradients
+//!   come back the same way ([`ByHeads`]).
+//! - [`AllGatherAttention`]: this device's block of queries (dim 2 split over the axis,
+//!   [`QueryShard`]) against the whole K/V ([`WholeKeys`]), at the device's offset (its
+//!   `axis_index`). The backward's dK/dV are `Varying` partial sums over the axis, which the
+//!   program reduce-scatters.
+//! - [`RingAttention`]: one ring step, this device's queries against the K/V shard in hand
+//!   (dim 2 split over the ring axis, [`KeyShard`]) at that step's offsets; the partial
+//!   results ([`RingPartial`], [`RingGrads`]) merge step by step.
+//!
+//! Every op is built from a [`ContextParallel`] configuration (its mask, dims, block sizes and
+//! degrees) and checks at build time that each operand holds the per-device shape its
+//! kernels were built for. Segment ids, when given, are the whole `[B, S]` on every device
+//! ([`WholeSegmentIds`]), in natural order.
+//!
+//! ```
+//! use tessera_collectives::axes::Context;
+//! use tessera_collectives::{CollectiveError, DTensor, Mesh, Program, Replicated, Split};
+//! use tessera_dsl::DType;
+//! use tessera_parallel::ops::UlyssesAttention;
+//! use tessera_parallel::{ContextMesh, ContextParallel, Strategy};
+//! use tessera_splash::{BlockSizes, Dims, Mask};
+//! use tessera_dsl::Target;
+//!
+//! /// `[B, H, S/U, D]`: the sequence split over `context`.
+//! type SeqSharded = (Replicated, Replicated, Split<Context>, Replicated);
+//!
+//! let dims = Dims { batch: 1, heads: 4, kv_heads: 4, q_len: 256, kv_len: 256, head_dim: 64,
+//!                   head_dim_v: 64 };
+//! let cp = ContextParallel {
+//!     dims,
+//!     dtype: DType::F32,
+//!     mask: Mask::causal(),
+//!     block_sizes: BlockSizes::uniform(128, 128),
+//!     options: Default::default(),
+//!     strategy: Strategy::Ulysses,
+//!     devices: 2,
+//!     load_balance: false,
+//!     target: Target::portable(),
+//! };
+//! let attention = UlyssesAttention::<Context>::new(&cp)?;
+//! let mesh = Mesh::<ContextMesh>::new([2])?;
+//! let program = Program::build("ulysses", &mesh, |p| {
+//!     let [q, k, v] = [p.arg::<SeqSharded>([1, 4, 256, 64], DType::F32)?,
+//!                      p.arg::<SeqSharded>([1, 4, 256, 64], DType::F32)?,
+//!                      p.arg::<SeqSharded>([1, 4, 256, 64], DType::F32)?];
+//!     // Sequence to heads: without these, `forward` does not compile.
+//!     let q = q.all_to_all::<Context, 1, 2>()?;
+//!     let k = k.all_to_all::<Context, 1, 2>()?;
+//!     let v = v.all_to_all::<Context, 1, 2>()?;
+//!     let (out, lse) = attention.forward(p, &q, &k, &v, None)?;
+//!     out.all_to_all::<Context, 2, 1>()?.output::<SeqSharded>()?;
+//!     lse.all_to_all::<Context, 2, 1>()?.output::<(Replicated, Replicated, Split<Context>)>()
+//! })?;
+//! assert_eq!(program.to_mlir().matches("\"stablehlo.all_to_all\"").count(), 5);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod all_gather;
+mod ring;
+mod ulysses;
+
+use std::collections::HashMap;
+
+use tessera_collectives::{
+    CollectiveError, DTensor, LocalValue, MeshShape, Replicated, Split, Varying,
+};
+use tessera_dsl::DType;
+use tessera_hlo::{FuncBuilder, Value};
+use tessera_splash::{Features, Tensor};
+
+use super::{ContextParallel, CpError, Segments};
+
+pub(super) use all_gather::offsets as all_gather_offsets;
+pub use all_gather::AllGatherAttention;
+pub(super) use ring::all_offsets as ring_offsets;
+pub use ring::{RingAttention, RingGrads, RingPartial, RingResiduals};
+pub use ulysses::UlyssesAttention;
+
+/// `[B, H, S, D]` with the heads split over `A` and the whole sequence on every device
+/// (Ulysses after its all-to-all); `B` is the batch's sharding.
+pub type ByHeads<B, A> = (B, Split<A>, Replicated, Replicated);
+/// `[B, H, S]` (a logsumexp) of [`ByHeads`].
+pub type ByHeadsRows<B, A> = (B, Split<A>, Replicated);
+/// `[B, H, S, D]` with the sequence split over `A`: each device holds one block of positions;
+/// `B` and `H` are the batch's and the heads' shardings.
+pub type BySequence<B, H, A> = (B, H, Split<A>, Replicated);
+/// `[B, H, S]` (a logsumexp) of [`BySequence`].
+pub type BySequenceRows<B, H, A> = (B, H, Split<A>);
+/// `[B, H, S, D]` with the whole sequence on every device (all-gathered K/V).
+pub type WholeSequence<B, H> = (B, H, Replicated, Replicated);
+/// `[B, S]` segment ids, whole on every device.
+pub type WholeSegmentIds<B> = (B, Replicated);
+
+/// An operand of [`UlyssesAttention`]: `[B, H, S, D]` (or a logsumexp `[B, H, S]`) with the
+/// heads split over `A` and the whole sequence on every device.
+#[diagnostic::on_unimplemented(
+    message = "Ulysses attention over `{A}` needs the heads (dim 1) split over `{A}` and the \
+               whole sequence (dim 2) on every device",
+    label = "this operand is not split by heads over `{A}`",
+    note = "re-shard from the sequence to the heads first: `all_to_all::<{A}, 1, 2>()` splits \
+            dim 1 and gathers dim 2"
+)]
+pub trait UlyssesOperand<A> {
+    /// The batch dim's sharding.
+    type Batch;
+}
+
+#[diagnostic::do_not_recommend]
+impl<A, B> UlyssesOperand<A> for (B, Split<A>, Replicated, Replicated) {
+    type Batch = B;
+}
+
+#[diagnostic::do_not_recommend]
+impl<A, B> UlyssesOperand<A> for (B, Split<A>, Replicated) {
+    type Batch = B;
+}
+
+/// The query side (q, out, lse, dout) of [`AllGatherAttention`] and [`RingAttention`]:
+/// `[B, H, S, D]` (or `[B, H, S]`) with the sequence split over `A`.
+#[diagnostic::on_unimplemented(
+    message = "context-parallel attention over `{A}` attends this device's block of queries, \
+               so q, out, lse and dout need the sequence (dim 2) split over `{A}`",
+    label = "dim 2 is not split over `{A}`",
+    note = "pass the queries (and their residuals) as the program takes them, split over `{A}`"
+)]
+pub trait QueryShard<A> {
+    /// The batch dim's sharding.
+    type Batch;
+    /// The heads dim's sharding.
+    type Heads;
+}
+
+#[diagnostic::do_not_recommend]
+impl<A, B, H> QueryShard<A> for (B, H, Split<A>, Replicated) {
+    type Batch = B;
+    type Heads = H;
+}
+
+#[diagnostic::do_not_recommend]
+impl<A, B, H> QueryShard<A> for (B, H, Split<A>) {
+    type Batch = B;
+    type Heads = H;
+}
+
+/// K or V of [`AllGatherAttention`]: `[B, H, S, D]` with the whole sequence on every device.
+#[diagnostic::on_unimplemented(
+    message = "all-gather attention over `{A}` attends to every key, so k and v need the whole \
+               sequence (dim 2) on every device",
+    label = "dim 2 is split",
+    note = "gather the keys and values first: `all_gather::<{A}, 2>()`"
+)]
+pub trait WholeKeys<A> {
+    /// The batch dim's sharding.
+    type Batch;
+    /// The heads dim's sharding.
+    type Heads;
+}
+
+#[diagnostic::do_not_recommend]
+impl<A, B, H> WholeKeys<A> for (B, H, Replicated, Replicated) {
+    type Batch = B;
+    type Heads = H;
+}
+
+/// K or V of one [`RingAttention`] step: `[B, H, S, D]` with the sequence split over the
+/// ring axis `A` (the shard in hand).
+#[diagnostic::on_unimplemented(
+    message = "ring attention over `{A}` attends to one K/V shard per step, so k and v need \
+               the sequence (dim 2) split over `{A}`",
+    label = "dim 2 is not split over `{A}`",
+    note = "pass the K/V shard each device holds, and rotate it between steps with \
+            `ring_shift::<{A}, 2>(1)`"
+)]
+pub trait KeyShard<A> {
+    /// The batch dim's sharding.
+    type Batch;
+    /// The heads dim's sharding.
+    type Heads;
+}
+
+#[diagnostic::do_not_recommend]
+impl<A, B, H> KeyShard<A> for (B, H, Split<A>, Replicated) {
+    type Batch = B;
+    type Heads = H;
+}
+
+/// A device's position on the axis `A` (from `Spmd::axis_index`): where its block of the
+/// sequence starts.
+pub type AxisIndex<'p, M, A> = DTensor<'p, M, (), Varying<A>>;
+
+/// The per-device shapes an op's kernels were built for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LocalShapes {
+    q: [i64; 4],
+    k: [i64; 4],
+    v: [i64; 4],
+    out: [i64; 4],
+    lse: [i64; 3],
+}
+
+impl LocalShapes {
+    /// The shapes of `cp`'s kernel calls, with `q_parts` query and `kv_parts` key chunks per
+    /// device (2 each with load balancing, where a device's shard is two chunks).
+    fn of(cp: &ContextParallel, q_parts: usize, kv_parts: usize) -> Self {
+        let d = cp.local_dims();
+        let i = |x: usize| x as i64;
+        let (b, sq, skv) = (i(d.batch), i(d.q_len * q_parts), i(d.kv_len * kv_parts));
+        LocalShapes {
+            q: [b, i(d.heads), sq, i(d.head_dim)],
+            k: [b, i(d.kv_heads), skv, i(d.head_dim)],
+            v: [b, i(d.kv_heads), skv, i(d.head_dim_v)],
+            out: [b, i(d.heads), sq, i(d.head_dim_v)],
+            lse: [b, i(d.heads), sq],
+        }
+    }
+}
+
+impl LocalShapes {
+    /// Checks `q`, `k` and `v` (see [`check_local`]).
+    fn check_qkv<M: MeshShape, Q, K, V>(
+        &self,
+        op: &str,
+        q: &DTensor<'_, M, Q>,
+        k: &DTensor<'_, M, K>,
+        v: &DTensor<'_, M, V>,
+    ) -> Result<(), CollectiveError> {
+        check_local(op, "q", q, &self.q)?;
+        self.check_kv(op, k, v)
+    }
+
+    /// Checks `k` and `v`.
+    fn check_kv<M: MeshShape, K, V>(
+        &self,
+        op: &str,
+        k: &DTensor<'_, M, K>,
+        v: &DTensor<'_, M, V>,
+    ) -> Result<(), CollectiveError> {
+        check_local(op, "k", k, &self.k)?;
+        check_local(op, "v", v, &self.v)
+    }
+
+    /// Checks the forward's `out`, `lse` and the cotangent `dout`.
+    fn check_residuals<M: MeshShape, O, L, DO>(
+        &self,
+        op: &str,
+        out: &DTensor<'_, M, O>,
+        lse: &DTensor<'_, M, L>,
+        dout: &DTensor<'_, M, DO>,
+    ) -> Result<(), CollectiveError> {
+        check_local(op, "out", out, &self.out)?;
+        check_local(op, "lse", lse, &self.lse)?;
+        check_local(op, "dout", dout, &self.out)
+    }
+}
+
+/// Fails unless each device holds `want` of `x` (what `op`'s kernels were built for).
+fn check_local<M: MeshShape, S, V>(
+    op: &str,
+    name: &str,
+    x: &DTensor<'_, M, S, V>,
+    want: &[i64],
+) -> Result<(), CollectiveError> {
+    let got = x.local_type()?.dims;
+    if got == want {
+        return Ok(());
+    }
+    Err(CollectiveError::Operand {
+        context: format!("{op}: {name}"),
+        reason: format!(
+            "each device holds {got:?}, but the kernels were built for {want:?}; build the op \
+             from the configuration this program runs (its dims, devices and mesh)"
+        ),
+    })
+}
+
+/// Fails unless the op's configuration has the strategy it needs.
+fn expect_strategy(cp: &ContextParallel, fits: bool, op: &str) -> Result<(), CpError> {
+    if fits {
+        return Ok(());
+    }
+    Err(cp.config_error(format!(
+        "{op} is built from a configuration of its own strategy; this one is {}",
+        cp.strategy
+    )))
+}
+
+/// The splash features of a call with or without segment ids.
+fn features(segmented: bool) -> Features {
+    Features {
+        segmented,
+        sinks: false,
+    }
+}
+
+/// A splash error as the error of a local op.
+fn local_error(e: tessera_splash::SplashError) -> CollectiveError {
+    CollectiveError::local(e)
+}
+
+/// The inputs of one local op: typed operands first, then the optional ones, whose
+/// positions it remembers.
+struct Inputs<'a, M> {
+    values: Vec<&'a dyn LocalValue<M>>,
+}
+
+impl<'a, M> Inputs<'a, M> {
+    fn new(required: &[&'a dyn LocalValue<M>]) -> Self {
+        Inputs {
+            values: required.to_vec(),
+        }
+    }
+
+    /// Adds `x` if present; returns its position among the inputs.
+    fn optional(&mut self, x: Option<&'a dyn LocalValue<M>>) -> Option<usize> {
+        x.map(|x| {
+            self.values.push(x);
+            self.values.len() - 1
+        })
+    }
+}
+
+/// The query and key segment ids of a call, if the call has segment ids at input `at`.
+fn add_segments(
+    f: &mut FuncBuilder<'_>,
+    env: &mut HashMap<Tensor, Value>,
+    x: &[Value],
+    at: Option<usize>,
+    q: (Option<Value>, usize),
+    kv: (Option<Value>, usize),
+) -> Result<(), CollectiveError> {
+    match at {
+        Some(i) => Segments { full: x[i] }.add_to(f, env, q, kv),
+        None => Ok(()),
+    }
+}
+
+/// `a + b` accumulated in f32, in their dtype.
+fn sum_in_f32(f: &mut FuncBuilder<'_>, a: Value, b: Value) -> Result<Value, CollectiveError> {
+    let dtype = f.value_type(a)?.dtype;
+    let (a32, b32) = (f.convert(a, DType::F32)?, f.convert(b, DType::F32)?);
+    let sum = f.add(a32, b32)?;
+    Ok(f.convert(sum, dtype)?)
+}

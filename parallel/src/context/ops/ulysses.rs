@@ -1,0 +1,139 @@
+//! The Ulysses attention op: every device attends the whole sequence of its heads.
+
+use std::collections::HashMap;
+use std::marker::PhantomData;
+
+use tessera_collectives::{
+    CollectiveError, DTensor, DimSharding, HasAxis, MeshAxis, MeshShape, Spmd,
+};
+use tessera_splash::{SeqOffsets, ShardedSplash, Tensor};
+
+use super::super::{backward_env, lower_plan, lse_from_kernel, ContextParallel, CpError, Strategy};
+use super::{
+    add_segments, expect_strategy, features, local_error, ByHeads, ByHeadsRows, Inputs,
+    LocalShapes, UlyssesOperand, WholeSegmentIds,
+};
+
+const OP: &str = "Ulysses attention";
+
+/// Splash attention on the whole sequence of this device's heads (DeepSpeed-Ulysses, after
+/// the all-to-all over `A` from sequence to heads). No offsets: every device sees every
+/// position.
+#[derive(Debug, Clone)]
+pub struct UlyssesAttention<A> {
+    splash: ShardedSplash,
+    shapes: LocalShapes,
+    seq: usize,
+    _axis: PhantomData<fn() -> A>,
+}
+
+/// `forward`'s results: `out [B, H, S, Dv]` and `lse [B, H, S]`, by heads.
+type Forward<'p, M, B, A> = (
+    DTensor<'p, M, ByHeads<B, A>>,
+    DTensor<'p, M, ByHeadsRows<B, A>>,
+);
+
+/// `backward`'s results: `dq`, `dk`, `dv`, by heads.
+type Backward<'p, M, B, A> = (
+    DTensor<'p, M, ByHeads<B, A>>,
+    DTensor<'p, M, ByHeads<B, A>>,
+    DTensor<'p, M, ByHeads<B, A>>,
+);
+
+impl<A: MeshAxis> UlyssesAttention<A> {
+    /// The kernels of a Ulysses configuration: `H/U` query heads and `KVH/U` KV heads (after
+    /// any KV head replication) over the whole sequence per device.
+    pub fn new(cp: &ContextParallel) -> Result<Self, CpError> {
+        expect_strategy(
+            cp,
+            cp.strategy == Strategy::Ulysses,
+            "the Ulysses attention op",
+        )?;
+        cp.validate()?;
+        Ok(UlyssesAttention {
+            splash: cp.sharded_splash(&[SeqOffsets::default()])?,
+            shapes: LocalShapes::of(cp, 1, 1),
+            seq: cp.dims.q_len,
+            _axis: PhantomData,
+        })
+    }
+
+    /// `out` and `lse` of this device's heads. `q`, `k`, `v` hold the heads split over `A`
+    /// and the whole sequence ([`UlyssesOperand`]); `segment_ids` are the whole `[B, S]`.
+    pub fn forward<'p, M, B, Q, K, V>(
+        &self,
+        p: &'p Spmd<'_, M>,
+        q: &DTensor<'p, M, Q>,
+        k: &DTensor<'p, M, K>,
+        v: &DTensor<'p, M, V>,
+        segment_ids: Option<&DTensor<'p, M, WholeSegmentIds<B>>>,
+    ) -> Result<Forward<'p, M, B, A>, CollectiveError>
+    where
+        M: MeshShape + HasAxis<A>,
+        B: DimSharding<M>,
+        Q: UlyssesOperand<A, Batch = B>,
+        K: UlyssesOperand<A, Batch = B>,
+        V: UlyssesOperand<A, Batch = B>,
+    {
+        self.shapes.check_qkv(OP, q, k, v)?;
+        let segmented = segment_ids.is_some();
+        let plan = self
+            .splash
+            .forward_plan(features(segmented))
+            .map_err(local_error)?;
+        let mut inputs = Inputs::new(&[q, k, v]);
+        let seg = inputs.optional(segment_ids.map(|x| x as _));
+        let len = self.seq;
+        p.local_results(&inputs.values, |f, x| {
+            let mut env = HashMap::from([(Tensor::Q, x[0]), (Tensor::K, x[1]), (Tensor::V, x[2])]);
+            add_segments(f, &mut env, x, seg, (None, len), (None, len))?;
+            lower_plan(f, &plan, &mut env, None)?;
+            Ok(vec![
+                env[&Tensor::Out],
+                lse_from_kernel(f, env[&Tensor::Lse])?,
+            ])
+        })
+    }
+
+    /// `dq`, `dk`, `dv` of this device's heads, given the forward's `out`, `lse` and the
+    /// cotangent `dout`, all by heads like `q`.
+    #[allow(clippy::too_many_arguments)] // the attention's six tensors and its segment ids
+    pub fn backward<'p, M, B, Q, K, V, O, L, DO>(
+        &self,
+        p: &'p Spmd<'_, M>,
+        q: &DTensor<'p, M, Q>,
+        k: &DTensor<'p, M, K>,
+        v: &DTensor<'p, M, V>,
+        out: &DTensor<'p, M, O>,
+        lse: &DTensor<'p, M, L>,
+        dout: &DTensor<'p, M, DO>,
+        segment_ids: Option<&DTensor<'p, M, WholeSegmentIds<B>>>,
+    ) -> Result<Backward<'p, M, B, A>, CollectiveError>
+    where
+        M: MeshShape + HasAxis<A>,
+        B: DimSharding<M>,
+        Q: UlyssesOperand<A, Batch = B>,
+        K: UlyssesOperand<A, Batch = B>,
+        V: UlyssesOperand<A, Batch = B>,
+        O: UlyssesOperand<A, Batch = B>,
+        L: UlyssesOperand<A, Batch = B>,
+        DO: UlyssesOperand<A, Batch = B>,
+    {
+        self.shapes.check_qkv(OP, q, k, v)?;
+        self.shapes.check_residuals(OP, out, lse, dout)?;
+        let segmented = segment_ids.is_some();
+        let plan = self
+            .splash
+            .backward_plan(features(segmented))
+            .map_err(local_error)?;
+        let mut inputs = Inputs::new(&[q, k, v, out, lse, dout]);
+        let seg = inputs.optional(segment_ids.map(|x| x as _));
+        let len = self.seq;
+        p.local_results(&inputs.values, |f, x| {
+            let mut env = backward_env(f, x)?;
+            add_segments(f, &mut env, x, seg, (None, len), (None, len))?;
+            lower_plan(f, &plan, &mut env, None)?;
+            Ok(vec![env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]])
+        })
+    }
+}

@@ -1,0 +1,130 @@
+//! Every strategy checks its arrays with the single-device splash checks before building or
+//! running anything: non-finite values and wrongly shaped `dout`, `out` or `lse` are named
+//! errors, and zero sizes are refused instead of dividing by zero.
+
+use tessera_dsl::{DType, HostArray, Target};
+use tessera_parallel::{ContextParallel, CpInputs, Strategy};
+use tessera_splash::{BlockSizes, Dims, Mask};
+
+fn dims(heads: usize, kv_heads: usize) -> Dims {
+    Dims {
+        batch: 1,
+        heads,
+        kv_heads,
+        q_len: 256,
+        kv_len: 256,
+        head_dim: 64,
+        head_dim_v: 64,
+    }
+}
+
+fn config(strategy: Strategy, d: Dims) -> ContextParallel {
+    ContextParallel {
+        dims: d,
+        dtype: DType::F32,
+        mask: Mask::causal(),
+        block_sizes: BlockSizes::uniform(64, 64),
+        options: Default::default(),
+        strategy,
+        devices: 2,
+        load_balance: false,
+        target: Target::portable(),
+    }
+}
+
+/// `[1, heads, 256, 64]` filled with 0.5, with `value` at flat index 7.
+fn array(heads: usize, value: f32) -> HostArray {
+    let mut v = vec![0.5f32; heads * 256 * 64];
+    v[7] = value;
+    HostArray::f32([1, heads, 256, 64], v).unwrap()
+}
+
+fn inputs<'a>(q: &'a HostArray, k: &'a HostArray, v: &'a HostArray) -> CpInputs<'a> {
+    CpInputs {
+        q,
+        k,
+        v,
+        segment_ids: None,
+    }
+}
+
+const STRATEGIES: [Strategy; 4] = [
+    Strategy::Ulysses,
+    Strategy::AllGather,
+    Strategy::Ring,
+    Strategy::Usp {
+        ulysses: 2,
+        ring: 1,
+    },
+];
+
+#[test]
+fn every_strategy_checks_inputs_like_one_device() {
+    let (q, kv, dout) = (array(4, 0.5), array(2, 0.5), array(4, 0.5));
+    let lse = HostArray::zeros(DType::F32, [1, 4, 256]);
+    for strategy in STRATEGIES {
+        let cp = config(strategy, dims(4, 2));
+        let nan_q = array(4, f32::NAN);
+        let e = cp
+            .forward(&inputs(&nan_q, &kv, &kv))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("q holds a non-finite value (NaN) at flat index 7"),
+            "{e}"
+        );
+        let inf_k = array(2, f32::INFINITY);
+        let e = cp
+            .check_inputs(&inputs(&q, &inf_k, &kv))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("k holds a non-finite value (inf)"), "{e}");
+
+        let nan_dout = array(4, f32::NAN);
+        let e = cp
+            .backward(&inputs(&q, &kv, &kv), &dout, &lse, &nan_dout)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("dout holds a non-finite value"),
+            "{strategy}: {e}"
+        );
+        let short_dout = HostArray::zeros(DType::F32, [1, 4, 128, 64]);
+        let e = cp.check_dout(&short_dout).unwrap_err().to_string();
+        assert!(
+            e.contains("dout must be f32[1, 4, 256, 64] like the output, got f32[1, 4, 128, 64]"),
+            "{strategy}: {e}"
+        );
+        let bad_lse = HostArray::zeros(DType::F32, [1, 4, 256, 1]);
+        let e = cp
+            .backward(&inputs(&q, &kv, &kv), &dout, &bad_lse, &dout)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lse must be f32[1, 4, 256]"), "{strategy}: {e}");
+        let segments = HostArray::i32([1, 128], vec![0; 128]).unwrap();
+        let e = cp
+            .forward(&CpInputs {
+                segment_ids: Some(&segments),
+                ..inputs(&q, &kv, &kv)
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("segment ids must be i32[1, 256]"),
+            "{strategy}: {e}"
+        );
+    }
+}
+
+#[test]
+fn zero_sizes_are_refused_without_dividing_by_zero() {
+    for strategy in STRATEGIES {
+        for (d, name) in [(dims(0, 2), "heads"), (dims(4, 0), "kv_heads")] {
+            let e = config(strategy, d).validate().unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("{name} is 0; every dim must be at least 1")),
+                "{strategy}: {e}"
+            );
+        }
+    }
+}
