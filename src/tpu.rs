@@ -141,7 +141,9 @@ impl TpuTarget {
                 devices,
             });
         }
-        let options = CompileOptions::manual_partitions(program)?;
+        // A module with a mesh is in Shardy's form (`sdy.manual_computation`).
+        let options =
+            CompileOptions::manual_partitions(program)?.with_shardy(!module.mesh().is_empty());
         let start = Instant::now();
         let exe = match topology.compile(&module.to_mlir(), &options) {
             Ok(exe) => exe,
