@@ -43,6 +43,7 @@ mod literal;
 mod module;
 mod ops;
 mod print;
+mod tpu;
 mod types;
 
 pub use builder::FuncBuilder;
@@ -55,4 +56,5 @@ pub use ops::{
     Region, Sharding, TypeClass, UnaryOp, Value,
 };
 pub use tessera_array::{ArrayData, DType, HostArray};
+pub use tpu::{CostEstimate, TpuCustomCall, TPU_CUSTOM_CALL};
 pub use types::TensorType;

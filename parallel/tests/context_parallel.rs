@@ -7,7 +7,7 @@
 mod common;
 
 use common::{assert_close, random};
-use tessera_dsl::{DType, HostArray};
+use tessera_dsl::{DType, HostArray, Target};
 use tessera_parallel::{ContextParallel, CpInputs, Strategy};
 use tessera_splash::reference::{self, RefInputs};
 use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets};
@@ -42,6 +42,7 @@ fn config(
         strategy,
         devices,
         load_balance: false,
+        target: Target::portable(),
     }
 }
 
@@ -267,6 +268,7 @@ fn ulysses_holds_one_over_u_of_all_gathers_kv() {
             strategy,
             devices: 16,
             load_balance: false,
+            target: Target::portable(),
         };
         cp.stats().unwrap()
     };
@@ -317,6 +319,7 @@ fn load_balancing_evens_out_causal_work() {
             collectives_of(&cp),
             collectives_of(&ContextParallel {
                 load_balance: false,
+                target: Target::portable(),
                 ..cp.clone()
             }),
             "{strategy}"

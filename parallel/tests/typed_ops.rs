@@ -9,7 +9,7 @@ mod common;
 
 use common::{assert_close, random};
 use tessera_collectives::prelude::*;
-use tessera_dsl::{DType, HostArray};
+use tessera_dsl::{DType, HostArray, Target};
 use tessera_parallel::ops::{AllGatherAttention, RingAttention, UlyssesAttention};
 use tessera_parallel::{ContextMesh, ContextParallel, CpError, Strategy};
 use tessera_runtime::{Client, HostBuffer};
@@ -39,6 +39,7 @@ fn config(strategy: Strategy, devices: usize, batch: usize, seq: usize) -> Conte
         strategy,
         devices,
         load_balance: false,
+        target: Target::portable(),
     }
 }
 

@@ -550,13 +550,7 @@ impl LoadedExecutable {
             parameters: None,
         };
 
-        let f = api_fn!(p, PJRT_LoadedExecutable_GetExecutable)?;
-        let mut args = ffi::PJRT_LoadedExecutable_GetExecutable_Args::init();
-        args.loaded_executable = raw.as_ptr();
-        // SAFETY: `args` is initialised and the executable alive.
-        let err = unsafe { f(&mut args) };
-        p.check(err, "PJRT_LoadedExecutable_GetExecutable")?;
-        let unloaded = Executable::from_raw(exe.client.plugin, args.executable)?;
+        let unloaded = exe.executable()?;
         exe.num_outputs = unloaded.num_outputs()?;
         exe.name = unloaded.name()?;
         // Best effort: without a signature, `execute` leaves argument checking to the plugin.
@@ -589,6 +583,19 @@ impl LoadedExecutable {
     }
 
     /// Name of the compiled module.
+    /// The compiled executable behind this loaded one (a new handle to it): its memory
+    /// statistics, cost analysis and optimized program.
+    pub fn executable(&self) -> Result<Executable> {
+        let p = self.client.plugin.inner;
+        let f = api_fn!(p, PJRT_LoadedExecutable_GetExecutable)?;
+        let mut args = ffi::PJRT_LoadedExecutable_GetExecutable_Args::init();
+        args.loaded_executable = self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the executable alive.
+        let err = unsafe { f(&mut args) };
+        p.check(err, "PJRT_LoadedExecutable_GetExecutable")?;
+        Executable::from_raw(self.client.plugin, args.executable)
+    }
+
     pub fn name(&self) -> &str {
         &self.name
     }

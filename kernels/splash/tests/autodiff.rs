@@ -88,7 +88,7 @@ fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
 fn grad_of_the_forward_matches_the_f64_reference() {
     for (mask, fused) in [(Mask::causal(), false), (Mask::local(40, 0), true)] {
         let attn = attention(mask.clone(), fused);
-        let m = splash_program(&attn, Pass::ForwardBackward).unwrap();
+        let m = splash_program(&attn, Pass::ForwardBackward, Features::default()).unwrap();
         let text = m.to_mlir();
         let [sq, sk, sv, so] = shapes();
         let q = HostArray::random(DType::F32, sq, 1);
@@ -144,7 +144,6 @@ fn a_logsumexp_cotangent_enters_as_di_minus_dlse() {
         &mut f,
         &attn.forward_plan(feats),
         attn.backward_plan(feats),
-        attn.rules(),
         &mut env,
         None,
     )

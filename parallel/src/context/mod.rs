@@ -44,8 +44,8 @@ use tessera_collectives::{
     axis, mesh, CollectiveCall, CollectiveError, DTensor, Executable, Invariant, Layout, Mesh,
     MeshShape, Program, Replicated, Split, Spmd,
 };
-use tessera_dsl::{DType, HostArray, TargetRules};
-use tessera_hlo::{FuncBuilder, Value};
+use tessera_dsl::{DType, HostArray, Target};
+use tessera_hlo::{FuncBuilder, Module, Value};
 use tessera_runtime::{Client, HostBuffer};
 use tessera_splash::{
     BlockSizes, Dims, Inputs, Mask, SegmentIds, SeqOffsets, ShardedSplash, SplashError,
@@ -220,6 +220,10 @@ pub struct ContextParallel {
     /// `2U - 1 - r` (zigzag), so under a causal mask every device has the same work. The
     /// arrays stay in natural order for the caller; the programs take them in zigzag order.
     pub load_balance: bool,
+    /// What the kernels are lowered for: [`Target::portable`] (inline StableHLO, runs on the
+    /// CPU plugin) or [`Target::tpu`] (Mosaic custom calls inside the manual-sharded program,
+    /// compile-only for a TPU topology).
+    pub target: Target,
 }
 
 /// One collective of a program and what it moves.
@@ -397,6 +401,14 @@ impl CpProgram {
         match &self.program {
             MeshProgram::Context(p) => p.to_mlir(),
             MeshProgram::Usp(p) => p.to_mlir(),
+        }
+    }
+
+    /// The StableHLO module (its `mhlo.num_partitions` is the number of devices).
+    pub fn module(&self) -> &Module {
+        match &self.program {
+            MeshProgram::Context(p) => p.module(),
+            MeshProgram::Usp(p) => p.module(),
         }
     }
 
@@ -671,8 +683,7 @@ impl ContextParallel {
         }
     }
 
-    /// One splash attention per shard at `offsets[shard]` (local dims; portable rules: the
-    /// program runs on the CPU plugin).
+    /// One splash attention per shard at `offsets[shard]` (local dims), for the target.
     fn sharded_splash(&self, offsets: &[SeqOffsets]) -> Result<ShardedSplash, CpError> {
         Ok(ShardedSplash::new(
             self.mask.clone(),
@@ -680,7 +691,7 @@ impl ContextParallel {
             self.dtype,
             self.block_sizes,
             self.options,
-            TargetRules::portable(),
+            self.target.clone(),
             offsets,
         )?)
     }
@@ -761,8 +772,16 @@ impl ContextParallel {
 
     /// Checks a call's global arrays with the same checks as a single-device splash
     /// attention (shapes against `dims`, dtype, finite values, segment ids int32 `[B, S]`),
-    /// so every strategy validates its inputs alike, before anything is compiled.
+    /// so every strategy validates its inputs alike, before anything is compiled; and that
+    /// the kernels are lowered for a backend that runs here.
     pub fn check_inputs(&self, x: &CpInputs<'_>) -> Result<(), CpError> {
+        if self.target.is_tpu() {
+            return Err(self.config_error(
+                "programs built for the TPU target (Mosaic custom calls) compile for a TPU \
+                 topology but do not run on the CPU plugin; use Target::portable() to run them"
+                    .into(),
+            ));
+        }
         let inputs = Inputs {
             q: x.q,
             k: x.k,
@@ -855,9 +874,10 @@ struct GlobalDims {
     lse: [i64; 3],
 }
 
-/// Lowers a splash forward plan inline into `f` as a custom-VJP unit whose backward is the
-/// `backward` plan (portable rules: the program runs on the CPU plugin); `shard` selects the
-/// per-shard tables. Errors in the collectives' form.
+/// Lowers a splash forward plan into `f` as a custom-VJP unit whose backward is the
+/// `backward` plan, each kernel for the plan's target (inline, or a Mosaic custom call inside
+/// the manual-sharded region); `shard` selects the per-shard tables. Errors in the
+/// collectives' form.
 fn lower_forward(
     f: &mut FuncBuilder<'_>,
     forward: &[Stage],
@@ -865,8 +885,7 @@ fn lower_forward(
     env: &mut HashMap<Tensor, Value>,
     shard: Option<Value>,
 ) -> Result<(), CollectiveError> {
-    let rules = TargetRules::portable();
-    tessera_splash::lower_forward_on_shard(f, forward, backward, &rules, env, shard)
+    tessera_splash::lower_forward_on_shard(f, forward, backward, env, shard)
         .map_err(|e| CollectiveError::local(e.to_string()))
 }
 

@@ -33,6 +33,7 @@
 //! use tessera_parallel::ops::UlyssesAttention;
 //! use tessera_parallel::{ContextMesh, ContextParallel, Strategy};
 //! use tessera_splash::{BlockSizes, Dims, Mask};
+//! use tessera_dsl::Target;
 //!
 //! /// `[B, H, S/U, D]`: the sequence split over `context`.
 //! type SeqSharded = (Replicated, Replicated, Split<Context>, Replicated);
@@ -48,6 +49,7 @@
 //!     strategy: Strategy::Ulysses,
 //!     devices: 2,
 //!     load_balance: false,
+//!     target: Target::portable(),
 //! };
 //! let attention = UlyssesAttention::<Context>::new(&cp)?;
 //! let mesh = Mesh::<ContextMesh>::new([2])?;
