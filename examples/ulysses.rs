@@ -10,7 +10,7 @@
 
 use tessera::collectives::axes::Context;
 use tessera::collectives::{Mesh, Program, Replicated, Split};
-use tessera::dsl::{DType, HostArray};
+use tessera::dsl::{DType, HostArray, Target};
 use tessera::parallel::ops::UlyssesAttention;
 use tessera::parallel::{ContextMesh, ContextParallel, Strategy};
 use tessera::runtime::{Client, HostBuffer};
@@ -40,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         strategy: Strategy::Ulysses,
         devices,
         load_balance: false,
+        target: Target::portable(),
     };
     let attention = UlyssesAttention::<Context>::new(&cp)?;
     let shape = [1, heads as i64, seq as i64, d as i64];

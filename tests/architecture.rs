@@ -27,6 +27,8 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
         "collectives",
         &["tessera-array", "tessera-hlo", "tessera-runtime"],
     ),
+    // Test-only (a dev-dependency of the facade): reads Mosaic text, never the kernel IR.
+    ("tessera-mosaic-eval", "mosaic-eval", &["tessera-array"]),
     (
         "tessera-parallel",
         "parallel",
@@ -44,6 +46,7 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
         "train",
         &[
             "tessera-array",
+            "tessera-dsl",
             "tessera-hlo",
             "tessera-splash",
             "tessera-collectives",
@@ -120,7 +123,9 @@ fn the_library_has_no_cli_dependencies() {
         .iter()
         .filter_map(|f| f.as_str())
         .collect();
-    assert_eq!(cli, ["dep:clap", "dep:anyhow"]);
+    for dep in ["dep:clap", "dep:anyhow"] {
+        assert!(cli.contains(&dep), "the `cli` feature must enable {dep}");
+    }
     // The binary needs the feature; nothing else in the library may name clap or anyhow.
     let bins = m["bin"].as_array().expect("the tessera binary");
     assert_eq!(bins[0]["required-features"][0].as_str(), Some("cli"));

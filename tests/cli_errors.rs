@@ -364,8 +364,8 @@ fn plugin_override_problems_are_named_once() {
     }
 }
 
-/// A successful context-parallel run (whose programs make the plugin warn about GSPMD) prints
-/// nothing on stderr; `-v` and TESSERA_VERBOSE let the plugin's lines through.
+/// A successful context-parallel run (whose programs make the plugin log its partitioner)
+/// prints nothing on stderr; `-v` and TESSERA_VERBOSE let the plugin's lines through.
 #[test]
 fn quiet_by_default_verbose_on_request() {
     let d = Dir::new("quiet");
@@ -402,7 +402,7 @@ fn quiet_by_default_verbose_on_request() {
     ] {
         assert!(verbose.status.success());
         let stderr = String::from_utf8_lossy(&verbose.stderr);
-        assert!(stderr.contains("GSPMD"), "{stderr}");
+        assert!(stderr.contains("Shardy"), "{stderr}");
         assert!(stderr.contains("cpu_device_count"), "{stderr}");
     }
 }

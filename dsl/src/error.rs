@@ -19,6 +19,8 @@ pub enum ProblemKind {
     Coverage,
     /// Block and scratch buffers must fit the VMEM budget.
     Vmem,
+    /// An operand, op or value Mosaic cannot compile for TPU.
+    TpuOp,
     /// A problem found while running the kernel (interpreter or runtime).
     Run,
     /// Lowering to a backend failed (a tessera bug, reported rather than hidden).

@@ -151,6 +151,19 @@ pub enum Error {
         problem: &'static str,
     },
 
+    /// libtpu is about to be loaded without a variable compile-only needs.
+    #[error(
+        "libtpu needs {variable}={value} in the environment for compile-only use (without it \
+         libtpu queries a cloud metadata server or locks out other processes); set it, or call \
+         tessera_runtime::provision::set_libtpu_compile_only_env() at the start of main"
+    )]
+    LibtpuEnvironment {
+        /// The variable.
+        variable: &'static str,
+        /// The value it needs.
+        value: &'static str,
+    },
+
     /// The Python interpreter used to download plugin wheels was not found.
     #[error(
         "cannot provision the PJRT plugin {spec}: the Python interpreter `{python}` was not \

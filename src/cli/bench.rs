@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use tessera::dsl::{DType, HostArray, TargetRules};
 use tessera::runtime::{Client, CompileOptions, HostBuffer};
-use tessera::splash::{dense_program, splash_program, Pass};
+use tessera::splash::{dense_program, splash_program, Features, Pass};
 use tessera::splash::{BlockSizes, Dims, Mask, SplashAttention, SplashOptions};
 
 /// What `tessera bench` measures.
@@ -162,7 +162,7 @@ impl Compiled {
     fn new(args: &BenchArgs, attn: &SplashAttention, variant: &str) -> Result<Self> {
         let pass = pass_of(variant);
         let module = if variant.starts_with("splash") {
-            splash_program(attn, pass)?
+            splash_program(attn, pass, Features::default())?
         } else {
             let mask = Mask::parse(&args.mask)?;
             dense_program(attn.dims(), DType::F32, &mask, attn.scale(), None, pass)?
@@ -341,6 +341,7 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
             // Backward: 5 matmuls of the forward's size (dv, dp, dq, dk and the recomputed
             // or saved scores), so forward + backward is 3.5x the forward.
             Pass::ForwardBackward => 3.5 * fwd_flops,
+            Pass::Backward => 2.5 * fwd_flops,
         };
         outln!(
             "{:<14} {:>10.2} {:>10.4} {:>10.2} {:>15.1}",

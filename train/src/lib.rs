@@ -8,8 +8,8 @@
 //! * [`model`]: the parameters and the train-step program (see its docs for what runs
 //!   where).
 //! * [`Trainer`]: compiles the step once, keeps parameters and AdamW moments on the devices
-//!   (donated to every step, written in place), feeds [`SyntheticData`], and copies to the
-//!   host only the loss and gradient norm of each step, and checkpoints
+//!   (each step's outputs are the next step's inputs), feeds [`SyntheticData`], and copies to
+//!   the host only the loss and gradient norm of each step, and checkpoints
 //!   ([`checkpoint`], safetensors).
 //! * [`flops`]: model FLOPs per step as MaxText counts them, and the machine's measured
 //!   matmul peak for MFU.

@@ -9,19 +9,19 @@
 //!    context-parallel attention ([`AttentionLayer::forward`]: the strategy's collectives and
 //!    splash kernels), the output projection and residual, RMSNorm, SwiGLU MLP and residual;
 //!    final RMSNorm, LM head, softmax cross-entropy summed over the device's tokens.
-//! 2. **Backward.** Each piece's vector-Jacobian product in reverse order, written out here
-//!    (see `backward`); the attention's is the strategy's backward
-//!    ([`AttentionLayer::backward`]: splash's backward kernels and the transposes of the
-//!    forward's collectives).
+//! 2. **Backward.** Reverse-mode autodiff of that forward ([`Spmd::vjp`], `tessera_hlo`'s
+//!    VJP rules): through the attention, the splash calls are custom-VJP units running splash's
+//!    backward kernels and every collective goes back through its transpose, so each strategy's
+//!    backward is the gradient of its forward.
 //! 3. **Reduce.** One all-reduce over all devices sums every parameter's gradient and the
 //!    loss (each device contributed its tokens).
 //! 4. **Update.** Global-norm clipping and AdamW, identical on every device, so parameters
-//!    and moments stay replicated on the devices from step to step (donated to the next).
+//!    and moments stay replicated on the devices from step to step.
 
-use tessera_collectives::{CollectiveError, Invariant, Program, Replicated, Spmd};
-use tessera_hlo::{
-    DType, DotDims, FuncBuilder, Grouping, HostArray, Reducer, TensorType, UnaryOp, Value,
+use tessera_collectives::{
+    CollectiveError, DTensor, Invariant, LocalValue, Program, Replicated, Spmd,
 };
+use tessera_hlo::{DType, FuncBuilder, Grouping, HostArray, Reducer, TensorType, UnaryOp, Value};
 use tessera_parallel::{AttentionLayer, ModelMesh, TokenLayout};
 
 use crate::config::{ModelConfig, TrainConfig};
@@ -166,17 +166,16 @@ pub fn build_program(
                 p.arg::<TokenLayout>(token_dims, DType::I32)?.value(),
             ];
             let model = Model::new(&m, &params, cfg, layer);
-            let fwd = model.forward(p, ids)?;
+            let loss_sum = model.forward(p, ids)?;
             if kind == StepKind::Forward {
                 let loss = p.with_builder(|f| {
-                    let all = all_reduce_sum(f, fwd.loss_sum, devices)?;
+                    let all = all_reduce_sum(f, loss_sum, devices)?;
                     scale(f, all, 1.0 / cfg.tokens_per_step() as f64)
                 })?;
                 return scalar_output(p, loss);
             }
-            let grads = model.backward(p, &fwd)?;
-            let (loss, grads) =
-                p.with_builder(|f| reduce_gradients(f, &grads, fwd.loss_sum, cfg))?;
+            let grads = gradients(p, loss_sum, &params, cfg)?;
+            let (loss, grads) = p.with_builder(|f| reduce_gradients(f, &grads, loss_sum, cfg))?;
             if kind == StepKind::Gradients {
                 // The global norm depends on every gradient, so nothing is pruned, and the
                 // program writes no more than the full step does.
@@ -194,11 +193,9 @@ pub fn build_program(
             scalar_output(p, norm)
         },
     )?;
-    // The state is donated to every step but not aliased to its outputs: with
-    // `tf.aliasing_output` on them, consecutive steps on the XLA CPU plugin (xla-cpu-pjrt
-    // 0.0.1) were not reproducible (the second step's loss varied by up to 1e-2 from run to
-    // run), while the same program without the aliases is bit-identical run to run. The
-    // donated buffers are freed as the step ends, so the state is held once between steps.
+    // The state is not aliased to its outputs: with `tf.aliasing_output` on them, consecutive
+    // steps on the XLA CPU plugin (xla-cpu-pjrt 0.0.1) were not reproducible (the second
+    // step's loss varied by up to 1e-2 from run to run); see also `Trainer::train_step`.
     Ok(program)
 }
 
@@ -234,7 +231,6 @@ fn scalar_output(p: &Spmd<'_, ModelMesh>, v: Value) -> Result<(), CollectiveErro
 /// The model's values in one program.
 struct Model<'a> {
     m: &'a ModelConfig,
-    cfg: &'a TrainConfig,
     layer: &'a AttentionLayer,
     embed: Value,
     layers: Vec<LayerParams>,
@@ -244,45 +240,6 @@ struct Model<'a> {
     b: i64,
     s: i64,
 }
-
-/// What one layer's forward keeps for the backward.
-#[derive(Debug, Clone, Copy)]
-struct LayerSaved {
-    x: Value,
-    r1: Value,
-    h: Value,
-    q: Value,
-    k: Value,
-    v: Value,
-    out: Value,
-    lse: Value,
-    out_flat: Value,
-    x1: Value,
-    r2: Value,
-    h2: Value,
-    a: Value,
-    c: Value,
-    act: Value,
-}
-
-/// What the forward keeps for the backward.
-struct Forward {
-    onehot: Value,
-    target_onehot: Value,
-    cos: Value,
-    sin: Value,
-    layers: Vec<LayerSaved>,
-    x_final: Value,
-    r_final: Value,
-    h_final: Value,
-    /// `softmax(logits)`.
-    probs: Value,
-    /// The device's summed cross-entropy (f32 scalar).
-    loss_sum: Value,
-}
-
-/// The gradients, in [`param_specs`] order.
-type Grads = Vec<Value>;
 
 impl<'a> Model<'a> {
     fn new(
@@ -310,7 +267,6 @@ impl<'a> Model<'a> {
         let cp = cfg.ici_context_parallelism;
         Model {
             m,
-            cfg,
             layer,
             embed: params[0],
             layers,
@@ -321,18 +277,11 @@ impl<'a> Model<'a> {
         }
     }
 
-    fn rows(&self) -> i64 {
-        self.b * self.s
-    }
-
-    fn forward(
-        &self,
-        p: &Spmd<'_, ModelMesh>,
-        ids: [Value; 3],
-    ) -> Result<Forward, CollectiveError> {
+    /// The cross-entropy summed over this device's tokens (f32 scalar).
+    fn forward(&self, p: &Spmd<'_, ModelMesh>, ids: [Value; 3]) -> Result<Value, CollectiveError> {
         let m = self.m;
-        let n = self.rows();
-        let (onehot, target_onehot, cos, sin, mut x) = p.with_builder(|f| {
+        let n = self.b * self.s;
+        let (target_onehot, cos, sin, mut x) = p.with_builder(|f| {
             let flat = |f: &mut FuncBuilder<'_>, v| f.reshape(v, &[n]);
             let (tokens, targets, positions) =
                 (flat(f, ids[0])?, flat(f, ids[1])?, flat(f, ids[2])?);
@@ -340,150 +289,90 @@ impl<'a> Model<'a> {
             let target_onehot = one_hot(f, targets, m.vocab)?;
             let (cos, sin) = rope_tables(f, positions, m.head_dim, m.rope_theta)?;
             let x = f.matmul(onehot, self.embed, DType::F32)?;
-            Ok((onehot, target_onehot, cos, sin, x))
+            Ok((target_onehot, cos, sin, x))
         })?;
-        let mut layers = Vec::with_capacity(m.layers);
         for w in &self.layers {
-            let (r1, h, q, k, v) = p.with_builder(|f| {
-                let (h, r1) = rms_norm(f, x, w.attention_norm, m.norm_eps)?;
+            let (q, k, v) = p.with_builder(|f| {
+                let (h, _) = rms_norm(f, x, w.attention_norm, m.norm_eps)?;
                 let q = f.matmul(h, w.wq, DType::F32)?;
                 let k = f.matmul(h, w.wk, DType::F32)?;
                 let v = f.matmul(h, w.wv, DType::F32)?;
                 let q = rope(f, q, m.heads, cos, sin)?;
                 let k = rope(f, k, m.kv_heads, cos, sin)?;
-                let q = to_heads(f, q, self.b, self.s, m.heads)?;
-                let k = to_heads(f, k, self.b, self.s, m.kv_heads)?;
-                let v = to_heads(f, v, self.b, self.s, m.kv_heads)?;
-                Ok((r1, h, q, k, v))
+                Ok((
+                    to_heads(f, q, self.b, self.s, m.heads)?,
+                    to_heads(f, k, self.b, self.s, m.kv_heads)?,
+                    to_heads(f, v, self.b, self.s, m.kv_heads)?,
+                ))
             })?;
-            let (out, lse) = self.layer.forward(p, q, k, v)?;
-            let saved = p.with_builder(|f| {
-                let out_flat = from_heads(f, out)?;
-                let proj = f.matmul(out_flat, w.wo, DType::F32)?;
+            let (out, _lse) = self.layer.forward(p, q, k, v)?;
+            x = p.with_builder(|f| {
+                let out = from_heads(f, out)?;
+                let proj = f.matmul(out, w.wo, DType::F32)?;
                 let x1 = f.add(x, proj)?;
-                let (h2, r2) = rms_norm(f, x1, w.mlp_norm, m.norm_eps)?;
+                let (h2, _) = rms_norm(f, x1, w.mlp_norm, m.norm_eps)?;
                 let a = f.matmul(h2, w.w1, DType::F32)?;
                 let c = f.matmul(h2, w.w3, DType::F32)?;
                 let act = silu(f, a)?;
                 let gated = f.mul(act, c)?;
                 let down = f.matmul(gated, w.w2, DType::F32)?;
-                let x2 = f.add(x1, down)?;
-                Ok((
-                    LayerSaved {
-                        x,
-                        r1,
-                        h,
-                        q,
-                        k,
-                        v,
-                        out,
-                        lse,
-                        out_flat,
-                        x1,
-                        r2,
-                        h2,
-                        a,
-                        c,
-                        act,
-                    },
-                    x2,
-                ))
+                Ok(f.add(x1, down)?)
             })?;
-            layers.push(saved.0);
-            x = saved.1;
         }
-        let x_final = x;
         p.with_builder(|f| {
-            let (h_final, r_final) = rms_norm(f, x_final, self.final_norm, m.norm_eps)?;
-            let logits = f.matmul(h_final, self.lm_head, DType::F32)?;
-            let (probs, lse) = softmax(f, logits)?;
+            let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
+            let logits = f.matmul(h, self.lm_head, DType::F32)?;
+            let lse = logsumexp(f, logits)?;
             let picked = f.mul(logits, target_onehot)?;
             let picked = f.reduce(picked, &[1], Reducer::Sum)?;
             let per_token = f.sub(lse, picked)?;
-            let loss_sum = f.reduce(per_token, &[0], Reducer::Sum)?;
-            Ok(Forward {
-                onehot,
-                target_onehot,
-                cos,
-                sin,
-                layers,
-                x_final,
-                r_final,
-                h_final,
-                probs,
-                loss_sum,
-            })
+            Ok(f.reduce(per_token, &[0], Reducer::Sum)?)
+        })
+    }
+}
+
+/// The gradient of the step's mean loss with respect to every parameter, from this device's
+/// tokens (summed over the devices afterwards): the VJP of the device's summed loss with the
+/// cotangent `1 / tokens per step`.
+fn gradients(
+    p: &Spmd<'_, ModelMesh>,
+    loss_sum: Value,
+    params: &[Value],
+    cfg: &TrainConfig,
+) -> Result<Vec<Value>, CollectiveError> {
+    let inv_tokens = 1.0 / cfg.tokens_per_step() as f64;
+    let seed = p.with_builder(|f| Ok(f.scalar(inv_tokens, DType::F32)?))?;
+    let loss = p.declare::<(), Invariant>(loss_sum)?;
+    let seed = p.declare::<(), Invariant>(seed)?;
+    let wrt: Vec<ParamTensor<'_>> = params
+        .iter()
+        .map(|&v| ParamTensor::declare(p, v))
+        .collect::<Result<_, _>>()?;
+    let wrt: Vec<&dyn LocalValue<ModelMesh>> = wrt.iter().map(ParamTensor::local).collect();
+    p.vjp(&[&loss], &[&seed], &wrt)
+}
+
+/// A replicated parameter as a typed tensor of its rank.
+enum ParamTensor<'p> {
+    Vector(DTensor<'p, ModelMesh, (Replicated,)>),
+    Matrix(DTensor<'p, ModelMesh, (Replicated, Replicated)>),
+}
+
+impl<'p> ParamTensor<'p> {
+    fn declare(p: &'p Spmd<'_, ModelMesh>, v: Value) -> Result<Self, CollectiveError> {
+        let rank = p.with_builder(|f| Ok(f.value_type(v)?.rank()))?;
+        Ok(if rank == 1 {
+            ParamTensor::Vector(p.declare::<(Replicated,), Invariant>(v)?)
+        } else {
+            ParamTensor::Matrix(p.declare::<(Replicated, Replicated), Invariant>(v)?)
         })
     }
 
-    /// The gradient of the mean loss (over every token of the step) on this device's tokens.
-    fn backward(&self, p: &Spmd<'_, ModelMesh>, fwd: &Forward) -> Result<Grads, CollectiveError> {
-        let m = self.m;
-        let inv_tokens = 1.0 / self.cfg.tokens_per_step() as f64;
-        let mut grads: Vec<Option<Value>> = vec![None; 3 + m.layers * PER_LAYER];
-        let mut dx = p.with_builder(|f| {
-            let dlogits = f.sub(fwd.probs, fwd.target_onehot)?;
-            let dlogits = scale(f, dlogits, inv_tokens)?;
-            let (dh, dhead) = linear_backward(f, fwd.h_final, self.lm_head, dlogits)?;
-            let (dx, dnorm) = rms_norm_backward(f, fwd.x_final, fwd.r_final, self.final_norm, dh)?;
-            let last = grads.len();
-            grads[last - 1] = Some(dhead);
-            grads[last - 2] = Some(dnorm);
-            Ok(dx)
-        })?;
-        for (l, (w, t)) in self.layers.iter().zip(&fwd.layers).enumerate().rev() {
-            let base = 1 + l * PER_LAYER;
-            let (dx1, dout) = p.with_builder(|f| {
-                // x2 = x1 + (act(a) * c) w2, a = h2 w1, c = h2 w3, h2 = norm(x1).
-                let gated = f.mul(t.act, t.c)?;
-                let (dgated, dw2) = linear_backward(f, gated, w.w2, dx)?;
-                let dact = f.mul(dgated, t.c)?;
-                let dc = f.mul(dgated, t.act)?;
-                let da = silu_backward(f, t.a, dact)?;
-                let (dh2_a, dw1) = linear_backward(f, t.h2, w.w1, da)?;
-                let (dh2_c, dw3) = linear_backward(f, t.h2, w.w3, dc)?;
-                let dh2 = f.add(dh2_a, dh2_c)?;
-                let (dx1_norm, dmlp_norm) = rms_norm_backward(f, t.x1, t.r2, w.mlp_norm, dh2)?;
-                let dx1 = f.add(dx, dx1_norm)?;
-                // x1 = x + out w_o.
-                let (dout_flat, dwo) = linear_backward(f, t.out_flat, w.wo, dx1)?;
-                let dout = to_heads(f, dout_flat, self.b, self.s, m.heads)?;
-                grads[base + 4] = Some(dwo);
-                grads[base + 5] = Some(dmlp_norm);
-                grads[base + 6] = Some(dw1);
-                grads[base + 7] = Some(dw3);
-                grads[base + 8] = Some(dw2);
-                Ok((dx1, dout))
-            })?;
-            let (dq, dk, dv) = self.layer.backward(p, t.q, t.k, t.v, t.out, t.lse, dout)?;
-            dx = p.with_builder(|f| {
-                let (dq, dk) = (from_heads(f, dq)?, from_heads(f, dk)?);
-                let dq = rope_backward(f, dq, m.heads, fwd.cos, fwd.sin)?;
-                let dk = rope_backward(f, dk, m.kv_heads, fwd.cos, fwd.sin)?;
-                let dv = from_heads(f, dv)?;
-                let (dh_q, dwq) = linear_backward(f, t.h, w.wq, dq)?;
-                let (dh_k, dwk) = linear_backward(f, t.h, w.wk, dk)?;
-                let (dh_v, dwv) = linear_backward(f, t.h, w.wv, dv)?;
-                let dh = f.add(dh_q, dh_k)?;
-                let dh = f.add(dh, dh_v)?;
-                let (dx_norm, dnorm) = rms_norm_backward(f, t.x, t.r1, w.attention_norm, dh)?;
-                grads[base] = Some(dnorm);
-                grads[base + 1] = Some(dwq);
-                grads[base + 2] = Some(dwk);
-                grads[base + 3] = Some(dwv);
-                Ok(f.add(dx1, dx_norm)?)
-            })?;
+    fn local(&self) -> &dyn LocalValue<ModelMesh> {
+        match self {
+            ParamTensor::Vector(t) => t,
+            ParamTensor::Matrix(t) => t,
         }
-        p.with_builder(|f| {
-            // x0 = onehot(tokens) embed.
-            let t = DotDims::new([], [], [0], [0]);
-            grads[0] = Some(f.dot_general(fwd.onehot, dx, &t, DType::F32, None)?);
-            Ok(())
-        })?;
-        grads
-            .into_iter()
-            .map(|g| g.ok_or_else(|| CollectiveError::local("every parameter has a gradient")))
-            .collect()
     }
 }
 
@@ -565,18 +454,6 @@ fn rope(
     Ok(f.reshape(y, &[n, width])?)
 }
 
-/// The VJP of [`rope`]: the rotation by the opposite angle.
-fn rope_backward(
-    f: &mut FuncBuilder<'_>,
-    dy: Value,
-    heads: usize,
-    cos: Value,
-    sin: Value,
-) -> Result<Value, CollectiveError> {
-    let neg_sin = f.neg(sin)?;
-    rope(f, dy, heads, cos, neg_sin)
-}
-
 /// `[N, heads * hd]` rows to the attention's `[b, heads, s, hd]`.
 fn to_heads(
     f: &mut FuncBuilder<'_>,
@@ -619,76 +496,22 @@ fn rms_norm(
     Ok((f.mul(y, gb)?, r))
 }
 
-/// The VJP of [`rms_norm`]: `(dx, dg)` for the output cotangent `dy`. With `u = dy g`:
-/// `dx = r u - x r^3 mean(u x)`, `dg = sum over rows of dy x r`.
-fn rms_norm_backward(
-    f: &mut FuncBuilder<'_>,
-    x: Value,
-    r: Value,
-    g: Value,
-    dy: Value,
-) -> Result<(Value, Value), CollectiveError> {
-    let dims = f.value_type(x)?.dims.clone();
-    let rb = bcast(f, r, &dims, &[0])?;
-    let gb = bcast(f, g, &dims, &[1])?;
-    let xr = f.mul(x, rb)?;
-    let dg = f.mul(dy, xr)?;
-    let dg = f.reduce(dg, &[0], Reducer::Sum)?;
-    let u = f.mul(dy, gb)?;
-    let ux = f.mul(u, x)?;
-    let mean = f.reduce(ux, &[1], Reducer::Sum)?;
-    let mean = scale(f, mean, 1.0 / dims[1] as f64)?;
-    let r2 = f.mul(r, r)?;
-    let r3 = f.mul(r2, r)?;
-    let coef = f.mul(r3, mean)?;
-    let coef = bcast(f, coef, &dims, &[0])?;
-    let ur = f.mul(u, rb)?;
-    let xc = f.mul(x, coef)?;
-    Ok((f.sub(ur, xc)?, dg))
-}
-
-/// The VJP of `y = x w`: `(dx, dw) = (dy w^T, x^T dy)`.
-fn linear_backward(
-    f: &mut FuncBuilder<'_>,
-    x: Value,
-    w: Value,
-    dy: Value,
-) -> Result<(Value, Value), CollectiveError> {
-    let dx = f.dot_general(dy, w, &DotDims::new([], [], [1], [1]), DType::F32, None)?;
-    let dw = f.dot_general(x, dy, &DotDims::new([], [], [0], [0]), DType::F32, None)?;
-    Ok((dx, dw))
-}
-
 /// `a * sigmoid(a)`.
 fn silu(f: &mut FuncBuilder<'_>, a: Value) -> Result<Value, CollectiveError> {
     let s = f.logistic(a)?;
     Ok(f.mul(a, s)?)
 }
 
-/// The VJP of [`silu`]: `dy * s (1 + a (1 - s))`, `s = sigmoid(a)`.
-fn silu_backward(f: &mut FuncBuilder<'_>, a: Value, dy: Value) -> Result<Value, CollectiveError> {
-    let t = f.value_type(a)?.clone();
-    let s = f.logistic(a)?;
-    let one = f.splat(1.0, t)?;
-    let one_minus = f.sub(one, s)?;
-    let a1 = f.mul(a, one_minus)?;
-    let a1 = f.add(one, a1)?;
-    let d = f.mul(s, a1)?;
-    Ok(f.mul(dy, d)?)
-}
-
-/// Softmax of the rows of `logits [N, V]` and their logsumexp `[N]`.
-fn softmax(f: &mut FuncBuilder<'_>, logits: Value) -> Result<(Value, Value), CollectiveError> {
+/// The logsumexp of the rows of `logits [N, V]`.
+fn logsumexp(f: &mut FuncBuilder<'_>, logits: Value) -> Result<Value, CollectiveError> {
     let dims = f.value_type(logits)?.dims.clone();
     let max = f.reduce(logits, &[1], Reducer::Max)?;
     let maxb = bcast(f, max, &dims, &[0])?;
     let z = f.sub(logits, maxb)?;
     let e = f.exp(z)?;
     let sum = f.reduce(e, &[1], Reducer::Sum)?;
-    let sumb = bcast(f, sum, &dims, &[0])?;
-    let probs = f.div(e, sumb)?;
     let log_sum = f.log(sum)?;
-    Ok((probs, f.add(log_sum, max)?))
+    Ok(f.add(log_sum, max)?)
 }
 
 /// Sum over every device (one all-reduce).
@@ -708,7 +531,7 @@ fn reduce_gradients(
     grads: &[Value],
     loss_sum: Value,
     cfg: &TrainConfig,
-) -> Result<(Value, Grads), CollectiveError> {
+) -> Result<(Value, Vec<Value>), CollectiveError> {
     let mut flat = Vec::with_capacity(grads.len() + 1);
     let mut sizes = Vec::with_capacity(grads.len());
     for &g in grads {

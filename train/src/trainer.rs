@@ -4,6 +4,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use tessera_collectives::{DeviceArray, Executable, MeshArgument, Program};
+use tessera_dsl::Target;
 use tessera_hlo::{DType, Reducer, TensorType};
 use tessera_parallel::{AttentionLayer, ContextParallel, ModelMesh};
 use tessera_runtime::{Client, HostBuffer};
@@ -398,6 +399,7 @@ fn attention_layer(cfg: &TrainConfig) -> Result<AttentionLayer, TrainError> {
         strategy: cfg.strategy,
         devices: cfg.ici_context_parallelism,
         load_balance: cfg.load_balance,
+        target: Target::portable(),
     };
     Ok(AttentionLayer::new(cp, cfg.ici_data_parallelism)?)
 }

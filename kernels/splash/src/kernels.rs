@@ -193,7 +193,8 @@ impl Tile<'_> {
                             .at(&[all(), ds(self.c * bkvc, bkvc)])
                             .load()
                     };
-                    block.ne(0)
+                    // Mosaic computes on 32-bit vectors: widen the stored int8 bits first.
+                    block.cast(DType::I32).ne(0)
                 }
                 KernelMask::Computed(exprs) => {
                     let q0 = self.offsets.get([0]) + self.q_block * bq as i32;

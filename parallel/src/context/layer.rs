@@ -2,16 +2,19 @@
 //! a mesh with a data axis: [`ModelMesh`] is `data x context x ring`, the batch split over
 //! `data` and the sequence over `context` (and, for USP, `ring`).
 //!
-//! [`AttentionLayer::forward`] and [`AttentionLayer::backward`] take and return the local
-//! per-device values of the caller's program, `q [b, H, s, D]`, `k`, `v [b, KVH, s, D]` (`b`
+//! [`AttentionLayer::forward`] takes and returns the local per-device values of the caller's
+//! program, `q [b, H, s, D]`, `k`, `v [b, KVH, s, D]` (`b`
 //! the batch per data shard, `s` the sequence per context device), and emit the strategy's
 //! collectives and splash kernels around them through the typed ops of [`super::ops`]:
 //!
 //! - `ulysses`: all-to-all over `context` to heads, [`UlyssesAttention`], all-to-all back;
-//! - `all_gather`: K/V gathered over `context`, [`AllGatherAttention`]; dK/dV reduce-scattered;
+//! - `all_gather`: K/V gathered over `context`, [`AllGatherAttention`];
 //! - `ring`: K/V rotated over `context`, [`RingAttention`] step by step;
 //! - `usp:UxR`: all-to-all over `context` (the Ulysses degree `U`) to whole ring chunks, ring
 //!   attention over `ring` (`R`), all-to-all back.
+//!
+//! Its backward is the program's: [`Spmd::vjp`] differentiates through the splash calls (custom
+//! VJPs running splash's backward kernels) and the collectives (their transposes).
 //!
 //! Every device's sequence block is the one the strategy expects (see
 //! [`AttentionLayer::sequence_order`]): the caller lays its `[B, S]` token arrays out in that
@@ -25,14 +28,10 @@ use tessera_collectives::{
 use tessera_hlo::Value;
 
 use super::ops::{
-    AllGatherAttention, ByHeads, ByHeadsRows, BySequence, BySequenceRows, RingAttention,
-    UlyssesAttention,
+    AllGatherAttention, ByHeads, BySequence, BySequenceRows, RingAttention, UlyssesAttention,
 };
-use super::ring::{backward_steps, forward_steps};
-use super::{
-    replicate_heads, sum_replicated_heads, zigzag_order, ContextParallel, CpError, RingAxis,
-    Strategy,
-};
+use super::ring::forward_steps;
+use super::{replicate_heads, zigzag_order, ContextParallel, CpError, RingAxis, Strategy};
 
 mesh!(pub ModelMesh = [Data, Context, RingAxis]);
 
@@ -46,8 +45,6 @@ type Seq = BySequence<Split<Data>, Replicated, Context>;
 type SeqRows = BySequenceRows<Split<Data>, Replicated, Context>;
 /// `[B, H, S, D]` by heads over `context`.
 type Heads = ByHeads<Split<Data>, Context>;
-/// `[B, H, S]` by heads.
-type HeadsRows = ByHeadsRows<Split<Data>, Context>;
 /// USP: `[B, H, R, S/R, D]`, chunks over `ring`, pieces over `context`.
 type Pieces = (
     Split<Data>,
@@ -56,8 +53,6 @@ type Pieces = (
     Split<Context>,
     Replicated,
 );
-/// USP: `[B, H, R, S/R]`.
-type PiecesRows = (Split<Data>, Replicated, Split<RingAxis>, Split<Context>);
 /// USP after the all-to-all: `[B, H/U, R, S/R, D]`, whole chunks.
 type Chunks5 = (
     Split<Data>,
@@ -70,8 +65,6 @@ type Chunks5 = (
 type Chunks5Rows = (Split<Data>, Split<Context>, Split<RingAxis>, Replicated);
 /// USP: `[B, H/U, S, D]` with the sequence over `ring`, what the ring steps take.
 type Chunks = BySequence<Split<Data>, Split<Context>, RingAxis>;
-/// USP: `[B, H/U, S]`.
-type ChunksRows = BySequenceRows<Split<Data>, Split<Context>, RingAxis>;
 
 #[derive(Debug, Clone)]
 enum Kernels {
@@ -191,7 +184,7 @@ impl AttentionLayer {
                 let (k, v) = (to_chunks(&k, rep)?, to_chunks(&v, rep)?);
                 let shard = p.axis_index::<RingAxis>()?;
                 let partial = forward_steps(p, ring, &shard, &q, k, v, None)?;
-                let out = from_chunks(&partial.out.convert(self.cp.dtype)?, 1)?;
+                let out = from_chunks(&partial.out.convert(self.cp.dtype)?)?;
                 let lse = partial
                     .lse
                     .map_local_as::<Chunks5Rows, Invariant>(|f, x| {
@@ -206,89 +199,6 @@ impl AttentionLayer {
                 Ok((out.value(), lse.value()))
             }
         }
-    }
-
-    /// `dq`, `dk`, `dv` (local, like `q`, `k`, `v`) given the forward's `out`, `lse` and the
-    /// cotangent `dout` of `out`.
-    #[allow(clippy::too_many_arguments)] // the attention's six tensors
-    pub fn backward(
-        &self,
-        p: &Spmd<'_, ModelMesh>,
-        q: Value,
-        k: Value,
-        v: Value,
-        out: Value,
-        lse: Value,
-        dout: Value,
-    ) -> Result<(Value, Value, Value), CollectiveError> {
-        let (q, k, v) = (declare(p, q)?, declare(p, k)?, declare(p, v)?);
-        let (out, dout) = (declare(p, out)?, declare(p, dout)?);
-        let lse: DTensor<'_, ModelMesh, SeqRows> = p.declare::<SeqRows, Invariant>(lse)?;
-        let rep = self.cp.kv_replication();
-        let grads = match &self.kernels {
-            Kernels::Ulysses(attention) => {
-                let (k, v) = (replicate_heads(&k, rep)?, replicate_heads(&v, rep)?);
-                let [q, k, v, out, dout] = [&q, &k, &v, &out, &dout].map(to_heads);
-                let (q, k, v, out, dout) = (q?, k?, v?, out?, dout?);
-                let lse: DTensor<'_, _, HeadsRows> = lse.all_to_all::<Context, 1, 2>()?;
-                let (dq, dk, dv) = attention.backward(p, &q, &k, &v, &out, &lse, &dout, None)?;
-                let (dq, dk, dv) = (to_sequence(&dq)?, to_sequence(&dk)?, to_sequence(&dv)?);
-                [
-                    dq.value(),
-                    sum_replicated_heads(&dk, rep)?.value(),
-                    sum_replicated_heads(&dv, rep)?.value(),
-                ]
-            }
-            Kernels::AllGather(attention) => {
-                let k = k.all_gather::<Context, 2>()?;
-                let v = v.all_gather::<Context, 2>()?;
-                let shard = p.axis_index::<Context>()?;
-                let (dq, dk, dv) =
-                    attention.backward(p, &shard, &q, &k, &v, &out, &lse, &dout, None)?;
-                [
-                    dq.value(),
-                    dk.reduce_scatter::<Context, 2>()?.value(),
-                    dv.reduce_scatter::<Context, 2>()?.value(),
-                ]
-            }
-            Kernels::Ring(ring) => {
-                let shard = p.axis_index::<Context>()?;
-                let residuals = ring.backward_residuals(p, &q, &out, &lse, &dout)?;
-                let g = backward_steps(p, ring, &shard, &residuals, k, v, None)?;
-                let dtype = self.cp.dtype;
-                [g.dq, g.dk, g.dv]
-                    .map(|x| x.convert(dtype).map(|x| x.value()))
-                    .into_iter()
-                    .collect::<Result<Vec<_>, _>>()?
-                    .try_into()
-                    .map_err(|_| CollectiveError::local("three gradients"))?
-            }
-            Kernels::Usp(ring) => {
-                let q = to_chunks(&q, 1)?;
-                let (k, v) = (to_chunks(&k, rep)?, to_chunks(&v, rep)?);
-                let (out, dout) = (to_chunks(&out, 1)?, to_chunks(&dout, 1)?);
-                let lse = lse
-                    .map_local_as::<PiecesRows, Invariant>(|f, x| {
-                        let d = f.value_type(x)?.dims.clone();
-                        Ok(f.reshape(x, &[d[0], d[1], 1, d[2]])?)
-                    })?
-                    .all_to_all::<Context, 1, 3>()?
-                    .map_local_as::<ChunksRows, Invariant>(|f, x| {
-                        let d = f.value_type(x)?.dims.clone();
-                        Ok(f.reshape(x, &[d[0], d[1], d[3]])?)
-                    })?;
-                let shard = p.axis_index::<RingAxis>()?;
-                let residuals = ring.backward_residuals(p, &q, &out, &lse, &dout)?;
-                let g = backward_steps(p, ring, &shard, &residuals, k, v, None)?;
-                let dtype = self.cp.dtype;
-                [
-                    from_chunks(&g.dq.convert(dtype)?, 1)?.value(),
-                    from_chunks(&g.dk.convert(dtype)?, rep)?.value(),
-                    from_chunks(&g.dv.convert(dtype)?, rep)?.value(),
-                ]
-            }
-        };
-        Ok((grads[0], grads[1], grads[2]))
     }
 }
 
@@ -332,20 +242,17 @@ fn to_chunks<'p>(
     })
 }
 
-/// The inverse of [`to_chunks`], summing the replicated heads.
+/// The inverse of [`to_chunks`] for the output (whose heads are not replicated).
 fn from_chunks<'p>(
     x: &DTensor<'p, ModelMesh, Chunks>,
-    rep: usize,
 ) -> Result<DTensor<'p, ModelMesh, Seq>, CollectiveError> {
-    let x = x
-        .map_local_as::<Chunks5, Invariant>(|f, v| {
-            let d = f.value_type(v)?.dims.clone();
-            Ok(f.reshape(v, &[d[0], d[1], 1, d[2], d[3]])?)
-        })?
-        .all_to_all::<Context, 3, 1>()?
-        .map_local_as::<Seq, Invariant>(|f, v| {
-            let d = f.value_type(v)?.dims.clone();
-            Ok(f.reshape(v, &[d[0], d[1], d[3], d[4]])?)
-        })?;
-    sum_replicated_heads(&x, rep)
+    x.map_local_as::<Chunks5, Invariant>(|f, v| {
+        let d = f.value_type(v)?.dims.clone();
+        Ok(f.reshape(v, &[d[0], d[1], 1, d[2], d[3]])?)
+    })?
+    .all_to_all::<Context, 3, 1>()?
+    .map_local_as::<Seq, Invariant>(|f, v| {
+        let d = f.value_type(v)?.dims.clone();
+        Ok(f.reshape(v, &[d[0], d[1], d[3], d[4]])?)
+    })
 }

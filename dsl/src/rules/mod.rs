@@ -7,6 +7,10 @@
 use crate::error::{Problem, ProblemKind};
 use crate::ir::{BlockDim, DType, Kernel, MemorySpace, OperandRole, RefId};
 
+mod mosaic_ops;
+
+pub use mosaic_ops::check as check_mosaic_ops;
+
 /// Default scoped VMEM budget: v5e's 16 MiB default scoped limit.
 pub const DEFAULT_VMEM_LIMIT_BYTES: usize = 16 << 20;
 
@@ -18,6 +22,8 @@ pub struct TargetRules {
     pub tpu_tiling: bool,
     /// Maximum bytes of VMEM for double-buffered blocks plus scratch, if limited.
     pub vmem_limit_bytes: Option<usize>,
+    /// Check what Mosaic accepts inside a kernel body (see [`check_mosaic_ops`]).
+    pub mosaic_ops: bool,
 }
 
 impl Default for TargetRules {
@@ -27,12 +33,14 @@ impl Default for TargetRules {
 }
 
 impl TargetRules {
-    /// The rules Mosaic enforces on TPU, with v5e's default scoped VMEM budget.
+    /// The rules Mosaic enforces on TPU, with v5e's default scoped VMEM budget: block
+    /// tiling, the VMEM budget, and what Mosaic accepts inside a kernel body.
     pub fn tpu() -> Self {
         TargetRules {
             name: "tpu",
             tpu_tiling: true,
             vmem_limit_bytes: Some(DEFAULT_VMEM_LIMIT_BYTES),
+            mosaic_ops: true,
         }
     }
 
@@ -42,6 +50,7 @@ impl TargetRules {
             name: "portable",
             tpu_tiling: false,
             vmem_limit_bytes: None,
+            mosaic_ops: false,
         }
     }
 
@@ -61,9 +70,13 @@ pub fn tpu_tile(dtype: DType) -> (usize, usize) {
     }
 }
 
-/// Checks block tiling, exact coverage and the VMEM budget; returns every problem found.
+/// Checks block tiling, exact coverage, the VMEM budget and (for TPU) the ops of the body;
+/// returns every problem found.
 pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
     let mut problems = Vec::new();
+    if rules.mosaic_ops {
+        problems.extend(mosaic_ops::check(k));
+    }
     for (i, o) in k.operands.iter().enumerate() {
         let r = RefId(i as u32);
         let Some(b) = &o.block else { continue };
@@ -113,21 +126,7 @@ pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
         }
     }
     if let Some(limit) = rules.vmem_limit_bytes {
-        let mut items: Vec<(String, usize)> = Vec::new();
-        for (i, o) in k.operands.iter().enumerate() {
-            if o.memory != MemorySpace::Vmem {
-                continue;
-            }
-            let elems: usize = o.block_sizes().iter().product();
-            let bytes = elems * o.dtype.size_bytes();
-            // Pipelined blocks are double-buffered; scratch is allocated once.
-            let bytes = if o.role == OperandRole::Scratch {
-                bytes
-            } else {
-                2 * bytes
-            };
-            items.push((k.describe(RefId(i as u32)), bytes));
-        }
+        let mut items = vmem_items(k);
         let total: usize = items.iter().map(|(_, b)| b).sum();
         if total > limit {
             items.sort_by_key(|item| std::cmp::Reverse(item.1));
@@ -152,6 +151,31 @@ pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
         }
     }
     problems
+}
+
+/// The VMEM buffers of a kernel with their bytes: pipelined blocks are double-buffered,
+/// scratch is allocated once.
+fn vmem_items(k: &Kernel) -> Vec<(String, usize)> {
+    let mut items = Vec::new();
+    for (i, o) in k.operands.iter().enumerate() {
+        if o.memory != MemorySpace::Vmem {
+            continue;
+        }
+        let elems: usize = o.block_sizes().iter().product();
+        let bytes = elems * o.dtype.size_bytes();
+        let bytes = if o.role == OperandRole::Scratch {
+            bytes
+        } else {
+            2 * bytes
+        };
+        items.push((k.describe(RefId(i as u32)), bytes));
+    }
+    items
+}
+
+/// The VMEM a kernel needs: its double-buffered blocks plus its scratch.
+pub fn vmem_bytes(k: &Kernel) -> usize {
+    vmem_items(k).iter().map(|(_, b)| b).sum()
 }
 
 fn round_up(x: usize, m: usize) -> usize {

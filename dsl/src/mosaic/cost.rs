@@ -1,0 +1,129 @@
+//! The cost estimate a `tpu_custom_call` carries, computed from the kernel IR.
+
+use std::collections::HashMap;
+
+use crate::ir::{Kernel, Literal, Op, OperandRole, Region, UnaryOp, ValueId};
+use crate::rules::tpu_tile;
+
+/// Work of one kernel call, for XLA's scheduler (the custom call's `cost_estimate`).
+///
+/// An upper bound: every `when` body counts as taken, loops with run-time bounds count once,
+/// and every grid step counts as fetching its input blocks and writing its output blocks
+/// (the pipeline skips a fetch when the block index does not change).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CostEstimate {
+    /// Multiply-adds count two; elementwise arithmetic and reductions one per element.
+    pub flops: u64,
+    /// Elements of `exp`, `log`, `tanh`, `sqrt` and `rsqrt`.
+    pub transcendentals: u64,
+    /// Bytes read from and written to HBM.
+    pub bytes_accessed: u64,
+}
+
+pub(super) fn estimate(k: &Kernel) -> CostEstimate {
+    let steps: u64 = k.grid.iter().map(|&n| n as u64).product();
+    let mut per_step = CostEstimate::default();
+    let mut ints = HashMap::new();
+    region(k, &k.body, 1, &mut ints, &mut per_step);
+    let mut bytes = 0u64;
+    for o in &k.operands {
+        let elems = |shape: &[usize]| shape.iter().map(|&n| n as u64).product::<u64>();
+        let size = o.dtype.size_bytes() as u64;
+        bytes += match o.role {
+            OperandRole::Input | OperandRole::Output => elems(&o.block_sizes()) * size * steps,
+            OperandRole::ScalarPrefetch => elems(&o.array_shape) * size,
+            OperandRole::Scratch => 0,
+        };
+    }
+    CostEstimate {
+        flops: per_step.flops * steps,
+        transcendentals: per_step.transcendentals * steps,
+        bytes_accessed: bytes,
+    }
+}
+
+fn region(
+    k: &Kernel,
+    r: &Region,
+    times: u64,
+    ints: &mut HashMap<ValueId, i64>,
+    cost: &mut CostEstimate,
+) {
+    for inst in &r.insts {
+        let elems = |v: ValueId| k.value_type(v).num_elements() as u64;
+        match &inst.op {
+            Op::Constant {
+                value: Literal::Int(i),
+                ty,
+            } if ty.is_scalar() => {
+                ints.insert(inst.results[0], *i);
+            }
+            Op::NumPrograms { axis } => {
+                ints.insert(inst.results[0], k.grid[*axis] as i64);
+            }
+            Op::Dot {
+                lhs, transpose_lhs, ..
+            } => {
+                let a = &k.value_type(*lhs).shape;
+                let contracted = if *transpose_lhs { a[0] } else { a[1] } as u64;
+                cost.flops += times * 2 * contracted * elems(inst.results[0]);
+            }
+            Op::Unary { op, x } => match op {
+                UnaryOp::Exp | UnaryOp::Log | UnaryOp::Tanh | UnaryOp::Sqrt | UnaryOp::Rsqrt => {
+                    cost.transcendentals += times * elems(*x);
+                }
+                UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not => cost.flops += times * elems(*x),
+            },
+            Op::Binary { lhs, .. } | Op::Compare { lhs, .. } => cost.flops += times * elems(*lhs),
+            Op::Reduce { x, .. } => cost.flops += times * elems(*x),
+            Op::When { then, .. } => region(k, then, times, ints, cost),
+            Op::ForLoop { lo, hi, body, .. } => {
+                let trips = match (ints.get(lo), ints.get(hi)) {
+                    (Some(l), Some(h)) => (h - l).max(0) as u64,
+                    _ => 1,
+                };
+                region(k, body, times * trips, ints, cost);
+            }
+            Op::ProgramId { .. }
+            | Op::Constant { .. }
+            | Op::Load { .. }
+            | Op::Store { .. }
+            | Op::LoadScalar { .. }
+            | Op::Select { .. }
+            | Op::Cast { .. }
+            | Op::Broadcast { .. }
+            | Op::Reshape { .. }
+            | Op::Iota { .. } => {}
+        }
+    }
+}
+
+/// Bytes of every vector value the kernel body defines, padded to TPU tiles: an upper bound
+/// of the intermediates Mosaic may hold in VMEM at once.
+pub(super) fn intermediate_bytes(k: &Kernel) -> usize {
+    fn region(k: &Kernel, r: &Region) -> usize {
+        let mut total = 0;
+        for inst in &r.insts {
+            for &v in &inst.results {
+                let t = k.value_type(v);
+                if t.rank() >= 1 {
+                    let (sub, lane) = tpu_tile(t.dtype);
+                    let n = t.shape.len();
+                    let rows = if n >= 2 { t.shape[n - 2] } else { 1 };
+                    let lead: usize = t.shape[..n.saturating_sub(2)].iter().product();
+                    let padded =
+                        lead * rows.div_ceil(sub) * sub * t.shape[n - 1].div_ceil(lane) * lane;
+                    total += padded * t.dtype.size_bytes().max(1);
+                }
+            }
+            total += inst
+                .op
+                .regions()
+                .into_iter()
+                .map(|r| region(k, r))
+                .sum::<usize>();
+        }
+        total
+    }
+    region(k, &k.body)
+}

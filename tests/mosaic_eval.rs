@@ -1,0 +1,304 @@
+//! The Mosaic lowering checked by numbers, without a TPU: every example and splash kernel is
+//! lowered to Mosaic, the emitted MLIR text is parsed and run by the test-only evaluator
+//! (`tessera-mosaic-eval`, which never sees the kernel IR), and its outputs must equal the
+//! interpreter's bit for bit.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use tessera::dsl::interpret::{self, InterpretOptions};
+use tessera::dsl::{mosaic, ArgSpec, DType, HostArray, KernelDef, TargetRules};
+use tessera::kernels::{flash_attention, matmul, row_softmax};
+use tessera::splash::{
+    BlockSizes, Dims, Executor, Inputs, Mask, MultiHeadMask, SegmentIds, SplashAttention,
+    SplashError, SplashOptions,
+};
+use tessera_mosaic_eval::{Module, OutputSpec};
+
+/// Runs `def` through Mosaic text and the evaluator.
+fn run_mosaic(def: &KernelDef, args: &[HostArray], rules: &TargetRules) -> Vec<HostArray> {
+    let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+    let k = def
+        .instantiate(&specs, rules)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let m = mosaic::lower(&k).unwrap_or_else(|e| panic!("{e}"));
+    let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text));
+    let outputs: Vec<OutputSpec> = m
+        .results
+        .iter()
+        .map(|r| OutputSpec {
+            dtype: r.dtype,
+            shape: r.shape.clone(),
+        })
+        .collect();
+    module
+        .run(args, &outputs)
+        .unwrap_or_else(|e| panic!("{}: {e}", m.name))
+}
+
+/// Bitwise equality of two outputs (NaN equal to NaN of the same bits); the number of
+/// elements compared.
+fn assert_same(what: &str, got: &HostArray, want: &HostArray) -> usize {
+    assert_eq!(got.shape(), want.shape(), "{what}: shapes differ");
+    assert_eq!(got.dtype(), want.dtype(), "{what}: dtypes differ");
+    let (g, w) = (got.to_f64_vec(), want.to_f64_vec());
+    let differ: Vec<usize> = (0..g.len())
+        .filter(|&i| g[i].to_bits() != w[i].to_bits() && !(g[i].is_nan() && w[i].is_nan()))
+        .collect();
+    if let Some(&i) = differ.first() {
+        let max = differ
+            .iter()
+            .map(|&i| (g[i] - w[i]).abs())
+            .fold(0.0, f64::max);
+        panic!(
+            "{what}: {} of {} elements differ from the interpreter (max abs diff {max:e}); first \
+             at flat index {i}: mosaic {} vs interpreter {}",
+            differ.len(),
+            g.len(),
+            g[i],
+            w[i]
+        );
+    }
+    g.len()
+}
+
+fn check(name: &str, def: KernelDef, args: &[HostArray]) -> usize {
+    let want =
+        interpret::run(&def, args, &InterpretOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    let got = run_mosaic(&def, args, &TargetRules::tpu());
+    assert_eq!(got.len(), want.len());
+    got.iter()
+        .zip(&want)
+        .enumerate()
+        .map(|(i, (g, w))| assert_same(&format!("{name} output {i}"), g, w))
+        .sum()
+}
+
+fn random(dtype: DType, shape: &[usize], seed: u64) -> HostArray {
+    HostArray::random(dtype, shape, seed)
+}
+
+#[test]
+fn example_kernels_agree_with_the_interpreter() {
+    let mut n = 0;
+    for (dt, seed) in [(DType::F32, 1), (DType::BF16, 2)] {
+        let (x, y) = (
+            random(dt, &[256, 384], seed),
+            random(dt, &[384, 256], seed + 10),
+        );
+        n += match dt {
+            DType::BF16 => check(
+                "matmul bf16",
+                matmul::<half::bf16, 128, 128, 128>(),
+                &[x, y],
+            ),
+            _ => check("matmul f32", matmul::<f32, 128, 128, 128>(), &[x, y]),
+        };
+        let x = random(dt, &[64, 256], seed + 20);
+        n += match dt {
+            DType::BF16 => check("row_softmax bf16", row_softmax::<half::bf16, 16>(), &[x]),
+            _ => check("row_softmax f32", row_softmax::<f32, 8>(), &[x]),
+        };
+        for causal in [false, true] {
+            let qkv: Vec<HostArray> = (0..3)
+                .map(|i| random(dt, &[256, 64], seed + 30 + i))
+                .collect();
+            n += match dt {
+                DType::BF16 => check(
+                    "flash_attention bf16",
+                    flash_attention::<half::bf16, 128, 64>(causal),
+                    &qkv,
+                ),
+                _ => check(
+                    "flash_attention f32",
+                    flash_attention::<f32, 64, 128>(causal),
+                    &qkv,
+                ),
+            };
+        }
+    }
+    println!("example kernels: {n} output elements equal bit for bit");
+}
+
+/// Runs every kernel of a plan on the interpreter and through Mosaic, checks they agree and
+/// counts what was compared per kernel.
+#[derive(Default)]
+struct BothAgree {
+    compared: RefCell<BTreeMap<String, (usize, usize)>>,
+}
+
+impl Executor for BothAgree {
+    fn run(
+        &self,
+        def: &KernelDef,
+        args: &[HostArray],
+        rules: &TargetRules,
+    ) -> Result<Vec<HostArray>, SplashError> {
+        let options = InterpretOptions {
+            rules: rules.clone(),
+            ..InterpretOptions::default()
+        };
+        let want = interpret::run(def, args, &options)?;
+        let got = run_mosaic(def, args, rules);
+        let mut n = 0;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            n += assert_same(&format!("{} output {i}", def.name()), g, w);
+        }
+        let mut c = self.compared.borrow_mut();
+        let e = c.entry(def.name().to_string()).or_default();
+        e.0 += 1;
+        e.1 += n;
+        Ok(want)
+    }
+}
+
+struct SplashCase {
+    dtype: DType,
+    dims: Dims,
+    mask: MultiHeadMask,
+    blocks: BlockSizes,
+    options: SplashOptions,
+    segmented: bool,
+    sinks: bool,
+}
+
+fn dims(heads: usize, kv_heads: usize, seq: usize) -> Dims {
+    Dims {
+        batch: 1,
+        heads,
+        kv_heads,
+        q_len: seq,
+        kv_len: seq,
+        head_dim: 64,
+        head_dim_v: 64,
+    }
+}
+
+fn run_splash(exec: &BothAgree, c: &SplashCase) {
+    let attn = SplashAttention::new(
+        c.mask.clone(),
+        c.dims,
+        c.dtype,
+        c.blocks,
+        c.options,
+        TargetRules::tpu(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let d = c.dims;
+    let q = random(c.dtype, &[d.batch, d.heads, d.q_len, d.head_dim], 1);
+    let k = random(c.dtype, &[d.batch, d.kv_heads, d.kv_len, d.head_dim], 2);
+    let v = random(c.dtype, &[d.batch, d.kv_heads, d.kv_len, d.head_dim_v], 3);
+    let dout = random(c.dtype, &[d.batch, d.heads, d.q_len, d.head_dim_v], 4);
+    let seg = HostArray::i32(
+        [d.batch, d.q_len],
+        (0..d.q_len as i32)
+            .map(|i| i32::from(i >= 100) + i32::from(i >= 200))
+            .collect(),
+    )
+    .unwrap();
+    let sinks = HostArray::f32(
+        [d.heads],
+        (0..d.heads).map(|h| h as f32 * 0.5 - 0.25).collect(),
+    )
+    .unwrap();
+    let x = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        segment_ids: c.segmented.then_some(SegmentIds { q: &seg, kv: &seg }),
+        sinks: c.sinks.then_some(&sinks),
+    };
+    let fwd = attn.forward(exec, &x).unwrap_or_else(|e| panic!("{e}"));
+    attn.backward(exec, &x, &fwd, &dout)
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn splash_kernels_agree_with_the_interpreter() {
+    let exec = BothAgree::default();
+    let dense = tessera::splash::DenseMask::from_fn(256, 256, |q, kv| {
+        (q + 2 * kv) % 7 != 0 && kv <= q + 40
+    });
+    let cases = [
+        // Causal, separate backward kernels, f32 and bf16.
+        SplashCase {
+            dtype: DType::F32,
+            dims: dims(2, 2, 256),
+            mask: Mask::causal().into(),
+            blocks: BlockSizes::uniform(128, 128),
+            options: SplashOptions::default(),
+            segmented: false,
+            sinks: false,
+        },
+        SplashCase {
+            dtype: DType::BF16,
+            dims: dims(2, 1, 256),
+            mask: Mask::causal().into(),
+            blocks: BlockSizes::uniform(128, 128),
+            options: SplashOptions::default(),
+            segmented: false,
+            sinks: false,
+        },
+        // Local window with segment ids, fused backward, compute blocks smaller than the
+        // key blocks (sliced loads), soft cap and sinks.
+        SplashCase {
+            dtype: DType::BF16,
+            dims: dims(2, 2, 256),
+            mask: Mask::local(60, 10).into(),
+            blocks: BlockSizes {
+                block_kv_compute: 128,
+                block_kv_dkv_compute: 128,
+                ..BlockSizes::uniform(128, 256)
+            }
+            .with_fused_bwd(true),
+            options: SplashOptions {
+                soft_cap: Some(5.0),
+                ..SplashOptions::default()
+            },
+            segmented: true,
+            sinks: true,
+        },
+        // Per-head masks (computed, with a head-class table) and a dense mask (stored int8
+        // partial blocks), GQA.
+        SplashCase {
+            dtype: DType::F32,
+            dims: dims(4, 2, 256),
+            mask: MultiHeadMask::PerHead(vec![
+                Mask::causal(),
+                Mask::chunked(64),
+                Mask::local(30, 30),
+                Mask::causal().or(Mask::local(0, 20)),
+            ]),
+            blocks: BlockSizes::uniform(128, 128).with_fused_bwd(true),
+            options: SplashOptions::default(),
+            segmented: false,
+            sinks: false,
+        },
+        SplashCase {
+            dtype: DType::F32,
+            dims: dims(2, 2, 256),
+            mask: Mask::Dense(dense).into(),
+            blocks: BlockSizes::uniform(128, 128),
+            options: SplashOptions::default(),
+            segmented: true,
+            sinks: false,
+        },
+    ];
+    for c in &cases {
+        run_splash(&exec, c);
+    }
+    let compared = exec.compared.into_inner();
+    for (name, (runs, n)) in &compared {
+        println!("{name}: {runs} runs, {n} output elements equal bit for bit");
+    }
+    for name in [
+        "splash_fwd",
+        "splash_bwd_prep",
+        "splash_dq",
+        "splash_dkv",
+        "splash_bwd_fused",
+        "splash_dq_reduce",
+    ] {
+        assert!(compared.contains_key(name), "{name} was not run");
+    }
+}
