@@ -3,7 +3,7 @@
 # (invalid read/write/free, use of uninitialised values outside the suppressed plugin-internal
 # protobuf noise, see valgrind.supp) and on any definitely lost block.
 #
-#   runtime/valgrind.sh                 # execute, collectives, topology, fake_plugin, plugin_override
+#   runtime/valgrind.sh                 # execute, collectives, topology, fake_plugin, plugin_override, donation
 #   runtime/valgrind.sh collectives     # chosen test binaries
 #
 # Honours CARGO_TARGET_DIR. Each binary first runs natively (which also provisions the plugin,
@@ -14,7 +14,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 tests=("$@")
 if [ ${#tests[@]} -eq 0 ]; then
-  tests=(execute collectives topology fake_plugin plugin_override)
+  tests=(execute collectives topology fake_plugin plugin_override donation)
 fi
 command -v valgrind >/dev/null || { echo "valgrind not found (apt-get install valgrind)" >&2; exit 2; }
 cd "$here"
