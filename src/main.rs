@@ -15,7 +15,7 @@ fn main() -> ExitCode {
         Err(e) => return cli::report_parse_error(e),
     };
     // Still one thread, and no plugin loaded yet.
-    cli::configure_plugin_logs(cli.verbose);
+    tessera::runtime::configure_plugin_logs(cli.verbose);
     let result = match cli.command {
         Command::Kernels => {
             cli::kernel::list_kernels();

@@ -183,8 +183,18 @@ impl<M: MeshShape> Program<M> {
                 actual: client.devices().len(),
             });
         }
-        let options = CompileOptions::manual_partitions(n)?.with_shardy(true);
-        let exe = client.compile(&self.to_mlir(), &options)?;
+        // XLA runs Shardy's partitioner only for more than one partition, which would leave
+        // its custom calls (`xla.sdy.GlobalToLocalShape`, ...) uncompiled on one device: one
+        // device gets GSPMD's manual form, which needs no partitioner pass.
+        let exe = if n == 1 {
+            client.compile(
+                &self.to_mlir_gspmd(),
+                &CompileOptions::manual_partitions(1)?,
+            )?
+        } else {
+            let options = CompileOptions::manual_partitions(n)?.with_shardy(true);
+            client.compile(&self.to_mlir(), &options)?
+        };
         Ok(Executable {
             exe,
             client: client.clone(),

@@ -741,7 +741,8 @@ impl LoadedExecutable {
     /// }
     /// ```
     ///
-    /// What the XLA CPU plugin (`xla-cpu-pjrt` 0.0.1) does, measured by `tests/donation.rs`:
+    /// What the XLA CPU plugins (`lammps-jax-pjrt-cpu` 0.11.2, `xla-cpu-pjrt` 0.0.1) do, measured
+    /// by `tests/donation.rs`:
     /// a donated argument that the program aliases to an output is consumed (the plugin marks
     /// it deleted) and the output lives at the same device address; a donated argument the
     /// program does not alias is left alone by the plugin and freed here.

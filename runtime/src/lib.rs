@@ -59,7 +59,7 @@ pub use client::{Argument, Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_
 pub use element::{ElementType, HostBuffer, NativeType};
 pub use error::{Error, ErrorCode, Result};
 pub use options::{CompileOptions, DeviceAssignment};
-pub use plugin::{NamedValue, Plugin};
+pub use plugin::{configure_plugin_logs, NamedValue, Plugin, VERBOSE_VAR};
 pub use provision::{cpu_plugin_path, libtpu_path, ProvisionedPlugin, Provisioner, WheelSpec};
 pub use shape::ArrayShape;
 pub use tessera_array::{ArrayData, DType, HostArray};

@@ -441,3 +441,24 @@ fn load_uncached(path: PathBuf) -> Result<PluginInner> {
     inner.attributes = inner.read_attributes().unwrap_or_default();
     Ok(inner)
 }
+
+/// The variable that lets the plugin's log lines through, like the CLI's `-v`.
+pub const VERBOSE_VAR: &str = "TESSERA_VERBOSE";
+
+/// The XLA plugin's log threshold (TensorFlow's variable, which the plugin's logging reads):
+/// 2 drops INFO and WARNING lines (`cpu_device_count set`, the GSPMD deprecation warning,
+/// Shardy's `HloShardingV3` notice), keeps errors.
+const PLUGIN_LOG_VAR: &str = "TF_CPP_MIN_LOG_LEVEL";
+
+/// Keeps the plugin's INFO and warning lines off stderr unless `verbose`, TESSERA_VERBOSE or
+/// the user's own TF_CPP_MIN_LOG_LEVEL asks otherwise. Call before the plugin is loaded (the
+/// plugin reads the variable from the process environment), while the process has one thread
+/// (setting the environment races with other threads reading it). Processes started
+/// afterwards (the CLI bench's memory probes) inherit the setting.
+pub fn configure_plugin_logs(verbose: bool) {
+    let from_env = std::env::var_os(VERBOSE_VAR).is_some_and(|v| !v.is_empty() && v != "0");
+    if verbose || from_env || std::env::var_os(PLUGIN_LOG_VAR).is_some() {
+        return;
+    }
+    std::env::set_var(PLUGIN_LOG_VAR, "2");
+}

@@ -127,27 +127,6 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) {
     }
 }
 
-/// The variable that lets the plugin's log lines through, like `-v`.
-pub const VERBOSE_VAR: &str = "TESSERA_VERBOSE";
-
-/// The XLA plugin's log threshold (TensorFlow's variable, which the plugin's logging reads):
-/// 2 drops INFO and WARNING lines (`cpu_device_count set`, the GSPMD deprecation warning),
-/// keeps errors.
-const PLUGIN_LOG_VAR: &str = "TF_CPP_MIN_LOG_LEVEL";
-
-/// Keeps the plugin's INFO and warning lines off stderr unless `verbose`, TESSERA_VERBOSE or
-/// the user's own TF_CPP_MIN_LOG_LEVEL asks otherwise. Call before the plugin is loaded (the
-/// plugin reads the variable from the process environment), while the process has one thread
-/// (setting the environment races with other threads reading it). The processes the CLI
-/// starts (the bench's memory probes) inherit the setting.
-pub fn configure_plugin_logs(verbose: bool) {
-    let from_env = std::env::var_os(VERBOSE_VAR).is_some_and(|v| !v.is_empty() && v != "0");
-    if verbose || from_env || std::env::var_os(PLUGIN_LOG_VAR).is_some() {
-        return;
-    }
-    std::env::set_var(PLUGIN_LOG_VAR, "2");
-}
-
 /// Reports a command-line error as one line (clap's message without its usage block) and
 /// returns clap's exit code; help and version print as clap prints them.
 pub fn report_parse_error(e: clap::Error) -> std::process::ExitCode {

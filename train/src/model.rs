@@ -133,7 +133,7 @@ pub fn build_program(
     let mesh = layer.mesh()?;
     let devices = mesh.num_devices();
     let m = cfg.model;
-    let program = Program::build(
+    let mut program = Program::build(
         match kind {
             StepKind::Train => "train_step",
             StepKind::Forward => "forward",
@@ -193,9 +193,13 @@ pub fn build_program(
             scalar_output(p, norm)
         },
     )?;
-    // The state is not aliased to its outputs: with `tf.aliasing_output` on them, consecutive
-    // steps on the XLA CPU plugin (xla-cpu-pjrt 0.0.1) were not reproducible (the second
-    // step's loss varied by up to 1e-2 from run to run); see also `Trainer::train_step`.
+    if kind == StepKind::Train {
+        // Parameters and moments are updated in place: each state output reuses the memory
+        // of its (donated) argument.
+        for i in 0..3 * n {
+            program.donate(i, i)?;
+        }
+    }
     Ok(program)
 }
 

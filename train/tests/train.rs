@@ -80,6 +80,12 @@ fn every_strategy_trains_to_the_same_losses_as_all_gather() {
     dp.ici_data_parallelism = 2;
     dp.ici_context_parallelism = 2;
     cases.push(("ulysses data 2 x context 2", dp));
+    // No parallelism: the same global batch of whole sequences on one device, no
+    // collectives.
+    let mut single = micro();
+    single.ici_context_parallelism = 1;
+    single.per_device_batch_size = 4;
+    cases.push(("one device", single));
     for (name, cfg) in cases {
         let got = losses(&run(cfg, steps));
         let diff = got

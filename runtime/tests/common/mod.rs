@@ -4,7 +4,7 @@
 use tessera_runtime::Client;
 
 /// The process-wide CPU client with `n` devices. The plugin comes from `TESSERA_PJRT_PLUGIN`,
-/// or from the provisioned `xla-cpu-pjrt` wheel (downloaded with pip on first use).
+/// or from the provisioned CPU plugin wheel (downloaded with pip on first use).
 pub fn client(n: usize) -> Client {
     Client::cpu_shared(n).unwrap_or_else(|e| panic!("cannot create a {n}-device CPU client: {e}"))
 }
