@@ -27,8 +27,8 @@ pub fn model_flops_per_step(cfg: &TrainConfig) -> f64 {
 }
 
 /// The machine's f32 matmul peak in FLOP/s: a `[n, n] x [n, n]` dot compiled for one CPU
-/// device (which uses every core) and timed (best of 5), measured once and cached in
-/// `$TESSERA_CACHE_DIR/train/matmul_peak_f32_<n>.txt`.
+/// device (which uses every core) and timed (best of 5), measured once per plugin library
+/// and cached in `$TESSERA_CACHE_DIR/train/matmul_peak_f32_<n>_<plugin>.txt`.
 pub fn matmul_peak(n: usize) -> Result<f64, TrainError> {
     let path = cache_path(n);
     if let Some(peak) = path
@@ -52,7 +52,16 @@ pub fn matmul_peak(n: usize) -> Result<f64, TrainError> {
 
 fn cache_path(n: usize) -> Option<PathBuf> {
     let cache = Provisioner::from_env().ok()?.cache_dir().to_path_buf();
-    Some(cache.join("train").join(format!("matmul_peak_f32_{n}.txt")))
+    // Another plugin (another XLA) has another peak: the library's path names the entry.
+    let plugin = tessera_runtime::cpu_plugin_path().ok()?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(&plugin, &mut hasher);
+    let key = std::hash::Hasher::finish(&hasher);
+    Some(
+        cache
+            .join("train")
+            .join(format!("matmul_peak_f32_{n}_{key:016x}.txt")),
+    )
 }
 
 fn measure_matmul(n: usize) -> Result<f64, TrainError> {
