@@ -86,7 +86,7 @@ fn try_plan(k: &Kernel, nb: usize) -> Option<Plan> {
 }
 
 /// Values of `r` that depend on any of `roots`.
-fn dependents(r: &Region, roots: &[ValueId]) -> HashSet<ValueId> {
+pub(crate) fn dependents(r: &Region, roots: &[ValueId]) -> HashSet<ValueId> {
     let mut dep: HashSet<ValueId> = roots.iter().copied().collect();
     for inst in &r.insts {
         if inst.op.operands().iter().any(|v| dep.contains(v)) {
