@@ -58,7 +58,7 @@ mod topology;
 pub use client::{Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_COUNT_OPTION};
 pub use element::{ElementType, HostBuffer, NativeType};
 pub use error::{Error, ErrorCode, Result};
-pub use options::{CompileOptions, DeviceAssignment};
+pub use options::{CompileOptions, DeviceAssignment, XlaOption};
 pub use plugin::{NamedValue, Plugin};
 pub use provision::{cpu_plugin_path, ProvisionedPlugin, Provisioner, WheelSpec};
 pub use shape::ArrayShape;
