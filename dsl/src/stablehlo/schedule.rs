@@ -30,21 +30,30 @@ pub(crate) struct Schedule {
     /// Outputs whose block index may repeat across iterations at their level: they compare
     /// the index with the previous one and take a fresh buffer only when it changed.
     pub tracked: BTreeSet<RefId>,
-    /// Top-level body `when`s run once before the loop over dim `d0` (their condition says
-    /// "the first step of every loop from `d0` in"), as `(instruction index, d0)`.
-    pub first: Vec<(usize, usize)>,
-    /// Top-level body `when`s run once after the loop over dim `d0` (the last step of every
-    /// loop from `d0` in), as `(instruction index, d0)`, in body order.
-    pub last: Vec<(usize, usize)>,
+    /// Top-level body `when`s run once before the loop over their level's dim (their
+    /// condition says "the first step of every loop from this level in"), in body order.
+    pub first: Vec<Hoisted>,
+    /// Top-level body `when`s run once after the loop over their level's dim (the last step
+    /// of every loop from this level in), in body order.
+    pub last: Vec<Hoisted>,
     /// Top-level body values computed without touching a block: what hoisted `when`s may
     /// use from outside, recomputed where they run.
     pub pure: HashSet<ValueId>,
 }
 
+/// A body `when` that runs at a loop level instead of at every step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Hoisted {
+    /// Its index among the body's top-level instructions.
+    pub inst: usize,
+    /// The level it runs at: before (or after) the loop over this grid dim.
+    pub level: usize,
+}
+
 impl Schedule {
     /// Whether body instruction `i` runs outside the loops instead of at every step.
     pub fn hoisted(&self, i: usize) -> bool {
-        self.first.iter().chain(&self.last).any(|&(j, _)| j == i)
+        self.first.iter().chain(&self.last).any(|h| h.inst == i)
     }
 }
 
@@ -128,7 +137,7 @@ struct Hoister<'a> {
 
 impl Hoister<'_> {
     /// The first-step and the last-step `when`s that can leave the loops.
-    fn hoist(&self) -> (Vec<(usize, usize)>, Vec<(usize, usize)>) {
+    fn hoist(&self) -> (Vec<Hoisted>, Vec<Hoisted>) {
         let insts = &self.k.body.insts;
         let is_pure = |i: usize| insts[i].results.iter().all(|r| self.pure.contains(r));
         // First-step `when`s: a prefix of the body (pure instructions between them), outer
@@ -137,7 +146,7 @@ impl Hoister<'_> {
         let mut outer = self.nb;
         for (i, inst) in insts.iter().enumerate() {
             if let Some(d0) = self.hoistable(inst, End::First).filter(|&d0| d0 >= outer) {
-                first.push((i, d0));
+                first.push(Hoisted { inst: i, level: d0 });
                 outer = d0;
             } else if !is_pure(i) || insts[i].results.is_empty() {
                 break;
@@ -147,11 +156,11 @@ impl Hoister<'_> {
         let mut inner = self.nb;
         let mut last = Vec::new();
         for (i, inst) in insts.iter().enumerate().rev() {
-            if first.iter().any(|&(j, _)| j == i) {
+            if first.iter().any(|h| h.inst == i) {
                 break;
             }
             if let Some(d0) = self.hoistable(inst, End::Last).filter(|&d0| d0 >= inner) {
-                last.push((i, d0));
+                last.push(Hoisted { inst: i, level: d0 });
                 inner = d0;
             } else if !is_pure(i) || insts[i].results.is_empty() {
                 break;
