@@ -7,7 +7,9 @@
 //! ([`schedule`]): an input block is taken with `dynamic_slice` there (once per query block,
 //! say, not once per key step), an output block gets a fresh garbage buffer there and is
 //! written back with `dynamic_update_slice` when that loop iteration ends, as the TPU
-//! pipeline (and the interpreter) writes back when the block index changes. The body runs in
+//! pipeline (and the interpreter) writes back when the block index changes; an innermost
+//! input read only inside `when`s is sliced inside them, so steps that skip their work fetch
+//! nothing. The body runs in
 //! the innermost loop with scratch and output blocks as loop-carried values (stores become
 //! functional updates; `when` becomes `stablehlo.if` and `fori_loop` a nested `while`
 //! carrying the refs they write). A `when` whose condition is "the first (last) step of the
@@ -274,6 +276,10 @@ impl<'k> Lower<'k> {
             }
             let offsets = self.block_offsets(b, r, &mapping.index_map)?;
             match o.role {
+                OperandRole::Input if self.sched.deferred.contains(&r) => {
+                    // Sliced by the `when`s that read it.
+                    self.refs.remove(&r);
+                }
                 OperandRole::Input => {
                     let block = self
                         .input_block(b, r, self.arrays[&r], &offsets)
@@ -510,6 +516,30 @@ impl<'k> Lower<'k> {
             })
             .collect::<Result<Vec<_>, HloError>>()
             .map_err(e)
+    }
+
+    /// Lowers the region of a `when`, first slicing the deferred input blocks it reads that
+    /// no enclosing region has sliced (dropped again after it: they exist only inside).
+    fn when_region(&mut self, b: &mut FuncBuilder<'_>, then: &Region) -> R<()> {
+        let e = self.kernel_err();
+        let mut sliced = Vec::new();
+        for r in self.sched.deferred.clone() {
+            if self.refs.contains_key(&r) || !reads(then, r) {
+                continue;
+            }
+            let map = &self.k.operand(r).block.as_ref().expect("blocked").index_map;
+            let offsets = self.block_offsets(b, r, map)?;
+            let block = self
+                .input_block(b, r, self.arrays[&r], &offsets)
+                .map_err(&e)?;
+            self.refs.insert(r, block);
+            sliced.push(r);
+        }
+        self.region(b, then, &[])?;
+        for r in sliced {
+            self.refs.remove(&r);
+        }
+        Ok(())
     }
 
     /// Lowers a region with `args` bound to its params; returns the lowered yields.
@@ -778,7 +808,7 @@ impl<'k> Lower<'k> {
                 let before: Vec<hlo::Value> = written.iter().map(|r| self.refs[r]).collect();
                 if self.is_batched(*cond) {
                     // Per batch element: run the body for all, keep its writes where `cond`.
-                    self.region(b, then, &[])?;
+                    self.when_region(b, then)?;
                     for (r, &old) in written.iter().zip(&before) {
                         let o = k.operand(*r);
                         let shape = self.shape_of(&o.view_shape(), true);
@@ -794,7 +824,7 @@ impl<'k> Lower<'k> {
                 let after = b.if_else(
                     cond,
                     |b| -> R<Vec<hlo::Value>> {
-                        self.region(b, then, &[])?;
+                        self.when_region(b, then)?;
                         Ok(written.iter().map(|r| self.refs[r]).collect())
                     },
                     |_| Ok(before.clone()),
@@ -852,6 +882,14 @@ fn literal_f64(l: Literal) -> f64 {
         Literal::Int(i) => i as f64,
         Literal::Bool(t) => f64::from(u8::from(t)),
     }
+}
+
+/// Whether ref `x` is loaded anywhere inside `r` (including nested regions).
+fn reads(r: &Region, x: RefId) -> bool {
+    r.insts.iter().any(|inst| {
+        matches!(inst.op, Op::Load { src, .. } if src == x)
+            || inst.op.regions().into_iter().any(|nested| reads(nested, x))
+    })
 }
 
 /// Refs stored to anywhere inside `r` (including nested regions), in id order.

@@ -39,6 +39,10 @@ pub(crate) struct Schedule {
     /// Top-level body values computed without touching a block: what hoisted `when`s may
     /// use from outside, recomputed where they run.
     pub pure: HashSet<ValueId>,
+    /// Inputs of the innermost level that the body reads only inside top-level `when`s:
+    /// sliced inside the `when`s that read them, so a step that computes nothing (a skipped
+    /// block) fetches nothing.
+    pub deferred: BTreeSet<RefId>,
 }
 
 /// A body `when` that runs at a loop level instead of at every step.
@@ -83,6 +87,28 @@ pub(crate) fn schedule(k: &Kernel, nb: usize) -> Schedule {
             }
         }
     }
+    let mut read_outside_whens = BTreeSet::new();
+    for inst in &k.body.insts {
+        match &inst.op {
+            Op::When { .. } => {}
+            Op::Load { src, .. } => {
+                read_outside_whens.insert(*src);
+            }
+            op => {
+                for r in op.regions() {
+                    read_outside_whens.extend(refs_touched(r));
+                }
+            }
+        }
+    }
+    s.deferred = s
+        .level
+        .iter()
+        .filter(|&(r, &l)| {
+            l == n && k.operand(*r).role == OperandRole::Input && !read_outside_whens.contains(r)
+        })
+        .map(|(r, _)| *r)
+        .collect();
     s.pure = pure_values(&k.body);
     let hoister = Hoister {
         k,
