@@ -18,5 +18,6 @@ pub mod kernels;
 pub mod npy;
 pub mod reference;
 pub mod registry;
+pub mod tpu;
 
 pub use tessera_dsl::prelude;

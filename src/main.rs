@@ -8,6 +8,8 @@ use clap::Parser;
 use cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    // Before any thread starts: libtpu (`tessera compile`) reads these when it loads.
+    tessera::runtime::provision::set_libtpu_compile_only_env();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return cli::report_parse_error(e),
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
             .map(|()| true),
         Command::Demo => cli::demo::demo(),
         Command::Attention(args) => cli::attention::attention_command(&args).map(|()| true),
+        Command::Compile(args) => cli::compile::compile_command(&args).map(|()| true),
         Command::Bench { what } => cli::bench::bench(&what).map(|()| true),
     };
     match result {

@@ -1,5 +1,6 @@
-//! `.npy` files in and out of host arrays (float32, int32, int8 and bool files; bf16 arrays
-//! are written as float32, since numpy has no bf16).
+//! `.npy` files in and out of host arrays (float32, int32, int8 and bool files). numpy has no
+//! bf16: bf16 arrays are written as float32 (exactly), and a uint16 file is read as raw bf16
+//! bit patterns (what `x.astype(ml_dtypes.bfloat16).view(np.uint16)` saves).
 
 use std::io::{BufReader, BufWriter};
 use std::path::{Path, PathBuf};
@@ -23,7 +24,7 @@ fn fail(path: &Path, message: impl ToString) -> NpyError {
     }
 }
 
-/// Reads a C-ordered `.npy` file of float32, int32, int8 or bool.
+/// Reads a C-ordered `.npy` file of float32, int32, int8, bool, or uint16 (raw bf16 bits).
 pub fn read_npy(path: &Path) -> Result<HostArray, NpyError> {
     let file = std::fs::File::open(path).map_err(|e| fail(path, format!("cannot open: {e}")))?;
     let npy = npyz::NpyFile::new(BufReader::new(file))
@@ -42,10 +43,17 @@ pub fn read_npy(path: &Path) -> Result<HostArray, NpyError> {
         "'<i4'" => ArrayData::I32(npy.into_vec::<i32>().map_err(read_err)?),
         "'|i1'" => ArrayData::I8(npy.into_vec::<i8>().map_err(read_err)?),
         "'|b1'" => ArrayData::Bool(npy.into_vec::<bool>().map_err(read_err)?),
+        "'<u2'" => ArrayData::BF16(
+            npy.into_vec::<u16>()
+                .map_err(read_err)?
+                .into_iter()
+                .map(half::bf16::from_bits)
+                .collect(),
+        ),
         other => {
             return Err(fail(
                 path,
-                format!("dtype {other} is not supported; save as float32, int32, int8 or bool (e.g. x.astype(np.float32))"),
+                format!("dtype {other} is not supported; save as float32, int32, int8, bool or uint16 bf16 bits (e.g. x.astype(np.float32))"),
             ))
         }
     };
@@ -107,6 +115,17 @@ mod tests {
             read_npy(&p).unwrap(),
             HostArray::f32([2], vec![1.5, -3.0]).unwrap()
         );
+        // uint16 files are raw bf16 bits: 0x3FC0 = 1.5, 0xC040 = -3.0.
+        let p = dir.join("bits.npy");
+        let mut w = npyz::WriteOptions::<u16>::new()
+            .default_dtype()
+            .shape(&[2])
+            .writer(BufWriter::new(std::fs::File::create(&p).unwrap()))
+            .begin_nd()
+            .unwrap();
+        w.extend([0x3FC0u16, 0xC040]).unwrap();
+        w.finish().unwrap();
+        assert_eq!(read_npy(&p).unwrap(), bf);
         std::fs::remove_dir_all(&dir).ok();
     }
 

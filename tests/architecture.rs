@@ -41,6 +41,19 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
             "tessera-runtime",
         ],
     ),
+    (
+        "tessera-train",
+        "train",
+        &[
+            "tessera-array",
+            "tessera-dsl",
+            "tessera-hlo",
+            "tessera-splash",
+            "tessera-collectives",
+            "tessera-parallel",
+            "tessera-runtime",
+        ],
+    ),
 ];
 
 fn manifest(dir: &str) -> toml::Table {

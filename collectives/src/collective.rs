@@ -64,7 +64,8 @@ pub enum Collective {
         axis: AxisGroups,
     },
     /// The identity on the value: marks a replicated value as varying over the axis (the
-    /// transpose of [`Collective::Psum`]). Emits nothing.
+    /// transpose of [`Collective::Psum`]). Emits a no-op `reshape`, so that the marked value
+    /// is a value of its own (autodiff hangs the transpose, a `psum`, on it); XLA removes it.
     Pvary {
         /// The mesh axis.
         axis: AxisGroups,
@@ -217,7 +218,7 @@ impl Collective {
                 f.reduce_scatter(x, *dim as i64, Reducer::Sum, groups, ids)?
             }
             Collective::Psum { .. } => f.all_reduce(x, Reducer::Sum, groups, ids)?,
-            Collective::Pvary { .. } => x,
+            Collective::Pvary { .. } => f.reshape(x, &ty.dims)?,
             Collective::Ppermute { pairs, .. } => {
                 let device_pairs = permutation_pairs(axis, pairs)?;
                 f.collective_permute(x, &device_pairs, ids)?

@@ -119,7 +119,7 @@ pub use layout::{
     WithSplit, WithWhole, MAX_RANK,
 };
 pub use mesh::{AxisGroups, HasAxis, Mesh, MeshShape};
-pub use program::{Executable, Program};
+pub use program::{DeviceArray, Executable, MeshArgument, Program};
 pub use spmd::{
     CollectiveCall, LocalResults, LocalValue, Signature, Spmd, TensorInfo, TensorLayout,
 };

@@ -4,7 +4,9 @@
 use std::fmt;
 
 use tessera_hlo::Module;
-use tessera_runtime::{Client, CompileOptions, ElementType, HostBuffer, LoadedExecutable};
+use tessera_runtime::{
+    Argument, Buffer, Client, CompileOptions, ElementType, HostBuffer, LoadedExecutable,
+};
 
 use crate::error::CollectiveError;
 use crate::host;
@@ -134,6 +136,38 @@ impl<M: MeshShape> Program<M> {
         &self.collectives
     }
 
+    /// Lets result `output` reuse the memory of argument `arg` (same type and sharding): run
+    /// with that argument donated ([`MeshArgument::Donated`]), the result is written in place,
+    /// as a training step updates its parameters.
+    pub fn donate(&mut self, arg: usize, output: usize) -> Result<(), CollectiveError> {
+        let (Some(a), Some(o)) = (
+            self.signature.inputs.get(arg),
+            self.signature.outputs.get(output),
+        ) else {
+            return Err(CollectiveError::operand(
+                "donate",
+                format!(
+                    "argument #{arg} or result #{output} does not exist (the program takes {} \
+                     and returns {})",
+                    self.signature.inputs.len(),
+                    self.signature.outputs.len()
+                ),
+            ));
+        };
+        if a != o {
+            return Err(CollectiveError::operand(
+                "donate",
+                format!(
+                    "argument #{arg} is {} sharded as {}, result #{output} is {} sharded as {}; \
+                     only equal types and shardings share memory",
+                    a.global, a.spec, o.global, o.spec
+                ),
+            ));
+        }
+        self.module.alias_output("main", arg, output)?;
+        Ok(())
+    }
+
     /// Compiles the program for the first `mesh.num_devices()` devices of `client`; fails if
     /// the client has fewer devices than the mesh.
     pub fn compile(&self, client: &Client) -> Result<Executable<M>, CollectiveError> {
@@ -153,6 +187,7 @@ impl<M: MeshShape> Program<M> {
         let exe = client.compile(&self.to_mlir(), &options)?;
         Ok(Executable {
             exe,
+            client: client.clone(),
             mesh: self.mesh.clone(),
             signature: self.signature.clone(),
         })
@@ -162,6 +197,7 @@ impl<M: MeshShape> Program<M> {
 /// A compiled [`Program`], loaded on a client's devices.
 pub struct Executable<M> {
     exe: LoadedExecutable,
+    client: Client,
     mesh: Mesh<M>,
     signature: Signature,
 }
@@ -274,5 +310,168 @@ impl<M: MeshShape> Executable<M> {
                 host::unshard(&shards, &self.signature.outputs[o].spec, &self.mesh)
             })
             .collect()
+    }
+}
+
+/// A program input or output held on the devices: device `d`'s shard on device `d`. Made by
+/// [`Executable::upload`] or returned by [`Executable::run_on_devices`]; it stays on the
+/// devices until [`Executable::download`] copies it (the shards, not the array, cross).
+#[derive(Debug)]
+pub struct DeviceArray {
+    shards: Vec<Buffer>,
+}
+
+impl DeviceArray {
+    /// The per-device buffers, in device order.
+    pub fn shards(&self) -> &[Buffer] {
+        &self.shards
+    }
+}
+
+/// An input of [`Executable::run_on_devices`]: lent (it stays valid) or donated (its memory
+/// may become an output's; it is gone afterwards, see [`Program::donate`]).
+#[derive(Debug)]
+pub enum MeshArgument<'a> {
+    /// Lent for the run.
+    Lent(&'a DeviceArray),
+    /// Given to the run.
+    Donated(DeviceArray),
+}
+
+impl MeshArgument<'_> {
+    fn array(&self) -> &DeviceArray {
+        match self {
+            MeshArgument::Lent(a) => a,
+            MeshArgument::Donated(a) => a,
+        }
+    }
+}
+
+impl<M: MeshShape> Executable<M> {
+    /// Copies the global array of input `input` to the devices, each its shard.
+    pub fn upload(
+        &self,
+        input: usize,
+        global: &HostBuffer,
+    ) -> Result<DeviceArray, CollectiveError> {
+        let info = self.signature.inputs.get(input).ok_or_else(|| {
+            CollectiveError::operand(
+                "upload",
+                format!(
+                    "input #{input} does not exist (the program takes {})",
+                    self.signature.inputs.len()
+                ),
+            )
+        })?;
+        if global.dims() != info.global.dims.as_slice()
+            || global.element_type() != ElementType::from(info.global.dtype)
+        {
+            return Err(CollectiveError::operand(
+                format!("upload: input #{input}"),
+                format!(
+                    "got {:?} {:?}, the program takes {}",
+                    global.element_type(),
+                    global.dims(),
+                    info.global
+                ),
+            ));
+        }
+        let shards = host::shard(global, &info.spec, &self.mesh)?
+            .iter()
+            .zip(self.exe.device_indices())
+            .map(|(s, &device)| self.client.buffer_from_host(s, device))
+            .collect::<Result<_, _>>()?;
+        Ok(DeviceArray { shards })
+    }
+
+    /// Copies output `output` (as returned by [`Executable::run_on_devices`]) to the host and
+    /// assembles the global array (checking that replicas agree).
+    pub fn download(
+        &self,
+        output: usize,
+        array: &DeviceArray,
+    ) -> Result<HostBuffer, CollectiveError> {
+        let info = self.signature.outputs.get(output).ok_or_else(|| {
+            CollectiveError::operand(
+                "download",
+                format!(
+                    "output #{output} does not exist (the program returns {})",
+                    self.signature.outputs.len()
+                ),
+            )
+        })?;
+        let shards = array
+            .shards
+            .iter()
+            .map(Buffer::to_host)
+            .collect::<Result<Vec<_>, _>>()?;
+        host::unshard(&shards, &info.spec, &self.mesh)
+    }
+
+    /// Runs on arrays held on the devices and returns the outputs there, one [`DeviceArray`]
+    /// per output: nothing crosses to the host. Feed outputs back as the next run's inputs,
+    /// donated, to keep state on the devices without copies.
+    pub fn run_on_devices(
+        &self,
+        inputs: Vec<MeshArgument<'_>>,
+    ) -> Result<Vec<DeviceArray>, CollectiveError> {
+        let n = self.mesh.num_devices();
+        if inputs.len() != self.signature.inputs.len() {
+            return Err(CollectiveError::operand(
+                "run_on_devices",
+                format!(
+                    "{} inputs given, the program takes {}",
+                    inputs.len(),
+                    self.signature.inputs.len()
+                ),
+            ));
+        }
+        for (i, (a, info)) in inputs.iter().zip(&self.signature.inputs).enumerate() {
+            let shards = &a.array().shards;
+            let expected = ElementType::from(info.local.dtype);
+            let fits = shards.len() == n
+                && shards.iter().zip(self.exe.device_indices()).all(|(b, &d)| {
+                    b.device_index() == d
+                        && b.dims() == info.local.dims.as_slice()
+                        && b.element_type() == expected
+                });
+            if !fits {
+                return Err(CollectiveError::operand(
+                    format!("run_on_devices: input #{i}"),
+                    format!(
+                        "it is not the program's shard {} on each of its {n} devices (global {}, \
+                         sharded as {}); upload it with this executable",
+                        info.local, info.global, info.spec
+                    ),
+                ));
+            }
+        }
+        let mut lists: Vec<Vec<Argument<'_>>> = (0..n).map(|_| Vec::new()).collect();
+        for a in inputs {
+            match a {
+                MeshArgument::Lent(array) => {
+                    for (d, b) in array.shards.iter().enumerate() {
+                        lists[d].push(Argument::Lent(b));
+                    }
+                }
+                MeshArgument::Donated(array) => {
+                    for (d, b) in array.shards.into_iter().enumerate() {
+                        lists[d].push(Argument::Donated(b));
+                    }
+                }
+            }
+        }
+        let per_device = self.exe.execute_donating(lists)?;
+        let mut outputs: Vec<DeviceArray> = (0..self.signature.outputs.len())
+            .map(|_| DeviceArray {
+                shards: Vec::with_capacity(n),
+            })
+            .collect();
+        for list in per_device {
+            for (o, b) in list.into_iter().enumerate() {
+                outputs[o].shards.push(b);
+            }
+        }
+        Ok(outputs)
     }
 }

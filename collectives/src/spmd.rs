@@ -2,6 +2,7 @@
 
 use std::cell::RefCell;
 use std::fmt;
+use std::rc::Rc;
 
 use tessera_hlo::{DType, FuncBuilder, Sharding, TensorType, Value};
 
@@ -208,9 +209,14 @@ pub(crate) trait Ctx<M> {
         op: &'static str,
         f: &mut dyn FnMut(&mut FuncBuilder<'_>) -> Result<(), CollectiveError>,
     ) -> Result<(), CollectiveError>;
-    fn record(&self, call: CollectiveCall);
+    /// The program's record of collectives, shared with the VJP rules that add the
+    /// transposes.
+    fn tape(&self) -> Tape;
     fn add_output(&self, value: Value, info: TensorInfo);
 }
+
+/// The collectives of a program in order, forward ones and (after a VJP) their transposes.
+pub(crate) type Tape = Rc<RefCell<Vec<CollectiveCall>>>;
 
 impl<M> dyn Ctx<M> + '_ {
     /// Runs `f` on the builder and returns its result.
@@ -295,7 +301,7 @@ pub struct Spmd<'m, M> {
     mesh: Mesh<M>,
     inputs: RefCell<Vec<TensorInfo>>,
     outputs: RefCell<Vec<(Value, TensorInfo)>>,
-    tape: RefCell<Vec<CollectiveCall>>,
+    tape: Tape,
 }
 
 impl<M: MeshShape> fmt::Debug for Spmd<'_, M> {
@@ -325,8 +331,8 @@ impl<M: MeshShape> Ctx<M> for Spmd<'_, M> {
         f(&mut b)
     }
 
-    fn record(&self, call: CollectiveCall) {
-        self.tape.borrow_mut().push(call);
+    fn tape(&self) -> Tape {
+        self.tape.clone()
     }
 
     fn add_output(&self, value: Value, info: TensorInfo) {
@@ -371,7 +377,7 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
             mesh: mesh.clone(),
             inputs: RefCell::new(Vec::new()),
             outputs: RefCell::new(Vec::new()),
-            tape: RefCell::new(Vec::new()),
+            tape: Rc::new(RefCell::new(Vec::new())),
         })
     }
 
@@ -498,9 +504,44 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
         self.ctx().build("with_builder", f)
     }
 
-    /// The collectives emitted so far, in order (for autodiff).
+    /// The collectives emitted so far, in order: the forward's, and the transposes a
+    /// [`Spmd::vjp`] emitted.
     pub fn collectives(&self) -> Vec<CollectiveCall> {
         self.tape.borrow().clone()
+    }
+
+    /// Reverse-mode autodiff of the program built so far (`tessera_hlo::autodiff`): appends
+    /// the backward and returns the per-device cotangents of `wrt` (give them their layout
+    /// with [`Spmd::declare`], usually `wrt`'s), given one cotangent per output.
+    ///
+    /// Every collective of a [`DTensor`] is differentiated by its transpose
+    /// ([`Collective::transpose`](crate::Collective::transpose)), which joins
+    /// [`Spmd::collectives`]. The cotangents are per device, as the values are; a `psum`'s
+    /// result and its cotangent are one value held by every device of the axis (JAX's
+    /// convention), so a replicated loss takes the cotangent 1 on every device.
+    pub fn vjp(
+        &self,
+        outputs: &[&dyn LocalValue<M>],
+        cotangents: &[&dyn LocalValue<M>],
+        wrt: &[&dyn LocalValue<M>],
+    ) -> Result<Vec<Value>, CollectiveError> {
+        let values = |xs: &[&dyn LocalValue<M>]| -> Vec<Value> {
+            xs.iter().map(|x| x.local_value()).collect()
+        };
+        let (y, ct, x) = (values(outputs), values(cotangents), values(wrt));
+        self.ctx().build("vjp", |f| Ok(f.vjp(&y, &ct, &x)?))
+    }
+
+    /// Removes the ops no output needs ([`FuncBuilder::prune`]) and their collectives from
+    /// [`Spmd::collectives`]: e.g. the forward's output collectives in a program that returns
+    /// only gradients.
+    pub fn prune(&self) -> Result<(), CollectiveError> {
+        let keep: Vec<Value> = self.outputs.borrow().iter().map(|(v, _)| *v).collect();
+        let removed = self.ctx().build("prune", |f| Ok(f.prune(&keep)))?;
+        self.tape
+            .borrow_mut()
+            .retain(|c| !removed.contains(&c.output));
+        Ok(())
     }
 
     /// The signature so far.

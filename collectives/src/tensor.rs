@@ -3,8 +3,10 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::rc::Rc;
 
-use tessera_hlo::{BinaryOp, DType, FuncBuilder, TensorType, Value};
+use tessera_hlo::autodiff::{VjpCall, VjpRule};
+use tessera_hlo::{BinaryOp, DType, FuncBuilder, HloError, TensorType, Value};
 
 use crate::axis::MeshAxis;
 use crate::collective::Collective;
@@ -15,7 +17,44 @@ use crate::layout::{
     Variation, Varying, VaryingOver, WithSplit, WithWhole,
 };
 use crate::mesh::{HasAxis, MeshShape};
-use crate::spmd::{declare, CollectiveCall, Ctx, LocalValue, TensorInfo, TensorLayout};
+use crate::spmd::{declare, CollectiveCall, Ctx, LocalValue, Tape, TensorInfo, TensorLayout};
+
+/// The VJP of a collective: its transpose ([`Collective::transpose`]), recorded on the
+/// program's tape.
+#[derive(Debug)]
+struct TransposeRule {
+    collective: Collective,
+    tape: Tape,
+}
+
+impl VjpRule for TransposeRule {
+    fn name(&self) -> &str {
+        self.collective.name()
+    }
+
+    fn vjp(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        call: &VjpCall<'_>,
+    ) -> Result<Vec<Option<Value>>, HloError> {
+        let Some(ct) = call.cotangents[0] else {
+            return Ok(vec![None]);
+        };
+        let t = self.collective.transpose();
+        let input_type = f.value_type(ct)?.clone();
+        let back = t.emit(f, ct).map_err(|e| HloError::Autodiff {
+            op: format!("{} (transpose of {})", t.name(), self.collective.name()),
+            reason: e.to_string(),
+        })?;
+        self.tape.borrow_mut().push(CollectiveCall {
+            collective: t,
+            input: ct,
+            output: back,
+            input_type,
+        });
+        Ok(vec![Some(back)])
+    }
+}
 
 /// A distributed tensor of an SPMD program on mesh `M`: one per-device value (a StableHLO
 /// value of the program being built), with its sharding in the type.
@@ -105,18 +144,26 @@ impl<'p, M: MeshShape, S, V> DTensor<'p, M, S, V> {
         DTensor::new(self.ctx, value, layout)
     }
 
-    /// Emits `c` on this tensor, records it, and returns the result with `layout`.
+    /// Emits `c` on this tensor, records it, and returns the result with `layout`. The
+    /// collective is a custom-VJP unit whose rule is its transpose (recorded too).
     fn collective<S2, V2>(
         &self,
         c: Collective,
         layout: TensorLayout,
     ) -> Result<DTensor<'p, M, S2, V2>, CollectiveError> {
         let x = self.value;
+        let rule = Rc::new(TransposeRule {
+            collective: c.clone(),
+            tape: self.ctx.tape(),
+        });
         let (y, input_type) = self.ctx.build(c.name(), |f| {
             let input_type = f.value_type(x)?.clone();
-            Ok((c.emit(f, x)?, input_type))
+            let y = f.custom_vjp(rule, &[x], |f, x| {
+                Ok::<_, CollectiveError>(vec![c.emit(f, x[0])?])
+            })?;
+            Ok((y[0], input_type))
         })?;
-        self.ctx.record(CollectiveCall {
+        self.ctx.tape().borrow_mut().push(CollectiveCall {
             collective: c,
             input: x,
             output: y,

@@ -77,6 +77,14 @@ pub enum HloError {
         /// The problem.
         reason: String,
     },
+    /// Reverse-mode autodiff cannot differentiate an op (no VJP rule), or was misused.
+    #[error("{op}: {reason}")]
+    Autodiff {
+        /// The op (or `autodiff`, `custom_vjp`).
+        op: String,
+        /// Why, and how to fix it.
+        reason: String,
+    },
     /// A module-level error (device counts, missing `@main`).
     #[error("module: {reason}")]
     Module {
@@ -138,6 +146,7 @@ impl HloError {
             | HloError::Attr { op, .. }
             | HloError::Value { op, .. }
             | HloError::Literal { op, .. } => op,
+            HloError::Autodiff { op, .. } => op,
             HloError::Func { .. } => "func.func",
             HloError::Module { .. } => "builtin.module",
         }

@@ -8,6 +8,10 @@
 //! plugin (StableHLO 1.13) and libtpu parse. Constants are built from the shared host array
 //! ([`HostArray`]).
 //!
+//! Reverse-mode autodiff ([`autodiff`]): [`FuncBuilder::vjp`] and [`FuncBuilder::grad`]
+//! append the backward of a forward built in the same function, with a VJP rule per op and
+//! custom VJPs ([`FuncBuilder::custom_vjp`]) for kernels and other opaque units.
+//!
 //! Manually partitioned (SPMD) programs come in two forms: per-device arguments and results
 //! marked `mhlo.sharding = "{manual}"` (GSPMD's form, [`Sharding::Manual`]), or, on a module
 //! with a mesh ([`Module::set_mesh`]), Shardy's form: `@main` over global tensors split over
@@ -32,12 +36,14 @@
 
 #![warn(missing_docs)]
 
+pub mod autodiff;
 mod builder;
 mod error;
 mod literal;
 mod module;
 mod ops;
 mod print;
+mod tpu;
 mod types;
 
 pub use builder::FuncBuilder;
@@ -50,4 +56,5 @@ pub use ops::{
     Region, Sharding, TypeClass, UnaryOp, Value,
 };
 pub use tessera_array::{ArrayData, DType, HostArray};
+pub use tpu::{CostEstimate, TpuCustomCall, TPU_CUSTOM_CALL};
 pub use types::TensorType;

@@ -31,6 +31,9 @@ pub struct Module {
     mesh: Vec<(String, u32)>,
     funcs: Vec<Func>,
     next_channel: i64,
+    /// `(function, argument, result)`: the argument's buffer may be reused for the result
+    /// (`tf.aliasing_output`), see [`Module::alias_output`].
+    aliases: Vec<(String, usize, usize)>,
 }
 
 impl Module {
@@ -43,6 +46,7 @@ impl Module {
             mesh: Vec::new(),
             funcs: Vec::new(),
             next_channel: 1,
+            aliases: Vec::new(),
         }
     }
 
@@ -106,6 +110,53 @@ impl Module {
     /// The mesh axes and their sizes (empty without a mesh).
     pub fn mesh(&self) -> &[(String, u32)] {
         &self.mesh
+    }
+
+    /// Lets result `output` of the finished function `func` reuse the buffer of its argument
+    /// `arg` (`tf.aliasing_output = output` on the argument, as JAX emits for donated
+    /// arguments): a caller that donates that argument gets the result in place. The two
+    /// must have the same type and sharding; an argument and a result are aliased at most
+    /// once.
+    pub fn alias_output(&mut self, func: &str, arg: usize, output: usize) -> Result<(), HloError> {
+        let err = |reason: String| HloError::Module {
+            reason: format!("alias argument #{arg} of @{func} to result #{output}: {reason}"),
+        };
+        let f = self
+            .funcs
+            .iter()
+            .find(|f| f.name == func)
+            .ok_or_else(|| err("no finished function of that name".into()))?;
+        let (args, results) = (f.arg_types(), f.result_types());
+        let (Some(a), Some(r)) = (args.get(arg), results.get(output)) else {
+            return Err(err(format!(
+                "the function has {} arguments and {} results",
+                args.len(),
+                results.len()
+            )));
+        };
+        if a != r || f.arg_shardings.get(arg) != f.result_shardings.get(output) {
+            return Err(err(format!(
+                "the argument is {a}, the result {r}; only equal types and shardings alias"
+            )));
+        }
+        if self
+            .aliases
+            .iter()
+            .any(|(g, x, y)| g == func && (*x == arg || *y == output))
+        {
+            return Err(err("the argument or the result is aliased already".into()));
+        }
+        self.aliases.push((func.to_string(), arg, output));
+        Ok(())
+    }
+
+    /// The result each argument of `func` is aliased to ([`Module::alias_output`]).
+    pub fn output_aliases(&self, func: &str) -> Vec<(usize, usize)> {
+        self.aliases
+            .iter()
+            .filter(|(g, _, _)| g == func)
+            .map(|&(_, a, o)| (a, o))
+            .collect()
     }
 
     /// Sets `mhlo.num_replicas` (at least 1).

@@ -39,6 +39,7 @@ pub(crate) fn render_module(m: &Module, shardy: bool) -> String {
             out.push('\n');
         }
         let mut printer = FuncPrinter::new(f, &mut out);
+        printer.aliases = m.output_aliases(&f.name);
         match mesh {
             // On a module with a mesh, @main takes and returns ManualSplit blocks only
             // (checked as it is built).
@@ -58,6 +59,8 @@ struct FuncPrinter<'a> {
     names: Vec<Option<String>>,
     next: usize,
     out: &'a mut String,
+    /// `(argument, result)` pairs printed as `tf.aliasing_output`.
+    aliases: Vec<(usize, usize)>,
 }
 
 impl<'a> FuncPrinter<'a> {
@@ -67,7 +70,13 @@ impl<'a> FuncPrinter<'a> {
             names: vec![None; func.values.len()],
             next: 0,
             out,
+            aliases: Vec::new(),
         }
+    }
+
+    /// The result argument `i` is aliased to, if any.
+    fn alias_of(&self, i: usize) -> Option<usize> {
+        self.aliases.iter().find(|&&(a, _)| a == i).map(|&(_, o)| o)
     }
 
     fn ty(&self, v: Value) -> &TensorType {
@@ -107,7 +116,12 @@ impl<'a> FuncPrinter<'a> {
                 sig,
                 "{name}: {}{}",
                 self.ty(a),
-                sharding_attr(f.arg_shardings[i].as_ref())
+                arg_attrs(
+                    f.arg_shardings[i]
+                        .as_ref()
+                        .map(|s| { format!("mhlo.sharding = {}", quote(s.as_str())) }),
+                    self.alias_of(i)
+                )
             );
         }
         let results: Vec<String> = f
@@ -191,7 +205,13 @@ impl<'a> FuncPrinter<'a> {
         let sig: Vec<String> = ins
             .iter()
             .enumerate()
-            .map(|(i, g)| format!("%arg{i}: {}", declare(g)))
+            .map(|(i, g)| {
+                let attrs = arg_attrs(
+                    Some(format!("sdy.sharding = #sdy.sharding{}", g.1)),
+                    self.alias_of(i),
+                );
+                format!("%arg{i}: {}{attrs}", g.0)
+            })
             .collect();
         let results: Vec<String> = outs.iter().map(declare).collect();
         self.header(&sig.join(", "), &results);
@@ -562,6 +582,19 @@ fn layouts(ls: &[Vec<i64>]) -> String {
         })
         .collect();
     format!("[{}]", items.join(", "))
+}
+
+/// ` {sharding, tf.aliasing_output = N : i32}` of an argument; empty without either.
+fn arg_attrs(sharding: Option<String>, alias: Option<usize>) -> String {
+    let attrs: Vec<String> = sharding
+        .into_iter()
+        .chain(alias.map(|o| format!("tf.aliasing_output = {o} : i32")))
+        .collect();
+    if attrs.is_empty() {
+        String::new()
+    } else {
+        format!(" {{{}}}", attrs.join(", "))
+    }
 }
 
 fn sharding_attr(s: Option<&Sharding>) -> String {

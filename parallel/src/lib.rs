@@ -11,6 +11,7 @@
 
 pub mod context;
 
+pub use context::layer::{AttentionLayer, ModelMesh, TokenLayout};
 pub use context::ops;
 pub use context::{
     CollectiveStat, ContextMesh, ContextParallel, CpError, CpExecutable, CpInputs, CpProgram,

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{assert_close, random};
-use tessera_dsl::{DType, HostArray};
+use tessera_dsl::{DType, HostArray, Target};
 use tessera_parallel::{ContextParallel, CpInputs, Strategy};
 use tessera_splash::reference::{self, RefInputs};
 use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets};
@@ -42,6 +42,7 @@ fn config(
         strategy,
         devices,
         load_balance: false,
+        target: Target::portable(),
     }
 }
 
@@ -220,16 +221,25 @@ fn collectives_of(cp: &ContextParallel) -> [[usize; 4]; 2] {
 
 #[test]
 fn each_strategy_moves_data_with_its_own_collectives() {
-    // Ulysses: q, k, v in and out, lse back; backward: q, k, v, out, lse, dout in, dq, dk,
-    // dv back. No all-gather, no permute.
-    assert_eq!(collectives("ulysses", 4), [[5, 0, 0, 0], [9, 0, 0, 0]]);
-    // All-gather: K and V gathered; the backward reduce-scatters dK and dV.
+    // The backward programs are the gradients of the forwards: they run the forward again
+    // (its collectives, less the output re-shardings the gradient does not need), then the
+    // transposes of the collectives the gradient flows through.
+    //
+    // Ulysses: q, k, v in and out, lse back; backward: q, k, v re-sharded to heads, dout
+    // through the transpose of out's all-to-all (lse's cotangent is 0: no all-to-all), dq,
+    // dk, dv back. Only all-to-alls: 7, where the hand-written backward moved out and lse
+    // in as well (9) instead of computing them again.
+    assert_eq!(collectives("ulysses", 4), [[5, 0, 0, 0], [7, 0, 0, 0]]);
+    // All-gather: K and V gathered; the backward gathers them again and reduce-scatters dK
+    // and dV (the gather's transpose).
     assert_eq!(collectives("all-gather", 4), [[0, 2, 0, 0], [0, 2, 2, 0]]);
-    // Ring on 4 devices: K and V move 3 times; the backward also moves the dK/dV
-    // accumulators 4 times (the last brings them home).
-    assert_eq!(collectives("ring", 4), [[0, 0, 0, 6], [0, 0, 0, 14]]);
-    // USP 2x2: Ulysses all-to-alls over `ulysses`, permutes over `ring` (1 step of K/V).
-    assert_eq!(collectives("usp:2x2", 4), [[5, 0, 0, 2], [9, 0, 0, 6]]);
+    // Ring on 4 devices: K and V move 3 times; the backward moves them 3 times again and
+    // their cotangents 3 times back (the reverse shift), where the hand-written backward
+    // moved dK/dV accumulators 4 times forward (14).
+    assert_eq!(collectives("ring", 4), [[0, 0, 0, 6], [0, 0, 0, 12]]);
+    // USP 2x2: Ulysses all-to-alls over `ulysses`, permutes over `ring` (1 step of K/V); the
+    // backward as Ulysses' and the ring's together.
+    assert_eq!(collectives("usp:2x2", 4), [[5, 0, 0, 2], [7, 0, 0, 4]]);
 }
 
 #[test]
@@ -258,6 +268,7 @@ fn ulysses_holds_one_over_u_of_all_gathers_kv() {
             strategy,
             devices: 16,
             load_balance: false,
+            target: Target::portable(),
         };
         cp.stats().unwrap()
     };
@@ -308,6 +319,7 @@ fn load_balancing_evens_out_causal_work() {
             collectives_of(&cp),
             collectives_of(&ContextParallel {
                 load_balance: false,
+                target: Target::portable(),
                 ..cp.clone()
             }),
             "{strategy}"

@@ -1,6 +1,7 @@
 //! The typed splash ops of `tessera_parallel::ops` used directly, as a user composes them:
 //! a Ulysses program on a `data` x `context` mesh (batch split over `data`, which the
-//! built-in strategies do not do) gives the dense float64 reference; an op built from another
+//! built-in strategies do not do) gives the dense float64 reference, and so does its
+//! gradient built in the same program; an op built from another
 //! strategy's configuration, or run on a mesh its kernels were not built for, is an error that
 //! names the op and the operand.
 
@@ -8,7 +9,7 @@ mod common;
 
 use common::{assert_close, random};
 use tessera_collectives::prelude::*;
-use tessera_dsl::{DType, HostArray};
+use tessera_dsl::{DType, HostArray, Target};
 use tessera_parallel::ops::{AllGatherAttention, RingAttention, UlyssesAttention};
 use tessera_parallel::{ContextMesh, ContextParallel, CpError, Strategy};
 use tessera_runtime::{Client, HostBuffer};
@@ -38,6 +39,7 @@ fn config(strategy: Strategy, devices: usize, batch: usize, seq: usize) -> Conte
         strategy,
         devices,
         load_balance: false,
+        target: Target::portable(),
     }
 }
 
@@ -98,6 +100,90 @@ fn ulysses_op_with_the_batch_split_over_data_matches_the_reference() {
     assert_eq!(outs[0].shape(), q.shape());
     assert_close(&outs[0].to_f64_vec(), &want.out, 2e-4, "out");
     assert_close(&outs[1].to_f64_vec(), &want.lse, 2e-4, "lse");
+}
+
+#[test]
+fn ulysses_forward_and_gradient_in_one_program_match_the_reference() {
+    // What a train step builds: the forward and, in the same program, its gradient through
+    // `Spmd::vjp` (the splash kernel's custom VJP, the all-to-alls' transposes), reusing the
+    // forward's results. The batch is split over `data`, the sequence over `context`.
+    let (seq, batch) = (256, 2);
+    let cp = config(Strategy::Ulysses, 2, batch / 2, seq);
+    let attention = UlyssesAttention::<Context>::new(&cp).unwrap();
+    type BySeq = (Split<Data>, Replicated, Split<Context>, Replicated);
+    type BySeqRows = (Split<Data>, Replicated, Split<Context>);
+    let mesh = Mesh::<DataContext>::new([2, 2]).unwrap();
+    let (b, s, d) = (batch as i64, seq as i64, HEAD_DIM as i64);
+    let program = Program::build("ulysses_train_step", &mesh, |p| {
+        let q = p.arg::<BySeq>([b, 4, s, d], DType::F32)?;
+        let k = p.arg::<BySeq>([b, 2, s, d], DType::F32)?;
+        let v = p.arg::<BySeq>([b, 2, s, d], DType::F32)?;
+        let dout = p.arg::<BySeq>([b, 4, s, d], DType::F32)?;
+        let (qh, kh, vh) = (
+            q.all_to_all::<Context, 1, 2>()?,
+            k.all_to_all::<Context, 1, 2>()?,
+            v.all_to_all::<Context, 1, 2>()?,
+        );
+        let (out, lse) = attention.forward(p, &qh, &kh, &vh, None)?;
+        let out = out.all_to_all::<Context, 2, 1>()?;
+        out.output::<BySeq>()?;
+        lse.all_to_all::<Context, 2, 1>()?.output::<BySeqRows>()?;
+        for g in p.vjp(&[&out], &[&dout], &[&q, &k, &v])? {
+            p.declare::<BySeq, Invariant>(g)?.output::<BySeq>()?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    // 5 forward all-to-alls, dout's, and dq's, dk's, dv's: nothing is computed twice.
+    let names: Vec<&str> = program
+        .collectives()
+        .iter()
+        .map(|c| c.collective.name())
+        .collect();
+    assert_eq!(names, ["all_to_all"; 9]);
+
+    let q = random(DType::F32, &[batch, 4, seq, HEAD_DIM], 21);
+    let k = random(DType::F32, &[batch, 2, seq, HEAD_DIM], 22);
+    let v = random(DType::F32, &[batch, 2, seq, HEAD_DIM], 23);
+    let dout = random(DType::F32, &[batch, 4, seq, HEAD_DIM], 24);
+    let exe = program.compile(&Client::cpu_shared(4).unwrap()).unwrap();
+    let inputs: Vec<HostBuffer> = [&q, &k, &v, &dout]
+        .iter()
+        .map(|a| HostBuffer::from_array(a).unwrap())
+        .collect();
+    let outs: Vec<Vec<f64>> = exe
+        .run_global(&inputs)
+        .unwrap()
+        .iter()
+        .map(|b| b.to_array().unwrap().to_f64_vec())
+        .collect();
+    let mask = Mask::causal().into();
+    let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
+    let r = RefInputs {
+        dims: Dims { batch, ..cp.dims },
+        q: &qf,
+        k: &kf,
+        v: &vf,
+        q_segment_ids: None,
+        kv_segment_ids: None,
+        sinks: None,
+        mask: &mask,
+        offsets: SeqOffsets::default(),
+        scale: 1.0 / (HEAD_DIM as f64).sqrt(),
+        soft_cap: None,
+    };
+    let want = reference::forward(&r);
+    assert_close(&outs[0], &want.out, 2e-4, "out");
+    assert_close(&outs[1], &want.lse, 2e-4, "lse");
+    let grads = reference::backward(&r, &dout.to_f64_vec());
+    for (name, got, want) in [
+        ("dq", &outs[2], &grads.dq),
+        ("dk", &outs[3], &grads.dk),
+        ("dv", &outs[4], &grads.dv),
+    ] {
+        let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
+        assert_close(got, want, 1e-3 * scale, name);
+    }
 }
 
 #[test]

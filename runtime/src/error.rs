@@ -151,6 +151,19 @@ pub enum Error {
         problem: &'static str,
     },
 
+    /// libtpu is about to be loaded without a variable compile-only needs.
+    #[error(
+        "libtpu needs {variable}={value} in the environment for compile-only use (without it \
+         libtpu queries a cloud metadata server or locks out other processes); set it, or call \
+         tessera_runtime::provision::set_libtpu_compile_only_env() at the start of main"
+    )]
+    LibtpuEnvironment {
+        /// The variable.
+        variable: &'static str,
+        /// The value it needs.
+        value: &'static str,
+    },
+
     /// The Python interpreter used to download plugin wheels was not found.
     #[error(
         "cannot provision the PJRT plugin {spec}: the Python interpreter `{python}` was not \
@@ -361,6 +374,18 @@ pub enum Error {
         expected_device: usize,
         /// Client device index the buffer is on.
         actual_device: usize,
+    },
+
+    /// An argument of `execute_donating` is donated on some devices and lent on others.
+    #[error(
+        "argument {argument} is donated on some devices but lent in list {list}; donate an \
+         argument on every device or on none"
+    )]
+    DonationMismatch {
+        /// Argument index within the lists.
+        argument: usize,
+        /// A list where it differs from list 0.
+        list: usize,
     },
 
     /// A buffer or executable was used with a client that did not create it.

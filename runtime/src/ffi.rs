@@ -656,6 +656,42 @@ pjrt_structs! {
         pub serialized_executable_deleter: PJRT_SerializedExecutable_Deleter,
     }
 
+    /// `struct PJRT_Executable_SizeOfGeneratedCodeInBytes_Args`.
+    pub struct PJRT_Executable_SizeOfGeneratedCodeInBytes_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub executable: *mut PJRT_Executable,
+        pub size_in_bytes: i64,
+    }
+
+    /// `struct PJRT_Executable_GetCostAnalysis_Args`.
+    pub struct PJRT_Executable_GetCostAnalysis_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub executable: *mut PJRT_Executable,
+        pub num_properties: usize,
+        pub properties: *const PJRT_NamedValue,
+    }
+
+    /// `struct PJRT_Executable_GetCompiledMemoryStats_Args` (mirrors
+    /// `xla::CompiledMemoryStats`).
+    pub struct PJRT_Executable_GetCompiledMemoryStats_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub executable: *mut PJRT_Executable,
+        pub generated_code_size_in_bytes: i64,
+        pub argument_size_in_bytes: i64,
+        pub output_size_in_bytes: i64,
+        pub alias_size_in_bytes: i64,
+        pub temp_size_in_bytes: i64,
+        pub host_generated_code_size_in_bytes: i64,
+        pub host_argument_size_in_bytes: i64,
+        pub host_output_size_in_bytes: i64,
+        pub host_alias_size_in_bytes: i64,
+        pub host_temp_size_in_bytes: i64,
+        pub peak_memory_in_bytes: i64,
+    }
+
     /// `struct PJRT_Executable_OptimizedProgram_Args`.
     pub struct PJRT_Executable_OptimizedProgram_Args {
         pub struct_size: usize,
@@ -791,6 +827,26 @@ pjrt_structs! {
         pub num_descriptions: usize,
     }
 
+    // --- Device residency (train): buffer state after donation ---------------------------
+
+    /// `struct PJRT_Buffer_IsDeleted_Args`.
+    pub struct PJRT_Buffer_IsDeleted_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub buffer: *mut PJRT_Buffer,
+        pub is_deleted: bool,
+    }
+
+    /// `struct PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args`.
+    pub struct PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args {
+        pub struct_size: usize,
+        pub extension_start: *mut PJRT_Extension_Base,
+        pub buffer: *mut PJRT_Buffer,
+        pub device_memory_ptr: *mut c_void,
+    }
+
+    // --- end device residency ------------------------------------------------------------
+
     /// `struct PJRT_Compile_Args`.
     pub struct PJRT_Compile_Args {
         pub struct_size: usize,
@@ -854,8 +910,10 @@ pjrt_structs! {
         pub PJRT_Executable_NumReplicas: PjrtFn<PJRT_Executable_NumReplicas_Args>,
         pub PJRT_Executable_NumPartitions: PjrtFn<PJRT_Executable_NumPartitions_Args>,
         pub PJRT_Executable_NumOutputs: PjrtFn<PJRT_Executable_NumOutputs_Args>,
-        pub PJRT_Executable_SizeOfGeneratedCodeInBytes: Unbound,
-        pub PJRT_Executable_GetCostAnalysis: Unbound,
+        pub PJRT_Executable_SizeOfGeneratedCodeInBytes:
+            PjrtFn<PJRT_Executable_SizeOfGeneratedCodeInBytes_Args>,
+        pub PJRT_Executable_GetCostAnalysis:
+            PjrtFn<PJRT_Executable_GetCostAnalysis_Args>,
         pub PJRT_Executable_OutputMemoryKinds: Unbound,
         pub PJRT_Executable_OptimizedProgram:
             PjrtFn<PJRT_Executable_OptimizedProgram_Args>,
@@ -879,7 +937,7 @@ pjrt_structs! {
         pub PJRT_Buffer_Device: Unbound,
         pub PJRT_Buffer_Memory: Unbound,
         pub PJRT_Buffer_Delete: Unbound,
-        pub PJRT_Buffer_IsDeleted: Unbound,
+        pub PJRT_Buffer_IsDeleted: PjrtFn<PJRT_Buffer_IsDeleted_Args>,
         pub PJRT_Buffer_CopyToDevice: Unbound,
         pub PJRT_Buffer_ToHostBuffer: PjrtFn<PJRT_Buffer_ToHostBuffer_Args>,
         pub PJRT_Buffer_IsOnCpu: Unbound,
@@ -887,7 +945,8 @@ pjrt_structs! {
         pub PJRT_Buffer_UnsafePointer: Unbound,
         pub PJRT_Buffer_IncreaseExternalReferenceCount: Unbound,
         pub PJRT_Buffer_DecreaseExternalReferenceCount: Unbound,
-        pub PJRT_Buffer_OpaqueDeviceMemoryDataPointer: Unbound,
+        pub PJRT_Buffer_OpaqueDeviceMemoryDataPointer:
+            PjrtFn<PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args>,
         pub PJRT_CopyToDeviceStream_Destroy: Unbound,
         pub PJRT_CopyToDeviceStream_AddChunk: Unbound,
         pub PJRT_CopyToDeviceStream_TotalBytes: Unbound,
@@ -909,7 +968,8 @@ pjrt_structs! {
         pub PJRT_Client_CreateViewOfDeviceBuffer: Unbound,
         pub PJRT_Executable_Fingerprint: Unbound,
         pub PJRT_Client_TopologyDescription: Unbound,
-        pub PJRT_Executable_GetCompiledMemoryStats: Unbound,
+        pub PJRT_Executable_GetCompiledMemoryStats:
+            PjrtFn<PJRT_Executable_GetCompiledMemoryStats_Args>,
         pub PJRT_Memory_Kind_Id: Unbound,
         pub PJRT_ExecuteContext_Create: Unbound,
         pub PJRT_ExecuteContext_Destroy: Unbound,

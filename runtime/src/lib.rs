@@ -55,12 +55,12 @@ mod plugin;
 #[allow(unsafe_code)]
 mod topology;
 
-pub use client::{Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_COUNT_OPTION};
+pub use client::{Argument, Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_COUNT_OPTION};
 pub use element::{ElementType, HostBuffer, NativeType};
 pub use error::{Error, ErrorCode, Result};
 pub use options::{CompileOptions, DeviceAssignment, XlaOption};
 pub use plugin::{NamedValue, Plugin};
-pub use provision::{cpu_plugin_path, ProvisionedPlugin, Provisioner, WheelSpec};
+pub use provision::{cpu_plugin_path, libtpu_path, ProvisionedPlugin, Provisioner, WheelSpec};
 pub use shape::ArrayShape;
 pub use tessera_array::{ArrayData, DType, HostArray};
-pub use topology::{Executable, Topology};
+pub use topology::{CompiledMemoryStats, Executable, OptimizedProgram, Topology};

@@ -218,7 +218,7 @@ impl PluginInner {
 }
 
 /// Copies one plugin-owned named value; `None` for an unknown type.
-fn read_named_value(v: &ffi::PJRT_NamedValue) -> Option<(String, NamedValue)> {
+pub(crate) fn read_named_value(v: &ffi::PJRT_NamedValue) -> Option<(String, NamedValue)> {
     // SAFETY: the plugin provides `name_size` bytes at `name`.
     let name = unsafe { copy_string(v.name, v.name_size) };
     // Each arm reads the union member that `type_` says is live; strings and arrays have
@@ -329,6 +329,27 @@ impl Plugin {
     /// wheel).
     pub fn cpu() -> Result<Self> {
         Self::load(crate::provision::cpu_plugin_path()?)
+    }
+
+    /// Loads libtpu (the TPU compiler) found by [`crate::provision::libtpu_path`] (env
+    /// override or provisioned wheel), for compile-only through a [`crate::Topology`].
+    ///
+    /// libtpu must be loaded with [`crate::provision::LIBTPU_COMPILE_ONLY_ENV`] in the
+    /// environment (else it queries a cloud metadata server for minutes and locks out other
+    /// processes); a variable missing is an error naming it, and
+    /// [`crate::provision::set_libtpu_compile_only_env`] sets them.
+    pub fn libtpu() -> Result<Self> {
+        let path = crate::provision::libtpu_path()?;
+        // The first two change what libtpu does; the others only quiet its log.
+        for &(name, value) in &crate::provision::LIBTPU_COMPILE_ONLY_ENV[..2] {
+            if std::env::var_os(name).is_none() {
+                return Err(Error::LibtpuEnvironment {
+                    variable: name,
+                    value,
+                });
+            }
+        }
+        Self::load(path)
     }
 
     /// Canonical path of the library.

@@ -17,6 +17,12 @@
 //! * `TESSERA_CPU_PLUGIN_WHEEL=name==version` — which wheel provides the CPU plugin (default
 //!   `xla-cpu-pjrt==0.0.1`; also known: `fastatomstruct-xla-cpu==2026.6.23`,
 //!   `lammps-jax-pjrt-cpu==0.11.2`; for others the wheel's only `.so` is used);
+//! * `TESSERA_LIBTPU=/path/to/libtpu.so` — the TPU compiler library to use, no provisioning;
+//! * `TESSERA_LIBTPU_WHEEL=libtpu==version` — which libtpu wheel to provision (default
+//!   [`WheelSpec::libtpu`]);
+//! * `TESSERA_LIBTPU_CACHE_DIR` — where libtpu (a 210 MB download, 690 MB unpacked) is
+//!   unpacked, when it should live apart from the other plugins (CI keeps it between runs);
+//!   default: the cache root;
 //! * `TESSERA_CACHE_DIR` — the cache root;
 //! * `TESSERA_PYTHON` — the interpreter that runs pip (default `python3`).
 //!   Ordinary `PIP_*` variables (index URL, find-links, proxy) reach pip unchanged.
@@ -38,6 +44,12 @@ use crate::error::{Error, Result};
 pub const PLUGIN_ENV: &str = "TESSERA_PJRT_PLUGIN";
 /// Variable choosing the CPU plugin wheel, `name==version`.
 pub const CPU_WHEEL_ENV: &str = "TESSERA_CPU_PLUGIN_WHEEL";
+/// Variable naming the libtpu library to use instead of the provisioned one.
+pub const LIBTPU_ENV: &str = "TESSERA_LIBTPU";
+/// Variable choosing the libtpu wheel, `libtpu==version`.
+pub const LIBTPU_WHEEL_ENV: &str = "TESSERA_LIBTPU_WHEEL";
+/// Variable overriding the cache root for libtpu only.
+pub const LIBTPU_CACHE_DIR_ENV: &str = "TESSERA_LIBTPU_CACHE_DIR";
 /// Variable overriding the cache root.
 pub const CACHE_DIR_ENV: &str = "TESSERA_CACHE_DIR";
 /// Variable choosing the Python interpreter that runs pip.
@@ -82,6 +94,13 @@ impl WheelSpec {
             "0.11.2",
             "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so",
         )
+    }
+
+    /// `libtpu==0.0.42.1`: the TPU compiler and runtime (`libtpu/libtpu.so`, C API 0.112),
+    /// used compile-only through a topology. Pinned to the version `jax[tpu]==0.10.2`
+    /// requires, so tessera's programs and JAX's are compiled by the same compiler.
+    pub fn libtpu() -> Self {
+        Self::known("libtpu", "0.0.42.1", "libtpu/libtpu.so")
     }
 
     fn known(name: &str, version: &str, library: &str) -> Self {
@@ -241,11 +260,15 @@ impl Provisioner {
     /// A provisioner configured from the environment (`TESSERA_CACHE_DIR`, `XDG_CACHE_HOME`,
     /// `HOME`, `TESSERA_PYTHON`).
     pub fn from_env() -> Result<Self> {
-        let mut p = Self::new(default_cache_dir()?);
+        Ok(Self::new(default_cache_dir()?).with_env_python())
+    }
+
+    /// Uses `TESSERA_PYTHON` to run pip, when set.
+    fn with_env_python(mut self) -> Self {
         if let Some(python) = env::var_os(PYTHON_ENV).filter(|v| !v.is_empty()) {
-            p.python = python;
+            self.python = python;
         }
-        Ok(p)
+        self
     }
 
     /// Uses `python` to run `python -m pip`.
@@ -558,25 +581,87 @@ pub fn provision_wheel(spec: &WheelSpec) -> Result<ProvisionedPlugin> {
     Provisioner::from_env()?.provision(spec)
 }
 
+/// The library named by `variable`, if set; an error if it names no file.
+fn library_override(variable: &'static str) -> Result<Option<PathBuf>> {
+    let Some(path) = env::var_os(variable).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let path = PathBuf::from(path);
+    // `metadata` follows symlinks: a link to the library is fine.
+    let problem = match fs::metadata(&path) {
+        Ok(m) if m.is_file() => return Ok(Some(path)),
+        Ok(m) if m.is_dir() => "is a directory",
+        Ok(_) => "is not a regular file",
+        Err(_) => "does not exist",
+    };
+    Err(Error::PluginOverrideMissing {
+        variable,
+        path,
+        problem,
+    })
+}
+
 /// Path of the CPU plugin library: `TESSERA_PJRT_PLUGIN` if set (it must name a file), else the
 /// library of the provisioned [`cpu_plugin_wheel`] (downloaded on first use).
 pub fn cpu_plugin_path() -> Result<PathBuf> {
-    if let Some(path) = env::var_os(PLUGIN_ENV).filter(|v| !v.is_empty()) {
-        let path = PathBuf::from(path);
-        // `metadata` follows symlinks: a link to the library is fine.
-        let problem = match fs::metadata(&path) {
-            Ok(m) if m.is_file() => return Ok(path),
-            Ok(m) if m.is_dir() => "is a directory",
-            Ok(_) => "is not a regular file",
-            Err(_) => "does not exist",
-        };
-        return Err(Error::PluginOverrideMissing {
-            variable: PLUGIN_ENV,
-            path,
-            problem,
-        });
+    if let Some(path) = library_override(PLUGIN_ENV)? {
+        return Ok(path);
     }
     Ok(provision_wheel(&cpu_plugin_wheel()?)?.library)
+}
+
+/// The wheel that provides libtpu: `TESSERA_LIBTPU_WHEEL` if set (its library is
+/// `libtpu/libtpu.so`), else [`WheelSpec::libtpu`].
+pub fn libtpu_wheel() -> Result<WheelSpec> {
+    match env::var(LIBTPU_WHEEL_ENV) {
+        Ok(spec) if !spec.trim().is_empty() => {
+            Ok(WheelSpec::parse(&spec)?.with_library("libtpu/libtpu.so"))
+        }
+        Ok(_) | Err(env::VarError::NotPresent) => Ok(WheelSpec::libtpu()),
+        Err(env::VarError::NotUnicode(v)) => Err(Error::InvalidWheelSpec {
+            spec: v.to_string_lossy().into_owned(),
+            reason: format!("{LIBTPU_WHEEL_ENV} is not valid UTF-8"),
+        }),
+    }
+}
+
+/// Environment libtpu reads when it loads, set for compile-only use: skip the cloud metadata
+/// server (on a machine that is not a TPU VM its queries time out, for minutes), let several
+/// processes load libtpu at once (its `/tmp/libtpu_lockfile` guards TPU devices, which a
+/// compile-only process never opens), and describe the local host so libtpu does not log
+/// errors about it. The compiled program depends only on the topology it is compiled for
+/// (measured: identical executables for v5e with and without the last two).
+pub const LIBTPU_COMPILE_ONLY_ENV: [(&str, &str); 4] = [
+    ("TPU_SKIP_MDS_QUERY", "1"),
+    ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
+    ("TPU_WORKER_HOSTNAMES", "localhost"),
+    ("TPU_ACCELERATOR_TYPE", "v5p-8"),
+];
+
+/// Sets each of [`LIBTPU_COMPILE_ONLY_ENV`] that is not set yet. Call it before other threads
+/// read the environment (at the start of `main`; tests get them from `.cargo/config.toml`):
+/// changing the environment while another thread reads it is a data race in libc.
+pub fn set_libtpu_compile_only_env() {
+    for (name, value) in LIBTPU_COMPILE_ONLY_ENV {
+        if env::var_os(name).is_none() {
+            env::set_var(name, value);
+        }
+    }
+}
+
+/// Path of libtpu (the TPU compiler, for compile-only): `TESSERA_LIBTPU` if set (it must
+/// exist), else the library of the provisioned [`libtpu_wheel`], unpacked under
+/// `TESSERA_LIBTPU_CACHE_DIR` or the cache root (downloaded on first use, ~210 MB).
+pub fn libtpu_path() -> Result<PathBuf> {
+    if let Some(path) = library_override(LIBTPU_ENV)? {
+        return Ok(path);
+    }
+    let cache = match env::var_os(LIBTPU_CACHE_DIR_ENV).filter(|v| !v.is_empty()) {
+        Some(dir) => PathBuf::from(dir),
+        None => default_cache_dir()?,
+    };
+    let provisioner = Provisioner::new(cache).with_env_python();
+    Ok(provisioner.provision(&libtpu_wheel()?)?.library)
 }
 
 #[cfg(test)]

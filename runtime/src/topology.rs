@@ -14,7 +14,8 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::ffi;
 use crate::options::CompileOptions;
 use crate::plugin::{
-    api_fn, copy_string, raw_named_values, raw_slice, NamedValue, Plugin, PluginInner,
+    api_fn, copy_string, raw_named_values, raw_slice, read_named_value, NamedValue, Plugin,
+    PluginInner,
 };
 use crate::shape::{entry_parameters, ArrayShape};
 
@@ -304,6 +305,15 @@ impl Executable {
     /// from the plugin's optimized HLO. `Ok(None)` when the plugin does not provide it or the
     /// signature has parameters that are not plain arrays.
     pub fn parameters(&self) -> Result<Option<Vec<ArrayShape>>> {
+        Ok(self
+            .optimized_program()?
+            .and_then(|p| entry_parameters(&p.code, p.format == "hlo_with_config")))
+    }
+
+    /// The plugin's optimized program: for XLA a serialized `HloModuleProto` (format `hlo`)
+    /// or `HloModuleProtoWithConfig` (`hlo_with_config`). `Ok(None)` when the plugin does not
+    /// provide it.
+    pub fn optimized_program(&self) -> Result<Option<OptimizedProgram>> {
         let p = self.plugin.inner;
         let f = api_fn!(p, PJRT_Executable_OptimizedProgram)?;
         let mut program = ffi::PJRT_Program::init();
@@ -313,22 +323,11 @@ impl Executable {
         // SAFETY: `args` is initialised; `program.code` is null, so the plugin only writes the
         // needed size (and the format) into `program`, which outlives the call.
         let err = unsafe { f(&mut args) };
-        if let Err(e) = p.check(err, "PJRT_Executable_OptimizedProgram") {
-            return match e {
-                Error::Pjrt {
-                    code: ErrorCode::Unimplemented,
-                    ..
-                } => Ok(None),
-                e => Err(e),
-            };
+        if unimplemented_as_none(p.check(err, "PJRT_Executable_OptimizedProgram"))?.is_none() {
+            return Ok(None);
         }
         // SAFETY: the format string is owned by the plugin and static.
         let format = unsafe { copy_string(program.format, program.format_size) };
-        let with_config = match format.as_str() {
-            "hlo" => false,
-            "hlo_with_config" => true,
-            _ => return Ok(None),
-        };
         let mut code = vec![0u8; program.code_size];
         program.code = code.as_mut_ptr().cast::<c_char>();
         program.code_size = code.len();
@@ -337,7 +336,70 @@ impl Executable {
         let err = unsafe { f(&mut args) };
         p.check(err, "PJRT_Executable_OptimizedProgram")?;
         code.truncate(program.code_size);
-        Ok(entry_parameters(&code, with_config))
+        Ok(Some(OptimizedProgram { format, code }))
+    }
+
+    /// Bytes of generated code, as the plugin counts them; `Ok(None)` when the plugin does
+    /// not say (unimplemented or negative).
+    pub fn generated_code_size(&self) -> Result<Option<u64>> {
+        let p = self.plugin.inner;
+        let f = api_fn!(p, PJRT_Executable_SizeOfGeneratedCodeInBytes)?;
+        let mut args = ffi::PJRT_Executable_SizeOfGeneratedCodeInBytes_Args::init();
+        args.executable = self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the executable alive.
+        let err = unsafe { f(&mut args) };
+        match unimplemented_as_none(p.check(err, "PJRT_Executable_SizeOfGeneratedCodeInBytes"))? {
+            Some(()) => Ok(u64::try_from(args.size_in_bytes).ok()),
+            None => Ok(None),
+        }
+    }
+
+    /// The compiler's memory statistics for one device (`xla::CompiledMemoryStats`):
+    /// argument, output, alias and temporary bytes in device memory. `Ok(None)` when the
+    /// plugin does not provide them.
+    pub fn memory_stats(&self) -> Result<Option<CompiledMemoryStats>> {
+        let p = self.plugin.inner;
+        let f = match api_fn!(p, PJRT_Executable_GetCompiledMemoryStats) {
+            Ok(f) => f,
+            Err(Error::MissingFunction { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut args = ffi::PJRT_Executable_GetCompiledMemoryStats_Args::init();
+        args.executable = self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the executable alive; the plugin only writes the
+        // integer out-fields.
+        let err = unsafe { f(&mut args) };
+        let ok = unimplemented_as_none(p.check(err, "PJRT_Executable_GetCompiledMemoryStats"))?;
+        Ok(ok.map(|()| CompiledMemoryStats {
+            generated_code_bytes: args.generated_code_size_in_bytes,
+            argument_bytes: args.argument_size_in_bytes,
+            output_bytes: args.output_size_in_bytes,
+            alias_bytes: args.alias_size_in_bytes,
+            temp_bytes: args.temp_size_in_bytes,
+            host_temp_bytes: args.host_temp_size_in_bytes,
+            peak_bytes: args.peak_memory_in_bytes,
+        }))
+    }
+
+    /// The compiler's cost analysis (for XLA: `flops`, `bytes accessed`, `transcendentals`,
+    /// ...), as the plugin names them. Empty when the plugin provides none.
+    pub fn cost_analysis(&self) -> Result<Vec<(String, NamedValue)>> {
+        let p = self.plugin.inner;
+        let f = match api_fn!(p, PJRT_Executable_GetCostAnalysis) {
+            Ok(f) => f,
+            Err(Error::MissingFunction { .. }) => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut args = ffi::PJRT_Executable_GetCostAnalysis_Args::init();
+        args.executable = self.raw.as_ptr();
+        // SAFETY: `args` is initialised and the executable alive.
+        let err = unsafe { f(&mut args) };
+        if unimplemented_as_none(p.check(err, "PJRT_Executable_GetCostAnalysis"))?.is_none() {
+            return Ok(Vec::new());
+        }
+        // SAFETY: `num_properties` values owned by the live executable, copied here.
+        let raw = unsafe { raw_slice(args.properties, args.num_properties) };
+        Ok(raw.iter().filter_map(read_named_value).collect())
     }
 
     /// The plugin's serialized form of the executable (for TPU: what the runtime loads).
@@ -366,5 +428,47 @@ impl Executable {
             unsafe { deleter(args.serialized_executable) };
         }
         Ok(bytes)
+    }
+}
+
+/// A compiled executable's optimized program, in the plugin's serialization.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OptimizedProgram {
+    /// `hlo` or `hlo_with_config` for XLA plugins.
+    pub format: String,
+    /// The serialized program.
+    pub code: Vec<u8>,
+}
+
+/// Memory one device needs to run a compiled executable, as the compiler computed it
+/// (`PJRT_Executable_GetCompiledMemoryStats`). Bytes; the plugin reports `-1` for what it does
+/// not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompiledMemoryStats {
+    /// Generated code in device memory.
+    pub generated_code_bytes: i64,
+    /// Arguments (parameters) in device memory.
+    pub argument_bytes: i64,
+    /// Outputs in device memory.
+    pub output_bytes: i64,
+    /// Output bytes that reuse argument buffers.
+    pub alias_bytes: i64,
+    /// Temporaries (everything the program allocates besides arguments and outputs).
+    pub temp_bytes: i64,
+    /// Temporaries in host memory.
+    pub host_temp_bytes: i64,
+    /// Peak device memory, when the plugin computes it (0 otherwise).
+    pub peak_bytes: i64,
+}
+
+/// `Ok(Some(()))` on success, `Ok(None)` when the plugin answers `UNIMPLEMENTED`.
+fn unimplemented_as_none(r: Result<()>) -> Result<Option<()>> {
+    match r {
+        Ok(()) => Ok(Some(())),
+        Err(Error::Pjrt {
+            code: ErrorCode::Unimplemented,
+            ..
+        }) => Ok(None),
+        Err(e) => Err(e),
     }
 }

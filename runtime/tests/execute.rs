@@ -4,7 +4,9 @@
 mod common;
 
 use half::bf16;
-use tessera_runtime::{ArrayShape, CompileOptions, ElementType, Error, HostBuffer, XlaOption};
+use tessera_runtime::{
+    ArrayShape, CompileOptions, ElementType, Error, HostBuffer, NamedValue, XlaOption,
+};
 
 use common::{client, iota};
 
@@ -488,4 +490,33 @@ fn concurrent_execution_from_threads() {
         .join()
         .unwrap();
     assert_eq!(back, vec![1.0, 2.0]);
+}
+
+#[test]
+fn compiled_executables_report_memory_costs_and_their_program() {
+    let client = client(1);
+    let exe = client
+        .compile(&dot_program("f32", 1), &CompileOptions::single_device())
+        .unwrap();
+    let compiled = exe.executable().unwrap();
+    let stats = compiled
+        .memory_stats()
+        .unwrap()
+        .expect("the CPU plugin reports memory");
+    assert_eq!(stats.argument_bytes, (6 + 12) * 4);
+    assert_eq!(stats.output_bytes, 8 * 4);
+    let costs = compiled.cost_analysis().unwrap();
+    let flops = costs.iter().find(|(n, _)| n == "flops").map(|(_, v)| v);
+    // 2x3 @ 3x4: 3 multiply-adds per output element, 8 elements.
+    assert!(
+        matches!(flops, Some(NamedValue::Float(f)) if *f == 48.0),
+        "{costs:?}"
+    );
+    println!("code {:?}", compiled.generated_code_size().unwrap());
+    let program = compiled
+        .optimized_program()
+        .unwrap()
+        .expect("XLA returns its HLO");
+    assert!(program.format.starts_with("hlo"), "{}", program.format);
+    assert!(!program.code.is_empty());
 }

@@ -1,7 +1,7 @@
 //! `TESSERA_PJRT_PLUGIN` naming a missing file, a directory or a device is an error that names
 //! the path, the variable and what is wrong. Its own test binary: it sets process environment.
 
-use tessera_runtime::{cpu_plugin_path, Client, Error, Plugin};
+use tessera_runtime::{cpu_plugin_path, libtpu_path, Client, Error, Plugin};
 
 #[test]
 fn missing_override_names_path_and_variable() {
@@ -52,4 +52,41 @@ fn missing_override_names_path_and_variable() {
     // such as anyhow's `{:#}` would append).
     assert!(err.to_string().contains("No such file"), "{err}");
     assert!(std::error::Error::source(&err).is_none(), "{err}");
+}
+
+#[test]
+fn tpu_compiler_override_and_environment() {
+    // One test owns the libtpu variables of this process (tests run in threads).
+    let missing = std::env::temp_dir().join("tessera-no-such-libtpu/libtpu.so");
+    std::env::set_var("TESSERA_LIBTPU", &missing);
+    let err = Plugin::libtpu().unwrap_err();
+    assert!(matches!(err, Error::PluginOverrideMissing { .. }), "{err}");
+    assert!(err.to_string().contains("TESSERA_LIBTPU"), "{err}");
+    std::env::remove_var("TESSERA_LIBTPU");
+    std::env::set_var("TESSERA_LIBTPU_WHEEL", "libtpu");
+    assert!(matches!(libtpu_path(), Err(Error::InvalidWheelSpec { .. })));
+    std::env::remove_var("TESSERA_LIBTPU_WHEEL");
+
+    // Without the compile-only environment libtpu is not loaded, and the error says how.
+    let existing = std::env::current_exe().unwrap();
+    std::env::set_var("TESSERA_LIBTPU", &existing);
+    std::env::remove_var("TPU_SKIP_MDS_QUERY");
+    let err = Plugin::libtpu().unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::LibtpuEnvironment {
+                variable: "TPU_SKIP_MDS_QUERY",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("set_libtpu_compile_only_env"),
+        "{err}"
+    );
+    tessera_runtime::provision::set_libtpu_compile_only_env();
+    assert_eq!(std::env::var("TPU_SKIP_MDS_QUERY").unwrap(), "1");
+    std::env::remove_var("TESSERA_LIBTPU");
 }

@@ -1,13 +1,13 @@
 //! Compile-only for a topology with no client (`PJRT_TopologyDescription_Create` +
 //! `PJRT_Compile`), the path that compiles for TPU with libtpu (see `notes/tpu-aot.md`).
 //!
-//! libtpu (~690 MB) is not downloaded by the tests. Set `TESSERA_LIBTPU=/path/to/libtpu.so` to
-//! also compile a 4-partition all_to_all program for `v5p:2x2x1`; otherwise that test only
-//! checks the CPU plugin's behaviour for the same calls.
+//! libtpu is provisioned like the CPU plugin (the pinned wheel, or `TESSERA_LIBTPU`); the tests
+//! that need it fail when it cannot be provisioned. The CPU plugin, which has no topologies,
+//! is checked for a clear error on the same calls.
 
 mod common;
 
-use tessera_runtime::{CompileOptions, Error, Plugin};
+use tessera_runtime::{CompileOptions, Error, NamedValue, Plugin};
 
 const A2A: &str = r#"module @a2a attributes {mhlo.num_partitions = 4 : i32, mhlo.num_replicas = 1 : i32} {
   func.func public @main(%x: tensor<1x8x8x128xf32> {mhlo.sharding = "{manual}"}) -> (tensor<1x2x32x128xf32> {mhlo.sharding = "{manual}"}) {
@@ -43,13 +43,15 @@ fn cpu_plugin_topology_compile_or_clear_error() {
     }
 }
 
+/// libtpu, provisioned (or `TESSERA_LIBTPU`). A machine that cannot provision it fails here:
+/// compile-only for TPU is part of the suite, not an optional extra.
+fn libtpu() -> Plugin {
+    Plugin::libtpu().unwrap_or_else(|e| panic!("libtpu is needed for the TPU compile tests: {e}"))
+}
+
 #[test]
-fn libtpu_compile_only_when_available() {
-    let Some(path) = std::env::var_os("TESSERA_LIBTPU").filter(|v| !v.is_empty()) else {
-        println!("TESSERA_LIBTPU not set: skipping the libtpu compile");
-        return;
-    };
-    let plugin = Plugin::load(path).unwrap();
+fn libtpu_compiles_for_a_v5p_topology_and_reports_its_costs() {
+    let plugin = libtpu();
     let topology = plugin.topology("v5p:2x2x1").unwrap();
     assert_eq!(topology.platform_name().unwrap(), "tpu");
     assert_eq!(topology.device_ids().unwrap().len(), 4);
@@ -58,7 +60,34 @@ fn libtpu_compile_only_when_available() {
         .unwrap();
     assert_eq!(exe.num_partitions().unwrap(), 4);
     assert!(!exe.serialize().unwrap().is_empty());
-    // A program the TPU compiler rejects carries its message.
+    let stats = exe
+        .memory_stats()
+        .unwrap()
+        .expect("libtpu reports memory stats");
+    println!("{stats:?}");
+    // One device's shard: 1x8x8x128 f32 in, 1x2x32x128 f32 out.
+    assert_eq!(stats.argument_bytes, 8 * 8 * 128 * 4);
+    assert_eq!(stats.output_bytes, 2 * 32 * 128 * 4);
+    let costs = exe.cost_analysis().unwrap();
+    let bytes = costs.iter().find(|(n, _)| n == "bytes accessed");
+    assert!(
+        matches!(bytes, Some((_, NamedValue::Float(b))) if *b > 0.0),
+        "{costs:?}"
+    );
+    assert!(exe.generated_code_size().unwrap().is_some_and(|b| b > 0));
+    assert!(exe.optimized_program().unwrap().is_some());
+}
+
+#[test]
+fn libtpu_rejects_a_bad_program_with_the_compilers_message() {
+    let plugin = libtpu();
+    let topology = plugin.topology("v5p:2x2x1").unwrap();
     let err = topology.compile("func.func @main() -> () { }", &CompileOptions::default());
-    assert!(matches!(err, Err(Error::Pjrt { .. })), "{err:?}");
+    let Err(Error::Pjrt { message, .. }) = err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        message.contains("expected non-empty function body"),
+        "{message}"
+    );
 }

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use tessera::backend::Backend;
-use tessera::dsl::{DType, HostArray, TargetRules};
+use tessera::dsl::{DType, HostArray, Target, TargetRules};
 use tessera::npy::read_npy;
 use tessera::parallel::{CollectiveStat, ContextParallel, CpInputs, Strategy};
 use tessera::splash::{
@@ -17,9 +17,14 @@ use super::positive;
 /// Arguments of `tessera attention`.
 #[derive(clap::Args, Debug)]
 pub struct AttentionArgs {
-    /// Queries, float32 [B, H, S, D].
+    /// Queries, float32 [B, H, S, D] (see --dtype).
     #[arg(long)]
     pub q: PathBuf,
+    /// Element type the attention computes in: f32, or bf16 (q, k, v and dout as float32
+    /// files rounded to bf16, or uint16 files of raw bf16 bits; out and the gradients are
+    /// written as float32 holding the bf16 values exactly).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
     /// Keys, float32 [B, KVH, S, D] (KVH divides H: MHA, GQA, MQA).
     #[arg(long)]
     pub k: PathBuf,
@@ -92,20 +97,31 @@ pub struct AttentionArgs {
     pub stats: bool,
 }
 
-fn read_f32(path: &Path, what: &str) -> Result<HostArray> {
+/// Reads q, k, v or dout as `dtype`: float32 files (converted to bf16, rounding to nearest
+/// even, with `--dtype bf16`), or with `--dtype bf16` uint16 files of raw bf16 bits.
+fn read_float(path: &Path, what: &str, dtype: DType) -> Result<HostArray> {
     let a = read_npy(path)?;
-    if a.dtype() != DType::F32 {
-        bail!(
-            "{}: {what} must be float32, got {} (save with x.astype(np.float32))",
-            path.display(),
-            a.dtype()
-        );
+    match (a.dtype(), dtype) {
+        (DType::F32, DType::F32) | (DType::BF16, DType::BF16) => Ok(a),
+        (DType::F32, DType::BF16) => Ok(HostArray::from_f64(
+            DType::BF16,
+            a.shape().to_vec(),
+            &a.to_f64_vec(),
+        )?),
+        (DType::BF16, _) => bail!(
+            "{}: {what} holds uint16 (raw bf16 bits), which needs --dtype bf16",
+            path.display()
+        ),
+        (other, _) => bail!(
+            "{}: {what} must be float32 (or, with --dtype bf16, uint16 bf16 bits), got {other} \
+             (save with x.astype(np.float32))",
+            path.display()
+        ),
     }
-    Ok(a)
 }
 
 /// The largest divisor of `n` up to `cap` that is a multiple of `mult`, else `n`.
-fn default_block(n: usize, cap: usize, mult: usize) -> usize {
+pub(super) fn default_block(n: usize, cap: usize, mult: usize) -> usize {
     if n <= cap {
         return n;
     }
@@ -116,7 +132,7 @@ fn default_block(n: usize, cap: usize, mult: usize) -> usize {
 }
 
 /// Context devices when `--strategy` is given without `--devices`.
-const DEFAULT_DEVICES: usize = 4;
+pub(super) const DEFAULT_DEVICES: usize = 4;
 
 /// The files `tessera attention` writes, with their flags, in the order they are written.
 fn output_files(a: &AttentionArgs) -> Vec<(&'static str, PathBuf)> {
@@ -159,9 +175,14 @@ fn input_files(a: &AttentionArgs) -> Vec<(&'static str, &Path)> {
 /// Runs `tessera attention`: reads and checks every input, checks every output path, then
 /// computes; the outputs appear only when everything succeeded.
 pub fn attention_command(a: &AttentionArgs) -> Result<()> {
-    let q = read_f32(&a.q, "q")?;
-    let k = read_f32(&a.k, "k")?;
-    let v = read_f32(&a.v, "v")?;
+    let dtype = match a.dtype.as_str() {
+        "f32" => DType::F32,
+        "bf16" => DType::BF16,
+        other => bail!("--dtype {other} is not supported; use f32 or bf16"),
+    };
+    let q = read_float(&a.q, "q", dtype)?;
+    let k = read_float(&a.k, "k", dtype)?;
+    let v = read_float(&a.v, "v", dtype)?;
     let dims = Dims::of(q.shape(), k.shape(), v.shape())?;
     let seg = match &a.segment_ids {
         Some(p) => {
@@ -189,7 +210,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         None => None,
     };
     let dout = match &a.dout {
-        Some(p) => Some(read_f32(p, "dout")?),
+        Some(p) => Some(read_float(p, "dout", dtype)?),
         None => None,
     };
     let mask = Mask::parse(&a.mask)?;
@@ -226,13 +247,14 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         }
         let cp = ContextParallel {
             dims,
-            dtype: DType::F32,
+            dtype,
             mask,
             block_sizes: blocks,
             options,
             strategy,
             devices,
             load_balance: a.load_balance,
+            target: Target::portable(),
         };
         cp.validate()?;
         let x = CpInputs {
@@ -255,7 +277,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         return Ok(());
     }
     let backend = a.backend.unwrap_or(Backend::Interpret);
-    let attn = SplashAttention::new(mask, dims, DType::F32, blocks, options, TargetRules::tpu())?;
+    let attn = SplashAttention::new(mask, dims, dtype, blocks, options, TargetRules::tpu())?;
     let x = Inputs {
         q: &q,
         k: &k,
@@ -355,7 +377,7 @@ fn context_parallel_command(
 }
 
 /// `prog.mlir` -> `prog.bwd.mlir` (`prog` -> `prog.bwd`).
-fn backward_path(path: &Path) -> PathBuf {
+pub(super) fn backward_path(path: &Path) -> PathBuf {
     let stem = path.file_stem().unwrap_or_default().to_string_lossy();
     let name = match path.extension() {
         Some(ext) => format!("{stem}.bwd.{}", ext.to_string_lossy()),

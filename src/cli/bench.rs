@@ -173,7 +173,7 @@ fn pass_of(variant: &str) -> Pass {
 fn variant_program(args: &BenchArgs, attn: &SplashAttention, variant: &str) -> Result<Module> {
     let pass = pass_of(variant);
     Ok(if variant.starts_with("splash") {
-        splash_program(attn, pass)?
+        splash_program(attn, pass, Features::default())?
     } else {
         let mask = Mask::parse(&args.mask)?;
         dense_program(attn.dims(), DType::F32, &mask, attn.scale(), None, pass)?
@@ -188,6 +188,7 @@ fn variant_flops(attn: &SplashAttention, variant: &str) -> f64 {
     match pass_of(variant) {
         Pass::Forward => fwd,
         Pass::ForwardBackward => 3.5 * fwd,
+        Pass::Backward => 2.5 * fwd,
     }
 }
 

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use tessera::dsl::{DType, HostArray};
+use tessera::dsl::{DType, HostArray, Target};
 use tessera::parallel::{ContextParallel, CpExecutable, Strategy};
 use tessera::splash::{BlockSizes, Dims, Mask};
 
@@ -111,6 +111,7 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
             strategy,
             devices: a.devices,
             load_balance,
+            target: Target::portable(),
         };
         let start = Instant::now();
         let forward = cp.forward_program(false)?.compile()?;

@@ -3,7 +3,7 @@
 
 use anyhow::{anyhow, Context, Result};
 use tessera::backend::{self, Backend};
-use tessera::dsl::{DType, HostArray, TargetRules};
+use tessera::dsl::{DType, HostArray, Target, TargetRules};
 use tessera::reference::{attention_ref, matmul_ref, max_abs_diff, random, softmax_ref};
 use tessera::registry;
 
@@ -167,6 +167,7 @@ fn demo_context_parallel() -> Result<bool> {
             strategy: Strategy::parse(strategy, devices)?,
             devices,
             load_balance: false,
+            target: Target::portable(),
         };
         let start = std::time::Instant::now();
         let x = CpInputs {

@@ -22,6 +22,7 @@ macro_rules! outln {
 pub mod attention;
 pub mod bench;
 mod bench_cp;
+pub mod compile;
 pub mod demo;
 pub mod kernel;
 mod outputs;
@@ -101,6 +102,10 @@ pub enum Command {
     Demo,
     /// Splash attention on .npy inputs: forward (out, lse) and, with --dout, gradients.
     Attention(Box<attention::AttentionArgs>),
+    /// Compile for a TPU topology with the TPU compiler (libtpu, compile-only): splash
+    /// attention or a registered kernel, as Mosaic custom calls. Prints one JSON line per
+    /// compiled program.
+    Compile(Box<compile::CompileArgs>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -191,7 +196,7 @@ pub fn parse_param(s: &str) -> Result<(String, String), String> {
     }
 }
 
-fn parse_arg(s: &str) -> Result<ArgSpec, String> {
+pub fn parse_arg(s: &str) -> Result<ArgSpec, String> {
     let bad = || format!("expected DTYPE[D0,D1,...] such as f32[256,512], got `{s}`");
     let (dtype, rest) = s.split_once('[').ok_or_else(bad)?;
     let dims = rest.strip_suffix(']').ok_or_else(bad)?;

@@ -2,6 +2,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::autodiff::VjpSpan;
 use crate::module::{Func, Module};
 use crate::ops::{Op, OpKind, Region, Sharding, Value};
 use crate::{DType, HloError, HostArray, Literal, TensorType};
@@ -29,10 +30,13 @@ struct Scope {
     isolated: bool,
 }
 
+/// The ops of one open region (or of the function body).
 #[derive(Debug)]
-struct Frame {
+pub(crate) struct Frame {
     scope: usize,
-    ops: Vec<Op>,
+    pub(crate) ops: Vec<Op>,
+    /// Runs of `ops` built by [`FuncBuilder::custom_vjp`], differentiated as one unit.
+    pub(crate) spans: Vec<VjpSpan>,
 }
 
 /// Builds one `func.func`. Made by [`Module::func`]; joins the module on [`FuncBuilder::finish`].
@@ -81,6 +85,7 @@ impl<'m> FuncBuilder<'m> {
             frames: vec![Frame {
                 scope: 0,
                 ops: Vec::new(),
+                spans: Vec::new(),
             }],
             args: Vec::new(),
             arg_shardings: Vec::new(),
@@ -255,8 +260,26 @@ impl<'m> FuncBuilder<'m> {
         }
     }
 
+    /// The innermost open region (the function body outside any region).
+    pub(crate) fn frame(&self) -> &Frame {
+        self.frames
+            .last()
+            .expect("a builder always has its body frame")
+    }
+
+    pub(crate) fn frame_mut(&mut self) -> &mut Frame {
+        self.frames
+            .last_mut()
+            .expect("a builder always has its body frame")
+    }
+
     /// Checks that `v` may be used here and returns its type.
-    fn check_value(&self, op: &'static str, what: &str, v: Value) -> Result<TensorType, HloError> {
+    pub(crate) fn check_value(
+        &self,
+        op: &'static str,
+        what: &str,
+        v: Value,
+    ) -> Result<TensorType, HloError> {
         let err = |reason: String| HloError::Value {
             op,
             what: what.to_string(),
@@ -346,6 +369,7 @@ impl<'m> FuncBuilder<'m> {
         self.frames.push(Frame {
             scope,
             ops: Vec::new(),
+            spans: Vec::new(),
         });
         let out = f(self, &args);
         let checked = out.and_then(|results| {

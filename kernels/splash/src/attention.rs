@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use tessera_dsl::interpret::{self, InterpretOptions};
-use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, TargetRules};
+use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, Target, TargetRules};
 
 use crate::block_sizes::BlockSizes;
 use crate::error::SplashError;
@@ -307,13 +307,14 @@ pub enum StageArg {
     PerShard(Vec<HostArray>),
 }
 
-/// One kernel launch: the kernel, its arguments (scalar prefetch then inputs) and the
-/// tensors its outputs become.
+/// One kernel launch: the kernel, its arguments (scalar prefetch then inputs), the tensors
+/// its outputs become, and the target it is instantiated and lowered for.
 #[derive(Debug, Clone)]
 pub struct Stage {
     pub def: KernelDef,
     pub args: Vec<StageArg>,
     pub outputs: Vec<Tensor>,
+    pub target: Target,
 }
 
 /// What a call uses beyond q, k, v (each changes the kernels).
@@ -362,7 +363,7 @@ pub struct SplashAttention {
     block_sizes: BlockSizes,
     options: SplashOptions,
     scale: f32,
-    rules: TargetRules,
+    target: Target,
     fwd_info: MaskInfo,
     dq_info: Option<MaskInfo>,
     dkv_info: MaskInfo,
@@ -370,17 +371,20 @@ pub struct SplashAttention {
 
 impl SplashAttention {
     /// Validates everything and builds the forward, dQ and dK/dV tables. `dtype` is the
-    /// element type of q, k, v (f32 or bf16); `rules` the hardware rules the kernels are
-    /// checked against (`TargetRules::tpu()` keeps them valid for TPU).
+    /// element type of q, k, v (f32 or bf16); `target` the hardware rules the kernels are
+    /// checked against (`TargetRules::tpu()` keeps them valid for TPU; kernels lowered
+    /// inline) or a whole [`Target`] (`Target::tpu()`: kernels become Mosaic custom calls).
     pub fn new(
         mask: impl Into<MultiHeadMask>,
         dims: Dims,
         dtype: DType,
         block_sizes: BlockSizes,
         options: SplashOptions,
-        rules: TargetRules,
+        target: impl Into<Target>,
     ) -> Result<Self, SplashError> {
         let mask = mask.into();
+        let target = target.into();
+        let rules = &target.rules;
         if !matches!(dtype, DType::F32 | DType::BF16) {
             return Err(SplashError::Shape(format!(
                 "q, k and v are {dtype}; splash attention takes f32 or bf16"
@@ -449,7 +453,7 @@ impl SplashAttention {
             false,
         )?;
         let fwd_info = info(b.block_q, b.block_kv, Major::Q, true)?;
-        b.validate(dims.q_len, dims.kv_len, dtype, &rules, fwd_info.dense())?;
+        b.validate(dims.q_len, dims.kv_len, dtype, rules, fwd_info.dense())?;
         let dq_info = if b.use_fused_bwd_kernel {
             None
         } else {
@@ -468,7 +472,7 @@ impl SplashAttention {
             block_sizes,
             options,
             scale,
-            rules,
+            target,
             fwd_info,
             dq_info,
             dkv_info,
@@ -501,7 +505,12 @@ impl SplashAttention {
     }
 
     pub fn rules(&self) -> &TargetRules {
-        &self.rules
+        &self.target.rules
+    }
+
+    /// The target the kernels are checked against and lowered for.
+    pub fn target(&self) -> &Target {
+        &self.target
     }
 
     /// The forward kernel's tables.
@@ -618,6 +627,7 @@ impl SplashAttention {
             def,
             args,
             outputs: vec![Tensor::Out, Tensor::Lse],
+            target: self.target.clone(),
         }]
     }
 
@@ -639,6 +649,7 @@ impl SplashAttention {
                 StageArg::Tensor(Tensor::Lse),
             ],
             outputs: vec![Tensor::Di, Tensor::DSinks],
+            target: self.target.clone(),
         }];
         let residuals = [Tensor::Lse, Tensor::DOut, Tensor::Di].map(StageArg::Tensor);
         let info = &self.dkv_info;
@@ -655,6 +666,7 @@ impl SplashAttention {
                 def,
                 args,
                 outputs: vec![Tensor::DqPartial, Tensor::Dk, Tensor::Dv],
+                target: self.target.clone(),
             });
             let bq = largest_block(self.dims.q_len, 512);
             let def = for_dtype!(self.dtype, splash_dq_reduce(bq));
@@ -662,6 +674,7 @@ impl SplashAttention {
                 def,
                 args: vec![StageArg::Tensor(Tensor::DqPartial)],
                 outputs: vec![Tensor::Dq],
+                target: self.target.clone(),
             });
         } else {
             let def = for_dtype!(self.dtype, splash_dkv(cfg));
@@ -669,6 +682,7 @@ impl SplashAttention {
                 def,
                 args,
                 outputs: vec![Tensor::Dk, Tensor::Dv],
+                target: self.target.clone(),
             });
             let info = self
                 .dq_info
@@ -686,6 +700,7 @@ impl SplashAttention {
                 def,
                 args,
                 outputs: vec![Tensor::Dq],
+                target: self.target.clone(),
             });
         }
         stages
@@ -747,7 +762,7 @@ impl SplashAttention {
     pub fn forward(&self, exec: &dyn Executor, x: &Inputs<'_>) -> Result<Forward, SplashError> {
         let f = self.check_inputs(x)?;
         let mut env = self.env(x);
-        run_plan(&self.forward_plan(f), exec, &self.rules, &mut env)?;
+        run_plan(&self.forward_plan(f), exec, self.rules(), &mut env)?;
         let d = self.dims;
         Ok(Forward {
             out: take(&mut env, Tensor::Out)?,
@@ -774,7 +789,7 @@ impl SplashAttention {
             reshape(&fwd.lse, &[d.batch, d.heads, d.q_len, 1]),
         );
         env.insert(Tensor::DOut, dout.clone());
-        run_plan(&self.backward_plan(f), exec, &self.rules, &mut env)?;
+        run_plan(&self.backward_plan(f), exec, self.rules(), &mut env)?;
         let dsinks = take(&mut env, Tensor::DSinks)?;
         Ok(Grads {
             dq: take(&mut env, Tensor::Dq)?,

@@ -54,5 +54,8 @@ pub use block_sizes::{BlockSizes, NUM_LANES};
 pub use error::SplashError;
 pub use mask::{BlockKind, DenseMask, Mask, MaskExpr, MultiHeadMask, SeqOffsets, MAX_POSITION};
 pub use mask_info::{BlockStats, KernelMask, Major, MaskInfo, MAX_COMPUTED_MASK_CLASSES};
-pub use program::{dense_program, lower_stages, lower_stages_on_shard, splash_program, Pass};
+pub use program::{
+    dense_program, lower_forward_on_shard, lower_stages, lower_stages_on_shard, splash_program,
+    Pass,
+};
 pub use sharded::ShardedSplash;

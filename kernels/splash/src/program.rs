@@ -1,14 +1,19 @@
 //! Splash attention inside StableHLO programs: lowering a plan's kernel stages into a
 //! function being built ([`lower_stages`], and [`lower_stages_on_shard`] inside an SPMD
-//! program), a whole attention as one program ([`splash_program`]), and the dense-attention
-//! baseline an XLA user writes without a kernel ([`dense_program`]).
+//! program), a forward that autodiff differentiates through the backward kernels
+//! ([`lower_forward_on_shard`]), a whole attention as one program ([`splash_program`]), and
+//! the dense-attention baseline an XLA user writes without a kernel ([`dense_program`]).
 //!
 //! This module builds programs; it never runs them (splash does not depend on the runtime).
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
-use tessera_dsl::{ArgSpec, DType, HostArray, TargetRules};
-use tessera_hlo::{self as hlo, ComparisonDirection, DotDims, FuncBuilder, Module, Reducer};
+use tessera_dsl::{ArgSpec, DType, HostArray};
+use tessera_hlo::autodiff::{VjpCall, VjpRule};
+use tessera_hlo::{
+    self as hlo, ComparisonDirection, DotDims, FuncBuilder, HloError, Module, Reducer,
+};
 
 use crate::attention::{Dims, Features, SplashAttention, Stage, StageArg, Tensor};
 use crate::error::SplashError;
@@ -16,16 +21,17 @@ use crate::mask::{Mask, PositionOps};
 
 type Result<T, E = SplashError> = std::result::Result<T, E>;
 
-/// Lowers `stages` into the function `f` is building. `env` holds the program values of the
-/// tensors the stages read (inputs) and receives those they produce. Constant arguments
-/// (tables, placeholders) become program constants.
+/// Lowers `stages` into the function `f` is building, each kernel for its stage's target
+/// (inline StableHLO loops, or a Mosaic `tpu_custom_call` for
+/// [`Target::tpu`](tessera_dsl::Target::tpu)). `env` holds
+/// the program values of the tensors the stages read (inputs) and receives those they
+/// produce. Constant arguments (tables, placeholders) become program constants.
 pub fn lower_stages(
     f: &mut FuncBuilder<'_>,
     stages: &[Stage],
-    rules: &TargetRules,
     env: &mut HashMap<Tensor, hlo::Value>,
 ) -> Result<()> {
-    lower_stages_on_shard(f, stages, rules, env, None)
+    lower_stages_on_shard(f, stages, env, None)
 }
 
 /// [`lower_stages`] inside an SPMD program: a [`StageArg::PerShard`] argument becomes one
@@ -34,7 +40,6 @@ pub fn lower_stages(
 pub fn lower_stages_on_shard(
     f: &mut FuncBuilder<'_>,
     stages: &[Stage],
-    rules: &TargetRules,
     env: &mut HashMap<Tensor, hlo::Value>,
     shard: Option<hlo::Value>,
 ) -> Result<()> {
@@ -66,11 +71,132 @@ pub fn lower_stages_on_shard(
             let shape: Vec<usize> = ty.dims.iter().map(|&d| d as usize).collect();
             specs.push(ArgSpec::new(ty.dtype, shape));
         }
-        let kernel = stage.def.instantiate(&specs, rules)?;
-        let outs = tessera_dsl::stablehlo::lower_into(&kernel, f, &args)?;
+        let kernel = stage.def.instantiate(&specs, &stage.target.rules)?;
+        let outs = stage.target.lower_into(&kernel, f, &args)?;
         env.extend(stage.outputs.iter().copied().zip(outs));
     }
     Ok(())
+}
+
+/// Lowers a forward plan (`Q, K, V -> Out, Lse`) into `f` like [`lower_stages_on_shard`], as
+/// one custom-VJP unit ([`FuncBuilder::custom_vjp`]) whose backward lowers `backward`, the
+/// same attention's [`backward_plan`](crate::SplashAttention::backward_plan): reverse-mode
+/// autodiff of a program holding the attention runs the kernel author's backward kernels,
+/// never the forward kernel's loop. The unit's inputs are `Q`, `K`, `V` (their cotangents
+/// `Dq`, `Dk`, `Dv`); the other tensors in `env` (segment ids, sinks) are not differentiated.
+/// A cotangent of `Lse` (ring attention's merge has one) enters the backward kernels as
+/// `Di - dLse`: `d lse / d logits` is the softmax, so it adds `p dLse` to `ds = p (dp - Di)`.
+pub fn lower_forward_on_shard(
+    f: &mut FuncBuilder<'_>,
+    forward: &[Stage],
+    backward: Vec<Stage>,
+    env: &mut HashMap<Tensor, hlo::Value>,
+    shard: Option<hlo::Value>,
+) -> Result<()> {
+    let mut inputs = Vec::with_capacity(3);
+    for t in DIFFERENTIATED {
+        inputs.push(*env.get(&t).ok_or_else(|| {
+            SplashError::Backend(format!("the splash forward needs {t:?} in its environment"))
+        })?);
+    }
+    if !backward
+        .first()
+        .is_some_and(|s| s.outputs.contains(&Tensor::Di))
+    {
+        return Err(SplashError::Backend(
+            "the backward plan must start with the preprocessing stage computing Di".into(),
+        ));
+    }
+    let context: HashMap<Tensor, hlo::Value> = env
+        .iter()
+        .filter(|(t, _)| !DIFFERENTIATED.contains(t))
+        .map(|(&t, &v)| (t, v))
+        .collect();
+    let rule = Rc::new(SplashVjp {
+        backward,
+        context: context.clone(),
+        shard,
+    });
+    let outs = f.custom_vjp(rule, &inputs, |f, x| {
+        let mut env = context.clone();
+        env.extend(DIFFERENTIATED.into_iter().zip(x.iter().copied()));
+        lower_stages_on_shard(f, forward, &mut env, shard)?;
+        let out = |t: Tensor| {
+            env.get(&t).copied().ok_or_else(|| {
+                SplashError::Backend(format!("the splash forward plan produced no {t:?}"))
+            })
+        };
+        Ok::<_, SplashError>(vec![out(Tensor::Out)?, out(Tensor::Lse)?])
+    })?;
+    env.insert(Tensor::Out, outs[0]);
+    env.insert(Tensor::Lse, outs[1]);
+    Ok(())
+}
+
+/// The tensors a splash forward unit differentiates.
+const DIFFERENTIATED: [Tensor; 3] = [Tensor::Q, Tensor::K, Tensor::V];
+
+/// The VJP of a splash forward: its backward plan on the unit's inputs and outputs.
+#[derive(Debug)]
+struct SplashVjp {
+    backward: Vec<Stage>,
+    /// The forward's other tensors (segment ids, sinks).
+    context: HashMap<Tensor, hlo::Value>,
+    shard: Option<hlo::Value>,
+}
+
+impl VjpRule for SplashVjp {
+    fn name(&self) -> &str {
+        "splash attention"
+    }
+
+    fn vjp(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        call: &VjpCall<'_>,
+    ) -> Result<Vec<Option<hlo::Value>>, HloError> {
+        let failed = |e: SplashError| HloError::Autodiff {
+            op: "custom_vjp".into(),
+            reason: format!("`splash attention`: lowering its backward: {e}"),
+        };
+        let mut env = self.context.clone();
+        env.extend(DIFFERENTIATED.into_iter().zip(call.inputs.iter().copied()));
+        env.insert(Tensor::Out, call.outputs[0]);
+        env.insert(Tensor::Lse, call.outputs[1]);
+        let dout = match call.cotangents[0] {
+            Some(d) => d,
+            None => {
+                let t = f.value_type(call.outputs[0])?.clone();
+                f.splat(0.0, t)?
+            }
+        };
+        env.insert(Tensor::DOut, dout);
+        let (prep, kernels) = self.backward.split_at(1);
+        lower_stages_on_shard(f, prep, &mut env, self.shard).map_err(failed)?;
+        if let Some(dlse) = call.cotangents[1] {
+            let di = env[&Tensor::Di];
+            env.insert(Tensor::Di, f.sub(di, dlse)?);
+        }
+        lower_stages_on_shard(f, kernels, &mut env, self.shard).map_err(failed)?;
+        let mut grads = Vec::with_capacity(3);
+        for (t, &x) in [Tensor::Dq, Tensor::Dk, Tensor::Dv]
+            .into_iter()
+            .zip(call.inputs)
+        {
+            let g = *env.get(&t).ok_or_else(|| {
+                failed(SplashError::Backend(format!(
+                    "the backward plan produced no {t:?}"
+                )))
+            })?;
+            let want = f.value_type(x)?.dtype;
+            grads.push(Some(if f.value_type(g)?.dtype == want {
+                g
+            } else {
+                f.convert(g, want)?
+            }));
+        }
+        Ok(grads)
+    }
 }
 
 /// Every shard's array stacked into one constant `[shards, ...]`, and this shard's sliced out.
@@ -101,6 +227,8 @@ fn shard_constant(
 pub enum Pass {
     /// `q, k, v -> out, lse`.
     Forward,
+    /// `q, k, v, out, lse, dout -> dq, dk, dv` (the backward kernels alone).
+    Backward,
     /// `q, k, v, dout -> out, lse, dq, dk, dv`.
     ForwardBackward,
 }
@@ -109,12 +237,21 @@ fn tensor_type(dtype: DType, shape: &[usize]) -> hlo::TensorType {
     hlo::TensorType::new(shape.iter().map(|&d| d as i64).collect::<Vec<_>>(), dtype)
 }
 
-/// Splash attention (no segment ids or sinks) as one StableHLO program over its kernels.
-pub fn splash_program(attn: &SplashAttention, pass: Pass) -> Result<Module> {
+/// Splash attention (no sinks) as one StableHLO program over its kernels, each lowered for
+/// the attention's target. Arguments: `q, k, v`, then with `features.segmented` the query
+/// and key segment ids `[B, Sq]`, `[B, Skv]` int32, then for [`Pass::Backward`]
+/// `out, lse [B, H, Sq], dout` and for [`Pass::ForwardBackward`] `dout`.
+pub fn splash_program(attn: &SplashAttention, pass: Pass, features: Features) -> Result<Module> {
+    if features.sinks {
+        return Err(SplashError::Options(
+            "splash programs take no attention sinks; leave them out".into(),
+        ));
+    }
     let d = attn.dims();
     let mut m = Module::new("splash_attention");
     let mut f = m.func("main");
     let dt = attn.dtype();
+    let out_shape = [d.batch, d.heads, d.q_len, d.head_dim_v];
     let q = f.arg(tensor_type(dt, &[d.batch, d.heads, d.q_len, d.head_dim]))?;
     let k = f.arg(tensor_type(
         dt,
@@ -125,18 +262,42 @@ pub fn splash_program(attn: &SplashAttention, pass: Pass) -> Result<Module> {
         &[d.batch, d.kv_heads, d.kv_len, d.head_dim_v],
     ))?;
     let mut env = HashMap::from([(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)]);
-    let feats = Features::default();
-    lower_stages(&mut f, &attn.forward_plan(feats), attn.rules(), &mut env)?;
-    let lse = f.reshape(
-        env[&Tensor::Lse],
-        &[d.batch as i64, d.heads as i64, d.q_len as i64],
-    )?;
-    let mut results = vec![env[&Tensor::Out], lse];
-    if pass == Pass::ForwardBackward {
-        let dout = f.arg(tensor_type(dt, &[d.batch, d.heads, d.q_len, d.head_dim_v]))?;
-        env.insert(Tensor::DOut, dout);
-        lower_stages(&mut f, &attn.backward_plan(feats), attn.rules(), &mut env)?;
-        results.extend([env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]]);
+    if features.segmented {
+        let (b, sq, skv) = (d.batch as i64, d.q_len as i64, d.kv_len as i64);
+        let qs = f.arg(tensor_type(DType::I32, &[d.batch, d.q_len]))?;
+        let ks = f.arg(tensor_type(DType::I32, &[d.batch, d.kv_len]))?;
+        let qs = f.reshape(qs, &[b, sq, 1])?;
+        let ks = f.reshape(ks, &[b, 1, skv])?;
+        env.extend([(Tensor::QSegments, qs), (Tensor::KvSegments, ks)]);
+    }
+    let lse_dims = [d.batch as i64, d.heads as i64, d.q_len as i64];
+    let mut results = Vec::new();
+    match pass {
+        Pass::Forward => {
+            lower_stages(&mut f, &attn.forward_plan(features), &mut env)?;
+            let lse = f.reshape(env[&Tensor::Lse], &lse_dims)?;
+            results.extend([env[&Tensor::Out], lse]);
+        }
+        Pass::ForwardBackward => {
+            // The gradient of sum(out * dout): the backward kernels, through autodiff.
+            let (forward, backward) = (attn.forward_plan(features), attn.backward_plan(features));
+            lower_forward_on_shard(&mut f, &forward, backward, &mut env, None)?;
+            let lse = f.reshape(env[&Tensor::Lse], &lse_dims)?;
+            results.extend([env[&Tensor::Out], lse]);
+            let dout = f.arg(tensor_type(dt, &out_shape))?;
+            results.extend(f.vjp(&[env[&Tensor::Out]], &[dout], &[q, k, v])?);
+        }
+        Pass::Backward => {
+            // The backward kernels alone, on the forward's saved results.
+            let out = f.arg(tensor_type(dt, &out_shape))?;
+            let lse = f.arg(tensor_type(DType::F32, &[d.batch, d.heads, d.q_len]))?;
+            let lse = f.reshape(lse, &[lse_dims[0], lse_dims[1], lse_dims[2], 1])?;
+            env.extend([(Tensor::Out, out), (Tensor::Lse, lse)]);
+            let dout = f.arg(tensor_type(dt, &out_shape))?;
+            env.insert(Tensor::DOut, dout);
+            lower_stages(&mut f, &attn.backward_plan(features), &mut env)?;
+            results.extend([env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]]);
+        }
     }
     f.finish(&results)?;
     Ok(m)
@@ -162,6 +323,11 @@ pub fn dense_program(
         d.kv_len as i64,
     );
     let scores_dims = [b, h, sq, skv];
+    if pass == Pass::Backward {
+        return Err(SplashError::Options(
+            "the dense baseline computes the forward, or forward and backward together".into(),
+        ));
+    }
     let mut m = Module::new("dense_attention");
     let mut f = m.func("main");
     let q = f.arg(tensor_type(dtype, &[d.batch, d.heads, d.q_len, d.head_dim]))?;

@@ -11,7 +11,7 @@
 //! become [`StageArg::PerShard`], which the SPMD lowering stacks into one constant and slices
 //! by the device's shard index.
 
-use tessera_dsl::{DType, TargetRules};
+use tessera_dsl::{DType, Target};
 
 use crate::attention::{Dims, Features, SplashAttention, SplashOptions, Stage, StageArg};
 use crate::block_sizes::BlockSizes;
@@ -34,9 +34,10 @@ impl ShardedSplash {
         dtype: DType,
         block_sizes: BlockSizes,
         options: SplashOptions,
-        rules: TargetRules,
+        target: impl Into<Target>,
         offsets: &[SeqOffsets],
     ) -> Result<Self, SplashError> {
+        let target = target.into();
         if offsets.is_empty() {
             return Err(SplashError::Options(
                 "a sharded splash attention needs at least one shard".into(),
@@ -59,7 +60,7 @@ impl ShardedSplash {
                     dtype,
                     block_sizes,
                     options,
-                    rules.clone(),
+                    target.clone(),
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -172,7 +173,7 @@ mod tests {
             DType::F32,
             BlockSizes::uniform(128, 128),
             SplashOptions::default(),
-            TargetRules::portable(),
+            Target::portable(),
             &offsets,
         )
         .unwrap();

@@ -1,9 +1,9 @@
 //! All-gather (MaxText's `context_parallel_strategy = "all_gather"`): K and V are gathered
 //! along the sequence, so every device holds all keys; device `r` attends its query shard
 //! (global positions `r S/U ..`) against them, with the mask's tables for that offset
-//! ([`AllGatherAttention`]). The backward computes dQ locally and partial dK/dV over the
-//! whole sequence on every device (typed `Varying<Context>`), which the all-gather's
-//! transpose, a reduce-scatter, sums and re-shards.
+//! ([`AllGatherAttention`]). The backward, the forward's gradient, computes dQ locally and
+//! partial dK/dV over the whole sequence on every device, which the all-gather's transpose, a
+//! reduce-scatter, sums and re-shards.
 //!
 //! With load balancing the shard of device `r` is chunks `r` and `2U - 1 - r` of `2U`
 //! (zigzag order): the gathered K/V are put back in natural order, each chunk of queries
@@ -11,12 +11,27 @@
 //! reduce-scatter.
 
 use tessera_collectives::axes::Context;
-use tessera_collectives::Program;
+use tessera_collectives::{CollectiveError, DTensor, Program, Replicated, Spmd};
 
-use super::ops::AllGatherAttention;
+use super::ops::{AllGatherAttention, WholeSegmentIds};
 use super::{
-    gather_segments, BackwardArgs, ContextMesh, ContextParallel, CpError, SeqSharded, SeqSharded3,
+    backward_args, gather_segments, output_gradients, ContextMesh, ContextParallel, CpError,
+    OutLse, SeqSharded, SeqSharded3,
 };
+
+/// The forward on the sequence-sharded `q, k, v`: gathers K and V, attends this device's
+/// queries.
+fn attend<'p>(
+    attention: &AllGatherAttention<Context>,
+    p: &'p Spmd<'_, ContextMesh>,
+    [q, k, v]: [&DTensor<'p, ContextMesh, SeqSharded>; 3],
+    seg: Option<&DTensor<'p, ContextMesh, WholeSegmentIds<Replicated>>>,
+) -> Result<OutLse<'p, ContextMesh, SeqSharded, SeqSharded3>, CollectiveError> {
+    let k = k.all_gather::<Context, 2>()?;
+    let v = v.all_gather::<Context, 2>()?;
+    let shard = p.axis_index::<Context>()?;
+    attention.forward(p, &shard, q, &k, &v, seg)
+}
 
 pub(super) fn forward(
     cp: &ContextParallel,
@@ -32,16 +47,16 @@ pub(super) fn forward(
             let k = p.arg::<SeqSharded>(g.k, cp.dtype)?;
             let v = p.arg::<SeqSharded>(g.v, cp.dtype)?;
             let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-            let k = k.all_gather::<Context, 2>()?;
-            let v = v.all_gather::<Context, 2>()?;
-            let shard = p.axis_index::<Context>()?;
-            let (out, lse) = attention.forward(p, &shard, &q, &k, &v, seg.as_ref())?;
+            let (out, lse) = attend(&attention, p, [&q, &k, &v], seg.as_ref())?;
             out.output::<SeqSharded>()?;
             lse.output::<SeqSharded3>()
         },
     )?)
 }
 
+/// The gradient of the forward: every device's dK/dV covers every key but only its queries'
+/// contribution, a partial sum that the all-gather's transpose, a reduce-scatter, completes
+/// and re-shards along the sequence.
 pub(super) fn backward(
     cp: &ContextParallel,
     segmented: bool,
@@ -51,26 +66,10 @@ pub(super) fn backward(
         "all_gather_bwd",
         &cp.context_mesh()?,
         |p| {
-            let BackwardArgs {
-                q,
-                k,
-                v,
-                out,
-                lse,
-                dout,
-            } = BackwardArgs::new(cp, p)?;
+            let [q, k, v, dout] = backward_args(cp, p)?;
             let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-            let k = k.all_gather::<Context, 2>()?;
-            let v = v.all_gather::<Context, 2>()?;
-            let shard = p.axis_index::<Context>()?;
-            let (dq, dk, dv) =
-                attention.backward(p, &shard, &q, &k, &v, &out, &lse, &dout, seg.as_ref())?;
-            dq.output::<SeqSharded>()?;
-            // Each device's dK/dV covers every key but only its queries' contribution: a
-            // partial sum over the context axis, which the reduce-scatter completes and
-            // re-shards along the sequence.
-            dk.reduce_scatter::<Context, 2>()?.output::<SeqSharded>()?;
-            dv.reduce_scatter::<Context, 2>()?.output::<SeqSharded>()
+            let (out, _) = attend(&attention, p, [&q, &k, &v], seg.as_ref())?;
+            output_gradients(p, &out, &dout, [&q, &k, &v])
         },
     )?)
 }

@@ -14,15 +14,24 @@
 //!   reduce-scatters dK/dV (the all-gather's transpose).
 //! - [`Strategy::Ring`]: K/V shards travel around the ring (collective permutes); every step
 //!   attends the local queries to the shard in hand and merges by logsumexp. The backward
-//!   sends dK/dV accumulators around the ring with their K/V.
+//!   sends the dK/dV contributions back around the ring (the permutes' transposes).
 //! - [`Strategy::Usp`]: a 2-D mesh, Ulysses over one axis and ring over the other.
 //!
 //! The programs are SPMD StableHLO built with the typed collectives (the sharding of every
 //! tensor is in its type) with the splash kernels inlined; devices whose blocks differ (the
 //! all-gather and ring strategies) share one kernel through [`ShardedSplash`], which selects
 //! each device's block tables by its mesh coordinate. They run on the PJRT CPU plugin.
+//!
+//! Each backward program is the reverse-mode gradient of its forward ([`Spmd::vjp`]): the
+//! forward is built again in the program, every splash call is a custom-VJP unit whose rule
+//! runs splash's backward kernels ([`tessera_splash::lower_forward_on_shard`]), every
+//! collective is differentiated by its transpose, and the local glue (re-layouts, the ring's
+//! logsumexp merge) by tessera-hlo's op rules. Recomputing the forward costs one forward
+//! kernel per call; the program takes the forward's `out` and `lse` for its signature but
+//! does not read them.
 
 mod all_gather;
+pub mod layer;
 pub mod ops;
 mod ring;
 mod ulysses;
@@ -33,11 +42,11 @@ use std::fmt;
 
 use tessera_collectives::axes::Context;
 use tessera_collectives::{
-    axis, mesh, CollectiveCall, CollectiveError, DTensor, Executable, Mesh, MeshShape, Program,
-    Replicated, Split, Spmd,
+    axis, mesh, CollectiveCall, CollectiveError, DTensor, Executable, Invariant, Layout, Mesh,
+    MeshShape, Program, Replicated, Split, Spmd,
 };
-use tessera_dsl::{DType, HostArray, TargetRules};
-use tessera_hlo::{FuncBuilder, Value};
+use tessera_dsl::{DType, HostArray, Target};
+use tessera_hlo::{FuncBuilder, Module, Value};
 use tessera_runtime::{Client, HostBuffer};
 use tessera_splash::{
     BlockSizes, Dims, Inputs, Mask, SegmentIds, SeqOffsets, ShardedSplash, SplashError,
@@ -212,6 +221,10 @@ pub struct ContextParallel {
     /// `2U - 1 - r` (zigzag), so under a causal mask every device has the same work. The
     /// arrays stay in natural order for the caller; the programs take them in zigzag order.
     pub load_balance: bool,
+    /// What the kernels are lowered for: [`Target::portable`] (inline StableHLO, runs on the
+    /// CPU plugin) or [`Target::tpu`] (Mosaic custom calls inside the manual-sharded program,
+    /// compile-only for a TPU topology).
+    pub target: Target,
 }
 
 /// One collective of a program and what it moves.
@@ -389,6 +402,14 @@ impl CpProgram {
         match &self.program {
             MeshProgram::Context(p) => p.to_mlir(),
             MeshProgram::Usp(p) => p.to_mlir(),
+        }
+    }
+
+    /// The StableHLO module (its `mhlo.num_partitions` is the number of devices).
+    pub fn module(&self) -> &Module {
+        match &self.program {
+            MeshProgram::Context(p) => p.module(),
+            MeshProgram::Usp(p) => p.module(),
         }
     }
 
@@ -663,8 +684,7 @@ impl ContextParallel {
         }
     }
 
-    /// One splash attention per shard at `offsets[shard]` (local dims; portable rules: the
-    /// program runs on the CPU plugin).
+    /// One splash attention per shard at `offsets[shard]` (local dims), for the target.
     fn sharded_splash(&self, offsets: &[SeqOffsets]) -> Result<ShardedSplash, CpError> {
         Ok(ShardedSplash::new(
             self.mask.clone(),
@@ -672,7 +692,7 @@ impl ContextParallel {
             self.dtype,
             self.block_sizes,
             self.options,
-            TargetRules::portable(),
+            self.target.clone(),
             offsets,
         )?)
     }
@@ -753,8 +773,16 @@ impl ContextParallel {
 
     /// Checks a call's global arrays with the same checks as a single-device splash
     /// attention (shapes against `dims`, dtype, finite values, segment ids int32 `[B, S]`),
-    /// so every strategy validates its inputs alike, before anything is compiled.
+    /// so every strategy validates its inputs alike, before anything is compiled; and that
+    /// the kernels are lowered for a backend that runs here.
     pub fn check_inputs(&self, x: &CpInputs<'_>) -> Result<(), CpError> {
+        if self.target.is_tpu() {
+            return Err(self.config_error(
+                "programs built for the TPU target (Mosaic custom calls) compile for a TPU \
+                 topology but do not run on the CPU plugin; use Target::portable() to run them"
+                    .into(),
+            ));
+        }
         let inputs = Inputs {
             q: x.q,
             k: x.k,
@@ -847,57 +875,54 @@ struct GlobalDims {
     lse: [i64; 3],
 }
 
-/// Lowers a splash plan inline into `f` (portable rules: the program runs on the CPU
-/// plugin); `shard` selects the per-shard tables. Errors in the collectives' form.
-fn lower_plan(
+/// Lowers a splash forward plan into `f` as a custom-VJP unit whose backward is the
+/// `backward` plan, each kernel for the plan's target (inline, or a Mosaic custom call inside
+/// the manual-sharded region); `shard` selects the per-shard tables. Errors in the
+/// collectives' form.
+fn lower_forward(
     f: &mut FuncBuilder<'_>,
-    stages: &[Stage],
+    forward: &[Stage],
+    backward: Vec<Stage>,
     env: &mut HashMap<Tensor, Value>,
     shard: Option<Value>,
 ) -> Result<(), CollectiveError> {
-    tessera_splash::lower_stages_on_shard(f, stages, &TargetRules::portable(), env, shard)
+    tessera_splash::lower_forward_on_shard(f, forward, backward, env, shard)
         .map_err(|e| CollectiveError::local(e.to_string()))
 }
 
-/// The sequence-sharded arguments of a backward program on the context mesh, in the order
-/// every strategy takes them: `q, k, v, out, lse, dout`.
-struct BackwardArgs<'p> {
-    q: DTensor<'p, ContextMesh, SeqSharded>,
-    k: DTensor<'p, ContextMesh, SeqSharded>,
-    v: DTensor<'p, ContextMesh, SeqSharded>,
-    out: DTensor<'p, ContextMesh, SeqSharded>,
-    lse: DTensor<'p, ContextMesh, SeqSharded3>,
-    dout: DTensor<'p, ContextMesh, SeqSharded>,
-}
+/// A forward's `out` and `lse`, sharded as `S` and `S3`.
+type OutLse<'p, M, S, S3> = (DTensor<'p, M, S>, DTensor<'p, M, S3>);
 
-impl<'p> BackwardArgs<'p> {
-    fn new(cp: &ContextParallel, p: &'p Spmd<'_, ContextMesh>) -> Result<Self, CollectiveError> {
-        let g = cp.global_dims();
-        Ok(BackwardArgs {
-            q: p.arg(g.q, cp.dtype)?,
-            k: p.arg(g.k, cp.dtype)?,
-            v: p.arg(g.v, cp.dtype)?,
-            out: p.arg(g.out, cp.dtype)?,
-            lse: p.arg(g.lse, DType::F32)?,
-            dout: p.arg(g.out, cp.dtype)?,
-        })
+/// Ends a backward program: the gradients of `sum(out * dout)` with respect to `q`, `k`, `v`
+/// (reverse-mode autodiff of the forward built in the program), each returned split like its
+/// input, and the forward ops they do not need (the output re-shardings) left out.
+fn output_gradients<'p, M: MeshShape, S: Layout<M>>(
+    p: &'p Spmd<'_, M>,
+    out: &DTensor<'p, M, S>,
+    dout: &DTensor<'p, M, S>,
+    [q, k, v]: [&DTensor<'p, M, S>; 3],
+) -> Result<(), CollectiveError> {
+    for g in p.vjp(&[out], &[dout], &[q, k, v])? {
+        p.declare::<S, Invariant>(g)?.output::<S>()?;
     }
+    p.prune()
 }
 
-/// A backward plan's environment from the local values of `q, k, v, out, lse, dout` (`lse`
-/// as the user's `[B, H, S]`).
-fn backward_env(
-    f: &mut FuncBuilder<'_>,
-    x: &[Value],
-) -> Result<HashMap<Tensor, Value>, CollectiveError> {
-    Ok(HashMap::from([
-        (Tensor::Q, x[0]),
-        (Tensor::K, x[1]),
-        (Tensor::V, x[2]),
-        (Tensor::Out, x[3]),
-        (Tensor::Lse, lse_to_kernel(f, x[4])?),
-        (Tensor::DOut, x[5]),
-    ]))
+/// Declares the arguments of a backward program on the context mesh, sequence-sharded, in the
+/// order every strategy takes them: `q, k, v, out, lse, dout`. Returns `q, k, v, dout`: the
+/// gradient program computes `out` and `lse` again (see the module docs).
+fn backward_args<'p>(
+    cp: &ContextParallel,
+    p: &'p Spmd<'_, ContextMesh>,
+) -> Result<[DTensor<'p, ContextMesh, SeqSharded>; 4], CollectiveError> {
+    let g = cp.global_dims();
+    let q = p.arg(g.q, cp.dtype)?;
+    let k = p.arg(g.k, cp.dtype)?;
+    let v = p.arg(g.v, cp.dtype)?;
+    p.arg::<SeqSharded>(g.out, cp.dtype)?;
+    p.arg::<SeqSharded3>(g.lse, DType::F32)?;
+    let dout = p.arg(g.out, cp.dtype)?;
+    Ok([q, k, v, dout])
 }
 
 /// The whole `[B, S]` segment ids, in natural order, on every device of a context mesh
@@ -1082,21 +1107,5 @@ fn replicate_heads<'p, M: MeshShape, S, V>(
         let wide = f.broadcast_in_dim(v, &wide, &keep)?;
         let merged: Vec<i64> = [&[d[0], d[1] * rep as i64], &d[2..]].concat();
         Ok(f.reshape(wide, &merged)?)
-    })
-}
-
-/// The transpose of [`replicate_heads`]: sums each group of `rep` heads.
-fn sum_replicated_heads<'p, M: MeshShape, S, V>(
-    x: &DTensor<'p, M, S, V>,
-    rep: usize,
-) -> Result<DTensor<'p, M, S, V>, CollectiveError> {
-    if rep == 1 {
-        return Ok(x.clone());
-    }
-    x.map_local(|f, v| {
-        let d = f.value_type(v)?.dims.clone();
-        let grouped: Vec<i64> = [&[d[0], d[1] / rep as i64, rep as i64], &d[2..]].concat();
-        let grouped = f.reshape(v, &grouped)?;
-        Ok(f.reduce(grouped, &[2], tessera_hlo::Reducer::Sum)?)
     })
 }

@@ -7,23 +7,23 @@
 //! Each step's normalised output and logsumexp merge into the running result by logsumexp
 //! ([`RingAttention::forward_step`]).
 //!
-//! The backward walks the ring once more: with the forward's (global) logsumexp and
-//! `rowsum(out * dout)`, every step's dQ contribution adds up locally, and the dK/dV
-//! contributions add into accumulators that travel with their K/V shard; after the last step
-//! one more permute brings every accumulator home. No all-to-all, no all-gather.
+//! The backward is the forward's gradient: the forward runs again, then the steps in reverse:
+//! each step's splash backward kernels take the cotangents the logsumexp merge passes to that
+//! step's `out` and `lse`; dQ adds up locally, and each shard's dK/dV travel back around the
+//! ring through the permutes' transposes (the reverse shift), adding up on the way. No
+//! all-to-all, no all-gather.
 //!
 //! The steps are written over any mesh axis, so the Ulysses x ring hybrid reuses them.
 
 use tessera_collectives::axes::Context;
 use tessera_collectives::{
-    CollectiveError, DTensor, DimSharding, HasAxis, MeshAxis, MeshShape, Program, Spmd,
+    CollectiveError, DTensor, DimSharding, HasAxis, MeshAxis, MeshShape, Program, Replicated, Spmd,
 };
 
-use super::ops::{
-    AxisIndex, BySequence, RingAttention, RingGrads, RingPartial, RingResiduals, WholeSegmentIds,
-};
+use super::ops::{AxisIndex, BySequence, RingAttention, RingPartial, WholeSegmentIds};
 use super::{
-    gather_segments, BackwardArgs, ContextMesh, ContextParallel, CpError, SeqSharded, SeqSharded3,
+    backward_args, gather_segments, output_gradients, ContextMesh, ContextParallel, CpError,
+    OutLse, SeqSharded, SeqSharded3,
 };
 
 /// The K/V shards of one device, rotating around the ring.
@@ -58,39 +58,17 @@ where
     partial.ok_or_else(|| CollectiveError::local("a ring has at least one step"))
 }
 
-/// The backward over every ring step: the gradients of this device's queries against each
-/// K/V shard in turn; dK/dV travel with their shard and come home after the last step.
-pub(super) fn backward_steps<'p, M, A, B, H>(
-    p: &'p Spmd<'_, M>,
-    ring: &RingAttention<A>,
-    shard: &AxisIndex<'p, M, A>,
-    residuals: &RingResiduals<'p, M, B, H, A>,
-    mut k: Shard<'p, M, B, H, A>,
-    mut v: Shard<'p, M, B, H, A>,
-    segment_ids: Option<&DTensor<'p, M, WholeSegmentIds<B>>>,
-) -> Result<RingGrads<'p, M, B, H, A>, CollectiveError>
-where
-    M: MeshShape + HasAxis<A>,
-    A: MeshAxis,
-    B: DimSharding<M>,
-    H: DimSharding<M>,
-{
-    let mut grads = None;
-    for t in 0..ring.steps() {
-        let g = ring.backward_step(p, t, shard, residuals, &k, &v, segment_ids, grads)?;
-        // The accumulators follow their K/V shard; after the last step this permute brings
-        // each home.
-        grads = Some(RingGrads {
-            dq: g.dq,
-            dk: g.dk.ring_shift::<A, 2>(1)?,
-            dv: g.dv.ring_shift::<A, 2>(1)?,
-        });
-        if t + 1 < ring.steps() {
-            k = k.ring_shift::<A, 2>(1)?;
-            v = v.ring_shift::<A, 2>(1)?;
-        }
-    }
-    grads.ok_or_else(|| CollectiveError::local("a ring has at least one step"))
+/// The forward on the sequence-sharded `q, k, v`: `out` in the input dtype and `lse`.
+fn attend<'p>(
+    cp: &ContextParallel,
+    ring: &RingAttention<Context>,
+    p: &'p Spmd<'_, ContextMesh>,
+    [q, k, v]: [&DTensor<'p, ContextMesh, SeqSharded>; 3],
+    seg: Option<&DTensor<'p, ContextMesh, WholeSegmentIds<Replicated>>>,
+) -> Result<OutLse<'p, ContextMesh, SeqSharded, SeqSharded3>, CollectiveError> {
+    let shard = p.axis_index::<Context>()?;
+    let partial = forward_steps(p, ring, &shard, q, k.clone(), v.clone(), seg)?;
+    Ok((partial.out.convert(cp.dtype)?, partial.lse))
 }
 
 pub(super) fn forward(
@@ -104,34 +82,22 @@ pub(super) fn forward(
         let k = p.arg::<SeqSharded>(g.k, cp.dtype)?;
         let v = p.arg::<SeqSharded>(g.v, cp.dtype)?;
         let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-        let shard = p.axis_index::<Context>()?;
-        let partial = forward_steps(p, &ring, &shard, &q, k, v, seg.as_ref())?;
-        partial.out.convert(cp.dtype)?.output::<SeqSharded>()?;
-        partial.lse.output::<SeqSharded3>()
+        let (out, lse) = attend(cp, &ring, p, [&q, &k, &v], seg.as_ref())?;
+        out.output::<SeqSharded>()?;
+        lse.output::<SeqSharded3>()
     })?)
 }
 
+/// The gradient of the forward.
 pub(super) fn backward(
     cp: &ContextParallel,
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
     let ring = RingAttention::<Context>::new(cp)?;
     Ok(Program::build("ring_bwd", &cp.context_mesh()?, |p| {
-        let BackwardArgs {
-            q,
-            k,
-            v,
-            out,
-            lse,
-            dout,
-        } = BackwardArgs::new(cp, p)?;
+        let [q, k, v, dout] = backward_args(cp, p)?;
         let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-        let shard = p.axis_index::<Context>()?;
-        let residuals = ring.backward_residuals(p, &q, &out, &lse, &dout)?;
-        let grads = backward_steps(p, &ring, &shard, &residuals, k, v, seg.as_ref())?;
-        for g in [grads.dq, grads.dk, grads.dv] {
-            g.convert(cp.dtype)?.output::<SeqSharded>()?;
-        }
-        Ok(())
+        let (out, _) = attend(cp, &ring, p, [&q, &k, &v], seg.as_ref())?;
+        output_gradients(p, &out, &dout, [&q, &k, &v])
     })?)
 }

@@ -6,6 +6,8 @@
 //! the two splits has its own dim and mesh axis. An all-to-all over `ulysses` (split heads,
 //! concatenate the pieces) gives device `(u, r)` the whole chunk `r` for `H/U` heads; ring
 //! attention over `ring` runs on those chunks; the inverse all-to-all brings the output back.
+//! The backward is the forward's gradient (the all-to-alls' and the ring permutes'
+//! transposes around splash's backward kernels).
 
 use tessera_collectives::{
     CollectiveError, DTensor, Invariant, Mesh, Program, Replicated, Split, Spmd,
@@ -13,11 +15,11 @@ use tessera_collectives::{
 use tessera_dsl::DType;
 use tessera_hlo::{FuncBuilder, Value};
 
-use super::ops::{BySequence, BySequenceRows, RingAttention, WholeSegmentIds};
-use super::ring::{backward_steps, forward_steps};
+use super::ops::{BySequence, RingAttention, WholeSegmentIds};
+use super::ring::forward_steps;
 use super::seq_dim;
 use super::{
-    replicate_heads, sum_replicated_heads, ContextParallel, CpError, RingAxis, Strategy,
+    output_gradients, replicate_heads, ContextParallel, CpError, OutLse, RingAxis, Strategy,
     UlyssesAxis, UspMesh,
 };
 
@@ -45,8 +47,6 @@ type Chunks5 = (
 type Chunks4Lse = (Replicated, Split<UlyssesAxis>, Split<RingAxis>, Replicated);
 /// `[B, H/U, S, D]` with the sequence over `ring`: what the ring steps work on.
 type Chunks = BySequence<Replicated, Split<UlyssesAxis>, RingAxis>;
-/// `[B, H/U, S]` (logsumexp) with the sequence over `ring`.
-type ChunksLse = BySequenceRows<Replicated, Split<UlyssesAxis>, RingAxis>;
 
 fn degrees(cp: &ContextParallel) -> (usize, usize) {
     match cp.strategy {
@@ -78,30 +78,25 @@ fn chunk_view(f: &mut FuncBuilder<'_>, x: Value, rank_up: bool) -> Result<Value,
     Ok(f.reshape(x, &dims)?)
 }
 
-/// Declares a `[B, H, S, D]` argument in pieces and re-shards it to whole chunks.
+/// Re-shards a `[B, H, S, D]` tensor in pieces to whole chunks (replicating each head `rep`
+/// times first).
 fn chunks_of<'p>(
-    cp: &ContextParallel,
-    p: &'p Spmd<'_, UspMesh>,
-    dims: [i64; 4],
+    x: &DTensor<'p, UspMesh, Pieces>,
     rep: usize,
 ) -> Result<DTensor<'p, UspMesh, Chunks>, CollectiveError> {
-    let x = p.arg::<Pieces>(pieces_dims(cp, dims), cp.dtype)?;
-    let x = replicate_heads(&x, rep)?;
+    let x = replicate_heads(x, rep)?;
     x.all_to_all::<UlyssesAxis, 1, 3>()?
         .map_local_as::<Chunks, Invariant>(|f, v| chunk_view(f, v, false))
 }
 
-/// Returns a `[B, H/U, S, D]` chunk (f32) in pieces, as `dtype`.
-fn output_pieces(
+/// A `[B, H/U, S, D]` chunk (f32) in pieces, as `dtype`.
+fn to_pieces_of<'p>(
     cp: &ContextParallel,
-    x: &DTensor<'_, UspMesh, Chunks>,
-    rep: usize,
-) -> Result<(), CollectiveError> {
-    let x = x
-        .convert(cp.dtype)?
+    x: &DTensor<'p, UspMesh, Chunks>,
+) -> Result<DTensor<'p, UspMesh, Pieces>, CollectiveError> {
+    x.convert(cp.dtype)?
         .map_local_as::<Chunks5, Invariant>(|f, v| chunk_view(f, v, true))?
-        .all_to_all::<UlyssesAxis, 3, 1>()?;
-    sum_replicated_heads(&x, rep)?.output::<Pieces>()
+        .all_to_all::<UlyssesAxis, 3, 1>()
 }
 
 /// The segment ids `[B, S]` (as `[B, R, S/R]` in pieces) gathered whole on every device.
@@ -117,57 +112,68 @@ fn gather_segments<'p>(
         .map_local_as::<WholeSegmentIds<Replicated>, Invariant>(|f, x| Ok(f.reshape(x, &[b, s])?))
 }
 
+/// The forward on `q, k, v` in pieces: re-shards them to whole chunks by heads, runs the
+/// ring, and brings `out` and `lse` back to pieces.
+fn attend<'p>(
+    cp: &ContextParallel,
+    ring: &RingAttention<RingAxis>,
+    p: &'p Spmd<'_, UspMesh>,
+    [q, k, v]: [&DTensor<'p, UspMesh, Pieces>; 3],
+    seg: Option<&DTensor<'p, UspMesh, WholeSegmentIds<Replicated>>>,
+) -> Result<OutLse<'p, UspMesh, Pieces, Pieces4>, CollectiveError> {
+    let rep = cp.kv_replication();
+    let q = chunks_of(q, 1)?;
+    let k = chunks_of(k, rep)?;
+    let v = chunks_of(v, rep)?;
+    let shard = p.axis_index::<RingAxis>()?;
+    let partial = forward_steps(p, ring, &shard, &q, k, v, seg)?;
+    let out = to_pieces_of(cp, &partial.out)?;
+    // [B, h, n] -> [B, h, 1, n], then the pieces back over `ulysses`.
+    let lse = partial
+        .lse
+        .map_local_as::<Chunks4Lse, Invariant>(|f, lse| {
+            let d = f.value_type(lse)?.dims.clone();
+            Ok(f.reshape(lse, &[d[0], d[1], 1, d[2]])?)
+        })?
+        .all_to_all::<UlyssesAxis, 3, 1>()?;
+    Ok((out, lse))
+}
+
+/// Declares a `[B, H, S, D]` argument in pieces.
+fn arg<'p>(
+    cp: &ContextParallel,
+    p: &'p Spmd<'_, UspMesh>,
+    dims: [i64; 4],
+) -> Result<DTensor<'p, UspMesh, Pieces>, CollectiveError> {
+    p.arg::<Pieces>(pieces_dims(cp, dims), cp.dtype)
+}
+
 pub(super) fn forward(cp: &ContextParallel, segmented: bool) -> Result<Program<UspMesh>, CpError> {
     let ring = RingAttention::<RingAxis>::new(cp)?;
     let g = cp.global_dims();
-    let rep = cp.kv_replication();
     Ok(Program::build("usp_fwd", &mesh(cp)?, |p| {
-        let q = chunks_of(cp, p, g.q, 1)?;
-        let k = chunks_of(cp, p, g.k, rep)?;
-        let v = chunks_of(cp, p, g.v, rep)?;
+        let (q, k, v) = (arg(cp, p, g.q)?, arg(cp, p, g.k)?, arg(cp, p, g.v)?);
         let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-        let shard = p.axis_index::<RingAxis>()?;
-        let partial = forward_steps(p, &ring, &shard, &q, k, v, seg.as_ref())?;
-        output_pieces(cp, &partial.out, 1)?;
-        // [B, h, n] -> [B, h, 1, n], then the pieces back over `ulysses`.
-        partial
-            .lse
-            .map_local_as::<Chunks4Lse, Invariant>(|f, lse| {
-                let d = f.value_type(lse)?.dims.clone();
-                Ok(f.reshape(lse, &[d[0], d[1], 1, d[2]])?)
-            })?
-            .all_to_all::<UlyssesAxis, 3, 1>()?
-            .output::<Pieces4>()
+        let (out, lse) = attend(cp, &ring, p, [&q, &k, &v], seg.as_ref())?;
+        out.output::<Pieces>()?;
+        lse.output::<Pieces4>()
     })?)
 }
 
+/// The gradient of the forward; takes `q, k, v, out, lse, dout` in pieces (`out` and `lse`
+/// for the signature, see the module docs of `context`).
 pub(super) fn backward(cp: &ContextParallel, segmented: bool) -> Result<Program<UspMesh>, CpError> {
     let ring = RingAttention::<RingAxis>::new(cp)?;
     let g = cp.global_dims();
-    let rep = cp.kv_replication();
     Ok(Program::build("usp_bwd", &mesh(cp)?, |p| {
-        let q = chunks_of(cp, p, g.q, 1)?;
-        let k = chunks_of(cp, p, g.k, rep)?;
-        let v = chunks_of(cp, p, g.v, rep)?;
-        let out = chunks_of(cp, p, g.out, 1)?;
+        let (q, k, v) = (arg(cp, p, g.q)?, arg(cp, p, g.k)?, arg(cp, p, g.v)?);
+        arg(cp, p, g.out)?;
         let r = degrees(cp).1 as i64;
-        let lse_dims = [g.lse[0], g.lse[1], r, g.lse[2] / r];
-        // [B, h, 1, n] -> [B, h, n].
-        let lse = p
-            .arg::<Pieces4>(lse_dims, DType::F32)?
-            .all_to_all::<UlyssesAxis, 1, 3>()?
-            .map_local_as::<ChunksLse, Invariant>(|f, lse| {
-                let d = f.value_type(lse)?.dims.clone();
-                Ok(f.reshape(lse, &[d[0], d[1], d[3]])?)
-            })?;
-        let dout = chunks_of(cp, p, g.out, 1)?;
+        p.arg::<Pieces4>([g.lse[0], g.lse[1], r, g.lse[2] / r], DType::F32)?;
+        let dout = arg(cp, p, g.out)?;
         let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-        let shard = p.axis_index::<RingAxis>()?;
-        let residuals = ring.backward_residuals(p, &q, &out, &lse, &dout)?;
-        let grads = backward_steps(p, &ring, &shard, &residuals, k, v, seg.as_ref())?;
-        output_pieces(cp, &grads.dq, 1)?;
-        output_pieces(cp, &grads.dk, rep)?;
-        output_pieces(cp, &grads.dv, rep)
+        let (out, _) = attend(cp, &ring, p, [&q, &k, &v], seg.as_ref())?;
+        output_gradients(p, &out, &dout, [&q, &k, &v])
     })?)
 }
 

@@ -68,12 +68,7 @@ pub fn stage_programs(
             let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
             values.insert(t, f.arg(TensorType::new(dims, spec.dtype))?);
         }
-        lower_stages(
-            &mut f,
-            std::slice::from_ref(stage),
-            attn.rules(),
-            &mut values,
-        )?;
+        lower_stages(&mut f, std::slice::from_ref(stage), &mut values)?;
         let results: Vec<_> = stage.outputs.iter().map(|t| values[t]).collect();
         f.finish(&results)?;
         let inputs = tensors

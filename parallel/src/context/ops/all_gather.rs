@@ -4,18 +4,18 @@ use std::collections::HashMap;
 use std::marker::PhantomData;
 
 use tessera_collectives::{
-    CollectiveError, DTensor, DimSharding, HasAxis, MeshAxis, MeshShape, Spmd, Varying,
+    CollectiveError, DTensor, DimSharding, HasAxis, MeshAxis, MeshShape, Spmd,
 };
 use tessera_hlo::{FuncBuilder, Value};
-use tessera_splash::{SeqOffsets, ShardedSplash, Stage, Tensor};
+use tessera_splash::{SeqOffsets, ShardedSplash, Tensor};
 
 use super::super::{
-    backward_env, chunk_of, lower_plan, lse_from_kernel, part_start, reorder_chunks, seq_concat,
-    seq_part, zigzag_inverse, zigzag_order, ContextParallel, CpError, Strategy,
+    chunk_of, lower_forward, lse_from_kernel, part_start, reorder_chunks, seq_concat, seq_part,
+    zigzag_inverse, ContextParallel, CpError, Strategy,
 };
 use super::{
-    add_segments, expect_strategy, features, local_error, sum_in_f32, AxisIndex, BySequence,
-    BySequenceRows, Inputs, LocalShapes, QueryShard, WholeKeys, WholeSegmentIds, WholeSequence,
+    add_segments, expect_strategy, features, local_error, AxisIndex, BySequence, BySequenceRows,
+    Inputs, LocalShapes, Plans, QueryShard, WholeKeys, WholeSegmentIds,
 };
 
 const OP: &str = "all-gather attention";
@@ -40,14 +40,6 @@ pub struct AllGatherAttention<A> {
 type Forward<'p, M, B, H, A> = (
     DTensor<'p, M, BySequence<B, H, A>>,
     DTensor<'p, M, BySequenceRows<B, H, A>>,
-);
-
-/// `backward`'s results: `dq` of this device's queries, and `dk`, `dv` over the whole
-/// sequence holding only this device's queries' contribution: partial sums over `A`.
-type Backward<'p, M, B, H, A> = (
-    DTensor<'p, M, BySequence<B, H, A>>,
-    DTensor<'p, M, WholeSequence<B, H>, Varying<A>>,
-    DTensor<'p, M, WholeSequence<B, H>, Varying<A>>,
 );
 
 /// Where every device's query part `part` attends: queries from chunk
@@ -84,18 +76,14 @@ impl<A: MeshAxis> AllGatherAttention<A> {
         })
     }
 
-    fn plans(&self, segmented: bool, backward: bool) -> Result<Vec<Vec<Stage>>, CollectiveError> {
+    /// Per query part, the forward and backward plans.
+    fn plans(&self, segmented: bool) -> Result<Vec<Plans>, CollectiveError> {
+        let feats = features(segmented);
         self.splash
             .iter()
-            .map(|s| {
-                if backward {
-                    s.backward_plan(features(segmented))
-                } else {
-                    s.forward_plan(features(segmented))
-                }
-                .map_err(local_error)
-            })
-            .collect()
+            .map(|s| Ok((s.forward_plan(feats)?, s.backward_plan(feats)?)))
+            .collect::<Result<_, _>>()
+            .map_err(local_error)
     }
 
     /// The gathered K or V in natural order (they arrive in the program's order).
@@ -121,7 +109,10 @@ impl<A: MeshAxis> AllGatherAttention<A> {
 
     /// `out` and `lse` of this device's queries. `shard` is the device's position on `A`
     /// (`axis_index::<A>()`); `q` holds the device's block of the sequence
-    /// ([`QueryShard`]), `k` and `v` the whole sequence ([`WholeKeys`]).
+    /// ([`QueryShard`]), `k` and `v` the whole sequence ([`WholeKeys`]). Each kernel call is
+    /// a custom-VJP unit: [`Spmd::vjp`] differentiates it with splash's backward kernels, and
+    /// the gathered K/V's cotangents (this device's partial sums) go back through the
+    /// gather's transpose, a reduce-scatter.
     pub fn forward<'p, M, B, H, Q, K, V>(
         &self,
         p: &'p Spmd<'_, M>,
@@ -140,99 +131,23 @@ impl<A: MeshAxis> AllGatherAttention<A> {
         V: WholeKeys<A, Batch = B, Heads = H>,
     {
         self.shapes.check_qkv(OP, q, k, v)?;
-        let plans = self.plans(segment_ids.is_some(), false)?;
+        let plans = self.plans(segment_ids.is_some())?;
         let mut inputs = Inputs::new(&[q, k, v, shard]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));
         p.local_results(&inputs.values, |f, x| {
             let (k, v) = (self.natural(f, x[1])?, self.natural(f, x[2])?);
             let (mut outs, mut lses) = (Vec::new(), Vec::new());
-            for (h, plan) in plans.iter().enumerate() {
-                let q = seq_part(f, x[0], h, plans.len())?;
+            for (h, (forward, backward)) in plans.into_iter().enumerate() {
+                let q = seq_part(f, x[0], h, self.splash.len())?;
                 let mut env = HashMap::from([(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)]);
                 let queries = self.query_part(f, x[3], h)?;
                 add_segments(f, &mut env, x, seg, queries, (None, self.seq))?;
-                lower_plan(f, plan, &mut env, Some(x[3]))?;
+                lower_forward(f, &forward, backward, &mut env, Some(x[3]))?;
                 outs.push(env[&Tensor::Out]);
                 lses.push(env[&Tensor::Lse]);
             }
             let (out, lse) = (seq_concat(f, &outs)?, seq_concat(f, &lses)?);
             Ok(vec![out, lse_from_kernel(f, lse)?])
-        })
-    }
-
-    /// `dq` of this device's queries and its contribution to `dk`, `dv` over every key (in
-    /// the program's order), given the forward's `out`, `lse` and the cotangent `dout`
-    /// (split like `q`). The partial `dk`, `dv` vary over `A`: `reduce_scatter::<A, 2>()`
-    /// sums them and splits the sequence again (the all-gather's transpose).
-    #[allow(clippy::too_many_arguments)] // the attention's six tensors, its offset and segments
-    pub fn backward<'p, M, B, H, Q, K, V, O, L, DO>(
-        &self,
-        p: &'p Spmd<'_, M>,
-        shard: &AxisIndex<'p, M, A>,
-        q: &DTensor<'p, M, Q>,
-        k: &DTensor<'p, M, K>,
-        v: &DTensor<'p, M, V>,
-        out: &DTensor<'p, M, O>,
-        lse: &DTensor<'p, M, L>,
-        dout: &DTensor<'p, M, DO>,
-        segment_ids: Option<&DTensor<'p, M, WholeSegmentIds<B>>>,
-    ) -> Result<Backward<'p, M, B, H, A>, CollectiveError>
-    where
-        M: MeshShape + HasAxis<A>,
-        B: DimSharding<M>,
-        H: DimSharding<M>,
-        Q: QueryShard<A, Batch = B, Heads = H>,
-        K: WholeKeys<A, Batch = B, Heads = H>,
-        V: WholeKeys<A, Batch = B, Heads = H>,
-        O: QueryShard<A, Batch = B, Heads = H>,
-        L: QueryShard<A, Batch = B, Heads = H>,
-        DO: QueryShard<A, Batch = B, Heads = H>,
-    {
-        self.shapes.check_qkv(OP, q, k, v)?;
-        self.shapes.check_residuals(OP, out, lse, dout)?;
-        let plans = self.plans(segment_ids.is_some(), true)?;
-        let mut inputs = Inputs::new(&[q, k, v, out, lse, dout, shard]);
-        let seg = inputs.optional(segment_ids.map(|x| x as _));
-        p.local_results(&inputs.values, |f, x| {
-            let (k, v) = (self.natural(f, x[1])?, self.natural(f, x[2])?);
-            let parts = plans.len();
-            let mut dq = Vec::new();
-            let mut dkv: Option<[Value; 2]> = None;
-            for (h, plan) in plans.iter().enumerate() {
-                // This part's queries and their residuals against all keys.
-                let local = [
-                    seq_part(f, x[0], h, parts)?,
-                    k,
-                    v,
-                    seq_part(f, x[3], h, parts)?,
-                    seq_part(f, x[4], h, parts)?,
-                    seq_part(f, x[5], h, parts)?,
-                ];
-                let mut env = backward_env(f, &local)?;
-                let queries = self.query_part(f, x[6], h)?;
-                add_segments(f, &mut env, x, seg, queries, (None, self.seq))?;
-                lower_plan(f, plan, &mut env, Some(x[6]))?;
-                dq.push(env[&Tensor::Dq]);
-                let part = [env[&Tensor::Dk], env[&Tensor::Dv]];
-                dkv = Some(match dkv {
-                    None => part,
-                    Some(acc) => [
-                        sum_in_f32(f, acc[0], part[0])?,
-                        sum_in_f32(f, acc[1], part[1])?,
-                    ],
-                });
-            }
-            let mut grads = vec![seq_concat(f, &dq)?];
-            let dkv = dkv.ok_or_else(|| CollectiveError::local("no query part to attend"))?;
-            for g in dkv {
-                // Back to the program's order for the reduce-scatter.
-                grads.push(if self.load_balance {
-                    reorder_chunks(f, g, 2, &zigzag_order(self.devices))?
-                } else {
-                    g
-                });
-            }
-            Ok(grads)
         })
     }
 }

@@ -6,15 +6,20 @@
 //! already typed, so a program that skips or swaps a re-sharding does not compile:
 //!
 //! - [`UlyssesAttention`]: q, k, v with the heads (dim 1) split over the axis and the whole
-//!   sequence (dim 2) on every device ([`UlyssesOperand`]); `out`, `lse` and the gradients
-//!   come back the same way ([`ByHeads`]).
+//!   sequence (dim 2) on every device ([`UlyssesOperand`]); `out` and `lse` come back the
+//!   same way ([`ByHeads`]).
 //! - [`AllGatherAttention`]: this device's block of queries (dim 2 split over the axis,
 //!   [`QueryShard`]) against the whole K/V ([`WholeKeys`]), at the device's offset (its
-//!   `axis_index`). The backward's dK/dV are `Varying` partial sums over the axis, which the
-//!   program reduce-scatters.
+//!   `axis_index`).
 //! - [`RingAttention`]: one ring step, this device's queries against the K/V shard in hand
 //!   (dim 2 split over the ring axis, [`KeyShard`]) at that step's offsets; the partial
-//!   results ([`RingPartial`], [`RingGrads`]) merge step by step.
+//!   results ([`RingPartial`]) merge step by step.
+//!
+//! Every kernel call is a custom-VJP unit whose rule runs splash's backward kernels
+//! ([`tessera_splash::lower_forward_on_shard`]), so the backward of a program built from
+//! these ops is its gradient, [`Spmd::vjp`](tessera_collectives::Spmd::vjp): e.g. the
+//! all-gather op's dK/dV come out as this device's partial sums, which the gather's
+//! transpose (a reduce-scatter) adds up.
 //!
 //! Every op is built from a [`ContextParallel`] configuration (its mask, dims, block sizes and
 //! degrees) and checks at build time that each operand holds the per-device shape its
@@ -28,6 +33,7 @@
 //! use tessera_parallel::ops::UlyssesAttention;
 //! use tessera_parallel::{ContextMesh, ContextParallel, Strategy};
 //! use tessera_splash::{BlockSizes, Dims, Mask};
+//! use tessera_dsl::Target;
 //!
 //! /// `[B, H, S/U, D]`: the sequence split over `context`.
 //! type SeqSharded = (Replicated, Replicated, Split<Context>, Replicated);
@@ -43,6 +49,7 @@
 //!     strategy: Strategy::Ulysses,
 //!     devices: 2,
 //!     load_balance: false,
+//!     target: Target::portable(),
 //! };
 //! let attention = UlyssesAttention::<Context>::new(&cp)?;
 //! let mesh = Mesh::<ContextMesh>::new([2])?;
@@ -71,16 +78,15 @@ use std::collections::HashMap;
 use tessera_collectives::{
     CollectiveError, DTensor, LocalValue, MeshShape, Replicated, Split, Varying,
 };
-use tessera_dsl::DType;
 use tessera_hlo::{FuncBuilder, Value};
-use tessera_splash::{Features, Tensor};
+use tessera_splash::{Features, Stage, Tensor};
 
 use super::{ContextParallel, CpError, Segments};
 
 pub(super) use all_gather::offsets as all_gather_offsets;
 pub use all_gather::AllGatherAttention;
 pub(super) use ring::all_offsets as ring_offsets;
-pub use ring::{RingAttention, RingGrads, RingPartial, RingResiduals};
+pub use ring::{RingAttention, RingPartial};
 pub use ulysses::UlyssesAttention;
 
 /// `[B, H, S, D]` with the heads split over `A` and the whole sequence on every device
@@ -245,19 +251,6 @@ impl LocalShapes {
         check_local(op, "k", k, &self.k)?;
         check_local(op, "v", v, &self.v)
     }
-
-    /// Checks the forward's `out`, `lse` and the cotangent `dout`.
-    fn check_residuals<M: MeshShape, O, L, DO>(
-        &self,
-        op: &str,
-        out: &DTensor<'_, M, O>,
-        lse: &DTensor<'_, M, L>,
-        dout: &DTensor<'_, M, DO>,
-    ) -> Result<(), CollectiveError> {
-        check_local(op, "out", out, &self.out)?;
-        check_local(op, "lse", lse, &self.lse)?;
-        check_local(op, "dout", dout, &self.out)
-    }
 }
 
 /// Fails unless each device holds `want` of `x` (what `op`'s kernels were built for).
@@ -290,6 +283,9 @@ fn expect_strategy(cp: &ContextParallel, fits: bool, op: &str) -> Result<(), CpE
         cp.strategy
     )))
 }
+
+/// A kernel call's forward and backward plans.
+type Plans = (Vec<Stage>, Vec<Stage>);
 
 /// The splash features of a call with or without segment ids.
 fn features(segmented: bool) -> Features {
@@ -339,12 +335,4 @@ fn add_segments(
         Some(i) => Segments { full: x[i] }.add_to(f, env, q, kv),
         None => Ok(()),
     }
-}
-
-/// `a + b` accumulated in f32, in their dtype.
-fn sum_in_f32(f: &mut FuncBuilder<'_>, a: Value, b: Value) -> Result<Value, CollectiveError> {
-    let dtype = f.value_type(a)?.dtype;
-    let (a32, b32) = (f.convert(a, DType::F32)?, f.convert(b, DType::F32)?);
-    let sum = f.add(a32, b32)?;
-    Ok(f.convert(sum, dtype)?)
 }

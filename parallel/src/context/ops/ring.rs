@@ -8,15 +8,15 @@ use tessera_collectives::{
 };
 use tessera_dsl::DType;
 use tessera_hlo::{FuncBuilder, Value};
-use tessera_splash::{SeqOffsets, ShardedSplash, SplashError, Stage, Tensor};
+use tessera_splash::{SeqOffsets, ShardedSplash, SplashError, Tensor};
 
 use super::super::{
-    chunk_of, lower_plan, lse_from_kernel, lse_to_kernel, part_start, seq_concat, seq_part,
+    chunk_of, lower_forward, lse_from_kernel, lse_to_kernel, part_start, seq_concat, seq_part,
     ContextParallel, CpError, Segments, Strategy,
 };
 use super::{
-    check_local, expect_strategy, features, local_error, AxisIndex, BySequence, BySequenceRows,
-    Inputs, KeyShard, LocalShapes, QueryShard, WholeSegmentIds,
+    expect_strategy, features, local_error, AxisIndex, BySequence, BySequenceRows, Inputs,
+    KeyShard, LocalShapes, Plans, QueryShard, WholeSegmentIds,
 };
 
 const OP: &str = "ring attention";
@@ -27,8 +27,11 @@ const OP: &str = "ring attention";
 /// of offsets. With load balancing every shard is two chunks (zigzag), and each pair of a
 /// query chunk and a key chunk is its own attention.
 ///
-/// The steps' partial results merge as they come: [`RingPartial`] by logsumexp in the
-/// forward, [`RingGrads`] by summing in the backward (dK/dV travel with their K/V shard).
+/// The steps' partial results merge by logsumexp as they come ([`RingPartial`]). Each kernel
+/// call is a custom-VJP unit, so [`Spmd::vjp`] differentiates the steps with splash's
+/// backward kernels (the merge passes a cotangent to every step's `lse` as well as its
+/// `out`), and the K/V cotangents travel back around the ring through the permutes'
+/// transposes.
 #[derive(Debug, Clone)]
 pub struct RingAttention<A> {
     /// `splash[t][q_part][kv_part]`.
@@ -49,28 +52,6 @@ pub struct RingPartial<'p, M, B, H, A> {
     pub out: DTensor<'p, M, BySequence<B, H, A>>,
     /// The logsumexp so far (f32; `-inf` where no key was visible yet).
     pub lse: DTensor<'p, M, BySequenceRows<B, H, A>>,
-}
-
-/// What every backward step of a device needs of its queries: `q`, `dout`, the forward's
-/// `lse` and `rowsum(out * dout)` (from [`RingAttention::backward_residuals`]).
-#[derive(Debug, Clone)]
-pub struct RingResiduals<'p, M, B, H, A> {
-    q: DTensor<'p, M, BySequence<B, H, A>>,
-    dout: DTensor<'p, M, BySequence<B, H, A>>,
-    lse: DTensor<'p, M, BySequenceRows<B, H, A>>,
-    di: DTensor<'p, M, BySequenceRows<B, H, A>>,
-}
-
-/// The gradients accumulated over the ring steps so far (all f32).
-#[derive(Debug, Clone)]
-pub struct RingGrads<'p, M, B, H, A> {
-    /// dQ of this device's queries.
-    pub dq: DTensor<'p, M, BySequence<B, H, A>>,
-    /// dK of the K/V shard in hand at the step: it travels with the shard
-    /// (`ring_shift::<A, 2>(1)` after every step, the last one bringing it home).
-    pub dk: DTensor<'p, M, BySequence<B, H, A>>,
-    /// dV, like `dk`.
-    pub dv: DTensor<'p, M, BySequence<B, H, A>>,
 }
 
 /// Where every shard attends at step `t` of a ring of `ring` shards cut into chunks of `len`:
@@ -157,15 +138,16 @@ impl<A: MeshAxis> RingAttention<A> {
         })
     }
 
-    /// The plans of step `t`, `[q_part][kv_part]`, made by `plan` from each pair's kernels.
-    fn plans(
-        &self,
-        t: usize,
-        plan: impl Fn(&ShardedSplash) -> Result<Vec<Stage>, SplashError>,
-    ) -> Result<Vec<Vec<Vec<Stage>>>, CollectiveError> {
+    /// The forward and backward plans of step `t`, `[q_part][kv_part]`.
+    fn plans(&self, t: usize, segmented: bool) -> Result<Vec<Vec<Plans>>, CollectiveError> {
+        let feats = features(segmented);
         self.step(t)?
             .iter()
-            .map(|row| row.iter().map(&plan).collect::<Result<Vec<_>, _>>())
+            .map(|row| {
+                row.iter()
+                    .map(|s| Ok((s.forward_plan(feats)?, s.backward_plan(feats)?)))
+                    .collect::<Result<Vec<_>, SplashError>>()
+            })
             .collect::<Result<Vec<_>, _>>()
             .map_err(local_error)
     }
@@ -217,7 +199,7 @@ impl<A: MeshAxis> RingAttention<A> {
         V: KeyShard<A, Batch = B, Heads = H>,
     {
         self.shapes.check_qkv(OP, q, k, v)?;
-        let plans = self.plans(t, |s| s.forward_plan(features(segment_ids.is_some())))?;
+        let plans = self.plans(t, segment_ids.is_some())?;
         let parts = self.parts();
         let mut inputs = Inputs::new(&[q, k, v, shard]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));
@@ -225,7 +207,7 @@ impl<A: MeshAxis> RingAttention<A> {
         inputs.optional(partial.as_ref().map(|a| &a.lse as _));
         let (out, lse) = p.local_results(&inputs.values, |f, x| {
             let (mut outs, mut lses) = (Vec::with_capacity(parts), Vec::with_capacity(parts));
-            for (hq, row) in plans.iter().enumerate() {
+            for (hq, row) in plans.into_iter().enumerate() {
                 // This query part's result so far, if any.
                 let mut merged = match acc {
                     Some(i) => {
@@ -235,14 +217,14 @@ impl<A: MeshAxis> RingAttention<A> {
                     }
                     None => None,
                 };
-                for (hk, plan) in row.iter().enumerate() {
+                for (hk, (forward, backward)) in row.into_iter().enumerate() {
                     let mut env = HashMap::from([
                         (Tensor::Q, seq_part(f, x[0], hq, parts)?),
                         (Tensor::K, seq_part(f, x[1], hk, parts)?),
                         (Tensor::V, seq_part(f, x[2], hk, parts)?),
                     ]);
                     self.add_segments(f, &mut env, x, seg, x[3], t, (hq, hk))?;
-                    lower_plan(f, plan, &mut env, Some(x[3]))?;
+                    lower_forward(f, &forward, backward, &mut env, Some(x[3]))?;
                     let part = [f.convert(env[&Tensor::Out], DType::F32)?, env[&Tensor::Lse]];
                     merged = Some(match merged {
                         None => part,
@@ -257,139 +239,6 @@ impl<A: MeshAxis> RingAttention<A> {
             Ok(vec![seq_concat(f, &outs)?, lse_from_kernel(f, lse)?])
         })?;
         Ok(RingPartial { out, lse })
-    }
-
-    /// The backward's per-query residuals: `rowsum(out * dout)` of this device's queries
-    /// (split over the ring axis like `q`), kept with `q`, `dout` and `lse` for the steps.
-    pub fn backward_residuals<'p, M, B, H, Q, O, L, DO>(
-        &self,
-        p: &'p Spmd<'_, M>,
-        q: &DTensor<'p, M, Q>,
-        out: &DTensor<'p, M, O>,
-        lse: &DTensor<'p, M, L>,
-        dout: &DTensor<'p, M, DO>,
-    ) -> Result<RingResiduals<'p, M, B, H, A>, CollectiveError>
-    where
-        M: MeshShape + HasAxis<A>,
-        B: DimSharding<M>,
-        H: DimSharding<M>,
-        Q: QueryShard<A, Batch = B, Heads = H>,
-        O: QueryShard<A, Batch = B, Heads = H>,
-        L: QueryShard<A, Batch = B, Heads = H>,
-        DO: QueryShard<A, Batch = B, Heads = H>,
-    {
-        check_local(OP, "q", q, &self.shapes.q)?;
-        self.shapes.check_residuals(OP, out, lse, dout)?;
-        // The first stage of every backward plan is the same preprocessing.
-        let mut prep = self.step(0)?[0][0]
-            .backward_plan(features(false))
-            .map_err(local_error)?;
-        prep.truncate(1);
-        let parts = self.parts();
-        let (q, dout, lse, di) = p.local_results(&[q, out, lse, dout], |f, x| {
-            let mut di = Vec::with_capacity(parts);
-            for h in 0..parts {
-                let lse = seq_part(f, x[2], h, parts)?;
-                let mut env = HashMap::from([
-                    (Tensor::Q, seq_part(f, x[0], h, parts)?),
-                    (Tensor::Out, seq_part(f, x[1], h, parts)?),
-                    (Tensor::DOut, seq_part(f, x[3], h, parts)?),
-                    (Tensor::Lse, lse_to_kernel(f, lse)?),
-                ]);
-                lower_plan(f, &prep, &mut env, None)?;
-                di.push(env[&Tensor::Di]);
-            }
-            let di = seq_concat(f, &di)?;
-            Ok(vec![x[0], x[3], x[2], lse_from_kernel(f, di)?])
-        })?;
-        Ok(RingResiduals { q, dout, lse, di })
-    }
-
-    /// Step `t` of the backward: the gradients of this device's queries against the K/V
-    /// shard in hand (`k`, `v`: the shard of position `r - t`), added to `grads` (the steps
-    /// before, whose `dk`, `dv` arrived with this shard; `None` at step 0).
-    #[allow(clippy::too_many_arguments)] // the step, residuals, K/V, the offset, segments, state
-    pub fn backward_step<'p, M, B, H, K, V>(
-        &self,
-        p: &'p Spmd<'_, M>,
-        t: usize,
-        shard: &AxisIndex<'p, M, A>,
-        residuals: &RingResiduals<'p, M, B, H, A>,
-        k: &DTensor<'p, M, K>,
-        v: &DTensor<'p, M, V>,
-        segment_ids: Option<&DTensor<'p, M, WholeSegmentIds<B>>>,
-        grads: Option<RingGrads<'p, M, B, H, A>>,
-    ) -> Result<RingGrads<'p, M, B, H, A>, CollectiveError>
-    where
-        M: MeshShape + HasAxis<A>,
-        B: DimSharding<M>,
-        H: DimSharding<M>,
-        K: KeyShard<A, Batch = B, Heads = H>,
-        V: KeyShard<A, Batch = B, Heads = H>,
-    {
-        self.shapes.check_kv(OP, k, v)?;
-        let plans = self.plans(t, |s| {
-            let mut stages = s.backward_plan(features(segment_ids.is_some()))?;
-            // After the preprocessing (`backward_residuals`).
-            Ok(stages.split_off(1))
-        })?;
-        let parts = self.parts();
-        let r = residuals;
-        let mut inputs = Inputs::new(&[&r.q, &r.dout, &r.lse, &r.di, k, v, shard]);
-        let seg = inputs.optional(segment_ids.map(|x| x as _));
-        let acc = inputs.optional(grads.as_ref().map(|g| &g.dq as _));
-        inputs.optional(grads.as_ref().map(|g| &g.dk as _));
-        inputs.optional(grads.as_ref().map(|g| &g.dv as _));
-        let (dq, dk, dv) = p.local_results(&inputs.values, |f, x| {
-            // The accumulators per part: dQ per query part, dK/dV per key part.
-            let mut sums: [Vec<Option<Value>>; 3] = Default::default();
-            for (g, sum) in sums.iter_mut().enumerate() {
-                for h in 0..parts {
-                    sum.push(match acc {
-                        Some(i) => Some(seq_part(f, x[i + g], h, parts)?),
-                        None => None,
-                    });
-                }
-            }
-            for (hq, row) in plans.iter().enumerate() {
-                let lse = seq_part(f, x[2], hq, parts)?;
-                let di = seq_part(f, x[3], hq, parts)?;
-                for (hk, plan) in row.iter().enumerate() {
-                    let mut env = HashMap::from([
-                        (Tensor::Q, seq_part(f, x[0], hq, parts)?),
-                        (Tensor::DOut, seq_part(f, x[1], hq, parts)?),
-                        (Tensor::Lse, lse_to_kernel(f, lse)?),
-                        (Tensor::Di, lse_to_kernel(f, di)?),
-                        (Tensor::K, seq_part(f, x[4], hk, parts)?),
-                        (Tensor::V, seq_part(f, x[5], hk, parts)?),
-                    ]);
-                    self.add_segments(f, &mut env, x, seg, x[6], t, (hq, hk))?;
-                    lower_plan(f, plan, &mut env, Some(x[6]))?;
-                    for (g, tensor, h) in [
-                        (0, Tensor::Dq, hq),
-                        (1, Tensor::Dk, hk),
-                        (2, Tensor::Dv, hk),
-                    ] {
-                        let grad = f.convert(env[&tensor], DType::F32)?;
-                        let sum = &mut sums[g][h];
-                        *sum = Some(match *sum {
-                            Some(a) => f.add(a, grad)?,
-                            None => grad,
-                        });
-                    }
-                }
-            }
-            let mut results = Vec::with_capacity(3);
-            for sum in sums {
-                let sum = sum
-                    .into_iter()
-                    .collect::<Option<Vec<Value>>>()
-                    .ok_or_else(|| CollectiveError::local("a part without gradients"))?;
-                results.push(seq_concat(f, &sum)?);
-            }
-            Ok(results)
-        })?;
-        Ok(RingGrads { dq, dk, dv })
     }
 }
 

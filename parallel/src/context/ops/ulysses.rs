@@ -8,7 +8,7 @@ use tessera_collectives::{
 };
 use tessera_splash::{SeqOffsets, ShardedSplash, Tensor};
 
-use super::super::{backward_env, lower_plan, lse_from_kernel, ContextParallel, CpError, Strategy};
+use super::super::{lower_forward, lse_from_kernel, ContextParallel, CpError, Strategy};
 use super::{
     add_segments, expect_strategy, features, local_error, ByHeads, ByHeadsRows, Inputs,
     LocalShapes, UlyssesOperand, WholeSegmentIds,
@@ -33,13 +33,6 @@ type Forward<'p, M, B, A> = (
     DTensor<'p, M, ByHeadsRows<B, A>>,
 );
 
-/// `backward`'s results: `dq`, `dk`, `dv`, by heads.
-type Backward<'p, M, B, A> = (
-    DTensor<'p, M, ByHeads<B, A>>,
-    DTensor<'p, M, ByHeads<B, A>>,
-    DTensor<'p, M, ByHeads<B, A>>,
-);
-
 impl<A: MeshAxis> UlyssesAttention<A> {
     /// The kernels of a Ulysses configuration: `H/U` query heads and `KVH/U` KV heads (after
     /// any KV head replication) over the whole sequence per device.
@@ -60,6 +53,8 @@ impl<A: MeshAxis> UlyssesAttention<A> {
 
     /// `out` and `lse` of this device's heads. `q`, `k`, `v` hold the heads split over `A`
     /// and the whole sequence ([`UlyssesOperand`]); `segment_ids` are the whole `[B, S]`.
+    /// The kernel is a custom-VJP unit: [`Spmd::vjp`] differentiates it with splash's
+    /// backward kernels.
     pub fn forward<'p, M, B, Q, K, V>(
         &self,
         p: &'p Spmd<'_, M>,
@@ -76,64 +71,20 @@ impl<A: MeshAxis> UlyssesAttention<A> {
         V: UlyssesOperand<A, Batch = B>,
     {
         self.shapes.check_qkv(OP, q, k, v)?;
-        let segmented = segment_ids.is_some();
-        let plan = self
-            .splash
-            .forward_plan(features(segmented))
-            .map_err(local_error)?;
+        let feats = features(segment_ids.is_some());
+        let forward = self.splash.forward_plan(feats).map_err(local_error)?;
+        let backward = self.splash.backward_plan(feats).map_err(local_error)?;
         let mut inputs = Inputs::new(&[q, k, v]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));
         let len = self.seq;
         p.local_results(&inputs.values, |f, x| {
             let mut env = HashMap::from([(Tensor::Q, x[0]), (Tensor::K, x[1]), (Tensor::V, x[2])]);
             add_segments(f, &mut env, x, seg, (None, len), (None, len))?;
-            lower_plan(f, &plan, &mut env, None)?;
+            lower_forward(f, &forward, backward, &mut env, None)?;
             Ok(vec![
                 env[&Tensor::Out],
                 lse_from_kernel(f, env[&Tensor::Lse])?,
             ])
-        })
-    }
-
-    /// `dq`, `dk`, `dv` of this device's heads, given the forward's `out`, `lse` and the
-    /// cotangent `dout`, all by heads like `q`.
-    #[allow(clippy::too_many_arguments)] // the attention's six tensors and its segment ids
-    pub fn backward<'p, M, B, Q, K, V, O, L, DO>(
-        &self,
-        p: &'p Spmd<'_, M>,
-        q: &DTensor<'p, M, Q>,
-        k: &DTensor<'p, M, K>,
-        v: &DTensor<'p, M, V>,
-        out: &DTensor<'p, M, O>,
-        lse: &DTensor<'p, M, L>,
-        dout: &DTensor<'p, M, DO>,
-        segment_ids: Option<&DTensor<'p, M, WholeSegmentIds<B>>>,
-    ) -> Result<Backward<'p, M, B, A>, CollectiveError>
-    where
-        M: MeshShape + HasAxis<A>,
-        B: DimSharding<M>,
-        Q: UlyssesOperand<A, Batch = B>,
-        K: UlyssesOperand<A, Batch = B>,
-        V: UlyssesOperand<A, Batch = B>,
-        O: UlyssesOperand<A, Batch = B>,
-        L: UlyssesOperand<A, Batch = B>,
-        DO: UlyssesOperand<A, Batch = B>,
-    {
-        self.shapes.check_qkv(OP, q, k, v)?;
-        self.shapes.check_residuals(OP, out, lse, dout)?;
-        let segmented = segment_ids.is_some();
-        let plan = self
-            .splash
-            .backward_plan(features(segmented))
-            .map_err(local_error)?;
-        let mut inputs = Inputs::new(&[q, k, v, out, lse, dout]);
-        let seg = inputs.optional(segment_ids.map(|x| x as _));
-        let len = self.seq;
-        p.local_results(&inputs.values, |f, x| {
-            let mut env = backward_env(f, x)?;
-            add_segments(f, &mut env, x, seg, (None, len), (None, len))?;
-            lower_plan(f, &plan, &mut env, None)?;
-            Ok(vec![env[&Tensor::Dq], env[&Tensor::Dk], env[&Tensor::Dv]])
         })
     }
 }

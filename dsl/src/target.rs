@@ -1,0 +1,172 @@
+//! Targets: the rules a kernel is checked against and how it becomes part of a StableHLO
+//! program.
+//!
+//! - [`Target::portable`] (and any rules with [`KernelLowering::Inline`]): the kernel is
+//!   expanded into plain StableHLO ([`crate::stablehlo::lower_into`]), so the program runs on
+//!   any PJRT backend (the XLA CPU plugin here).
+//! - [`Target::tpu`]: the kernel is lowered to Mosaic ([`crate::mosaic::lower`]) and called
+//!   through one `stablehlo.custom_call @tpu_custom_call`, which the TPU compiler (libtpu)
+//!   compiles; the TPU rules are checked first, so what tessera can know (tiling, VMEM,
+//!   dtypes) is refused before the compiler sees the kernel.
+
+use tessera_hlo::{self as hlo, FuncBuilder, HloError, TensorType, TpuCustomCall};
+
+use crate::error::{KernelError, Problem, ProblemKind};
+use crate::ir::{Kernel, Loc, OperandRole};
+use crate::rules::TargetRules;
+
+/// How an instantiated kernel becomes ops of a StableHLO program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KernelLowering {
+    /// Expanded inline into StableHLO loops (runs on any backend).
+    #[default]
+    Inline,
+    /// A Mosaic module in a `tpu_custom_call` (compiles for TPU only).
+    Mosaic,
+}
+
+/// Where kernels are compiled for: the rules they are checked against and how they lower.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Target {
+    pub rules: TargetRules,
+    pub lowering: KernelLowering,
+}
+
+impl Target {
+    /// Portable StableHLO: no TPU rules, kernels inlined.
+    pub fn portable() -> Self {
+        Target {
+            rules: TargetRules::portable(),
+            lowering: KernelLowering::Inline,
+        }
+    }
+
+    /// TPU: the TPU rules, kernels as Mosaic custom calls.
+    pub fn tpu() -> Self {
+        Target {
+            rules: TargetRules::tpu(),
+            lowering: KernelLowering::Mosaic,
+        }
+    }
+
+    /// Kernels inlined, checked against `rules` (e.g. the TPU rules on the CPU backend, so a
+    /// kernel tested here stays valid for TPU).
+    pub fn inline(rules: TargetRules) -> Self {
+        Target {
+            rules,
+            lowering: KernelLowering::Inline,
+        }
+    }
+
+    /// Whether kernels become `tpu_custom_call`s.
+    pub fn is_tpu(&self) -> bool {
+        self.lowering == KernelLowering::Mosaic
+    }
+
+    /// Lowers the instantiated kernel `k` into the function `f` is building, applied to
+    /// `args` (its scalar-prefetch and input arrays, in declaration order); returns its
+    /// output arrays.
+    pub fn lower_into(
+        &self,
+        k: &Kernel,
+        f: &mut FuncBuilder<'_>,
+        args: &[hlo::Value],
+    ) -> Result<Vec<hlo::Value>, KernelError> {
+        match self.lowering {
+            KernelLowering::Inline => crate::stablehlo::lower_into(k, f, args),
+            KernelLowering::Mosaic => self.custom_call(k, f, args),
+        }
+    }
+
+    fn custom_call(
+        &self,
+        k: &Kernel,
+        f: &mut FuncBuilder<'_>,
+        args: &[hlo::Value],
+    ) -> Result<Vec<hlo::Value>, KernelError> {
+        let mosaic = crate::mosaic::lower(k)?;
+        // The call takes the scalar-prefetch tables first, then the inputs (the order of the
+        // Mosaic function's parameters); `args` follow the kernel's declaration order.
+        let roles: Vec<OperandRole> = k
+            .operands
+            .iter()
+            .map(|o| o.role)
+            .filter(|r| matches!(r, OperandRole::Input | OperandRole::ScalarPrefetch))
+            .collect();
+        if roles.len() != args.len() || mosaic.operands.len() != args.len() {
+            return Err(internal(
+                k,
+                format!(
+                    "the kernel takes {} arrays, its Mosaic call {}, but {} were given",
+                    roles.len(),
+                    mosaic.operands.len(),
+                    args.len()
+                ),
+            ));
+        }
+        let operands: Vec<hlo::Value> = [OperandRole::ScalarPrefetch, OperandRole::Input]
+            .into_iter()
+            .flat_map(|want| {
+                roles
+                    .iter()
+                    .zip(args)
+                    .filter(move |(r, _)| **r == want)
+                    .map(|(_, v)| *v)
+            })
+            .collect();
+        let results: Vec<TensorType> = mosaic
+            .results
+            .iter()
+            .map(|o| {
+                TensorType::new(
+                    o.shape.iter().map(|&d| d as i64).collect::<Vec<_>>(),
+                    o.dtype,
+                )
+            })
+            .collect();
+        let call = TpuCustomCall {
+            cost_estimate: Some(hlo::CostEstimate {
+                flops: mosaic.cost.flops,
+                transcendentals: mosaic.cost.transcendentals,
+                bytes_accessed: mosaic.cost.bytes_accessed,
+            }),
+            // Mosaic's own bound of what the kernel keeps in VMEM, or the rules' budget when
+            // that is larger.
+            vmem_limit_bytes: Some(
+                mosaic
+                    .vmem_limit_bytes
+                    .max(self.rules.vmem_limit_bytes.unwrap_or(0)) as u64,
+            ),
+            ..TpuCustomCall::new(mosaic.name, mosaic.text)
+        };
+        f.tpu_custom_call(&call, &operands, &results)
+            .map_err(|e: HloError| internal(k, e.to_string()))
+    }
+}
+
+impl Default for Target {
+    fn default() -> Self {
+        Target::inline(TargetRules::default())
+    }
+}
+
+impl From<TargetRules> for Target {
+    /// Kernels inlined, checked against these rules.
+    fn from(rules: TargetRules) -> Self {
+        Target::inline(rules)
+    }
+}
+
+fn internal(k: &Kernel, message: String) -> KernelError {
+    KernelError::new(
+        &k.name,
+        vec![Problem {
+            kind: ProblemKind::Lower,
+            subject: "tpu_custom_call".into(),
+            message: format!(
+                "embedding the Mosaic kernel failed (a tessera bug; please report it): {message}"
+            ),
+            loc: Some(Loc::internal()),
+        }],
+    )
+}

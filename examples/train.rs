@@ -1,0 +1,381 @@
+//! The main job: train a small Llama-style model with context-parallel splash attention on
+//! virtual CPU devices, MaxText style.
+//!
+//! ```sh
+//! cargo run --release --example train                       # tiny, 4 devices, Ulysses
+//! cargo run --release --example train -- --context-parallel-strategy ring --steps 50
+//! cargo run --release --example train -- --model small --steps 3 --bench
+//! ```
+//!
+//! Per step it prints loss, step time, tokens/s, model TFLOP/s per device and MFU against a
+//! peak (`--peak-tflops` per device; default the machine's measured f32 matmul peak shared
+//! by the devices); `--log-json PATH` writes one JSON object per step, and the loss curve is
+//! drawn as an SVG beside the log at the end.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use plotters::prelude::*;
+use tessera::parallel::Strategy;
+use tessera_train::data::ENTROPY_NATS;
+use tessera_train::flops::{matmul_peak, model_flops_per_step};
+use tessera_train::{maxtext_name, ModelConfig, StepMetrics, TrainConfig, Trainer};
+
+/// Train a small Llama-style model with context-parallel splash attention (MaxText's flags).
+#[derive(Parser, Debug)]
+#[command(name = "train")]
+struct Args {
+    /// Model preset: tiny (default) or small; the dim flags below override its dims.
+    #[arg(long, default_value = "tiny")]
+    model: String,
+    #[arg(long)]
+    vocab: Option<usize>,
+    #[arg(long)]
+    d_model: Option<usize>,
+    #[arg(long)]
+    layers: Option<usize>,
+    #[arg(long)]
+    heads: Option<usize>,
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    #[arg(long)]
+    head_dim: Option<usize>,
+    #[arg(long)]
+    mlp_dim: Option<usize>,
+    /// Training steps (the cosine schedule ends here).
+    #[arg(long, default_value_t = 200)]
+    steps: usize,
+    /// Stop after this many steps (the schedule still spans --steps): with --save, a
+    /// checkpoint to --resume from.
+    #[arg(long)]
+    stop_at: Option<usize>,
+    /// Tokens per sequence (default: the preset's, 256 for tiny).
+    #[arg(long)]
+    max_target_length: Option<usize>,
+    /// Sequences per device; the global batch is this times the devices.
+    #[arg(long, default_value_t = 1)]
+    per_device_batch_size: usize,
+    /// Devices on the context axis (each sequence is split over them).
+    #[arg(long, default_value_t = 4)]
+    ici_context_parallelism: usize,
+    /// Devices on the data axis (the batch is split over them).
+    #[arg(long, default_value_t = 1)]
+    ici_data_parallelism: usize,
+    /// ulysses, all_gather, ring, or usp[:UxR] (Ulysses degree x ring degree).
+    #[arg(long, default_value = "ulysses")]
+    context_parallel_strategy: String,
+    /// Causal load balancing (zigzag) for all_gather and ring.
+    #[arg(long)]
+    context_parallel_load_balance: bool,
+    /// Splash block sizes (default: the largest power of two up to 512 dividing what each
+    /// attention call holds).
+    #[arg(long)]
+    sa_block_q: Option<usize>,
+    #[arg(long)]
+    sa_block_kv: Option<usize>,
+    #[arg(long)]
+    sa_block_q_dkv: Option<usize>,
+    #[arg(long)]
+    sa_block_kv_dkv: Option<usize>,
+    /// Peak learning rate (after warmup; cosine to a tenth of it at --steps).
+    #[arg(long, default_value_t = 3e-3)]
+    learning_rate: f64,
+    #[arg(long, default_value_t = 10)]
+    warmup_steps: usize,
+    /// Seed of the initialisation and the synthetic data.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write one JSON object per step to PATH (and the loss curve to PATH with .svg).
+    #[arg(long)]
+    log_json: Option<PathBuf>,
+    /// Where the loss-curve SVG goes (default: beside --log-json, else train_loss.svg).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Save parameters, AdamW moments and the step (safetensors) at the end.
+    #[arg(long)]
+    save: Option<PathBuf>,
+    /// Continue the run saved at PATH (same model, --seed and --steps).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Peak TFLOP/s of one device for MFU (default: the measured f32 matmul peak of this
+    /// machine divided among the devices).
+    #[arg(long)]
+    peak_tflops: Option<f64>,
+    /// After training, time the step's parts (forward, backward, optimizer, collectives).
+    #[arg(long)]
+    bench: bool,
+    /// Print the train step's StableHLO to PATH.
+    #[arg(long)]
+    dump_hlo: Option<PathBuf>,
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(e) = run(&args) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn config(a: &Args) -> Result<TrainConfig, String> {
+    let mut model = ModelConfig::preset(&a.model).map_err(|e| e.to_string())?;
+    let dims = [
+        (&mut model.vocab, a.vocab),
+        (&mut model.d_model, a.d_model),
+        (&mut model.layers, a.layers),
+        (&mut model.heads, a.heads),
+        (&mut model.kv_heads, a.kv_heads),
+        (&mut model.head_dim, a.head_dim),
+        (&mut model.mlp_dim, a.mlp_dim),
+    ];
+    for (dim, flag) in dims {
+        if let Some(v) = flag {
+            *dim = v;
+        }
+    }
+    let cp = a.ici_context_parallelism;
+    let strategy = Strategy::parse(&a.context_parallel_strategy, cp).map_err(|_| {
+        format!(
+            "--context-parallel-strategy {} is not a strategy; use ulysses, all_gather, ring, \
+             usp or usp:UxR",
+            a.context_parallel_strategy
+        )
+    })?;
+    let mut cfg = TrainConfig::new(model);
+    cfg.steps = a.steps;
+    cfg.max_target_length = a.max_target_length.unwrap_or(model.default_seq());
+    cfg.per_device_batch_size = a.per_device_batch_size;
+    cfg.ici_context_parallelism = cp;
+    cfg.ici_data_parallelism = a.ici_data_parallelism;
+    cfg.strategy = strategy;
+    cfg.load_balance = a.context_parallel_load_balance;
+    let mut cfg = cfg.with_default_blocks();
+    let blocks = [
+        (&mut cfg.sa_block_q, a.sa_block_q),
+        (&mut cfg.sa_block_kv, a.sa_block_kv),
+        (&mut cfg.sa_block_q_dkv, a.sa_block_q_dkv),
+        (&mut cfg.sa_block_kv_dkv, a.sa_block_kv_dkv),
+    ];
+    for (block, flag) in blocks {
+        if let Some(b) = flag {
+            *block = b;
+        }
+    }
+    cfg.learning_rate = a.learning_rate;
+    cfg.warmup_steps = a.warmup_steps;
+    cfg.seed = a.seed;
+    cfg.validate().map_err(|e| e.to_string())?;
+    Ok(cfg)
+}
+
+fn run(a: &Args) -> Result<(), String> {
+    let cfg = config(a)?;
+    let stop = a.stop_at.unwrap_or(cfg.steps).min(cfg.steps);
+    if let Some(p) = a.peak_tflops.filter(|p| !(p.is_finite() && *p > 0.0)) {
+        return Err(format!("--peak-tflops {p} is not a positive number"));
+    }
+    let devices = cfg.devices();
+    println!(
+        "model {} ({} parameters), {} devices = data {} x context {}, {}{}, global batch {} \
+         x {} tokens, splash blocks q {} kv {}",
+        a.model,
+        cfg.model.num_params(),
+        devices,
+        cfg.ici_data_parallelism,
+        cfg.ici_context_parallelism,
+        maxtext_name(cfg.strategy),
+        if cfg.load_balance {
+            " (load balanced)"
+        } else {
+            ""
+        },
+        cfg.global_batch(),
+        cfg.max_target_length,
+        cfg.sa_block_q,
+        cfg.sa_block_kv
+    );
+    let mut trainer = match &a.resume {
+        Some(path) => Trainer::resume(cfg.clone(), path),
+        None => Trainer::new(cfg.clone()),
+    }
+    .map_err(|e| e.to_string())?;
+    println!(
+        "compiled the train step in {:.1} s; starting at step {}",
+        trainer.compile_seconds(),
+        trainer.step_count()
+    );
+    if let Some(path) = &a.dump_hlo {
+        std::fs::write(path, trainer.program_text())
+            .map_err(|e| format!("--dump-hlo {}: {e}", path.display()))?;
+    }
+    let peak_per_device = match a.peak_tflops {
+        Some(t) => t * 1e12,
+        None => {
+            let peak = matmul_peak(2048).map_err(|e| e.to_string())?;
+            println!(
+                "measured f32 matmul peak of this machine: {:.1} GFLOP/s ({:.1} per device)",
+                peak / 1e9,
+                peak / 1e9 / devices as f64
+            );
+            peak / devices as f64
+        }
+    };
+    let flops = model_flops_per_step(&cfg);
+    let mut log = match &a.log_json {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(p).map_err(|e| format!("--log-json {}: {e}", p.display()))?,
+        )),
+        None => None,
+    };
+    let first = trainer.step_count();
+    let bar = ProgressBar::new((stop - first.min(stop)) as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} steps {elapsed_precise} eta {eta} {msg}",
+        )
+        .map_err(|e| e.to_string())?,
+    );
+    let mut history: Vec<StepMetrics> = Vec::new();
+    while trainer.step_count() < stop {
+        let m = trainer.train_step().map_err(|e| e.to_string())?;
+        let tflops = flops / m.step_time_s / devices as f64 / 1e12;
+        let mfu = tflops * 1e12 / peak_per_device;
+        let line = format!(
+            "completed step: {}, seconds: {:.3}, TFLOP/s/device: {:.4}, Tokens/s/device: {:.0}, \
+             MFU: {:.2}%, loss: {:.4}, grad_norm: {:.3}, lr: {:.2e}",
+            m.step,
+            m.step_time_s,
+            tflops,
+            m.tokens_per_s / devices as f64,
+            100.0 * mfu,
+            m.loss,
+            m.grad_norm,
+            m.learning_rate
+        );
+        // Above the bar (or plainly when there is no terminal to draw it on).
+        if bar.is_hidden() {
+            println!("{line}");
+        } else {
+            bar.println(line);
+        }
+        bar.inc(1);
+        bar.set_message(format!("loss {:.3}", m.loss));
+        if let Some(log) = &mut log {
+            let mut obj = String::new();
+            let _ = write!(
+                obj,
+                "{{\"step\":{},\"loss\":{},\"step_time_s\":{},\"tokens_per_s\":{},\
+                 \"tflops_per_device\":{},\"mfu\":{},\"grad_norm\":{},\"learning_rate\":{}}}",
+                m.step,
+                m.loss,
+                m.step_time_s,
+                m.tokens_per_s,
+                tflops,
+                mfu,
+                m.grad_norm,
+                m.learning_rate
+            );
+            writeln!(log, "{obj}").map_err(|e| format!("--log-json: {e}"))?;
+        }
+        history.push(m);
+    }
+    bar.finish_and_clear();
+    if let Some(mut log) = log {
+        log.flush().map_err(|e| format!("--log-json: {e}"))?;
+    }
+    if let (Some(f), Some(l)) = (history.first(), history.last()) {
+        let times: Vec<f64> = history.iter().skip(1).map(|m| m.step_time_s).collect();
+        let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
+        println!(
+            "loss {:.4} (step {}) -> {:.4} (step {}), {:.1}% of the first; the data's entropy \
+             is {:.3}; mean step time {:.3} s after the first",
+            f.loss,
+            f.step,
+            l.loss,
+            l.step,
+            100.0 * l.loss / f.loss,
+            ENTROPY_NATS,
+            mean
+        );
+    }
+    if let Some(path) = &a.save {
+        trainer.save(path).map_err(|e| e.to_string())?;
+        println!("saved step {} to {}", trainer.step_count(), path.display());
+    }
+    if !history.is_empty() {
+        let plot = a.plot.clone().unwrap_or_else(|| match &a.log_json {
+            Some(log) => log.with_extension("svg"),
+            None => PathBuf::from("train_loss.svg"),
+        });
+        draw_loss(&plot, &history, &cfg)?;
+        println!("loss curve: {}", plot.display());
+    }
+    if a.bench {
+        let t = trainer.time_split(3).map_err(|e| e.to_string())?;
+        let tflops = flops / t.step_s / devices as f64 / 1e12;
+        println!(
+            "step {:.4} s = forward {:.4} s + backward {:.4} s + optimizer {:.4} s; the step's \
+             collectives alone {:.4} s",
+            t.step_s,
+            t.forward_s,
+            t.backward_s(),
+            t.optimizer_s(),
+            t.collectives_s
+        );
+        println!(
+            "{:.2e} model FLOPs per step: {:.4} TFLOP/s per device, MFU {:.2}% of {:.1} GFLOP/s \
+             per device",
+            flops,
+            tflops,
+            100.0 * tflops * 1e12 / peak_per_device,
+            peak_per_device / 1e9
+        );
+    }
+    Ok(())
+}
+
+/// The loss per step as an SVG line chart.
+fn draw_loss(path: &Path, history: &[StepMetrics], cfg: &TrainConfig) -> Result<(), String> {
+    let err = |e: &dyn std::fmt::Display| format!("plotting {}: {e}", path.display());
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let first = history[0].step as f64;
+    let last = history[history.len() - 1].step as f64;
+    let max = history.iter().map(|m| m.loss).fold(0.0, f64::max) * 1.05;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "loss, {} on {} devices",
+                maxtext_name(cfg.strategy),
+                cfg.devices()
+            ),
+            ("sans-serif", 22),
+        )
+        .margin(15)
+        .x_label_area_size(35)
+        .y_label_area_size(50)
+        .build_cartesian_2d(first..last.max(first + 1.0), 0.0..max)
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .y_desc("cross-entropy (nats)")
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(LineSeries::new(
+            history.iter().map(|m| (m.step as f64, m.loss)),
+            &BLUE,
+        ))
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(LineSeries::new(
+            [(first, ENTROPY_NATS), (last, ENTROPY_NATS)],
+            &RED.mix(0.5),
+        ))
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))
+}

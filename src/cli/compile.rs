@@ -1,0 +1,355 @@
+//! `tessera compile`: a program compiled for a TPU topology by the real TPU compiler (libtpu,
+//! compile-only, no TPU needed), every kernel a Mosaic `tpu_custom_call`. Splash attention
+//! (one device, or context parallel on N devices) or any registered kernel.
+//!
+//! What tessera's own rules know (block sizes that do not divide, TPU tiling, VMEM, dtypes)
+//! is refused before the compiler runs, naming the culprit; what the compiler refuses is
+//! shown verbatim with the name of the kernel it refuses. On success the last line printed
+//! is one JSON object per compiled program (see `tessera::tpu::CompileReport::to_json`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use tessera::dsl::{ArgSpec, DType, Target};
+use tessera::hlo::{Module, TensorType};
+use tessera::parallel::{ContextParallel, Strategy};
+use tessera::registry;
+use tessera::splash::{
+    splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention, SplashOptions,
+};
+use tessera::tpu::{CompileReport, TpuTarget};
+
+use super::attention::{backward_path, default_block, DEFAULT_DEVICES};
+use super::{parse_arg, parse_param};
+
+/// Arguments of `tessera compile`.
+#[derive(Args, Debug)]
+pub struct CompileArgs {
+    /// The TPU topology to compile for: tpu:v5p:2x2x1, tpu:v5e:2x2, tpu:v6e:2x2, ...
+    #[arg(long, global = true, default_value = "tpu:v5p:2x2x1")]
+    pub target: String,
+    /// Write each Mosaic kernel's module to DIR/KERNEL.mlir (before compiling, so a program
+    /// the compiler rejects can be read).
+    #[arg(long, global = true, value_name = "DIR")]
+    pub emit_mosaic: Option<PathBuf>,
+    /// Write the StableHLO program to FILE before compiling it (with --strategy and --pass
+    /// both, the backward's to FILE with `.bwd` before its extension).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub emit_stablehlo: Option<PathBuf>,
+    /// The scoped VMEM budget every kernel is checked against and compiled with, in MiB
+    /// (default 16, v5e's default scoped limit).
+    #[arg(long, global = true, value_name = "MIB")]
+    pub vmem_limit_mib: Option<usize>,
+    #[command(subcommand)]
+    pub what: CompileWhat,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CompileWhat {
+    /// Splash attention: forward, backward (dq and dkv kernels, or the fused kernel) or both.
+    Attention(Box<CompileAttentionArgs>),
+    /// A registered kernel (see `tessera kernels`), alone in a one-device program.
+    Kernel {
+        /// Kernel name.
+        name: String,
+        /// A compile-time parameter or default array size, NAME=VALUE (repeatable).
+        #[arg(long = "param", short = 'p', value_parser = parse_param)]
+        params: Vec<(String, String)>,
+        /// Override an argument's type, e.g. `--arg bf16[256,512]` (repeat in argument order).
+        #[arg(long = "arg", value_parser = parse_arg)]
+        args: Vec<ArgSpec>,
+    },
+}
+
+/// Which passes of the attention to compile.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PassArg {
+    /// The forward kernel: q, k, v -> out, lse.
+    Forward,
+    /// The backward kernels: q, k, v, out, lse, dout -> dq, dk, dv.
+    Backward,
+    /// Forward and backward (one program on one device; two programs with --strategy).
+    Both,
+}
+
+/// Element type of q, k and v.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DTypeArg {
+    Bf16,
+    F32,
+}
+
+/// Arguments of `tessera compile attention`.
+#[derive(Args, Debug)]
+pub struct CompileAttentionArgs {
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Query heads H.
+    #[arg(long)]
+    pub heads: usize,
+    /// Key/value heads (divides H; default H).
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    /// Sequence length of queries and keys.
+    #[arg(long)]
+    pub seq_len: usize,
+    #[arg(long, default_value_t = 128)]
+    pub head_dim: usize,
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub dtype: DTypeArg,
+    /// full, causal, causal:OFFSET, local:LEFT:RIGHT or chunked:SIZE.
+    #[arg(long, default_value = "causal")]
+    pub mask: String,
+    /// Query block of the forward and dq kernels (default: the largest divisor of the
+    /// sequence up to 512 that is a multiple of 16).
+    #[arg(long)]
+    pub block_q: Option<usize>,
+    /// Key block of the forward and dq kernels (default: the largest divisor of the
+    /// sequence up to 512 that is a multiple of 128).
+    #[arg(long)]
+    pub block_kv: Option<usize>,
+    /// Query block of the dkv (or fused) kernel (default --block-q).
+    #[arg(long)]
+    pub block_q_dkv: Option<usize>,
+    /// Key block of the dkv (or fused) kernel (default --block-kv).
+    #[arg(long)]
+    pub block_kv_dkv: Option<usize>,
+    /// The fused dq+dkv backward kernel instead of separate dq and dkv kernels.
+    #[arg(long)]
+    pub fused_bwd: bool,
+    #[arg(long, value_enum, default_value = "both")]
+    pub pass: PassArg,
+    /// Take segment ids [B, S] int32 (packed sequences).
+    #[arg(long)]
+    pub segment_ids: bool,
+    /// Context parallelism on --devices devices: ulysses, all-gather, ring, usp or usp:UxR.
+    #[arg(long)]
+    pub strategy: Option<String>,
+    /// Devices of the context axis, with --strategy (default 4, or U x R for usp:UxR).
+    #[arg(long, requires = "strategy")]
+    pub devices: Option<usize>,
+    /// Causal load balancing for all-gather and ring.
+    #[arg(long, requires = "strategy")]
+    pub load_balance: bool,
+}
+
+/// Runs `tessera compile`.
+pub fn compile_command(a: &CompileArgs) -> Result<()> {
+    let target = TpuTarget::parse(&a.target)?;
+    let mut kernels = Target::tpu();
+    if let Some(mib) = a.vmem_limit_mib {
+        if mib == 0 {
+            bail!("--vmem-limit-mib must be at least 1");
+        }
+        kernels.rules = kernels.rules.with_vmem_limit(mib << 20);
+    }
+    let programs = match &a.what {
+        CompileWhat::Attention(x) => attention_programs(x, &kernels)?,
+        CompileWhat::Kernel { name, params, args } => {
+            vec![kernel_program(name, params, args, &kernels)?]
+        }
+    };
+    for (i, program) in programs.iter().enumerate() {
+        if let Some(dir) = &a.emit_mosaic {
+            emit_mosaic(dir, program)?;
+        }
+        if let Some(path) = &a.emit_stablehlo {
+            let path = if i == 0 {
+                path.clone()
+            } else {
+                backward_path(path)
+            };
+            write_text(&path, &program.to_mlir())?;
+        }
+    }
+    let mut reports = Vec::new();
+    for program in &programs {
+        let report = target.compile(program)?;
+        print_summary(program, &report);
+        reports.push(report);
+    }
+    for r in &reports {
+        outln!("{}", r.to_json());
+    }
+    Ok(())
+}
+
+fn print_summary(program: &Module, r: &CompileReport) {
+    let mib = |b: i64| b as f64 / (1u64 << 20) as f64;
+    out!(
+        "compiled `{}` for {} ({} device{}) in {:.2} s: kernels {}; executable {} bytes",
+        program.name(),
+        r.topology,
+        r.devices,
+        if r.devices == 1 { "" } else { "s" },
+        r.compile_seconds,
+        r.kernels.join(", "),
+        r.executable_bytes
+    );
+    if let Some(m) = &r.memory {
+        out!(
+            "; per device: arguments {:.2} MiB, outputs {:.2} MiB, temporaries {:.2} MiB",
+            mib(m.argument_bytes),
+            mib(m.output_bytes),
+            mib(m.temp_bytes)
+        );
+    }
+    if !r.kernel_vmem.is_empty() {
+        let vmem: Vec<String> = r
+            .kernel_vmem
+            .iter()
+            .map(|(k, b)| format!("{k} {:.2} MiB", mib(*b)))
+            .collect();
+        out!("; scoped VMEM: {}", vmem.join(", "));
+    }
+    outln!();
+}
+
+fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<Module>> {
+    let dims = Dims {
+        batch: a.batch,
+        heads: a.heads,
+        kv_heads: a.kv_heads.unwrap_or(a.heads),
+        q_len: a.seq_len,
+        kv_len: a.seq_len,
+        head_dim: a.head_dim,
+        head_dim_v: a.head_dim,
+    };
+    let dtype = match a.dtype {
+        DTypeArg::Bf16 => DType::BF16,
+        DTypeArg::F32 => DType::F32,
+    };
+    let mask = Mask::parse(&a.mask)?;
+    let strategy = match &a.strategy {
+        Some(s) => Some(Strategy::parse(s, a.devices.unwrap_or(DEFAULT_DEVICES))?),
+        None => None,
+    };
+    let devices = match (a.devices, strategy.and_then(|s| s.fixed_devices())) {
+        (Some(n), _) | (None, Some(n)) => n,
+        (None, None) => DEFAULT_DEVICES,
+    };
+    let (q_len, kv_len) = match strategy {
+        Some(s) => s.local_lengths(dims.q_len, devices, a.load_balance),
+        None => (dims.q_len, dims.kv_len),
+    };
+    let bq = a.block_q.unwrap_or_else(|| default_block(q_len, 512, 16));
+    let bkv = a
+        .block_kv
+        .unwrap_or_else(|| default_block(kv_len, 512, 128));
+    let blocks = BlockSizes {
+        block_q_dkv: a.block_q_dkv.unwrap_or(bq),
+        block_kv_dkv: a.block_kv_dkv.unwrap_or(bkv),
+        block_kv_dkv_compute: a.block_kv_dkv.unwrap_or(bkv),
+        ..BlockSizes::uniform(bq, bkv)
+    }
+    .with_fused_bwd(a.fused_bwd);
+    let features = Features {
+        segmented: a.segment_ids,
+        sinks: false,
+    };
+    let Some(strategy) = strategy else {
+        let attn = SplashAttention::new(
+            mask,
+            dims,
+            dtype,
+            blocks,
+            SplashOptions::default(),
+            target.clone(),
+        )?;
+        let pass = match a.pass {
+            PassArg::Forward => Pass::Forward,
+            PassArg::Backward => Pass::Backward,
+            PassArg::Both => Pass::ForwardBackward,
+        };
+        return Ok(vec![splash_program(&attn, pass, features)?]);
+    };
+    let cp = ContextParallel {
+        dims,
+        dtype,
+        mask,
+        block_sizes: blocks,
+        options: SplashOptions::default(),
+        strategy,
+        devices,
+        load_balance: a.load_balance,
+        target: target.clone(),
+    };
+    cp.validate()?;
+    let mut programs = Vec::new();
+    if a.pass != PassArg::Backward {
+        programs.push(cp.forward_program(a.segment_ids)?.module().clone());
+    }
+    if a.pass != PassArg::Forward {
+        programs.push(cp.backward_program(a.segment_ids)?.module().clone());
+    }
+    Ok(programs)
+}
+
+/// A registered kernel instantiated under the TPU rules, as the only op of a one-device
+/// program: `main(scalar prefetch and inputs) = kernel(...)`.
+fn kernel_program(
+    name: &str,
+    params: &[(String, String)],
+    args: &[ArgSpec],
+    target: &Target,
+) -> Result<Module> {
+    let info = registry::find(name).map_err(|e| anyhow!(e))?;
+    let (def, default_args) = info.build(params).map_err(|e| anyhow!(e))?;
+    let args = if args.is_empty() {
+        default_args
+    } else {
+        args.to_vec()
+    };
+    let kernel = def.instantiate(&args, &target.rules)?;
+    let mut module = Module::new(name);
+    let mut f = module.func("main");
+    let values = args
+        .iter()
+        .map(|a| {
+            let dims: Vec<i64> = a.shape.iter().map(|&d| d as i64).collect();
+            f.arg(TensorType::new(dims, a.dtype))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let outs = target.lower_into(&kernel, &mut f, &values)?;
+    f.finish(&outs)?;
+    Ok(module)
+}
+
+/// Writes every Mosaic kernel of `program` to `dir/KERNEL.mlir` (`KERNEL.N.mlir` for further
+/// kernels of one name).
+fn emit_mosaic(dir: &Path, program: &Module) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut written: Vec<String> = Vec::new();
+    for (name, text) in program.tpu_kernel_bodies()? {
+        let stem: String = name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        let mut file = format!("{stem}.mlir");
+        let mut n = 1;
+        while written.contains(&file) {
+            file = format!("{stem}.{n}.mlir");
+            n += 1;
+        }
+        write_text(&dir.join(&file), &text)?;
+        written.push(file);
+    }
+    if written.is_empty() {
+        bail!(
+            "the program has no Mosaic kernels to write to {}",
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn write_text(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}

@@ -1,0 +1,461 @@
+//! Compile-only for TPU: a StableHLO program (with its kernels as Mosaic `tpu_custom_call`s)
+//! compiled by the real TPU compiler, libtpu, for a TPU topology such as `v5p:2x2x1`, on a
+//! machine with no TPU (see `notes/tpu-aot.md`).
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tessera::dsl::{DType, Target};
+//! use tessera::splash::{splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention};
+//! use tessera::tpu::TpuTarget;
+//!
+//! let dims = Dims { batch: 1, heads: 2, kv_heads: 2, q_len: 1024, kv_len: 1024,
+//!                   head_dim: 128, head_dim_v: 128 };
+//! let attn = SplashAttention::new(Mask::causal(), dims, DType::BF16,
+//!                                 BlockSizes::uniform(512, 512), Default::default(),
+//!                                 Target::tpu())?;
+//! let program = splash_program(&attn, Pass::Forward, Features::default())?;
+//! let report = TpuTarget::parse("tpu:v5p:2x2x1")?.compile(&program)?;
+//! println!("{}", report.to_json());
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt::Write as _;
+
+use base64::Engine as _;
+use std::time::Instant;
+
+use tessera_hlo::{DType, Module};
+use tessera_runtime::{CompileOptions, CompiledMemoryStats, Error as RuntimeError, NamedValue};
+use tessera_runtime::{Executable, Plugin, Topology};
+
+/// Topologies libtpu is known to accept, for messages.
+pub const KNOWN_TOPOLOGIES: &str = "v5p:2x2x1, v5p:2x2x2, v5e:2x2, v6e:2x2, v4:2x2x1";
+
+/// Why a program did not compile for TPU.
+#[derive(Debug, thiserror::Error)]
+pub enum TpuCompileError {
+    /// The target is not `tpu:TOPOLOGY`.
+    #[error(
+        "unknown target `{0}`; expected tpu:TOPOLOGY, e.g. tpu:v5p:2x2x1 (known topologies: \
+         {KNOWN_TOPOLOGIES})"
+    )]
+    Target(String),
+    /// libtpu could not be provisioned or loaded.
+    #[error("cannot load the TPU compiler (libtpu): {0}")]
+    Libtpu(RuntimeError),
+    /// libtpu does not know the topology.
+    #[error(
+        "libtpu cannot create the topology `{topology}`: {message}; known topologies: \
+         {KNOWN_TOPOLOGIES}"
+    )]
+    Topology { topology: String, message: String },
+    /// The program needs more devices than the topology has.
+    #[error(
+        "the program runs on {program} devices but the topology {topology} has {devices}; use \
+         a topology with at least {program} devices or fewer devices"
+    )]
+    Devices {
+        topology: String,
+        program: usize,
+        devices: usize,
+    },
+    /// The TPU compiler rejected the program; `culprit` names the kernel when one kernel
+    /// compiled alone is rejected, and `message` is the compiler's, verbatim.
+    #[error("the TPU compiler rejected {culprit}:\n{message}")]
+    Compiler { culprit: String, message: String },
+    /// Any other runtime failure.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+/// A TPU topology to compile for (`tpu:v5p:2x2x1` on the command line).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpuTarget {
+    topology: String,
+}
+
+/// What the compiler made of a program, for one device of the topology.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompileReport {
+    /// The topology, e.g. `v5p:2x2x1`.
+    pub topology: String,
+    /// Devices (SPMD partitions) the program runs on.
+    pub devices: usize,
+    /// The Mosaic kernels in the program, in program order.
+    pub kernels: Vec<String>,
+    /// Bytes of the serialized TPU executable.
+    pub executable_bytes: usize,
+    /// The compiler's memory statistics for one device.
+    pub memory: Option<CompiledMemoryStats>,
+    /// Floating-point operations per device, from the compiler's cost analysis.
+    pub flops: Option<f64>,
+    /// Bytes accessed per device, from the compiler's cost analysis.
+    pub bytes_accessed: Option<f64>,
+    /// Transcendental operations per device, from the compiler's cost analysis.
+    pub transcendentals: Option<f64>,
+    /// Scoped VMEM each Mosaic kernel uses as compiled (the largest over its calls), in
+    /// program order; read from the compiled program.
+    pub kernel_vmem: Vec<(String, i64)>,
+    /// Wall time of the compile.
+    pub compile_seconds: f64,
+}
+
+impl TpuTarget {
+    /// Parses `tpu:TOPOLOGY` (e.g. `tpu:v5p:2x2x1`, `tpu:v5e:2x2`).
+    pub fn parse(target: &str) -> Result<Self, TpuCompileError> {
+        let topology = target
+            .strip_prefix("tpu:")
+            .filter(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || c == ':'))
+            .ok_or_else(|| TpuCompileError::Target(target.to_string()))?;
+        Ok(TpuTarget {
+            topology: topology.to_string(),
+        })
+    }
+
+    /// The topology name libtpu gets, e.g. `v5p:2x2x1`.
+    pub fn topology(&self) -> &str {
+        &self.topology
+    }
+
+    fn create_topology(&self) -> Result<Topology, TpuCompileError> {
+        let plugin = Plugin::libtpu().map_err(TpuCompileError::Libtpu)?;
+        plugin
+            .topology(&self.topology)
+            .map_err(|e| TpuCompileError::Topology {
+                topology: self.topology.clone(),
+                message: compiler_message(&e),
+            })
+    }
+
+    /// Compiles `module` (its `mhlo.num_partitions` devices, manually partitioned) for the
+    /// topology. A rejection names the kernel the compiler refuses alone, when there is one.
+    pub fn compile(&self, module: &Module) -> Result<CompileReport, TpuCompileError> {
+        let topology = self.create_topology()?;
+        let devices = topology.device_ids()?.len();
+        let program = module.num_partitions() as usize;
+        if program > devices {
+            return Err(TpuCompileError::Devices {
+                topology: self.topology.clone(),
+                program,
+                devices,
+            });
+        }
+        // A module with a mesh is in Shardy's form (`sdy.manual_computation`).
+        let options =
+            CompileOptions::manual_partitions(program)?.with_shardy(!module.mesh().is_empty());
+        let start = Instant::now();
+        let exe = match topology.compile(&module.to_mlir(), &options) {
+            Ok(exe) => exe,
+            Err(e @ RuntimeError::Pjrt { .. }) => return Err(blame(&topology, module, &e)),
+            Err(e) => return Err(e.into()),
+        };
+        let compile_seconds = start.elapsed().as_secs_f64();
+        report(self, module, &exe, program, compile_seconds)
+    }
+}
+
+fn report(
+    target: &TpuTarget,
+    module: &Module,
+    exe: &Executable,
+    devices: usize,
+    compile_seconds: f64,
+) -> Result<CompileReport, TpuCompileError> {
+    let costs = exe.cost_analysis()?;
+    let cost = |name: &str| {
+        costs
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| match v {
+                NamedValue::Float(x) => Some(f64::from(*x)),
+                NamedValue::Int64(x) => Some(*x as f64),
+                _ => None,
+            })
+    };
+    let kernels = module.tpu_kernel_names();
+    let kernel_vmem = match exe.optimized_program()? {
+        Some(p) => scoped_vmem(&p.code, &kernels),
+        None => Vec::new(),
+    };
+    Ok(CompileReport {
+        topology: target.topology.clone(),
+        devices,
+        kernels,
+        kernel_vmem,
+        executable_bytes: exe.serialize()?.len(),
+        memory: exe.memory_stats()?,
+        flops: cost("flops"),
+        bytes_accessed: cost("bytes accessed"),
+        transcendentals: cost("transcendentals"),
+        compile_seconds,
+    })
+}
+
+/// The scoped VMEM (memory space 1) the compiler gave each Mosaic kernel, read from the
+/// compiled program (a serialized HLO module whose custom calls carry their backend config
+/// as JSON: `"custom_call_config":{"body":"<base64>",..},"used_scoped_memory_configs":
+/// [{"memory_space":"1","offset":"0","size":"N"}]`). A kernel is recognised by its function
+/// `@NAME(` in the decoded body. The largest use per kernel name, in `kernels`' order.
+fn scoped_vmem(program: &[u8], kernels: &[String]) -> Vec<(String, i64)> {
+    const BODY: &[u8] = b"\"custom_call_config\":{\"body\":\"";
+    const USED: &[u8] = b"\"used_scoped_memory_configs\":[";
+    let mut found: Vec<(String, i64)> = kernels.iter().map(|k| (k.clone(), -1)).collect();
+    let mut at = 0;
+    while let Some(i) = find(&program[at..], BODY) {
+        let start = at + i + BODY.len();
+        let Some(len) = program[start..].iter().position(|&b| b == b'"') else {
+            break;
+        };
+        at = start + len;
+        let text = base64::engine::general_purpose::STANDARD
+            .decode(&program[start..at])
+            .ok()
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+        let Some(slot) = found
+            .iter_mut()
+            .find(|(name, _)| text.contains(&format!("@{name}(")))
+        else {
+            continue;
+        };
+        // This call's list: after its body, before the next body.
+        let end = find(&program[at..], BODY).map_or(program.len(), |j| at + j);
+        let Some(u) = find(&program[at..end], USED) else {
+            continue;
+        };
+        let list_start = at + u + USED.len();
+        let list_end = program[list_start..end]
+            .iter()
+            .position(|&b| b == b']')
+            .map_or(end, |j| list_start + j);
+        let list = String::from_utf8_lossy(&program[list_start..list_end]);
+        for entry in list.split('}') {
+            if entry.contains("\"memory_space\":\"1\"") {
+                if let Some(size) = entry
+                    .split("\"size\":\"")
+                    .nth(1)
+                    .and_then(|s| s.split('"').next())
+                    .and_then(|s| s.parse::<i64>().ok())
+                {
+                    slot.1 = slot.1.max(size);
+                }
+            }
+        }
+    }
+    found.retain(|(_, bytes)| *bytes >= 0);
+    found
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The compiler's own message of a PJRT error (the whole error for other kinds).
+fn compiler_message(e: &RuntimeError) -> String {
+    match e {
+        RuntimeError::Pjrt { message, .. } => message.trim_end().to_string(),
+        e => e.to_string(),
+    }
+}
+
+/// Finds which kernel the compiler rejects by compiling each alone; when none is rejected
+/// alone, the program around them is.
+fn blame(topology: &Topology, module: &Module, program_error: &RuntimeError) -> TpuCompileError {
+    let kernels = module.tpu_kernel_programs().unwrap_or_default();
+    if let Ok(options) = CompileOptions::manual_partitions(1) {
+        for (name, alone) in &kernels {
+            if let Err(e @ RuntimeError::Pjrt { .. }) = topology.compile(&alone.to_mlir(), &options)
+            {
+                return TpuCompileError::Compiler {
+                    culprit: format!("kernel `{name}`"),
+                    message: compiler_message(&e),
+                };
+            }
+        }
+    }
+    // A kernel accepted alone may still be refused in the program (e.g. out of scoped VMEM
+    // beside its neighbours); the compiler then names the custom call by its result shapes.
+    let message = compiler_message(program_error);
+    let named: Vec<&String> = kernels
+        .iter()
+        .filter(|(_, alone)| mentions_results(&message, alone))
+        .map(|(name, _)| name)
+        .collect();
+    if let [name] = named.as_slice() {
+        return TpuCompileError::Compiler {
+            culprit: format!("kernel `{name}` (in the program; it compiles alone)"),
+            message,
+        };
+    }
+    let culprit = if kernels.is_empty() {
+        format!("the program `{}`", module.name())
+    } else {
+        let names: Vec<String> = kernels.iter().map(|(n, _)| format!("`{n}`")).collect();
+        format!(
+            "the program `{}` (its kernels {} compile alone)",
+            module.name(),
+            names.join(", ")
+        )
+    };
+    TpuCompileError::Compiler { culprit, message }
+}
+
+/// Whether the compiler's `message` shows a custom call with the results of the kernel
+/// program `alone` (HLO text such as `f32[1,2,2048,128]{`).
+fn mentions_results(message: &str, alone: &Module) -> bool {
+    let Some(main) = alone.get_func("main") else {
+        return false;
+    };
+    let results = main.result_types();
+    message.contains("custom-call")
+        && !results.is_empty()
+        && results.iter().all(|t| {
+            let dims: Vec<String> = t.dims.iter().map(|d| d.to_string()).collect();
+            message.contains(&format!("{}[{}]{{", hlo_type(t.dtype), dims.join(",")))
+        })
+}
+
+/// The HLO name of an element type.
+fn hlo_type(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => "f32",
+        DType::BF16 => "bf16",
+        DType::I32 => "s32",
+        DType::I8 => "s8",
+        DType::Bool => "pred",
+    }
+}
+
+impl CompileReport {
+    /// One JSON object: the topology, devices, kernels, executable bytes, per-device argument,
+    /// output, alias, temporary and generated-code bytes, flops and bytes accessed (null when
+    /// the compiler does not say), compile seconds.
+    pub fn to_json(&self) -> String {
+        let opt = |x: Option<f64>| x.map_or("null".to_string(), |x| format!("{x}"));
+        let mut json = format!(
+            "{{\"topology\":\"{}\",\"devices\":{},\"kernels\":[",
+            self.topology, self.devices
+        );
+        let names: Vec<String> = self.kernels.iter().map(|k| json_string(k)).collect();
+        json.push_str(&names.join(","));
+        let _ = write!(json, "],\"executable_bytes\":{}", self.executable_bytes);
+        if let Some(m) = &self.memory {
+            let _ = write!(
+                json,
+                ",\"argument_bytes\":{},\"output_bytes\":{},\"alias_bytes\":{},\
+                 \"temp_bytes\":{},\"generated_code_bytes\":{}",
+                m.argument_bytes,
+                m.output_bytes,
+                m.alias_bytes,
+                m.temp_bytes,
+                m.generated_code_bytes
+            );
+        }
+        let vmem: Vec<String> = self
+            .kernel_vmem
+            .iter()
+            .map(|(k, b)| format!("{}:{b}", json_string(k)))
+            .collect();
+        let _ = write!(json, ",\"scoped_vmem_bytes\":{{{}}}", vmem.join(","));
+        let _ = write!(
+            json,
+            ",\"flops\":{},\"bytes_accessed\":{},\"transcendentals\":{},\"compile_seconds\":{:.3}}}",
+            opt(self.flops),
+            opt(self.bytes_accessed),
+            opt(self.transcendentals),
+            self.compile_seconds
+        );
+        json
+    }
+}
+
+/// `s` as a JSON string.
+fn json_string(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse() {
+        assert_eq!(
+            TpuTarget::parse("tpu:v5p:2x2x1").unwrap().topology(),
+            "v5p:2x2x1"
+        );
+        for bad in ["v5p:2x2x1", "tpu:", "gpu:v5p", "tpu:v5p 2x2"] {
+            let e = TpuTarget::parse(bad).unwrap_err();
+            assert!(e.to_string().contains("expected tpu:TOPOLOGY"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_custom_call_in_a_compiler_message_is_matched_by_its_results() {
+        use tessera_hlo::TensorType;
+        let alone = |results: &[&[i64]]| {
+            let mut m = Module::new("kernel");
+            let mut f = m.func("main");
+            let outs: Vec<_> = results
+                .iter()
+                .map(|d| f.arg(TensorType::new(d.to_vec(), DType::F32)).unwrap())
+                .collect();
+            f.finish(&outs).unwrap();
+            m
+        };
+        let message = "Ran out of memory in memory space vmem while allocating on stack for \
+            %name.4 = (f32[2,1,2,2048,128]{4,3,2,1,0:T(8,128)}, f32[1,2,2048,128]{3,2,1,0:T(8,128)}) \
+            custom-call(%copy-done.3), custom_call_target=\"tpu_custom_call\"";
+        assert!(mentions_results(
+            message,
+            &alone(&[&[2, 1, 2, 2048, 128], &[1, 2, 2048, 128]])
+        ));
+        assert!(!mentions_results(message, &alone(&[&[1, 2, 2048, 1]])));
+        assert!(!mentions_results(
+            "f32[1,2,2048,128]{",
+            &alone(&[&[1, 2, 2048, 128]])
+        ));
+    }
+
+    #[test]
+    fn report_json_is_one_object() {
+        let r = CompileReport {
+            topology: "v5e:2x2".into(),
+            devices: 4,
+            kernels: vec!["splash_fwd".into(), "a\"b".into()],
+            executable_bytes: 10,
+            memory: Some(CompiledMemoryStats {
+                argument_bytes: 1,
+                output_bytes: 2,
+                temp_bytes: 3,
+                ..Default::default()
+            }),
+            flops: Some(1.5e9),
+            bytes_accessed: None,
+            transcendentals: None,
+            kernel_vmem: vec![("splash_fwd".into(), 4096)],
+            compile_seconds: 0.25,
+        };
+        assert_eq!(
+            r.to_json(),
+            "{\"topology\":\"v5e:2x2\",\"devices\":4,\"kernels\":[\"splash_fwd\",\"a\\\"b\"],\
+             \"executable_bytes\":10,\"argument_bytes\":1,\"output_bytes\":2,\"alias_bytes\":0,\
+             \"temp_bytes\":3,\"generated_code_bytes\":0,\"scoped_vmem_bytes\":{\"splash_fwd\":4096},\
+             \"flops\":1500000000,\
+             \"bytes_accessed\":null,\"transcendentals\":null,\"compile_seconds\":0.250}"
+        );
+    }
+}

@@ -1,0 +1,392 @@
+//! What a run trains and how: the model's dims ([`ModelConfig`], presets `tiny` and `small`)
+//! and the run's settings ([`TrainConfig`], MaxText's names), checked before anything is
+//! compiled with one sentence per problem naming the flags and the fix.
+
+use std::fmt;
+
+use tessera_parallel::Strategy;
+use tessera_splash::BlockSizes;
+
+use crate::TrainError;
+
+/// A Llama-style decoder: token embedding, `layers` x (RMSNorm, GQA attention with RoPE,
+/// RMSNorm, SwiGLU MLP, residuals), final RMSNorm, LM head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelConfig {
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// Width of the residual stream.
+    pub d_model: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (GQA: `heads` is a multiple of them).
+    pub kv_heads: usize,
+    /// Dims per head.
+    pub head_dim: usize,
+    /// Hidden width of the SwiGLU MLP.
+    pub mlp_dim: usize,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// RMSNorm epsilon.
+    pub norm_eps: f64,
+}
+
+impl ModelConfig {
+    /// The default: 0.5 M parameters, trains on 4 CPU devices in about a minute.
+    pub fn tiny() -> Self {
+        ModelConfig {
+            vocab: 256,
+            d_model: 128,
+            layers: 2,
+            heads: 8,
+            kv_heads: 4,
+            head_dim: 16,
+            mlp_dim: 384,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-6,
+        }
+    }
+
+    /// 13 M parameters: the size the benchmark reports.
+    pub fn small() -> Self {
+        ModelConfig {
+            vocab: 1024,
+            d_model: 512,
+            layers: 4,
+            heads: 8,
+            kv_heads: 4,
+            head_dim: 64,
+            mlp_dim: 1536,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-6,
+        }
+    }
+
+    /// A preset by name (`tiny`, `small`).
+    pub fn preset(name: &str) -> Result<Self, TrainError> {
+        match name {
+            "tiny" => Ok(Self::tiny()),
+            "small" => Ok(Self::small()),
+            _ => Err(TrainError::Config(format!(
+                "--model {name} is not a preset; use tiny or small (and --d-model, --layers, \
+                 --heads, --kv-heads, --head-dim, --mlp-dim, --vocab to change its dims)"
+            ))),
+        }
+    }
+
+    /// The sequence length a preset trains on by default.
+    pub fn default_seq(&self) -> usize {
+        if self.d_model >= 512 {
+            1024
+        } else {
+            256
+        }
+    }
+
+    /// The number of parameters.
+    pub fn num_params(&self) -> usize {
+        crate::model::param_specs(self)
+            .iter()
+            .map(|p| p.shape.iter().product::<usize>())
+            .sum()
+    }
+
+    /// Parameters of the matmuls a token goes through (everything but the embedding table,
+    /// which is a lookup, and the norms): what `6 N` counts per token.
+    pub fn matmul_params(&self) -> usize {
+        let (d, hd) = (self.d_model, self.head_dim);
+        let attention = d * hd * (2 * self.heads + 2 * self.kv_heads);
+        let mlp = 3 * d * self.mlp_dim;
+        self.layers * (attention + mlp) + d * self.vocab
+    }
+
+    fn check(&self) -> Result<(), TrainError> {
+        let dims = [
+            ("--vocab", self.vocab),
+            ("--d-model", self.d_model),
+            ("--layers", self.layers),
+            ("--heads", self.heads),
+            ("--kv-heads", self.kv_heads),
+            ("--head-dim", self.head_dim),
+            ("--mlp-dim", self.mlp_dim),
+        ];
+        if let Some((flag, _)) = dims.iter().find(|(_, n)| *n == 0) {
+            return config(format!("{flag} is 0; every model dim must be at least 1"));
+        }
+        if self.heads % self.kv_heads != 0 {
+            return config(format!(
+                "--heads {} is not a multiple of --kv-heads {}; grouped-query attention shares \
+                 each KV head among an equal number of query heads",
+                self.heads, self.kv_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return config(format!(
+                "--head-dim {} is odd; RoPE rotates pairs of dims, use an even head dim",
+                self.head_dim
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ModelConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "vocab {} d_model {} layers {} heads {} kv_heads {} head_dim {} mlp {}",
+            self.vocab,
+            self.d_model,
+            self.layers,
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            self.mlp_dim
+        )
+    }
+}
+
+/// A training run, in MaxText's terms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    /// The model.
+    pub model: ModelConfig,
+    /// Training steps (`steps`); the cosine schedule ends here.
+    pub steps: usize,
+    /// Tokens per sequence (`max_target_length`).
+    pub max_target_length: usize,
+    /// Sequences per device (`per_device_batch_size`): the global batch is this times the
+    /// devices, split over `data`; each sequence is split over `context`.
+    pub per_device_batch_size: usize,
+    /// Devices on the context axis (`ici_context_parallelism`).
+    pub ici_context_parallelism: usize,
+    /// Devices on the data axis (`ici_data_parallelism`).
+    pub ici_data_parallelism: usize,
+    /// `context_parallel_strategy`.
+    pub strategy: Strategy,
+    /// `context_parallel_load_balance` (all_gather and ring).
+    pub load_balance: bool,
+    /// `sa_block_q`, `sa_block_kv`, `sa_block_q_dkv`, `sa_block_kv_dkv`.
+    pub sa_block_q: usize,
+    pub sa_block_kv: usize,
+    pub sa_block_q_dkv: usize,
+    pub sa_block_kv_dkv: usize,
+    /// Peak learning rate (`learning_rate`).
+    pub learning_rate: f64,
+    /// Linear warmup steps (`warmup_steps_fraction` x steps in MaxText; here a count).
+    pub warmup_steps: usize,
+    /// The learning rate at the end of the cosine, as a fraction of the peak.
+    pub final_lr_fraction: f64,
+    /// Seed of the initialisation and the data.
+    pub seed: u64,
+    /// AdamW's `b1`, `b2`, `eps` and decoupled weight decay (on matrices only).
+    pub adam_b1: f64,
+    pub adam_b2: f64,
+    pub adam_eps: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm clipping threshold (`gradient_clipping_threshold`; 0: off).
+    pub gradient_clipping_threshold: f64,
+}
+
+impl TrainConfig {
+    /// The defaults for `model`: its preset sequence length, 1 sequence per device, 4
+    /// context devices with Ulysses, 1e-3 with 10 warmup steps, seed 0.
+    pub fn new(model: ModelConfig) -> Self {
+        TrainConfig {
+            model,
+            steps: 100,
+            max_target_length: model.default_seq(),
+            per_device_batch_size: 1,
+            ici_context_parallelism: 4,
+            ici_data_parallelism: 1,
+            strategy: Strategy::Ulysses,
+            load_balance: false,
+            sa_block_q: 128,
+            sa_block_kv: 128,
+            sa_block_q_dkv: 128,
+            sa_block_kv_dkv: 128,
+            learning_rate: 3e-3,
+            warmup_steps: 10,
+            final_lr_fraction: 0.1,
+            seed: 0,
+            adam_b1: 0.9,
+            adam_b2: 0.95,
+            adam_eps: 1e-8,
+            weight_decay: 0.1,
+            gradient_clipping_threshold: 1.0,
+        }
+    }
+
+    /// Sets the four splash blocks to the largest power of two up to 512 (MaxText's default
+    /// block) that divides what each attention call holds: the local queries for the `q`
+    /// blocks, the local keys for the `kv` blocks.
+    pub fn with_default_blocks(mut self) -> Self {
+        let cp = self.ici_context_parallelism.max(1);
+        let (q, kv) = self
+            .strategy
+            .local_lengths(self.max_target_length, cp, self.load_balance);
+        let block = |len: usize| {
+            (0..=9)
+                .rev()
+                .map(|e| 1usize << e)
+                .find(|b| len % b == 0)
+                .unwrap_or(1)
+        };
+        self.sa_block_q = block(q);
+        self.sa_block_q_dkv = block(q);
+        self.sa_block_kv = block(kv);
+        self.sa_block_kv_dkv = block(kv);
+        self
+    }
+
+    /// All devices: data x context.
+    pub fn devices(&self) -> usize {
+        self.ici_data_parallelism * self.ici_context_parallelism
+    }
+
+    /// Sequences per step (the global batch).
+    pub fn global_batch(&self) -> usize {
+        self.per_device_batch_size * self.devices()
+    }
+
+    /// Tokens per step.
+    pub fn tokens_per_step(&self) -> usize {
+        self.global_batch() * self.max_target_length
+    }
+
+    /// The splash block sizes of the flags (the backward's dq blocks follow the dkv ones).
+    pub fn block_sizes(&self) -> BlockSizes {
+        BlockSizes {
+            block_q: self.sa_block_q,
+            block_kv: self.sa_block_kv,
+            block_kv_compute: self.sa_block_kv,
+            block_q_dkv: self.sa_block_q_dkv,
+            block_kv_dkv: self.sa_block_kv_dkv,
+            block_kv_dkv_compute: self.sa_block_kv_dkv,
+            block_q_dq: self.sa_block_q_dkv,
+            block_kv_dq: self.sa_block_kv_dkv,
+            use_fused_bwd_kernel: false,
+        }
+    }
+
+    /// Checks every flag and combination before anything is built; the message names the
+    /// flags and the fix.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        self.model.check()?;
+        let counts = [
+            ("--steps", self.steps),
+            ("--max-target-length", self.max_target_length),
+            ("--per-device-batch-size", self.per_device_batch_size),
+            ("--ici-context-parallelism", self.ici_context_parallelism),
+            ("--ici-data-parallelism", self.ici_data_parallelism),
+            ("--sa-block-q", self.sa_block_q),
+            ("--sa-block-kv", self.sa_block_kv),
+            ("--sa-block-q-dkv", self.sa_block_q_dkv),
+            ("--sa-block-kv-dkv", self.sa_block_kv_dkv),
+        ];
+        if let Some((flag, _)) = counts.iter().find(|(_, n)| *n == 0) {
+            return config(format!("{flag} is 0; it must be at least 1"));
+        }
+        if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
+            return config(format!(
+                "--learning-rate {} is not a positive number",
+                self.learning_rate
+            ));
+        }
+        let cp = self.ici_context_parallelism;
+        let strategy = maxtext_name(self.strategy);
+        if let Strategy::Usp { ulysses, ring } = self.strategy {
+            if ulysses * ring != cp {
+                return config(format!(
+                    "--context-parallel-strategy {strategy} runs on {ulysses} x {ring} = {} \
+                     context devices, but --ici-context-parallelism is {cp}; set \
+                     --ici-context-parallelism {} or pick usp:UxR with U x R = {cp}",
+                    ulysses * ring,
+                    ulysses * ring
+                ));
+            }
+        }
+        if self.load_balance && !matches!(self.strategy, Strategy::AllGather | Strategy::Ring) {
+            return config(format!(
+                "--context-parallel-load-balance balances the all_gather and ring strategies; \
+                 {strategy} needs no balancing, drop the flag"
+            ));
+        }
+        let ulysses = match self.strategy {
+            Strategy::Ulysses => cp,
+            Strategy::Usp { ulysses, .. } => ulysses,
+            _ => 1,
+        };
+        let m = &self.model;
+        if m.heads % ulysses != 0 {
+            return config(format!(
+                "--context-parallel-strategy {strategy} splits the heads over {ulysses} devices, \
+                 but the {} query heads (--heads) are not divisible by {ulysses}; use a \
+                 context degree (--ici-context-parallelism) that divides the heads, or the \
+                 all_gather or ring strategy",
+                m.heads
+            ));
+        }
+        if (m.kv_heads < ulysses && ulysses % m.kv_heads != 0)
+            || (m.kv_heads >= ulysses && m.kv_heads % ulysses != 0)
+        {
+            return config(format!(
+                "--context-parallel-strategy {strategy} splits the {} KV heads (--kv-heads) \
+                 over {ulysses} devices, which neither divides them nor is a multiple of them; \
+                 use a context degree that divides the KV heads or is a multiple of them",
+                m.kv_heads
+            ));
+        }
+        let s = self.max_target_length;
+        let shards = if self.load_balance { 2 * cp } else { cp };
+        if s % shards != 0 {
+            return config(format!(
+                "--max-target-length {s} is not divisible by the {shards} sequence shards \
+                 (--ici-context-parallelism {cp}{}); use a multiple of {shards}",
+                if self.load_balance {
+                    " x 2 for --context-parallel-load-balance"
+                } else {
+                    ""
+                }
+            ));
+        }
+        let (q_local, kv_local) = self.strategy.local_lengths(s, cp, self.load_balance);
+        let blocks = [
+            ("--sa-block-q", self.sa_block_q, q_local, "queries"),
+            ("--sa-block-kv", self.sa_block_kv, kv_local, "keys"),
+            ("--sa-block-q-dkv", self.sa_block_q_dkv, q_local, "queries"),
+            ("--sa-block-kv-dkv", self.sa_block_kv_dkv, kv_local, "keys"),
+        ];
+        for (flag, block, len, what) in blocks {
+            if len % block != 0 {
+                let per = s / len;
+                return config(format!(
+                    "{flag} {block} does not divide the {len} {what} each attention call holds \
+                     with {strategy} (--max-target-length {s}{}); use a {flag} that divides \
+                     {len}, or a --max-target-length that is a multiple of {}",
+                    if per > 1 {
+                        format!(" / {per} sequence shards")
+                    } else {
+                        String::new()
+                    },
+                    per * block
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A strategy as MaxText spells it.
+pub fn maxtext_name(s: Strategy) -> String {
+    match s {
+        Strategy::AllGather => "all_gather".into(),
+        other => other.to_string(),
+    }
+}
+
+fn config<T>(message: String) -> Result<T, TrainError> {
+    Err(TrainError::Config(message))
+}
