@@ -630,6 +630,9 @@ pub enum OpKind {
     },
     /// `stablehlo.reshape`.
     Reshape,
+    /// `stablehlo.optimization_barrier`: its operands unchanged, which XLA may not move or
+    /// rewrite computations across (keeps a chosen form of a computation).
+    OptimizationBarrier,
     /// `stablehlo.transpose`.
     Transpose {
         /// Result dimension `i` is operand dimension `permutation[i]`.
@@ -753,6 +756,7 @@ impl OpKind {
             OpKind::Iota { .. } => "stablehlo.iota",
             OpKind::BroadcastInDim { .. } => "stablehlo.broadcast_in_dim",
             OpKind::Reshape => "stablehlo.reshape",
+            OpKind::OptimizationBarrier => "stablehlo.optimization_barrier",
             OpKind::Transpose { .. } => "stablehlo.transpose",
             OpKind::Reverse { .. } => "stablehlo.reverse",
             OpKind::Slice { .. } => "stablehlo.slice",

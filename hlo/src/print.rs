@@ -374,6 +374,7 @@ fn attributes(kind: &OpKind, num_results: usize) -> Vec<String> {
         | OpKind::Clamp
         | OpKind::Convert
         | OpKind::Reshape
+        | OpKind::OptimizationBarrier
         | OpKind::DynamicUpdateSlice
         | OpKind::While
         | OpKind::Case

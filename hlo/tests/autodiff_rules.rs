@@ -237,14 +237,16 @@ fn dot_general_matches_finite_differences() {
 #[test]
 fn shape_ops_match_finite_differences() {
     check1(
-        "reshape, transpose, reverse",
+        "reshape, transpose, reverse, optimization_barrier",
         &[uniform(&[2, 3, 4], -1.0, 1.0, 1)],
         &|f, a| {
             let r = f.reshape(a[0], &[6, 4])?;
             let t = f.transpose(a[0], &[2, 0, 1])?;
             let v = f.reverse(a[0], &[0, 2])?;
             let r = f.sin(r)?;
-            Ok(vec![r, t, v])
+            let b = f.optimization_barrier(v)?;
+            let b = f.cos(b)?;
+            Ok(vec![r, t, b])
         },
     );
     check1(

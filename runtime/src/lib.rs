@@ -58,7 +58,7 @@ mod topology;
 pub use client::{Argument, Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_COUNT_OPTION};
 pub use element::{ElementType, HostBuffer, NativeType};
 pub use error::{Error, ErrorCode, Result};
-pub use options::{CompileOptions, DeviceAssignment};
+pub use options::{CompileOptions, DeviceAssignment, XlaOption};
 pub use plugin::{configure_plugin_logs, NamedValue, Plugin, VERBOSE_VAR};
 pub use provision::{cpu_plugin_path, libtpu_path, ProvisionedPlugin, Provisioner, WheelSpec};
 pub use shape::ArrayShape;

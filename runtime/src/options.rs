@@ -105,6 +105,19 @@ pub struct CompileOptions {
     pub use_shardy_partitioner: bool,
     /// Explicit device assignment; `None` lets the plugin choose (for a client compile).
     pub device_assignment: Option<DeviceAssignment>,
+    /// XLA debug options for this compile, by name (`xla_cpu_use_xnnpack`, ...), applied over
+    /// the plugin's defaults (`CompileOptionsProto.env_option_overrides`, what `XLA_FLAGS`
+    /// would set, without touching the process environment). An unknown name fails the
+    /// compile.
+    pub xla_options: Vec<(String, XlaOption)>,
+}
+
+/// The value of an XLA debug option in [`CompileOptions::xla_options`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum XlaOption {
+    Bool(bool),
+    Int(i64),
+    Str(String),
 }
 
 impl Default for CompileOptions {
@@ -122,6 +135,7 @@ impl CompileOptions {
             use_spmd_partitioning: false,
             use_shardy_partitioner: false,
             device_assignment: None,
+            xla_options: Vec::new(),
         }
     }
 
@@ -133,6 +147,7 @@ impl CompileOptions {
             use_spmd_partitioning: false,
             use_shardy_partitioner: false,
             device_assignment: Some(DeviceAssignment::sequential(n, 1)?),
+            xla_options: Vec::new(),
         })
     }
 
@@ -144,12 +159,19 @@ impl CompileOptions {
             use_spmd_partitioning: true,
             use_shardy_partitioner: false,
             device_assignment: Some(DeviceAssignment::sequential(1, n)?),
+            xla_options: Vec::new(),
         })
     }
 
     /// Sets [`CompileOptions::use_shardy_partitioner`].
     pub fn with_shardy(mut self, shardy: bool) -> Self {
         self.use_shardy_partitioner = shardy;
+        self
+    }
+
+    /// Adds an XLA debug option ([`CompileOptions::xla_options`]).
+    pub fn with_xla_option(mut self, name: impl Into<String>, value: XlaOption) -> Self {
+        self.xla_options.push((name.into(), value));
         self
     }
 
@@ -205,7 +227,20 @@ impl CompileOptions {
                     })
                     .collect(),
             });
+        let env_option_overrides = self
+            .xla_options
+            .iter()
+            .map(|(name, value)| {
+                let value = match value {
+                    XlaOption::Bool(b) => OverrideValue::Bool(*b),
+                    XlaOption::Int(i) => OverrideValue::Int(*i),
+                    XlaOption::Str(s) => OverrideValue::String(s.clone()),
+                };
+                (name.clone(), OptionOverrideProto { value: Some(value) })
+            })
+            .collect();
         let proto = CompileOptionsProto {
+            env_option_overrides,
             executable_build_options: Some(ExecutableBuildOptionsProto {
                 device_ordinal: -1,
                 num_replicas: self.num_replicas as i64,
@@ -224,6 +259,26 @@ impl CompileOptions {
 struct CompileOptionsProto {
     #[prost(message, optional, tag = "3")]
     executable_build_options: Option<ExecutableBuildOptionsProto>,
+    #[prost(btree_map = "string, message", tag = "7")]
+    env_option_overrides: std::collections::BTreeMap<String, OptionOverrideProto>,
+}
+
+/// `xla.OptionOverrideProto`.
+#[derive(Clone, PartialEq, Message)]
+struct OptionOverrideProto {
+    #[prost(oneof = "OverrideValue", tags = "1, 2, 3")]
+    value: Option<OverrideValue>,
+}
+
+/// `xla.OptionOverrideProto.value`.
+#[derive(Clone, PartialEq, prost::Oneof)]
+enum OverrideValue {
+    #[prost(string, tag = "1")]
+    String(String),
+    #[prost(bool, tag = "2")]
+    Bool(bool),
+    #[prost(int64, tag = "3")]
+    Int(i64),
 }
 
 /// `xla.ExecutableBuildOptionsProto` (subset).

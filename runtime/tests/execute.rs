@@ -4,7 +4,9 @@
 mod common;
 
 use half::bf16;
-use tessera_runtime::{ArrayShape, CompileOptions, ElementType, Error, HostBuffer, NamedValue};
+use tessera_runtime::{
+    ArrayShape, CompileOptions, ElementType, Error, HostBuffer, NamedValue, XlaOption,
+};
 
 use common::{client, iota};
 
@@ -218,6 +220,29 @@ func.func public @main(%a: tensor<2xf32>) -> tensor<3xf32> {
         .compile("this is not MLIR", &CompileOptions::default())
         .unwrap_err();
     assert!(matches!(err, Error::Pjrt { .. }), "{err}");
+}
+
+#[test]
+fn xla_options_reach_the_compiler() {
+    let client = client(1);
+    // A real option changes nothing a program computes.
+    let options = CompileOptions::single_device()
+        .with_xla_option("xla_cpu_use_xnnpack", XlaOption::Bool(false))
+        .with_xla_option("xla_cpu_parallel_codegen_split_count", XlaOption::Int(4));
+    let exe = client.compile(&dot_program("f32", 1), &options).unwrap();
+    let (a, b) = (iota(6, 1.0), iota(12, -2.0));
+    let out = exe
+        .execute_host(&[vec![
+            HostBuffer::from_slice(&[2, 3], &a).unwrap(),
+            HostBuffer::from_slice(&[3, 4], &b).unwrap(),
+        ]])
+        .unwrap();
+    assert_eq!(out[0][0].to_vec::<f32>().unwrap(), host_dot(&a, &b));
+    // An unknown one fails the compile, naming it: the options are not silently dropped.
+    let bogus = CompileOptions::single_device()
+        .with_xla_option("xla_no_such_option", XlaOption::Str("x".into()));
+    let err = client.compile(&dot_program("f32", 1), &bogus).unwrap_err();
+    assert!(err.to_string().contains("xla_no_such_option"), "{err}");
 }
 
 #[test]

@@ -1,14 +1,21 @@
 //! `tessera bench attention`: splash against dense attention on the XLA CPU plugin, and the
-//! `tessera bench` command family.
+//! `tessera bench` command family. Every bench times XLA's own large square dot in the same
+//! process and run as the programs it measures, and reports their GFLOP/s as a fraction of it.
+
+mod kernels;
+mod stages;
+mod timing;
 
 use std::collections::HashMap;
-use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use tessera::dsl::{DType, HostArray, TargetRules};
-use tessera::runtime::{Client, CompileOptions, HostBuffer};
+use tessera::hlo::Module;
+use tessera::runtime::{Buffer, Client, HostBuffer};
 use tessera::splash::{dense_program, splash_program, Features, Pass};
 use tessera::splash::{BlockSizes, Dims, Mask, SplashAttention, SplashOptions};
+
+use timing::{peak_program, time_all, Timed};
 
 /// What `tessera bench` measures.
 #[derive(clap::Subcommand, Debug)]
@@ -19,6 +26,9 @@ pub enum BenchCommand {
     /// Context-parallel strategies (Ulysses, all-gather, ring, USP) side by side on the same
     /// XLA CPU devices: forward and forward+backward times and their ratios.
     ContextParallel(super::bench_cp::CpBenchArgs),
+    /// Every registered kernel at a realistic size beside XLA's own dot (the matmul peak, f32
+    /// and bf16) and dense attention: GFLOP/s and the fraction of the peak.
+    Kernels(kernels::KernelsArgs),
 }
 
 /// Runs `tessera bench`.
@@ -26,6 +36,7 @@ pub fn bench(what: &BenchCommand) -> Result<()> {
     match what {
         BenchCommand::Attention(args) => bench_command(args),
         BenchCommand::ContextParallel(args) => super::bench_cp::bench_command(args),
+        BenchCommand::Kernels(args) => kernels::bench_kernels(args),
     }
 }
 
@@ -66,6 +77,13 @@ pub struct BenchArgs {
     /// minimum is reported.
     #[arg(long, default_value_t = 3, value_parser = super::positive)]
     pub reps: usize,
+    /// Size of XLA's own square dot, the matmul peak the programs are compared with.
+    #[arg(long, default_value_t = 2048, value_parser = super::positive)]
+    pub peak_size: usize,
+    /// Also time every kernel call of the splash programs as a program of its own: where the
+    /// time goes.
+    #[arg(long)]
+    pub profile: bool,
     /// Run one program once in this process and print its peak memory as JSON (the bench
     /// measures each program's memory in a fresh process).
     #[arg(long, hide = true)]
@@ -151,64 +169,68 @@ fn pass_of(variant: &str) -> Pass {
     }
 }
 
-/// A variant compiled, with its device inputs.
-struct Compiled {
-    exe: tessera::runtime::LoadedExecutable,
-    inputs: Vec<tessera::runtime::Buffer>,
-    compile_s: f64,
+/// The program of `variant` (splash or dense attention, forward or forward+backward).
+fn variant_program(args: &BenchArgs, attn: &SplashAttention, variant: &str) -> Result<Module> {
+    let pass = pass_of(variant);
+    Ok(if variant.starts_with("splash") {
+        splash_program(attn, pass, Features::default())?
+    } else {
+        let mask = Mask::parse(&args.mask)?;
+        dense_program(attn.dims(), DType::F32, &mask, attn.scale(), None, pass)?
+    })
 }
 
-impl Compiled {
-    fn new(args: &BenchArgs, attn: &SplashAttention, variant: &str) -> Result<Self> {
-        let pass = pass_of(variant);
-        let module = if variant.starts_with("splash") {
-            splash_program(attn, pass, Features::default())?
-        } else {
-            let mask = Mask::parse(&args.mask)?;
-            dense_program(attn.dims(), DType::F32, &mask, attn.scale(), None, pass)?
-        };
-        let client = Client::cpu_shared(1)?;
-        let start = Instant::now();
-        let exe = client.compile(&module.to_mlir(), &CompileOptions::single_device())?;
-        let compile_s = start.elapsed().as_secs_f64();
-        let mut inputs = bench_inputs(attn.dims());
-        if pass == Pass::Forward {
-            inputs.truncate(3);
-        }
-        let inputs = inputs
-            .iter()
-            .map(|a| client.buffer_from_host(&HostBuffer::from_array(a)?, 0))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Compiled {
-            exe,
-            inputs,
-            compile_s,
-        })
+/// Floating-point operations of one run of `variant`: four per visible (query, key) pair and
+/// head-dim element forward (`q k^T`, `p v`); the backward does five matmuls of the forward's
+/// size (dv, dp, dq, dk and the recomputed or saved scores), so forward + backward is 3.5x.
+fn variant_flops(attn: &SplashAttention, variant: &str) -> f64 {
+    let fwd = 4.0 * attn.dims().head_dim as f64 * visible_pairs(attn);
+    match pass_of(variant) {
+        Pass::Forward => fwd,
+        Pass::ForwardBackward => 3.5 * fwd,
+        Pass::Backward => 2.5 * fwd,
     }
+}
 
-    /// Runs once; returns the seconds taken and the outputs.
-    fn run(&self) -> Result<(f64, Vec<HostArray>)> {
-        let refs: Vec<&tessera::runtime::Buffer> = self.inputs.iter().collect();
-        let start = Instant::now();
-        let outs = self.exe.execute(std::slice::from_ref(&refs))?;
-        let secs = start.elapsed().as_secs_f64();
-        let host = outs
-            .into_iter()
-            .flatten()
-            .map(|b| Ok(b.to_host()?.to_array()?))
-            .collect::<Result<Vec<_>>>()?;
-        Ok((secs, host))
+/// `variant` compiled with its device inputs.
+fn compile_variant(
+    client: &Client,
+    args: &BenchArgs,
+    attn: &SplashAttention,
+    variant: &str,
+) -> Result<Timed> {
+    let mut inputs = bench_inputs(attn.dims());
+    if pass_of(variant) == Pass::Forward {
+        inputs.truncate(3);
     }
+    let module = variant_program(args, attn, variant)?;
+    let flops = variant_flops(attn, variant);
+    let splash = variant.starts_with("splash");
+    Timed::new(
+        client,
+        variant,
+        &module,
+        input_buffers(client, &inputs)?,
+        flops,
+        splash,
+    )
+}
+
+/// Host arrays copied to device 0.
+fn input_buffers(client: &Client, arrays: &[HostArray]) -> Result<Vec<Buffer>> {
+    arrays
+        .iter()
+        .map(|a| Ok(client.buffer_from_host(&HostBuffer::from_array(a)?, 0)?))
+        .collect()
 }
 
 /// In a fresh process: compiles one variant, runs it once and prints
 /// `{"peak_rss":..,"base_rss":..}` (bytes; base = before the run).
 fn bench_child(args: &BenchArgs, variant: &str) -> Result<()> {
     let attn = args.attention()?;
-    let c = Compiled::new(args, &attn, variant)?;
+    let c = compile_variant(&Client::cpu_shared(1)?, args, &attn, variant)?;
     let base = proc_status_bytes("VmRSS:");
-    let refs: Vec<&tessera::runtime::Buffer> = c.inputs.iter().collect();
-    drop(c.exe.execute(std::slice::from_ref(&refs))?);
+    drop(c.run()?);
     outln!(
         "{{\"peak_rss\":{},\"base_rss\":{base}}}",
         proc_status_bytes("VmHWM:")
@@ -279,7 +301,6 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
     let attn = args.attention()?;
     let d = attn.dims();
     let stats = attn.stats();
-    let fwd_flops = 4.0 * d.head_dim as f64 * visible_pairs(&attn);
     outln!(
         "splash vs dense attention on the XLA CPU plugin: B={} H={} KVH={} S={} D={} mask={} \
          blocks {}x{} ({} backward)",
@@ -305,70 +326,78 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
         stats.total
     );
     // Peak memory first, each program alone in a fresh process.
-    let mut peak = HashMap::new();
+    let mut peak_mem = HashMap::new();
     for variant in VARIANTS {
-        peak.insert(variant, peak_memory(args, variant)?);
+        peak_mem.insert(variant, peak_memory(args, variant)?);
     }
-    // Time the programs in one process, interleaved, so load changes hit all alike.
+    // Time the programs in one process, interleaved, so load changes hit all alike, beside
+    // XLA's own dot (the machine's matmul peak).
+    let client = Client::cpu_shared(1)?;
     let mut programs = Vec::new();
     for variant in VARIANTS {
-        programs.push(Compiled::new(args, &attn, variant)?);
+        programs.push(compile_variant(&client, args, &attn, variant)?);
     }
-    let mut best = [f64::INFINITY; VARIANTS.len()];
-    let mut outputs: Vec<Vec<HostArray>> = vec![Vec::new(); VARIANTS.len()];
-    for rep in 0..=args.reps {
-        for (i, p) in programs.iter().enumerate() {
-            let (secs, outs) = p.run()?;
-            // Run 0 warms up.
-            if rep > 0 {
-                best[i] = best[i].min(secs);
-            }
-            outputs[i] = outs;
-        }
+    for dtype in [DType::F32, DType::BF16] {
+        programs.push(peak_program(&client, args.peak_size, dtype)?);
     }
+    let outputs = time_all(&mut programs, args.reps)?;
+    let peak = programs[VARIANTS.len()].gflops();
+    let peak_bf16 = programs[VARIANTS.len() + 1].gflops();
+    outln!(
+        "XLA's own {n}x{n}x{n} dot (the matmul peak): f32 {peak:.1} GFLOP/s, bf16 {peak_bf16:.1} \
+         GFLOP/s",
+        n = args.peak_size
+    );
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     outln!(
-        "{:<14} {:>10} {:>10} {:>10} {:>15}",
+        "{:<14} {:>10} {:>10} {:>10} {:>9} {:>15}",
         "program",
         "compile s",
         "best s",
         "GFLOP/s",
+        "of peak",
         "exec peak MiB"
     );
-    for (i, variant) in VARIANTS.iter().enumerate() {
-        let flops = match pass_of(variant) {
-            Pass::Forward => fwd_flops,
-            // Backward: 5 matmuls of the forward's size (dv, dp, dq, dk and the recomputed
-            // or saved scores), so forward + backward is 3.5x the forward.
-            Pass::ForwardBackward => 3.5 * fwd_flops,
-            Pass::Backward => 2.5 * fwd_flops,
-        };
+    for (variant, p) in VARIANTS.iter().zip(&programs) {
         outln!(
-            "{:<14} {:>10.2} {:>10.4} {:>10.2} {:>15.1}",
+            "{:<14} {:>10.2} {:>10.4} {:>10.2} {:>8.1}% {:>15.1}",
             variant,
-            programs[i].compile_s,
-            best[i],
-            flops / best[i] / 1e9,
-            mib(peak[variant])
+            p.compile_s,
+            p.best_s,
+            p.gflops(),
+            100.0 * p.gflops() / peak,
+            mib(peak_mem[variant])
         );
     }
+    let best: Vec<f64> = programs.iter().map(|p| p.best_s).collect();
     let mut summary = Vec::new();
     for (pass, s, dn) in [("fwd", 0, 1), ("fwd+bwd", 2, 3)] {
         let ratio = best[dn] / best[s];
         outln!(
-            "{pass:<8} splash {:.3} s vs dense {:.3} s: {ratio:.2}x faster; peak memory \
-             {:.1} MiB vs {:.1} MiB",
+            "{pass:<8} splash {:.3} s vs dense {:.3} s: {ratio:.2}x faster; {:.1}% of the matmul \
+             peak; peak memory {:.1} MiB vs {:.1} MiB",
             best[s],
             best[dn],
-            mib(peak[VARIANTS[s]]),
-            mib(peak[VARIANTS[dn]])
+            100.0 * programs[s].gflops() / peak,
+            mib(peak_mem[VARIANTS[s]]),
+            mib(peak_mem[VARIANTS[dn]])
         );
         summary.push(format!("\"{}_speedup\":{ratio:.3}", pass.replace('+', "")));
+    }
+    summary.push(format!(
+        "\"matmul_peak_gflops\":{peak:.2},\"matmul_peak_bf16_gflops\":{peak_bf16:.2},\
+         \"fwd_fraction_of_peak\":{:.4},\"fwdbwd_fraction_of_peak\":{:.4}",
+        programs[0].gflops() / peak,
+        programs[2].gflops() / peak
+    ));
+    if args.profile {
+        summary.push(profile(&client, &attn, &mut programs, peak, args.reps)?);
     }
     // The two implementations must agree.
     let names = ["out", "lse", "dq", "dk", "dv"];
     let mut worst = 0.0f64;
     for (name, (a, b)) in names.iter().zip(outputs[2].iter().zip(&outputs[3])) {
+        let (a, b) = (a.to_host()?.to_array()?, b.to_host()?.to_array()?);
         let (err, _) = tessera::reference::max_abs_diff(&a.to_f64_vec(), &b.to_f64_vec());
         worst = worst.max(err);
         outln!("max |splash - dense| {name}: {err:.2e}");
@@ -403,4 +432,55 @@ fn visible_pairs(attn: &SplashAttention) -> f64 {
         tessera::splash::MultiHeadMask::PerHead(ms) => ms.iter().map(count).sum(),
     };
     (pairs * d.batch as u64) as f64
+}
+
+/// `--profile`: every kernel call of splash forward + backward timed as a program of its own
+/// (interleaved with the whole program, on the tensors the earlier calls produced); prints
+/// each call's time, share and GFLOP/s and returns the JSON field `"profile":{..}`.
+fn profile(
+    client: &Client,
+    attn: &SplashAttention,
+    programs: &mut Vec<Timed>,
+    peak: f64,
+    reps: usize,
+) -> Result<String> {
+    let feats = Features::default();
+    let mut plan = attn.forward_plan(feats);
+    plan.extend(attn.backward_plan(feats));
+    let mut env = stages::input_env(client, &bench_inputs(attn.dims()))?;
+    let pairs = visible_pairs(attn);
+    let mut calls = stages::stage_programs(client, attn, &plan, &mut env, pairs, "")?;
+    // The whole forward + backward program (timed again, beside its parts).
+    let whole = programs.swap_remove(2);
+    calls.push(whole);
+    time_all(&mut calls, reps)?;
+    let whole = calls.pop().expect("pushed above");
+    let sum: f64 = calls.iter().map(|c| c.best_s).sum();
+    outln!("profile: splash forward + backward, one program per kernel call (best of {reps})");
+    outln!(
+        "{:<20} {:>10} {:>8} {:>10} {:>9}",
+        "kernel call",
+        "best s",
+        "share",
+        "GFLOP/s",
+        "of peak"
+    );
+    let mut json = Vec::new();
+    for c in &calls {
+        outln!(
+            "{:<20} {:>10.4} {:>7.1}% {:>10.2} {:>8.1}%",
+            c.name,
+            c.best_s,
+            100.0 * c.best_s / sum,
+            c.gflops(),
+            100.0 * c.gflops() / peak
+        );
+        json.push(format!("\"{}\":{:.5}", c.name, c.best_s));
+    }
+    outln!(
+        "sum of the calls {sum:.4} s; the whole program {:.4} s ({:+.1}% for running them as one)",
+        whole.best_s,
+        100.0 * (whole.best_s / sum - 1.0)
+    );
+    Ok(format!("\"profile\":{{{}}}", json.join(",")))
 }

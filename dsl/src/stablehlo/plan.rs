@@ -31,7 +31,15 @@ impl Plan {
     }
 }
 
-/// The largest prefix of leading parallel grid dims that can be vectorised (possibly none).
+/// The largest value a vectorised step may hold, in bytes (batch dims included): the size
+/// of one core's L2 cache on the machines measured. Splash attention's forward at B=1, H=8,
+/// S=4096, D=64 with 512 x 512 blocks (1 MiB of scores per head) ran slower with its eight
+/// heads vectorised (8 MiB of scores per step) than as a loop over heads, while smaller
+/// blocks gain from it (see docs/architecture.md for the numbers).
+const VECTORISED_VALUE_BUDGET: usize = 2 << 20;
+
+/// The largest prefix of leading parallel grid dims that can be vectorised (possibly none)
+/// and keeps every batched value within [`VECTORISED_VALUE_BUDGET`].
 pub(crate) fn plan(k: &Kernel) -> Plan {
     let leading = k
         .semantics
@@ -40,8 +48,22 @@ pub(crate) fn plan(k: &Kernel) -> Plan {
         .count();
     (1..=leading)
         .rev()
-        .find_map(|nb| try_plan(k, nb))
+        .filter_map(|nb| try_plan(k, nb))
+        .find(|p| largest_batched_value(k, p) <= VECTORISED_VALUE_BUDGET)
         .unwrap_or_default()
+}
+
+/// The bytes of the largest value `p` makes carry batch dims (the batch dims included).
+fn largest_batched_value(k: &Kernel, p: &Plan) -> usize {
+    let batch: usize = k.grid[..p.nb].iter().product();
+    p.batched
+        .iter()
+        .map(|&v| {
+            let t = k.value_type(v);
+            t.num_elements() * t.dtype.size_bytes() * batch
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 fn try_plan(k: &Kernel, nb: usize) -> Option<Plan> {
@@ -86,7 +108,7 @@ fn try_plan(k: &Kernel, nb: usize) -> Option<Plan> {
 }
 
 /// Values of `r` that depend on any of `roots`.
-fn dependents(r: &Region, roots: &[ValueId]) -> HashSet<ValueId> {
+pub(crate) fn dependents(r: &Region, roots: &[ValueId]) -> HashSet<ValueId> {
     let mut dep: HashSet<ValueId> = roots.iter().copied().collect();
     for inst in &r.insts {
         if inst.op.operands().iter().any(|v| dep.contains(v)) {

@@ -75,6 +75,16 @@ impl FuncBuilder<'_> {
         Ok(self.emit1(OpKind::Reshape, vec![x], result, vec![]))
     }
 
+    /// `stablehlo.optimization_barrier` of one value: the value unchanged, computed in the
+    /// form it was built in (XLA neither folds the ops that produce it into the ops that use
+    /// it nor the other way round).
+    pub fn optimization_barrier(&mut self, x: Value) -> Result<Value, HloError> {
+        let t = self
+            .operand("stablehlo.optimization_barrier", 0, x)?
+            .clone();
+        Ok(self.emit1(OpKind::OptimizationBarrier, vec![x], t, vec![]))
+    }
+
     /// `stablehlo.transpose`: result dimension `i` is operand dimension `permutation[i]`.
     pub fn transpose(&mut self, x: Value, permutation: &[i64]) -> Result<Value, HloError> {
         const OP: &str = "stablehlo.transpose";

@@ -190,6 +190,17 @@ fn shape_ops_text() {
 }
 
 #[test]
+fn optimization_barrier_text() {
+    let b = body(1, |f| {
+        let x = f.arg(f32t(&[2, 3]))?;
+        Ok(vec![f.optimization_barrier(x)?])
+    });
+    let expected = r#"%0 = "stablehlo.optimization_barrier"(%arg0) : (tensor<2x3xf32>) -> tensor<2x3xf32>
+"func.return"(%0) : (tensor<2x3xf32>) -> ()"#;
+    assert_eq!(b, expected);
+}
+
+#[test]
 fn dot_general_text_and_shape() {
     let b = body(1, |f| {
         // [b=2, m=3, k=4] x [b=2, k=4, n=5] in bf16, accumulated in f32.

@@ -1,0 +1,169 @@
+//! Programs timed side by side in one process: each compiled once with its inputs on the
+//! device, then all run in turn, repetition after repetition (interleaved, so a change in the
+//! machine's load hits every program alike), after one warm-up run; the best time counts.
+//! XLA's own large square dot runs among them: the machine's matmul peak, measured under the
+//! same conditions as the kernels it is compared with.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use tessera::dsl::{ArgSpec, DType};
+use tessera::hlo::{DotDims, Module, TensorType};
+use tessera::runtime::{Buffer, Client, CompileOptions, HostBuffer, LoadedExecutable};
+
+/// One program with its device inputs and the work one run does.
+pub struct Timed {
+    pub name: String,
+    /// Floating-point operations counted for one run (GFLOP/s is this over the best time).
+    pub flops: f64,
+    pub compile_s: f64,
+    /// The best time of the timed runs (infinite before [`time_all`]).
+    pub best_s: f64,
+    /// Processor time (all threads) of the best run: over `best_s`, how many cores it kept
+    /// busy.
+    pub best_cpu_s: f64,
+    /// Back-to-back runs per repetition (the first run after another program can pay for
+    /// memory that program released: measured +50% for XLA's 2048^3 dot after dense
+    /// attention's 1.6 GB).
+    pub runs_per_rep: usize,
+    exe: LoadedExecutable,
+    inputs: Vec<Buffer>,
+}
+
+impl Timed {
+    /// Compiles `module` for one device of `client`: as tessera compiles kernels
+    /// ([`tessera::backend::compile_options`]) when `kernel`, else with XLA's defaults (XLA's
+    /// own dot, dense attention: programs as an XLA user runs them).
+    pub fn new(
+        client: &Client,
+        name: impl Into<String>,
+        module: &Module,
+        inputs: Vec<Buffer>,
+        flops: f64,
+        kernel: bool,
+    ) -> Result<Self> {
+        let options = if kernel {
+            tessera::backend::compile_options(client)
+        } else {
+            CompileOptions::single_device()
+        };
+        let start = Instant::now();
+        let exe = client.compile(&module.to_mlir(), &options)?;
+        Ok(Timed {
+            name: name.into(),
+            flops,
+            compile_s: start.elapsed().as_secs_f64(),
+            best_s: f64::INFINITY,
+            best_cpu_s: f64::NAN,
+            runs_per_rep: 1,
+            exe,
+            inputs,
+        })
+    }
+
+    /// Runs once; returns the seconds taken, the processor seconds and the outputs (on the
+    /// device).
+    pub fn run(&self) -> Result<(f64, f64, Vec<Buffer>)> {
+        let refs: Vec<&Buffer> = self.inputs.iter().collect();
+        let cpu = process_cpu_s();
+        let start = Instant::now();
+        let outs = self.exe.execute(std::slice::from_ref(&refs))?;
+        let secs = start.elapsed().as_secs_f64();
+        Ok((
+            secs,
+            process_cpu_s() - cpu,
+            outs.into_iter().flatten().collect(),
+        ))
+    }
+
+    pub fn gflops(&self) -> f64 {
+        self.flops / self.best_s / 1e9
+    }
+}
+
+/// Runs every program `reps + 1` times, interleaved (run 0 warms up); sets each best time
+/// and returns each program's outputs of its last run.
+pub fn time_all(programs: &mut [Timed], reps: usize) -> Result<Vec<Vec<Buffer>>> {
+    let mut last = Vec::new();
+    for rep in 0..=reps {
+        last.clear();
+        for p in programs.iter_mut() {
+            let mut outputs = Vec::new();
+            for _ in 0..p.runs_per_rep {
+                let (secs, cpu, outs) = p.run()?;
+                if rep > 0 && secs < p.best_s {
+                    p.best_s = secs;
+                    p.best_cpu_s = cpu;
+                }
+                outputs = outs;
+            }
+            last.push(outputs);
+        }
+    }
+    Ok(last)
+}
+
+/// XLA's own dot of two `n x n` matrices of `dtype`, accumulated and returned in f32.
+pub fn dot_program(n: usize, dtype: DType) -> Result<Module> {
+    let mut m = Module::new(format!("xla_dot_{}", dtype.name()));
+    let mut f = m.func("main");
+    let ty = TensorType::new(vec![n as i64, n as i64], dtype);
+    let x = f.arg(ty.clone())?;
+    let y = f.arg(ty)?;
+    let z = f.dot_general(x, y, &DotDims::new([], [], [1], [0]), DType::F32, None)?;
+    f.finish(&[z])?;
+    Ok(m)
+}
+
+/// XLA's matmul peak for `dtype`: its own `n x n x n` dot, ready to time.
+pub fn peak_program(client: &Client, n: usize, dtype: DType) -> Result<Timed> {
+    let spec = ArgSpec::new(dtype, [n, n]);
+    let inputs = random_buffers(client, &[spec.clone(), spec], 1)?;
+    let flops = 2.0 * (n as f64).powi(3);
+    let mut p = Timed::new(
+        client,
+        format!("xla dot {}", dtype.name()),
+        &dot_program(n, dtype)?,
+        inputs,
+        flops,
+        false,
+    )?;
+    // Short: run twice per repetition, so one run follows a run of itself.
+    p.runs_per_rep = 2;
+    Ok(p)
+}
+
+/// Deterministic random arrays of the given specs, on device 0 (integer arrays are zeros).
+pub fn random_buffers(client: &Client, specs: &[ArgSpec], seed: u64) -> Result<Vec<Buffer>> {
+    specs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let a = if s.dtype.is_float() {
+                tessera::reference::random(s.dtype, &s.shape, seed + i as u64)
+            } else {
+                tessera::dsl::HostArray::zeros(s.dtype, s.shape.clone())
+            };
+            Ok(client.buffer_from_host(&HostBuffer::from_array(&a)?, 0)?)
+        })
+        .collect()
+}
+
+/// Processor seconds this process has used (user and system, all threads), from
+/// `/proc/self/stat` (clock ticks of 10 ms); NaN where unavailable.
+fn process_cpu_s() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(user), Some(system)) => (user + system) / 100.0,
+        _ => f64::NAN,
+    }
+}

@@ -1,0 +1,133 @@
+//! `tessera bench kernels` and `tessera bench attention` at small sizes: every registered
+//! kernel is measured against XLA's own dot, the JSON line comes last with the fields the
+//! bench promises, and `--profile` times every kernel call.
+
+use std::process::Command;
+
+use tessera::registry::KERNELS;
+
+/// Runs `tessera bench ARGS`; returns its stdout (panics on failure, with stderr).
+fn bench(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tessera bench {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The number after `"key":` in `json` (its first occurrence).
+fn number(json: &str, key: &str) -> f64 {
+    let pattern = format!("\"{key}\":");
+    let at = json
+        .find(&pattern)
+        .unwrap_or_else(|| panic!("no `{key}` in {json}"))
+        + pattern.len();
+    let rest = &json[at..];
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end]
+        .parse()
+        .unwrap_or_else(|_| panic!("`{key}` is not a number in {json}"))
+}
+
+fn last_line(stdout: &str) -> &str {
+    let line = stdout.lines().last().expect("some output");
+    assert!(
+        line.starts_with('{') && line.ends_with('}'),
+        "the last line is the JSON summary: {line}"
+    );
+    line
+}
+
+#[test]
+fn bench_kernels_measures_every_registered_kernel_against_the_peak() {
+    let out = bench(&[
+        "kernels",
+        "--matmul-size",
+        "256",
+        "--matmul-block",
+        "128",
+        "--seq",
+        "256",
+        "--heads",
+        "2",
+        "--block",
+        "128",
+        "--flash-block",
+        "64",
+        "--softmax-block",
+        "8",
+        "--reps",
+        "1",
+    ]);
+    let json = last_line(&out);
+    for peak in ["matmul_peak_gflops", "matmul_peak_bf16_gflops"] {
+        assert!(number(json, peak) > 0.0, "{peak} in {json}");
+    }
+    for k in KERNELS {
+        let entry = format!("\"{}\":{{", k.name);
+        let at = json
+            .find(&entry)
+            .unwrap_or_else(|| panic!("kernel `{}` missing from {json}", k.name));
+        let fields = &json[at..];
+        assert!(number(fields, "gflops") > 0.0, "{}: {fields}", k.name);
+        assert!(number(fields, "fraction_of_peak") > 0.0, "{}", k.name);
+    }
+    for dense in ["dense_attention_fwd", "dense_attention_fwdbwd"] {
+        assert!(
+            json.contains(&format!("\"{dense}\":{{")),
+            "{dense} in {json}"
+        );
+    }
+}
+
+#[test]
+fn bench_attention_reports_fractions_of_the_peak_and_a_profile() {
+    let out = bench(&[
+        "attention",
+        "--heads",
+        "2",
+        "--seq",
+        "256",
+        "--block-q",
+        "128",
+        "--block-kv",
+        "128",
+        "--peak-size",
+        "256",
+        "--reps",
+        "1",
+        "--profile",
+    ]);
+    let json = last_line(&out);
+    for key in [
+        "fwd_speedup",
+        "fwdbwd_speedup",
+        "max_abs_diff",
+        "kv_blocks_computed",
+        "kv_blocks_total",
+        "matmul_peak_gflops",
+        "matmul_peak_bf16_gflops",
+        "fwd_fraction_of_peak",
+        "fwdbwd_fraction_of_peak",
+    ] {
+        assert!(number(json, key) >= 0.0, "{key} in {json}");
+    }
+    assert!(number(json, "fwd_fraction_of_peak") > 0.0);
+    // The profile times every kernel call of forward + backward (fused backward).
+    for call in [
+        "splash_fwd",
+        "splash_bwd_prep",
+        "splash_bwd_fused",
+        "splash_dq_reduce",
+    ] {
+        let at = json.find("\"profile\":{").expect("a profile") + 10;
+        assert!(number(&json[at..], call) > 0.0, "{call} in {json}");
+    }
+    assert!(out.contains("sum of the calls"), "{out}");
+}
