@@ -192,15 +192,13 @@ fn context_parallel_forward_programs_compile_on_4_devices() {
 }
 
 #[test]
-fn ring_backward_compiles_on_4_v5e_devices() {
+fn ring_forward_backward_compiles_on_4_v5e_devices() {
     let program = context_parallel(Strategy::Ring)
-        .backward_program(true)
+        .forward_backward_program(true)
         .unwrap();
     check_manual_custom_calls(program.module());
     let report = compile("v5e:2x2", program.module());
-    // The backward program is the gradient of the forward, so it runs the forward kernel
-    // again (the ring's logsumexp merge needs every step's partial results) before the
-    // backward kernels.
+    // The forward kernel, then the gradient's backward kernels on its residuals.
     assert_eq!(
         report.kernels,
         ["splash_fwd", "splash_bwd_prep", "splash_dkv", "splash_dq"]

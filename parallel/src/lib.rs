@@ -14,6 +14,6 @@ pub mod context;
 pub use context::layer::{AttentionLayer, ModelMesh, TokenLayout};
 pub use context::ops;
 pub use context::{
-    CollectiveStat, ContextMesh, ContextParallel, CpError, CpExecutable, CpInputs, CpProgram,
-    CpStats, RingAxis, Strategy, UlyssesAxis, UspMesh,
+    CollectiveStat, ContextMesh, ContextParallel, CpError, CpExecutable, CpForwardBackward,
+    CpInputs, CpProgram, CpStats, RingAxis, Strategy, UlyssesAxis, UspMesh,
 };

@@ -131,13 +131,26 @@ fn run_check(
     assert_close(&out.to_f64_vec(), &want.out, 2e-4, &format!("{what}: out"));
     assert_close(&lse.to_f64_vec(), &want.lse, 2e-4, &format!("{what}: lse"));
 
-    let (dq, dk, dv) = cp
-        .backward(&x, &out, &lse, &dout)
+    let both = cp
+        .forward_backward(&x, &dout)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let fb = format!("{what}: forward + backward program's");
+    assert_close(
+        &both.out.to_f64_vec(),
+        &want.out,
+        2e-4,
+        &format!("{fb} out"),
+    );
+    assert_close(
+        &both.lse.to_f64_vec(),
+        &want.lse,
+        2e-4,
+        &format!("{fb} lse"),
+    );
     for (name, got, want, shape) in [
-        ("dq", &dq, &want_grads.dq, q.shape()),
-        ("dk", &dk, &want_grads.dk, k.shape()),
-        ("dv", &dv, &want_grads.dv, v.shape()),
+        ("dq", &both.dq, &want_grads.dq, q.shape()),
+        ("dk", &both.dk, &want_grads.dk, k.shape()),
+        ("dv", &both.dv, &want_grads.dv, v.shape()),
     ] {
         assert_eq!(got.shape(), shape, "{what}: {name} shape");
         let scale = want.iter().fold(0f64, |m, x| m.max(x.abs()));
@@ -213,7 +226,11 @@ fn collectives_of(cp: &ContextParallel) -> [[usize; 4]; 2] {
         "reduce_scatter",
         "collective_permute",
     ];
-    [cp.forward_program(false), cp.backward_program(false)].map(|p| {
+    [
+        cp.forward_program(false),
+        cp.forward_backward_program(false),
+    ]
+    .map(|p| {
         let text = p.unwrap().to_mlir();
         ops.map(|op| count(&text, op))
     })
@@ -221,31 +238,27 @@ fn collectives_of(cp: &ContextParallel) -> [[usize; 4]; 2] {
 
 #[test]
 fn each_strategy_moves_data_with_its_own_collectives() {
-    // The backward programs are the gradients of the forwards: they run the forward again
-    // (its collectives, less the output re-shardings the gradient does not need), then the
-    // transposes of the collectives the gradient flows through.
+    // The forward + backward programs run the forward's collectives, then the transposes of
+    // those the gradient flows through.
     //
-    // Ulysses: q, k, v in and out, lse back; backward: q, k, v re-sharded to heads, dout
-    // through the transpose of out's all-to-all (lse's cotangent is 0: no all-to-all), dq,
-    // dk, dv back. Only all-to-alls: 7, where the hand-written backward moved out and lse
-    // in as well (9) instead of computing them again.
-    assert_eq!(collectives("ulysses", 4), [[5, 0, 0, 0], [7, 0, 0, 0]]);
-    // All-gather: K and V gathered; the backward gathers them again and reduce-scatters dK
-    // and dV (the gather's transpose).
+    // Ulysses: q, k, v in and out, lse back; then dout through the transpose of out's
+    // all-to-all (lse's cotangent is 0: no all-to-all), dq, dk, dv back: 9 all-to-alls.
+    assert_eq!(collectives("ulysses", 4), [[5, 0, 0, 0], [9, 0, 0, 0]]);
+    // All-gather: K and V gathered; the backward reduce-scatters dK and dV (the gather's
+    // transpose).
     assert_eq!(collectives("all-gather", 4), [[0, 2, 0, 0], [0, 2, 2, 0]]);
-    // Ring on 4 devices: K and V move 3 times; the backward moves them 3 times again and
-    // their cotangents 3 times back (the reverse shift), where the hand-written backward
-    // moved dK/dV accumulators 4 times forward (14).
+    // Ring on 4 devices: K and V move 3 times; their cotangents 3 times back (the reverse
+    // shift).
     assert_eq!(collectives("ring", 4), [[0, 0, 0, 6], [0, 0, 0, 12]]);
     // USP 2x2: Ulysses all-to-alls over `ulysses`, permutes over `ring` (1 step of K/V); the
     // backward as Ulysses' and the ring's together.
-    assert_eq!(collectives("usp:2x2", 4), [[5, 0, 0, 2], [7, 0, 0, 4]]);
+    assert_eq!(collectives("usp:2x2", 4), [[5, 0, 0, 2], [9, 0, 0, 4]]);
 }
 
 #[test]
 fn segment_ids_are_gathered_as_int32() {
     let cp = config(Strategy::Ulysses, 4, dims(8, 8, 512), Mask::causal(), 128);
-    for program in [cp.forward_program(true), cp.backward_program(true)] {
+    for program in [cp.forward_program(true), cp.forward_backward_program(true)] {
         let text = program.unwrap().to_mlir();
         let gathers: Vec<&str> = text
             .lines()

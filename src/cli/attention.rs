@@ -157,7 +157,8 @@ fn output_files(a: &AttentionArgs) -> Vec<(&'static str, PathBuf)> {
     files
 }
 
-/// The label of the backward program's dump (beside `--dump-hlo`).
+/// The label of the backward program's dump (beside `--dump-hlo`; with a context-parallel
+/// strategy, the forward + backward program).
 const BACKWARD_DUMP: &str = "--dump-hlo (backward)";
 
 /// The files `tessera attention` reads, with their flags.
@@ -326,30 +327,28 @@ fn context_parallel_command(
 ) -> Result<Option<String>> {
     let segmented = x.segment_ids.is_some();
     let forward = cp.forward_program(segmented)?;
-    let mut inputs = vec![x.q, x.k, x.v];
-    inputs.extend(x.segment_ids);
-    let outs = forward.run(&inputs)?;
-    let backward = match dout {
-        Some(dout) => {
-            let program = cp.backward_program(segmented)?;
-            let mut inputs = vec![x.q, x.k, x.v, &outs[0], &outs[1], dout];
-            inputs.extend(x.segment_ids);
-            let grads = program.run(&inputs)?;
-            Some((program, grads))
-        }
-        None => None,
-    };
     outputs.write_text_if("--dump-hlo", &forward.to_mlir())?;
-    outputs.write_npy_if("--out", &outs[0])?;
-    outputs.write_npy_if("--lse", &outs[1])?;
-    if let Some((program, grads)) = &backward {
-        outputs.write_text_if(BACKWARD_DUMP, &program.to_mlir())?;
-        for (flag, arr) in [
-            ("--dq", &grads[0]),
-            ("--dk", &grads[1]),
-            ("--dv", &grads[2]),
-        ] {
-            outputs.write_npy_if(flag, arr)?;
+    match dout {
+        // With a cotangent, one program computes the forward and its gradient.
+        Some(dout) => {
+            let program = cp.forward_backward_program(segmented)?;
+            let mut inputs = vec![x.q, x.k, x.v, dout];
+            inputs.extend(x.segment_ids);
+            let outs = program.run(&inputs)?;
+            outputs.write_text_if(BACKWARD_DUMP, &program.to_mlir())?;
+            for (flag, arr) in ["--out", "--lse", "--dq", "--dk", "--dv"]
+                .into_iter()
+                .zip(&outs)
+            {
+                outputs.write_npy_if(flag, arr)?;
+            }
+        }
+        None => {
+            let mut inputs = vec![x.q, x.k, x.v];
+            inputs.extend(x.segment_ids);
+            let outs = forward.run(&inputs)?;
+            outputs.write_npy_if("--out", &outs[0])?;
+            outputs.write_npy_if("--lse", &outs[1])?;
         }
     }
     if !a.stats {
@@ -361,8 +360,8 @@ fn context_parallel_command(
         "{s}{{\"strategy\":\"{}\",\"devices\":{},\"kv_heads_per_device\":{},\
          \"kv_bytes_per_device\":{},\"kv_replication\":{},\"blocks_per_device\":{:?},\
          \"forward_collectives\":{},\
-         \"forward_bytes_per_device\":{},\"backward_collectives\":{},\
-         \"backward_bytes_per_device\":{}}}\n",
+         \"forward_bytes_per_device\":{},\"forward_backward_collectives\":{},\
+         \"forward_backward_bytes_per_device\":{}}}\n",
         s.strategy,
         s.devices,
         s.kv_heads_per_device,
@@ -371,8 +370,8 @@ fn context_parallel_command(
         s.blocks_per_device,
         s.forward.len(),
         total(&s.forward),
-        s.backward.len(),
-        total(&s.backward)
+        s.forward_backward.len(),
+        total(&s.forward_backward)
     )))
 }
 

@@ -67,9 +67,10 @@ pub enum CompileWhat {
 pub enum PassArg {
     /// The forward kernel: q, k, v -> out, lse.
     Forward,
-    /// The backward kernels: q, k, v, out, lse, dout -> dq, dk, dv.
+    /// The backward kernels: q, k, v, out, lse, dout -> dq, dk, dv (with --strategy: the
+    /// forward + backward program, q, k, v, dout -> out, lse, dq, dk, dv).
     Backward,
-    /// Forward and backward (one program on one device; two programs with --strategy).
+    /// Forward and backward in one program.
     Both,
 }
 
@@ -276,14 +277,12 @@ fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<M
         target: target.clone(),
     };
     cp.validate()?;
-    let mut programs = Vec::new();
-    if a.pass != PassArg::Backward {
-        programs.push(cp.forward_program(a.segment_ids)?.module().clone());
-    }
-    if a.pass != PassArg::Forward {
-        programs.push(cp.backward_program(a.segment_ids)?.module().clone());
-    }
-    Ok(programs)
+    // The backward of a context-parallel program is built with its forward (one program).
+    let program = match a.pass {
+        PassArg::Forward => cp.forward_program(a.segment_ids)?,
+        PassArg::Backward | PassArg::Both => cp.forward_backward_program(a.segment_ids)?,
+    };
+    Ok(vec![program.module().clone()])
 }
 
 /// A registered kernel instantiated under the TPU rules, as the only op of a one-device

@@ -176,10 +176,9 @@ fn demo_context_parallel() -> Result<bool> {
             v: &v,
             segment_ids: None,
         };
-        let (out, lse) = cp.forward(&x)?;
-        let (dq, dk, dv) = cp.backward(&x, &out, &lse, &dout)?;
+        let r = cp.forward_backward(&x, &dout)?;
         let elapsed = start.elapsed();
-        let got = [&out, &lse, &dq, &dk, &dv];
+        let got = [&r.out, &r.lse, &r.dq, &r.dk, &r.dv];
         let err = got
             .iter()
             .zip(want)

@@ -15,8 +15,8 @@ use tessera_collectives::{CollectiveError, DTensor, Program, Replicated, Spmd};
 
 use super::ops::{AllGatherAttention, WholeSegmentIds};
 use super::{
-    backward_args, gather_segments, output_gradients, ContextMesh, ContextParallel, CpError,
-    OutLse, SeqSharded, SeqSharded3,
+    forward_backward_args, gather_segments, output_gradients, ContextMesh, ContextParallel,
+    CpError, OutLse, SeqSharded, SeqSharded3,
 };
 
 /// The forward on the sequence-sharded `q, k, v`: gathers K and V, attends this device's
@@ -54,21 +54,22 @@ pub(super) fn forward(
     )?)
 }
 
-/// The gradient of the forward: every device's dK/dV covers every key but only its queries'
-/// contribution, a partial sum that the all-gather's transpose, a reduce-scatter, completes
-/// and re-shards along the sequence.
-pub(super) fn backward(
+/// The forward + backward program: global `q, k, v, dout` in, `out`, `lse` and `dq, dk, dv`
+/// out. The all-gathers' transposes reduce-scatter dK and dV.
+pub(super) fn forward_backward(
     cp: &ContextParallel,
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
     let attention = AllGatherAttention::<Context>::new(cp)?;
     Ok(Program::build(
-        "all_gather_bwd",
+        "all_gather_fwdbwd",
         &cp.context_mesh()?,
         |p| {
-            let [q, k, v, dout] = backward_args(cp, p)?;
+            let [q, k, v, dout] = forward_backward_args(cp, p)?;
             let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-            let (out, _) = attend(&attention, p, [&q, &k, &v], seg.as_ref())?;
+            let (out, lse) = attend(&attention, p, [&q, &k, &v], seg.as_ref())?;
+            out.output::<SeqSharded>()?;
+            lse.output::<SeqSharded3>()?;
             output_gradients(p, &out, &dout, [&q, &k, &v])
         },
     )?)

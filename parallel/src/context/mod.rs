@@ -4,7 +4,8 @@
 //!
 //! Every strategy takes the global `q [B, H, S, D]`, `k`, `v [B, KVH, S, D]` sequence-sharded
 //! (device `r` holds positions `r S/U .. (r + 1) S/U`) and returns `out` and `lse` sharded the
-//! same way; the backward takes the forward's results and `dout` and returns `dq, dk, dv`.
+//! same way; the forward + backward program also takes `dout` and returns `dq, dk, dv` beside
+//! `out` and `lse`.
 //!
 //! - [`Strategy::Ulysses`] (DeepSpeed-Ulysses): an all-to-all re-shards q, k, v from sequence
 //!   to heads, every device attends `H/U` heads over the whole sequence, the inverse
@@ -22,13 +23,12 @@
 //! all-gather and ring strategies) share one kernel through [`ShardedSplash`], which selects
 //! each device's block tables by its mesh coordinate. They run on the PJRT CPU plugin.
 //!
-//! Each backward program is the reverse-mode gradient of its forward ([`Spmd::vjp`]): the
-//! forward is built again in the program, every splash call is a custom-VJP unit whose rule
-//! runs splash's backward kernels ([`tessera_splash::lower_forward_on_shard`]), every
-//! collective is differentiated by its transpose, and the local glue (re-layouts, the ring's
-//! logsumexp merge) by tessera-hlo's op rules. Recomputing the forward costs one forward
-//! kernel per call; the program takes the forward's `out` and `lse` for its signature but
-//! does not read them.
+//! Each forward + backward program is the forward and its reverse-mode gradient
+//! ([`Spmd::vjp`]) in one program, as a training step runs them: every splash call is a
+//! custom-VJP unit whose rule runs splash's backward kernels
+//! ([`tessera_splash::lower_forward_on_shard`]) on the forward's residuals, every collective
+//! is differentiated by its transpose, and the local glue (re-layouts, the ring's logsumexp
+//! merge) by tessera-hlo's op rules.
 
 mod all_gather;
 pub mod layer;
@@ -256,8 +256,26 @@ pub struct CpStats {
     /// Forward key blocks each device computes (every head and batch element, skipped
     /// blocks not counted): the work balance across devices.
     pub blocks_per_device: Vec<usize>,
+    /// The collectives of the forward program.
     pub forward: Vec<CollectiveStat>,
-    pub backward: Vec<CollectiveStat>,
+    /// The collectives of the forward + backward program.
+    pub forward_backward: Vec<CollectiveStat>,
+}
+
+/// What [`ContextParallel::forward_backward`] returns: the forward's results and the
+/// gradients of `sum(out * dout)`, global arrays.
+#[derive(Debug, Clone)]
+pub struct CpForwardBackward {
+    /// `[B, H, S, Dv]`.
+    pub out: HostArray,
+    /// `[B, H, S]`, f32.
+    pub lse: HostArray,
+    /// Like `q`.
+    pub dq: HostArray,
+    /// Like `k`.
+    pub dk: HostArray,
+    /// Like `v`.
+    pub dv: HostArray,
 }
 
 impl fmt::Display for CpStats {
@@ -284,7 +302,10 @@ impl fmt::Display for CpStats {
             self.blocks_per_device,
             most as f64 * self.blocks_per_device.len() as f64 / total.max(1) as f64
         )?;
-        for (pass, list) in [("forward", &self.forward), ("backward", &self.backward)] {
+        for (pass, list) in [
+            ("forward", &self.forward),
+            ("forward + backward", &self.forward_backward),
+        ] {
             let total: usize = list.iter().map(|c| c.bytes_per_device).sum();
             writeln!(
                 f,
@@ -712,7 +733,7 @@ impl ContextParallel {
             kv_replication: self.kv_replication(),
             blocks_per_device: self.blocks_per_device()?,
             forward: self.forward_program(false)?.collective_stats(),
-            backward: self.backward_program(false)?.collective_stats(),
+            forward_backward: self.forward_backward_program(false)?.collective_stats(),
         })
     }
 
@@ -755,17 +776,18 @@ impl ContextParallel {
         })
     }
 
-    /// The backward SPMD program: global `q, k, v, out, lse, dout` (and `segment_ids` when
-    /// `segmented`) in, `dq, dk, dv` out.
-    pub fn backward_program(&self, segmented: bool) -> Result<CpProgram, CpError> {
+    /// The forward + backward SPMD program: global `q, k, v, dout` (and `segment_ids` when
+    /// `segmented`) in, `out, lse, dq, dk, dv` out (`dq, dk, dv`: the gradient of
+    /// `sum(out * dout)`).
+    pub fn forward_backward_program(&self, segmented: bool) -> Result<CpProgram, CpError> {
         self.validate()?;
         let (s, view) = (segmented, self.host_view());
         Ok(match self.strategy {
-            Strategy::Ulysses => CpProgram::context(ulysses::backward(self, s)?, view),
-            Strategy::AllGather => CpProgram::context(all_gather::backward(self, s)?, view),
-            Strategy::Ring => CpProgram::context(ring::backward(self, s)?, view),
+            Strategy::Ulysses => CpProgram::context(ulysses::forward_backward(self, s)?, view),
+            Strategy::AllGather => CpProgram::context(all_gather::forward_backward(self, s)?, view),
+            Strategy::Ring => CpProgram::context(ring::forward_backward(self, s)?, view),
             Strategy::Usp { .. } => CpProgram {
-                program: MeshProgram::Usp(usp::backward(self, s)?),
+                program: MeshProgram::Usp(usp::forward_backward(self, s)?),
                 view,
             },
         })
@@ -799,21 +821,6 @@ impl ContextParallel {
         Ok(self.dims.check_output_like("dout", self.dtype, dout)?)
     }
 
-    /// Checks everything a backward takes: the inputs, the forward's `out` and `lse`, and
-    /// `dout`.
-    pub fn check_backward_inputs(
-        &self,
-        x: &CpInputs<'_>,
-        out: &HostArray,
-        lse: &HostArray,
-        dout: &HostArray,
-    ) -> Result<(), CpError> {
-        self.check_inputs(x)?;
-        self.dims.check_output_like("out", self.dtype, out)?;
-        self.dims.check_lse(lse)?;
-        self.check_dout(dout)
-    }
-
     /// Forward on `devices` CPU devices: `out` and `lse` of the global inputs.
     pub fn forward(&self, x: &CpInputs<'_>) -> Result<(HostArray, HostArray), CpError> {
         self.check_inputs(x)?;
@@ -828,25 +835,30 @@ impl ContextParallel {
         Ok((out, lse))
     }
 
-    /// Backward on `devices` CPU devices: global `dq`, `dk`, `dv` of `sum(out * dout)`,
-    /// given the forward's `out` and `lse`.
-    pub fn backward(
+    /// Forward and backward on `devices` CPU devices in one program: `out`, `lse` and the
+    /// global `dq`, `dk`, `dv` of `sum(out * dout)`.
+    pub fn forward_backward(
         &self,
         x: &CpInputs<'_>,
-        out: &HostArray,
-        lse: &HostArray,
         dout: &HostArray,
-    ) -> Result<(HostArray, HostArray, HostArray), CpError> {
-        self.check_backward_inputs(x, out, lse, dout)?;
-        let mut inputs = vec![x.q, x.k, x.v, out, lse, dout];
+    ) -> Result<CpForwardBackward, CpError> {
+        self.check_inputs(x)?;
+        self.check_dout(dout)?;
+        let mut inputs = vec![x.q, x.k, x.v, dout];
         inputs.extend(x.segment_ids);
         let outs = self
-            .backward_program(x.segment_ids.is_some())?
+            .forward_backward_program(x.segment_ids.is_some())?
             .run(&inputs)?;
-        let [dq, dk, dv]: [HostArray; 3] = outs
-            .try_into()
-            .map_err(|_| CpError::Host("the backward program returns dq, dk and dv".into()))?;
-        Ok((dq, dk, dv))
+        let [out, lse, dq, dk, dv]: [HostArray; 5] = outs.try_into().map_err(|_| {
+            CpError::Host("the forward + backward program returns out, lse, dq, dk, dv".into())
+        })?;
+        Ok(CpForwardBackward {
+            out,
+            lse,
+            dq,
+            dk,
+            dv,
+        })
     }
 
     /// `[B, H, S, D]` and friends as program dims.
@@ -859,7 +871,6 @@ impl ContextParallel {
             k: [i(d.batch), i(d.kv_heads), i(d.kv_len), i(d.head_dim)],
             v: [i(d.batch), i(d.kv_heads), i(d.kv_len), i(d.head_dim_v)],
             out: [i(d.batch), i(d.heads), i(d.q_len), i(d.head_dim_v)],
-            lse: [i(d.batch), i(d.heads), i(d.q_len)],
         }
     }
 }
@@ -872,7 +883,6 @@ struct GlobalDims {
     k: [i64; 4],
     v: [i64; 4],
     out: [i64; 4],
-    lse: [i64; 3],
 }
 
 /// Lowers a splash forward plan into `f` as a custom-VJP unit whose backward is the
@@ -908,10 +918,9 @@ fn output_gradients<'p, M: MeshShape, S: Layout<M>>(
     p.prune()
 }
 
-/// Declares the arguments of a backward program on the context mesh, sequence-sharded, in the
-/// order every strategy takes them: `q, k, v, out, lse, dout`. Returns `q, k, v, dout`: the
-/// gradient program computes `out` and `lse` again (see the module docs).
-fn backward_args<'p>(
+/// Declares the arguments of a forward + backward program on the context mesh,
+/// sequence-sharded, in the order every strategy takes them: `q, k, v, dout`.
+fn forward_backward_args<'p>(
     cp: &ContextParallel,
     p: &'p Spmd<'_, ContextMesh>,
 ) -> Result<[DTensor<'p, ContextMesh, SeqSharded>; 4], CollectiveError> {
@@ -919,8 +928,6 @@ fn backward_args<'p>(
     let q = p.arg(g.q, cp.dtype)?;
     let k = p.arg(g.k, cp.dtype)?;
     let v = p.arg(g.v, cp.dtype)?;
-    p.arg::<SeqSharded>(g.out, cp.dtype)?;
-    p.arg::<SeqSharded3>(g.lse, DType::F32)?;
     let dout = p.arg(g.out, cp.dtype)?;
     Ok([q, k, v, dout])
 }

@@ -22,8 +22,8 @@ use tessera_collectives::{
 
 use super::ops::{AxisIndex, BySequence, RingAttention, RingPartial, WholeSegmentIds};
 use super::{
-    backward_args, gather_segments, output_gradients, ContextMesh, ContextParallel, CpError,
-    OutLse, SeqSharded, SeqSharded3,
+    forward_backward_args, gather_segments, output_gradients, ContextMesh, ContextParallel,
+    CpError, OutLse, SeqSharded, SeqSharded3,
 };
 
 /// The K/V shards of one device, rotating around the ring.
@@ -88,16 +88,19 @@ pub(super) fn forward(
     })?)
 }
 
-/// The gradient of the forward.
-pub(super) fn backward(
+/// The forward + backward program: global `q, k, v, dout` in, `out`, `lse` and `dq, dk, dv`
+/// out. The cotangents of K and V travel back around the ring (the permutes' transposes).
+pub(super) fn forward_backward(
     cp: &ContextParallel,
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
     let ring = RingAttention::<Context>::new(cp)?;
-    Ok(Program::build("ring_bwd", &cp.context_mesh()?, |p| {
-        let [q, k, v, dout] = backward_args(cp, p)?;
+    Ok(Program::build("ring_fwdbwd", &cp.context_mesh()?, |p| {
+        let [q, k, v, dout] = forward_backward_args(cp, p)?;
         let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-        let (out, _) = attend(cp, &ring, p, [&q, &k, &v], seg.as_ref())?;
+        let (out, lse) = attend(cp, &ring, p, [&q, &k, &v], seg.as_ref())?;
+        out.output::<SeqSharded>()?;
+        lse.output::<SeqSharded3>()?;
         output_gradients(p, &out, &dout, [&q, &k, &v])
     })?)
 }

@@ -19,7 +19,7 @@ use tessera_collectives::{CollectiveError, DTensor, Program, Replicated, Spmd};
 
 use super::ops::{ByHeads, UlyssesAttention, WholeSegmentIds};
 use super::{
-    backward_args, gather_segments, output_gradients, replicate_heads, ContextMesh,
+    forward_backward_args, gather_segments, output_gradients, replicate_heads, ContextMesh,
     ContextParallel, CpError, OutLse, SeqSharded, SeqSharded3,
 };
 
@@ -66,18 +66,24 @@ pub(super) fn forward(
     })?)
 }
 
-/// The backward program: global `q, k, v, out, lse, dout` in, `dq, dk, dv` out: the gradient
-/// of the forward. The KV heads' replication is a broadcast whose transpose sums each KV
-/// head's replicas.
-pub(super) fn backward(
+/// The forward + backward program: global `q, k, v, dout` in, `out`, `lse` and `dq, dk, dv`
+/// out (the gradient of the forward). The KV heads' replication is a broadcast whose
+/// transpose sums each KV head's replicas.
+pub(super) fn forward_backward(
     cp: &ContextParallel,
     segmented: bool,
 ) -> Result<Program<ContextMesh>, CpError> {
     let attention = UlyssesAttention::<Context>::new(cp)?;
-    Ok(Program::build("ulysses_bwd", &cp.context_mesh()?, |p| {
-        let [q, k, v, dout] = backward_args(cp, p)?;
-        let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-        let (out, _) = attend(cp, &attention, p, [&q, &k, &v], seg.as_ref())?;
-        output_gradients(p, &out, &dout, [&q, &k, &v])
-    })?)
+    Ok(Program::build(
+        "ulysses_fwdbwd",
+        &cp.context_mesh()?,
+        |p| {
+            let [q, k, v, dout] = forward_backward_args(cp, p)?;
+            let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
+            let (out, lse) = attend(cp, &attention, p, [&q, &k, &v], seg.as_ref())?;
+            out.output::<SeqSharded>()?;
+            lse.output::<SeqSharded3>()?;
+            output_gradients(p, &out, &dout, [&q, &k, &v])
+        },
+    )?)
 }

@@ -160,19 +160,21 @@ pub(super) fn forward(cp: &ContextParallel, segmented: bool) -> Result<Program<U
     })?)
 }
 
-/// The gradient of the forward; takes `q, k, v, out, lse, dout` in pieces (`out` and `lse`
-/// for the signature, see the module docs of `context`).
-pub(super) fn backward(cp: &ContextParallel, segmented: bool) -> Result<Program<UspMesh>, CpError> {
+/// The forward + backward program: `q, k, v, dout` in pieces in, `out`, `lse` and
+/// `dq, dk, dv` out (the gradient of the forward).
+pub(super) fn forward_backward(
+    cp: &ContextParallel,
+    segmented: bool,
+) -> Result<Program<UspMesh>, CpError> {
     let ring = RingAttention::<RingAxis>::new(cp)?;
     let g = cp.global_dims();
-    Ok(Program::build("usp_bwd", &mesh(cp)?, |p| {
+    Ok(Program::build("usp_fwdbwd", &mesh(cp)?, |p| {
         let (q, k, v) = (arg(cp, p, g.q)?, arg(cp, p, g.k)?, arg(cp, p, g.v)?);
-        arg(cp, p, g.out)?;
-        let r = degrees(cp).1 as i64;
-        p.arg::<Pieces4>([g.lse[0], g.lse[1], r, g.lse[2] / r], DType::F32)?;
         let dout = arg(cp, p, g.out)?;
         let seg = segmented.then(|| gather_segments(cp, p)).transpose()?;
-        let (out, _) = attend(cp, &ring, p, [&q, &k, &v], seg.as_ref())?;
+        let (out, lse) = attend(cp, &ring, p, [&q, &k, &v], seg.as_ref())?;
+        out.output::<Pieces>()?;
+        lse.output::<Pieces4>()?;
         output_gradients(p, &out, &dout, [&q, &k, &v])
     })?)
 }
