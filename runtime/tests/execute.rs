@@ -505,13 +505,18 @@ fn compiled_executables_report_memory_costs_and_their_program() {
         .expect("the CPU plugin reports memory");
     assert_eq!(stats.argument_bytes, (6 + 12) * 4);
     assert_eq!(stats.output_bytes, 8 * 4);
+    // The query works on every plugin; what it holds depends on the plugin: xla-cpu-pjrt
+    // 0.0.1 reports XLA's cost analysis, lammps-jax-pjrt-cpu 0.11.2 (the default) an empty
+    // list. libtpu's is checked in tests/topology.rs.
     let costs = compiled.cost_analysis().unwrap();
-    let flops = costs.iter().find(|(n, _)| n == "flops").map(|(_, v)| v);
-    // 2x3 @ 3x4: 3 multiply-adds per output element, 8 elements.
-    assert!(
-        matches!(flops, Some(NamedValue::Float(f)) if *f == 48.0),
-        "{costs:?}"
-    );
+    if !costs.is_empty() {
+        let flops = costs.iter().find(|(n, _)| n == "flops").map(|(_, v)| v);
+        // 2x3 @ 3x4: 3 multiply-adds per output element, 8 elements.
+        assert!(
+            matches!(flops, Some(NamedValue::Float(f)) if *f == 48.0),
+            "{costs:?}"
+        );
+    }
     println!("code {:?}", compiled.generated_code_size().unwrap());
     let program = compiled
         .optimized_program()
