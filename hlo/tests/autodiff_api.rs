@@ -5,35 +5,11 @@ mod fd;
 
 use std::rc::Rc;
 
-use fd::{check1, compile1, uniform};
-use tessera_hlo::autodiff::{VjpCall, VjpRule};
+use fd::{check1, compile1, uniform, Doublings};
 use tessera_hlo::{CustomCall, DType, FuncBuilder, HloError, Module, Reducer, TensorType, Value};
 
 fn f32t(dims: &[i64]) -> TensorType {
     TensorType::new(dims.to_vec(), DType::F32)
-}
-
-/// `y = x * 2^n` computed by a loop of `n` doublings; its backward `dx = dy * 2^n`.
-#[derive(Debug)]
-struct Doublings(u32);
-
-impl VjpRule for Doublings {
-    fn name(&self) -> &str {
-        "doublings"
-    }
-
-    fn vjp(
-        &self,
-        f: &mut FuncBuilder<'_>,
-        call: &VjpCall<'_>,
-    ) -> Result<Vec<Option<Value>>, HloError> {
-        let Some(dy) = call.cotangents[0] else {
-            return Ok(vec![None]);
-        };
-        let t = f.value_type(dy)?.clone();
-        let scale = f.splat(f64::from(2u32.pow(self.0)), t)?;
-        Ok(vec![Some(f.mul(dy, scale)?)])
-    }
 }
 
 /// The loop of [`Doublings`], inline.

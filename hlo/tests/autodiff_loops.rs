@@ -4,7 +4,9 @@
 
 mod fd;
 
-use fd::{check, check1, program, signed, to_f64_text, uniform, values};
+use std::rc::Rc;
+
+use fd::{check, check1, program, signed, to_f64_text, uniform, values, Doublings};
 use tessera_hlo::{
     DType, DotDims, FuncBuilder, Grouping, HloError, HostArray, Module, Reducer, TensorType, Value,
 };
@@ -305,4 +307,36 @@ fn a_second_gradient_of_the_same_loop_reuses_its_saves() {
         .collect();
     let out = exe.execute_host(&[args]).unwrap();
     assert_eq!(fd::buffer_values(&out[0][0]), fd::buffer_values(&out[0][1]));
+}
+
+#[test]
+fn a_custom_vjp_inside_a_scan_body_keeps_its_rule() {
+    // The unit doubles x in a loop with a run-time trip count, which autodiff cannot
+    // differentiate: only the unit's rule can, in the copies of the body autodiff makes.
+    let m = check1(
+        "custom_vjp in a scan",
+        &[
+            uniform(&[4], -1.0, 1.0, 90),
+            uniform(&[3, 4], -1.0, 1.0, 91),
+            fd::index(2),
+        ],
+        &|f, a| {
+            let (h0, xs, k) = (a[0], a[1], a[2]);
+            let out = f.scan(3, &[h0], &[xs], |f, _, c, x| {
+                let s = f.sin(c[0])?;
+                let y = f.custom_vjp(Rc::new(Doublings(2)), &[s], |f, v| {
+                    let lo = f.scalar(0.0, DType::I32)?;
+                    f.fori_loop(lo, k, &[v[0]], |b, _, d| -> Result<_, HloError> {
+                        Ok(vec![b.add(d[0], d[0])?])
+                    })
+                })?;
+                let quarter = f.splat(0.25, f32t(&[4]))?;
+                let y = f.mul(y[0], quarter)?;
+                let pre = f.add(y, x[0])?;
+                Ok::<_, HloError>((vec![f.tanh(pre)?], vec![]))
+            })?;
+            Ok(vec![out.carry[0]])
+        },
+    );
+    assert!(m.fd_rel_err < 1e-8, "{m:?}");
 }
