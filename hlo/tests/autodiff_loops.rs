@@ -340,3 +340,24 @@ fn a_custom_vjp_inside_a_scan_body_keeps_its_rule() {
     );
     assert!(m.fd_rel_err < 1e-8, "{m:?}");
 }
+
+#[test]
+fn a_value_both_carried_and_captured_gets_both_cotangents() {
+    // h0 starts the carry and is also read by every step; s is a carried loop invariant that
+    // the body also reads directly.
+    let m = check1(
+        "carried and captured",
+        &[uniform(&[D], -1.0, 1.0, 95), uniform(&[D], 0.5, 1.0, 96)],
+        &|f, a| {
+            let (h0, s) = (a[0], a[1]);
+            let out = f.scan(3, &[h0, s], &[], |f, _, c, _| {
+                let t = f.mul(c[0], c[1])?;
+                let t = f.add(t, h0)?;
+                let t = f.mul(t, s)?;
+                Ok::<_, HloError>((vec![f.tanh(t)?, c[1]], vec![]))
+            })?;
+            Ok(out.carry)
+        },
+    );
+    assert!(m.fd_rel_err < 1e-8, "{m:?}");
+}

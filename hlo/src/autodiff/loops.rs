@@ -146,6 +146,24 @@ fn write_only(body: &Region, j: usize) -> bool {
         .all(|(k, r)| k == j || !buffers.contains(r))
 }
 
+/// The values `body` reads from outside itself (not its arguments).
+fn body_reads(body: &Region) -> Vec<Value> {
+    let defined: HashSet<Value> = body
+        .ops
+        .iter()
+        .flat_map(|o| o.results.iter().copied())
+        .chain(body.args.iter().copied())
+        .collect();
+    let mut reads = outer_reads(&body.ops);
+    for &r in &body.results {
+        if !defined.contains(&r) && !reads.contains(&r) {
+            reads.push(r);
+        }
+    }
+    reads.retain(|v| !body.args.contains(v));
+    reads
+}
+
 /// The error for a `while` autodiff cannot differentiate.
 fn not_counted(why: &str) -> HloError {
     autodiff_error(
@@ -230,13 +248,13 @@ impl FuncBuilder<'_> {
         Ok(())
     }
 
-    /// The cotangents of a saved counted loop's operands and of the `captured` values its
-    /// body reads from outside, as `(value, cotangent)` pairs, given its results' cotangents.
+    /// The cotangents of a saved counted loop's operands and of the values its body reads
+    /// from outside, as `(value, cotangent)` pairs (a value may come several times: the
+    /// cotangents add up), given its results' cotangents.
     pub(super) fn loop_vjp(
         &mut self,
         op: &Op,
         cts: &[Option<Value>],
-        captured: &[Value],
         active: &HashSet<Value>,
     ) -> Result<Vec<(Value, Option<Value>)>, HloError> {
         let saved = self
@@ -253,18 +271,25 @@ impl FuncBuilder<'_> {
                     && float(self, op.operands[j])
             })
             .collect();
-        // Invariant carried values read by the body: their cotangent accumulates like that of
-        // a captured value, on top of their result's.
+        // Invariant carried values: the body reads their initial value, whose cotangent is
+        // their result's plus what accumulates like that of a value the body captures.
         let invariant: Vec<usize> = (0..n)
             .filter(|&j| saved.carries[j] == Carry::Invariant && active.contains(&op.operands[j]))
             .collect();
-        let mut outer: Vec<Value> = captured.to_vec();
-        outer.extend(invariant.iter().map(|&j| op.operands[j]));
-        let mut out: Vec<(Value, Option<Value>)> = Vec::new();
-        if saved.trips == 0 {
-            for j in through.iter().chain(&invariant) {
-                out.push((op.operands[*j], cts[*j]));
+        let body = op.regions[1].clone();
+        let mut outer: Vec<Value> = Vec::new();
+        let captured = body_reads(&body).into_iter().filter(|v| active.contains(v));
+        for v in captured.chain(invariant.iter().map(|&j| op.operands[j])) {
+            if !outer.contains(&v) {
+                outer.push(v);
             }
+        }
+        let mut out: Vec<(Value, Option<Value>)> = invariant
+            .iter()
+            .map(|&j| (op.operands[j], cts[j]))
+            .collect();
+        if saved.trips == 0 {
+            out.extend(through.iter().map(|&j| (op.operands[j], cts[j])));
             return Ok(out);
         }
         let mut init = Vec::with_capacity(through.len() + outer.len());
@@ -277,7 +302,6 @@ impl FuncBuilder<'_> {
         for &v in &outer {
             init.push(self.zeros_of(v)?);
         }
-        let body = op.regions[1].clone();
         let saves = op.results[n..].to_vec();
         let done = self.scan(saved.trips as usize, &init, &[], |b, r, carry, _| {
             let last = b.scalar(f64::from(saved.trips - 1), DType::I32)?;
@@ -323,16 +347,8 @@ impl FuncBuilder<'_> {
         for (k, &j) in through.iter().enumerate() {
             out.push((op.operands[j], Some(done.carry[k])));
         }
-        let accs = &done.carry[through.len()..];
-        for (&v, &acc) in captured.iter().zip(accs) {
+        for (&v, &acc) in outer.iter().zip(&done.carry[through.len()..]) {
             out.push((v, Some(acc)));
-        }
-        for (&j, &acc) in invariant.iter().zip(&accs[captured.len()..]) {
-            let total = match cts[j] {
-                Some(ct) => self.add(ct, acc)?,
-                None => acc,
-            };
-            out.push((op.operands[j], Some(total)));
         }
         Ok(out)
     }

@@ -483,13 +483,7 @@ impl FuncBuilder<'_> {
             let (operands, operand_cts) = match unit.what {
                 UnitKind::Op(i) if self.frame().ops[i].kind == OpKind::While => {
                     let op = self.frame().ops[i].clone();
-                    let captured: Vec<Value> = unit
-                        .reads
-                        .iter()
-                        .copied()
-                        .filter(|v| active.contains(v) && !op.operands.contains(v))
-                        .collect();
-                    self.loop_vjp(&op, &result_cts, &captured, &active)?
+                    self.loop_vjp(&op, &result_cts, &active)?
                         .into_iter()
                         .unzip()
                 }
