@@ -215,7 +215,8 @@ impl FuncBuilder<'_> {
 
     /// A counted loop `for i in lower..upper` (scalar `i32` bounds, run-time values) built on
     /// `stablehlo.while`. `body` receives `i` and the carried values and returns their next
-    /// values. Returns the final carried values.
+    /// values. Returns the final carried values. With both bounds constants the loop is a
+    /// counted loop, which [`FuncBuilder::vjp`] differentiates.
     pub fn fori_loop<E, B>(
         &mut self,
         lower: Value,
@@ -269,6 +270,26 @@ impl FuncBuilder<'_> {
     /// The loop is a `stablehlo.while` carrying `(i, carry..., ys buffers...)`, with the
     /// condition `i < length` (a constant) and `i + 1` as the next counter: the counted form
     /// [`FuncBuilder::vjp`] differentiates (see the autodiff module docs).
+    ///
+    /// ```
+    /// use tessera_hlo::{DType, HloError, Module, Reducer, TensorType};
+    ///
+    /// // h = tanh(h + x_i) over 8 steps; every h stacked; d sum(h_final) / d x.
+    /// let mut m = Module::new("scan");
+    /// let mut f = m.func("main");
+    /// let h0 = f.arg(TensorType::new([4], DType::F32))?;
+    /// let xs = f.arg(TensorType::new([8, 4], DType::F32))?;
+    /// let out = f.scan(8, &[h0], &[xs], |f, _i, carry, x| {
+    ///     let s = f.add(carry[0], x[0])?;
+    ///     let h = f.tanh(s)?;
+    ///     Ok::<_, HloError>((vec![h], vec![h]))
+    /// })?;
+    /// assert_eq!(f.value_type(out.ys[0])?, &TensorType::new([8, 4], DType::F32));
+    /// let loss = f.reduce(out.carry[0], &[0], Reducer::Sum)?;
+    /// let dxs = f.grad(loss, &[xs])?;
+    /// f.finish(&[dxs[0]])?;
+    /// # Ok::<(), HloError>(())
+    /// ```
     pub fn scan<E, B>(
         &mut self,
         length: usize,
