@@ -46,7 +46,7 @@ mod print;
 mod tpu;
 mod types;
 
-pub use builder::FuncBuilder;
+pub use builder::{FuncBuilder, ScanOutput};
 pub use error::HloError;
 pub use literal::Literal;
 pub use module::{Func, Module};

@@ -58,6 +58,17 @@ impl TensorType {
         }
     }
 
+    /// `n` of this type stacked along a new leading dimension: `[n, dims...]`.
+    pub fn stacked(&self, n: i64) -> Self {
+        let mut dims = Vec::with_capacity(self.dims.len() + 1);
+        dims.push(n);
+        dims.extend_from_slice(&self.dims);
+        TensorType {
+            dims,
+            dtype: self.dtype,
+        }
+    }
+
     /// Checks that every dimension is non-negative and the element count fits in `i64`.
     pub(crate) fn validate(&self, op: &'static str, what: &str) -> Result<(), HloError> {
         if self.num_elements().is_none() {

@@ -34,9 +34,22 @@
 //!
 //! [`FuncBuilder::custom_vjp`] builds a run of ops (e.g. a kernel lowered inline, whose grid is
 //! a `stablehlo.while`) as one unit whose backward is a [`VjpRule`]: autodiff never looks
-//! inside it and calls the rule instead. Ops with no rule of their own (`while`, `if`, `case`,
-//! `func.call`, `custom_call`) are differentiable only inside such a unit; reaching one is an
-//! error naming the op and this fix.
+//! inside it and calls the rule instead. Ops with no rule of their own (`if`, `case`,
+//! `func.call`, `custom_call`, a `while` that is not counted) are differentiable only inside
+//! such a unit; reaching one is an error naming the op and this fix.
+//!
+//! # Counted loops
+//!
+//! A `stablehlo.while` whose trip count is fixed when the program is built (an `i32` counter
+//! from a constant, `counter < constant`, `counter + 1`: [`FuncBuilder::scan`], or
+//! [`FuncBuilder::fori_loop`] with constant bounds) is differentiated: the loop is rewritten
+//! in place to also save, stacked `[N, ...]`, each iteration's incoming carried values (not
+//! the counter, not values the body passes through unchanged, not buffers it only writes),
+//! and the backward is one loop over the iterations in reverse that re-runs a copy of the
+//! body on the saved carry and differentiates it with the ordinary rules. Values the body
+//! reads from outside (stacked weights) accumulate their cotangents across iterations; a
+//! row read with `dynamic_slice` at the counter is accumulated into that row only. The
+//! program text does not grow with `N`. See `loops.rs`.
 //!
 //! # Collectives
 //!
@@ -50,7 +63,10 @@
 //! cotangent is one value held by every device, JAX's convention, and the transpose is the
 //! identity.)
 
+mod loops;
 mod rules;
+
+pub(crate) use loops::SavedLoop;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -58,7 +74,7 @@ use std::ops::Range;
 use std::rc::Rc;
 
 use crate::builder::FuncBuilder;
-use crate::ops::{Op, Value};
+use crate::ops::{Op, OpKind, Value};
 use crate::{HloError, TensorType};
 
 /// The backward of a unit built with [`FuncBuilder::custom_vjp`].
@@ -215,9 +231,10 @@ impl FuncBuilder<'_> {
     ///
     /// `outputs` and `wrt` are float values of the region being built (`wrt` usually the
     /// arguments); the ops differentiated are those of that region that lie between them. An
-    /// op on that path without a VJP rule (`while`, `if`, `case`, `func.call`,
-    /// `custom_call`, a reduction with a custom body) is an error naming the op; wrap its
-    /// computation in [`FuncBuilder::custom_vjp`].
+    /// op on that path without a VJP rule (`if`, `case`, `func.call`, `custom_call`, a
+    /// reduction with a custom body, a `while` that is not a counted loop) is an error naming
+    /// the op; wrap its computation in [`FuncBuilder::custom_vjp`]. A counted loop on the path
+    /// is rewritten in place to save its carries (see the module docs).
     pub fn vjp(
         &mut self,
         outputs: &[Value],
@@ -429,6 +446,25 @@ impl FuncBuilder<'_> {
                 needed.extend(unit.reads.iter().copied());
             }
         }
+        // Counted loops on the path are first rewritten to save their carries (once).
+        let unsaved: Vec<usize> = units
+            .iter()
+            .zip(&unit_needed)
+            .filter_map(|(unit, &needed)| match unit.what {
+                UnitKind::Op(i) if needed && self.frame().ops[i].kind == OpKind::While => {
+                    let first = self.frame().ops[i].results.first();
+                    (!first.is_some_and(|r| self.saved_loops.contains_key(r))).then_some(i)
+                }
+                _ => None,
+            })
+            .collect();
+        if !unsaved.is_empty() {
+            // From the last: inserting before a loop leaves the earlier indices valid.
+            for &i in unsaved.iter().rev() {
+                self.save_loop_carries(i)?;
+            }
+            return self.backward(outputs, cotangents, wrt);
+        }
         let mut cts: HashMap<Value, Value> = HashMap::new();
         for (&y, &ct) in outputs.iter().zip(cotangents) {
             if active.contains(&y) {
@@ -445,6 +481,12 @@ impl FuncBuilder<'_> {
                 continue;
             }
             let (operands, operand_cts) = match unit.what {
+                UnitKind::Op(i) if self.frame().ops[i].kind == OpKind::While => {
+                    let op = self.frame().ops[i].clone();
+                    self.loop_vjp(&op, &result_cts, &active)?
+                        .into_iter()
+                        .unzip()
+                }
                 UnitKind::Op(i) => {
                     let op = self.frame().ops[i].clone();
                     if let Some(&captured) = unit

@@ -29,8 +29,9 @@
 //! | `reduce` (sum, max, min) | `ct` broadcast; for max/min to the elements equal to the result, split evenly among ties (the init value counts as one) |
 //! | `all_to_all`, `all_gather`, `reduce_scatter` (sum), `collective_permute`, `all_reduce` (sum) | their transposes (see the module docs) |
 //!
-//! `while`, `if`, `case`, `func.call`, `custom_call` and reductions with other bodies have no
-//! rule: differentiating through one is an error telling the user to wrap it in a custom VJP.
+//! Counted `while` loops are differentiated by `loops.rs`. `if`, `case`, `func.call`,
+//! `custom_call`, other loops and reductions with other bodies have no rule: differentiating
+//! through one is an error telling the user to wrap it in a custom VJP.
 
 use crate::builder::FuncBuilder;
 use crate::ops::{
@@ -227,7 +228,7 @@ pub(super) fn op_vjp(
         OpKind::While => {
             return Err(no_rule(
                 op,
-                "a loop's derivative needs every iteration's values",
+                "only counted loops are differentiable, through the loop rule",
             ))
         }
         OpKind::If | OpKind::Case => {

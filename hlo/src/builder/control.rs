@@ -4,6 +4,15 @@ use super::{check_dims, check_scalar, FuncBuilder};
 use crate::ops::{CustomCall, OpKind, Reducer, Region, Value};
 use crate::{DType, HloError, TensorType};
 
+/// What [`FuncBuilder::scan`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanOutput {
+    /// The final carried values (the types of the scan's `init`).
+    pub carry: Vec<Value>,
+    /// The body's per-iteration outputs stacked along a new dim 0 of size `length`.
+    pub ys: Vec<Value>,
+}
+
 impl FuncBuilder<'_> {
     /// Builds the body of a reduction (`reduce`, `all_reduce`, `reduce_scatter`) for one
     /// scalar type from a [`Reducer`].
@@ -206,7 +215,8 @@ impl FuncBuilder<'_> {
 
     /// A counted loop `for i in lower..upper` (scalar `i32` bounds, run-time values) built on
     /// `stablehlo.while`. `body` receives `i` and the carried values and returns their next
-    /// values. Returns the final carried values.
+    /// values. Returns the final carried values. With both bounds constants the loop is a
+    /// counted loop, which [`FuncBuilder::vjp`] differentiates.
     pub fn fori_loop<E, B>(
         &mut self,
         lower: Value,
@@ -246,6 +256,178 @@ impl FuncBuilder<'_> {
             },
         )?;
         Ok(out[2..].to_vec())
+    }
+
+    /// A counted loop over stacked inputs (JAX's `lax.scan`): for `i` in `0..length`,
+    /// `body(f, i, carry, x_slices)` returns the next carry and this iteration's outputs `ys`.
+    ///
+    /// `init` are the initial carried values; every `xs` value is stacked along dim 0 (size
+    /// `length`) and the body receives slice `i` of each (dim 0 dropped), read with
+    /// `dynamic_slice`. The body returns `(carry, ys)`: the next carried values (the types of
+    /// `init`) and any number of per-iteration values, which come back stacked as
+    /// `[length, ...]`. `i` is an `i32` scalar; the body may use values defined outside.
+    ///
+    /// The loop is a `stablehlo.while` carrying `(i, carry..., ys buffers...)`, with the
+    /// condition `i < length` (a constant) and `i + 1` as the next counter: the counted form
+    /// [`FuncBuilder::vjp`] differentiates (see the autodiff module docs).
+    ///
+    /// ```
+    /// use tessera_hlo::{DType, HloError, Module, Reducer, TensorType};
+    ///
+    /// // h = tanh(h + x_i) over 8 steps; every h stacked; d sum(h_final) / d x.
+    /// let mut m = Module::new("scan");
+    /// let mut f = m.func("main");
+    /// let h0 = f.arg(TensorType::new([4], DType::F32))?;
+    /// let xs = f.arg(TensorType::new([8, 4], DType::F32))?;
+    /// let out = f.scan(8, &[h0], &[xs], |f, _i, carry, x| {
+    ///     let s = f.add(carry[0], x[0])?;
+    ///     let h = f.tanh(s)?;
+    ///     Ok::<_, HloError>((vec![h], vec![h]))
+    /// })?;
+    /// assert_eq!(f.value_type(out.ys[0])?, &TensorType::new([8, 4], DType::F32));
+    /// let loss = f.reduce(out.carry[0], &[0], Reducer::Sum)?;
+    /// let dxs = f.grad(loss, &[xs])?;
+    /// f.finish(&[dxs[0]])?;
+    /// # Ok::<(), HloError>(())
+    /// ```
+    pub fn scan<E, B>(
+        &mut self,
+        length: usize,
+        init: &[Value],
+        xs: &[Value],
+        body: B,
+    ) -> Result<ScanOutput, E>
+    where
+        E: From<HloError>,
+        B: FnOnce(&mut Self, Value, &[Value], &[Value]) -> Result<(Vec<Value>, Vec<Value>), E>,
+    {
+        const OP: &str = "stablehlo.while";
+        let n = i32::try_from(length)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| {
+                HloError::shape(
+                    OP,
+                    format!("scan length must be in 1..={}, got {length}", i32::MAX),
+                )
+            })?;
+        let counter = TensorType::scalar(DType::I32);
+        let mut types = vec![counter.clone()];
+        for (i, &v) in init.iter().enumerate() {
+            types.push(self.check_value(OP, &format!("scan init #{i}"), v)?);
+        }
+        let mut x_types = Vec::with_capacity(xs.len());
+        for (i, &x) in xs.iter().enumerate() {
+            let t = self.check_value(OP, &format!("scan xs #{i}"), x)?;
+            if t.dims.first() != Some(&(length as i64)) {
+                return Err(HloError::shape(
+                    OP,
+                    format!(
+                        "scan xs #{i} is {t}; it must be stacked along dim 0 with size {length}"
+                    ),
+                )
+                .into());
+            }
+            x_types.push(t);
+        }
+        let carry_types = types.clone();
+        let mut ys_args = Vec::new();
+        let (mut body_region, body_types) = self.region(
+            OP,
+            "body",
+            &types,
+            false,
+            |b, args| -> Result<Vec<Value>, E> {
+                let i = args[0];
+                let mut slices = Vec::with_capacity(xs.len());
+                for &x in xs {
+                    slices.push(b.stacked_row(x, i)?);
+                }
+                let (next, ys) = body(b, i, &args[1..], &slices)?;
+                let one = b.scalar(1.0, DType::I32)?;
+                let mut out = vec![b.add(i, one)?];
+                out.extend(next);
+                let scope = b.current_scope();
+                for (k, &y) in ys.iter().enumerate() {
+                    let yt = b.check_value(OP, &format!("scan body ys #{k}"), y)?;
+                    let buffer = b.new_value(yt.stacked(length as i64), scope);
+                    ys_args.push(buffer);
+                    out.push(b.set_stacked_row(buffer, i, y)?);
+                }
+                Ok(out)
+            },
+        )?;
+        if body_types.len() < carry_types.len()
+            || body_types[..carry_types.len()] != carry_types[..]
+        {
+            let returned = body_types
+                .get(1..carry_types.len().min(body_types.len()))
+                .unwrap_or(&[]);
+            return Err(HloError::shape(
+                OP,
+                format!(
+                    "scan body must return the carry types {}, returned {}",
+                    list(&carry_types[1..]),
+                    list(returned)
+                ),
+            )
+            .into());
+        }
+        body_region.args.extend(ys_args);
+        let (cond_region, _) = self.region(OP, "cond", &body_types, false, |b, args| {
+            let end = b.scalar(f64::from(n), DType::I32)?;
+            Ok::<_, HloError>(vec![b.lt(args[0], end)?])
+        })?;
+        let mut operands = vec![self.scalar(0.0, DType::I32)?];
+        operands.extend_from_slice(init);
+        for t in &body_types[carry_types.len()..] {
+            operands.push(self.splat(0.0, t.clone())?);
+        }
+        let results = self.emit(
+            OpKind::While,
+            operands,
+            body_types,
+            vec![cond_region, body_region],
+        );
+        Ok(ScanOutput {
+            carry: results[1..carry_types.len()].to_vec(),
+            ys: results[carry_types.len()..].to_vec(),
+        })
+    }
+
+    /// Row `i` of `stack` (its dim 0 dropped), read with `dynamic_slice`.
+    pub(crate) fn stacked_row(&mut self, stack: Value, i: Value) -> Result<Value, HloError> {
+        const OP: &str = "stablehlo.dynamic_slice";
+        let t = self.check_value(OP, "stacked operand", stack)?;
+        if t.is_scalar() {
+            return Err(HloError::shape(OP, "a scalar has no rows to read"));
+        }
+        let starts = self.row_starts(i, t.rank())?;
+        let mut sizes = t.dims.clone();
+        sizes[0] = 1;
+        let row = self.dynamic_slice(stack, &starts, &sizes)?;
+        self.reshape(row, &t.dims[1..])
+    }
+
+    /// `stack` with row `i` (dim 0) set to `row`, written with `dynamic_update_slice`.
+    pub(crate) fn set_stacked_row(
+        &mut self,
+        stack: Value,
+        i: Value,
+        row: Value,
+    ) -> Result<Value, HloError> {
+        let t = self.check_value("stablehlo.dynamic_update_slice", "row", row)?;
+        let row = self.reshape(row, &t.stacked(1).dims)?;
+        let starts = self.row_starts(i, t.rank() + 1)?;
+        self.dynamic_update_slice(stack, row, &starts)
+    }
+
+    /// Starts `[i, 0, ...]` of a row of a rank-`rank` stack.
+    fn row_starts(&mut self, i: Value, rank: usize) -> Result<Vec<Value>, HloError> {
+        let zero = self.scalar(0.0, DType::I32)?;
+        let mut starts = vec![zero; rank];
+        starts[0] = i;
+        Ok(starts)
     }
 
     /// `stablehlo.if`: runs `then_branch` when the scalar `i1` `pred` is true, else

@@ -1,16 +1,20 @@
 //! [`FuncBuilder`]: builds one function op by op, checking every operand as it goes.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::autodiff::VjpSpan;
+use crate::autodiff::{SavedLoop, VjpSpan};
 use crate::module::{Func, Module};
 use crate::ops::{Op, OpKind, Region, Sharding, Value};
 use crate::{DType, HloError, HostArray, Literal, TensorType};
 
 mod collective;
 mod control;
+mod copy;
 mod elementwise;
 mod shape;
+
+pub use control::ScanOutput;
 
 /// Process-wide counter so that values of different functions never alias.
 static NEXT_FUNC_ID: AtomicU32 = AtomicU32::new(1);
@@ -68,6 +72,11 @@ pub struct FuncBuilder<'m> {
     frames: Vec<Frame>,
     args: Vec<Value>,
     arg_shardings: Vec<Option<Sharding>>,
+    /// The custom-VJP spans of closed regions, by the region's first argument (copies of a
+    /// region keep its spans; see `copy.rs`).
+    region_spans: HashMap<Value, Vec<VjpSpan>>,
+    /// Counted loops autodiff has rewritten to save their carries, by the loop's first result.
+    pub(crate) saved_loops: HashMap<Value, SavedLoop>,
 }
 
 impl<'m> FuncBuilder<'m> {
@@ -89,6 +98,8 @@ impl<'m> FuncBuilder<'m> {
             }],
             args: Vec::new(),
             arg_shardings: Vec::new(),
+            region_spans: HashMap::new(),
+            saved_loops: HashMap::new(),
         }
     }
 
@@ -267,6 +278,16 @@ impl<'m> FuncBuilder<'m> {
             .expect("a builder always has its body frame")
     }
 
+    /// The op defining `v` among the ops of the open regions (the function body and the
+    /// regions being built), if an op defines it there.
+    pub(crate) fn defining_op(&self, v: Value) -> Option<&Op> {
+        self.frames
+            .iter()
+            .rev()
+            .flat_map(|f| f.ops.iter().rev())
+            .find(|op| op.results.contains(&v))
+    }
+
     pub(crate) fn frame_mut(&mut self) -> &mut Frame {
         self.frames
             .last_mut()
@@ -382,7 +403,15 @@ impl<'m> FuncBuilder<'m> {
         });
         let frame = self.frames.pop();
         let (results, types) = checked?;
-        let ops = frame.map(|f| f.ops).unwrap_or_default();
+        let ops = match frame {
+            Some(frame) => {
+                if let (Some(&first), false) = (args.first(), frame.spans.is_empty()) {
+                    self.region_spans.insert(first, frame.spans);
+                }
+                frame.ops
+            }
+            None => Vec::new(),
+        };
         Ok((Region { args, ops, results }, types))
     }
 }

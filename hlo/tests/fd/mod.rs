@@ -17,6 +17,7 @@
 use std::fmt::Write as _;
 
 use half::bf16;
+use tessera_hlo::autodiff::{VjpCall, VjpRule};
 use tessera_hlo::{DType, FuncBuilder, HloError, HostArray, Module, Sharding, TensorType, Value};
 use tessera_runtime::{Client, CompileOptions, ElementType, HostBuffer};
 
@@ -413,4 +414,27 @@ pub fn compile1(m: &Module) -> tessera_runtime::LoadedExecutable {
 /// [`check`] on one device.
 pub fn check1(name: &str, inputs: &[HostArray], forward: Forward<'_>) -> Measured {
     check(name, &[inputs.to_vec()], forward)
+}
+
+/// A custom-VJP rule for `y = x * 2^n` (e.g. `n` doublings in a loop): `dx = dy * 2^n`.
+#[derive(Debug)]
+pub struct Doublings(pub u32);
+
+impl VjpRule for Doublings {
+    fn name(&self) -> &str {
+        "doublings"
+    }
+
+    fn vjp(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        call: &VjpCall<'_>,
+    ) -> Result<Vec<Option<Value>>, HloError> {
+        let Some(dy) = call.cotangents[0] else {
+            return Ok(vec![None]);
+        };
+        let t = f.value_type(dy)?.clone();
+        let scale = f.splat(f64::from(2u32.pow(self.0)), t)?;
+        Ok(vec![Some(f.mul(dy, scale)?)])
+    }
 }

@@ -1,0 +1,108 @@
+//! Copies of a region's ops with fresh values: autodiff re-emits a loop body in the loop it
+//! rewrites and in the loop of its backward.
+
+use std::collections::HashMap;
+
+use super::FuncBuilder;
+use crate::autodiff::VjpSpan;
+use crate::ops::{ChannelHandle, CollectiveAttrs, Op, OpKind, Region, Value};
+use crate::HloError;
+
+impl FuncBuilder<'_> {
+    /// Emits a copy of `region`'s ops into the region being built, its arguments replaced by
+    /// `args` (values it captures stay the same), and returns the copies of the values it
+    /// yields. Nested regions are copied too; collectives get channels of their own; the
+    /// custom-VJP spans built in the region are registered again over the copies.
+    pub(crate) fn copy_region(
+        &mut self,
+        region: &Region,
+        args: &[Value],
+    ) -> Result<Vec<Value>, HloError> {
+        let mut map: HashMap<Value, Value> = region
+            .args
+            .iter()
+            .copied()
+            .zip(args.iter().copied())
+            .collect();
+        self.copy_into(region, &mut map)
+    }
+
+    fn copy_into(
+        &mut self,
+        region: &Region,
+        map: &mut HashMap<Value, Value>,
+    ) -> Result<Vec<Value>, HloError> {
+        let offset = self.frame().ops.len();
+        for op in &region.ops {
+            self.copy_op(op, map)?;
+        }
+        let mapped = |v: &Value| *map.get(v).unwrap_or(v);
+        let spans = region
+            .args
+            .first()
+            .and_then(|a| self.region_spans.get(a))
+            .cloned()
+            .unwrap_or_default();
+        for span in spans {
+            self.frame_mut().spans.push(VjpSpan {
+                rule: span.rule,
+                inputs: span.inputs.iter().map(mapped).collect(),
+                outputs: span.outputs.iter().map(mapped).collect(),
+                ops: span.ops.start + offset..span.ops.end + offset,
+            });
+        }
+        Ok(region.results.iter().map(mapped).collect())
+    }
+
+    fn copy_op(&mut self, op: &Op, map: &mut HashMap<Value, Value>) -> Result<(), HloError> {
+        let operands = op
+            .operands
+            .iter()
+            .map(|v| *map.get(v).unwrap_or(v))
+            .collect();
+        let mut regions = Vec::with_capacity(op.regions.len());
+        for r in &op.regions {
+            let types = r
+                .args
+                .iter()
+                .map(|&a| self.value_type(a).cloned())
+                .collect::<Result<Vec<_>, _>>()?;
+            let (copy, _) = self.region(op.kind.name(), "copy", &types, false, |b, args| {
+                map.extend(r.args.iter().copied().zip(args.iter().copied()));
+                b.copy_into(r, map)
+            })?;
+            regions.push(copy);
+        }
+        let types = op
+            .results
+            .iter()
+            .map(|&v| self.value_type(v).cloned())
+            .collect::<Result<Vec<_>, _>>()?;
+        let kind = self.fresh_channels(&op.kind);
+        let results = self.emit(kind, operands, types, regions);
+        map.extend(op.results.iter().copied().zip(results));
+        Ok(())
+    }
+
+    /// `kind` with a new channel where it has one (a module's channels are unique).
+    fn fresh_channels(&mut self, kind: &OpKind) -> OpKind {
+        let mut kind = kind.clone();
+        let mut renew = |c: &mut Option<ChannelHandle>| {
+            if c.is_some() {
+                *c = Some(self.module.alloc_channel());
+            }
+        };
+        match &mut kind {
+            OpKind::AllToAll { attrs, .. }
+            | OpKind::AllGather { attrs, .. }
+            | OpKind::AllReduce { attrs }
+            | OpKind::ReduceScatter { attrs, .. } => {
+                let CollectiveAttrs { channel, .. } = attrs;
+                renew(channel);
+            }
+            OpKind::CollectivePermute { channel, .. } => renew(channel),
+            _ => {}
+        }
+        kind
+    }
+}
