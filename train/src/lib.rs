@@ -13,6 +13,8 @@
 //!   ([`checkpoint`], safetensors).
 //! * [`flops`]: model FLOPs per step as MaxText counts them, and the machine's measured
 //!   matmul peak for MFU.
+//! * [`predict`]: a transparent step-time model of the step on a TPU slice (matmul and
+//!   splash-block FLOPs, collectives on the torus, overlap rules), pure arithmetic.
 //!
 //! This crate has no CLI; `examples/train.rs` is the command line over it.
 
@@ -21,6 +23,7 @@ mod config;
 pub mod data;
 pub mod flops;
 pub mod model;
+pub mod predict;
 mod trainer;
 
 pub use config::{maxtext_name, ModelConfig, TrainConfig};
