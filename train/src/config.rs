@@ -1,5 +1,5 @@
-//! What a run trains and how: the model's dims ([`ModelConfig`], presets `tiny` and `small`)
-//! and the run's settings ([`TrainConfig`], MaxText's names), checked before anything is
+//! What a run trains and how: the model's dims ([`ModelConfig`], presets `tiny`, `small`,
+//! `llama2-7b`, `llama3.1-8b`) and the run's settings ([`TrainConfig`], MaxText's names), checked before anything is
 //! compiled with one sentence per problem naming the flags and the fix.
 
 use std::fmt;
