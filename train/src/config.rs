@@ -1,5 +1,5 @@
-//! What a run trains and how: the model's dims ([`ModelConfig`], presets `tiny` and `small`)
-//! and the run's settings ([`TrainConfig`], MaxText's names), checked before anything is
+//! What a run trains and how: the model's dims ([`ModelConfig`], presets `tiny`, `small`,
+//! `llama2-7b`, `llama3.1-8b`) and the run's settings ([`TrainConfig`], MaxText's names), checked before anything is
 //! compiled with one sentence per problem naming the flags and the fix.
 
 use std::fmt;
@@ -64,13 +64,55 @@ impl ModelConfig {
         }
     }
 
-    /// A preset by name (`tiny`, `small`).
+    /// MaxText's `llama2-7b` (MHA: 32 KV heads), as in MaxText's
+    /// `src/MaxText/configs/models/llama2-7b.yml`: `base_emb_dim` 4096,
+    /// `base_num_query_heads` 32, `base_num_kv_heads` 32, `base_mlp_dim` 11008,
+    /// `base_num_decoder_layers` 32, `head_dim` 128, `vocab_size` 32000,
+    /// `normalization_layer_epsilon` 1e-5 (RoPE at MaxText's default `rope_max_timescale`
+    /// 10000).
+    pub fn llama2_7b() -> Self {
+        ModelConfig {
+            vocab: 32_000,
+            d_model: 4096,
+            layers: 32,
+            heads: 32,
+            kv_heads: 32,
+            head_dim: 128,
+            mlp_dim: 11_008,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-5,
+        }
+    }
+
+    /// MaxText's `llama3.1-8b` (GQA: 8 KV heads), as in MaxText's
+    /// `src/MaxText/configs/models/llama3.1-8b.yml`: `base_emb_dim` 4096,
+    /// `base_num_query_heads` 32, `base_num_kv_heads` 8, `base_mlp_dim` 14336,
+    /// `base_num_decoder_layers` 32, `head_dim` 128, `vocab_size` 128256,
+    /// `rope_max_timescale` 500000, `normalization_layer_epsilon` 1e-5.
+    pub fn llama3_1_8b() -> Self {
+        ModelConfig {
+            vocab: 128_256,
+            d_model: 4096,
+            layers: 32,
+            heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            mlp_dim: 14_336,
+            rope_theta: 500_000.0,
+            norm_eps: 1e-5,
+        }
+    }
+
+    /// A preset by name (`tiny`, `small`, `llama2-7b`, `llama3.1-8b`).
     pub fn preset(name: &str) -> Result<Self, TrainError> {
         match name {
             "tiny" => Ok(Self::tiny()),
             "small" => Ok(Self::small()),
+            "llama2-7b" => Ok(Self::llama2_7b()),
+            "llama3.1-8b" => Ok(Self::llama3_1_8b()),
             _ => Err(TrainError::Config(format!(
-                "--model {name} is not a preset; use tiny or small (and --d-model, --layers, \
+                "--model {name} is not a preset; use tiny, small, llama2-7b or llama3.1-8b \
+                 (and --d-model, --layers, \
                  --heads, --kv-heads, --head-dim, --mlp-dim, --vocab to change its dims)"
             ))),
         }

@@ -5,24 +5,22 @@ use std::time::Instant;
 
 use tessera_runtime::{Client, CompileOptions, HostBuffer, Provisioner};
 
-use crate::{TrainConfig, TrainError};
+use crate::{ModelConfig, TrainConfig, TrainError};
 
 /// Model FLOPs of one training step: `6 N` per token for the `N` matmul parameters
 /// (forward, and twice that backward) plus causal attention, `3 x 4 B S^2 H D / 2` per layer
 /// (scores and the weighted sum, forward and backward, half the pairs masked).
 pub fn model_flops_per_step(cfg: &TrainConfig) -> f64 {
-    let m = &cfg.model;
-    let tokens = cfg.tokens_per_step() as f64;
-    let dense = 6.0 * m.matmul_params() as f64 * tokens;
-    let s = cfg.max_target_length as f64;
-    let attention = 3.0
-        * m.layers as f64
-        * 4.0
-        * cfg.global_batch() as f64
-        * s
-        * s
-        * (m.heads * m.head_dim) as f64
-        / 2.0;
+    model_flops(&cfg.model, cfg.global_batch() as f64, cfg.max_target_length)
+}
+
+/// [`model_flops_per_step`] for `sequences` sequences of `seq_len` tokens (MaxText's
+/// `calculate_tflops_training_per_device` times the devices).
+pub fn model_flops(m: &ModelConfig, sequences: f64, seq_len: usize) -> f64 {
+    let s = seq_len as f64;
+    let dense = 6.0 * m.matmul_params() as f64 * sequences * s;
+    let attention =
+        3.0 * m.layers as f64 * 4.0 * sequences * s * s * (m.heads * m.head_dim) as f64 / 2.0;
     dense + attention
 }
 

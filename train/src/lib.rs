@@ -1,9 +1,9 @@
 //! tessera-train: a small Llama-style model trained with context-parallel splash attention,
 //! the whole step (forward, backward, optimizer) one SPMD program on a `data x context` mesh.
 //!
-//! * [`ModelConfig`] (presets `tiny`, `small`) and [`TrainConfig`] (MaxText's settings:
-//!   `steps`, `max_target_length`, `per_device_batch_size`, `ici_context_parallelism`,
-//!   `ici_data_parallelism`, `context_parallel_strategy`, `context_parallel_load_balance`,
+//! * [`ModelConfig`] (presets `tiny`, `small`, `llama2-7b`, `llama3.1-8b`) and
+//!   [`TrainConfig`] (MaxText's settings: `steps`, `max_target_length`,
+//!   `per_device_batch_size`, `ici_context_parallelism`, `ici_data_parallelism`, `context_parallel_strategy`, `context_parallel_load_balance`,
 //!   `sa_block_*`, `learning_rate`, ...), validated before anything is built.
 //! * [`model`]: the parameters and the train-step program (see its docs for what runs
 //!   where).
@@ -13,6 +13,8 @@
 //!   ([`checkpoint`], safetensors).
 //! * [`flops`]: model FLOPs per step as MaxText counts them, and the machine's measured
 //!   matmul peak for MFU.
+//! * [`predict`]: a transparent step-time model of the step on a TPU slice (matmul and
+//!   splash-block FLOPs, collectives on the torus, overlap rules), pure arithmetic.
 //!
 //! This crate has no CLI; `examples/train.rs` is the command line over it.
 
@@ -21,6 +23,7 @@ mod config;
 pub mod data;
 pub mod flops;
 pub mod model;
+pub mod predict;
 mod trainer;
 
 pub use config::{maxtext_name, ModelConfig, TrainConfig};
