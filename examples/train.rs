@@ -173,6 +173,34 @@ fn config(a: &Args) -> Result<TrainConfig, String> {
     Ok(cfg)
 }
 
+/// Refuses a model whose training state cannot fit this machine's memory before anything
+/// is allocated: every CPU device holds the f32 parameters, their gradients and both AdamW
+/// moments (16 bytes a parameter). Where `/proc/meminfo` cannot be read, nothing is checked.
+fn check_memory(a: &Args, cfg: &TrainConfig) -> Result<(), String> {
+    let Some(available) = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    }) else {
+        return Ok(());
+    };
+    let needed = 16 * cfg.model.num_params() as u64 * cfg.devices() as u64;
+    if needed > available {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return Err(format!(
+            "--model {} needs {:.1} GiB for the parameters, gradients and AdamW moments on {} \
+             CPU devices, but this machine has {:.1} GiB available; train tiny or small here, \
+             or compile the step for a TPU slice with `tessera compile --target tpu:...`",
+            a.model,
+            gib(needed),
+            cfg.devices(),
+            gib(available)
+        ));
+    }
+    Ok(())
+}
+
 fn run(a: &Args) -> Result<(), String> {
     let cfg = config(a)?;
     let stop = a.stop_at.unwrap_or(cfg.steps).min(cfg.steps);
@@ -180,6 +208,7 @@ fn run(a: &Args) -> Result<(), String> {
         return Err(format!("--peak-tflops {p} is not a positive number"));
     }
     let devices = cfg.devices();
+    check_memory(a, &cfg)?;
     println!(
         "model {} ({} parameters), {} devices = data {} x context {}, {}{}, global batch {} \
          x {} tokens, splash blocks q {} kv {}",
