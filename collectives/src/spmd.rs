@@ -212,7 +212,7 @@ pub(crate) trait Ctx<M> {
     /// The program's record of collectives, shared with the VJP rules that add the
     /// transposes.
     fn tape(&self) -> Tape;
-    fn add_output(&self, value: Value, info: TensorInfo);
+    fn add_output(&self, value: Value, info: TensorInfo) -> Result<(), CollectiveError>;
 }
 
 /// The collectives of a program in order, forward ones and (after a VJP) their transposes.
@@ -297,7 +297,7 @@ local_results! {
 /// tensor op from inside a local op's closure (which holds the builder) is an error
 /// ([`CollectiveError::Busy`]), not a panic.
 pub struct Spmd<'m, M> {
-    builder: RefCell<FuncBuilder<'m>>,
+    builder: RefCell<Builder<'m>>,
     mesh: Mesh<M>,
     inputs: RefCell<Vec<TensorInfo>>,
     outputs: RefCell<Vec<(Value, TensorInfo)>>,
@@ -328,15 +328,44 @@ impl<M: MeshShape> Ctx<M> for Spmd<'_, M> {
             .builder
             .try_borrow_mut()
             .map_err(|_| CollectiveError::Busy { op })?;
-        f(&mut b)
+        match &mut *b {
+            Builder::Function(b) => f(b),
+            Builder::LoopBody(b) => b.run(f),
+        }
     }
 
     fn tape(&self) -> Tape {
         self.tape.clone()
     }
 
-    fn add_output(&self, value: Value, info: TensorInfo) {
+    fn add_output(&self, value: Value, info: TensorInfo) -> Result<(), CollectiveError> {
+        self.outside_loop("output")?;
         self.outputs.borrow_mut().push((value, info));
+        Ok(())
+    }
+}
+
+/// Where a [`Spmd`] emits: the function itself, or the body of a [`Spmd::scan`] (the
+/// function's builder lent by the loop while it builds the body region).
+enum Builder<'m> {
+    Function(FuncBuilder<'m>),
+    LoopBody(&'m mut (dyn LoopBuilder + 'm)),
+}
+
+/// A builder lent to a loop body, whatever the lifetime of its module borrow.
+pub(crate) trait LoopBuilder {
+    fn run(
+        &mut self,
+        f: &mut dyn FnMut(&mut FuncBuilder<'_>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError>;
+}
+
+impl LoopBuilder for FuncBuilder<'_> {
+    fn run(
+        &mut self,
+        f: &mut dyn FnMut(&mut FuncBuilder<'_>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
+        f(self)
     }
 }
 
@@ -373,7 +402,7 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
             });
         }
         Ok(Spmd {
-            builder: RefCell::new(builder),
+            builder: RefCell::new(Builder::Function(builder)),
             mesh: mesh.clone(),
             inputs: RefCell::new(Vec::new()),
             outputs: RefCell::new(Vec::new()),
@@ -386,7 +415,7 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
         &self.mesh
     }
 
-    fn ctx(&self) -> &(dyn Ctx<M> + '_) {
+    pub(crate) fn ctx(&self) -> &(dyn Ctx<M> + '_) {
         self
     }
 
@@ -400,6 +429,7 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
         global_dims: impl AsRef<[i64]>,
         dtype: DType,
     ) -> Result<DTensor<'_, M, S>, CollectiveError> {
+        self.outside_loop("arg")?;
         let global = global_dims.as_ref();
         let layout = TensorLayout::of::<M, S, Invariant>();
         let index = self.inputs.borrow().len();
@@ -536,6 +566,7 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     /// [`Spmd::collectives`]: e.g. the forward's output collectives in a program that returns
     /// only gradients.
     pub fn prune(&self) -> Result<(), CollectiveError> {
+        self.outside_loop("prune")?;
         let keep: Vec<Value> = self.outputs.borrow().iter().map(|(v, _)| *v).collect();
         let removed = self.ctx().build("prune", |f| Ok(f.prune(&keep)))?;
         self.tape
@@ -580,7 +611,41 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
             .into_iter()
             .map(|(v, _)| v)
             .collect();
-        (self.builder.into_inner(), signature, values)
+        let builder = match self.builder.into_inner() {
+            Builder::Function(b) => b,
+            // Loop bodies' `Spmd`s live inside `Spmd::scan`, which lends them by reference.
+            Builder::LoopBody(_) => unreachable!("a scan body's Spmd is never handed out by value"),
+        };
+        (builder, signature, values)
+    }
+
+    /// Fails when this `Spmd` builds a [`Spmd::scan`] body, where `op` (which belongs to the
+    /// function: arguments, results, pruning) cannot go.
+    fn outside_loop(&self, op: &'static str) -> Result<(), CollectiveError> {
+        let in_loop = matches!(
+            self.builder.try_borrow().as_deref(),
+            Ok(Builder::LoopBody(_))
+        );
+        if in_loop {
+            return Err(CollectiveError::operand(
+                op,
+                "inside a scan body: arguments, outputs and pruning belong to the function; \
+                 call it on the function's Spmd, outside the scan",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The `Spmd` of a loop body built on `builder` (lent by the loop): the same mesh and
+    /// record of collectives.
+    pub(crate) fn loop_body<'b>(&self, builder: &'b mut (dyn LoopBuilder + 'b)) -> Spmd<'b, M> {
+        Spmd {
+            builder: RefCell::new(Builder::LoopBody(builder)),
+            mesh: self.mesh.clone(),
+            inputs: RefCell::new(Vec::new()),
+            outputs: RefCell::new(Vec::new()),
+            tape: self.tape.clone(),
+        }
     }
 }
 
