@@ -246,13 +246,20 @@ impl<M: MeshShape> Spmd<'_, M> {
         init.push_values(&mut init_values);
         let mut xs_values = Vec::new();
         xs.push_values(&mut xs_values);
+        // Axis indices are loop-invariant: the body reads them from before the loop.
+        let axis_indices = match self.axis_indices() {
+            Some(v) => v,
+            None => (0..self.mesh().sizes().len())
+                .map(|i| self.axis_index_value(i))
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         let out = self.ctx().build("scan", |f| {
             f.scan(
                 length,
                 &init_values,
                 &xs_values,
                 |b, i, carry, rows| -> Result<_, CollectiveError> {
-                    let inner = self.loop_body(b);
+                    let inner = self.loop_body(b, axis_indices.clone());
                     let i = declare(
                         inner.ctx(),
                         i,

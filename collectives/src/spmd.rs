@@ -302,6 +302,9 @@ pub struct Spmd<'m, M> {
     inputs: RefCell<Vec<TensorInfo>>,
     outputs: RefCell<Vec<(Value, TensorInfo)>>,
     tape: Tape,
+    /// In a scan body: every mesh axis's `axis_index`, computed before the loop (they do not
+    /// change from one iteration to the next, and a body's backward can read them there).
+    axis_indices: Vec<Value>,
 }
 
 impl<M: MeshShape> fmt::Debug for Spmd<'_, M> {
@@ -407,6 +410,7 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
             inputs: RefCell::new(Vec::new()),
             outputs: RefCell::new(Vec::new()),
             tape: Rc::new(RefCell::new(Vec::new())),
+            axis_indices: Vec::new(),
         })
     }
 
@@ -454,20 +458,34 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     where
         M: HasAxis<A>,
     {
-        let size = self.mesh.axis_size::<A>() as f64;
-        let stride = self.mesh.stride(<M as HasAxis<A>>::INDEX) as f64;
-        let value = self.ctx().build("axis_index", |f| {
-            let id = f.partition_id();
-            let stride = f.scalar(stride, DType::I32)?;
-            let size = f.scalar(size, DType::I32)?;
-            let q = f.div(id, stride)?;
-            Ok(f.rem(q, size)?)
-        })?;
+        let index = <M as HasAxis<A>>::INDEX;
+        let value = match self.axis_indices.get(index) {
+            Some(&v) => v,
+            None => self.axis_index_value(index)?,
+        };
         Ok(DTensor::new(
             self.ctx(),
             value,
             TensorLayout::of::<M, (), Varying<A>>(),
         ))
+    }
+
+    /// The axis indices a scan body reads from before its loop (`None` outside loops).
+    pub(crate) fn axis_indices(&self) -> Option<Vec<Value>> {
+        (!self.axis_indices.is_empty()).then(|| self.axis_indices.clone())
+    }
+
+    /// This device's coordinate along mesh axis number `index`, computed from the partition id.
+    pub(crate) fn axis_index_value(&self, index: usize) -> Result<Value, CollectiveError> {
+        let size = self.mesh.sizes()[index] as f64;
+        let stride = self.mesh.stride(index) as f64;
+        self.ctx().build("axis_index", |f| {
+            let id = f.partition_id();
+            let stride = f.scalar(stride, DType::I32)?;
+            let size = f.scalar(size, DType::I32)?;
+            let q = f.div(id, stride)?;
+            Ok(f.rem(q, size)?)
+        })
     }
 
     /// Declares the layout of a per-device value built directly with the [`FuncBuilder`]
@@ -638,13 +656,18 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
 
     /// The `Spmd` of a loop body built on `builder` (lent by the loop): the same mesh and
     /// record of collectives.
-    pub(crate) fn loop_body<'b>(&self, builder: &'b mut (dyn LoopBuilder + 'b)) -> Spmd<'b, M> {
+    pub(crate) fn loop_body<'b>(
+        &self,
+        builder: &'b mut (dyn LoopBuilder + 'b),
+        axis_indices: Vec<Value>,
+    ) -> Spmd<'b, M> {
         Spmd {
             builder: RefCell::new(Builder::LoopBody(builder)),
             mesh: self.mesh.clone(),
             inputs: RefCell::new(Vec::new()),
             outputs: RefCell::new(Vec::new()),
             tape: self.tape.clone(),
+            axis_indices,
         }
     }
 }
