@@ -350,6 +350,8 @@ impl<M: MeshShape> Ctx<M> for Spmd<'_, M> {
 
 /// Where a [`Spmd`] emits: the function itself, or the body of a [`Spmd::scan`] (the
 /// function's builder lent by the loop while it builds the body region).
+// One per function or loop body, never in a collection: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Builder<'m> {
     Function(FuncBuilder<'m>),
     LoopBody(&'m mut (dyn LoopBuilder + 'm)),
