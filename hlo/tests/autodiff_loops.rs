@@ -7,6 +7,7 @@ mod fd;
 use std::rc::Rc;
 
 use fd::{check, check1, program, signed, to_f64_text, uniform, values, Doublings};
+use tessera_hlo::autodiff::{VjpCall, VjpRule};
 use tessera_hlo::{
     DType, DotDims, FuncBuilder, Grouping, HloError, HostArray, Module, Reducer, TensorType, Value,
 };
@@ -102,34 +103,57 @@ fn run_f64(m: &Module, args: &[(Vec<i64>, Vec<f64>)]) -> Vec<Vec<f64>> {
         .collect()
 }
 
-#[test]
-fn the_scan_gradient_equals_the_unrolled_gradient() {
-    let n = 5;
-    let inputs = rnn_inputs(n, 40);
+/// Runs the f64 gradient programs of `scan` and `unrolled` (outputs: the final `[D]` state
+/// and the `[steps, D]` stacked states) on `inputs` and the same cotangents, and checks that
+/// they agree to 1e-12 of each gradient's largest element (none all but zero).
+fn assert_scan_equals_unrolled(
+    what: &str,
+    inputs: &[HostArray],
+    steps: usize,
+    seed: u64,
+    scan: fd::Forward<'_>,
+    unrolled: fd::Forward<'_>,
+) {
     let types: Vec<TensorType> = inputs.iter().map(fd::type_of).collect();
-    let scan = program("scan", 1, &types, &|f, a| rnn_scan(f, a), true).unwrap();
-    let unrolled = program("unrolled", 1, &types, &|f, a| rnn_unrolled(f, a), true).unwrap();
+    let scan = program("scan", 1, &types, scan, true).unwrap();
+    let unrolled = program("unrolled", 1, &types, unrolled, true).unwrap();
     let mut args: Vec<(Vec<i64>, Vec<f64>)> = inputs
         .iter()
         .map(|a| (fd::type_of(a).dims, a.to_f64_vec()))
         .collect();
     // Cotangents of the final state and of the stacked states.
-    args.push((vec![D as i64], values(D, -1.0, 1.0, 7)));
-    args.push((vec![n as i64, D as i64], values(n * D, -1.0, 1.0, 8)));
+    args.push((vec![D as i64], values(D, -1.0, 1.0, seed)));
+    args.push((
+        vec![steps as i64, D as i64],
+        values(steps * D, -1.0, 1.0, seed + 1),
+    ));
     let (g_scan, g_unrolled) = (run_f64(&scan, &args), run_f64(&unrolled, &args));
-    assert_eq!(g_scan.len(), 3);
+    assert_eq!(g_scan.len(), inputs.len());
     let mut worst = 0f64;
     for (k, (a, b)) in g_scan.iter().zip(&g_unrolled).enumerate() {
         let scale = b.iter().fold(0f64, |m, v| m.max(v.abs()));
-        assert!(scale > 1e-3, "gradient #{k} is all but zero: {b:?}");
+        assert!(scale > 1e-3, "{what}: gradient #{k} is all but zero: {b:?}");
         for (x, y) in a.iter().zip(b) {
             worst = worst.max((x - y).abs() / scale);
         }
     }
-    println!("scan vs unrolled: largest relative difference {worst:.2e}");
+    println!("{what}: scan vs unrolled: largest relative difference {worst:.2e}");
     assert!(
         worst <= 1e-12,
-        "scan and unrolled gradients differ by {worst:e}"
+        "{what}: scan and unrolled gradients differ by {worst:e}"
+    );
+}
+
+#[test]
+fn the_scan_gradient_equals_the_unrolled_gradient() {
+    let n = 5;
+    assert_scan_equals_unrolled(
+        "rnn",
+        &rnn_inputs(n, 40),
+        n,
+        7,
+        &|f, a| rnn_scan(f, a),
+        &|f, a| rnn_unrolled(f, a),
     );
 }
 
@@ -355,6 +379,172 @@ fn a_value_both_carried_and_captured_gets_both_cotangents() {
                 let t = f.add(t, h0)?;
                 let t = f.mul(t, s)?;
                 Ok::<_, HloError>((vec![f.tanh(t)?, c[1]], vec![]))
+            })?;
+            Ok(out.carry)
+        },
+    );
+    assert!(m.fd_rel_err < 1e-8, "{m:?}");
+}
+
+/// `y = h * w[row] * scale` (`h [D]`, `w [N, D]`), a unit whose rule reads `row` (i32) and
+/// `scale` (f32, not differentiated), values the forward computed outside the unit and the
+/// rule captured.
+#[derive(Debug)]
+struct RowMul {
+    row: Value,
+    scale: Value,
+}
+
+impl RowMul {
+    /// Row `row` of `w` as `[D]`.
+    fn row_of(&self, f: &mut FuncBuilder<'_>, w: Value) -> Result<Value, HloError> {
+        layer(f, w, self.row)
+    }
+
+    fn apply(
+        f: &mut FuncBuilder<'_>,
+        h: Value,
+        w: Value,
+        row: Value,
+        scale: Value,
+    ) -> Result<Value, HloError> {
+        let rule = Rc::new(RowMul { row, scale });
+        let y = f.custom_vjp(rule.clone(), &[h, w], |f, x| {
+            let wr = rule.row_of(f, x[1])?;
+            let hw = f.mul(x[0], wr)?;
+            let s = f.broadcast_in_dim(scale, &[D as i64], &[])?;
+            Ok::<_, HloError>(vec![f.mul(hw, s)?])
+        })?;
+        Ok(y[0])
+    }
+}
+
+impl VjpRule for RowMul {
+    fn name(&self) -> &str {
+        "row mul"
+    }
+
+    fn vjp(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        call: &VjpCall<'_>,
+    ) -> Result<Vec<Option<Value>>, HloError> {
+        let Some(dy) = call.cotangents[0] else {
+            return Ok(vec![None, None]);
+        };
+        let (h, w) = (call.inputs[0], call.inputs[1]);
+        let s = f.broadcast_in_dim(self.scale, &[D as i64], &[])?;
+        let dys = f.mul(dy, s)?;
+        let wr = self.row_of(f, w)?;
+        let dh = f.mul(dys, wr)?;
+        let dwr = f.mul(dys, h)?;
+        let dwr = f.reshape(dwr, &[1, D as i64])?;
+        let zeros = f.splat(0.0, f.value_type(w)?.clone())?;
+        let zero = f.scalar(0.0, DType::I32)?;
+        let dw = f.dynamic_update_slice(zeros, dwr, &[self.row, zero])?;
+        Ok(vec![Some(dh), Some(dw)])
+    }
+}
+
+/// Iteration `i`'s row `(2 i) % rows` and scale `1 + row / 4`, computed in the loop body.
+fn row_and_scale(
+    f: &mut FuncBuilder<'_>,
+    i: Value,
+    rows: usize,
+) -> Result<(Value, Value), HloError> {
+    let two = f.scalar(2.0, DType::I32)?;
+    let n = f.scalar(rows as f64, DType::I32)?;
+    let twice = f.mul(i, two)?;
+    let row = f.rem(twice, n)?;
+    let r = f.convert(row, DType::F32)?;
+    let quarter = f.scalar(0.25, DType::F32)?;
+    let one = f.scalar(1.0, DType::F32)?;
+    let rq = f.mul(r, quarter)?;
+    Ok((row, f.add(rq, one)?))
+}
+
+/// `h = tanh(RowMul(h, w; row_i) + x_i)` as a scan: `args = [h0 [D], w [R, D], x [N, D]]`.
+fn row_mul_scan(f: &mut FuncBuilder<'_>, a: &[Value]) -> Result<Vec<Value>, HloError> {
+    let (h0, w, x) = (a[0], a[1], a[2]);
+    let rows = f.value_type(w)?.dims[0] as usize;
+    let n = f.value_type(x)?.dims[0] as usize;
+    let out = f.scan(n, &[h0], &[x], |f, i, carry, xs| {
+        let (row, scale) = row_and_scale(f, i, rows)?;
+        let y = RowMul::apply(f, carry[0], w, row, scale)?;
+        let pre = f.add(y, xs[0])?;
+        let h = f.tanh(pre)?;
+        Ok::<_, HloError>((vec![h], vec![h]))
+    })?;
+    Ok(vec![out.carry[0], out.ys[0]])
+}
+
+/// The same with plain ops, unrolled, rows and scales constants.
+fn row_mul_unrolled(f: &mut FuncBuilder<'_>, a: &[Value]) -> Result<Vec<Value>, HloError> {
+    let (mut h, w, x) = (a[0], a[1], a[2]);
+    let rows = f.value_type(w)?.dims[0] as usize;
+    let n = f.value_type(x)?.dims[0] as usize;
+    let mut ys = Vec::with_capacity(n);
+    for i in 0..n {
+        let row = (2 * i) % rows;
+        let idx = f.scalar(row as f64, DType::I32)?;
+        let wr = layer(f, w, idx)?;
+        let scale = f.splat(1.0 + row as f64 / 4.0, f32t(&[D as i64]))?;
+        let hw = f.mul(h, wr)?;
+        let y = f.mul(hw, scale)?;
+        let xi = f.scalar(i as f64, DType::I32)?;
+        let xi = layer(f, x, xi)?;
+        let pre = f.add(y, xi)?;
+        h = f.tanh(pre)?;
+        ys.push(f.reshape(h, &[1, D as i64])?);
+    }
+    let ys = f.concatenate(&ys, 0)?;
+    Ok(vec![h, ys])
+}
+
+fn row_mul_inputs(rows: usize, n: usize, seed: u64) -> Vec<HostArray> {
+    vec![
+        uniform(&[D], -1.0, 1.0, seed),
+        uniform(&[rows, D], -0.9, 0.9, seed + 1),
+        uniform(&[n, D], -1.0, 1.0, seed + 2),
+    ]
+}
+
+#[test]
+fn a_custom_vjp_rule_in_a_scan_reads_values_the_body_computed() {
+    // Rows 0, 2, 0, 2, 0 of 4: two rows read several times, two never.
+    let m = check1(
+        "rule reading the body's index",
+        &row_mul_inputs(4, 5, 100),
+        &|f, a| row_mul_scan(f, a),
+    );
+    assert!(m.fd_rel_err < 1e-8, "{m:?}");
+
+    assert_scan_equals_unrolled(
+        "rule reading the body's index",
+        &row_mul_inputs(5, 6, 110),
+        6,
+        111,
+        &|f, a| row_mul_scan(f, a),
+        &|f, a| row_mul_unrolled(f, a),
+    );
+}
+
+#[test]
+fn a_rule_in_a_nested_scan_reads_the_outer_body_s_index() {
+    // The outer body computes the row; an inner loop's unit reads it in its rule.
+    let m = check1(
+        "rule reading the outer body's index",
+        &row_mul_inputs(3, 4, 120),
+        &|f, a| {
+            let (h0, w, x) = (a[0], a[1], a[2]);
+            let out = f.scan(4, &[h0], &[x], |f, i, c, xs| {
+                let (row, scale) = row_and_scale(f, i, 3)?;
+                let inner = f.scan(2, &[c[0]], &[], |f, _, ic, _| {
+                    let y = RowMul::apply(f, ic[0], w, row, scale)?;
+                    let pre = f.add(y, xs[0])?;
+                    Ok::<_, HloError>((vec![f.tanh(pre)?], vec![]))
+                })?;
+                Ok::<_, HloError>((inner.carry, vec![]))
             })?;
             Ok(out.carry)
         },

@@ -51,6 +51,11 @@
 //! row read with `dynamic_slice` at the counter is accumulated into that row only. The
 //! program text does not grow with `N`. See `loops.rs`.
 //!
+//! A custom-VJP unit in a loop body has its rule called on the copy: its inputs and outputs
+//! are the copy's, and any other value of the body the rule captured (an index the body
+//! computed from the counter, a table it sliced) is read as its copy too, since the forward
+//! body's own values are not in scope in the backward loop.
+//!
 //! # Collectives
 //!
 //! In a manually partitioned program each device runs the function on its own values, and the
@@ -147,7 +152,14 @@ pub(crate) struct VjpSpan {
     pub(crate) outputs: Vec<Value>,
     /// Indices of the span's ops in their frame.
     pub(crate) ops: Range<usize>,
+    /// Empty for a span as built; for a copy (see `copy.rs`), the copy of every value of the
+    /// regions it was copied from, which the rule reads in their place (it may hold values
+    /// the forward computed outside the span, e.g. an index computed in a loop body).
+    pub(crate) counterparts: Rc<Counterparts>,
 }
+
+/// Values of a copied region and their copies.
+pub(crate) type Counterparts = HashMap<Value, Value>;
 
 /// One step of the backward: a single op or a custom-VJP span.
 #[derive(Debug)]
@@ -195,8 +207,9 @@ impl FuncBuilder<'_> {
         for (i, &v) in inputs.iter().enumerate() {
             self.check_value(OP, &format!("`{}` input #{i}", rule.name()), v)?;
         }
+        let inputs: Vec<Value> = inputs.iter().map(|&v| self.counterpart(v)).collect();
         let start = self.frame().ops.len();
-        let outputs = forward(self, inputs)?;
+        let outputs = forward(self, &inputs)?;
         let end = self.frame().ops.len();
         let defined: HashSet<Value> = self.frame().ops[start..end]
             .iter()
@@ -218,9 +231,10 @@ impl FuncBuilder<'_> {
         }
         self.frame_mut().spans.push(VjpSpan {
             rule,
-            inputs: inputs.to_vec(),
+            inputs,
             outputs: outputs.clone(),
             ops: start..end,
+            counterparts: Rc::default(),
         });
         Ok(outputs)
     }
@@ -280,7 +294,10 @@ impl FuncBuilder<'_> {
             }
             wrt_types.push(t);
         }
-        let cts = self.backward(outputs, cotangents, wrt)?;
+        // In a copied span's rule, the values it captured stand for their copies.
+        let [outputs, cotangents, wrt] = [outputs, cotangents, wrt]
+            .map(|vs| -> Vec<Value> { vs.iter().map(|&v| self.counterpart(v)).collect() });
+        let cts = self.backward(&outputs, &cotangents, &wrt)?;
         wrt.iter()
             .zip(wrt_types)
             .map(|(x, t)| match cts.get(x) {
@@ -533,7 +550,15 @@ impl FuncBuilder<'_> {
                         cotangents: &result_cts,
                         needed: &needs,
                     };
-                    let operand_cts = span.rule.vjp(self, &call)?;
+                    // The rule of a copied span reads the copies of the values it captured.
+                    self.counterparts.push(span.counterparts.clone());
+                    let ruled = span.rule.vjp(self, &call).map(|cts| {
+                        cts.into_iter()
+                            .map(|ct| ct.map(|v| self.counterpart(v)))
+                            .collect::<Vec<_>>()
+                    });
+                    self.counterparts.pop();
+                    let operand_cts = ruled?;
                     if operand_cts.len() != span.inputs.len() {
                         return Err(autodiff_error(
                             "custom_vjp",

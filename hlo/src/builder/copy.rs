@@ -2,9 +2,10 @@
 //! rewrites and in the loop of its backward.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use super::FuncBuilder;
-use crate::autodiff::VjpSpan;
+use crate::autodiff::{Counterparts, VjpSpan};
 use crate::ops::{ChannelHandle, CollectiveAttrs, Op, OpKind, Region, Value};
 use crate::HloError;
 
@@ -43,12 +44,25 @@ impl FuncBuilder<'_> {
             .and_then(|a| self.region_spans.get(a))
             .cloned()
             .unwrap_or_default();
+        // The copies of the region's values (and of those of the enclosing regions copied
+        // so far), for the rules of its spans, which may have captured some of them.
+        let copies = (!spans.is_empty()).then(|| Rc::new(map.clone()));
         for span in spans {
+            let counterparts = match &copies {
+                Some(copies) if span.counterparts.is_empty() => copies.clone(),
+                // A copy of a copy: what the earlier copies stood in for reads as this copy.
+                _ => {
+                    let mut c: Counterparts = map.clone();
+                    c.extend(span.counterparts.iter().map(|(&k, v)| (k, mapped(v))));
+                    Rc::new(c)
+                }
+            };
             self.frame_mut().spans.push(VjpSpan {
                 rule: span.rule,
                 inputs: span.inputs.iter().map(mapped).collect(),
                 outputs: span.outputs.iter().map(mapped).collect(),
                 ops: span.ops.start + offset..span.ops.end + offset,
+                counterparts,
             });
         }
         Ok(region.results.iter().map(mapped).collect())

@@ -1,9 +1,10 @@
 //! [`FuncBuilder`]: builds one function op by op, checking every operand as it goes.
 
 use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::autodiff::{SavedLoop, VjpSpan};
+use crate::autodiff::{Counterparts, SavedLoop, VjpSpan};
 use crate::module::{Func, Module};
 use crate::ops::{Op, OpKind, Region, Sharding, Value};
 use crate::{DType, HloError, HostArray, Literal, TensorType};
@@ -77,6 +78,10 @@ pub struct FuncBuilder<'m> {
     region_spans: HashMap<Value, Vec<VjpSpan>>,
     /// Counted loops autodiff has rewritten to save their carries, by the loop's first result.
     pub(crate) saved_loops: HashMap<Value, SavedLoop>,
+    /// While the rules of copied custom-VJP spans run (innermost last): each span's
+    /// counterparts, through which every value those rules use is read (see
+    /// [`FuncBuilder::counterpart`]).
+    pub(crate) counterparts: Vec<Rc<Counterparts>>,
 }
 
 impl<'m> FuncBuilder<'m> {
@@ -100,6 +105,7 @@ impl<'m> FuncBuilder<'m> {
             arg_shardings: Vec::new(),
             region_spans: HashMap::new(),
             saved_loops: HashMap::new(),
+            counterparts: Vec::new(),
         }
     }
 
@@ -281,6 +287,7 @@ impl<'m> FuncBuilder<'m> {
     /// The op defining `v` among the ops of the open regions (the function body and the
     /// regions being built), if an op defines it there.
     pub(crate) fn defining_op(&self, v: Value) -> Option<&Op> {
+        let v = self.counterpart(v);
         self.frames
             .iter()
             .rev()
@@ -306,6 +313,7 @@ impl<'m> FuncBuilder<'m> {
             what: what.to_string(),
             reason,
         };
+        let v = self.counterpart(v);
         if v.func != self.id {
             return Err(err("belongs to another function or module".into()));
         }
@@ -323,6 +331,17 @@ impl<'m> FuncBuilder<'m> {
         Ok(info.ty.clone())
     }
 
+    /// The value that stands for `v` where it is used: while the rule of a custom-VJP span
+    /// that [`FuncBuilder::copy_region`] copied runs, a value of the region the span was
+    /// copied from (one the rule captured, e.g. an index the loop body computed) is read as
+    /// its copy, the only one in scope in the backward; otherwise `v` itself.
+    pub(crate) fn counterpart(&self, v: Value) -> Value {
+        self.counterparts
+            .iter()
+            .rev()
+            .fold(v, |v, map| map.get(&v).copied().unwrap_or(v))
+    }
+
     /// Checks operand `index` of `op`.
     fn operand(&self, op: &'static str, index: usize, v: Value) -> Result<TensorType, HloError> {
         self.check_value(op, &format!("operand #{index}"), v)
@@ -336,6 +355,7 @@ impl<'m> FuncBuilder<'m> {
         result_types: Vec<TensorType>,
         regions: Vec<Region>,
     ) -> Vec<Value> {
+        let operands = operands.into_iter().map(|v| self.counterpart(v)).collect();
         let scope = self.current_scope();
         let results: Vec<Value> = result_types
             .into_iter()
@@ -394,6 +414,7 @@ impl<'m> FuncBuilder<'m> {
         });
         let out = f(self, &args);
         let checked = out.and_then(|results| {
+            let results: Vec<Value> = results.into_iter().map(|v| self.counterpart(v)).collect();
             let types = results
                 .iter()
                 .enumerate()
