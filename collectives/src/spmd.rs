@@ -302,8 +302,8 @@ pub struct Spmd<'m, M> {
     inputs: RefCell<Vec<TensorInfo>>,
     outputs: RefCell<Vec<(Value, TensorInfo)>>,
     tape: Tape,
-    /// In a scan body: every mesh axis's `axis_index`, computed before the loop (they do not
-    /// change from one iteration to the next, and a body's backward can read them there).
+    /// In a scan body: every mesh axis's `axis_index`, computed once before the loop (they do
+    /// not change from one iteration to the next, so the body does not recompute them).
     axis_indices: Vec<Value>,
 }
 
