@@ -245,9 +245,11 @@ fn run(a: &Args) -> Result<(), String> {
     }
     .map_err(|e| e.to_string())?;
     println!(
-        "compiled the train step in {:.1} s; starting at step {}",
+        "compiled the train step in {:.1} s; starting at step {}; parameters and AdamW \
+         moments take {:.2} MiB per device",
         trainer.compile_seconds(),
-        trainer.step_count()
+        trainer.step_count(),
+        trainer.state_bytes_per_device() as f64 / (1u64 << 20) as f64
     );
     if let Some(path) = &a.dump_hlo {
         std::fs::write(path, trainer.program_text())
