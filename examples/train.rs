@@ -61,9 +61,16 @@ struct Args {
     /// Devices on the context axis (each sequence is split over them).
     #[arg(long, default_value_t = 4)]
     ici_context_parallelism: usize,
-    /// Devices on the data axis (the batch is split over them).
+    /// Devices on the batch axis as data parallelism (the batch is split over them,
+    /// parameters and optimizer state replicated). At most one of this and
+    /// --ici-fsdp-parallelism exceeds 1: the mesh has one batch axis.
     #[arg(long, default_value_t = 1)]
     ici_data_parallelism: usize,
+    /// Devices on the batch axis as fully sharded data parallelism (the batch is split over
+    /// them, and so are parameters, gradients and AdamW moments: each layer's weights are
+    /// all-gathered before use).
+    #[arg(long, default_value_t = 1)]
+    ici_fsdp_parallelism: usize,
     /// ulysses, all_gather, ring, or usp[:UxR] (Ulysses degree x ring degree).
     #[arg(long, default_value = "ulysses")]
     context_parallel_strategy: String,
@@ -152,6 +159,7 @@ fn config(a: &Args) -> Result<TrainConfig, String> {
     cfg.per_device_batch_size = a.per_device_batch_size;
     cfg.ici_context_parallelism = cp;
     cfg.ici_data_parallelism = a.ici_data_parallelism;
+    cfg.ici_fsdp_parallelism = a.ici_fsdp_parallelism;
     cfg.strategy = strategy;
     cfg.load_balance = a.context_parallel_load_balance;
     let mut cfg = cfg.with_default_blocks();
@@ -185,7 +193,9 @@ fn check_memory(a: &Args, cfg: &TrainConfig) -> Result<(), String> {
     }) else {
         return Ok(());
     };
-    let needed = 16 * cfg.model.num_params() as u64 * cfg.devices() as u64;
+    // With fsdp each device holds 1/F of the state (all but the norm scales).
+    let needed =
+        16 * cfg.model.num_params() as u64 * cfg.devices() as u64 / cfg.ici_fsdp_parallelism as u64;
     if needed > available {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         return Err(format!(
@@ -210,12 +220,13 @@ fn run(a: &Args) -> Result<(), String> {
     let devices = cfg.devices();
     check_memory(a, &cfg)?;
     println!(
-        "model {} ({} parameters), {} devices = data {} x context {}, {}{}, global batch {} \
+        "model {} ({} parameters), {} devices = {} {} x context {}, {}{}, global batch {} \
          x {} tokens, splash blocks q {} kv {}",
         a.model,
         cfg.model.num_params(),
         devices,
-        cfg.ici_data_parallelism,
+        if cfg.fsdp() { "fsdp" } else { "data" },
+        cfg.batch_shards(),
         cfg.ici_context_parallelism,
         maxtext_name(cfg.strategy),
         if cfg.load_balance {
@@ -234,9 +245,11 @@ fn run(a: &Args) -> Result<(), String> {
     }
     .map_err(|e| e.to_string())?;
     println!(
-        "compiled the train step in {:.1} s; starting at step {}",
+        "compiled the train step in {:.1} s; starting at step {}; parameters and AdamW \
+         moments take {:.2} MiB per device",
         trainer.compile_seconds(),
-        trainer.step_count()
+        trainer.step_count(),
+        trainer.state_bytes_per_device() as f64 / (1u64 << 20) as f64
     );
     if let Some(path) = &a.dump_hlo {
         std::fs::write(path, trainer.program_text())

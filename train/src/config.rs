@@ -204,8 +204,13 @@ pub struct TrainConfig {
     pub per_device_batch_size: usize,
     /// Devices on the context axis (`ici_context_parallelism`).
     pub ici_context_parallelism: usize,
-    /// Devices on the data axis (`ici_data_parallelism`).
+    /// Devices on the batch axis as pure data parallelism (`ici_data_parallelism`):
+    /// parameters and optimizer state replicated.
     pub ici_data_parallelism: usize,
+    /// Devices on the batch axis as fully sharded data parallelism
+    /// (`ici_fsdp_parallelism`): parameters, gradients and AdamW moments split over it. The
+    /// mesh has one batch axis, so at most one of this and `ici_data_parallelism` exceeds 1.
+    pub ici_fsdp_parallelism: usize,
     /// `context_parallel_strategy`.
     pub strategy: Strategy,
     /// `context_parallel_load_balance` (all_gather and ring).
@@ -243,6 +248,7 @@ impl TrainConfig {
             per_device_batch_size: 1,
             ici_context_parallelism: 4,
             ici_data_parallelism: 1,
+            ici_fsdp_parallelism: 1,
             strategy: Strategy::Ulysses,
             load_balance: false,
             sa_block_q: 128,
@@ -283,9 +289,19 @@ impl TrainConfig {
         self
     }
 
-    /// All devices: data x context.
+    /// Devices on the mesh's batch axis: the data or the fsdp degree (the other is 1).
+    pub fn batch_shards(&self) -> usize {
+        self.ici_data_parallelism * self.ici_fsdp_parallelism
+    }
+
+    /// Whether parameters and optimizer state are sharded over the batch axis.
+    pub fn fsdp(&self) -> bool {
+        self.ici_fsdp_parallelism > 1
+    }
+
+    /// All devices: batch x context.
     pub fn devices(&self) -> usize {
-        self.ici_data_parallelism * self.ici_context_parallelism
+        self.batch_shards() * self.ici_context_parallelism
     }
 
     /// Sequences per step (the global batch).
@@ -323,6 +339,7 @@ impl TrainConfig {
             ("--per-device-batch-size", self.per_device_batch_size),
             ("--ici-context-parallelism", self.ici_context_parallelism),
             ("--ici-data-parallelism", self.ici_data_parallelism),
+            ("--ici-fsdp-parallelism", self.ici_fsdp_parallelism),
             ("--sa-block-q", self.sa_block_q),
             ("--sa-block-kv", self.sa_block_kv),
             ("--sa-block-q-dkv", self.sa_block_q_dkv),
@@ -337,6 +354,7 @@ impl TrainConfig {
                 self.learning_rate
             ));
         }
+        self.check_fsdp()?;
         let cp = self.ici_context_parallelism;
         let strategy = maxtext_name(self.strategy);
         if let Strategy::Usp { ulysses, ring } = self.strategy {
@@ -416,6 +434,38 @@ impl TrainConfig {
                     per * block
                 ));
             }
+        }
+        Ok(())
+    }
+}
+
+impl TrainConfig {
+    /// The batch axis is either data or fsdp, and fsdp splits every model dim it shards
+    /// ([`crate::model::ParamSpec::fsdp_dim`]) evenly.
+    fn check_fsdp(&self) -> Result<(), TrainError> {
+        let (dp, fsdp) = (self.ici_data_parallelism, self.ici_fsdp_parallelism);
+        if dp > 1 && fsdp > 1 {
+            return config(format!(
+                "--ici-data-parallelism {dp} and --ici-fsdp-parallelism {fsdp} both split the \
+                 batch, but the mesh has one batch axis; set one of them to 1 (fsdp also \
+                 shards the parameters and optimizer state, data replicates them)"
+            ));
+        }
+        if fsdp == 1 {
+            return Ok(());
+        }
+        let m = &self.model;
+        let dims = [
+            ("--d-model", m.d_model),
+            ("--heads x --head-dim", m.heads * m.head_dim),
+            ("--mlp-dim", m.mlp_dim),
+        ];
+        if let Some((flag, n)) = dims.iter().find(|(_, n)| n % fsdp != 0) {
+            return config(format!(
+                "--ici-fsdp-parallelism {fsdp} shards the parameters' {flag} dim ({n}) over \
+                 {fsdp} devices, which does not divide it; use an fsdp degree that divides \
+                 {n}, or --ici-data-parallelism {fsdp}"
+            ));
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 //!
 //! * [`ModelConfig`] (presets `tiny`, `small`, `llama2-7b`, `llama3.1-8b`) and
 //!   [`TrainConfig`] (MaxText's settings: `steps`, `max_target_length`,
-//!   `per_device_batch_size`, `ici_context_parallelism`, `ici_data_parallelism`, `context_parallel_strategy`, `context_parallel_load_balance`,
+//!   `per_device_batch_size`, `ici_context_parallelism`, `ici_data_parallelism`, `ici_fsdp_parallelism`, `context_parallel_strategy`, `context_parallel_load_balance`,
 //!   `sa_block_*`, `learning_rate`, ...), validated before anything is built.
 //! * [`model`]: the parameters and the train-step program (see its docs for what runs
 //!   where).

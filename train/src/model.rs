@@ -1,12 +1,15 @@
 //! The model and its train step as one SPMD StableHLO program on [`ModelMesh`].
 //!
-//! Every device holds all parameters (replicated) and its block of the batch: `b` sequences
-//! of `s` tokens (the batch split over `data`, each sequence over `context`). The program,
-//! per device:
+//! Every device holds its block of the batch: `b` sequences of `s` tokens (the batch split
+//! over the batch axis `data`, each sequence over `context`), and either all parameters
+//! (replicated: data parallelism) or, with fsdp (`ici_fsdp_parallelism`), its shard of each
+//! parameter and AdamW moment: every tensor but the norm scales split over the batch axis
+//! along a model dim ([`ParamSpec::fsdp_dim`]). The program, per device:
 //!
 //! 1. **Forward.** One-hot token embedding, then the decoder layers as one loop
 //!    ([`Spmd::scan`]) over the layers' stacked weights (`[L, ...]` parameters), whose body is
-//!    one layer: RMSNorm, the q/k/v projections, RoPE at the tokens' global positions (an
+//!    one layer (with fsdp, the layer's matrices all-gathered over the batch axis first, as
+//!    are the embedding and LM head before theirs): RMSNorm, the q/k/v projections, RoPE at the tokens' global positions (an
 //!    input, so any sequence layout works), the context-parallel attention
 //!    ([`AttentionLayer::forward`]: the strategy's collectives and splash kernels), the output
 //!    projection and residual, RMSNorm, SwiGLU MLP and residual; final RMSNorm, LM head,
@@ -16,15 +19,20 @@
 //!    VJP rules): through the attention, the splash calls are custom-VJP units running splash's
 //!    backward kernels and every collective goes back through its transpose, so each strategy's
 //!    backward is the gradient of its forward. The layer loop's backward is a loop too, which
-//!    re-runs each layer's forward from its saved input (per-layer rematerialisation).
-//! 3. **Reduce.** One all-reduce over all devices sums every parameter's gradient and the
-//!    loss (each device contributed its tokens).
-//! 4. **Update.** Global-norm clipping and AdamW, identical on every device, so parameters
-//!    and moments stay replicated on the devices from step to step.
+//!    re-runs each layer's forward from its saved input (per-layer rematerialisation). With
+//!    fsdp the all-gathers' transposes are reduce-scatters: each device gets its shard of a
+//!    gradient, already summed over the batch axis.
+//! 3. **Reduce.** One all-reduce over all devices sums every replicated parameter's gradient
+//!    and the loss (each device contributed its tokens); with fsdp a second one sums the
+//!    gradient shards over the context and ring axes.
+//! 4. **Update.** Global-norm clipping (with fsdp, the shards' squares summed over the batch
+//!    axis) and AdamW, elementwise on what each device holds, so parameters and moments keep
+//!    their layout from step to step.
 
 use tessera_collectives::axes::Data;
 use tessera_collectives::{
-    CollectiveError, DTensor, Invariant, LocalValue, Program, Replicated, Split, Spmd,
+    CollectiveError, DTensor, Invariant, LocalValue, Mesh, Program, Replicated, Split, Spmd,
+    Unstack,
 };
 use tessera_hlo::{DType, FuncBuilder, Grouping, HostArray, Reducer, TensorType, UnaryOp, Value};
 use tessera_parallel::{AttentionLayer, ModelMesh, TokenLayout};
@@ -54,6 +62,10 @@ pub struct ParamSpec {
     pub init: Init,
     /// Whether AdamW decays it (matrices, not norms).
     pub decay: bool,
+    /// The dim split over the batch axis with fsdp (`--ici-fsdp-parallelism`): a model dim
+    /// (`d_model`, `heads x head_dim` or `mlp_dim`), never the layer dim; `None` for the
+    /// norm scales, which stay replicated (they are `d_model` floats per layer).
+    pub fsdp_dim: Option<usize>,
 }
 
 /// The parameters of `m`, in the order the programs take them.
@@ -65,6 +77,7 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         stacked: false,
         init: Init::Normal(scale / (rows as f64).sqrt()),
         decay: true,
+        fsdp_dim: Some(0),
     };
     let norm = |name: String| ParamSpec {
         name,
@@ -72,12 +85,14 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         stacked: false,
         init: Init::Ones,
         decay: false,
+        fsdp_dim: None,
     };
     // A layer's tensor stacked over the layers: `[L, ...]`.
     let stack = |s: ParamSpec| ParamSpec {
         name: format!("layers.{}", s.name),
         shape: [m.layers].into_iter().chain(s.shape).collect(),
         stacked: true,
+        fsdp_dim: s.fsdp_dim.map(|d| d + 1),
         ..s
     };
     // Residual branches' output projections start smaller, so the stream's scale does not
@@ -89,6 +104,7 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         stacked: false,
         init: Init::Normal(1.0),
         decay: true,
+        fsdp_dim: Some(1),
     }];
     let p = |s: &str| s.to_string();
     specs.extend(
@@ -152,6 +168,67 @@ type TokenRows = (Split<Data>, Replicated);
 type StackedVector = (Replicated, Replicated);
 /// A stacked matrix `[L, rows, cols]`.
 type StackedMatrix = (Replicated, Replicated, Replicated);
+/// A stacked matrix with fsdp: its rows split over the batch axis.
+type FsdpStackedMatrix = (Replicated, Split<Data>, Replicated);
+
+/// How the layer loop reads its stacked matrices: a row (one layer's matrix) made whole.
+trait StackedWeights: Unstack<ModelMesh> {
+    /// Layer `i`'s whole matrix from its row of the stack.
+    fn whole(row: &DTensor<'_, ModelMesh, Self::Row>) -> Result<Value, CollectiveError>;
+}
+
+impl StackedWeights for StackedMatrix {
+    fn whole(row: &DTensor<'_, ModelMesh, Self::Row>) -> Result<Value, CollectiveError> {
+        Ok(row.value())
+    }
+}
+
+impl StackedWeights for FsdpStackedMatrix {
+    /// The all-gather over the batch axis, whose transpose in the backward is the
+    /// reduce-scatter that leaves each device its shard of the gradient.
+    fn whole(row: &DTensor<'_, ModelMesh, Self::Row>) -> Result<Value, CollectiveError> {
+        Ok(row.all_gather::<Data, 0>()?.value())
+    }
+}
+
+/// Runs `$body` with `$L` the layout type of a parameter (or moment) of `$spec` on a mesh
+/// with (`$fsdp`) or without fsdp.
+macro_rules! with_param_layout {
+    ($spec:expr, $fsdp:expr, |$L:ident| $body:expr) => {{
+        let spec: &ParamSpec = $spec;
+        let split = if $fsdp { spec.fsdp_dim } else { None };
+        match (spec.shape.len(), split) {
+            (1, None) => {
+                type $L = (Replicated,);
+                $body
+            }
+            (2, None) => {
+                type $L = StackedVector;
+                $body
+            }
+            (3, None) => {
+                type $L = StackedMatrix;
+                $body
+            }
+            (2, Some(0)) => {
+                type $L = (Split<Data>, Replicated);
+                $body
+            }
+            (2, Some(1)) => {
+                type $L = (Replicated, Split<Data>);
+                $body
+            }
+            (3, Some(1)) => {
+                type $L = FsdpStackedMatrix;
+                $body
+            }
+            (rank, split) => Err(CollectiveError::local(format!(
+                "no layout for {} (rank {rank}, fsdp dim {split:?})",
+                spec.name
+            ))),
+        }
+    }};
+}
 
 /// What the programs compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +253,8 @@ pub fn build_program(
     let n = specs.len();
     let mesh = layer.mesh()?;
     let devices = mesh.num_devices();
+    let groups = ReduceGroups::new(&mesh, &specs, cfg.fsdp());
+    let fsdp = cfg.fsdp();
     let m = cfg.model;
     let mut program = Program::build(
         match kind {
@@ -187,19 +266,19 @@ pub fn build_program(
         |p| {
             let params = specs
                 .iter()
-                .map(|s| replicated_arg(p, &s.shape))
+                .map(|s| param_arg(p, s, fsdp))
                 .collect::<Result<Vec<_>, _>>()?;
             let moments = if kind == StepKind::Train {
                 let mut mv = Vec::with_capacity(2 * n);
                 for s in specs.iter().chain(&specs) {
-                    mv.push(replicated_arg(p, &s.shape)?);
+                    mv.push(param_arg(p, s, fsdp)?);
                 }
                 mv
             } else {
                 Vec::new()
             };
             let hyper = if kind == StepKind::Train {
-                Some(replicated_arg(p, &[3])?)
+                Some(p.arg::<(Replicated,)>([3], DType::F32)?.value())
             } else {
                 None
             };
@@ -218,20 +297,22 @@ pub fn build_program(
                 })?;
                 return scalar_output(p, loss);
             }
-            let grads = gradients(p, loss_sum, &params, cfg)?;
-            let (loss, grads) = p.with_builder(|f| reduce_gradients(f, &grads, loss_sum, cfg))?;
+            let grads = gradients(p, loss_sum, &params, &specs, cfg)?;
+            let (loss, grads) =
+                p.with_builder(|f| reduce_gradients(f, &grads, loss_sum, cfg, &groups))?;
             if kind == StepKind::Gradients {
                 // The global norm depends on every gradient, so nothing is pruned, and the
                 // program writes no more than the full step does.
-                let norm = p.with_builder(|f| global_norm(f, &grads))?;
+                let norm = p.with_builder(|f| global_norm(f, &grads, &groups))?;
                 scalar_output(p, loss)?;
                 return scalar_output(p, norm);
             }
             let hyper = hyper.expect("a train step has its scalars");
-            let (norm, new) =
-                p.with_builder(|f| adamw(f, cfg, &specs, &params, &moments, &grads, hyper))?;
+            let (norm, new) = p.with_builder(|f| {
+                adamw(f, cfg, &specs, &params, &moments, &grads, hyper, &groups)
+            })?;
             for (v, i) in new.iter().zip((0..n).cycle()) {
-                replicated_output(p, *v, specs[i].shape.len())?;
+                param_output(p, *v, &specs[i], fsdp)?;
             }
             scalar_output(p, loss)?;
             scalar_output(p, norm)
@@ -247,33 +328,35 @@ pub fn build_program(
     Ok(program)
 }
 
-/// A replicated argument of `shape` (f32).
-fn replicated_arg(p: &Spmd<'_, ModelMesh>, shape: &[usize]) -> Result<Value, CollectiveError> {
-    let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
-    Ok(match shape.len() {
-        1 => p.arg::<(Replicated,)>(dims, DType::F32)?.value(),
-        2 => p.arg::<StackedVector>(dims, DType::F32)?.value(),
-        3 => p.arg::<StackedMatrix>(dims, DType::F32)?.value(),
-        r => return Err(CollectiveError::local(format!("no rank-{r} parameters"))),
-    })
+/// The argument of a parameter (or a moment) of `spec` (f32): replicated, or with fsdp
+/// split over the batch axis along its [`ParamSpec::fsdp_dim`].
+fn param_arg(
+    p: &Spmd<'_, ModelMesh>,
+    spec: &ParamSpec,
+    fsdp: bool,
+) -> Result<Value, CollectiveError> {
+    let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
+    with_param_layout!(spec, fsdp, |L| Ok(p.arg::<L>(dims, DType::F32)?.value()))
 }
 
-fn replicated_output(
+/// The output of the updated parameter (or moment) `v` of `spec`, laid out as its argument.
+fn param_output(
     p: &Spmd<'_, ModelMesh>,
     v: Value,
-    rank: usize,
+    spec: &ParamSpec,
+    fsdp: bool,
 ) -> Result<(), CollectiveError> {
-    match rank {
-        1 => p
-            .declare::<(Replicated,), Invariant>(v)?
-            .output::<(Replicated,)>(),
-        2 => p
-            .declare::<(Replicated, Replicated), Invariant>(v)?
-            .output::<(Replicated, Replicated)>(),
-        _ => p
-            .declare::<StackedMatrix, Invariant>(v)?
-            .output::<StackedMatrix>(),
-    }
+    with_param_layout!(spec, fsdp, |L| p.declare::<L, Invariant>(v)?.output::<L>())
+}
+
+/// A parameter as a tensor of its layout, to differentiate with respect to.
+fn param_tensor<'p>(
+    p: &'p Spmd<'_, ModelMesh>,
+    v: Value,
+    spec: &ParamSpec,
+    fsdp: bool,
+) -> Result<Box<dyn LocalValue<ModelMesh> + 'p>, CollectiveError> {
+    with_param_layout!(spec, fsdp, |L| Ok(Box::new(p.declare::<L, Invariant>(v)?)))
 }
 
 fn scalar_output(p: &Spmd<'_, ModelMesh>, v: Value) -> Result<(), CollectiveError> {
@@ -292,6 +375,8 @@ struct Model<'a> {
     /// Sequences and tokens per sequence on each device.
     b: i64,
     s: i64,
+    /// Whether the weights are shards to gather before use.
+    fsdp: bool,
 }
 
 impl<'a> Model<'a> {
@@ -312,6 +397,7 @@ impl<'a> Model<'a> {
             lm_head: params[params.len() - 1],
             b: (cfg.per_device_batch_size * cp) as i64,
             s: (cfg.max_target_length / cp) as i64,
+            fsdp: cfg.fsdp(),
         }
     }
 
@@ -319,6 +405,16 @@ impl<'a> Model<'a> {
     fn forward(&self, p: &Spmd<'_, ModelMesh>, ids: [Value; 3]) -> Result<Value, CollectiveError> {
         let m = self.m;
         let n = self.b * self.s;
+        let (embed, lm_head) = if self.fsdp {
+            let embed = p.declare::<(Replicated, Split<Data>), Invariant>(self.embed)?;
+            let lm_head = p.declare::<(Split<Data>, Replicated), Invariant>(self.lm_head)?;
+            (
+                embed.all_gather::<Data, 1>()?.value(),
+                lm_head.all_gather::<Data, 0>()?.value(),
+            )
+        } else {
+            (self.embed, self.lm_head)
+        };
         let (target_onehot, cos, sin, x) = p.with_builder(|f| {
             let flat = |f: &mut FuncBuilder<'_>, v| f.reshape(v, &[n]);
             let (tokens, targets, positions) =
@@ -326,9 +422,35 @@ impl<'a> Model<'a> {
             let onehot = one_hot(f, tokens, m.vocab)?;
             let target_onehot = one_hot(f, targets, m.vocab)?;
             let (cos, sin) = rope_tables(f, positions, m.head_dim, m.rope_theta)?;
-            let x = f.matmul(onehot, self.embed, DType::F32)?;
+            let x = f.matmul(onehot, embed, DType::F32)?;
             Ok((target_onehot, cos, sin, x))
         })?;
+        let x0 = p.declare::<TokenRows, Invariant>(x)?;
+        let x = if self.fsdp {
+            self.layers::<FsdpStackedMatrix>(p, &x0, cos, sin)?
+        } else {
+            self.layers::<StackedMatrix>(p, &x0, cos, sin)?
+        };
+        p.with_builder(|f| {
+            let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
+            let logits = f.matmul(h, lm_head, DType::F32)?;
+            let lse = logsumexp(f, logits)?;
+            let picked = f.mul(logits, target_onehot)?;
+            let picked = f.reduce(picked, &[1], Reducer::Sum)?;
+            let per_token = f.sub(lse, picked)?;
+            Ok(f.reduce(per_token, &[0], Reducer::Sum)?)
+        })
+    }
+
+    /// The decoder layers on the token rows `x0`: one loop over the stacked weights, whose
+    /// matrices are laid out as `W`.
+    fn layers<W: StackedWeights>(
+        &self,
+        p: &Spmd<'_, ModelMesh>,
+        x0: &DTensor<'_, ModelMesh, TokenRows>,
+        cos: Value,
+        sin: Value,
+    ) -> Result<Value, CollectiveError> {
         let stacks = &self.layers;
         let vectors = [stacks.attention_norm, stacks.mlp_norm]
             .map(|v| p.declare::<StackedVector, Invariant>(v))
@@ -337,41 +459,30 @@ impl<'a> Model<'a> {
         let matrices = [
             stacks.wq, stacks.wk, stacks.wv, stacks.wo, stacks.w1, stacks.w3, stacks.w2,
         ]
-        .map(|v| p.declare::<StackedMatrix, Invariant>(v))
+        .map(|v| p.declare::<W, Invariant>(v))
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
-        let x0 = p.declare::<TokenRows, Invariant>(x)?;
-        let x = p
-            .scan(
-                m.layers,
-                &x0,
-                &(vectors, matrices),
-                |p, _layer, x, (vectors, matrices)| {
-                    let w = LayerParams {
-                        attention_norm: vectors[0].value(),
-                        mlp_norm: vectors[1].value(),
-                        wq: matrices[0].value(),
-                        wk: matrices[1].value(),
-                        wv: matrices[2].value(),
-                        wo: matrices[3].value(),
-                        w1: matrices[4].value(),
-                        w3: matrices[5].value(),
-                        w2: matrices[6].value(),
-                    };
-                    let y = self.layer(p, x.value(), &w, cos, sin)?;
-                    p.declare::<TokenRows, Invariant>(y)
-                },
-            )?
-            .value();
-        p.with_builder(|f| {
-            let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
-            let logits = f.matmul(h, self.lm_head, DType::F32)?;
-            let lse = logsumexp(f, logits)?;
-            let picked = f.mul(logits, target_onehot)?;
-            let picked = f.reduce(picked, &[1], Reducer::Sum)?;
-            let per_token = f.sub(lse, picked)?;
-            Ok(f.reduce(per_token, &[0], Reducer::Sum)?)
-        })
+        let x = p.scan(
+            self.m.layers,
+            x0,
+            &(vectors, matrices),
+            |p, _layer, x, (vectors, matrices)| {
+                let w = LayerParams {
+                    attention_norm: vectors[0].value(),
+                    mlp_norm: vectors[1].value(),
+                    wq: W::whole(&matrices[0])?,
+                    wk: W::whole(&matrices[1])?,
+                    wv: W::whole(&matrices[2])?,
+                    wo: W::whole(&matrices[3])?,
+                    w1: W::whole(&matrices[4])?,
+                    w3: W::whole(&matrices[5])?,
+                    w2: W::whole(&matrices[6])?,
+                };
+                let y = self.layer(p, x.value(), &w, cos, sin)?;
+                p.declare::<TokenRows, Invariant>(y)
+            },
+        )?;
+        Ok(x.value())
     }
 
     /// One decoder layer on the token rows `x` with the weights `w` (one layer's), built on
@@ -421,44 +532,20 @@ fn gradients(
     p: &Spmd<'_, ModelMesh>,
     loss_sum: Value,
     params: &[Value],
+    specs: &[ParamSpec],
     cfg: &TrainConfig,
 ) -> Result<Vec<Value>, CollectiveError> {
     let inv_tokens = 1.0 / cfg.tokens_per_step() as f64;
     let seed = p.with_builder(|f| Ok(f.scalar(inv_tokens, DType::F32)?))?;
     let loss = p.declare::<(), Invariant>(loss_sum)?;
     let seed = p.declare::<(), Invariant>(seed)?;
-    let wrt: Vec<ParamTensor<'_>> = params
+    let wrt = params
         .iter()
-        .map(|&v| ParamTensor::declare(p, v))
-        .collect::<Result<_, _>>()?;
-    let wrt: Vec<&dyn LocalValue<ModelMesh>> = wrt.iter().map(ParamTensor::local).collect();
+        .zip(specs)
+        .map(|(&v, s)| param_tensor(p, v, s, cfg.fsdp()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let wrt: Vec<&dyn LocalValue<ModelMesh>> = wrt.iter().map(|t| t.as_ref()).collect();
     p.vjp(&[&loss], &[&seed], &wrt)
-}
-
-/// A replicated parameter as a typed tensor of its rank.
-enum ParamTensor<'p> {
-    Vector(DTensor<'p, ModelMesh, (Replicated,)>),
-    Matrix(DTensor<'p, ModelMesh, (Replicated, Replicated)>),
-    StackedMatrix(DTensor<'p, ModelMesh, StackedMatrix>),
-}
-
-impl<'p> ParamTensor<'p> {
-    fn declare(p: &'p Spmd<'_, ModelMesh>, v: Value) -> Result<Self, CollectiveError> {
-        let rank = p.with_builder(|f| Ok(f.value_type(v)?.rank()))?;
-        Ok(match rank {
-            1 => ParamTensor::Vector(p.declare::<(Replicated,), Invariant>(v)?),
-            2 => ParamTensor::Matrix(p.declare::<(Replicated, Replicated), Invariant>(v)?),
-            _ => ParamTensor::StackedMatrix(p.declare::<StackedMatrix, Invariant>(v)?),
-        })
-    }
-
-    fn local(&self) -> &dyn LocalValue<ModelMesh> {
-        match self {
-            ParamTensor::Vector(t) => t,
-            ParamTensor::Matrix(t) => t,
-            ParamTensor::StackedMatrix(t) => t,
-        }
-    }
 }
 
 /// `x * c` for a constant `c`.
@@ -609,57 +696,126 @@ fn all_reduce_sum(
     Ok(f.all_reduce(x, Reducer::Sum, &[group], Grouping::FlattenedIds)?)
 }
 
-/// Sums the gradients and the loss over every device in one all-reduce of their
-/// concatenation; returns the mean loss and the gradients.
+/// Which gradients are sharded over the batch axis (fsdp), and the device groups their
+/// sums run over.
+struct ReduceGroups {
+    /// Per parameter: whether its gradient is a shard (it came out of the all-gather's
+    /// transpose, a reduce-scatter over the batch axis, already summed over it).
+    sharded: Vec<bool>,
+    /// Every device.
+    all: Vec<Vec<i64>>,
+    /// Devices with the same batch coordinate (the context and ring axes): where a shard's
+    /// gradient still needs its sum.
+    sequence: Vec<Vec<i64>>,
+    /// Devices with the same context and ring coordinates (the batch axis): where the
+    /// shards' squares add up to the global norm.
+    batch: Vec<Vec<i64>>,
+}
+
+impl ReduceGroups {
+    fn new(mesh: &Mesh<ModelMesh>, specs: &[ParamSpec], fsdp: bool) -> Self {
+        let devices = mesh.num_devices() as i64;
+        let batch = mesh.axis::<Data>();
+        // Row-major device ids: the batch axis is the outermost, so each batch coordinate
+        // holds a contiguous run of ids.
+        let per_batch = devices / batch.size() as i64;
+        ReduceGroups {
+            sharded: specs.iter().map(|s| fsdp && s.fsdp_dim.is_some()).collect(),
+            all: vec![(0..devices).collect()],
+            sequence: (0..batch.size() as i64)
+                .map(|b| (b * per_batch..(b + 1) * per_batch).collect())
+                .collect(),
+            batch: batch.groups().to_vec(),
+        }
+    }
+}
+
+/// Sums `values` over each group of `groups` in one all-reduce of their concatenation
+/// (nothing to do for groups of one device).
+fn all_reduce_concat(
+    f: &mut FuncBuilder<'_>,
+    values: &[Value],
+    groups: &[Vec<i64>],
+) -> Result<Vec<Value>, CollectiveError> {
+    if values.is_empty() || groups.iter().all(|g| g.len() == 1) {
+        return Ok(values.to_vec());
+    }
+    let mut flat = Vec::with_capacity(values.len());
+    let mut sizes = Vec::with_capacity(values.len());
+    for &v in values {
+        let t = f.value_type(v)?.clone();
+        let size: i64 = t.dims.iter().product();
+        sizes.push((size, t.dims.clone()));
+        flat.push(f.reshape(v, &[size])?);
+    }
+    let all = f.concatenate(&flat, 0)?;
+    let all = f.all_reduce(all, Reducer::Sum, groups, Grouping::FlattenedIds)?;
+    let mut out = Vec::with_capacity(values.len());
+    let mut at = 0;
+    for (size, dims) in sizes {
+        let v = f.slice(all, &[at], &[at + size])?;
+        out.push(f.reshape(v, &dims)?);
+        at += size;
+    }
+    Ok(out)
+}
+
+/// Sums the gradients and the loss over the devices: replicated gradients and the loss over
+/// every device, in one all-reduce; with fsdp the shards (already summed over the batch axis
+/// by the reduce-scatter) over the context and ring axes, in another. Returns the mean loss
+/// and the gradients.
 fn reduce_gradients(
     f: &mut FuncBuilder<'_>,
     grads: &[Value],
     loss_sum: Value,
     cfg: &TrainConfig,
+    groups: &ReduceGroups,
 ) -> Result<(Value, Vec<Value>), CollectiveError> {
-    let mut flat = Vec::with_capacity(grads.len() + 1);
-    let mut sizes = Vec::with_capacity(grads.len());
-    for &g in grads {
-        let t = f.value_type(g)?.clone();
-        let size: i64 = t.dims.iter().product();
-        sizes.push((size, t.dims.clone()));
-        flat.push(f.reshape(g, &[size])?);
+    let (mut whole, mut shards) = (Vec::new(), Vec::new());
+    for (&g, &sharded) in grads.iter().zip(&groups.sharded) {
+        if sharded { &mut shards } else { &mut whole }.push(g);
     }
-    flat.push(f.reshape(loss_sum, &[1])?);
-    let all = f.concatenate(&flat, 0)?;
-    let all = all_reduce_sum(f, all, cfg.devices())?;
+    whole.push(loss_sum);
+    let mut whole = all_reduce_concat(f, &whole, &groups.all)?.into_iter();
+    let mut shards = all_reduce_concat(f, &shards, &groups.sequence)?.into_iter();
     let mut out = Vec::with_capacity(grads.len());
-    let mut at = 0;
-    for (size, dims) in sizes {
-        let g = f.slice(all, &[at], &[at + size])?;
-        out.push(f.reshape(g, &dims)?);
-        at += size;
+    for &sharded in &groups.sharded {
+        let next = if sharded { shards.next() } else { whole.next() };
+        out.push(next.ok_or_else(|| CollectiveError::local("a gradient per parameter"))?);
     }
-    let loss = f.slice(all, &[at], &[at + 1])?;
-    let loss = f.reshape(loss, &[])?;
+    let loss = whole
+        .next()
+        .ok_or_else(|| CollectiveError::local("the loss after the gradients"))?;
     let loss = scale(f, loss, 1.0 / cfg.tokens_per_step() as f64)?;
     Ok((loss, out))
 }
 
-/// `sqrt(sum of g^2)` over every gradient.
-fn global_norm(f: &mut FuncBuilder<'_>, grads: &[Value]) -> Result<Value, CollectiveError> {
-    let mut sq = None;
-    for &g in grads {
+/// `sqrt(sum of g^2)` over every gradient: the shards' squares summed over the batch axis.
+fn global_norm(
+    f: &mut FuncBuilder<'_>,
+    grads: &[Value],
+    groups: &ReduceGroups,
+) -> Result<Value, CollectiveError> {
+    let mut whole = f.scalar(0.0, DType::F32)?;
+    let mut shards = f.scalar(0.0, DType::F32)?;
+    for (&g, &sharded) in grads.iter().zip(&groups.sharded) {
         let rank = f.value_type(g)?.rank() as i64;
         let g2 = f.mul(g, g)?;
         let s = f.reduce(g2, &(0..rank).collect::<Vec<_>>(), Reducer::Sum)?;
-        sq = Some(match sq {
-            None => s,
-            Some(acc) => f.add(acc, s)?,
-        });
+        let acc = if sharded { &mut shards } else { &mut whole };
+        *acc = f.add(*acc, s)?;
     }
-    let sq = sq.ok_or_else(|| CollectiveError::local("a model has parameters"))?;
-    Ok(f.sqrt(sq)?)
+    if groups.sharded.iter().any(|&s| s) {
+        let summed = all_reduce_concat(f, &[shards], &groups.batch)?;
+        whole = f.add(whole, summed[0])?;
+    }
+    Ok(f.sqrt(whole)?)
 }
 
 /// Global-norm clipping and AdamW. `moments` are `mu` then `nu` (one per parameter), `hyper`
 /// is `[lr, 1/(1-b1^t), 1/(1-b2^t)]`. Returns the gradient norm (before clipping) and the new
-/// parameters, `mu` and `nu`, in that order.
+/// parameters, `mu` and `nu`, in that order. Elementwise, so with fsdp it runs on the shards.
+#[allow(clippy::too_many_arguments)]
 fn adamw(
     f: &mut FuncBuilder<'_>,
     cfg: &TrainConfig,
@@ -668,9 +824,10 @@ fn adamw(
     moments: &[Value],
     grads: &[Value],
     hyper: Value,
+    groups: &ReduceGroups,
 ) -> Result<(Value, Vec<Value>), CollectiveError> {
     let n = params.len();
-    let norm = global_norm(f, grads)?;
+    let norm = global_norm(f, grads, groups)?;
     let scalar = |f: &mut FuncBuilder<'_>, i: i64| -> Result<Value, CollectiveError> {
         let x = f.slice(hyper, &[i], &[i + 1])?;
         Ok(f.reshape(x, &[])?)

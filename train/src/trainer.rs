@@ -190,6 +190,16 @@ impl Trainer {
         &self.specs
     }
 
+    /// Bytes of training state (parameters, `mu`, `nu`) each device holds, from the train
+    /// step's argument types: the whole state when replicated, about `1 / F` of it with
+    /// fsdp over `F` devices.
+    pub fn state_bytes_per_device(&self) -> usize {
+        self.program.inputs()[..3 * self.specs.len()]
+            .iter()
+            .map(|t| t.local.dims.iter().product::<i64>() as usize * t.local.dtype.size_bytes())
+            .sum()
+    }
+
     /// Runs one step: the next batch in, the state updated in place on the devices, the
     /// loss and gradient norm out.
     pub fn train_step(&mut self) -> Result<StepMetrics, TrainError> {
@@ -401,7 +411,7 @@ fn attention_layer(cfg: &TrainConfig) -> Result<AttentionLayer, TrainError> {
         load_balance: cfg.load_balance,
         target: Target::portable(),
     };
-    Ok(AttentionLayer::new(cp, cfg.ici_data_parallelism)?)
+    Ok(AttentionLayer::new(cp, cfg.batch_shards())?)
 }
 
 /// The initial parameters from `seed`: normal (Box-Muller over the seed's stream) or ones.

@@ -44,6 +44,21 @@ fn run(cfg: TrainConfig, steps: usize) -> Vec<StepMetrics> {
     (0..steps).map(|_| t.train_step().unwrap()).collect()
 }
 
+/// `resumed` takes the steps of `expected` with the same losses (within 1e-5).
+fn assert_continues(resumed: &mut Trainer, expected: &[StepMetrics]) {
+    for b in expected {
+        let a = resumed.train_step().unwrap();
+        assert_eq!(a.step, b.step);
+        assert!(
+            (a.loss - b.loss).abs() <= 1e-5,
+            "step {}: {} vs {}",
+            a.step,
+            a.loss,
+            b.loss
+        );
+    }
+}
+
 fn losses(m: &[StepMetrics]) -> Vec<f64> {
     m.iter().map(|m| m.loss).collect()
 }
@@ -113,22 +128,99 @@ fn a_resumed_run_continues_exactly() {
     first.save(&path).unwrap();
     let mut resumed = Trainer::resume(cfg.clone(), &path).unwrap();
     assert_eq!(resumed.step_count(), 3);
-    let rest: Vec<StepMetrics> = (0..3).map(|_| resumed.train_step().unwrap()).collect();
-    for (a, b) in rest.iter().zip(&uninterrupted[3..]) {
-        assert_eq!(a.step, b.step);
-        assert!(
-            (a.loss - b.loss).abs() <= 1e-5,
-            "step {}: {} vs {}",
-            a.step,
-            a.loss,
-            b.loss
-        );
-    }
+    assert_continues(&mut resumed, &uninterrupted[3..]);
     // Another seed would not continue the same data.
     let mut other = cfg;
     other.seed = 4;
     let err = Trainer::resume(other, &path).unwrap_err().to_string();
     assert!(err.contains("--seed 3"), "{err}");
+}
+
+fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max)
+}
+
+/// `cfg` on data 2 x context 2 (parallelism `dp`) or fsdp 2 x context 2.
+fn on_batch_axis(mut cfg: TrainConfig, fsdp: bool) -> TrainConfig {
+    cfg.ici_context_parallelism = 2;
+    if fsdp {
+        cfg.ici_fsdp_parallelism = 2;
+    } else {
+        cfg.ici_data_parallelism = 2;
+    }
+    cfg
+}
+
+#[test]
+fn fsdp_trains_to_the_same_losses_as_data_parallelism() {
+    let _serial = serial();
+    let steps = 5;
+    let mut reference = micro();
+    reference.strategy = Strategy::AllGather;
+    let reference = losses(&run(reference, steps));
+    for (name, strategy) in [("ulysses", Strategy::Ulysses), ("ring", Strategy::Ring)] {
+        let mut cfg = micro();
+        cfg.strategy = strategy;
+        let data = losses(&run(on_batch_axis(cfg.clone(), false), steps));
+        let fsdp = losses(&run(on_batch_axis(cfg, true), steps));
+        let (to_data, to_reference) = (max_diff(&fsdp, &data), max_diff(&fsdp, &reference));
+        eprintln!(
+            "{name} fsdp 2 x context 2: max |loss - data 2 x context 2| = {to_data:.2e}, \
+             max |loss - all_gather on 4| = {to_reference:.2e} over {steps} steps"
+        );
+        assert!(to_data <= 1e-5, "{name}: fsdp {fsdp:?} vs data {data:?}");
+        assert!(
+            to_reference <= 1e-3,
+            "{name}: fsdp {fsdp:?} vs all_gather {reference:?}"
+        );
+    }
+}
+
+#[test]
+fn fsdp_shards_the_state_and_resumes_exactly() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fsdp_step3.safetensors");
+    let mut cfg = on_batch_axis(micro(), true);
+    cfg.steps = 6;
+    let uninterrupted = run(cfg.clone(), 6);
+    let mut first = Trainer::new(cfg.clone()).unwrap();
+    // Every tensor but the norm scales (d_model floats each) is split in two.
+    let specs = first.param_specs().to_vec();
+    let elements = |sharded: bool| -> usize {
+        specs
+            .iter()
+            .filter(|s| s.fsdp_dim.is_some() == sharded)
+            .map(|s| s.shape.iter().product::<usize>())
+            .sum()
+    };
+    let expected = 3 * 4 * (elements(true) / 2 + elements(false));
+    let fsdp_bytes = first.state_bytes_per_device();
+    let replicated_bytes = Trainer::new(on_batch_axis(micro(), false))
+        .unwrap()
+        .state_bytes_per_device();
+    eprintln!("state per device: replicated {replicated_bytes} B, fsdp 2 {fsdp_bytes} B");
+    assert_eq!(fsdp_bytes, expected);
+    assert_eq!(replicated_bytes, 3 * 4 * (elements(true) + elements(false)));
+    for _ in 0..3 {
+        first.train_step().unwrap();
+    }
+    first.save(&path).unwrap();
+    // The checkpoint holds the full arrays: a replicated run loads it too.
+    let mut replicated = on_batch_axis(micro(), false);
+    replicated.steps = 6;
+    let mut replicated = Trainer::resume(replicated, &path).unwrap();
+    assert_continues(&mut replicated, &uninterrupted[3..4]);
+    let saved = first.state_on_host().unwrap();
+    for (t, s) in saved.iter().zip(specs.iter().cycle()) {
+        assert_eq!(t.len(), s.shape.iter().product::<usize>(), "{}", s.name);
+    }
+    let mut resumed = Trainer::resume(cfg.clone(), &path).unwrap();
+    assert_eq!(resumed.state_on_host().unwrap(), saved);
+    assert_continues(&mut resumed, &uninterrupted[3..]);
 }
 
 /// A change to a valid configuration.
@@ -165,6 +257,24 @@ fn bad_combinations_are_named_before_compiling() {
         (
             Box::new(|c| c.model.kv_heads = 3),
             "--heads 4 is not a multiple of --kv-heads 3",
+        ),
+        (
+            Box::new(|c| c.ici_fsdp_parallelism = 3),
+            "--ici-fsdp-parallelism 3 shards the parameters' --d-model dim (32) over 3 devices",
+        ),
+        (
+            Box::new(|c| {
+                c.ici_fsdp_parallelism = 2;
+                c.model.mlp_dim = 65;
+            }),
+            "--ici-fsdp-parallelism 2 shards the parameters' --mlp-dim dim (65)",
+        ),
+        (
+            Box::new(|c| {
+                c.ici_fsdp_parallelism = 2;
+                c.ici_data_parallelism = 2;
+            }),
+            "--ici-data-parallelism 2 and --ici-fsdp-parallelism 2 both split the batch",
         ),
     ];
     for (change, expected) in cases {
