@@ -53,8 +53,13 @@ fn tiny_step(strategy: &str, collective: &str) {
     for kernel in ["splash_fwd", "splash_bwd_prep", "splash_dkv", "splash_dq"] {
         assert!(kernels.contains(&kernel), "{strategy}: {kernels:?}");
     }
-    let [args, outs, temp, alias] =
-        ["argument_bytes", "output_bytes", "temp_bytes", "alias_bytes"].map(|k| int(&report, k));
+    let [args, outs, temp, alias] = [
+        "argument_bytes",
+        "output_bytes",
+        "temp_bytes",
+        "alias_bytes",
+    ]
+    .map(|k| int(&report, k));
     assert_eq!(int(&report, "per_device_bytes"), args + outs + temp - alias);
     // Without fsdp every device holds the f32 parameters and both moments, all donated: the
     // aliased bytes are exactly 12 bytes a parameter (tiny: 459,392 parameters).
@@ -63,16 +68,27 @@ fn tiny_step(strategy: &str, collective: &str) {
     assert!(args > alias && outs >= alias, "{report}");
     assert!(int(&report, "code_bytes") > 0);
     assert_eq!(report["fits_hbm"], Value::Bool(true));
-    assert!(report["flops"].as_f64().is_some_and(|f| f > 0.0), "{report}");
+    assert!(
+        report["flops"].as_f64().is_some_and(|f| f > 0.0),
+        "{report}"
+    );
     assert!(report["bytes_accessed"].as_f64().is_some_and(|b| b > 0.0));
     assert!(report["compile_s"].as_f64().is_some_and(|s| s > 0.0));
     let moved = &report["collectives"][collective];
     assert!(
-        moved["calls"].as_u64().is_some_and(|n| n >= 2) && moved["bytes_per_device"].as_u64() > Some(0),
+        moved["calls"].as_u64().is_some_and(|n| n >= 2)
+            && moved["bytes_per_device"].as_u64() > Some(0),
         "{strategy}: no {collective} in {report}"
     );
+    // The gradient all-reduce over the 4 devices: f32 gradients and the loss, ring algorithm.
+    assert_eq!(
+        report["collectives"]["all_reduce"]["bytes_per_device"].as_u64(),
+        Some(2 * 4 * (459_392 + 1) * 3 / 4)
+    );
     assert!(report["predicted_step_s"].as_f64().is_some_and(|s| s > 0.0));
-    assert!(report["predicted_mfu"].as_f64().is_some_and(|m| m > 0.0 && m < 1.0));
+    assert!(report["predicted_mfu"]
+        .as_f64()
+        .is_some_and(|m| m > 0.0 && m < 1.0));
     assert!(report["breakdown"]["compute_matmul_s"].as_f64() > Some(0.0));
     assert!(stdout.contains("per device: arguments"), "{stdout}");
 }
@@ -125,7 +141,11 @@ fn bad_combinations_are_refused_before_compiling() {
             "fsdp does not exist in tessera yet",
         ),
         (
-            &["--context-parallel-strategy", "ulysses", "--context-parallel-load-balance"],
+            &[
+                "--context-parallel-strategy",
+                "ulysses",
+                "--context-parallel-load-balance",
+            ],
             "--context-parallel-load-balance balances the all_gather and ring strategies",
         ),
     ];

@@ -20,8 +20,8 @@ use tessera::splash::{
 };
 use tessera::tpu::{CompileReport, TpuTarget};
 
-use super::compile_train::{compile_train, CompileTrainArgs};
 use super::attention::{backward_path, default_block, DEFAULT_DEVICES};
+use super::compile_train::{compile_train, CompileTrainArgs};
 use super::{parse_arg, parse_param};
 
 /// Arguments of `tessera compile`.
@@ -155,7 +155,9 @@ pub fn compile_command(a: &CompileArgs) -> Result<()> {
         CompileWhat::Train(t) => {
             match (t.vmem_limit_kib, a.vmem_limit_mib) {
                 (Some(_), Some(_)) => {
-                    bail!("--vmem-limit-kib and --vmem-limit-mib both set the VMEM budget; give one")
+                    bail!(
+                        "--vmem-limit-kib and --vmem-limit-mib both set the VMEM budget; give one"
+                    )
                 }
                 (Some(0), None) => bail!("--vmem-limit-kib must be at least 1"),
                 (Some(kib), None) => kernels.rules = kernels.rules.with_vmem_limit(kib << 10),

@@ -87,7 +87,13 @@ pub fn compile_train(
         super::compile::emit_mosaic(dir, program.module())?;
     }
     let report = target.compile(program.module())?;
-    let collectives = collective_bytes(program.collectives());
+    let mut collectives = collective_bytes(program.collectives());
+    // The gradients (and the loss) are summed over every device in one f32 all-reduce that
+    // the step builds outside the typed collectives, so it is not in their list: a ring
+    // all-reduce sends twice (n - 1) / n of it.
+    let n = cfg.devices();
+    let gradient_bytes = 4 * (cfg.model.num_params() + 1);
+    collectives.insert("all_reduce", (1, 2 * gradient_bytes * (n - 1) / n));
     let chip = Chip::parse(target.topology()).ok();
     let prediction = predict(&cfg, chip.as_ref());
     print_human(&cfg, &report, &collectives, chip.as_ref(), &prediction);
@@ -99,7 +105,9 @@ pub fn compile_train(
 }
 
 /// Calls and bytes each device sends per step, by collective (`all_to_all`, `psum`, ...).
-fn collective_bytes(calls: &[tessera::collectives::CollectiveCall]) -> BTreeMap<&'static str, (usize, usize)> {
+fn collective_bytes(
+    calls: &[tessera::collectives::CollectiveCall],
+) -> BTreeMap<&'static str, (usize, usize)> {
     let mut by_name = BTreeMap::new();
     for c in calls {
         let entry = by_name.entry(c.collective.name()).or_insert((0, 0));
@@ -162,7 +170,11 @@ fn print_human(
         cfg.ici_data_parallelism,
         cfg.ici_context_parallelism,
         maxtext_name(cfg.strategy),
-        if cfg.load_balance { ", load balanced" } else { "" },
+        if cfg.load_balance {
+            ", load balanced"
+        } else {
+            ""
+        },
         cfg.sa_block_q,
         cfg.sa_block_kv,
         cfg.sa_block_q_dkv,
@@ -216,10 +228,16 @@ fn print_human(
     let moved: Vec<String> = collectives
         .iter()
         .map(|(name, (calls, bytes))| {
-            format!("{name} {calls} calls {:.1} MiB", *bytes as f64 / (1u64 << 20) as f64)
+            format!(
+                "{name} {calls} calls {:.1} MiB",
+                *bytes as f64 / (1u64 << 20) as f64
+            )
         })
         .collect();
-    outln!("collectives, bytes each device sends per step: {}", moved.join(", "));
+    outln!(
+        "collectives, bytes each device sends per step: {}",
+        moved.join(", ")
+    );
     match prediction {
         Ok(p) => {
             let b = &p.breakdown;
