@@ -2,22 +2,16 @@
 //! v5p:2x2x1 with each context-parallel strategy, its report checked; and the refusals that
 //! come before any compile.
 
-use std::process::Command;
-
+mod common;
+use common::tessera;
 use serde_json::Value;
 
 /// Runs `tessera compile --target tpu:TOPOLOGY train ARGS`: success, stdout, stderr.
 fn compile_train(topology: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["compile", "--target", &format!("tpu:{topology}"), "train"])
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let target = format!("tpu:{topology}");
+    let mut all = vec!["compile", "--target", &target, "train"];
+    all.extend_from_slice(args);
+    tessera(&all)
 }
 
 fn int(report: &Value, key: &str) -> i64 {
