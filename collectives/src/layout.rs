@@ -181,6 +181,57 @@ layout_tuples! {
     (X0, X1, X2, X3, X4, X5, X6, X7);
 }
 
+/// A sharding with one more dim in front, unsplit: the layout of a stack of tensors of layout
+/// `Self` (e.g. per-layer weights stacked as `[L, ...]`, which [`Spmd::scan`](crate::Spmd::scan)
+/// reads row by row).
+pub trait Stack<M>: Layout<M> {
+    /// `(Replicated, ...Self)`.
+    type Stacked: Layout<M>;
+}
+
+/// A sharding whose dim 0 is [`Replicated`]: a stack of tensors whose rows have the layout
+/// `Row`. A stack whose dim 0 is split has no such rows on each device.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not the sharding of a stack: its dim 0 must be `Replicated`",
+    label = "a scan reads rows of tensors whose dim 0 is whole on every device",
+    note = "stack per-iteration tensors along a new, unsplit dim 0"
+)]
+pub trait Unstack<M>: Layout<M> {
+    /// The sharding without dim 0.
+    type Row: Layout<M>;
+}
+
+impl<M> Stack<M> for () {
+    type Stacked = (Replicated,);
+}
+
+impl<M> Unstack<M> for (Replicated,) {
+    type Row = ();
+}
+
+macro_rules! stack_tuples {
+    ($(($($x:ident),+);)*) => {
+        $(
+            impl<M, $($x: DimSharding<M>),+> Stack<M> for ($($x,)+) {
+                type Stacked = (Replicated, $($x,)+);
+            }
+            impl<M, $($x: DimSharding<M>),+> Unstack<M> for (Replicated, $($x,)+) {
+                type Row = ($($x,)+);
+            }
+        )*
+    };
+}
+
+stack_tuples! {
+    (X0);
+    (X0, X1);
+    (X0, X1, X2);
+    (X0, X1, X2, X3);
+    (X0, X1, X2, X3, X4);
+    (X0, X1, X2, X3, X4, X5);
+    (X0, X1, X2, X3, X4, X5, X6);
+}
+
 /// Whether a tensor on mesh `M` varies over an axis: [`Invariant`], or [`Varying<A>`] for an
 /// axis `A` of `M`.
 #[diagnostic::on_unimplemented(

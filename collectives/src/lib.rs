@@ -106,6 +106,7 @@ pub mod host;
 mod layout;
 mod mesh;
 mod program;
+mod scan;
 mod spmd;
 mod tensor;
 
@@ -115,11 +116,12 @@ pub use error::CollectiveError;
 pub use layout::{
     AllToAllOut, ConcatDimOf, DimAt, DimSharding, DimSpec, GatherDimOf, Invariant, InvariantOutput,
     Layout, MatchesOutput, PartitionSpec, PermuteDimOf, Replicated, SameMesh, SameSharding,
-    SameVariation, ScatterDimOf, Split, SplitDimOf, Variation, Varying, VaryingOver, WholeDim,
-    WithSplit, WithWhole, MAX_RANK,
+    SameVariation, ScatterDimOf, Split, SplitDimOf, Stack, Unstack, Variation, Varying,
+    VaryingOver, WholeDim, WithSplit, WithWhole, MAX_RANK,
 };
 pub use mesh::{AxisGroups, HasAxis, Mesh, MeshShape};
 pub use program::{DeviceArray, Executable, MeshArgument, Program};
+pub use scan::{ScanCarry, ScanXs};
 pub use spmd::{
     CollectiveCall, LocalResults, LocalValue, Signature, Spmd, TensorInfo, TensorLayout,
 };

@@ -212,7 +212,7 @@ pub(crate) trait Ctx<M> {
     /// The program's record of collectives, shared with the VJP rules that add the
     /// transposes.
     fn tape(&self) -> Tape;
-    fn add_output(&self, value: Value, info: TensorInfo);
+    fn add_output(&self, value: Value, info: TensorInfo) -> Result<(), CollectiveError>;
 }
 
 /// The collectives of a program in order, forward ones and (after a VJP) their transposes.
@@ -297,11 +297,14 @@ local_results! {
 /// tensor op from inside a local op's closure (which holds the builder) is an error
 /// ([`CollectiveError::Busy`]), not a panic.
 pub struct Spmd<'m, M> {
-    builder: RefCell<FuncBuilder<'m>>,
+    builder: RefCell<Builder<'m>>,
     mesh: Mesh<M>,
     inputs: RefCell<Vec<TensorInfo>>,
     outputs: RefCell<Vec<(Value, TensorInfo)>>,
     tape: Tape,
+    /// In a scan body: every mesh axis's `axis_index`, computed before the loop (they do not
+    /// change from one iteration to the next, and a body's backward can read them there).
+    axis_indices: Vec<Value>,
 }
 
 impl<M: MeshShape> fmt::Debug for Spmd<'_, M> {
@@ -328,15 +331,46 @@ impl<M: MeshShape> Ctx<M> for Spmd<'_, M> {
             .builder
             .try_borrow_mut()
             .map_err(|_| CollectiveError::Busy { op })?;
-        f(&mut b)
+        match &mut *b {
+            Builder::Function(b) => f(b),
+            Builder::LoopBody(b) => b.run(f),
+        }
     }
 
     fn tape(&self) -> Tape {
         self.tape.clone()
     }
 
-    fn add_output(&self, value: Value, info: TensorInfo) {
+    fn add_output(&self, value: Value, info: TensorInfo) -> Result<(), CollectiveError> {
+        self.outside_loop("output")?;
         self.outputs.borrow_mut().push((value, info));
+        Ok(())
+    }
+}
+
+/// Where a [`Spmd`] emits: the function itself, or the body of a [`Spmd::scan`] (the
+/// function's builder lent by the loop while it builds the body region).
+// One per function or loop body, never in a collection: its size does not matter.
+#[allow(clippy::large_enum_variant)]
+enum Builder<'m> {
+    Function(FuncBuilder<'m>),
+    LoopBody(&'m mut (dyn LoopBuilder + 'm)),
+}
+
+/// A builder lent to a loop body, whatever the lifetime of its module borrow.
+pub(crate) trait LoopBuilder {
+    fn run(
+        &mut self,
+        f: &mut dyn FnMut(&mut FuncBuilder<'_>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError>;
+}
+
+impl LoopBuilder for FuncBuilder<'_> {
+    fn run(
+        &mut self,
+        f: &mut dyn FnMut(&mut FuncBuilder<'_>) -> Result<(), CollectiveError>,
+    ) -> Result<(), CollectiveError> {
+        f(self)
     }
 }
 
@@ -373,11 +407,12 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
             });
         }
         Ok(Spmd {
-            builder: RefCell::new(builder),
+            builder: RefCell::new(Builder::Function(builder)),
             mesh: mesh.clone(),
             inputs: RefCell::new(Vec::new()),
             outputs: RefCell::new(Vec::new()),
             tape: Rc::new(RefCell::new(Vec::new())),
+            axis_indices: Vec::new(),
         })
     }
 
@@ -386,7 +421,7 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
         &self.mesh
     }
 
-    fn ctx(&self) -> &(dyn Ctx<M> + '_) {
+    pub(crate) fn ctx(&self) -> &(dyn Ctx<M> + '_) {
         self
     }
 
@@ -400,6 +435,7 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
         global_dims: impl AsRef<[i64]>,
         dtype: DType,
     ) -> Result<DTensor<'_, M, S>, CollectiveError> {
+        self.outside_loop("arg")?;
         let global = global_dims.as_ref();
         let layout = TensorLayout::of::<M, S, Invariant>();
         let index = self.inputs.borrow().len();
@@ -424,20 +460,34 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     where
         M: HasAxis<A>,
     {
-        let size = self.mesh.axis_size::<A>() as f64;
-        let stride = self.mesh.stride(<M as HasAxis<A>>::INDEX) as f64;
-        let value = self.ctx().build("axis_index", |f| {
-            let id = f.partition_id();
-            let stride = f.scalar(stride, DType::I32)?;
-            let size = f.scalar(size, DType::I32)?;
-            let q = f.div(id, stride)?;
-            Ok(f.rem(q, size)?)
-        })?;
+        let index = <M as HasAxis<A>>::INDEX;
+        let value = match self.axis_indices.get(index) {
+            Some(&v) => v,
+            None => self.axis_index_value(index)?,
+        };
         Ok(DTensor::new(
             self.ctx(),
             value,
             TensorLayout::of::<M, (), Varying<A>>(),
         ))
+    }
+
+    /// The axis indices a scan body reads from before its loop (`None` outside loops).
+    pub(crate) fn axis_indices(&self) -> Option<Vec<Value>> {
+        (!self.axis_indices.is_empty()).then(|| self.axis_indices.clone())
+    }
+
+    /// This device's coordinate along mesh axis number `index`, computed from the partition id.
+    pub(crate) fn axis_index_value(&self, index: usize) -> Result<Value, CollectiveError> {
+        let size = self.mesh.sizes()[index] as f64;
+        let stride = self.mesh.stride(index) as f64;
+        self.ctx().build("axis_index", |f| {
+            let id = f.partition_id();
+            let stride = f.scalar(stride, DType::I32)?;
+            let size = f.scalar(size, DType::I32)?;
+            let q = f.div(id, stride)?;
+            Ok(f.rem(q, size)?)
+        })
     }
 
     /// Declares the layout of a per-device value built directly with the [`FuncBuilder`]
@@ -536,6 +586,7 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     /// [`Spmd::collectives`]: e.g. the forward's output collectives in a program that returns
     /// only gradients.
     pub fn prune(&self) -> Result<(), CollectiveError> {
+        self.outside_loop("prune")?;
         let keep: Vec<Value> = self.outputs.borrow().iter().map(|(v, _)| *v).collect();
         let removed = self.ctx().build("prune", |f| Ok(f.prune(&keep)))?;
         self.tape
@@ -580,7 +631,46 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
             .into_iter()
             .map(|(v, _)| v)
             .collect();
-        (self.builder.into_inner(), signature, values)
+        let builder = match self.builder.into_inner() {
+            Builder::Function(b) => b,
+            // Loop bodies' `Spmd`s live inside `Spmd::scan`, which lends them by reference.
+            Builder::LoopBody(_) => unreachable!("a scan body's Spmd is never handed out by value"),
+        };
+        (builder, signature, values)
+    }
+
+    /// Fails when this `Spmd` builds a [`Spmd::scan`] body, where `op` (which belongs to the
+    /// function: arguments, results, pruning) cannot go.
+    fn outside_loop(&self, op: &'static str) -> Result<(), CollectiveError> {
+        let in_loop = matches!(
+            self.builder.try_borrow().as_deref(),
+            Ok(Builder::LoopBody(_))
+        );
+        if in_loop {
+            return Err(CollectiveError::operand(
+                op,
+                "inside a scan body: arguments, outputs and pruning belong to the function; \
+                 call it on the function's Spmd, outside the scan",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The `Spmd` of a loop body built on `builder` (lent by the loop): the same mesh and
+    /// record of collectives.
+    pub(crate) fn loop_body<'b>(
+        &self,
+        builder: &'b mut (dyn LoopBuilder + 'b),
+        axis_indices: Vec<Value>,
+    ) -> Spmd<'b, M> {
+        Spmd {
+            builder: RefCell::new(Builder::LoopBody(builder)),
+            mesh: self.mesh.clone(),
+            inputs: RefCell::new(Vec::new()),
+            outputs: RefCell::new(Vec::new()),
+            tape: self.tape.clone(),
+            axis_indices,
+        }
     }
 }
 

@@ -381,8 +381,7 @@ impl<'p, M: MeshShape, S, V> DTensor<'p, M, S, V> {
             global: TensorType::new(global, local.dtype),
             local,
         };
-        self.ctx.add_output(self.value, info);
-        Ok(())
+        self.ctx.add_output(self.value, info)
     }
 }
 

@@ -4,22 +4,27 @@
 //! of `s` tokens (the batch split over `data`, each sequence over `context`). The program,
 //! per device:
 //!
-//! 1. **Forward.** One-hot token embedding, then per layer RMSNorm, the q/k/v projections,
-//!    RoPE at the tokens' global positions (an input, so any sequence layout works), the
-//!    context-parallel attention ([`AttentionLayer::forward`]: the strategy's collectives and
-//!    splash kernels), the output projection and residual, RMSNorm, SwiGLU MLP and residual;
-//!    final RMSNorm, LM head, softmax cross-entropy summed over the device's tokens.
+//! 1. **Forward.** One-hot token embedding, then the decoder layers as one loop
+//!    ([`Spmd::scan`]) over the layers' stacked weights (`[L, ...]` parameters), whose body is
+//!    one layer: RMSNorm, the q/k/v projections, RoPE at the tokens' global positions (an
+//!    input, so any sequence layout works), the context-parallel attention
+//!    ([`AttentionLayer::forward`]: the strategy's collectives and splash kernels), the output
+//!    projection and residual, RMSNorm, SwiGLU MLP and residual; final RMSNorm, LM head,
+//!    softmax cross-entropy summed over the device's tokens. The program's size and compile
+//!    time do not grow with the number of layers.
 //! 2. **Backward.** Reverse-mode autodiff of that forward ([`Spmd::vjp`], `tessera_hlo`'s
 //!    VJP rules): through the attention, the splash calls are custom-VJP units running splash's
 //!    backward kernels and every collective goes back through its transpose, so each strategy's
-//!    backward is the gradient of its forward.
+//!    backward is the gradient of its forward. The layer loop's backward is a loop too, which
+//!    re-runs each layer's forward from its saved input (per-layer rematerialisation).
 //! 3. **Reduce.** One all-reduce over all devices sums every parameter's gradient and the
 //!    loss (each device contributed its tokens).
 //! 4. **Update.** Global-norm clipping and AdamW, identical on every device, so parameters
 //!    and moments stay replicated on the devices from step to step.
 
+use tessera_collectives::axes::Data;
 use tessera_collectives::{
-    CollectiveError, DTensor, Invariant, LocalValue, Program, Replicated, Spmd,
+    CollectiveError, DTensor, Invariant, LocalValue, Program, Replicated, Split, Spmd,
 };
 use tessera_hlo::{DType, FuncBuilder, Grouping, HostArray, Reducer, TensorType, UnaryOp, Value};
 use tessera_parallel::{AttentionLayer, ModelMesh, TokenLayout};
@@ -39,10 +44,12 @@ pub enum Init {
 /// One parameter tensor.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParamSpec {
-    /// Its name in checkpoints (`layers.0.attention.wq`).
+    /// Its name in checkpoints (`layers.attention.wq`).
     pub name: String,
     /// Its shape.
     pub shape: Vec<usize>,
+    /// Whether it stacks one tensor per decoder layer along dim 0 (`[L, ...]`).
+    pub stacked: bool,
     /// Its initialisation.
     pub init: Init,
     /// Whether AdamW decays it (matrices, not norms).
@@ -55,14 +62,23 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
     let matrix = |name: String, rows: usize, cols: usize, scale: f64| ParamSpec {
         name,
         shape: vec![rows, cols],
+        stacked: false,
         init: Init::Normal(scale / (rows as f64).sqrt()),
         decay: true,
     };
     let norm = |name: String| ParamSpec {
         name,
         shape: vec![d],
+        stacked: false,
         init: Init::Ones,
         decay: false,
+    };
+    // A layer's tensor stacked over the layers: `[L, ...]`.
+    let stack = |s: ParamSpec| ParamSpec {
+        name: format!("layers.{}", s.name),
+        shape: [m.layers].into_iter().chain(s.shape).collect(),
+        stacked: true,
+        ..s
     };
     // Residual branches' output projections start smaller, so the stream's scale does not
     // grow with depth (GPT-2's 1/sqrt(2L)).
@@ -70,12 +86,13 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
     let mut specs = vec![ParamSpec {
         name: "embed".into(),
         shape: vec![m.vocab, d],
+        stacked: false,
         init: Init::Normal(1.0),
         decay: true,
     }];
-    for l in 0..m.layers {
-        let p = |s: &str| format!("layers.{l}.{s}");
-        specs.extend([
+    let p = |s: &str| s.to_string();
+    specs.extend(
+        [
             norm(p("attention_norm")),
             matrix(p("attention.wq"), d, m.heads * hd, 1.0),
             matrix(p("attention.wk"), d, m.kv_heads * hd, 1.0),
@@ -85,14 +102,15 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
             matrix(p("mlp.w1"), d, f, 1.0),
             matrix(p("mlp.w3"), d, f, 1.0),
             matrix(p("mlp.w2"), f, d, out_scale),
-        ]);
-    }
+        ]
+        .map(stack),
+    );
     specs.push(norm("final_norm".into()));
     specs.push(matrix("lm_head".into(), d, m.vocab, 1.0));
     specs
 }
 
-/// The parameters of one layer, as program values.
+/// The parameters of one layer (or their `[L, ...]` stacks), as program values.
 #[derive(Debug, Clone, Copy)]
 struct LayerParams {
     attention_norm: Value,
@@ -106,8 +124,34 @@ struct LayerParams {
     w2: Value,
 }
 
-/// Parameters per layer in [`param_specs`].
+impl LayerParams {
+    /// The layer's parameters in [`param_specs`] order.
+    fn from_slice(x: &[Value]) -> Self {
+        LayerParams {
+            attention_norm: x[0],
+            wq: x[1],
+            wk: x[2],
+            wv: x[3],
+            wo: x[4],
+            mlp_norm: x[5],
+            w1: x[6],
+            w3: x[7],
+            w2: x[8],
+        }
+    }
+}
+
+/// Stacked layer parameters in [`param_specs`].
 const PER_LAYER: usize = 9;
+
+/// This device's token rows `[b * s, d]` of the residual stream: its batch block over `data`,
+/// its sequence block over `context` (and `ring`, which one dim cannot say). A layer's
+/// input and output.
+type TokenRows = (Split<Data>, Replicated);
+/// A stacked norm scale `[L, d]`.
+type StackedVector = (Replicated, Replicated);
+/// A stacked matrix `[L, rows, cols]`.
+type StackedMatrix = (Replicated, Replicated, Replicated);
 
 /// What the programs compute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -208,7 +252,8 @@ fn replicated_arg(p: &Spmd<'_, ModelMesh>, shape: &[usize]) -> Result<Value, Col
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     Ok(match shape.len() {
         1 => p.arg::<(Replicated,)>(dims, DType::F32)?.value(),
-        2 => p.arg::<(Replicated, Replicated)>(dims, DType::F32)?.value(),
+        2 => p.arg::<StackedVector>(dims, DType::F32)?.value(),
+        3 => p.arg::<StackedMatrix>(dims, DType::F32)?.value(),
         r => return Err(CollectiveError::local(format!("no rank-{r} parameters"))),
     })
 }
@@ -222,9 +267,12 @@ fn replicated_output(
         1 => p
             .declare::<(Replicated,), Invariant>(v)?
             .output::<(Replicated,)>(),
-        _ => p
+        2 => p
             .declare::<(Replicated, Replicated), Invariant>(v)?
             .output::<(Replicated, Replicated)>(),
+        _ => p
+            .declare::<StackedMatrix, Invariant>(v)?
+            .output::<StackedMatrix>(),
     }
 }
 
@@ -237,7 +285,8 @@ struct Model<'a> {
     m: &'a ModelConfig,
     layer: &'a AttentionLayer,
     embed: Value,
-    layers: Vec<LayerParams>,
+    /// Every layer's parameters stacked `[L, ...]`.
+    layers: LayerParams,
     final_norm: Value,
     lm_head: Value,
     /// Sequences and tokens per sequence on each device.
@@ -252,22 +301,7 @@ impl<'a> Model<'a> {
         cfg: &'a TrainConfig,
         layer: &'a AttentionLayer,
     ) -> Self {
-        let layers = (0..m.layers)
-            .map(|l| {
-                let x = &params[1 + l * PER_LAYER..1 + (l + 1) * PER_LAYER];
-                LayerParams {
-                    attention_norm: x[0],
-                    wq: x[1],
-                    wk: x[2],
-                    wv: x[3],
-                    wo: x[4],
-                    mlp_norm: x[5],
-                    w1: x[6],
-                    w3: x[7],
-                    w2: x[8],
-                }
-            })
-            .collect();
+        let layers = LayerParams::from_slice(&params[1..1 + PER_LAYER]);
         let cp = cfg.ici_context_parallelism;
         Model {
             m,
@@ -285,7 +319,7 @@ impl<'a> Model<'a> {
     fn forward(&self, p: &Spmd<'_, ModelMesh>, ids: [Value; 3]) -> Result<Value, CollectiveError> {
         let m = self.m;
         let n = self.b * self.s;
-        let (target_onehot, cos, sin, mut x) = p.with_builder(|f| {
+        let (target_onehot, cos, sin, x) = p.with_builder(|f| {
             let flat = |f: &mut FuncBuilder<'_>, v| f.reshape(v, &[n]);
             let (tokens, targets, positions) =
                 (flat(f, ids[0])?, flat(f, ids[1])?, flat(f, ids[2])?);
@@ -295,34 +329,40 @@ impl<'a> Model<'a> {
             let x = f.matmul(onehot, self.embed, DType::F32)?;
             Ok((target_onehot, cos, sin, x))
         })?;
-        for w in &self.layers {
-            let (q, k, v) = p.with_builder(|f| {
-                let (h, _) = rms_norm(f, x, w.attention_norm, m.norm_eps)?;
-                let q = f.matmul(h, w.wq, DType::F32)?;
-                let k = f.matmul(h, w.wk, DType::F32)?;
-                let v = f.matmul(h, w.wv, DType::F32)?;
-                let q = rope(f, q, m.heads, cos, sin)?;
-                let k = rope(f, k, m.kv_heads, cos, sin)?;
-                Ok((
-                    to_heads(f, q, self.b, self.s, m.heads)?,
-                    to_heads(f, k, self.b, self.s, m.kv_heads)?,
-                    to_heads(f, v, self.b, self.s, m.kv_heads)?,
-                ))
-            })?;
-            let (out, _lse) = self.layer.forward(p, q, k, v)?;
-            x = p.with_builder(|f| {
-                let out = from_heads(f, out)?;
-                let proj = f.matmul(out, w.wo, DType::F32)?;
-                let x1 = f.add(x, proj)?;
-                let (h2, _) = rms_norm(f, x1, w.mlp_norm, m.norm_eps)?;
-                let a = f.matmul(h2, w.w1, DType::F32)?;
-                let c = f.matmul(h2, w.w3, DType::F32)?;
-                let act = silu(f, a)?;
-                let gated = f.mul(act, c)?;
-                let down = f.matmul(gated, w.w2, DType::F32)?;
-                Ok(f.add(x1, down)?)
-            })?;
-        }
+        let stacks = &self.layers;
+        let vectors = [stacks.attention_norm, stacks.mlp_norm]
+            .map(|v| p.declare::<StackedVector, Invariant>(v))
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let matrices = [
+            stacks.wq, stacks.wk, stacks.wv, stacks.wo, stacks.w1, stacks.w3, stacks.w2,
+        ]
+        .map(|v| p.declare::<StackedMatrix, Invariant>(v))
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+        let x0 = p.declare::<TokenRows, Invariant>(x)?;
+        let x = p
+            .scan(
+                m.layers,
+                &x0,
+                &(vectors, matrices),
+                |p, _layer, x, (vectors, matrices)| {
+                    let w = LayerParams {
+                        attention_norm: vectors[0].value(),
+                        mlp_norm: vectors[1].value(),
+                        wq: matrices[0].value(),
+                        wk: matrices[1].value(),
+                        wv: matrices[2].value(),
+                        wo: matrices[3].value(),
+                        w1: matrices[4].value(),
+                        w3: matrices[5].value(),
+                        w2: matrices[6].value(),
+                    };
+                    let y = self.layer(p, x.value(), &w, cos, sin)?;
+                    p.declare::<TokenRows, Invariant>(y)
+                },
+            )?
+            .value();
         p.with_builder(|f| {
             let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
             let logits = f.matmul(h, self.lm_head, DType::F32)?;
@@ -331,6 +371,45 @@ impl<'a> Model<'a> {
             let picked = f.reduce(picked, &[1], Reducer::Sum)?;
             let per_token = f.sub(lse, picked)?;
             Ok(f.reduce(per_token, &[0], Reducer::Sum)?)
+        })
+    }
+
+    /// One decoder layer on the token rows `x` with the weights `w` (one layer's), built on
+    /// `p` (the layer loop's body).
+    fn layer(
+        &self,
+        p: &Spmd<'_, ModelMesh>,
+        x: Value,
+        w: &LayerParams,
+        cos: Value,
+        sin: Value,
+    ) -> Result<Value, CollectiveError> {
+        let m = self.m;
+        let (q, k, v) = p.with_builder(|f| {
+            let (h, _) = rms_norm(f, x, w.attention_norm, m.norm_eps)?;
+            let q = f.matmul(h, w.wq, DType::F32)?;
+            let k = f.matmul(h, w.wk, DType::F32)?;
+            let v = f.matmul(h, w.wv, DType::F32)?;
+            let q = rope(f, q, m.heads, cos, sin)?;
+            let k = rope(f, k, m.kv_heads, cos, sin)?;
+            Ok((
+                to_heads(f, q, self.b, self.s, m.heads)?,
+                to_heads(f, k, self.b, self.s, m.kv_heads)?,
+                to_heads(f, v, self.b, self.s, m.kv_heads)?,
+            ))
+        })?;
+        let (out, _lse) = self.layer.forward(p, q, k, v)?;
+        p.with_builder(|f| {
+            let out = from_heads(f, out)?;
+            let proj = f.matmul(out, w.wo, DType::F32)?;
+            let x1 = f.add(x, proj)?;
+            let (h2, _) = rms_norm(f, x1, w.mlp_norm, m.norm_eps)?;
+            let a = f.matmul(h2, w.w1, DType::F32)?;
+            let c = f.matmul(h2, w.w3, DType::F32)?;
+            let act = silu(f, a)?;
+            let gated = f.mul(act, c)?;
+            let down = f.matmul(gated, w.w2, DType::F32)?;
+            Ok(f.add(x1, down)?)
         })
     }
 }
@@ -360,15 +439,16 @@ fn gradients(
 enum ParamTensor<'p> {
     Vector(DTensor<'p, ModelMesh, (Replicated,)>),
     Matrix(DTensor<'p, ModelMesh, (Replicated, Replicated)>),
+    StackedMatrix(DTensor<'p, ModelMesh, StackedMatrix>),
 }
 
 impl<'p> ParamTensor<'p> {
     fn declare(p: &'p Spmd<'_, ModelMesh>, v: Value) -> Result<Self, CollectiveError> {
         let rank = p.with_builder(|f| Ok(f.value_type(v)?.rank()))?;
-        Ok(if rank == 1 {
-            ParamTensor::Vector(p.declare::<(Replicated,), Invariant>(v)?)
-        } else {
-            ParamTensor::Matrix(p.declare::<(Replicated, Replicated), Invariant>(v)?)
+        Ok(match rank {
+            1 => ParamTensor::Vector(p.declare::<(Replicated,), Invariant>(v)?),
+            2 => ParamTensor::Matrix(p.declare::<(Replicated, Replicated), Invariant>(v)?),
+            _ => ParamTensor::StackedMatrix(p.declare::<StackedMatrix, Invariant>(v)?),
         })
     }
 
@@ -376,6 +456,7 @@ impl<'p> ParamTensor<'p> {
         match self {
             ParamTensor::Vector(t) => t,
             ParamTensor::Matrix(t) => t,
+            ParamTensor::StackedMatrix(t) => t,
         }
     }
 }

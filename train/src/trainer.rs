@@ -414,25 +414,51 @@ fn attention_layer(cfg: &TrainConfig) -> Result<AttentionLayer, TrainError> {
 }
 
 /// The initial parameters from `seed`: normal (Box-Muller over the seed's stream) or ones.
+/// The stream is drawn layer by layer: a run of stacked (`[L, ...]`) parameters takes, for
+/// each layer in turn, that layer's row of each, so layer `l` starts as it did when every
+/// layer had its own tensors.
 fn init_params(specs: &[ParamSpec], seed: u64) -> Vec<Vec<f32>> {
     let mut rng = fastrand::Rng::with_seed(seed);
-    specs
+    let mut out: Vec<Vec<f32>> = specs
         .iter()
-        .map(|s| {
-            let len: usize = s.shape.iter().product();
-            match s.init {
-                Init::Ones => vec![1.0; len],
-                Init::Normal(std) => (0..len)
-                    .map(|_| {
-                        let u1 = 1.0 - rng.f64();
-                        let u2 = rng.f64();
-                        let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
-                        (z * std) as f32
-                    })
-                    .collect(),
+        .map(|s| Vec::with_capacity(s.shape.iter().product()))
+        .collect();
+    let mut i = 0;
+    while i < specs.len() {
+        let run = if specs[i].stacked {
+            specs[i..].iter().take_while(|s| s.stacked).count()
+        } else {
+            1
+        };
+        let group = i..i + run;
+        let layers = if specs[i].stacked {
+            specs[i].shape[0]
+        } else {
+            1
+        };
+        for _ in 0..layers {
+            for k in group.clone() {
+                let s = &specs[k];
+                let len: usize = s.shape.iter().product::<usize>() / layers;
+                fill(&mut out[k], s.init, len, &mut rng);
             }
-        })
-        .collect()
+        }
+        i += run;
+    }
+    out
+}
+
+/// Appends `len` values drawn as `init` says.
+fn fill(out: &mut Vec<f32>, init: Init, len: usize, rng: &mut fastrand::Rng) {
+    match init {
+        Init::Ones => out.extend(std::iter::repeat_n(1.0, len)),
+        Init::Normal(std) => out.extend((0..len).map(|_| {
+            let u1 = 1.0 - rng.f64();
+            let u2 = rng.f64();
+            let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+            (z * std) as f32
+        })),
+    }
 }
 
 fn f32_buffer(shape: &[usize], data: &[f32]) -> Result<HostBuffer, TrainError> {
