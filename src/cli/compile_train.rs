@@ -220,7 +220,8 @@ fn print_human(
     );
     if let (Some(f), Some(b)) = (r.flops, r.bytes_accessed) {
         outln!(
-            "compiler's cost analysis per device: {:.3} TFLOP, {:.3} GB accessed",
+            "compiler's cost analysis per device (the scanned layers' loop body counted once): \
+             {:.3} TFLOP, {:.3} GB accessed",
             f / 1e12,
             b / 1e9
         );
@@ -235,7 +236,7 @@ fn print_human(
         })
         .collect();
     outln!(
-        "collectives, bytes each device sends per step: {}",
+        "collectives, bytes each device sends (the scanned layers' body counted once): {}",
         moved.join(", ")
     );
     match prediction {
