@@ -19,10 +19,13 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::prelude::*;
-use tessera::parallel::Strategy;
 use tessera_train::data::ENTROPY_NATS;
 use tessera_train::flops::{matmul_peak, model_flops_per_step};
 use tessera_train::{maxtext_name, ModelConfig, StepMetrics, TrainConfig, Trainer};
+
+#[path = "../src/cli/train_flags.rs"]
+mod train_flags;
+use train_flags::StepFlags;
 
 /// Train a small Llama-style model with context-parallel splash attention (MaxText's flags).
 #[derive(Parser, Debug)]
@@ -52,41 +55,8 @@ struct Args {
     /// checkpoint to --resume from.
     #[arg(long)]
     stop_at: Option<usize>,
-    /// Tokens per sequence (default: the preset's, 256 for tiny).
-    #[arg(long)]
-    max_target_length: Option<usize>,
-    /// Sequences per device; the global batch is this times the devices.
-    #[arg(long, default_value_t = 1)]
-    per_device_batch_size: usize,
-    /// Devices on the context axis (each sequence is split over them).
-    #[arg(long, default_value_t = 4)]
-    ici_context_parallelism: usize,
-    /// Devices on the batch axis as data parallelism (the batch is split over them,
-    /// parameters and optimizer state replicated). At most one of this and
-    /// --ici-fsdp-parallelism exceeds 1: the mesh has one batch axis.
-    #[arg(long, default_value_t = 1)]
-    ici_data_parallelism: usize,
-    /// Devices on the batch axis as fully sharded data parallelism (the batch is split over
-    /// them, and so are parameters, gradients and AdamW moments: each layer's weights are
-    /// all-gathered before use).
-    #[arg(long, default_value_t = 1)]
-    ici_fsdp_parallelism: usize,
-    /// ulysses, all_gather, ring, or usp[:UxR] (Ulysses degree x ring degree).
-    #[arg(long, default_value = "ulysses")]
-    context_parallel_strategy: String,
-    /// Causal load balancing (zigzag) for all_gather and ring.
-    #[arg(long)]
-    context_parallel_load_balance: bool,
-    /// Splash block sizes (default: the largest power of two up to 512 dividing what each
-    /// attention call holds).
-    #[arg(long)]
-    sa_block_q: Option<usize>,
-    #[arg(long)]
-    sa_block_kv: Option<usize>,
-    #[arg(long)]
-    sa_block_q_dkv: Option<usize>,
-    #[arg(long)]
-    sa_block_kv_dkv: Option<usize>,
+    #[command(flatten)]
+    step: StepFlags,
     /// Peak learning rate (after warmup; cosine to a tenth of it at --steps).
     #[arg(long, default_value_t = 3e-3)]
     learning_rate: f64,
@@ -145,35 +115,8 @@ fn config(a: &Args) -> Result<TrainConfig, String> {
             *dim = v;
         }
     }
-    let cp = a.ici_context_parallelism;
-    let strategy = Strategy::parse(&a.context_parallel_strategy, cp).map_err(|_| {
-        format!(
-            "--context-parallel-strategy {} is not a strategy; use ulysses, all_gather, ring, \
-             usp or usp:UxR",
-            a.context_parallel_strategy
-        )
-    })?;
-    let mut cfg = TrainConfig::new(model);
+    let mut cfg = a.step.config(model)?;
     cfg.steps = a.steps;
-    cfg.max_target_length = a.max_target_length.unwrap_or(model.default_seq());
-    cfg.per_device_batch_size = a.per_device_batch_size;
-    cfg.ici_context_parallelism = cp;
-    cfg.ici_data_parallelism = a.ici_data_parallelism;
-    cfg.ici_fsdp_parallelism = a.ici_fsdp_parallelism;
-    cfg.strategy = strategy;
-    cfg.load_balance = a.context_parallel_load_balance;
-    let mut cfg = cfg.with_default_blocks();
-    let blocks = [
-        (&mut cfg.sa_block_q, a.sa_block_q),
-        (&mut cfg.sa_block_kv, a.sa_block_kv),
-        (&mut cfg.sa_block_q_dkv, a.sa_block_q_dkv),
-        (&mut cfg.sa_block_kv_dkv, a.sa_block_kv_dkv),
-    ];
-    for (block, flag) in blocks {
-        if let Some(b) = flag {
-            *block = b;
-        }
-    }
     cfg.learning_rate = a.learning_rate;
     cfg.warmup_steps = a.warmup_steps;
     cfg.seed = a.seed;

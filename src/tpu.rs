@@ -118,6 +118,11 @@ impl TpuTarget {
         &self.topology
     }
 
+    /// The devices of the topology, as libtpu counts them (v5p:4x4x4: 64).
+    pub fn device_count(&self) -> Result<usize, TpuCompileError> {
+        Ok(self.create_topology()?.device_ids()?.len())
+    }
+
     fn create_topology(&self) -> Result<Topology, TpuCompileError> {
         let plugin = Plugin::libtpu().map_err(TpuCompileError::Libtpu)?;
         plugin

@@ -5,7 +5,8 @@
 //! configuration, causal, local and segmented, both chips; every context-parallel strategy on
 //! 4 devices; `tessera compile` and its refusals.
 
-use std::process::Command;
+mod common;
+use common::tessera;
 
 use tessera::dsl::{DType, Target};
 use tessera::hlo::Module;
@@ -217,18 +218,6 @@ fn a_tpu_program_does_not_run_on_the_cpu() {
     };
     let err = cp.forward(&x).unwrap_err().to_string();
     assert!(err.contains("Target::portable()"), "{err}");
-}
-
-fn tessera(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]

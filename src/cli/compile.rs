@@ -21,6 +21,7 @@ use tessera::splash::{
 use tessera::tpu::{CompileReport, TpuTarget};
 
 use super::attention::{backward_path, default_block, DEFAULT_DEVICES};
+use super::compile_train::{compile_train, CompileTrainArgs};
 use super::{parse_arg, parse_param};
 
 /// Arguments of `tessera compile`.
@@ -49,6 +50,11 @@ pub struct CompileArgs {
 pub enum CompileWhat {
     /// Splash attention: forward, backward (dq and dkv kernels, or the fused kernel) or both.
     Attention(Box<CompileAttentionArgs>),
+    /// The whole train step (forward, backward, gradient all-reduce, AdamW) of a model on a
+    /// data x context mesh whose product is the topology's device count, with MaxText's
+    /// flags; printed beside the step-time model's prediction. fsdp does not exist yet: the
+    /// parameters and AdamW moments are replicated on every device.
+    Train(Box<CompileTrainArgs>),
     /// A registered kernel (see `tessera kernels`), alone in a one-device program.
     Kernel {
         /// Kernel name.
@@ -146,6 +152,25 @@ pub fn compile_command(a: &CompileArgs) -> Result<()> {
         kernels.rules = kernels.rules.with_vmem_limit(mib << 20);
     }
     let programs = match &a.what {
+        CompileWhat::Train(t) => {
+            match (t.vmem_limit_kib, a.vmem_limit_mib) {
+                (Some(_), Some(_)) => {
+                    bail!(
+                        "--vmem-limit-kib and --vmem-limit-mib both set the VMEM budget; give one"
+                    )
+                }
+                (Some(0), None) => bail!("--vmem-limit-kib must be at least 1"),
+                (Some(kib), None) => kernels.rules = kernels.rules.with_vmem_limit(kib << 10),
+                (None, _) => {}
+            }
+            return compile_train(
+                t,
+                &target,
+                &kernels,
+                a.emit_stablehlo.as_deref(),
+                a.emit_mosaic.as_deref(),
+            );
+        }
         CompileWhat::Attention(x) => attention_programs(x, &kernels)?,
         CompileWhat::Kernel { name, params, args } => {
             vec![kernel_program(name, params, args, &kernels)?]
@@ -317,7 +342,7 @@ fn kernel_program(
 
 /// Writes every Mosaic kernel of `program` to `dir/KERNEL.mlir` (`KERNEL.N.mlir` for further
 /// kernels of one name).
-fn emit_mosaic(dir: &Path, program: &Module) -> Result<()> {
+pub(super) fn emit_mosaic(dir: &Path, program: &Module) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let mut written: Vec<String> = Vec::new();
     for (name, text) in program.tpu_kernel_bodies()? {

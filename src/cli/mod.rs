@@ -23,9 +23,11 @@ pub mod attention;
 pub mod bench;
 mod bench_cp;
 pub mod compile;
+pub mod compile_train;
 pub mod demo;
 pub mod kernel;
 mod outputs;
+pub mod train_flags;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};

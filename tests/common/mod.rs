@@ -15,3 +15,16 @@ pub fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
         want[at]
     );
 }
+
+/// Runs the `tessera` binary with `args`: whether it succeeded, its stdout and its stderr.
+pub fn tessera(args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use tessera_dsl::Target;
 use tessera_parallel::Strategy;
 use tessera_splash::BlockSizes;
 
@@ -235,6 +236,10 @@ pub struct TrainConfig {
     pub weight_decay: f64,
     /// Global gradient-norm clipping threshold (`gradient_clipping_threshold`; 0: off).
     pub gradient_clipping_threshold: f64,
+    /// What the attention kernels are built for: [`Target::portable`] (inline StableHLO,
+    /// runs on the CPU plugin; the default) or [`Target::tpu`] (Mosaic `tpu_custom_call`s,
+    /// compile-only for a TPU topology).
+    pub target: Target,
 }
 
 impl TrainConfig {
@@ -264,6 +269,7 @@ impl TrainConfig {
             adam_eps: 1e-8,
             weight_decay: 0.1,
             gradient_clipping_threshold: 1.0,
+            target: Target::portable(),
         }
     }
 

@@ -28,7 +28,7 @@ mod trainer;
 
 pub use config::{maxtext_name, ModelConfig, TrainConfig};
 pub use data::SyntheticData;
-pub use trainer::{learning_rate, StepMetrics, StepTimes, Trainer};
+pub use trainer::{learning_rate, train_step_program, StepMetrics, StepTimes, Trainer};
 
 /// Why training could not start or go on.
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,6 @@ use std::path::Path;
 use std::time::Instant;
 
 use tessera_collectives::{DeviceArray, Executable, MeshArgument, Program};
-use tessera_dsl::Target;
 use tessera_hlo::{DType, Reducer, TensorType};
 use tessera_parallel::{AttentionLayer, ContextParallel, ModelMesh};
 use tessera_runtime::{Client, HostBuffer};
@@ -128,10 +127,8 @@ impl Trainer {
         tensors: Vec<Vec<f32>>,
         step: usize,
     ) -> Result<Self, TrainError> {
-        cfg.validate()?;
-        let layer = attention_layer(&cfg)?;
+        let (layer, program) = train_step_program(&cfg)?;
         let specs = param_specs(&cfg.model);
-        let program = build_program(&cfg, &layer, StepKind::Train)?;
         let client = Client::cpu_shared(cfg.devices())?;
         let start = Instant::now();
         let exe = program.compile(&client)?;
@@ -388,6 +385,18 @@ impl Trainer {
     }
 }
 
+/// Validates `cfg` and builds its train step (forward, backward, gradient all-reduce,
+/// AdamW) with its attention layer, without compiling it: for the CPU plugin, or with
+/// `cfg.target` = [`Target::tpu`](tessera_dsl::Target::tpu) for compiling for a TPU topology.
+pub fn train_step_program(
+    cfg: &TrainConfig,
+) -> Result<(AttentionLayer, Program<ModelMesh>), TrainError> {
+    cfg.validate()?;
+    let layer = attention_layer(cfg)?;
+    let program = build_program(cfg, &layer, StepKind::Train)?;
+    Ok((layer, program))
+}
+
 /// The attention layer of `cfg`: its strategy over the context devices, the batch of one
 /// data shard, a causal mask.
 fn attention_layer(cfg: &TrainConfig) -> Result<AttentionLayer, TrainError> {
@@ -409,7 +418,7 @@ fn attention_layer(cfg: &TrainConfig) -> Result<AttentionLayer, TrainError> {
         strategy: cfg.strategy,
         devices: cfg.ici_context_parallelism,
         load_balance: cfg.load_balance,
-        target: Target::portable(),
+        target: cfg.target.clone(),
     };
     Ok(AttentionLayer::new(cp, cfg.batch_shards())?)
 }

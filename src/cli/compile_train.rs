@@ -1,0 +1,333 @@
+//! `tessera compile train`: the whole train step (forward, backward, gradient all-reduce,
+//! AdamW) of a model on a `data x context` mesh, its splash attention as Mosaic kernels,
+//! compiled by libtpu for a TPU topology; printed beside the step-time model's prediction
+//! (`tessera_train::predict`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use serde_json::{json, Map, Value};
+use tessera::dsl::Target;
+use tessera::parallel::Strategy;
+use tessera::tpu::{CompileReport, TpuTarget};
+use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
+use tessera_train::{maxtext_name, train_step_program, ModelConfig, TrainConfig};
+
+use super::train_flags::StepFlags;
+
+/// Arguments of `tessera compile train` (MaxText's flag names).
+#[derive(Args, Debug)]
+pub struct CompileTrainArgs {
+    /// Model preset: tiny, small, llama2-7b or llama3.1-8b.
+    #[arg(long, default_value = "tiny")]
+    pub model: String,
+    /// Decoder layers (default: the preset's), e.g. to measure a few layers of a deep model.
+    #[arg(long)]
+    pub num_layers: Option<usize>,
+    #[command(flatten)]
+    pub step: StepFlags,
+    /// The scoped VMEM budget the splash kernels are checked against and compiled with, in
+    /// KiB (instead of --vmem-limit-mib; default 16 MiB).
+    #[arg(long, value_name = "KIB")]
+    pub vmem_limit_kib: Option<usize>,
+}
+
+/// The validated config of `a`, its attention kernels for `kernels` (a TPU target).
+pub fn train_config(a: &CompileTrainArgs, kernels: &Target) -> Result<TrainConfig> {
+    let mut model = ModelConfig::preset(&a.model)?;
+    if let Some(layers) = a.num_layers {
+        model.layers = layers;
+    }
+    let mut cfg = a.step.config(model).map_err(|e| anyhow!(e))?;
+    cfg.target = kernels.clone();
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// Builds, checks against the topology, compiles and reports the train step of `a`.
+pub fn compile_train(
+    a: &CompileTrainArgs,
+    target: &TpuTarget,
+    kernels: &Target,
+    emit_stablehlo: Option<&Path>,
+    emit_mosaic: Option<&Path>,
+) -> Result<()> {
+    let cfg = train_config(a, kernels)?;
+    let devices = target.device_count()?;
+    if cfg.devices() != devices {
+        let (flag, degree) = if cfg.fsdp() {
+            ("--ici-fsdp-parallelism", cfg.ici_fsdp_parallelism)
+        } else {
+            ("--ici-data-parallelism", cfg.ici_data_parallelism)
+        };
+        bail!(
+            "{flag} {degree} x --ici-context-parallelism {} = {} devices, but the topology {} \
+             has {devices}; make their product {devices}",
+            cfg.ici_context_parallelism,
+            cfg.devices(),
+            target.topology()
+        );
+    }
+    let (_, program) = train_step_program(&cfg)?;
+    if let Some(path) = emit_stablehlo {
+        std::fs::write(path, program.to_mlir())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(dir) = emit_mosaic {
+        super::compile::emit_mosaic(dir, program.module())?;
+    }
+    let report = target.compile(program.module())?;
+    let mut collectives = collective_bytes(program.collectives());
+    // The gradients (and the loss) are summed in f32 all-reduces that the step builds outside
+    // the typed collectives, so they are not in their list. A gradient held whole on every
+    // device is summed over all `n`; an fsdp shard (already reduce-scattered over the axes
+    // it is split on) over the devices that hold the same shard, `n x local / global`. A
+    // ring all-reduce over `g` devices sends `2 (g - 1) / g` of it.
+    let n = cfg.devices();
+    let params = tessera_train::model::param_specs(&cfg.model).len();
+    let mut all_reduce = 2 * 4 * (n - 1) / n; // the loss
+    for t in &program.inputs()[..params] {
+        let local = t.local.dims.iter().product::<i64>() as usize;
+        let global = t.global.dims.iter().product::<i64>() as usize;
+        let group = n * local / global.max(1);
+        if group > 1 {
+            all_reduce += 2 * 4 * local * (group - 1) / group;
+        }
+    }
+    collectives.insert("all_reduce", (1, all_reduce));
+    // Parameters and both moments: the step's first `3 x params` arguments.
+    let state_bytes: usize = program.inputs()[..3 * params]
+        .iter()
+        .map(|t| t.local.dims.iter().product::<i64>() as usize * t.local.dtype.size_bytes())
+        .sum();
+    let chip = Chip::parse(target.topology()).ok();
+    let prediction = predict(&cfg, chip.as_ref());
+    print_human(
+        &cfg,
+        &report,
+        &collectives,
+        state_bytes,
+        chip.as_ref(),
+        &prediction,
+    );
+    let mut json = report_json(&cfg, &report, &collectives, chip.as_ref(), &prediction);
+    json.insert("state_bytes_per_device".into(), json!(state_bytes));
+    outln!("{}", Value::Object(json));
+    Ok(())
+}
+
+/// Calls and bytes each device sends per step, by collective (`all_to_all`, `psum`, ...).
+fn collective_bytes(
+    calls: &[tessera::collectives::CollectiveCall],
+) -> BTreeMap<&'static str, (usize, usize)> {
+    let mut by_name = BTreeMap::new();
+    for c in calls {
+        let entry = by_name.entry(c.collective.name()).or_insert((0, 0));
+        entry.0 += 1;
+        entry.1 += c.bytes_sent_per_device();
+    }
+    by_name
+}
+
+/// The step-time model's prediction, or why there is none. It models MaxText's step, whose
+/// weights are sharded over fsdp x context; the batch degree (data or fsdp) is its fsdp.
+fn predict(cfg: &TrainConfig, chip: Option<&Chip>) -> Result<StepPrediction, String> {
+    let Some(chip) = chip else {
+        return Err("the step-time model knows v5p and v5e slices only".into());
+    };
+    if matches!(cfg.strategy, Strategy::Usp { .. }) {
+        return Err("the step-time model does not model usp".into());
+    }
+    let setup = StepSetup {
+        model: cfg.model,
+        seq_len: cfg.max_target_length,
+        per_device_batch: cfg.per_device_batch_size as f64,
+        fsdp: cfg.batch_shards(),
+        context: cfg.ici_context_parallelism,
+        strategy: cfg.strategy,
+        load_balance: cfg.load_balance,
+        blocks: cfg.block_sizes(),
+        remat_attention: false,
+    };
+    predict_step(&setup, chip, Efficiency::CALIBRATED).map_err(|e| e.to_string())
+}
+
+/// Per-device bytes of the compiled program: arguments + outputs + temporaries - aliased.
+fn per_device_bytes(report: &CompileReport) -> Option<i64> {
+    report
+        .memory
+        .as_ref()
+        .map(|m| m.argument_bytes + m.output_bytes + m.temp_bytes - m.alias_bytes)
+}
+
+fn gib(bytes: f64) -> f64 {
+    bytes / (1u64 << 30) as f64
+}
+
+fn print_human(
+    cfg: &TrainConfig,
+    r: &CompileReport,
+    collectives: &BTreeMap<&'static str, (usize, usize)>,
+    state_bytes: usize,
+    chip: Option<&Chip>,
+    prediction: &Result<StepPrediction, String>,
+) {
+    let m = &cfg.model;
+    outln!(
+        "train step: {} layers, {:.1} M parameters; {} tokens x {} sequences per device; \
+         data {} x context {} ({}{}); splash blocks q {} kv {} q_dkv {} kv_dkv {}",
+        m.layers,
+        m.num_params() as f64 / 1e6,
+        cfg.max_target_length,
+        cfg.per_device_batch_size,
+        cfg.ici_data_parallelism,
+        cfg.ici_context_parallelism,
+        maxtext_name(cfg.strategy),
+        if cfg.load_balance {
+            ", load balanced"
+        } else {
+            ""
+        },
+        cfg.sa_block_q,
+        cfg.sa_block_kv,
+        cfg.sa_block_q_dkv,
+        cfg.sa_block_kv_dkv
+    );
+    outln!(
+        "compiled for {} ({} devices) in {:.1} s: kernels {}; executable {} bytes",
+        r.topology,
+        r.devices,
+        r.compile_seconds,
+        r.kernels.join(", "),
+        r.executable_bytes
+    );
+    if let (Some(mem), Some(total)) = (&r.memory, per_device_bytes(r)) {
+        let fits = match chip {
+            Some(c) => format!(
+                "{} {}'s {:.0} GiB HBM",
+                if total as f64 <= c.hbm_bytes {
+                    "fits"
+                } else {
+                    "does NOT fit"
+                },
+                c.name,
+                gib(c.hbm_bytes)
+            ),
+            None => "HBM of this chip not known".into(),
+        };
+        outln!(
+            "per device: arguments {:.2} GiB + outputs {:.2} GiB + temporaries {:.2} GiB - \
+             aliased {:.2} GiB = {:.2} GiB ({fits}); code {:.1} MiB",
+            gib(mem.argument_bytes as f64),
+            gib(mem.output_bytes as f64),
+            gib(mem.temp_bytes as f64),
+            gib(mem.alias_bytes as f64),
+            gib(total as f64),
+            mem.generated_code_bytes as f64 / (1u64 << 20) as f64
+        );
+    }
+    outln!(
+        "parameters and both AdamW moments (f32) per device: {:.2} GiB{}",
+        gib(state_bytes as f64),
+        if cfg.fsdp() {
+            " (sharded by fsdp)"
+        } else {
+            " (replicated: every device holds all of them)"
+        }
+    );
+    if let (Some(f), Some(b)) = (r.flops, r.bytes_accessed) {
+        outln!(
+            "compiler's cost analysis per device (the scanned layers' loop body counted once): \
+             {:.3} TFLOP, {:.3} GB accessed",
+            f / 1e12,
+            b / 1e9
+        );
+    }
+    let moved: Vec<String> = collectives
+        .iter()
+        .map(|(name, (calls, bytes))| {
+            format!(
+                "{name} {calls} calls {:.1} MiB",
+                *bytes as f64 / (1u64 << 20) as f64
+            )
+        })
+        .collect();
+    outln!(
+        "collectives, bytes each device sends (the scanned layers' body counted once): {}",
+        moved.join(", ")
+    );
+    match prediction {
+        Ok(p) => {
+            let b = &p.breakdown;
+            outln!(
+                "predicted (step-time model of MaxText's step, its fsdp degree = the data \
+                 degree here): {:.3} ms, MFU {:.1}%: matmuls {:.3} ms, attention {:.3} ms, \
+                 context collectives {:.3} ms, fsdp collectives {:.3} ms, optimizer {:.3} ms",
+                1e3 * p.predicted_step_s,
+                100.0 * p.predicted_mfu,
+                1e3 * b.compute_matmul_s,
+                1e3 * b.compute_attention_s,
+                1e3 * b.context_collectives_s,
+                1e3 * (b.fsdp_all_gather_s + b.fsdp_reduce_scatter_s),
+                1e3 * b.optimizer_s
+            );
+        }
+        Err(why) => outln!("no prediction: {why}"),
+    }
+}
+
+fn report_json(
+    cfg: &TrainConfig,
+    r: &CompileReport,
+    collectives: &BTreeMap<&'static str, (usize, usize)>,
+    chip: Option<&Chip>,
+    prediction: &Result<StepPrediction, String>,
+) -> Map<String, Value> {
+    let mut o: Map<String, Value> = match serde_json::from_str(&r.to_json()) {
+        Ok(Value::Object(o)) => o,
+        _ => Map::new(),
+    };
+    let m = &cfg.model;
+    o.insert("layers".into(), json!(m.layers));
+    o.insert("params".into(), json!(m.num_params()));
+    o.insert("strategy".into(), json!(maxtext_name(cfg.strategy)));
+    o.insert("data".into(), json!(cfg.ici_data_parallelism));
+    o.insert("fsdp".into(), json!(cfg.ici_fsdp_parallelism));
+    o.insert("context".into(), json!(cfg.ici_context_parallelism));
+    o.insert("max_target_length".into(), json!(cfg.max_target_length));
+    if let Some(code) = o.get("generated_code_bytes").cloned() {
+        o.insert("code_bytes".into(), code);
+    }
+    let total = per_device_bytes(r);
+    o.insert("per_device_bytes".into(), json!(total));
+    o.insert("hbm_bytes".into(), json!(chip.map(|c| c.hbm_bytes)));
+    o.insert(
+        "fits_hbm".into(),
+        json!(chip.zip(total).map(|(c, t)| t as f64 <= c.hbm_bytes)),
+    );
+    o.insert("compile_s".into(), json!(r.compile_seconds));
+    let moved: Map<String, Value> = collectives
+        .iter()
+        .map(|(name, (calls, bytes))| {
+            (
+                name.to_string(),
+                json!({"calls": calls, "bytes_per_device": bytes}),
+            )
+        })
+        .collect();
+    o.insert("collectives".into(), Value::Object(moved));
+    match prediction {
+        Ok(p) => {
+            if let Ok(Value::Object(predicted)) = serde_json::from_str(&p.to_json()) {
+                o.extend(predicted);
+            }
+        }
+        Err(why) => {
+            o.insert("predicted_step_s".into(), Value::Null);
+            o.insert("prediction".into(), json!(why));
+        }
+    }
+    o
+}

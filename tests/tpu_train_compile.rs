@@ -1,0 +1,193 @@
+//! `tessera compile train`: the tiny model's whole train step compiled by libtpu for
+//! v5p:2x2x1 with each context-parallel strategy, its report checked; and the refusals that
+//! come before any compile.
+
+mod common;
+use common::tessera;
+use serde_json::Value;
+
+/// Runs `tessera compile --target tpu:TOPOLOGY train ARGS`: success, stdout, stderr.
+fn compile_train(topology: &str, args: &[&str]) -> (bool, String, String) {
+    let target = format!("tpu:{topology}");
+    let mut all = vec!["compile", "--target", &target, "train"];
+    all.extend_from_slice(args);
+    tessera(&all)
+}
+
+fn int(report: &Value, key: &str) -> i64 {
+    report[key]
+        .as_i64()
+        .unwrap_or_else(|| panic!("`{key}` is not an integer in {report}"))
+}
+
+/// The tiny model (2 layers) on data 1 x context 4: compiles, and its last line is the report.
+fn tiny_step(strategy: &str, collective: &str) {
+    let (ok, stdout, stderr) = compile_train(
+        "v5p:2x2x1",
+        &[
+            "--model",
+            "tiny",
+            "--num-layers",
+            "2",
+            "--ici-context-parallelism",
+            "4",
+            "--context-parallel-strategy",
+            strategy,
+        ],
+    );
+    assert!(ok, "{strategy}: {stderr}");
+    let last = stdout.lines().last().unwrap();
+    let report: Value = serde_json::from_str(last).unwrap();
+    let kernels: Vec<&str> = report["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    for kernel in ["splash_fwd", "splash_bwd_prep", "splash_dkv", "splash_dq"] {
+        assert!(kernels.contains(&kernel), "{strategy}: {kernels:?}");
+    }
+    let [args, outs, temp, alias] = [
+        "argument_bytes",
+        "output_bytes",
+        "temp_bytes",
+        "alias_bytes",
+    ]
+    .map(|k| int(&report, k));
+    assert_eq!(int(&report, "per_device_bytes"), args + outs + temp - alias);
+    // Without fsdp every device holds the f32 parameters and both moments, all donated: the
+    // aliased bytes are exactly 12 bytes a parameter (tiny: 459,392 parameters).
+    assert_eq!(int(&report, "params"), 459_392);
+    assert_eq!(alias, 12 * 459_392, "{report}");
+    assert!(args > alias && outs >= alias, "{report}");
+    assert!(int(&report, "code_bytes") > 0);
+    assert_eq!(report["fits_hbm"], Value::Bool(true));
+    assert!(
+        report["flops"].as_f64().is_some_and(|f| f > 0.0),
+        "{report}"
+    );
+    assert!(report["bytes_accessed"].as_f64().is_some_and(|b| b > 0.0));
+    assert!(report["compile_s"].as_f64().is_some_and(|s| s > 0.0));
+    let moved = &report["collectives"][collective];
+    assert!(
+        moved["calls"].as_u64().is_some_and(|n| n >= 2)
+            && moved["bytes_per_device"].as_u64() > Some(0),
+        "{strategy}: no {collective} in {report}"
+    );
+    // The gradient all-reduce over the 4 devices: f32 gradients and the loss, ring algorithm.
+    assert_eq!(
+        report["collectives"]["all_reduce"]["bytes_per_device"].as_u64(),
+        Some(2 * 4 * (459_392 + 1) * 3 / 4)
+    );
+    assert!(report["predicted_step_s"].as_f64().is_some_and(|s| s > 0.0));
+    assert!(report["predicted_mfu"]
+        .as_f64()
+        .is_some_and(|m| m > 0.0 && m < 1.0));
+    assert!(report["breakdown"]["compute_matmul_s"].as_f64() > Some(0.0));
+    assert!(stdout.contains("per device: arguments"), "{stdout}");
+}
+
+#[test]
+fn tiny_train_step_ulysses_compiles_for_v5p() {
+    tiny_step("ulysses", "all_to_all");
+}
+
+#[test]
+fn tiny_train_step_all_gather_compiles_for_v5p() {
+    tiny_step("all_gather", "all_gather");
+}
+
+#[test]
+fn tiny_train_step_ring_compiles_for_v5p() {
+    tiny_step("ring", "ppermute");
+}
+
+/// fsdp 2 x context 2: the parameters and moments are split over the batch axis, each
+/// layer's weights all-gathered in the loop; the state per device is what its shards hold.
+#[test]
+fn tiny_train_step_with_fsdp_compiles_for_v5p() {
+    let (ok, stdout, stderr) = compile_train(
+        "v5p:2x2x1",
+        &[
+            "--model",
+            "tiny",
+            "--num-layers",
+            "2",
+            "--ici-fsdp-parallelism",
+            "2",
+            "--ici-context-parallelism",
+            "2",
+        ],
+    );
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(int(&report, "fsdp"), 2);
+    let state = int(&report, "state_bytes_per_device");
+    // Everything but the norm scales (d_model floats each: 2 per layer and the final one) is
+    // halved.
+    let norms = 128 * (2 * 2 + 1);
+    assert_eq!(state, 12 * ((459_392 - norms) / 2 + norms), "{report}");
+    // Donated and aliased (the compiler may alias more than the state).
+    assert!(int(&report, "alias_bytes") >= state, "{report}");
+    assert!(
+        report["collectives"]["all_gather"]["calls"]
+            .as_u64()
+            .is_some_and(|n| n >= 1),
+        "{report}"
+    );
+}
+
+#[test]
+fn a_mesh_that_is_not_the_topology_is_refused() {
+    let (ok, stdout, stderr) = compile_train(
+        "v5p:2x2x1",
+        &[
+            "--ici-data-parallelism",
+            "1",
+            "--ici-context-parallelism",
+            "2",
+        ],
+    );
+    assert!(!ok, "{stdout}");
+    assert!(
+        stderr.contains(
+            "--ici-data-parallelism 1 x --ici-context-parallelism 2 = 2 devices, but the \
+             topology v5p:2x2x1 has 4; make their product 4"
+        ),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_combinations_are_refused_before_compiling() {
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["--sa-block-q", "100"],
+            "--sa-block-q 100 does not divide the 256 queries",
+        ),
+        (
+            &[
+                "--ici-data-parallelism",
+                "2",
+                "--ici-fsdp-parallelism",
+                "2",
+                "--ici-context-parallelism",
+                "1",
+            ],
+            "both split the batch",
+        ),
+        (
+            &[
+                "--context-parallel-strategy",
+                "ulysses",
+                "--context-parallel-load-balance",
+            ],
+            "--context-parallel-load-balance balances the all_gather and ring strategies",
+        ),
+    ];
+    for (args, message) in cases {
+        let (ok, _, stderr) = compile_train("v5p:2x2x1", args);
+        assert!(!ok && stderr.contains(message), "{args:?}: {stderr}");
+        assert!(!stderr.contains("TPU compiler"), "{stderr}");
+    }
+}
