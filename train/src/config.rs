@@ -208,8 +208,9 @@ pub struct TrainConfig {
     /// parameters and optimizer state replicated.
     pub ici_data_parallelism: usize,
     /// Devices on the batch axis as fully sharded data parallelism
-    /// (`ici_fsdp_parallelism`): parameters, gradients and AdamW moments split over it. The
-    /// mesh has one batch axis, so at most one of this and `ici_data_parallelism` exceeds 1.
+    /// (`ici_fsdp_parallelism`): parameters, gradients and AdamW moments split over it and
+    /// over the context axis (fsdp x context ways, MaxText's `embed` rule). The mesh has one
+    /// batch axis, so at most one of this and `ici_data_parallelism` exceeds 1.
     pub ici_fsdp_parallelism: usize,
     /// `context_parallel_strategy`.
     pub strategy: Strategy,
@@ -441,7 +442,8 @@ impl TrainConfig {
 
 impl TrainConfig {
     /// The batch axis is either data or fsdp, and fsdp splits every model dim it shards
-    /// ([`crate::model::ParamSpec::fsdp_dim`]) evenly.
+    /// ([`crate::model::ParamSpec::fsdp_dim`] over the batch axis,
+    /// [`crate::model::ParamSpec::context_dim`] over the context axis) evenly.
     fn check_fsdp(&self) -> Result<(), TrainError> {
         let (dp, fsdp) = (self.ici_data_parallelism, self.ici_fsdp_parallelism);
         if dp > 1 && fsdp > 1 {
@@ -467,7 +469,34 @@ impl TrainConfig {
                  {n}, or --ici-data-parallelism {fsdp}"
             ));
         }
+        // Each matrix's other model dim is split over the context axis
+        // ([`crate::model::ParamSpec::context_dim`]).
+        let (context, cp) = (self.weight_context_shards(), self.ici_context_parallelism);
+        let dims = [
+            ("--vocab", m.vocab),
+            ("--d-model", m.d_model),
+            ("--heads x --head-dim", m.heads * m.head_dim),
+            ("--kv-heads x --head-dim", m.kv_heads * m.head_dim),
+            ("--mlp-dim", m.mlp_dim),
+        ];
+        if let Some((flag, n)) = dims.iter().find(|(_, n)| n % context != 0) {
+            return config(format!(
+                "--ici-fsdp-parallelism {fsdp} also shards the parameters' {flag} dim ({n}) \
+                 over the {context} context devices (--ici-context-parallelism {cp}), which \
+                 does not divide it; use a context degree that divides {n}, or \
+                 --ici-data-parallelism {fsdp}"
+            ));
+        }
         Ok(())
+    }
+
+    /// Devices on the mesh's `context` axis, over which fsdp also splits the weights: the
+    /// context degree, or the Ulysses degree of USP (whose ring axis keeps them replicated).
+    pub fn weight_context_shards(&self) -> usize {
+        match self.strategy {
+            Strategy::Usp { ulysses, .. } => ulysses,
+            _ => self.ici_context_parallelism,
+        }
     }
 }
 

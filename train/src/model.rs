@@ -4,13 +4,16 @@
 //! over the batch axis `data`, each sequence over `context`), and either all parameters
 //! (replicated: data parallelism) or, with fsdp (`ici_fsdp_parallelism`), its shard of each
 //! parameter and AdamW moment: every tensor but the norm scales split over the batch axis
-//! along a model dim ([`ParamSpec::fsdp_dim`]). The program, per device:
+//! along one model dim ([`ParamSpec::fsdp_dim`]) and over `context` along the other
+//! ([`ParamSpec::context_dim`]; MaxText's `embed` rule, fsdp x context ways; USP's ring axis
+//! keeps them replicated). The program, per device:
 //!
 //! 1. **Forward.** One-hot token embedding, then the decoder layers as one loop
 //!    ([`Spmd::scan`]) over the layers' stacked weights (`[L, ...]` parameters), whose body is
-//!    one layer (with fsdp, the layer's matrices all-gathered over the batch axis first, as
-//!    are the embedding and LM head before theirs): RMSNorm, the q/k/v projections, RoPE at the tokens' global positions (an
-//!    input, so any sequence layout works), the context-parallel attention
+//!    one layer (with fsdp, the layer's matrices all-gathered over the batch and context axes
+//!    first, as are the embedding and LM head before theirs): RMSNorm, the q/k/v projections,
+//!    RoPE at the tokens' global positions (an input, so any sequence layout works), the
+//!    context-parallel attention
 //!    ([`AttentionLayer::forward`]: the strategy's collectives and splash kernels), the output
 //!    projection and residual, RMSNorm, SwiGLU MLP and residual; final RMSNorm, LM head,
 //!    softmax cross-entropy summed over the device's tokens. The program's size and compile
@@ -21,21 +24,21 @@
 //!    backward is the gradient of its forward. The layer loop's backward is a loop too, which
 //!    re-runs each layer's forward from its saved input (per-layer rematerialisation). With
 //!    fsdp the all-gathers' transposes are reduce-scatters: each device gets its shard of a
-//!    gradient, already summed over the batch axis.
+//!    gradient, already summed over the batch and context axes.
 //! 3. **Reduce.** One all-reduce over all devices sums every replicated parameter's gradient
-//!    and the loss (each device contributed its tokens); with fsdp a second one sums the
-//!    gradient shards over the context and ring axes.
+//!    and the loss (each device contributed its tokens); with fsdp and USP a second one sums
+//!    the gradient shards over the ring axis.
 //! 4. **Update.** Global-norm clipping (with fsdp, the shards' squares summed over the batch
-//!    axis) and AdamW, elementwise on what each device holds, so parameters and moments keep
+//!    and context axes) and AdamW, elementwise on what each device holds, so parameters and moments keep
 //!    their layout from step to step.
 
-use tessera_collectives::axes::Data;
+use tessera_collectives::axes::{Context, Data};
 use tessera_collectives::{
     CollectiveError, DTensor, Invariant, LocalValue, Mesh, Program, Replicated, Split, Spmd,
     Unstack,
 };
 use tessera_hlo::{DType, FuncBuilder, Grouping, HostArray, Reducer, TensorType, UnaryOp, Value};
-use tessera_parallel::{AttentionLayer, ModelMesh, TokenLayout};
+use tessera_parallel::{AttentionLayer, ModelMesh, RingAxis, TokenLayout};
 
 use crate::config::{ModelConfig, TrainConfig};
 use crate::TrainError;
@@ -66,6 +69,9 @@ pub struct ParamSpec {
     /// (`d_model`, `heads x head_dim` or `mlp_dim`), never the layer dim; `None` for the
     /// norm scales, which stay replicated (they are `d_model` floats per layer).
     pub fsdp_dim: Option<usize>,
+    /// The dim split over the `context` axis with fsdp (MaxText's `embed` rule shards weights
+    /// over fsdp x context): the tensor's other model dim; `None` for the norm scales.
+    pub context_dim: Option<usize>,
 }
 
 /// The parameters of `m`, in the order the programs take them.
@@ -78,6 +84,7 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         init: Init::Normal(scale / (rows as f64).sqrt()),
         decay: true,
         fsdp_dim: Some(0),
+        context_dim: Some(1),
     };
     let norm = |name: String| ParamSpec {
         name,
@@ -86,6 +93,7 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         init: Init::Ones,
         decay: false,
         fsdp_dim: None,
+        context_dim: None,
     };
     // A layer's tensor stacked over the layers: `[L, ...]`.
     let stack = |s: ParamSpec| ParamSpec {
@@ -93,6 +101,7 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         shape: [m.layers].into_iter().chain(s.shape).collect(),
         stacked: true,
         fsdp_dim: s.fsdp_dim.map(|d| d + 1),
+        context_dim: s.context_dim.map(|d| d + 1),
         ..s
     };
     // Residual branches' output projections start smaller, so the stream's scale does not
@@ -105,6 +114,7 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         init: Init::Normal(1.0),
         decay: true,
         fsdp_dim: Some(1),
+        context_dim: Some(0),
     }];
     let p = |s: &str| s.to_string();
     specs.extend(
@@ -168,8 +178,9 @@ type TokenRows = (Split<Data>, Replicated);
 type StackedVector = (Replicated, Replicated);
 /// A stacked matrix `[L, rows, cols]`.
 type StackedMatrix = (Replicated, Replicated, Replicated);
-/// A stacked matrix with fsdp: its rows split over the batch axis.
-type FsdpStackedMatrix = (Replicated, Split<Data>, Replicated);
+/// A stacked matrix with fsdp: its rows split over the batch axis, its columns over
+/// `context`.
+type FsdpStackedMatrix = (Replicated, Split<Data>, Split<Context>);
 
 /// How the layer loop reads its stacked matrices: a row (one layer's matrix) made whole.
 trait StackedWeights: Unstack<ModelMesh> {
@@ -184,10 +195,13 @@ impl StackedWeights for StackedMatrix {
 }
 
 impl StackedWeights for FsdpStackedMatrix {
-    /// The all-gather over the batch axis, whose transpose in the backward is the
-    /// reduce-scatter that leaves each device its shard of the gradient.
+    /// The all-gathers over the batch and context axes, whose transposes in the backward are
+    /// the reduce-scatters that leave each device its shard of the gradient.
     fn whole(row: &DTensor<'_, ModelMesh, Self::Row>) -> Result<Value, CollectiveError> {
-        Ok(row.all_gather::<Data, 0>()?.value())
+        Ok(row
+            .all_gather::<Data, 0>()?
+            .all_gather::<Context, 1>()?
+            .value())
     }
 }
 
@@ -196,7 +210,11 @@ impl StackedWeights for FsdpStackedMatrix {
 macro_rules! with_param_layout {
     ($spec:expr, $fsdp:expr, |$L:ident| $body:expr) => {{
         let spec: &ParamSpec = $spec;
-        let split = if $fsdp { spec.fsdp_dim } else { None };
+        let split = if $fsdp {
+            spec.fsdp_dim.zip(spec.context_dim)
+        } else {
+            None
+        };
         match (spec.shape.len(), split) {
             (1, None) => {
                 type $L = (Replicated,);
@@ -210,20 +228,20 @@ macro_rules! with_param_layout {
                 type $L = StackedMatrix;
                 $body
             }
-            (2, Some(0)) => {
-                type $L = (Split<Data>, Replicated);
+            (2, Some((0, 1))) => {
+                type $L = (Split<Data>, Split<Context>);
                 $body
             }
-            (2, Some(1)) => {
-                type $L = (Replicated, Split<Data>);
+            (2, Some((1, 0))) => {
+                type $L = (Split<Context>, Split<Data>);
                 $body
             }
-            (3, Some(1)) => {
+            (3, Some((1, 2))) => {
                 type $L = FsdpStackedMatrix;
                 $body
             }
             (rank, split) => Err(CollectiveError::local(format!(
-                "no layout for {} (rank {rank}, fsdp dim {split:?})",
+                "no layout for {} (rank {rank}, fsdp and context dims {split:?})",
                 spec.name
             ))),
         }
@@ -329,7 +347,8 @@ pub fn build_program(
 }
 
 /// The argument of a parameter (or a moment) of `spec` (f32): replicated, or with fsdp
-/// split over the batch axis along its [`ParamSpec::fsdp_dim`].
+/// split over the batch axis along its [`ParamSpec::fsdp_dim`] and over `context` along its
+/// [`ParamSpec::context_dim`].
 fn param_arg(
     p: &Spmd<'_, ModelMesh>,
     spec: &ParamSpec,
@@ -406,11 +425,17 @@ impl<'a> Model<'a> {
         let m = self.m;
         let n = self.b * self.s;
         let (embed, lm_head) = if self.fsdp {
-            let embed = p.declare::<(Replicated, Split<Data>), Invariant>(self.embed)?;
-            let lm_head = p.declare::<(Split<Data>, Replicated), Invariant>(self.lm_head)?;
+            let embed = p.declare::<(Split<Context>, Split<Data>), Invariant>(self.embed)?;
+            let lm_head = p.declare::<(Split<Data>, Split<Context>), Invariant>(self.lm_head)?;
             (
-                embed.all_gather::<Data, 1>()?.value(),
-                lm_head.all_gather::<Data, 0>()?.value(),
+                embed
+                    .all_gather::<Data, 1>()?
+                    .all_gather::<Context, 0>()?
+                    .value(),
+                lm_head
+                    .all_gather::<Data, 0>()?
+                    .all_gather::<Context, 1>()?
+                    .value(),
             )
         } else {
             (self.embed, self.lm_head)
@@ -699,33 +724,33 @@ fn all_reduce_sum(
 /// Which gradients are sharded over the batch axis (fsdp), and the device groups their
 /// sums run over.
 struct ReduceGroups {
-    /// Per parameter: whether its gradient is a shard (it came out of the all-gather's
-    /// transpose, a reduce-scatter over the batch axis, already summed over it).
+    /// Per parameter: whether its gradient is a shard (it came out of the all-gathers'
+    /// transposes, reduce-scatters over the batch and context axes, already summed over
+    /// them).
     sharded: Vec<bool>,
     /// Every device.
     all: Vec<Vec<i64>>,
-    /// Devices with the same batch coordinate (the context and ring axes): where a shard's
-    /// gradient still needs its sum.
-    sequence: Vec<Vec<i64>>,
-    /// Devices with the same context and ring coordinates (the batch axis): where the
+    /// Devices with the same batch and context coordinates (the ring axis of USP; one
+    /// device each otherwise): where a shard's gradient still needs its sum.
+    ring: Vec<Vec<i64>>,
+    /// Devices with the same ring coordinate (the batch x context plane): where the
     /// shards' squares add up to the global norm.
-    batch: Vec<Vec<i64>>,
+    shards: Vec<Vec<i64>>,
 }
 
 impl ReduceGroups {
     fn new(mesh: &Mesh<ModelMesh>, specs: &[ParamSpec], fsdp: bool) -> Self {
         let devices = mesh.num_devices() as i64;
-        let batch = mesh.axis::<Data>();
-        // Row-major device ids: the batch axis is the outermost, so each batch coordinate
-        // holds a contiguous run of ids.
-        let per_batch = devices / batch.size() as i64;
+        // Row-major device ids: the ring axis is the innermost, so a device's ring
+        // coordinate is its id modulo the ring size.
+        let ring_size = mesh.axis_size::<RingAxis>() as i64;
         ReduceGroups {
             sharded: specs.iter().map(|s| fsdp && s.fsdp_dim.is_some()).collect(),
             all: vec![(0..devices).collect()],
-            sequence: (0..batch.size() as i64)
-                .map(|b| (b * per_batch..(b + 1) * per_batch).collect())
+            ring: mesh.axis::<RingAxis>().groups().to_vec(),
+            shards: (0..ring_size)
+                .map(|r| (r..devices).step_by(ring_size as usize).collect())
                 .collect(),
-            batch: batch.groups().to_vec(),
         }
     }
 }
@@ -761,8 +786,8 @@ fn all_reduce_concat(
 }
 
 /// Sums the gradients and the loss over the devices: replicated gradients and the loss over
-/// every device, in one all-reduce; with fsdp the shards (already summed over the batch axis
-/// by the reduce-scatter) over the context and ring axes, in another. Returns the mean loss
+/// every device, in one all-reduce; with fsdp the shards (already summed over the batch and
+/// context axes by the reduce-scatters) over the ring axis (USP), in another. Returns the mean loss
 /// and the gradients.
 fn reduce_gradients(
     f: &mut FuncBuilder<'_>,
@@ -777,7 +802,7 @@ fn reduce_gradients(
     }
     whole.push(loss_sum);
     let mut whole = all_reduce_concat(f, &whole, &groups.all)?.into_iter();
-    let mut shards = all_reduce_concat(f, &shards, &groups.sequence)?.into_iter();
+    let mut shards = all_reduce_concat(f, &shards, &groups.ring)?.into_iter();
     let mut out = Vec::with_capacity(grads.len());
     for &sharded in &groups.sharded {
         let next = if sharded { shards.next() } else { whole.next() };
@@ -790,7 +815,8 @@ fn reduce_gradients(
     Ok((loss, out))
 }
 
-/// `sqrt(sum of g^2)` over every gradient: the shards' squares summed over the batch axis.
+/// `sqrt(sum of g^2)` over every gradient: the shards' squares summed over the batch and
+/// context axes.
 fn global_norm(
     f: &mut FuncBuilder<'_>,
     grads: &[Value],
@@ -806,7 +832,7 @@ fn global_norm(
         *acc = f.add(*acc, s)?;
     }
     if groups.sharded.iter().any(|&s| s) {
-        let summed = all_reduce_concat(f, &[shards], &groups.batch)?;
+        let summed = all_reduce_concat(f, &[shards], &groups.shards)?;
         whole = f.add(whole, summed[0])?;
     }
     Ok(f.sqrt(whole)?)
