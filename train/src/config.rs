@@ -4,6 +4,7 @@
 
 use std::fmt;
 
+use tessera_hlo::DType;
 use tessera_parallel::Strategy;
 use tessera_splash::BlockSizes;
 
@@ -212,6 +213,10 @@ pub struct TrainConfig {
     /// over the context axis (fsdp x context ways, MaxText's `embed` rule). The mesh has one
     /// batch axis, so at most one of this and `ici_data_parallelism` exceeds 1.
     pub ici_fsdp_parallelism: usize,
+    /// `dtype`: the compute dtype of the matmuls, activations and attention (f32 or bf16).
+    /// Parameters and AdamW moments stay f32 (each layer's weights are cast before their
+    /// all-gather); norms, the residual stream, softmax and the loss run in f32.
+    pub dtype: DType,
     /// `context_parallel_strategy`.
     pub strategy: Strategy,
     /// `context_parallel_load_balance` (all_gather and ring).
@@ -250,6 +255,7 @@ impl TrainConfig {
             ici_context_parallelism: 4,
             ici_data_parallelism: 1,
             ici_fsdp_parallelism: 1,
+            dtype: DType::F32,
             strategy: Strategy::Ulysses,
             load_balance: false,
             sa_block_q: 128,
@@ -353,6 +359,12 @@ impl TrainConfig {
             return config(format!(
                 "--learning-rate {} is not a positive number",
                 self.learning_rate
+            ));
+        }
+        if !matches!(self.dtype, DType::F32 | DType::BF16) {
+            return config(format!(
+                "dtype {:?} is not a compute dtype of the train step; use f32 or bf16",
+                self.dtype
             ));
         }
         self.check_fsdp()?;

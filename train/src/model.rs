@@ -184,24 +184,54 @@ type FsdpStackedMatrix = (Replicated, Split<Data>, Split<Context>);
 
 /// How the layer loop reads its stacked matrices: a row (one layer's matrix) made whole.
 trait StackedWeights: Unstack<ModelMesh> {
-    /// Layer `i`'s whole matrix from its row of the stack.
-    fn whole(row: &DTensor<'_, ModelMesh, Self::Row>) -> Result<Value, CollectiveError>;
+    /// Layer `i`'s whole matrix in `dtype` from its (f32) row of the stack.
+    fn whole(
+        row: &DTensor<'_, ModelMesh, Self::Row>,
+        dtype: DType,
+    ) -> Result<Value, CollectiveError>;
 }
 
 impl StackedWeights for StackedMatrix {
-    fn whole(row: &DTensor<'_, ModelMesh, Self::Row>) -> Result<Value, CollectiveError> {
-        Ok(row.value())
+    fn whole(
+        row: &DTensor<'_, ModelMesh, Self::Row>,
+        dtype: DType,
+    ) -> Result<Value, CollectiveError> {
+        if row.dtype()? == dtype {
+            Ok(row.value())
+        } else {
+            Ok(row.convert(dtype)?.value())
+        }
+    }
+}
+
+/// `x` in `dtype` (itself when it already is).
+fn cast(f: &mut FuncBuilder<'_>, x: Value, dtype: DType) -> Result<Value, CollectiveError> {
+    if f.value_type(x)?.dtype == dtype {
+        Ok(x)
+    } else {
+        Ok(f.convert(x, dtype)?)
     }
 }
 
 impl StackedWeights for FsdpStackedMatrix {
-    /// The all-gathers over the batch and context axes, whose transposes in the backward are
-    /// the reduce-scatters that leave each device its shard of the gradient.
-    fn whole(row: &DTensor<'_, ModelMesh, Self::Row>) -> Result<Value, CollectiveError> {
-        Ok(row
-            .all_gather::<Data, 0>()?
-            .all_gather::<Context, 1>()?
-            .value())
+    /// The cast, then the all-gathers over the batch and context axes, whose transposes in
+    /// the backward are the reduce-scatters that leave each device its shard of the
+    /// gradient.
+    fn whole(
+        row: &DTensor<'_, ModelMesh, Self::Row>,
+        dtype: DType,
+    ) -> Result<Value, CollectiveError> {
+        let gather = |row: &DTensor<'_, ModelMesh, Self::Row>| {
+            Ok(row
+                .all_gather::<Data, 0>()?
+                .all_gather::<Context, 1>()?
+                .value())
+        };
+        if row.dtype()? == dtype {
+            gather(row)
+        } else {
+            gather(&row.convert(dtype)?)
+        }
     }
 }
 
@@ -396,6 +426,8 @@ struct Model<'a> {
     s: i64,
     /// Whether the weights are shards to gather before use.
     fsdp: bool,
+    /// The compute dtype of the matmuls and the attention ([`TrainConfig::dtype`]).
+    dtype: DType,
 }
 
 impl<'a> Model<'a> {
@@ -417,6 +449,7 @@ impl<'a> Model<'a> {
             b: (cfg.per_device_batch_size * cp) as i64,
             s: (cfg.max_target_length / cp) as i64,
             fsdp: cfg.fsdp(),
+            dtype: cfg.dtype,
         }
     }
 
@@ -424,9 +457,16 @@ impl<'a> Model<'a> {
     fn forward(&self, p: &Spmd<'_, ModelMesh>, ids: [Value; 3]) -> Result<Value, CollectiveError> {
         let m = self.m;
         let n = self.b * self.s;
+        let dtype = self.dtype;
         let (embed, lm_head) = if self.fsdp {
             let embed = p.declare::<(Split<Context>, Split<Data>), Invariant>(self.embed)?;
             let lm_head = p.declare::<(Split<Data>, Split<Context>), Invariant>(self.lm_head)?;
+            // Cast before the gathers, so they move `dtype` bytes.
+            let (embed, lm_head) = if dtype == DType::F32 {
+                (embed, lm_head)
+            } else {
+                (embed.convert(dtype)?, lm_head.convert(dtype)?)
+            };
             (
                 embed
                     .all_gather::<Data, 1>()?
@@ -438,7 +478,7 @@ impl<'a> Model<'a> {
                     .value(),
             )
         } else {
-            (self.embed, self.lm_head)
+            p.with_builder(|f| Ok((cast(f, self.embed, dtype)?, cast(f, self.lm_head, dtype)?)))?
         };
         let (target_onehot, cos, sin, x) = p.with_builder(|f| {
             let flat = |f: &mut FuncBuilder<'_>, v| f.reshape(v, &[n]);
@@ -447,7 +487,10 @@ impl<'a> Model<'a> {
             let onehot = one_hot(f, tokens, m.vocab)?;
             let target_onehot = one_hot(f, targets, m.vocab)?;
             let (cos, sin) = rope_tables(f, positions, m.head_dim, m.rope_theta)?;
-            let x = f.matmul(onehot, embed, DType::F32)?;
+            let (cos, sin) = (cast(f, cos, dtype)?, cast(f, sin, dtype)?);
+            let onehot = cast(f, onehot, dtype)?;
+            let x = f.matmul(onehot, embed, dtype)?;
+            let x = cast(f, x, DType::F32)?;
             Ok((target_onehot, cos, sin, x))
         })?;
         let x0 = p.declare::<TokenRows, Invariant>(x)?;
@@ -458,6 +501,7 @@ impl<'a> Model<'a> {
         };
         p.with_builder(|f| {
             let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
+            let h = cast(f, h, dtype)?;
             let logits = f.matmul(h, lm_head, DType::F32)?;
             let lse = logsumexp(f, logits)?;
             let picked = f.mul(logits, target_onehot)?;
@@ -495,13 +539,13 @@ impl<'a> Model<'a> {
                 let w = LayerParams {
                     attention_norm: vectors[0].value(),
                     mlp_norm: vectors[1].value(),
-                    wq: W::whole(&matrices[0])?,
-                    wk: W::whole(&matrices[1])?,
-                    wv: W::whole(&matrices[2])?,
-                    wo: W::whole(&matrices[3])?,
-                    w1: W::whole(&matrices[4])?,
-                    w3: W::whole(&matrices[5])?,
-                    w2: W::whole(&matrices[6])?,
+                    wq: W::whole(&matrices[0], self.dtype)?,
+                    wk: W::whole(&matrices[1], self.dtype)?,
+                    wv: W::whole(&matrices[2], self.dtype)?,
+                    wo: W::whole(&matrices[3], self.dtype)?,
+                    w1: W::whole(&matrices[4], self.dtype)?,
+                    w3: W::whole(&matrices[5], self.dtype)?,
+                    w2: W::whole(&matrices[6], self.dtype)?,
                 };
                 let y = self.layer(p, x.value(), &w, cos, sin)?;
                 p.declare::<TokenRows, Invariant>(y)
@@ -523,9 +567,10 @@ impl<'a> Model<'a> {
         let m = self.m;
         let (q, k, v) = p.with_builder(|f| {
             let (h, _) = rms_norm(f, x, w.attention_norm, m.norm_eps)?;
-            let q = f.matmul(h, w.wq, DType::F32)?;
-            let k = f.matmul(h, w.wk, DType::F32)?;
-            let v = f.matmul(h, w.wv, DType::F32)?;
+            let h = cast(f, h, self.dtype)?;
+            let q = f.matmul(h, w.wq, self.dtype)?;
+            let k = f.matmul(h, w.wk, self.dtype)?;
+            let v = f.matmul(h, w.wv, self.dtype)?;
             let q = rope(f, q, m.heads, cos, sin)?;
             let k = rope(f, k, m.kv_heads, cos, sin)?;
             Ok((
@@ -537,14 +582,18 @@ impl<'a> Model<'a> {
         let (out, _lse) = self.layer.forward(p, q, k, v)?;
         p.with_builder(|f| {
             let out = from_heads(f, out)?;
-            let proj = f.matmul(out, w.wo, DType::F32)?;
+            let proj = f.matmul(out, w.wo, self.dtype)?;
+            // The residual stream and the norms stay f32.
+            let proj = cast(f, proj, DType::F32)?;
             let x1 = f.add(x, proj)?;
             let (h2, _) = rms_norm(f, x1, w.mlp_norm, m.norm_eps)?;
-            let a = f.matmul(h2, w.w1, DType::F32)?;
-            let c = f.matmul(h2, w.w3, DType::F32)?;
+            let h2 = cast(f, h2, self.dtype)?;
+            let a = f.matmul(h2, w.w1, self.dtype)?;
+            let c = f.matmul(h2, w.w3, self.dtype)?;
             let act = silu(f, a)?;
             let gated = f.mul(act, c)?;
-            let down = f.matmul(gated, w.w2, DType::F32)?;
+            let down = f.matmul(gated, w.w2, self.dtype)?;
+            let down = cast(f, down, DType::F32)?;
             Ok(f.add(x1, down)?)
         })
     }

@@ -402,7 +402,7 @@ fn attention_layer(cfg: &TrainConfig) -> Result<AttentionLayer, TrainError> {
             head_dim: m.head_dim,
             head_dim_v: m.head_dim,
         },
-        dtype: DType::F32,
+        dtype: cfg.dtype,
         mask: Mask::causal(),
         block_sizes: cfg.block_sizes(),
         options: Default::default(),

@@ -307,3 +307,22 @@ fn bad_combinations_are_named_before_compiling() {
         assert!(!err.contains('\n'), "one sentence: {err}");
     }
 }
+
+#[test]
+fn bf16_compute_tracks_f32_and_the_loss_falls() {
+    let _serial = serial();
+    let steps = 5;
+    // fsdp 2 x context 2, so each layer's weights are cast before their all-gathers.
+    let f32_cfg = on_batch_axis(micro(), true);
+    let mut bf16_cfg = f32_cfg.clone();
+    bf16_cfg.dtype = tessera_hlo::DType::BF16;
+    let f32_losses = losses(&run(f32_cfg, steps));
+    let bf16_losses = losses(&run(bf16_cfg, steps));
+    let diff = max_diff(&bf16_losses, &f32_losses);
+    eprintln!("bf16 {bf16_losses:?}\nf32 {f32_losses:?}\nmax |bf16 - f32| = {diff:.2e}");
+    assert!(diff <= 1e-2, "bf16 {bf16_losses:?} vs f32 {f32_losses:?}");
+    assert!(
+        bf16_losses[steps - 1] < bf16_losses[0] - 0.1,
+        "{bf16_losses:?}"
+    );
+}
