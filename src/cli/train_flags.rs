@@ -3,6 +3,7 @@
 //! `examples/train.rs` (which includes this file by path).
 
 use clap::Args;
+use tessera::dsl::DType;
 use tessera::parallel::Strategy;
 use tessera_train::{ModelConfig, TrainConfig};
 
@@ -45,6 +46,11 @@ pub struct StepFlags {
     pub sa_block_q_dkv: Option<usize>,
     #[arg(long)]
     pub sa_block_kv_dkv: Option<usize>,
+    /// Compute dtype (MaxText's `dtype`): f32, or bf16 for the matmuls, activations, weight
+    /// gathers and attention (parameters and AdamW moments stay f32; norms, softmax and the
+    /// loss in f32).
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
 }
 
 impl StepFlags {
@@ -59,7 +65,17 @@ impl StepFlags {
                 self.context_parallel_strategy
             )
         })?;
+        let dtype = match self.dtype.as_str() {
+            "f32" | "float32" => DType::F32,
+            "bf16" | "bfloat16" => DType::BF16,
+            other => {
+                return Err(format!(
+                    "--dtype {other} is not a compute dtype of the train step; use f32 or bf16"
+                ))
+            }
+        };
         let mut cfg = TrainConfig::new(model);
+        cfg.dtype = dtype;
         cfg.max_target_length = self.max_target_length.unwrap_or(model.default_seq());
         cfg.per_device_batch_size = self.per_device_batch_size;
         cfg.ici_context_parallelism = cp;

@@ -5,6 +5,7 @@
 use std::fmt;
 
 use tessera_dsl::Target;
+use tessera_hlo::DType;
 use tessera_parallel::Strategy;
 use tessera_splash::BlockSizes;
 
@@ -209,9 +210,14 @@ pub struct TrainConfig {
     /// parameters and optimizer state replicated.
     pub ici_data_parallelism: usize,
     /// Devices on the batch axis as fully sharded data parallelism
-    /// (`ici_fsdp_parallelism`): parameters, gradients and AdamW moments split over it. The
-    /// mesh has one batch axis, so at most one of this and `ici_data_parallelism` exceeds 1.
+    /// (`ici_fsdp_parallelism`): parameters, gradients and AdamW moments split over it and
+    /// over the context axis (fsdp x context ways, MaxText's `embed` rule). The mesh has one
+    /// batch axis, so at most one of this and `ici_data_parallelism` exceeds 1.
     pub ici_fsdp_parallelism: usize,
+    /// `dtype`: the compute dtype of the matmuls, activations and attention (f32 or bf16).
+    /// Parameters and AdamW moments stay f32 (each layer's weights are cast before their
+    /// all-gather); norms, the residual stream, softmax and the loss run in f32.
+    pub dtype: DType,
     /// `context_parallel_strategy`.
     pub strategy: Strategy,
     /// `context_parallel_load_balance` (all_gather and ring).
@@ -254,6 +260,7 @@ impl TrainConfig {
             ici_context_parallelism: 4,
             ici_data_parallelism: 1,
             ici_fsdp_parallelism: 1,
+            dtype: DType::F32,
             strategy: Strategy::Ulysses,
             load_balance: false,
             sa_block_q: 128,
@@ -360,6 +367,12 @@ impl TrainConfig {
                 self.learning_rate
             ));
         }
+        if !matches!(self.dtype, DType::F32 | DType::BF16) {
+            return config(format!(
+                "dtype {:?} is not a compute dtype of the train step; use f32 or bf16",
+                self.dtype
+            ));
+        }
         self.check_fsdp()?;
         let cp = self.ici_context_parallelism;
         let strategy = maxtext_name(self.strategy);
@@ -447,7 +460,8 @@ impl TrainConfig {
 
 impl TrainConfig {
     /// The batch axis is either data or fsdp, and fsdp splits every model dim it shards
-    /// ([`crate::model::ParamSpec::fsdp_dim`]) evenly.
+    /// ([`crate::model::ParamSpec::fsdp_dim`] over the batch axis,
+    /// [`crate::model::ParamSpec::context_dim`] over the context axis) evenly.
     fn check_fsdp(&self) -> Result<(), TrainError> {
         let (dp, fsdp) = (self.ici_data_parallelism, self.ici_fsdp_parallelism);
         if dp > 1 && fsdp > 1 {
@@ -473,7 +487,34 @@ impl TrainConfig {
                  {n}, or --ici-data-parallelism {fsdp}"
             ));
         }
+        // Each matrix's other model dim is split over the context axis
+        // ([`crate::model::ParamSpec::context_dim`]).
+        let (context, cp) = (self.weight_context_shards(), self.ici_context_parallelism);
+        let dims = [
+            ("--vocab", m.vocab),
+            ("--d-model", m.d_model),
+            ("--heads x --head-dim", m.heads * m.head_dim),
+            ("--kv-heads x --head-dim", m.kv_heads * m.head_dim),
+            ("--mlp-dim", m.mlp_dim),
+        ];
+        if let Some((flag, n)) = dims.iter().find(|(_, n)| n % context != 0) {
+            return config(format!(
+                "--ici-fsdp-parallelism {fsdp} also shards the parameters' {flag} dim ({n}) \
+                 over the {context} context devices (--ici-context-parallelism {cp}), which \
+                 does not divide it; use a context degree that divides {n}, or \
+                 --ici-data-parallelism {fsdp}"
+            ));
+        }
         Ok(())
+    }
+
+    /// Devices on the mesh's `context` axis, over which fsdp also splits the weights: the
+    /// context degree, or the Ulysses degree of USP (whose ring axis keeps them replicated).
+    pub fn weight_context_shards(&self) -> usize {
+        match self.strategy {
+            Strategy::Usp { ulysses, .. } => ulysses,
+            _ => self.ici_context_parallelism,
+        }
     }
 }
 

@@ -4,13 +4,16 @@
 //! over the batch axis `data`, each sequence over `context`), and either all parameters
 //! (replicated: data parallelism) or, with fsdp (`ici_fsdp_parallelism`), its shard of each
 //! parameter and AdamW moment: every tensor but the norm scales split over the batch axis
-//! along a model dim ([`ParamSpec::fsdp_dim`]). The program, per device:
+//! along one model dim ([`ParamSpec::fsdp_dim`]) and over `context` along the other
+//! ([`ParamSpec::context_dim`]; MaxText's `embed` rule, fsdp x context ways; USP's ring axis
+//! keeps them replicated). The program, per device:
 //!
 //! 1. **Forward.** One-hot token embedding, then the decoder layers as one loop
 //!    ([`Spmd::scan`]) over the layers' stacked weights (`[L, ...]` parameters), whose body is
-//!    one layer (with fsdp, the layer's matrices all-gathered over the batch axis first, as
-//!    are the embedding and LM head before theirs): RMSNorm, the q/k/v projections, RoPE at the tokens' global positions (an
-//!    input, so any sequence layout works), the context-parallel attention
+//!    one layer (with fsdp, the layer's matrices all-gathered over the batch and context axes
+//!    first, as are the embedding and LM head before theirs): RMSNorm, the q/k/v projections,
+//!    RoPE at the tokens' global positions (an input, so any sequence layout works), the
+//!    context-parallel attention
 //!    ([`AttentionLayer::forward`]: the strategy's collectives and splash kernels), the output
 //!    projection and residual, RMSNorm, SwiGLU MLP and residual; final RMSNorm, LM head,
 //!    softmax cross-entropy summed over the device's tokens. The program's size and compile
@@ -21,21 +24,21 @@
 //!    backward is the gradient of its forward. The layer loop's backward is a loop too, which
 //!    re-runs each layer's forward from its saved input (per-layer rematerialisation). With
 //!    fsdp the all-gathers' transposes are reduce-scatters: each device gets its shard of a
-//!    gradient, already summed over the batch axis.
+//!    gradient, already summed over the batch and context axes.
 //! 3. **Reduce.** One all-reduce over all devices sums every replicated parameter's gradient
-//!    and the loss (each device contributed its tokens); with fsdp a second one sums the
-//!    gradient shards over the context and ring axes.
+//!    and the loss (each device contributed its tokens); with fsdp and USP a second one sums
+//!    the gradient shards over the ring axis.
 //! 4. **Update.** Global-norm clipping (with fsdp, the shards' squares summed over the batch
-//!    axis) and AdamW, elementwise on what each device holds, so parameters and moments keep
+//!    and context axes) and AdamW, elementwise on what each device holds, so parameters and moments keep
 //!    their layout from step to step.
 
-use tessera_collectives::axes::Data;
+use tessera_collectives::axes::{Context, Data};
 use tessera_collectives::{
     CollectiveError, DTensor, Invariant, LocalValue, Mesh, Program, Replicated, Split, Spmd,
     Unstack,
 };
 use tessera_hlo::{DType, FuncBuilder, Grouping, HostArray, Reducer, TensorType, UnaryOp, Value};
-use tessera_parallel::{AttentionLayer, ModelMesh, TokenLayout};
+use tessera_parallel::{AttentionLayer, ModelMesh, RingAxis, TokenLayout};
 
 use crate::config::{ModelConfig, TrainConfig};
 use crate::TrainError;
@@ -66,6 +69,9 @@ pub struct ParamSpec {
     /// (`d_model`, `heads x head_dim` or `mlp_dim`), never the layer dim; `None` for the
     /// norm scales, which stay replicated (they are `d_model` floats per layer).
     pub fsdp_dim: Option<usize>,
+    /// The dim split over the `context` axis with fsdp (MaxText's `embed` rule shards weights
+    /// over fsdp x context): the tensor's other model dim; `None` for the norm scales.
+    pub context_dim: Option<usize>,
 }
 
 /// The parameters of `m`, in the order the programs take them.
@@ -78,6 +84,7 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         init: Init::Normal(scale / (rows as f64).sqrt()),
         decay: true,
         fsdp_dim: Some(0),
+        context_dim: Some(1),
     };
     let norm = |name: String| ParamSpec {
         name,
@@ -86,6 +93,7 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         init: Init::Ones,
         decay: false,
         fsdp_dim: None,
+        context_dim: None,
     };
     // A layer's tensor stacked over the layers: `[L, ...]`.
     let stack = |s: ParamSpec| ParamSpec {
@@ -93,6 +101,7 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         shape: [m.layers].into_iter().chain(s.shape).collect(),
         stacked: true,
         fsdp_dim: s.fsdp_dim.map(|d| d + 1),
+        context_dim: s.context_dim.map(|d| d + 1),
         ..s
     };
     // Residual branches' output projections start smaller, so the stream's scale does not
@@ -105,6 +114,7 @@ pub fn param_specs(m: &ModelConfig) -> Vec<ParamSpec> {
         init: Init::Normal(1.0),
         decay: true,
         fsdp_dim: Some(1),
+        context_dim: Some(0),
     }];
     let p = |s: &str| s.to_string();
     specs.extend(
@@ -168,26 +178,60 @@ type TokenRows = (Split<Data>, Replicated);
 type StackedVector = (Replicated, Replicated);
 /// A stacked matrix `[L, rows, cols]`.
 type StackedMatrix = (Replicated, Replicated, Replicated);
-/// A stacked matrix with fsdp: its rows split over the batch axis.
-type FsdpStackedMatrix = (Replicated, Split<Data>, Replicated);
+/// A stacked matrix with fsdp: its rows split over the batch axis, its columns over
+/// `context`.
+type FsdpStackedMatrix = (Replicated, Split<Data>, Split<Context>);
 
 /// How the layer loop reads its stacked matrices: a row (one layer's matrix) made whole.
 trait StackedWeights: Unstack<ModelMesh> {
-    /// Layer `i`'s whole matrix from its row of the stack.
-    fn whole(row: &DTensor<'_, ModelMesh, Self::Row>) -> Result<Value, CollectiveError>;
+    /// Layer `i`'s whole matrix in `dtype` from its (f32) row of the stack.
+    fn whole(
+        row: &DTensor<'_, ModelMesh, Self::Row>,
+        dtype: DType,
+    ) -> Result<Value, CollectiveError>;
 }
 
 impl StackedWeights for StackedMatrix {
-    fn whole(row: &DTensor<'_, ModelMesh, Self::Row>) -> Result<Value, CollectiveError> {
-        Ok(row.value())
+    fn whole(
+        row: &DTensor<'_, ModelMesh, Self::Row>,
+        dtype: DType,
+    ) -> Result<Value, CollectiveError> {
+        if row.dtype()? == dtype {
+            Ok(row.value())
+        } else {
+            Ok(row.convert(dtype)?.value())
+        }
+    }
+}
+
+/// `x` in `dtype` (itself when it already is).
+fn cast(f: &mut FuncBuilder<'_>, x: Value, dtype: DType) -> Result<Value, CollectiveError> {
+    if f.value_type(x)?.dtype == dtype {
+        Ok(x)
+    } else {
+        Ok(f.convert(x, dtype)?)
     }
 }
 
 impl StackedWeights for FsdpStackedMatrix {
-    /// The all-gather over the batch axis, whose transpose in the backward is the
-    /// reduce-scatter that leaves each device its shard of the gradient.
-    fn whole(row: &DTensor<'_, ModelMesh, Self::Row>) -> Result<Value, CollectiveError> {
-        Ok(row.all_gather::<Data, 0>()?.value())
+    /// The cast, then the all-gathers over the batch and context axes, whose transposes in
+    /// the backward are the reduce-scatters that leave each device its shard of the
+    /// gradient.
+    fn whole(
+        row: &DTensor<'_, ModelMesh, Self::Row>,
+        dtype: DType,
+    ) -> Result<Value, CollectiveError> {
+        let gather = |row: &DTensor<'_, ModelMesh, Self::Row>| {
+            Ok(row
+                .all_gather::<Data, 0>()?
+                .all_gather::<Context, 1>()?
+                .value())
+        };
+        if row.dtype()? == dtype {
+            gather(row)
+        } else {
+            gather(&row.convert(dtype)?)
+        }
     }
 }
 
@@ -196,7 +240,11 @@ impl StackedWeights for FsdpStackedMatrix {
 macro_rules! with_param_layout {
     ($spec:expr, $fsdp:expr, |$L:ident| $body:expr) => {{
         let spec: &ParamSpec = $spec;
-        let split = if $fsdp { spec.fsdp_dim } else { None };
+        let split = if $fsdp {
+            spec.fsdp_dim.zip(spec.context_dim)
+        } else {
+            None
+        };
         match (spec.shape.len(), split) {
             (1, None) => {
                 type $L = (Replicated,);
@@ -210,20 +258,20 @@ macro_rules! with_param_layout {
                 type $L = StackedMatrix;
                 $body
             }
-            (2, Some(0)) => {
-                type $L = (Split<Data>, Replicated);
+            (2, Some((0, 1))) => {
+                type $L = (Split<Data>, Split<Context>);
                 $body
             }
-            (2, Some(1)) => {
-                type $L = (Replicated, Split<Data>);
+            (2, Some((1, 0))) => {
+                type $L = (Split<Context>, Split<Data>);
                 $body
             }
-            (3, Some(1)) => {
+            (3, Some((1, 2))) => {
                 type $L = FsdpStackedMatrix;
                 $body
             }
             (rank, split) => Err(CollectiveError::local(format!(
-                "no layout for {} (rank {rank}, fsdp dim {split:?})",
+                "no layout for {} (rank {rank}, fsdp and context dims {split:?})",
                 spec.name
             ))),
         }
@@ -329,7 +377,8 @@ pub fn build_program(
 }
 
 /// The argument of a parameter (or a moment) of `spec` (f32): replicated, or with fsdp
-/// split over the batch axis along its [`ParamSpec::fsdp_dim`].
+/// split over the batch axis along its [`ParamSpec::fsdp_dim`] and over `context` along its
+/// [`ParamSpec::context_dim`].
 fn param_arg(
     p: &Spmd<'_, ModelMesh>,
     spec: &ParamSpec,
@@ -377,6 +426,8 @@ struct Model<'a> {
     s: i64,
     /// Whether the weights are shards to gather before use.
     fsdp: bool,
+    /// The compute dtype of the matmuls and the attention ([`TrainConfig::dtype`]).
+    dtype: DType,
 }
 
 impl<'a> Model<'a> {
@@ -398,6 +449,7 @@ impl<'a> Model<'a> {
             b: (cfg.per_device_batch_size * cp) as i64,
             s: (cfg.max_target_length / cp) as i64,
             fsdp: cfg.fsdp(),
+            dtype: cfg.dtype,
         }
     }
 
@@ -405,15 +457,28 @@ impl<'a> Model<'a> {
     fn forward(&self, p: &Spmd<'_, ModelMesh>, ids: [Value; 3]) -> Result<Value, CollectiveError> {
         let m = self.m;
         let n = self.b * self.s;
+        let dtype = self.dtype;
         let (embed, lm_head) = if self.fsdp {
-            let embed = p.declare::<(Replicated, Split<Data>), Invariant>(self.embed)?;
-            let lm_head = p.declare::<(Split<Data>, Replicated), Invariant>(self.lm_head)?;
+            let embed = p.declare::<(Split<Context>, Split<Data>), Invariant>(self.embed)?;
+            let lm_head = p.declare::<(Split<Data>, Split<Context>), Invariant>(self.lm_head)?;
+            // Cast before the gathers, so they move `dtype` bytes.
+            let (embed, lm_head) = if dtype == DType::F32 {
+                (embed, lm_head)
+            } else {
+                (embed.convert(dtype)?, lm_head.convert(dtype)?)
+            };
             (
-                embed.all_gather::<Data, 1>()?.value(),
-                lm_head.all_gather::<Data, 0>()?.value(),
+                embed
+                    .all_gather::<Data, 1>()?
+                    .all_gather::<Context, 0>()?
+                    .value(),
+                lm_head
+                    .all_gather::<Data, 0>()?
+                    .all_gather::<Context, 1>()?
+                    .value(),
             )
         } else {
-            (self.embed, self.lm_head)
+            p.with_builder(|f| Ok((cast(f, self.embed, dtype)?, cast(f, self.lm_head, dtype)?)))?
         };
         let (target_onehot, cos, sin, x) = p.with_builder(|f| {
             let flat = |f: &mut FuncBuilder<'_>, v| f.reshape(v, &[n]);
@@ -422,7 +487,10 @@ impl<'a> Model<'a> {
             let onehot = one_hot(f, tokens, m.vocab)?;
             let target_onehot = one_hot(f, targets, m.vocab)?;
             let (cos, sin) = rope_tables(f, positions, m.head_dim, m.rope_theta)?;
-            let x = f.matmul(onehot, embed, DType::F32)?;
+            let (cos, sin) = (cast(f, cos, dtype)?, cast(f, sin, dtype)?);
+            let onehot = cast(f, onehot, dtype)?;
+            let x = f.matmul(onehot, embed, dtype)?;
+            let x = cast(f, x, DType::F32)?;
             Ok((target_onehot, cos, sin, x))
         })?;
         let x0 = p.declare::<TokenRows, Invariant>(x)?;
@@ -433,6 +501,7 @@ impl<'a> Model<'a> {
         };
         p.with_builder(|f| {
             let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
+            let h = cast(f, h, dtype)?;
             let logits = f.matmul(h, lm_head, DType::F32)?;
             let lse = logsumexp(f, logits)?;
             let picked = f.mul(logits, target_onehot)?;
@@ -470,13 +539,13 @@ impl<'a> Model<'a> {
                 let w = LayerParams {
                     attention_norm: vectors[0].value(),
                     mlp_norm: vectors[1].value(),
-                    wq: W::whole(&matrices[0])?,
-                    wk: W::whole(&matrices[1])?,
-                    wv: W::whole(&matrices[2])?,
-                    wo: W::whole(&matrices[3])?,
-                    w1: W::whole(&matrices[4])?,
-                    w3: W::whole(&matrices[5])?,
-                    w2: W::whole(&matrices[6])?,
+                    wq: W::whole(&matrices[0], self.dtype)?,
+                    wk: W::whole(&matrices[1], self.dtype)?,
+                    wv: W::whole(&matrices[2], self.dtype)?,
+                    wo: W::whole(&matrices[3], self.dtype)?,
+                    w1: W::whole(&matrices[4], self.dtype)?,
+                    w3: W::whole(&matrices[5], self.dtype)?,
+                    w2: W::whole(&matrices[6], self.dtype)?,
                 };
                 let y = self.layer(p, x.value(), &w, cos, sin)?;
                 p.declare::<TokenRows, Invariant>(y)
@@ -498,9 +567,10 @@ impl<'a> Model<'a> {
         let m = self.m;
         let (q, k, v) = p.with_builder(|f| {
             let (h, _) = rms_norm(f, x, w.attention_norm, m.norm_eps)?;
-            let q = f.matmul(h, w.wq, DType::F32)?;
-            let k = f.matmul(h, w.wk, DType::F32)?;
-            let v = f.matmul(h, w.wv, DType::F32)?;
+            let h = cast(f, h, self.dtype)?;
+            let q = f.matmul(h, w.wq, self.dtype)?;
+            let k = f.matmul(h, w.wk, self.dtype)?;
+            let v = f.matmul(h, w.wv, self.dtype)?;
             let q = rope(f, q, m.heads, cos, sin)?;
             let k = rope(f, k, m.kv_heads, cos, sin)?;
             Ok((
@@ -512,14 +582,18 @@ impl<'a> Model<'a> {
         let (out, _lse) = self.layer.forward(p, q, k, v)?;
         p.with_builder(|f| {
             let out = from_heads(f, out)?;
-            let proj = f.matmul(out, w.wo, DType::F32)?;
+            let proj = f.matmul(out, w.wo, self.dtype)?;
+            // The residual stream and the norms stay f32.
+            let proj = cast(f, proj, DType::F32)?;
             let x1 = f.add(x, proj)?;
             let (h2, _) = rms_norm(f, x1, w.mlp_norm, m.norm_eps)?;
-            let a = f.matmul(h2, w.w1, DType::F32)?;
-            let c = f.matmul(h2, w.w3, DType::F32)?;
+            let h2 = cast(f, h2, self.dtype)?;
+            let a = f.matmul(h2, w.w1, self.dtype)?;
+            let c = f.matmul(h2, w.w3, self.dtype)?;
             let act = silu(f, a)?;
             let gated = f.mul(act, c)?;
-            let down = f.matmul(gated, w.w2, DType::F32)?;
+            let down = f.matmul(gated, w.w2, self.dtype)?;
+            let down = cast(f, down, DType::F32)?;
             Ok(f.add(x1, down)?)
         })
     }
@@ -699,33 +773,33 @@ fn all_reduce_sum(
 /// Which gradients are sharded over the batch axis (fsdp), and the device groups their
 /// sums run over.
 struct ReduceGroups {
-    /// Per parameter: whether its gradient is a shard (it came out of the all-gather's
-    /// transpose, a reduce-scatter over the batch axis, already summed over it).
+    /// Per parameter: whether its gradient is a shard (it came out of the all-gathers'
+    /// transposes, reduce-scatters over the batch and context axes, already summed over
+    /// them).
     sharded: Vec<bool>,
     /// Every device.
     all: Vec<Vec<i64>>,
-    /// Devices with the same batch coordinate (the context and ring axes): where a shard's
-    /// gradient still needs its sum.
-    sequence: Vec<Vec<i64>>,
-    /// Devices with the same context and ring coordinates (the batch axis): where the
+    /// Devices with the same batch and context coordinates (the ring axis of USP; one
+    /// device each otherwise): where a shard's gradient still needs its sum.
+    ring: Vec<Vec<i64>>,
+    /// Devices with the same ring coordinate (the batch x context plane): where the
     /// shards' squares add up to the global norm.
-    batch: Vec<Vec<i64>>,
+    shards: Vec<Vec<i64>>,
 }
 
 impl ReduceGroups {
     fn new(mesh: &Mesh<ModelMesh>, specs: &[ParamSpec], fsdp: bool) -> Self {
         let devices = mesh.num_devices() as i64;
-        let batch = mesh.axis::<Data>();
-        // Row-major device ids: the batch axis is the outermost, so each batch coordinate
-        // holds a contiguous run of ids.
-        let per_batch = devices / batch.size() as i64;
+        // Row-major device ids: the ring axis is the innermost, so a device's ring
+        // coordinate is its id modulo the ring size.
+        let ring_size = mesh.axis_size::<RingAxis>() as i64;
         ReduceGroups {
             sharded: specs.iter().map(|s| fsdp && s.fsdp_dim.is_some()).collect(),
             all: vec![(0..devices).collect()],
-            sequence: (0..batch.size() as i64)
-                .map(|b| (b * per_batch..(b + 1) * per_batch).collect())
+            ring: mesh.axis::<RingAxis>().groups().to_vec(),
+            shards: (0..ring_size)
+                .map(|r| (r..devices).step_by(ring_size as usize).collect())
                 .collect(),
-            batch: batch.groups().to_vec(),
         }
     }
 }
@@ -761,8 +835,8 @@ fn all_reduce_concat(
 }
 
 /// Sums the gradients and the loss over the devices: replicated gradients and the loss over
-/// every device, in one all-reduce; with fsdp the shards (already summed over the batch axis
-/// by the reduce-scatter) over the context and ring axes, in another. Returns the mean loss
+/// every device, in one all-reduce; with fsdp the shards (already summed over the batch and
+/// context axes by the reduce-scatters) over the ring axis (USP), in another. Returns the mean loss
 /// and the gradients.
 fn reduce_gradients(
     f: &mut FuncBuilder<'_>,
@@ -777,7 +851,7 @@ fn reduce_gradients(
     }
     whole.push(loss_sum);
     let mut whole = all_reduce_concat(f, &whole, &groups.all)?.into_iter();
-    let mut shards = all_reduce_concat(f, &shards, &groups.sequence)?.into_iter();
+    let mut shards = all_reduce_concat(f, &shards, &groups.ring)?.into_iter();
     let mut out = Vec::with_capacity(grads.len());
     for &sharded in &groups.sharded {
         let next = if sharded { shards.next() } else { whole.next() };
@@ -790,7 +864,8 @@ fn reduce_gradients(
     Ok((loss, out))
 }
 
-/// `sqrt(sum of g^2)` over every gradient: the shards' squares summed over the batch axis.
+/// `sqrt(sum of g^2)` over every gradient: the shards' squares summed over the batch and
+/// context axes.
 fn global_norm(
     f: &mut FuncBuilder<'_>,
     grads: &[Value],
@@ -806,7 +881,7 @@ fn global_norm(
         *acc = f.add(*acc, s)?;
     }
     if groups.sharded.iter().any(|&s| s) {
-        let summed = all_reduce_concat(f, &[shards], &groups.batch)?;
+        let summed = all_reduce_concat(f, &[shards], &groups.shards)?;
         whole = f.add(whole, summed[0])?;
     }
     Ok(f.sqrt(whole)?)

@@ -188,8 +188,8 @@ impl Trainer {
     }
 
     /// Bytes of training state (parameters, `mu`, `nu`) each device holds, from the train
-    /// step's argument types: the whole state when replicated, about `1 / F` of it with
-    /// fsdp over `F` devices.
+    /// step's argument types: the whole state when replicated, about `1 / (F x C)` of it
+    /// with fsdp over `F` devices and `C` context devices (the Ulysses degree for USP).
     pub fn state_bytes_per_device(&self) -> usize {
         self.program.inputs()[..3 * self.specs.len()]
             .iter()
@@ -411,7 +411,7 @@ fn attention_layer(cfg: &TrainConfig) -> Result<AttentionLayer, TrainError> {
             head_dim: m.head_dim,
             head_dim_v: m.head_dim,
         },
-        dtype: DType::F32,
+        dtype: cfg.dtype,
         mask: Mask::causal(),
         block_sizes: cfg.block_sizes(),
         options: Default::default(),

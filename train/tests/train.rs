@@ -161,7 +161,17 @@ fn fsdp_trains_to_the_same_losses_as_data_parallelism() {
     let mut reference = micro();
     reference.strategy = Strategy::AllGather;
     let reference = losses(&run(reference, steps));
-    for (name, strategy) in [("ulysses", Strategy::Ulysses), ("ring", Strategy::Ring)] {
+    // With ulysses and ring the weights are split 2 x 2 (fsdp x context); usp:1x2 keeps them
+    // replicated over its ring axis, whose gradient shards still need their sum.
+    let usp = Strategy::Usp {
+        ulysses: 1,
+        ring: 2,
+    };
+    for (name, strategy) in [
+        ("ulysses", Strategy::Ulysses),
+        ("ring", Strategy::Ring),
+        ("usp:1x2", usp),
+    ] {
         let mut cfg = micro();
         cfg.strategy = strategy;
         let data = losses(&run(on_batch_axis(cfg.clone(), false), steps));
@@ -188,7 +198,8 @@ fn fsdp_shards_the_state_and_resumes_exactly() {
     cfg.steps = 6;
     let uninterrupted = run(cfg.clone(), 6);
     let mut first = Trainer::new(cfg.clone()).unwrap();
-    // Every tensor but the norm scales (d_model floats each) is split in two.
+    // Every tensor but the norm scales (d_model floats each) is split in four: fsdp 2 x
+    // context 2.
     let specs = first.param_specs().to_vec();
     let elements = |sharded: bool| -> usize {
         specs
@@ -197,12 +208,14 @@ fn fsdp_shards_the_state_and_resumes_exactly() {
             .map(|s| s.shape.iter().product::<usize>())
             .sum()
     };
-    let expected = 3 * 4 * (elements(true) / 2 + elements(false));
+    let expected = 3 * 4 * (elements(true) / 4 + elements(false));
     let fsdp_bytes = first.state_bytes_per_device();
     let replicated_bytes = Trainer::new(on_batch_axis(micro(), false))
         .unwrap()
         .state_bytes_per_device();
-    eprintln!("state per device: replicated {replicated_bytes} B, fsdp 2 {fsdp_bytes} B");
+    eprintln!(
+        "state per device: replicated {replicated_bytes} B, fsdp 2 x context 2 {fsdp_bytes} B"
+    );
     assert_eq!(fsdp_bytes, expected);
     assert_eq!(replicated_bytes, 3 * 4 * (elements(true) + elements(false)));
     for _ in 0..3 {
@@ -272,6 +285,15 @@ fn bad_combinations_are_named_before_compiling() {
         (
             Box::new(|c| {
                 c.ici_fsdp_parallelism = 2;
+                c.ici_context_parallelism = 2;
+                c.model.vocab = 33;
+            }),
+            "--ici-fsdp-parallelism 2 also shards the parameters' --vocab dim (33) over the 2 \
+             context devices (--ici-context-parallelism 2)",
+        ),
+        (
+            Box::new(|c| {
+                c.ici_fsdp_parallelism = 2;
                 c.ici_data_parallelism = 2;
             }),
             "--ici-data-parallelism 2 and --ici-fsdp-parallelism 2 both split the batch",
@@ -284,4 +306,23 @@ fn bad_combinations_are_named_before_compiling() {
         assert!(err.contains(expected), "{err}\n  expected: {expected}");
         assert!(!err.contains('\n'), "one sentence: {err}");
     }
+}
+
+#[test]
+fn bf16_compute_tracks_f32_and_the_loss_falls() {
+    let _serial = serial();
+    let steps = 5;
+    // fsdp 2 x context 2, so each layer's weights are cast before their all-gathers.
+    let f32_cfg = on_batch_axis(micro(), true);
+    let mut bf16_cfg = f32_cfg.clone();
+    bf16_cfg.dtype = tessera_hlo::DType::BF16;
+    let f32_losses = losses(&run(f32_cfg, steps));
+    let bf16_losses = losses(&run(bf16_cfg, steps));
+    let diff = max_diff(&bf16_losses, &f32_losses);
+    eprintln!("bf16 {bf16_losses:?}\nf32 {f32_losses:?}\nmax |bf16 - f32| = {diff:.2e}");
+    assert!(diff <= 1e-2, "bf16 {bf16_losses:?} vs f32 {f32_losses:?}");
+    assert!(
+        bf16_losses[steps - 1] < bf16_losses[0] - 0.1,
+        "{bf16_losses:?}"
+    );
 }
