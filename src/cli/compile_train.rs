@@ -149,7 +149,8 @@ fn predict(cfg: &TrainConfig, chip: Option<&Chip>) -> Result<StepPrediction, Str
         strategy: cfg.strategy,
         load_balance: cfg.load_balance,
         blocks: cfg.block_sizes(),
-        remat_attention: false,
+        // The step's backward re-runs each layer's forward, the attention included.
+        remat_attention: true,
     };
     predict_step(&setup, chip, Efficiency::CALIBRATED).map_err(|e| e.to_string())
 }
@@ -262,8 +263,8 @@ fn print_human(
         Ok(p) => {
             let b = &p.breakdown;
             outln!(
-                "predicted (step-time model of MaxText's step, its fsdp degree = the data \
-                 degree here): {:.3} ms, MFU {:.1}%: matmuls {:.3} ms, attention {:.3} ms, \
+                "predicted (step-time model, tessera_train::predict; its fsdp degree is the \
+                 batch degree): {:.3} ms, MFU {:.1}%: matmuls {:.3} ms, attention {:.3} ms, \
                  context collectives {:.3} ms, fsdp collectives {:.3} ms, optimizer {:.3} ms",
                 1e3 * p.predicted_step_s,
                 100.0 * p.predicted_mfu,
