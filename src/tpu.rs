@@ -94,6 +94,9 @@ pub struct CompileReport {
     pub bytes_accessed: Option<f64>,
     /// Transcendental operations per device, from the compiler's cost analysis.
     pub transcendentals: Option<f64>,
+    /// The compiler's own estimate of the program's run time in seconds (libtpu's
+    /// `optimal_seconds`), where it gives one.
+    pub optimal_seconds: Option<f64>,
     /// Scoped VMEM each Mosaic kernel uses as compiled (the largest over its calls), in
     /// program order; read from the compiled program.
     pub kernel_vmem: Vec<(String, i64)>,
@@ -193,6 +196,7 @@ fn report(
         flops: cost("flops"),
         bytes_accessed: cost("bytes accessed"),
         transcendentals: cost("transcendentals"),
+        optimal_seconds: cost("optimal_seconds"),
         compile_seconds,
     })
 }
@@ -365,10 +369,12 @@ impl CompileReport {
         let _ = write!(json, ",\"scoped_vmem_bytes\":{{{}}}", vmem.join(","));
         let _ = write!(
             json,
-            ",\"flops\":{},\"bytes_accessed\":{},\"transcendentals\":{},\"compile_seconds\":{:.3}}}",
+            ",\"flops\":{},\"bytes_accessed\":{},\"transcendentals\":{},\"optimal_seconds\":{},\
+             \"compile_seconds\":{:.3}}}",
             opt(self.flops),
             opt(self.bytes_accessed),
             opt(self.transcendentals),
+            opt(self.optimal_seconds),
             self.compile_seconds
         );
         json
@@ -451,6 +457,7 @@ mod tests {
             flops: Some(1.5e9),
             bytes_accessed: None,
             transcendentals: None,
+            optimal_seconds: Some(0.5),
             kernel_vmem: vec![("splash_fwd".into(), 4096)],
             compile_seconds: 0.25,
         };
@@ -460,7 +467,8 @@ mod tests {
              \"executable_bytes\":10,\"argument_bytes\":1,\"output_bytes\":2,\"alias_bytes\":0,\
              \"temp_bytes\":3,\"generated_code_bytes\":0,\"scoped_vmem_bytes\":{\"splash_fwd\":4096},\
              \"flops\":1500000000,\
-             \"bytes_accessed\":null,\"transcendentals\":null,\"compile_seconds\":0.250}"
+             \"bytes_accessed\":null,\"transcendentals\":null,\"optimal_seconds\":0.5,\
+             \"compile_seconds\":0.250}"
         );
     }
 }

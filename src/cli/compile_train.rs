@@ -241,9 +241,11 @@ fn print_human(
     if let (Some(f), Some(b)) = (r.flops, r.bytes_accessed) {
         outln!(
             "compiler's cost analysis per device (the scanned layers' loop body counted once): \
-             {:.3} TFLOP, {:.3} GB accessed",
+             {:.3} TFLOP, {:.3} GB accessed, its time estimate {}",
             f / 1e12,
-            b / 1e9
+            b / 1e9,
+            r.optimal_seconds
+                .map_or("none".to_string(), |s| format!("{s:.4e} s"))
         );
     }
     let moved: Vec<String> = collectives
