@@ -191,3 +191,51 @@ fn bad_combinations_are_refused_before_compiling() {
         assert!(!stderr.contains("TPU compiler"), "{stderr}");
     }
 }
+
+/// The origin PR's configuration cut to 2 of llama2-7b's 32 layers: v5p:4x4x4 (64 chips,
+/// fsdp 4 x context 16), 32K tokens, Ulysses, bf16 compute with f32 weights. The weights and
+/// moments are split 64 ways, each layer's gathered inside the layer loop.
+#[test]
+fn llama2_7b_two_layers_compile_for_v5p_4x4x4() {
+    let (ok, stdout, stderr) = compile_train(
+        "v5p:4x4x4",
+        &[
+            "--model",
+            "llama2-7b",
+            "--num-layers",
+            "2",
+            "--max-target-length",
+            "32768",
+            "--ici-fsdp-parallelism",
+            "4",
+            "--ici-context-parallelism",
+            "16",
+            "--context-parallel-strategy",
+            "ulysses",
+            "--sa-block-q",
+            "2048",
+            "--sa-block-kv",
+            "2048",
+            "--sa-block-q-dkv",
+            "1024",
+            "--sa-block-kv-dkv",
+            "1024",
+            "--dtype",
+            "bf16",
+        ],
+    );
+    assert!(ok, "{stderr}");
+    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(int(&report, "devices"), 64);
+    assert_eq!(report["fits_hbm"], Value::Bool(true), "{report}");
+    // Every tensor but the norm scales (d_model 4096 each: 2 per layer and the final one) is
+    // split over the 64 chips.
+    let (params, norms) = (int(&report, "params"), 4096 * (2 * 2 + 1));
+    assert_eq!(
+        int(&report, "state_bytes_per_device"),
+        12 * ((params - norms) / 64 + norms),
+        "{report}"
+    );
+    assert!(report["optimal_seconds"].as_f64().is_some_and(|s| s > 0.0));
+    assert!(report["predicted_step_s"].as_f64().is_some_and(|s| s > 0.0));
+}
