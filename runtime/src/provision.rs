@@ -91,7 +91,7 @@ impl WheelSpec {
     /// `lammps-jax-pjrt-cpu==0.11.2` (C API 0.115; XLA's CPU client built with StableHLO
     /// 1.20): the default CPU plugin. Measured on a 2-core machine with both cores busy, 20
     /// training steps on 4 devices: bit-identical in 18 of 18 runs (xla-cpu-pjrt 0.0.1: 3 of
-    /// runs of 8 had one step's collectives wrong), and 15% faster a step.
+    /// 8 runs had one step's collectives wrong), and 15% faster a step.
     pub fn lammps_jax_pjrt_cpu() -> Self {
         Self::known(
             "lammps-jax-pjrt-cpu",
