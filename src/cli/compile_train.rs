@@ -97,11 +97,7 @@ pub fn compile_train(
         }
     }
     collectives.insert("all_reduce", (1, all_reduce));
-    // Parameters and both moments: the step's first `3 x params` arguments.
-    let state_bytes: usize = program.inputs()[..3 * params]
-        .iter()
-        .map(|t| t.local.dims.iter().product::<i64>() as usize * t.local.dtype.size_bytes())
-        .sum();
+    let state_bytes = tessera_train::model::state_bytes_per_device(&program, params);
     let chip = Chip::parse(target.topology()).ok();
     let prediction = predict(&cfg, chip.as_ref());
     print_human(

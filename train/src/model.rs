@@ -289,6 +289,17 @@ pub enum StepKind {
     Gradients,
 }
 
+/// Bytes of training state (parameters, `mu`, `nu`) each device holds in a train step
+/// (`StepKind::Train`) of a model with `params` parameter tensors, from the step's argument
+/// types: the whole state when replicated, about `1 / (F x C)` of it with fsdp over `F`
+/// devices and `C` context devices (the Ulysses degree for USP).
+pub fn state_bytes_per_device(program: &Program<ModelMesh>, params: usize) -> usize {
+    program.inputs()[..3 * params]
+        .iter()
+        .map(|t| t.local.dims.iter().product::<i64>() as usize * t.local.dtype.size_bytes())
+        .sum()
+}
+
 /// Builds the program of `kind` for `cfg` with `layer` as its attention. Inputs: the
 /// parameters (and for `Train` the AdamW moments `mu`, `nu`, and the step's scalars), then
 /// tokens, targets, positions (`[B, S]` int32 declared as [`TokenLayout`]).

@@ -187,14 +187,10 @@ impl Trainer {
         &self.specs
     }
 
-    /// Bytes of training state (parameters, `mu`, `nu`) each device holds, from the train
-    /// step's argument types: the whole state when replicated, about `1 / (F x C)` of it
-    /// with fsdp over `F` devices and `C` context devices (the Ulysses degree for USP).
+    /// Bytes of training state (parameters, `mu`, `nu`) each device holds
+    /// ([`crate::model::state_bytes_per_device`]).
     pub fn state_bytes_per_device(&self) -> usize {
-        self.program.inputs()[..3 * self.specs.len()]
-            .iter()
-            .map(|t| t.local.dims.iter().product::<i64>() as usize * t.local.dtype.size_bytes())
-            .sum()
+        crate::model::state_bytes_per_device(&self.program, self.specs.len())
     }
 
     /// Runs one step: the next batch in, the state updated in place on the devices, the
