@@ -123,7 +123,8 @@ pub use mesh::{AxisGroups, HasAxis, Mesh, MeshShape};
 pub use program::{DeviceArray, Executable, MeshArgument, Program};
 pub use scan::{ScanCarry, ScanXs};
 pub use spmd::{
-    CollectiveCall, LocalResults, LocalValue, Signature, Spmd, TensorInfo, TensorLayout,
+    CollectiveCall, CollectiveRecorder, LocalResults, LocalValue, Signature, Spmd, TensorInfo,
+    TensorLayout,
 };
 pub use tensor::DTensor;
 

@@ -191,6 +191,44 @@ impl CollectiveCall {
     }
 }
 
+/// Emits collectives on raw per-device values where typed tensors cannot go: inside a local
+/// op's closure or a custom-VJP rule (e.g. a ring attention unit whose backward runs a ring of
+/// its own). Each one joins its program's [`Spmd::collectives`], as the [`DTensor`]
+/// combinators' do; the caller answers for the layouts the types would have checked.
+#[derive(Clone)]
+pub struct CollectiveRecorder {
+    tape: Tape,
+}
+
+impl fmt::Debug for CollectiveRecorder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CollectiveRecorder")
+            .field("recorded", &self.tape.borrow().len())
+            .finish()
+    }
+}
+
+impl CollectiveRecorder {
+    /// Appends `collective` applied to `x` ([`Collective::emit`], with its checks), records
+    /// it, and returns its result.
+    pub fn emit(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        collective: &Collective,
+        x: Value,
+    ) -> Result<Value, CollectiveError> {
+        let input_type = f.value_type(x)?.clone();
+        let output = collective.emit(f, x)?;
+        self.tape.borrow_mut().push(CollectiveCall {
+            collective: collective.clone(),
+            input: x,
+            output,
+            input_type,
+        });
+        Ok(output)
+    }
+}
+
 /// What a finished [`Spmd`] function takes and returns.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Signature {
@@ -552,6 +590,15 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
         f: impl FnOnce(&mut FuncBuilder<'_>) -> Result<R, CollectiveError>,
     ) -> Result<R, CollectiveError> {
         self.ctx().build("with_builder", f)
+    }
+
+    /// A handle that emits collectives on raw values into this program and records them
+    /// ([`CollectiveRecorder`]); it may outlive the borrow of the builder, e.g. inside a
+    /// custom-VJP rule.
+    pub fn collective_recorder(&self) -> CollectiveRecorder {
+        CollectiveRecorder {
+            tape: self.tape.clone(),
+        }
     }
 
     /// The collectives emitted so far, in order: the forward's, and the transposes a

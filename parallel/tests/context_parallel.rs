@@ -247,12 +247,12 @@ fn each_strategy_moves_data_with_its_own_collectives() {
     // All-gather: K and V gathered; the backward reduce-scatters dK and dV (the gather's
     // transpose).
     assert_eq!(collectives("all-gather", 4), [[0, 2, 0, 0], [0, 2, 2, 0]]);
-    // Ring on 4 devices: K and V move 3 times; their cotangents 3 times back (the reverse
-    // shift).
-    assert_eq!(collectives("ring", 4), [[0, 0, 0, 6], [0, 0, 0, 12]]);
+    // Ring on 4 devices: K and V move 3 times; the backward ring moves them 3 times again
+    // and their dK/dV accumulators 4 times (one more, home).
+    assert_eq!(collectives("ring", 4), [[0, 0, 0, 6], [0, 0, 0, 20]]);
     // USP 2x2: Ulysses all-to-alls over `ulysses`, permutes over `ring` (1 step of K/V); the
-    // backward as Ulysses' and the ring's together.
-    assert_eq!(collectives("usp:2x2", 4), [[5, 0, 0, 2], [9, 0, 0, 4]]);
+    // backward as Ulysses' and the ring's together (K/V once, dK/dV twice).
+    assert_eq!(collectives("usp:2x2", 4), [[5, 0, 0, 2], [9, 0, 0, 8]]);
 }
 
 #[test]

@@ -104,8 +104,8 @@ pub(super) fn op_vjp(
             }
             vec![Some(f.transpose(single()?, &inverse)?)]
         }
-        // The barrier only fixes the form of the forward; the cotangent passes through.
-        OpKind::OptimizationBarrier => vec![Some(single()?)],
+        // The barrier only fixes the form of the forward; each cotangent passes through.
+        OpKind::OptimizationBarrier => cts.to_vec(),
         OpKind::Reverse { dimensions } => vec![Some(f.reverse(single()?, dimensions)?)],
         OpKind::Slice {
             start_indices,

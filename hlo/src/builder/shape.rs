@@ -79,10 +79,23 @@ impl FuncBuilder<'_> {
     /// form it was built in (XLA neither folds the ops that produce it into the ops that use
     /// it nor the other way round).
     pub fn optimization_barrier(&mut self, x: Value) -> Result<Value, HloError> {
-        let t = self
-            .operand("stablehlo.optimization_barrier", 0, x)?
-            .clone();
-        Ok(self.emit1(OpKind::OptimizationBarrier, vec![x], t, vec![]))
+        Ok(self.optimization_barrier_all(&[x])?[0])
+    }
+
+    /// `stablehlo.optimization_barrier` of several values: each unchanged, and none available
+    /// to later ops before all are computed. Orders a schedule: what reads a result waits for
+    /// every operand (e.g. a ring's next transfer waits for the current step's compute).
+    pub fn optimization_barrier_all(&mut self, xs: &[Value]) -> Result<Vec<Value>, HloError> {
+        const OP: &str = "stablehlo.optimization_barrier";
+        if xs.is_empty() {
+            return Err(HloError::shape(OP, "it needs at least one operand"));
+        }
+        let types = xs
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| Ok(self.operand(OP, i, x)?.clone()))
+            .collect::<Result<Vec<_>, HloError>>()?;
+        Ok(self.emit(OpKind::OptimizationBarrier, xs.to_vec(), types, vec![]))
     }
 
     /// `stablehlo.transpose`: result dimension `i` is operand dimension `permutation[i]`.

@@ -201,6 +201,20 @@ fn optimization_barrier_text() {
 }
 
 #[test]
+fn optimization_barrier_of_several_values_text() {
+    let b = body(1, |f| {
+        let x = f.arg(f32t(&[2, 3]))?;
+        let y = f.arg(t(&[4], DType::I32))?;
+        let both = f.optimization_barrier_all(&[x, y])?;
+        assert!(f.optimization_barrier_all(&[]).is_err());
+        Ok(both)
+    });
+    let expected = r#"%0, %1 = "stablehlo.optimization_barrier"(%arg0, %arg1) : (tensor<2x3xf32>, tensor<4xi32>) -> (tensor<2x3xf32>, tensor<4xi32>)
+"func.return"(%0, %1) : (tensor<2x3xf32>, tensor<4xi32>) -> ()"#;
+    assert_eq!(b, expected);
+}
+
+#[test]
 fn dot_general_text_and_shape() {
     let b = body(1, |f| {
         // [b=2, m=3, k=4] x [b=2, k=4, n=5] in bf16, accumulated in f32.

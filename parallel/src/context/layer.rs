@@ -30,7 +30,6 @@ use tessera_hlo::Value;
 use super::ops::{
     AllGatherAttention, ByHeads, BySequence, BySequenceRows, RingAttention, UlyssesAttention,
 };
-use super::ring::forward_steps;
 use super::{replicate_heads, zigzag_order, ContextParallel, CpError, RingAxis, Strategy};
 
 mesh!(pub ModelMesh = [Data, Context, RingAxis]);
@@ -173,7 +172,7 @@ impl AttentionLayer {
             }
             Kernels::Ring(ring) => {
                 let shard = p.axis_index::<Context>()?;
-                let partial = forward_steps(p, ring, &shard, &q, k, v, None)?;
+                let partial = ring.forward(p, &shard, &q, &k, &v, None)?;
                 Ok((
                     partial.out.convert(self.cp.dtype)?.value(),
                     partial.lse.value(),
@@ -183,7 +182,7 @@ impl AttentionLayer {
                 let q = to_chunks(&q, 1)?;
                 let (k, v) = (to_chunks(&k, rep)?, to_chunks(&v, rep)?);
                 let shard = p.axis_index::<RingAxis>()?;
-                let partial = forward_steps(p, ring, &shard, &q, k, v, None)?;
+                let partial = ring.forward(p, &shard, &q, &k, &v, None)?;
                 let out = from_chunks(&partial.out.convert(self.cp.dtype)?)?;
                 let lse = partial
                     .lse

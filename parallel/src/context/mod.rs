@@ -15,7 +15,7 @@
 //!   reduce-scatters dK/dV (the all-gather's transpose).
 //! - [`Strategy::Ring`]: K/V shards travel around the ring (collective permutes); every step
 //!   attends the local queries to the shard in hand and merges by logsumexp. The backward
-//!   sends the dK/dV contributions back around the ring (the permutes' transposes).
+//!   is a second ring: K/V go around again with their dK/dV accumulators.
 //! - [`Strategy::Usp`]: a 2-D mesh, Ulysses over one axis and ring over the other.
 //!
 //! The programs are SPMD StableHLO built with the typed collectives (the sharding of every
@@ -27,8 +27,9 @@
 //! ([`Spmd::vjp`]) in one program, as a training step runs them: every splash call is a
 //! custom-VJP unit whose rule runs splash's backward kernels
 //! ([`tessera_splash::lower_forward_on_shard`]) on the forward's residuals, every collective
-//! is differentiated by its transpose, and the local glue (re-layouts, the ring's logsumexp
-//! merge) by tessera-hlo's op rules.
+//! is differentiated by its transpose, and the local glue (re-layouts) by tessera-hlo's op
+//! rules. A ring (ring, USP's ring axis) is one custom-VJP unit whose rule is the backward
+//! ring ([`ops::RingAttention::forward`]).
 
 mod all_gather;
 pub mod layer;

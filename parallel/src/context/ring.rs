@@ -4,59 +4,23 @@
 //! permute to `r + 1` after every step), so at step `t` device `r` holds the keys of device
 //! `r - t` and attends its queries to them with the mask's tables for that pair of offsets
 //! (under a causal mask, the shards of later devices are empty and skipped block by block).
-//! Each step's normalised output and logsumexp merge into the running result by logsumexp
-//! ([`RingAttention::forward_step`]).
+//! Each step's normalised output and logsumexp merge into the running result by logsumexp.
 //!
-//! The backward is the forward's gradient: the forward runs again, then the steps in reverse:
-//! each step's splash backward kernels take the cotangents the logsumexp merge passes to that
-//! step's `out` and `lse`; dQ adds up locally, and each shard's dK/dV travel back around the
-//! ring through the permutes' transposes (the reverse shift), adding up on the way. No
-//! all-to-all, no all-gather.
+//! The whole ring is one custom-VJP unit ([`RingAttention::forward`]) whose backward is a
+//! second ring: K/V travel around again, each step's splash backward kernels read the final
+//! `out` and `lse`, dQ adds up locally, and each shard's dK/dV accumulate in a buffer that
+//! travels with the shard and one more step brings home. No all-to-all, no all-gather.
 //!
-//! The steps are written over any mesh axis, so the Ulysses x ring hybrid reuses them.
+//! The ring is written over any mesh axis, so the Ulysses x ring hybrid reuses it.
 
 use tessera_collectives::axes::Context;
-use tessera_collectives::{
-    CollectiveError, DTensor, DimSharding, HasAxis, MeshAxis, MeshShape, Program, Replicated, Spmd,
-};
+use tessera_collectives::{CollectiveError, DTensor, Program, Replicated, Spmd};
 
-use super::ops::{AxisIndex, BySequence, RingAttention, RingPartial, WholeSegmentIds};
+use super::ops::{RingAttention, WholeSegmentIds};
 use super::{
     forward_backward_args, gather_segments, output_gradients, ContextMesh, ContextParallel,
     CpError, OutLse, SeqSharded, SeqSharded3,
 };
-
-/// The K/V shards of one device, rotating around the ring.
-type Shard<'p, M, B, H, A> = DTensor<'p, M, BySequence<B, H, A>>;
-
-/// The forward over every ring step: this device's queries `q` against each K/V shard in
-/// turn, starting with its own (`k`, `v`), rotated over `A` between the steps.
-#[allow(clippy::too_many_arguments)] // the ring, the offset, q, K/V and segments
-pub(super) fn forward_steps<'p, M, A, B, H>(
-    p: &'p Spmd<'_, M>,
-    ring: &RingAttention<A>,
-    shard: &AxisIndex<'p, M, A>,
-    q: &Shard<'p, M, B, H, A>,
-    mut k: Shard<'p, M, B, H, A>,
-    mut v: Shard<'p, M, B, H, A>,
-    segment_ids: Option<&DTensor<'p, M, WholeSegmentIds<B>>>,
-) -> Result<RingPartial<'p, M, B, H, A>, CollectiveError>
-where
-    M: MeshShape + HasAxis<A>,
-    A: MeshAxis,
-    B: DimSharding<M>,
-    H: DimSharding<M>,
-{
-    let mut partial = None;
-    for t in 0..ring.steps() {
-        partial = Some(ring.forward_step(p, t, shard, q, &k, &v, segment_ids, partial)?);
-        if t + 1 < ring.steps() {
-            k = k.ring_shift::<A, 2>(1)?;
-            v = v.ring_shift::<A, 2>(1)?;
-        }
-    }
-    partial.ok_or_else(|| CollectiveError::local("a ring has at least one step"))
-}
 
 /// The forward on the sequence-sharded `q, k, v`: `out` in the input dtype and `lse`.
 fn attend<'p>(
@@ -67,7 +31,7 @@ fn attend<'p>(
     seg: Option<&DTensor<'p, ContextMesh, WholeSegmentIds<Replicated>>>,
 ) -> Result<OutLse<'p, ContextMesh, SeqSharded, SeqSharded3>, CollectiveError> {
     let shard = p.axis_index::<Context>()?;
-    let partial = forward_steps(p, ring, &shard, q, k.clone(), v.clone(), seg)?;
+    let partial = ring.forward(p, &shard, q, k, v, seg)?;
     Ok((partial.out.convert(cp.dtype)?, partial.lse))
 }
 

@@ -16,7 +16,6 @@ use tessera_dsl::DType;
 use tessera_hlo::{FuncBuilder, Value};
 
 use super::ops::{BySequence, RingAttention, WholeSegmentIds};
-use super::ring::forward_steps;
 use super::seq_dim;
 use super::{
     output_gradients, replicate_heads, ContextParallel, CpError, OutLse, RingAxis, Strategy,
@@ -126,7 +125,7 @@ fn attend<'p>(
     let k = chunks_of(k, rep)?;
     let v = chunks_of(v, rep)?;
     let shard = p.axis_index::<RingAxis>()?;
-    let partial = forward_steps(p, ring, &shard, &q, k, v, seg)?;
+    let partial = ring.forward(p, &shard, &q, &k, &v, seg)?;
     let out = to_pieces_of(cp, &partial.out)?;
     // [B, h, n] -> [B, h, 1, n], then the pieces back over `ulysses`.
     let lse = partial

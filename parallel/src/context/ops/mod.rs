@@ -11,15 +11,16 @@
 //! - [`AllGatherAttention`]: this device's block of queries (dim 2 split over the axis,
 //!   [`QueryShard`]) against the whole K/V ([`WholeKeys`]), at the device's offset (its
 //!   `axis_index`).
-//! - [`RingAttention`]: one ring step, this device's queries against the K/V shard in hand
-//!   (dim 2 split over the ring axis, [`KeyShard`]) at that step's offsets; the partial
-//!   results ([`RingPartial`]) merge step by step.
+//! - [`RingAttention`]: this device's queries against the K/V shard in hand (dim 2 split over
+//!   the ring axis, [`KeyShard`]), one step at that step's offsets or the whole ring; the
+//!   partial results ([`RingPartial`]) merge step by step.
 //!
 //! Every kernel call is a custom-VJP unit whose rule runs splash's backward kernels
 //! ([`tessera_splash::lower_forward_on_shard`]), so the backward of a program built from
 //! these ops is its gradient, [`Spmd::vjp`](tessera_collectives::Spmd::vjp): e.g. the
 //! all-gather op's dK/dV come out as this device's partial sums, which the gather's
-//! transpose (a reduce-scatter) adds up.
+//! transpose (a reduce-scatter) adds up. The whole ring ([`RingAttention::forward`]) is one
+//! unit, its rule a backward ring.
 //!
 //! Every op is built from a [`ContextParallel`] configuration (its mask, dims, block sizes and
 //! degrees) and checks at build time that each operand holds the per-device shape its

@@ -1,14 +1,20 @@
 //! The ring attention op: one step, this device's queries against the K/V shard in hand.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::marker::PhantomData;
+use std::rc::Rc;
 
 use tessera_collectives::{
-    CollectiveError, DTensor, DimSharding, HasAxis, MeshAxis, MeshShape, Spmd,
+    Collective, CollectiveError, CollectiveRecorder, DTensor, DimSharding, HasAxis, MeshAxis,
+    MeshShape, Spmd,
 };
 use tessera_dsl::DType;
-use tessera_hlo::{FuncBuilder, Value};
-use tessera_splash::{SeqOffsets, ShardedSplash, SplashError, Tensor};
+use tessera_hlo::autodiff::{VjpCall, VjpRule};
+use tessera_hlo::{FuncBuilder, HloError, Value};
+use tessera_splash::{
+    lower_stages_on_shard, SeqOffsets, ShardedSplash, SplashError, Stage, Tensor,
+};
 
 use super::super::{
     chunk_of, lower_forward, lse_from_kernel, lse_to_kernel, part_start, seq_concat, seq_part,
@@ -27,12 +33,20 @@ const OP: &str = "ring attention";
 /// of offsets. With load balancing every shard is two chunks (zigzag), and each pair of a
 /// query chunk and a key chunk is its own attention.
 ///
-/// The steps' partial results merge by logsumexp as they come ([`RingPartial`]). Each kernel
-/// call is a custom-VJP unit, so [`Spmd::vjp`] differentiates the steps with splash's
-/// backward kernels (the merge passes a cotangent to every step's `lse` as well as its
-/// `out`), and the K/V cotangents travel back around the ring through the permutes'
-/// transposes.
-#[derive(Debug, Clone)]
+/// The steps' partial results merge by logsumexp as they come ([`RingPartial`]). Two ways to
+/// run them:
+///
+/// - [`RingAttention::forward`], the whole ring as one custom-VJP unit: its backward runs the
+///   ring again, K/V and their gradient accumulators travelling together, each step's
+///   backward kernels reading the final `out` and `lse`. Only `q`, `k`, `v`, `out` and `lse`
+///   outlive the forward, so a model that recomputes the layer in its backward holds one K/V
+///   shard in flight, not one per step. This is what the strategies use.
+/// - [`RingAttention::forward_step`], one step as a typed op whose kernel calls are custom-VJP
+///   units: [`Spmd::vjp`] differentiates the steps and the merges (the merge passes a
+///   cotangent to every step's `lse` as well as its `out`), the K/V cotangents travelling
+///   back through the permutes' transposes; the backward keeps every step's shard and
+///   partial results.
+#[derive(Debug)]
 pub struct RingAttention<A> {
     /// `splash[t][q_part][kv_part]`.
     splash: Vec<Vec<Vec<ShardedSplash>>>,
@@ -42,6 +56,19 @@ pub struct RingAttention<A> {
     /// The length of a chunk (a shard, or half of one with load balancing).
     len: usize,
     _axis: PhantomData<fn() -> A>,
+}
+
+// By hand: a derive would ask `A` (a marker type) to be `Clone`.
+impl<A> Clone for RingAttention<A> {
+    fn clone(&self) -> Self {
+        RingAttention {
+            splash: self.splash.clone(),
+            shapes: self.shapes.clone(),
+            ring: self.ring,
+            len: self.len,
+            _axis: PhantomData,
+        }
+    }
 }
 
 /// The attention of this device's queries to the K/V shards seen so far, merged by
@@ -152,26 +179,77 @@ impl<A: MeshAxis> RingAttention<A> {
             .map_err(local_error)
     }
 
-    /// Adds the query and key segment ids of the pair `(q_part, kv_part)` at step `t` (the
-    /// segment ids at input `at`, whole and in natural order).
+    /// Adds the query and key segment ids of the pair `(q_part, kv_part)` at step `t` (from
+    /// `segments`, the whole segment ids in natural order) to a plan's environment.
     #[allow(clippy::too_many_arguments)] // a builder, an environment and the pair's position
     fn add_segments(
         &self,
         f: &mut FuncBuilder<'_>,
         env: &mut HashMap<Tensor, Value>,
-        x: &[Value],
-        at: Option<usize>,
+        segments: Option<Value>,
         shard: Value,
         t: usize,
         (q_part, kv_part): (usize, usize),
     ) -> Result<(), CollectiveError> {
-        let Some(at) = at else {
+        let Some(full) = segments else {
             return Ok(());
         };
         let (ring, len) = (self.ring, self.len);
         let q = part_start(f, shard, 0, ring, q_part, len)?;
         let kv = part_start(f, shard, ring - t, ring, kv_part, len)?;
-        Segments { full: x[at] }.add_to(f, env, (Some(q), len), (Some(kv), len))
+        Segments { full }.add_to(f, env, (Some(q), len), (Some(kv), len))
+    }
+
+    /// Step `t` on local values: the queries `q` against the K/V shard in hand, merged into
+    /// `merged` (`[out f32, lse]` of the steps before). Each kernel call is a custom-VJP unit
+    /// when `differentiable`, else its forward kernels alone.
+    #[allow(clippy::too_many_arguments)] // the step, its plans, q/k/v, the offset, segments, state
+    fn attend_step(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        t: usize,
+        plans: &[Vec<Plans>],
+        [q, k, v]: [Value; 3],
+        (shard, segments): (Value, Option<Value>),
+        merged: Option<[Value; 2]>,
+        differentiable: bool,
+    ) -> Result<[Value; 2], CollectiveError> {
+        let parts = self.parts();
+        let (mut outs, mut lses) = (Vec::with_capacity(parts), Vec::with_capacity(parts));
+        for (hq, row) in plans.iter().enumerate() {
+            // This query part's result so far, if any.
+            let mut part_merged = match merged {
+                Some([out, lse]) => {
+                    let out = seq_part(f, out, hq, parts)?;
+                    let lse = seq_part(f, lse, hq, parts)?;
+                    Some([out, lse_to_kernel(f, lse)?])
+                }
+                None => None,
+            };
+            for (hk, (forward, backward)) in row.iter().enumerate() {
+                let mut env = HashMap::from([
+                    (Tensor::Q, seq_part(f, q, hq, parts)?),
+                    (Tensor::K, seq_part(f, k, hk, parts)?),
+                    (Tensor::V, seq_part(f, v, hk, parts)?),
+                ]);
+                self.add_segments(f, &mut env, segments, shard, t, (hq, hk))?;
+                if differentiable {
+                    lower_forward(f, forward, backward.clone(), &mut env, Some(shard))?;
+                } else {
+                    lower_stages(f, forward, &mut env, shard)?;
+                }
+                let part = [f.convert(env[&Tensor::Out], DType::F32)?, env[&Tensor::Lse]];
+                part_merged = Some(match part_merged {
+                    None => part,
+                    Some(a) => merge_partials(f, a, part)?,
+                });
+            }
+            let [out, lse] = part_merged.ok_or_else(|| CollectiveError::local("no key part"))?;
+            outs.push(out);
+            lses.push(lse);
+        }
+        let lse = seq_concat(f, &lses)?;
+        Ok([seq_concat(f, &outs)?, lse_from_kernel(f, lse)?])
     }
 
     /// Step `t` of the forward: attends this device's queries `q` to the K/V shard in hand
@@ -200,46 +278,291 @@ impl<A: MeshAxis> RingAttention<A> {
     {
         self.shapes.check_qkv(OP, q, k, v)?;
         let plans = self.plans(t, segment_ids.is_some())?;
-        let parts = self.parts();
         let mut inputs = Inputs::new(&[q, k, v, shard]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));
         let acc = inputs.optional(partial.as_ref().map(|a| &a.out as _));
         inputs.optional(partial.as_ref().map(|a| &a.lse as _));
         let (out, lse) = p.local_results(&inputs.values, |f, x| {
-            let (mut outs, mut lses) = (Vec::with_capacity(parts), Vec::with_capacity(parts));
-            for (hq, row) in plans.into_iter().enumerate() {
-                // This query part's result so far, if any.
-                let mut merged = match acc {
-                    Some(i) => {
-                        let out = seq_part(f, x[i], hq, parts)?;
-                        let lse = seq_part(f, x[i + 1], hq, parts)?;
-                        Some([out, lse_to_kernel(f, lse)?])
-                    }
-                    None => None,
-                };
-                for (hk, (forward, backward)) in row.into_iter().enumerate() {
-                    let mut env = HashMap::from([
-                        (Tensor::Q, seq_part(f, x[0], hq, parts)?),
-                        (Tensor::K, seq_part(f, x[1], hk, parts)?),
-                        (Tensor::V, seq_part(f, x[2], hk, parts)?),
-                    ]);
-                    self.add_segments(f, &mut env, x, seg, x[3], t, (hq, hk))?;
-                    lower_forward(f, &forward, backward, &mut env, Some(x[3]))?;
-                    let part = [f.convert(env[&Tensor::Out], DType::F32)?, env[&Tensor::Lse]];
-                    merged = Some(match merged {
-                        None => part,
-                        Some(a) => merge_partials(f, a, part)?,
-                    });
-                }
-                let [out, lse] = merged.ok_or_else(|| CollectiveError::local("no key part"))?;
-                outs.push(out);
-                lses.push(lse);
-            }
-            let lse = seq_concat(f, &lses)?;
-            Ok(vec![seq_concat(f, &outs)?, lse_from_kernel(f, lse)?])
+            let merged = acc.map(|i| [x[i], x[i + 1]]);
+            let segments = seg.map(|i| x[i]);
+            let step = self.attend_step(
+                f,
+                t,
+                &plans,
+                [x[0], x[1], x[2]],
+                (x[3], segments),
+                merged,
+                true,
+            )?;
+            Ok(step.to_vec())
         })?;
         Ok(RingPartial { out, lse })
     }
+
+    /// The whole ring: this device's queries `q` against every K/V shard in turn, starting
+    /// with its own (`k`, `v`), the shards rotated by one position over `A` between the
+    /// steps; `shard` is the device's position on the ring. One custom-VJP unit on `q`, `k`,
+    /// `v` whose backward is a second ring (see [`RingAttention`]).
+    pub fn forward<'p, M, B, H, Q, K, V>(
+        &self,
+        p: &'p Spmd<'_, M>,
+        shard: &AxisIndex<'p, M, A>,
+        q: &DTensor<'p, M, Q>,
+        k: &DTensor<'p, M, K>,
+        v: &DTensor<'p, M, V>,
+        segment_ids: Option<&DTensor<'p, M, WholeSegmentIds<B>>>,
+    ) -> Result<RingPartial<'p, M, B, H, A>, CollectiveError>
+    where
+        M: MeshShape + HasAxis<A>,
+        B: DimSharding<M>,
+        H: DimSharding<M>,
+        Q: QueryShard<A, Batch = B, Heads = H>,
+        K: KeyShard<A, Batch = B, Heads = H>,
+        V: KeyShard<A, Batch = B, Heads = H>,
+    {
+        self.shapes.check_qkv(OP, q, k, v)?;
+        let segmented = segment_ids.is_some();
+        let plans = (0..self.ring)
+            .map(|t| self.plans(t, segmented))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shift = Collective::ring_shift(p.mesh().axis_by_name(A::NAME)?, 1);
+        let recorder = p.collective_recorder();
+        let mut inputs = Inputs::new(&[q, k, v, shard]);
+        let seg = inputs.optional(segment_ids.map(|x| x as _));
+        let (out, lse) = p.local_results(&inputs.values, |f, x| {
+            let unit = Rc::new(WholeRing {
+                op: self.clone(),
+                plans,
+                shard: x[3],
+                segments: seg.map(|i| x[i]),
+                shift,
+                recorder,
+            });
+            f.custom_vjp(unit.clone(), &x[..3], |f, qkv| {
+                Ok::<_, CollectiveError>(unit.forward(f, [qkv[0], qkv[1], qkv[2]])?.to_vec())
+            })
+        })?;
+        Ok(RingPartial { out, lse })
+    }
+}
+
+/// The whole ring as one custom-VJP unit ([`RingAttention::forward`]): its forward, and its
+/// backward as a [`VjpRule`].
+struct WholeRing<A> {
+    op: RingAttention<A>,
+    /// `[t][q_part][kv_part]`.
+    plans: Vec<Vec<Vec<Plans>>>,
+    /// The device's position on the ring.
+    shard: Value,
+    /// The whole segment ids, if any.
+    segments: Option<Value>,
+    /// The K/V rotation: one position along the ring.
+    shift: Collective,
+    recorder: CollectiveRecorder,
+}
+
+impl<A: MeshAxis> fmt::Debug for WholeRing<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WholeRing")
+            .field("axis", &A::NAME)
+            .field("steps", &self.plans.len())
+            .field("segmented", &self.segments.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<A: MeshAxis> WholeRing<A> {
+    /// Every step, the next K/V shard in flight while the current one is attended to:
+    /// `[out f32, lse]`.
+    ///
+    /// Nothing in the data orders step `t + 1` after step `t` (each attends its own shard;
+    /// only the merges chain), and XLA's scheduler would start every transfer and kernel
+    /// early, holding every shard and partial result at once. An optimization barrier after
+    /// each step ties the next shard to the merged result, so one step runs at a time with
+    /// one transfer in flight.
+    fn forward(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        [q, mut k, mut v]: [Value; 3],
+    ) -> Result<[Value; 2], CollectiveError> {
+        let mut merged = None;
+        for (t, plans) in self.plans.iter().enumerate() {
+            let next = self.next_shard(f, t, [k, v])?;
+            let context = (self.shard, self.segments);
+            let [out, lse] = self
+                .op
+                .attend_step(f, t, plans, [q, k, v], context, merged, false)?;
+            merged = Some([out, lse]);
+            if let Some([k1, v1]) = next {
+                let tied = f.optimization_barrier_all(&[k1, v1, out, lse])?;
+                [k, v] = [tied[0], tied[1]];
+                merged = Some([tied[2], tied[3]]);
+            }
+        }
+        merged.ok_or_else(|| CollectiveError::local("a ring has at least one step"))
+    }
+
+    /// The K/V shard of step `t + 1` (`None` after the last step).
+    fn next_shard(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        t: usize,
+        [k, v]: [Value; 2],
+    ) -> Result<Option<[Value; 2]>, CollectiveError> {
+        if t + 1 == self.plans.len() {
+            return Ok(None);
+        }
+        Ok(Some([
+            self.recorder.emit(f, &self.shift, k)?,
+            self.recorder.emit(f, &self.shift, v)?,
+        ]))
+    }
+
+    /// The backward ring. Every step's backward kernels read the final `out`, `lse`, `dout`
+    /// and `Di = rowsum(out dout) - dlse` (the softmax over all keys is what each block's
+    /// probabilities are relative to), so the steps are independent: dQ adds up locally,
+    /// and each shard's dK/dV accumulate (in f32) in a buffer that travels with the shard,
+    /// one more shift than K/V bringing it home. Barriers order the steps as in the forward.
+    fn backward(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        call: &VjpCall<'_>,
+    ) -> Result<Vec<Option<Value>>, CollectiveError> {
+        let (&[q, k, v], &[out, lse]) = (call.inputs, call.outputs) else {
+            return Err(CollectiveError::local(
+                "the ring unit has three inputs and two outputs",
+            ));
+        };
+        let dtype = f.value_type(q)?.dtype;
+        let dout = match call.cotangents[0] {
+            Some(d) => d,
+            None => {
+                let t = f.value_type(out)?.clone();
+                f.splat(0.0, t)?
+            }
+        };
+        let (out, dout) = (f.convert(out, dtype)?, f.convert(dout, dtype)?);
+        let parts = self.op.parts();
+        // Per query part: the residuals every step's kernels read.
+        let mut residuals = Vec::with_capacity(parts);
+        for hq in 0..parts {
+            let lse_part = seq_part(f, lse, hq, parts)?;
+            let mut env = HashMap::from([
+                (Tensor::Out, seq_part(f, out, hq, parts)?),
+                (Tensor::DOut, seq_part(f, dout, hq, parts)?),
+                (Tensor::Lse, lse_to_kernel(f, lse_part)?),
+            ]);
+            let prep = &self.plans[0][hq][0].1[..1];
+            lower_stages(f, prep, &mut env, self.shard)?;
+            if let Some(dlse) = call.cotangents[1] {
+                let dlse = seq_part(f, dlse, hq, parts)?;
+                let dlse = lse_to_kernel(f, dlse)?;
+                let di = f.sub(env[&Tensor::Di], dlse)?;
+                env.insert(Tensor::Di, di);
+            }
+            residuals.push(env);
+        }
+        let mut dq: Vec<Option<Value>> = vec![None; parts];
+        let (mut k, mut v) = (k, v);
+        let mut dkv: Option<[Value; 2]> = None;
+        for (t, plans) in self.plans.iter().enumerate() {
+            let next = self.next_shard(f, t, [k, v])?;
+            let (mut dk, mut dv) = (vec![None; parts], vec![None; parts]);
+            for (hq, row) in plans.iter().enumerate() {
+                for (hk, (_, backward)) in row.iter().enumerate() {
+                    let mut env = residuals[hq].clone();
+                    env.insert(Tensor::Q, seq_part(f, q, hq, parts)?);
+                    env.insert(Tensor::K, seq_part(f, k, hk, parts)?);
+                    env.insert(Tensor::V, seq_part(f, v, hk, parts)?);
+                    self.op
+                        .add_segments(f, &mut env, self.segments, self.shard, t, (hq, hk))?;
+                    lower_stages(f, &backward[1..], &mut env, self.shard)?;
+                    accumulate(f, &mut dq[hq], env[&Tensor::Dq])?;
+                    accumulate(f, &mut dk[hk], env[&Tensor::Dk])?;
+                    accumulate(f, &mut dv[hk], env[&Tensor::Dv])?;
+                }
+            }
+            let step = [concat_parts(f, dk)?, concat_parts(f, dv)?];
+            let [mut dk, mut dv] = match dkv {
+                None => step,
+                Some([a, b]) => [f.add(a, step[0])?, f.add(b, step[1])?],
+            };
+            if let Some([k1, v1]) = next {
+                let mut tied = vec![k1, v1, dk, dv];
+                tied.extend(dq.iter().flatten());
+                let tied = f.optimization_barrier_all(&tied)?;
+                [k, v, dk, dv] = [tied[0], tied[1], tied[2], tied[3]];
+                for (part, &x) in dq.iter_mut().zip(&tied[4..]) {
+                    *part = Some(x);
+                }
+            }
+            dkv = Some([
+                self.recorder.emit(f, &self.shift, dk)?,
+                self.recorder.emit(f, &self.shift, dv)?,
+            ]);
+        }
+        let [dk, dv] = dkv.ok_or_else(|| CollectiveError::local("a ring has at least one step"))?;
+        let dq = concat_parts(f, dq)?;
+        let mut grads = Vec::with_capacity(3);
+        for (g, x) in [dq, dk, dv].into_iter().zip(call.inputs) {
+            let want = f.value_type(*x)?.dtype;
+            grads.push(Some(f.convert(g, want)?));
+        }
+        Ok(grads)
+    }
+}
+
+impl<A: MeshAxis> VjpRule for WholeRing<A> {
+    fn name(&self) -> &str {
+        OP
+    }
+
+    fn vjp(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        call: &VjpCall<'_>,
+    ) -> Result<Vec<Option<Value>>, HloError> {
+        self.backward(f, call).map_err(|e| HloError::Autodiff {
+            op: "custom_vjp".into(),
+            reason: format!("`{OP}`: building its backward ring: {e}"),
+        })
+    }
+}
+
+/// Lowers `stages` (no custom VJP) with `shard` selecting the per-shard tables.
+fn lower_stages(
+    f: &mut FuncBuilder<'_>,
+    stages: &[Stage],
+    env: &mut HashMap<Tensor, Value>,
+    shard: Value,
+) -> Result<(), CollectiveError> {
+    lower_stages_on_shard(f, stages, env, Some(shard)).map_err(local_error)
+}
+
+/// `sum += x` in f32 (`sum = x` at first).
+fn accumulate(
+    f: &mut FuncBuilder<'_>,
+    sum: &mut Option<Value>,
+    x: Value,
+) -> Result<(), CollectiveError> {
+    let x = f.convert(x, DType::F32)?;
+    *sum = Some(match *sum {
+        None => x,
+        Some(s) => f.add(s, x)?,
+    });
+    Ok(())
+}
+
+/// The sequence parts of a gradient, concatenated (every part has had a contribution).
+fn concat_parts(
+    f: &mut FuncBuilder<'_>,
+    parts: Vec<Option<Value>>,
+) -> Result<Value, CollectiveError> {
+    let parts = parts
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| CollectiveError::local("a sequence part got no gradient"))?;
+    seq_concat(f, &parts)
 }
 
 /// Merges two attentions of the same queries over disjoint keys, each normalised with its
