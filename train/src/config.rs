@@ -216,7 +216,9 @@ pub struct TrainConfig {
     pub ici_fsdp_parallelism: usize,
     /// `dtype`: the compute dtype of the matmuls, activations and attention (f32 or bf16).
     /// Parameters and AdamW moments stay f32 (each layer's weights are cast before their
-    /// all-gather); norms, the residual stream, softmax and the loss run in f32.
+    /// all-gather). The residual stream is in this dtype too, as MaxText's activations are
+    /// (so the layer loop saves each layer's input in it); norms, softmax and the loss run
+    /// in f32.
     pub dtype: DType,
     /// `context_parallel_strategy`.
     pub strategy: Strategy,

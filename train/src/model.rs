@@ -501,7 +501,6 @@ impl<'a> Model<'a> {
             let (cos, sin) = (cast(f, cos, dtype)?, cast(f, sin, dtype)?);
             let onehot = cast(f, onehot, dtype)?;
             let x = f.matmul(onehot, embed, dtype)?;
-            let x = cast(f, x, DType::F32)?;
             Ok((target_onehot, cos, sin, x))
         })?;
         let x0 = p.declare::<TokenRows, Invariant>(x)?;
@@ -511,6 +510,7 @@ impl<'a> Model<'a> {
             self.layers::<StackedMatrix>(p, &x0, cos, sin)?
         };
         p.with_builder(|f| {
+            let x = cast(f, x, DType::F32)?;
             let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
             let h = cast(f, h, dtype)?;
             let logits = f.matmul(h, lm_head, DType::F32)?;
@@ -577,6 +577,7 @@ impl<'a> Model<'a> {
     ) -> Result<Value, CollectiveError> {
         let m = self.m;
         let (q, k, v) = p.with_builder(|f| {
+            let x = cast(f, x, DType::F32)?;
             let (h, _) = rms_norm(f, x, w.attention_norm, m.norm_eps)?;
             let h = cast(f, h, self.dtype)?;
             let q = f.matmul(h, w.wq, self.dtype)?;
@@ -594,17 +595,17 @@ impl<'a> Model<'a> {
         p.with_builder(|f| {
             let out = from_heads(f, out)?;
             let proj = f.matmul(out, w.wo, self.dtype)?;
-            // The residual stream and the norms stay f32.
-            let proj = cast(f, proj, DType::F32)?;
+            // The residual stream is in the compute dtype (MaxText's activation dtype), so
+            // the layer loop saves each layer's input in it; the norms compute in f32.
             let x1 = f.add(x, proj)?;
-            let (h2, _) = rms_norm(f, x1, w.mlp_norm, m.norm_eps)?;
+            let x1_f32 = cast(f, x1, DType::F32)?;
+            let (h2, _) = rms_norm(f, x1_f32, w.mlp_norm, m.norm_eps)?;
             let h2 = cast(f, h2, self.dtype)?;
             let a = f.matmul(h2, w.w1, self.dtype)?;
             let c = f.matmul(h2, w.w3, self.dtype)?;
             let act = silu(f, a)?;
             let gated = f.mul(act, c)?;
             let down = f.matmul(gated, w.w2, self.dtype)?;
-            let down = cast(f, down, DType::F32)?;
             Ok(f.add(x1, down)?)
         })
     }
