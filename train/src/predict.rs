@@ -550,9 +550,14 @@ pub fn predict_step(
             // The gathered K and V; forward (and remat) all-gathers, backward reduce-scatter.
             let full = 2.0 * kv_shard_bytes * cp as f64;
             let pass_s = cp_axes.gather_s(full, link);
-            let layer_s =
-                fwd_passes * exposed(pass_s, behind_fwd) + exposed(pass_s, behind_bwd);
-            (worst.0, worst.1, worst.2, layer_s, (fwd_passes + 1.0) * full)
+            let layer_s = fwd_passes * exposed(pass_s, behind_fwd) + exposed(pass_s, behind_bwd);
+            (
+                worst.0,
+                worst.1,
+                worst.2,
+                layer_s,
+                (fwd_passes + 1.0) * full,
+            )
         }
         Strategy::Ring => {
             // Forward steps move K and V; backward steps move K, V, dK and dV.
