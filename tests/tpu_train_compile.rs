@@ -85,6 +85,52 @@ fn tiny_step(strategy: &str, collective: &str) {
         .is_some_and(|m| m > 0.0 && m < 1.0));
     assert!(report["breakdown"]["compute_matmul_s"].as_f64() > Some(0.0));
     assert!(stdout.contains("per device: arguments"), "{stdout}");
+    // The compiler's estimate of the whole step: the 1-layer-per-iteration compile's cost
+    // (its loop body counted once) plus one more layer, measured with 2 per iteration.
+    let estimate = &report["compiler_step_estimate"];
+    let number = |v: &Value| {
+        v.as_f64()
+            .unwrap_or_else(|| panic!("{strategy}: {estimate}"))
+    };
+    let per_layer = number(&estimate["per_layer_flops"]);
+    assert!(per_layer > 0.0, "{strategy}: {estimate}");
+    let step = number(&estimate["flops"]);
+    assert!(
+        (step - (number(&report["flops"]) + per_layer)).abs() <= 1e-6 * step,
+        "{strategy}: {estimate}"
+    );
+    assert!(number(&estimate["optimal_seconds"]) > number(&report["optimal_seconds"]));
+    assert!(
+        stdout.contains("compiler's estimate of the whole step"),
+        "{stdout}"
+    );
+}
+
+/// No estimate of the whole step for an odd number of layers (2 per iteration cannot
+/// divide them) or when asked to skip it; the step still compiles.
+#[test]
+fn the_step_estimate_says_why_it_is_missing() {
+    for (extra, why) in [
+        (&["--num-layers", "3"][..], "even number of layers"),
+        (&["--num-layers", "2", "--no-step-estimate"][..], "skipped"),
+    ] {
+        let mut args = vec![
+            "--model",
+            "tiny",
+            "--ici-context-parallelism",
+            "4",
+            "--max-target-length",
+            "128",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = compile_train("v5p:2x2x1", &args);
+        assert!(ok, "{extra:?}: {stderr}");
+        let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        let none = report["compiler_step_estimate"]["none"]
+            .as_str()
+            .unwrap_or("");
+        assert!(none.contains(why), "{extra:?}: {report}");
+    }
 }
 
 #[test]
@@ -222,6 +268,8 @@ fn llama2_7b_two_layers_compile_for_v5p_4x4x4() {
             "1024",
             "--dtype",
             "bf16",
+            // The tiny steps check the estimate; here it would double the compile time.
+            "--no-step-estimate",
         ],
     );
     assert!(ok, "{stderr}");

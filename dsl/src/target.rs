@@ -72,9 +72,23 @@ impl Target {
         f: &mut FuncBuilder<'_>,
         args: &[hlo::Value],
     ) -> Result<Vec<hlo::Value>, KernelError> {
+        self.lower_into_with_work(k, f, args, None)
+    }
+
+    /// [`Target::lower_into`], where the caller knows how many grid steps do work (e.g.
+    /// splash, from its block tables: the steps of skipped blocks do nothing): the Mosaic
+    /// call's cost estimate counts the work of `active_grid_steps` steps instead of every
+    /// step. Inline lowering ignores it.
+    pub fn lower_into_with_work(
+        &self,
+        k: &Kernel,
+        f: &mut FuncBuilder<'_>,
+        args: &[hlo::Value],
+        active_grid_steps: Option<u64>,
+    ) -> Result<Vec<hlo::Value>, KernelError> {
         match self.lowering {
             KernelLowering::Inline => crate::stablehlo::lower_into(k, f, args),
-            KernelLowering::Mosaic => self.custom_call(k, f, args),
+            KernelLowering::Mosaic => self.custom_call(k, f, args, active_grid_steps),
         }
     }
 
@@ -83,8 +97,12 @@ impl Target {
         k: &Kernel,
         f: &mut FuncBuilder<'_>,
         args: &[hlo::Value],
+        active_grid_steps: Option<u64>,
     ) -> Result<Vec<hlo::Value>, KernelError> {
-        let mosaic = crate::mosaic::lower(k)?;
+        let mut mosaic = crate::mosaic::lower(k)?;
+        if active_grid_steps.is_some() {
+            mosaic.cost = crate::mosaic::cost_estimate(k, active_grid_steps);
+        }
         // The call takes the scalar-prefetch tables first, then the inputs (the order of the
         // Mosaic function's parameters); `args` follow the kernel's declaration order.
         let roles: Vec<OperandRole> = k

@@ -32,6 +32,10 @@ pub struct CompileTrainArgs {
     /// KiB (instead of --vmem-limit-mib; default 16 MiB).
     #[arg(long, value_name = "KIB")]
     pub vmem_limit_kib: Option<usize>,
+    /// Skip the second compile (2 layers per loop iteration) that measures one layer's cost
+    /// for the compiler's estimate of the whole step.
+    #[arg(long)]
+    pub no_step_estimate: bool,
 }
 
 /// The validated config of `a`, its attention kernels for `kernels` (a TPU target).
@@ -100,6 +104,11 @@ pub fn compile_train(
     let state_bytes = tessera_train::model::state_bytes_per_device(&program, params);
     let chip = Chip::parse(target.topology()).ok();
     let prediction = predict(&cfg, chip.as_ref());
+    let estimate = if a.no_step_estimate {
+        Err("skipped (--no-step-estimate)".to_string())
+    } else {
+        step_estimate(&cfg, target, &report)?
+    };
     print_human(
         &cfg,
         &report,
@@ -108,10 +117,105 @@ pub fn compile_train(
         chip.as_ref(),
         &prediction,
     );
+    print_estimate(&estimate);
     let mut json = report_json(&cfg, &report, &collectives, chip.as_ref(), &prediction);
     json.insert("state_bytes_per_device".into(), json!(state_bytes));
+    json.insert(
+        "compiler_step_estimate".into(),
+        match &estimate {
+            Ok(e) => e.to_json(),
+            Err(why) => json!({ "none": why }),
+        },
+    );
     outln!("{}", Value::Object(json));
     Ok(())
+}
+
+/// libtpu's cost analysis of the whole step. It counts a loop body once, so the layer loop's
+/// body is measured as the difference between the step compiled with 2 layers per iteration
+/// and with 1 (same layers, same computation), and the step is the 1-layer compile plus
+/// `layers - 1` bodies.
+#[derive(Debug, Clone, Copy)]
+struct StepEstimate {
+    /// One layer (forward, remat forward and backward): flops, bytes, seconds.
+    per_layer: [f64; 3],
+    /// The whole step.
+    step: [f64; 3],
+    /// Wall time of the second compile.
+    compile_s: f64,
+}
+
+impl StepEstimate {
+    fn to_json(self) -> Value {
+        let [flops, bytes, seconds] = self.step;
+        let [layer_flops, layer_bytes, layer_seconds] = self.per_layer;
+        json!({
+            "optimal_seconds": seconds,
+            "flops": flops,
+            "bytes_accessed": bytes,
+            "per_layer_optimal_seconds": layer_seconds,
+            "per_layer_flops": layer_flops,
+            "per_layer_bytes_accessed": layer_bytes,
+            "compile_s": self.compile_s,
+        })
+    }
+}
+
+/// The compiler's estimate of the whole step (see [`StepEstimate`]), or why there is none
+/// (an odd number of layers; a cost analysis without the numbers). Compile errors are
+/// errors.
+fn step_estimate(
+    cfg: &TrainConfig,
+    target: &TpuTarget,
+    one: &CompileReport,
+) -> Result<Result<StepEstimate, String>> {
+    let layers = cfg.model.layers;
+    if layers < 2 || layers % 2 != 0 {
+        return Ok(Err(format!(
+            "measuring a layer needs an even number of layers (2 per loop iteration); this \
+             step has {layers}"
+        )));
+    }
+    let costs = |r: &CompileReport| Some([r.flops?, r.bytes_accessed?, r.optimal_seconds?]);
+    let Some(once) = costs(one) else {
+        return Ok(Err(
+            "libtpu's cost analysis gave no flops, bytes or time".into()
+        ));
+    };
+    let mut two_cfg = cfg.clone();
+    two_cfg.layers_per_iteration = 2;
+    let (_, program) = train_step_program(&two_cfg)?;
+    let two = target
+        .compile(program.module())
+        .context("compiling the step with 2 layers per loop iteration (for the step estimate)")?;
+    let Some(twice) = costs(&two) else {
+        return Ok(Err(
+            "libtpu's cost analysis gave no flops, bytes or time".into()
+        ));
+    };
+    let per_layer: [f64; 3] = std::array::from_fn(|i| twice[i] - once[i]);
+    let step = std::array::from_fn(|i| once[i] + (layers - 1) as f64 * per_layer[i]);
+    Ok(Ok(StepEstimate {
+        per_layer,
+        step,
+        compile_s: two.compile_seconds,
+    }))
+}
+
+fn print_estimate(estimate: &Result<StepEstimate, String>) {
+    match estimate {
+        Ok(e) => outln!(
+            "compiler's estimate of the whole step (libtpu's cost analysis; one layer measured \
+             as 2 layers per loop iteration minus 1, compiled in {:.1} s): {:.3} TFLOP, {:.3} GB \
+             accessed, {:.4e} s ({:.4e} s a layer)",
+            e.compile_s,
+            e.step[0] / 1e12,
+            e.step[1] / 1e9,
+            e.step[2],
+            e.per_layer[2]
+        ),
+        Err(why) => outln!("no compiler estimate of the whole step: {why}"),
+    }
 }
 
 /// Calls and bytes each device sends per step, by collective (`all_to_all`, `psum`, ...).

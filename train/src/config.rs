@@ -248,6 +248,11 @@ pub struct TrainConfig {
     /// runs on the CPU plugin; the default) or [`Target::tpu`] (Mosaic `tpu_custom_call`s,
     /// compile-only for a TPU topology).
     pub target: Target,
+    /// Decoder layers per iteration of the layer loop (1, the default; must divide the
+    /// layers). The step computes the same; the loop body holds that many layers, which is
+    /// how `tessera compile train` measures what one layer costs in libtpu's cost analysis
+    /// (which counts a loop body once).
+    pub layers_per_iteration: usize,
 }
 
 impl TrainConfig {
@@ -279,6 +284,7 @@ impl TrainConfig {
             weight_decay: 0.1,
             gradient_clipping_threshold: 1.0,
             target: Target::portable(),
+            layers_per_iteration: 1,
         }
     }
 
@@ -367,6 +373,14 @@ impl TrainConfig {
             return config(format!(
                 "--learning-rate {} is not a positive number",
                 self.learning_rate
+            ));
+        }
+        let per = self.layers_per_iteration;
+        if per == 0 || self.model.layers % per != 0 {
+            return config(format!(
+                "{per} layers per loop iteration do not divide the {} layers; use a divisor \
+                 of the layers",
+                self.model.layers
             ));
         }
         if !matches!(self.dtype, DType::F32 | DType::BF16) {

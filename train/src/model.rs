@@ -439,6 +439,8 @@ struct Model<'a> {
     fsdp: bool,
     /// The compute dtype of the matmuls and the attention ([`TrainConfig::dtype`]).
     dtype: DType,
+    /// [`TrainConfig::layers_per_iteration`].
+    layers_per_iteration: usize,
 }
 
 impl<'a> Model<'a> {
@@ -461,6 +463,7 @@ impl<'a> Model<'a> {
             s: (cfg.max_target_length / cp) as i64,
             fsdp: cfg.fsdp(),
             dtype: cfg.dtype,
+            layers_per_iteration: cfg.layers_per_iteration,
         }
     }
 
@@ -542,11 +545,25 @@ impl<'a> Model<'a> {
         .map(|v| p.declare::<W, Invariant>(v))
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
-        let x = p.scan(
-            self.m.layers,
-            x0,
-            &(vectors, matrices),
-            |p, _layer, x, (vectors, matrices)| {
+        // With `k` layers per iteration, group `j` holds layers `j, j + k, j + 2k, ...`, so
+        // iteration `i` runs layers `i k .. i k + k` in order.
+        let k = self.layers_per_iteration;
+        let groups = (0..k)
+            .map(|j| -> Result<_, CollectiveError> {
+                Ok((
+                    vectors
+                        .iter()
+                        .map(|t| every_kth_layer(t, j, k))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    matrices
+                        .iter()
+                        .map(|t| every_kth_layer(t, j, k))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let x = p.scan(self.m.layers / k, x0, &groups, |p, _i, mut x, groups| {
+            for (vectors, matrices) in groups {
                 let w = LayerParams {
                     attention_norm: vectors[0].value(),
                     mlp_norm: vectors[1].value(),
@@ -559,9 +576,10 @@ impl<'a> Model<'a> {
                     w2: W::whole(&matrices[6], self.dtype)?,
                 };
                 let y = self.layer(p, x.value(), &w, cos, sin)?;
-                p.declare::<TokenRows, Invariant>(y)
-            },
-        )?;
+                x = p.declare::<TokenRows, Invariant>(y)?;
+            }
+            Ok(x)
+        })?;
         Ok(x.value())
     }
 
@@ -632,6 +650,31 @@ fn gradients(
         .collect::<Result<Vec<_>, _>>()?;
     let wrt: Vec<&dyn LocalValue<ModelMesh>> = wrt.iter().map(|t| t.as_ref()).collect();
     p.vjp(&[&loss], &[&seed], &wrt)
+}
+
+/// Layers `j, j + k, j + 2k, ...` of a stacked `[L, ...]` parameter (the whole stack when
+/// `k` is 1), in the same layout (dim 0 is never split).
+fn every_kth_layer<'p, S>(
+    stack: &DTensor<'p, ModelMesh, S, Invariant>,
+    j: usize,
+    k: usize,
+) -> Result<DTensor<'p, ModelMesh, S, Invariant>, CollectiveError> {
+    if k == 1 {
+        return Ok(stack.clone());
+    }
+    stack.map_local(|f, x| {
+        let dims = f.value_type(x)?.dims.clone();
+        let (k, j) = (k as i64, j as i64);
+        let grouped: Vec<i64> = [&[dims[0] / k, k][..], &dims[1..]].concat();
+        let x = f.reshape(x, &grouped)?;
+        let mut start = vec![0; grouped.len()];
+        start[1] = j;
+        let mut limit = grouped.clone();
+        limit[1] = j + 1;
+        let x = f.slice(x, &start, &limit)?;
+        let kept: Vec<i64> = [&[dims[0] / k][..], &dims[1..]].concat();
+        Ok(f.reshape(x, &kept)?)
+    })
 }
 
 /// `x * c` for a constant `c`.

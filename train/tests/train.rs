@@ -189,6 +189,31 @@ fn fsdp_trains_to_the_same_losses_as_data_parallelism() {
     }
 }
 
+/// Two layers per loop iteration (what `tessera compile train` compiles to measure a layer)
+/// compute the same step as one: the same losses, with fsdp splitting the stacked weights.
+#[test]
+fn two_layers_per_loop_iteration_train_like_one() {
+    let _serial = serial();
+    let steps = 3;
+    let mut cfg = on_batch_axis(micro(), true);
+    cfg.model.layers = 4;
+    let one = losses(&run(cfg.clone(), steps));
+    cfg.layers_per_iteration = 2;
+    let two = losses(&run(cfg.clone(), steps));
+    let diff = max_diff(&one, &two);
+    eprintln!("1 vs 2 layers per iteration: max |loss difference| = {diff:.2e}");
+    assert!(diff <= 1e-5, "{one:?} vs {two:?}");
+    cfg.layers_per_iteration = 3;
+    let e = Trainer::new(cfg)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("3 layers per loop iteration do not divide the 4 layers"),
+        "{e}"
+    );
+}
+
 #[test]
 fn fsdp_shards_the_state_and_resumes_exactly() {
     let _serial = serial();

@@ -2,14 +2,17 @@
 
 use std::collections::HashMap;
 
-use crate::ir::{Kernel, Literal, Op, OperandRole, Region, UnaryOp, ValueId};
+use crate::ir::{CmpOp, Kernel, Literal, Op, OperandRole, Region, UnaryOp, ValueId};
 use crate::rules::tpu_tile;
 
 /// Work of one kernel call, for XLA's scheduler (the custom call's `cost_estimate`).
 ///
-/// An upper bound: every `when` body counts as taken, loops with run-time bounds count once,
-/// and every grid step counts as fetching its input blocks and writing its output blocks
-/// (the pipeline skips a fetch when the block index does not change).
+/// An upper bound: every `when` body counts as taken, except that of `when`s on `x == a`,
+/// `x == b`, ... for one `x` (exclusive) only the costliest counts; loops with run-time
+/// bounds count once; and every grid step that does work counts as fetching its input
+/// blocks and writing its output blocks (the pipeline skips a fetch when the block index
+/// does not change). The steps that do work are every step, or as many as the caller says
+/// ([`crate::Target::lower_into_with_work`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct CostEstimate {
     /// Multiply-adds count two; elementwise arithmetic and reductions one per element.
@@ -20,8 +23,9 @@ pub struct CostEstimate {
     pub bytes_accessed: u64,
 }
 
-pub(super) fn estimate(k: &Kernel) -> CostEstimate {
-    let steps: u64 = k.grid.iter().map(|&n| n as u64).product();
+pub(crate) fn estimate(k: &Kernel, active_steps: Option<u64>) -> CostEstimate {
+    let grid: u64 = k.grid.iter().map(|&n| n as u64).product();
+    let steps = active_steps.map_or(grid, |n| n.min(grid));
     let mut per_step = CostEstimate::default();
     let mut ints = HashMap::new();
     region(k, &k.body, 1, &mut ints, &mut per_step);
@@ -49,6 +53,10 @@ fn region(
     ints: &mut HashMap<ValueId, i64>,
     cost: &mut CostEstimate,
 ) {
+    // `cond -> x` for the conditions `x == constant` of this region, and the costliest
+    // body so far of the `when`s on each such `x` (at most one of them runs).
+    let mut equals: HashMap<ValueId, ValueId> = HashMap::new();
+    let mut exclusive: HashMap<ValueId, CostEstimate> = HashMap::new();
     for inst in &r.insts {
         let elems = |v: ValueId| k.value_type(v).num_elements() as u64;
         match &inst.op {
@@ -74,9 +82,34 @@ fn region(
                 }
                 UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not => cost.flops += times * elems(*x),
             },
+            Op::Compare {
+                op: CmpOp::Eq,
+                lhs,
+                rhs,
+            } => {
+                cost.flops += times * elems(*lhs);
+                let x = match (ints.contains_key(lhs), ints.contains_key(rhs)) {
+                    (false, true) => Some(*lhs),
+                    (true, false) => Some(*rhs),
+                    _ => None,
+                };
+                if let Some(x) = x {
+                    equals.insert(inst.results[0], x);
+                }
+            }
             Op::Binary { lhs, .. } | Op::Compare { lhs, .. } => cost.flops += times * elems(*lhs),
             Op::Reduce { x, .. } => cost.flops += times * elems(*x),
-            Op::When { then, .. } => region(k, then, times, ints, cost),
+            Op::When { cond, then } => match equals.get(cond) {
+                Some(x) => {
+                    let mut body = CostEstimate::default();
+                    region(k, then, times, ints, &mut body);
+                    let most = exclusive.entry(*x).or_default();
+                    if body.flops + body.transcendentals > most.flops + most.transcendentals {
+                        *most = body;
+                    }
+                }
+                None => region(k, then, times, ints, cost),
+            },
             Op::ForLoop { lo, hi, body, .. } => {
                 let trips = match (ints.get(lo), ints.get(hi)) {
                     (Some(l), Some(h)) => (h - l).max(0) as u64,
@@ -95,6 +128,10 @@ fn region(
             | Op::Reshape { .. }
             | Op::Iota { .. } => {}
         }
+    }
+    for body in exclusive.into_values() {
+        cost.flops += body.flops;
+        cost.transcendentals += body.transcendentals;
     }
 }
 

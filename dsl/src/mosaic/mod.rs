@@ -22,6 +22,7 @@ mod cost;
 use std::collections::HashMap;
 use std::fmt::Write;
 
+pub(crate) use cost::estimate as cost_estimate;
 pub use cost::CostEstimate;
 
 use crate::error::{KernelError, Problem, ProblemKind};
@@ -130,7 +131,7 @@ pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
         operands,
         results,
         scalar_prefetch,
-        cost: cost::estimate(k),
+        cost: cost::estimate(k, None),
         vmem_bytes,
         vmem_limit_bytes: (vmem_bytes + cost::intermediate_bytes(k))
             .clamp(MIN_VMEM_LIMIT_BYTES, MAX_VMEM_LIMIT_BYTES),

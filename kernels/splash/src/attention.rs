@@ -315,6 +315,9 @@ pub struct Stage {
     pub args: Vec<StageArg>,
     pub outputs: Vec<Tensor>,
     pub target: Target,
+    /// The grid steps that do work, where the mask says (the blocks it computes; a skipped
+    /// block's step does nothing): the Mosaic call's cost estimate counts these.
+    pub active_steps: Option<u64>,
 }
 
 /// What a call uses beyond q, k, v (each changes the kernels).
@@ -542,6 +545,12 @@ impl SplashAttention {
         self.fwd_info.stats.times(self.dims.batch)
     }
 
+    /// The grid steps of a kernel over `info`'s tables that compute a block: one per
+    /// computed (head, query block, key block) and batch element.
+    fn computed_steps(&self, info: &MaskInfo) -> u64 {
+        (info.stats.computed() * self.dims.batch) as u64
+    }
+
     fn config(&self, info: &MaskInfo, bkv_compute: usize, f: Features) -> KernelConfig {
         KernelConfig {
             bq: info.block_q,
@@ -628,6 +637,7 @@ impl SplashAttention {
             args,
             outputs: vec![Tensor::Out, Tensor::Lse],
             target: self.target.clone(),
+            active_steps: Some(self.computed_steps(info)),
         }]
     }
 
@@ -650,6 +660,7 @@ impl SplashAttention {
             ],
             outputs: vec![Tensor::Di, Tensor::DSinks],
             target: self.target.clone(),
+            active_steps: None,
         }];
         let residuals = [Tensor::Lse, Tensor::DOut, Tensor::Di].map(StageArg::Tensor);
         let info = &self.dkv_info;
@@ -667,6 +678,7 @@ impl SplashAttention {
                 args,
                 outputs: vec![Tensor::DqPartial, Tensor::Dk, Tensor::Dv],
                 target: self.target.clone(),
+                active_steps: Some(self.computed_steps(info)),
             });
             let bq = largest_block(self.dims.q_len, 512);
             let def = for_dtype!(self.dtype, splash_dq_reduce(bq));
@@ -675,6 +687,7 @@ impl SplashAttention {
                 args: vec![StageArg::Tensor(Tensor::DqPartial)],
                 outputs: vec![Tensor::Dq],
                 target: self.target.clone(),
+                active_steps: None,
             });
         } else {
             let def = for_dtype!(self.dtype, splash_dkv(cfg));
@@ -683,6 +696,7 @@ impl SplashAttention {
                 args,
                 outputs: vec![Tensor::Dk, Tensor::Dv],
                 target: self.target.clone(),
+                active_steps: Some(self.computed_steps(info)),
             });
             let info = self
                 .dq_info
@@ -701,6 +715,7 @@ impl SplashAttention {
                 args,
                 outputs: vec![Tensor::Dq],
                 target: self.target.clone(),
+                active_steps: Some(self.computed_steps(info)),
             });
         }
         stages

@@ -72,7 +72,9 @@ pub fn lower_stages_on_shard(
             specs.push(ArgSpec::new(ty.dtype, shape));
         }
         let kernel = stage.def.instantiate(&specs, &stage.target.rules)?;
-        let outs = stage.target.lower_into(&kernel, f, &args)?;
+        let outs = stage
+            .target
+            .lower_into_with_work(&kernel, f, &args, stage.active_steps)?;
         env.extend(stage.outputs.iter().copied().zip(outs));
     }
     Ok(())

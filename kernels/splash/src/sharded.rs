@@ -123,6 +123,8 @@ fn merge(plans: Vec<Vec<Stage>>) -> Result<Vec<Stage>, SplashError> {
                 )));
             }
         }
+        // One call runs on every device: its cost is the busiest shard's.
+        stage.active_steps = plans.iter().map(|p| p[i].active_steps).max().flatten();
         for (j, arg) in stage.args.iter_mut().enumerate() {
             let StageArg::Const(first) = arg else {
                 continue;

@@ -68,3 +68,73 @@ fn local_windows_shrink_every_kernel_grid() {
     assert_eq!(sep.dkv_mask_info().width, 2);
     assert_eq!(sep.dq_mask_info().unwrap().width, 2);
 }
+
+/// The `flops` of every `tpu_custom_call`'s cost estimate in a module's text.
+fn custom_call_flops(text: &str) -> Vec<u64> {
+    text.match_indices("flops")
+        .map(|(i, _)| {
+            let digits: String = text[i..]
+                .chars()
+                .skip_while(|c| !c.is_ascii_digit())
+                .take_while(|c| c.is_ascii_digit())
+                .collect();
+            digits.parse().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn mosaic_cost_estimates_count_each_computed_block_once() {
+    use std::collections::HashMap;
+    use tessera_dsl::Target;
+    use tessera_hlo::{Module, TensorType};
+    use tessera_splash::{lower_stages, Features, Tensor};
+
+    let (n, d) = (8, 128);
+    let dims = Dims {
+        batch: 1,
+        heads: 2,
+        kv_heads: 2,
+        q_len: 128 * n,
+        kv_len: 128 * n,
+        head_dim: d,
+        head_dim_v: d,
+    };
+    for (mask, computed) in [
+        (Mask::Full, 2 * n * n),
+        (Mask::causal(), 2 * n * (n + 1) / 2),
+    ] {
+        let a = SplashAttention::new(
+            mask,
+            dims,
+            DType::BF16,
+            BlockSizes::uniform(128, 128),
+            Default::default(),
+            Target::tpu(),
+        )
+        .unwrap();
+        let plan = a.forward_plan(Features::default());
+        assert_eq!(plan[0].active_steps, Some(computed as u64));
+        let mut m = Module::new("cost");
+        let mut f = m.func("main");
+        let qkv = TensorType::new([1, 2, 128 * n as i64, d as i64], DType::BF16);
+        let mut env = HashMap::new();
+        for t in [Tensor::Q, Tensor::K, Tensor::V] {
+            env.insert(t, f.arg(qkv.clone()).unwrap());
+        }
+        lower_stages(&mut f, &plan, &mut env).unwrap();
+        let out = [env[&Tensor::Out], env[&Tensor::Lse]];
+        f.finish(&out).unwrap();
+        let flops = custom_call_flops(&m.to_mlir());
+        assert_eq!(flops.len(), 1, "{flops:?}");
+        // Each computed block: q k^T and p v, 2 x 2 x 128^2 x 128, plus the softmax's
+        // elementwise work; the full and masked branches of a step count once, the steps of
+        // skipped blocks not at all.
+        let matmuls = (computed * 4 * 128 * 128 * d) as u64;
+        assert!(
+            flops[0] >= matmuls && flops[0] < matmuls * 3 / 2,
+            "{} flops for {matmuls} of matmuls",
+            flops[0]
+        );
+    }
+}
