@@ -218,11 +218,11 @@ impl<A: MeshAxis> RingAttention<A> {
         let (mut outs, mut lses) = (Vec::with_capacity(parts), Vec::with_capacity(parts));
         for (hq, row) in plans.iter().enumerate() {
             // This query part's result so far, if any.
+            // The merges run on `lse [B, H, S]`: the kernels' `[B, H, S, 1]` is padded to
+            // whole lanes on a TPU (128x the bytes for every elementwise op on it).
             let mut part_merged = match merged {
                 Some([out, lse]) => {
-                    let out = seq_part(f, out, hq, parts)?;
-                    let lse = seq_part(f, lse, hq, parts)?;
-                    Some([out, lse_to_kernel(f, lse)?])
+                    Some([seq_part(f, out, hq, parts)?, seq_part(f, lse, hq, parts)?])
                 }
                 None => None,
             };
@@ -238,7 +238,10 @@ impl<A: MeshAxis> RingAttention<A> {
                 } else {
                     lower_stages(f, forward, &mut env, shard)?;
                 }
-                let part = [f.convert(env[&Tensor::Out], DType::F32)?, env[&Tensor::Lse]];
+                let part = [
+                    f.convert(env[&Tensor::Out], DType::F32)?,
+                    lse_from_kernel(f, env[&Tensor::Lse])?,
+                ];
                 part_merged = Some(match part_merged {
                     None => part,
                     Some(a) => merge_partials(f, a, part)?,
@@ -249,7 +252,7 @@ impl<A: MeshAxis> RingAttention<A> {
             lses.push(lse);
         }
         let lse = seq_concat(f, &lses)?;
-        Ok([seq_concat(f, &outs)?, lse_from_kernel(f, lse)?])
+        Ok([seq_concat(f, &outs)?, lse])
     }
 
     /// Step `t` of the forward: attends this device's queries `q` to the K/V shard in hand
@@ -566,7 +569,8 @@ fn concat_parts(
 }
 
 /// Merges two attentions of the same queries over disjoint keys, each normalised with its
-/// own logsumexp: `lse = log(e^a + e^b)`, `out = out_a e^(a - lse) + out_b e^(b - lse)`.
+/// own logsumexp (`out [B, H, S, D]`, `lse [B, H, S]`): `lse = log(e^a + e^b)`,
+/// `out = out_a e^(a - lse) + out_b e^(b - lse)`.
 /// A part that saw no key has `lse = -inf` and `out = 0` and drops out; when both did, the
 /// result is `-inf` and 0 again.
 fn merge_partials(
@@ -576,6 +580,7 @@ fn merge_partials(
 ) -> Result<[Value; 2], CollectiveError> {
     let lse_type = f.value_type(lse_a)?.clone();
     let out_type = f.value_type(out_a)?.clone();
+    let rows: Vec<i64> = (0..lse_type.dims.len() as i64).collect();
     let zero = f.splat(0.0, lse_type.clone())?;
     let one = f.splat(1.0, lse_type)?;
     let m = f.max(lse_a, lse_b)?;
@@ -593,8 +598,7 @@ fn merge_partials(
     let mut scaled = Vec::with_capacity(2);
     for (o, w) in [(out_a, wa), (out_b, wb)] {
         let w = f.div(w, total)?;
-        let rank = out_type.dims.len() as i64;
-        let w = f.broadcast_in_dim(w, &out_type.dims, &(0..rank).collect::<Vec<_>>())?;
+        let w = f.broadcast_in_dim(w, &out_type.dims, &rows)?;
         scaled.push(f.mul(o, w)?);
     }
     Ok([f.add(scaled[0], scaled[1])?, lse])
