@@ -14,6 +14,15 @@ fn compile_train(topology: &str, args: &[&str]) -> (bool, String, String) {
     tessera(&all)
 }
 
+/// Runs `compile_train`, which must succeed: the report (the JSON last line) and stdout.
+fn compiled(topology: &str, args: &[&str]) -> (Value, String) {
+    let (ok, stdout, stderr) = compile_train(topology, args);
+    assert!(ok, "{args:?}: {stderr}");
+    let last = stdout.lines().last().unwrap_or_default();
+    let report = serde_json::from_str(last).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    (report, stdout)
+}
+
 fn int(report: &Value, key: &str) -> i64 {
     report[key]
         .as_i64()
@@ -22,7 +31,7 @@ fn int(report: &Value, key: &str) -> i64 {
 
 /// The tiny model (2 layers) on data 1 x context 4: compiles, and its last line is the report.
 fn tiny_step(strategy: &str, collective: &str) {
-    let (ok, stdout, stderr) = compile_train(
+    let (report, stdout) = compiled(
         "v5p:2x2x1",
         &[
             "--model",
@@ -35,9 +44,6 @@ fn tiny_step(strategy: &str, collective: &str) {
             strategy,
         ],
     );
-    assert!(ok, "{strategy}: {stderr}");
-    let last = stdout.lines().last().unwrap();
-    let report: Value = serde_json::from_str(last).unwrap();
     let kernels: Vec<&str> = report["kernels"]
         .as_array()
         .unwrap()
@@ -123,9 +129,7 @@ fn the_step_estimate_says_why_it_is_missing() {
             "128",
         ];
         args.extend_from_slice(extra);
-        let (ok, stdout, stderr) = compile_train("v5p:2x2x1", &args);
-        assert!(ok, "{extra:?}: {stderr}");
-        let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        let (report, _) = compiled("v5p:2x2x1", &args);
         let none = report["compiler_step_estimate"]["none"]
             .as_str()
             .unwrap_or("");
@@ -152,7 +156,7 @@ fn tiny_train_step_ring_compiles_for_v5p() {
 /// layer's weights all-gathered in the loop; the state per device is what its shards hold.
 #[test]
 fn tiny_train_step_with_fsdp_compiles_for_v5p() {
-    let (ok, stdout, stderr) = compile_train(
+    let (report, _) = compiled(
         "v5p:2x2x1",
         &[
             "--model",
@@ -165,8 +169,7 @@ fn tiny_train_step_with_fsdp_compiles_for_v5p() {
             "2",
         ],
     );
-    assert!(ok, "{stderr}");
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+
     assert_eq!(int(&report, "fsdp"), 2);
     let state = int(&report, "state_bytes_per_device");
     // Everything but the norm scales (d_model floats each: 2 per layer and the final one) is
@@ -243,7 +246,7 @@ fn bad_combinations_are_refused_before_compiling() {
 /// moments are split 64 ways, each layer's gathered inside the layer loop.
 #[test]
 fn llama2_7b_two_layers_compile_for_v5p_4x4x4() {
-    let (ok, stdout, stderr) = compile_train(
+    let (report, _) = compiled(
         "v5p:4x4x4",
         &[
             "--model",
@@ -272,8 +275,7 @@ fn llama2_7b_two_layers_compile_for_v5p_4x4x4() {
             "--no-step-estimate",
         ],
     );
-    assert!(ok, "{stderr}");
-    let report: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+
     assert_eq!(int(&report, "devices"), 64);
     assert_eq!(report["fits_hbm"], Value::Bool(true), "{report}");
     // Every tensor but the norm scales (d_model 4096 each: 2 per layer and the final one) is

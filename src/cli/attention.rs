@@ -134,6 +134,45 @@ pub(super) fn default_block(n: usize, cap: usize, mult: usize) -> usize {
 /// Context devices when `--strategy` is given without `--devices`.
 pub(super) const DEFAULT_DEVICES: usize = 4;
 
+/// How an attention command splits its work: the `--strategy` (if any), the context devices
+/// (`--devices`, the strategy's own degree, or [`DEFAULT_DEVICES`]), and the forward blocks
+/// (`--block-q`, `--block-kv`, else the largest that divide what each device's kernel holds).
+pub(super) struct Partitioning {
+    pub strategy: Option<Strategy>,
+    pub devices: usize,
+    pub block_q: usize,
+    pub block_kv: usize,
+}
+
+impl Partitioning {
+    pub(super) fn resolve(
+        strategy: Option<&str>,
+        devices: Option<usize>,
+        load_balance: bool,
+        dims: &Dims,
+        (block_q, block_kv): (Option<usize>, Option<usize>),
+    ) -> Result<Partitioning> {
+        let strategy = match strategy {
+            Some(s) => Some(Strategy::parse(s, devices.unwrap_or(DEFAULT_DEVICES))?),
+            None => None,
+        };
+        let devices = match (devices, strategy.and_then(|s| s.fixed_devices())) {
+            (Some(n), _) | (None, Some(n)) => n,
+            (None, None) => DEFAULT_DEVICES,
+        };
+        let (q_len, kv_len) = match strategy {
+            Some(s) => s.local_lengths(dims.q_len, devices, load_balance),
+            None => (dims.q_len, dims.kv_len),
+        };
+        Ok(Partitioning {
+            strategy,
+            devices,
+            block_q: block_q.unwrap_or_else(|| default_block(q_len, 512, 16)),
+            block_kv: block_kv.unwrap_or_else(|| default_block(kv_len, 512, 128)),
+        })
+    }
+}
+
 /// The files `tessera attention` writes, with their flags, in the order they are written.
 fn output_files(a: &AttentionArgs) -> Vec<(&'static str, PathBuf)> {
     let mut files = vec![("--out", a.out.clone())];
@@ -215,24 +254,18 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         None => None,
     };
     let mask = Mask::parse(&a.mask)?;
-    let strategy = match &a.strategy {
-        Some(s) => Some(Strategy::parse(s, a.devices.unwrap_or(DEFAULT_DEVICES))?),
-        None => None,
-    };
-    let devices = match (a.devices, strategy.and_then(|s| s.fixed_devices())) {
-        (Some(n), _) => n,
-        (None, Some(n)) => n,
-        (None, None) => DEFAULT_DEVICES,
-    };
-    // The default blocks divide what each device's kernel holds.
-    let (q_len, kv_len) = match strategy {
-        Some(s) => s.local_lengths(dims.q_len, devices, a.load_balance),
-        None => (dims.q_len, dims.kv_len),
-    };
-    let bq = a.block_q.unwrap_or_else(|| default_block(q_len, 512, 16));
-    let bkv = a
-        .block_kv
-        .unwrap_or_else(|| default_block(kv_len, 512, 128));
+    let Partitioning {
+        strategy,
+        devices,
+        block_q: bq,
+        block_kv: bkv,
+    } = Partitioning::resolve(
+        a.strategy.as_deref(),
+        a.devices,
+        a.load_balance,
+        &dims,
+        (a.block_q, a.block_kv),
+    )?;
     let blocks = BlockSizes::uniform(bq, bkv).with_fused_bwd(a.fused_bwd);
     let options = SplashOptions {
         scale: a.scale,

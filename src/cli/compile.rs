@@ -13,14 +13,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use tessera::dsl::{ArgSpec, DType, Target};
 use tessera::hlo::{Module, TensorType};
-use tessera::parallel::{ContextParallel, Strategy};
+use tessera::parallel::ContextParallel;
 use tessera::registry;
 use tessera::splash::{
     splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention, SplashOptions,
 };
 use tessera::tpu::{CompileReport, TpuTarget};
 
-use super::attention::{backward_path, default_block, DEFAULT_DEVICES};
+use super::attention::{backward_path, Partitioning};
 use super::compile_train::{compile_train, CompileTrainArgs};
 use super::{parse_arg, parse_param};
 
@@ -247,22 +247,18 @@ fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<M
         DTypeArg::F32 => DType::F32,
     };
     let mask = Mask::parse(&a.mask)?;
-    let strategy = match &a.strategy {
-        Some(s) => Some(Strategy::parse(s, a.devices.unwrap_or(DEFAULT_DEVICES))?),
-        None => None,
-    };
-    let devices = match (a.devices, strategy.and_then(|s| s.fixed_devices())) {
-        (Some(n), _) | (None, Some(n)) => n,
-        (None, None) => DEFAULT_DEVICES,
-    };
-    let (q_len, kv_len) = match strategy {
-        Some(s) => s.local_lengths(dims.q_len, devices, a.load_balance),
-        None => (dims.q_len, dims.kv_len),
-    };
-    let bq = a.block_q.unwrap_or_else(|| default_block(q_len, 512, 16));
-    let bkv = a
-        .block_kv
-        .unwrap_or_else(|| default_block(kv_len, 512, 128));
+    let Partitioning {
+        strategy,
+        devices,
+        block_q: bq,
+        block_kv: bkv,
+    } = Partitioning::resolve(
+        a.strategy.as_deref(),
+        a.devices,
+        a.load_balance,
+        &dims,
+        (a.block_q, a.block_kv),
+    )?;
     let blocks = BlockSizes {
         block_q_dkv: a.block_q_dkv.unwrap_or(bq),
         block_kv_dkv: a.block_kv_dkv.unwrap_or(bkv),
