@@ -48,6 +48,20 @@ use crate::ir::{
 /// Lowers `k` into a module whose public `@main` takes the kernel's arguments (scalar
 /// prefetch and inputs, in order) and returns its outputs.
 pub fn lower_module(k: &Kernel) -> Result<Module, KernelError> {
+    module_with(k, lower_into)
+}
+
+/// A module `tessera_<kernel>` whose public `@main` takes the kernel's arguments (scalar
+/// prefetch and inputs, in order) and returns what `lower` makes of the kernel applied to
+/// them.
+pub(crate) fn module_with(
+    k: &Kernel,
+    lower: impl FnOnce(
+        &Kernel,
+        &mut FuncBuilder<'_>,
+        &[hlo::Value],
+    ) -> Result<Vec<hlo::Value>, KernelError>,
+) -> Result<Module, KernelError> {
     let mut module = Module::new(format!("tessera_{}", k.name));
     let mut f = module.func("main");
     let fail = |e: HloError| lower_error(k, "arguments", Loc::internal(), e);
@@ -60,7 +74,7 @@ pub fn lower_module(k: &Kernel) -> Result<Module, KernelError> {
     {
         args.push(f.arg(tensor_type(o.dtype, &o.array_shape)).map_err(fail)?);
     }
-    let outs = lower_into(k, &mut f, &args)?;
+    let outs = lower(k, &mut f, &args)?;
     f.finish(&outs).map_err(fail)?;
     Ok(module)
 }
