@@ -6,11 +6,13 @@
 //! refusing them; the gpu cases run with `TESSERA_GPU_PJRT_PLUGIN` removed, so they are
 //! refused everywhere.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::{assert_one_line_error, Dir};
 use tessera::dsl::DType;
-use tessera::npy::write_npy;
 use tessera::reference::random;
 
 const NO_TPU: &str = "error: no TPU chips found on this machine (no TPU among the PCI devices \
@@ -45,16 +47,9 @@ fn tessera(args: &[&str], env: &[(&str, &str)]) -> Output {
     run(Path::new(env!("CARGO_BIN_EXE_tessera")), args, env)
 }
 
-/// A failure whose stderr is the one line `error: ...` starting with `want`.
 #[track_caller]
 fn refused(out: &Output, want: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "succeeded; stderr:\n{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "not one line:\n{stderr}");
-    assert!(
-        stderr.starts_with(want),
-        "expected `{want}`, got:\n{stderr}"
-    );
+    assert_one_line_error(&[], out, want);
 }
 
 #[track_caller]
@@ -66,42 +61,9 @@ fn succeeded(out: &Output) {
     );
 }
 
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let d =
-            std::env::temp_dir().join(format!("tessera-backends-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.0.join(name).to_str().unwrap().to_string()
-    }
-
-    /// A random f32 array saved as `name`.
-    fn array(&self, name: &str, shape: &[usize], seed: u64) -> String {
-        let p = self.path(name);
-        write_npy(Path::new(&p), &random(DType::F32, shape, seed)).unwrap();
-        p
-    }
-
-    fn files(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&self.0)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// `name` in `d`: a random f32 array of `shape`.
+fn array(d: &Dir, name: &str, shape: &[usize], seed: u64) -> String {
+    d.save(name, &random(DType::F32, shape, seed))
 }
 
 fn has_tpu() -> bool {
@@ -111,9 +73,9 @@ fn has_tpu() -> bool {
 #[test]
 fn attention_runs_on_cpu_and_refuses_missing_devices() {
     let d = Dir::new("attention");
-    let q = d.array("q.npy", &[1, 2, 256, 64], 1);
-    let k = d.array("k.npy", &[1, 2, 256, 64], 2);
-    let v = d.array("v.npy", &[1, 2, 256, 64], 3);
+    let q = array(&d, "q.npy", &[1, 2, 256, 64], 1);
+    let k = array(&d, "k.npy", &[1, 2, 256, 64], 2);
+    let v = array(&d, "v.npy", &[1, 2, 256, 64], 3);
     let out = d.path("out.npy");
     let inputs = d.files();
     let attention = |extra: &[&str]| {
@@ -178,7 +140,7 @@ fn attention_runs_on_cpu_and_refuses_missing_devices() {
 #[test]
 fn run_refuses_missing_devices() {
     let d = Dir::new("run");
-    let x = d.array("x.npy", &[256, 256], 1);
+    let x = array(&d, "x.npy", &[256, 256], 1);
     let o = d.path("o.npy");
     let inputs = d.files();
     let args = |backend: &'static str| {
