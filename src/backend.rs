@@ -236,8 +236,9 @@ pub fn compile_options(client: &Client) -> CompileOptions {
 /// does not run). A GPU or TPU run reports each test on its own (candle's `test_device!`).
 ///
 /// The `gpu` and `tpu` tests exist only in builds with the using crate's `gpu-tests` and
-/// `tpu-tests` features (`cargo test --features tpu-tests` on a TPU VM): without the device
-/// they fail, with the sentence that says what is missing. A plain `cargo test` compiles the
+/// `tpu-tests` features (which it declares, `gpu-tests = []`; `cargo test --features
+/// tpu-tests` on a TPU VM): without the device they fail, with the sentence that says what is
+/// missing. A plain `cargo test` compiles the
 /// interpret and cpu ones; the facade's own tests say in one line which kinds were left out.
 #[macro_export]
 macro_rules! test_device {
