@@ -111,7 +111,6 @@ mod spmd;
 mod tensor;
 
 pub use axis::{axes, HasAxis, MeshAxis, MeshShape};
-pub use tessera_hlo::{axis, mesh};
 pub use collective::Collective;
 pub use error::CollectiveError;
 pub use layout::{
@@ -128,6 +127,7 @@ pub use spmd::{
     TensorLayout,
 };
 pub use tensor::DTensor;
+pub use tessera_hlo::{axis, mesh};
 
 /// What SPMD programs usually need: the types, the usual axes and the macros.
 pub mod prelude {

@@ -494,12 +494,7 @@ impl Builder {
 
     /// Declares an output left in HBM (written by copies).
     #[doc(hidden)]
-    pub fn __hbm_out<T: Element>(
-        &mut self,
-        name: &str,
-        shape: Vec<usize>,
-        loc: Loc,
-    ) -> HbmMut<T> {
+    pub fn __hbm_out<T: Element>(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> HbmMut<T> {
         let (role, memory) = (OperandRole::Output, MemorySpace::Any);
         HbmMut::__from_id(self.unblocked(name, role, T::DTYPE, memory, shape, loc))
     }
@@ -515,7 +510,14 @@ impl Builder {
     #[doc(hidden)]
     pub fn __dma_sems(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> DmaSem {
         let memory = MemorySpace::Semaphore(SemKind::Dma);
-        DmaSem::__from_id(self.unblocked(name, OperandRole::Scratch, DType::I32, memory, shape, loc))
+        DmaSem::__from_id(self.unblocked(
+            name,
+            OperandRole::Scratch,
+            DType::I32,
+            memory,
+            shape,
+            loc,
+        ))
     }
 
     /// Declares an array of regular semaphores (`shape` `[]` for one).

@@ -321,7 +321,8 @@ impl<'k> World<'k> {
         for (r, t) in buffers {
             self.fresh(&mut g, d, r, t);
         }
-        g.sems.retain(|key, _| !(key.0 == d && sems.contains(&key.1)));
+        g.sems
+            .retain(|key, _| !(key.0 == d && sems.contains(&key.1)));
     }
 
     /// At the end of a scoped region: no copy in flight touches its allocations, and its
@@ -364,7 +365,11 @@ impl<'k> World<'k> {
             return Ok(());
         }
         if let Some((key, cell)) = left.first() {
-            let message = self.nonzero(key, cell, &format!("its `run_scoped` region (line {})", loc.line));
+            let message = self.nonzero(
+                key,
+                cell,
+                &format!("its `run_scoped` region (line {})", loc.line),
+            );
             let at = cell.arrivals.front().map(|a| a.2).unwrap_or(loc);
             let e = self.error(Some(at), "semaphore", message);
             return Err(self.fail(g, e));
@@ -573,13 +578,7 @@ impl<'k> World<'k> {
 
     /// Device `d` waits until semaphore `sem` counts `amount`, then takes it (joining the
     /// clocks of what it takes). Copies in flight toward it land first.
-    pub fn wait(
-        &self,
-        d: usize,
-        sem: SemKey,
-        amount: i64,
-        loc: Loc,
-    ) -> Result<(), KernelError> {
+    pub fn wait(&self, d: usize, sem: SemKey, amount: i64, loc: Loc) -> Result<(), KernelError> {
         let mut g = self.lock();
         if g.failure.is_some() {
             return Err(aborted(self.k));
@@ -667,7 +666,14 @@ impl<'k> World<'k> {
             {
                 return Err(self.error(
                     Some(start.loc),
-                    format!("`{}`", if start.target == d { "async_copy" } else { "remote_copy" }),
+                    format!(
+                        "`{}`",
+                        if start.target == d {
+                            "async_copy"
+                        } else {
+                            "remote_copy"
+                        }
+                    ),
                     format!(
                         "this copy writes elements of `{}`{} that the copy started at line {}{} \
                          is still writing (it has not been waited); two copies in flight must \
@@ -712,18 +718,32 @@ impl<'k> World<'k> {
         let (src_ref, src_win) = &start.src;
         let (dst_ref, dst_win) = &start.dst;
         let clock = g.clocks[actor].clone();
-        self.check(g, issuer, *src_ref, src_win, &clock, Access {
-            actor,
-            time,
-            loc: start.loc,
-            kind: AccessKind::CopyRead,
-        })?;
-        self.check(g, start.target, *dst_ref, dst_win, &clock, Access {
-            actor,
-            time,
-            loc: start.loc,
-            kind: AccessKind::CopyWrite,
-        })?;
+        self.check(
+            g,
+            issuer,
+            *src_ref,
+            src_win,
+            &clock,
+            Access {
+                actor,
+                time,
+                loc: start.loc,
+                kind: AccessKind::CopyRead,
+            },
+        )?;
+        self.check(
+            g,
+            start.target,
+            *dst_ref,
+            dst_win,
+            &clock,
+            Access {
+                actor,
+                time,
+                loc: start.loc,
+                kind: AccessKind::CopyWrite,
+            },
+        )?;
         let missing = |dev: usize, r: RefId| {
             self.error(
                 Some(start.loc),
@@ -739,7 +759,9 @@ impl<'k> World<'k> {
         let Some(src) = g.mem[issuer].get(src_ref) else {
             return Err(missing(issuer, *src_ref));
         };
-        let data = src.window(&src_win.starts, &src_win.sizes).reshape(&dst_win.sizes);
+        let data = src
+            .window(&src_win.starts, &src_win.sizes)
+            .reshape(&dst_win.sizes);
         let Some(dst) = g.mem[start.target].get_mut(dst_ref) else {
             return Err(missing(start.target, *dst_ref));
         };
@@ -773,12 +795,19 @@ impl<'k> World<'k> {
     ) -> Result<Tensor, KernelError> {
         let time = g.clocks[d][d];
         let clock = g.clocks[d].clone();
-        self.check(g, d, r, w, &clock, Access {
-            actor: d,
-            time,
-            loc,
-            kind: AccessKind::Load,
-        })?;
+        self.check(
+            g,
+            d,
+            r,
+            w,
+            &clock,
+            Access {
+                actor: d,
+                time,
+                loc,
+                kind: AccessKind::Load,
+            },
+        )?;
         Ok(g.mem[d][&r].window(&w.starts, &w.sizes))
     }
 
@@ -794,12 +823,19 @@ impl<'k> World<'k> {
     ) -> Result<(), KernelError> {
         let time = g.clocks[d][d];
         let clock = g.clocks[d].clone();
-        self.check(g, d, r, w, &clock, Access {
-            actor: d,
-            time,
-            loc,
-            kind: AccessKind::Store,
-        })?;
+        self.check(
+            g,
+            d,
+            r,
+            w,
+            &clock,
+            Access {
+                actor: d,
+                time,
+                loc,
+                kind: AccessKind::Store,
+            },
+        )?;
         g.mem[d]
             .get_mut(&r)
             .expect("shared refs are allocated")
@@ -909,9 +945,7 @@ impl<'k> World<'k> {
             (CopyWrite, Load | Store) | (Load | Store, CopyWrite) => {
                 "wait the copy before touching its destination"
             }
-            (CopyRead, Store) | (Store, CopyRead) => {
-                "wait the copy before overwriting its source"
-            }
+            (CopyRead, Store) | (Store, CopyRead) => "wait the copy before overwriting its source",
             (CopyWrite, CopyWrite) | (CopyRead, CopyWrite) | (CopyWrite, CopyRead) => {
                 "wait the first copy before starting the second"
             }
@@ -942,7 +976,8 @@ impl<'k> World<'k> {
             return Err(f);
         }
         self.land_all(&mut g)?;
-        let mut left: Vec<(&SemKey, &SemCell)> = g.sems.iter().filter(|(_, c)| c.count != 0).collect();
+        let mut left: Vec<(&SemKey, &SemCell)> =
+            g.sems.iter().filter(|(_, c)| c.count != 0).collect();
         left.sort_by_key(|(key, _)| **key);
         let problems: Vec<Problem> = left
             .iter()

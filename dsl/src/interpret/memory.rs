@@ -124,8 +124,8 @@ impl<'k, 'w> Machine<'k, 'w> {
             }
             Op::DmaWait { dst, sem, .. } => {
                 let window = self.window(inst, dst)?;
-                let bytes = window.sizes.iter().product::<usize>()
-                    * k.operand(dst.r).dtype.size_bytes();
+                let bytes =
+                    window.sizes.iter().product::<usize>() * k.operand(dst.r).dtype.size_bytes();
                 let key = self.sem_key(inst, sem)?;
                 world.wait(d, key, bytes as i64, inst.loc)
             }

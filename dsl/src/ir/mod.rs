@@ -8,15 +8,15 @@ mod verify;
 
 pub(crate) use ops::dynamic_starts;
 pub use ops::{
-    broadcast_shapes, broadcastable, infer, squeezed, BinaryOp, CmpOp, InferContext, Inst,
-    Literal, Op, ReduceOp, RefWindow, Region, RemoteDma, SemRef, Slice, UnaryOp,
+    broadcast_shapes, broadcastable, infer, squeezed, BinaryOp, CmpOp, InferContext, Inst, Literal,
+    Op, ReduceOp, RefWindow, Region, RemoteDma, SemRef, Slice, UnaryOp,
 };
+pub use protocol::check_protocol;
+pub(crate) use protocol::eval_scalar;
 pub use types::{
     device_count, DType, DeviceAxis, DimSemantics, Loc, MemorySpace, RefId, SemKind, ValueId,
     ValueType,
 };
-pub use protocol::check_protocol;
-pub(crate) use protocol::eval_scalar;
 pub(crate) use verify::scoped_allocs;
 pub use verify::{verify, VerifyError};
 
@@ -207,9 +207,10 @@ impl Kernel {
                 ) || i.op.regions().into_iter().any(region)
             })
         }
-        self.operands.iter().any(|o| {
-            matches!(o.memory, MemorySpace::Any | MemorySpace::Semaphore(_))
-        }) || region(&self.body)
+        self.operands
+            .iter()
+            .any(|o| matches!(o.memory, MemorySpace::Any | MemorySpace::Semaphore(_)))
+            || region(&self.body)
     }
 
     /// The IR in its stable text form.

@@ -381,7 +381,9 @@ impl Op {
             Op::ForLoop { .. } => "fori_loop",
             Op::DeviceId => "device_id",
             Op::DmaStart { remote: None, .. } => "async_copy",
-            Op::DmaStart { remote: Some(_), .. } => "remote_copy",
+            Op::DmaStart {
+                remote: Some(_), ..
+            } => "remote_copy",
             Op::DmaWait { .. } => "wait_copy",
             Op::SemSignal { .. } => "semaphore_signal",
             Op::SemWait { .. } => "semaphore_wait",
@@ -884,8 +886,7 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                 let ok = o.role == OperandRole::Scratch
                     && matches!(
                         o.memory,
-                        MemorySpace::Vmem
-                            | MemorySpace::Semaphore(SemKind::Dma | SemKind::Regular)
+                        MemorySpace::Vmem | MemorySpace::Semaphore(SemKind::Dma | SemKind::Regular)
                     );
                 if !ok {
                     return Err(format!(

@@ -25,7 +25,11 @@ pub(super) fn print_kernel(k: &Kernel) -> String {
         sems.join(", ")
     );
     if !k.mesh.is_empty() {
-        let axes: Vec<String> = k.mesh.iter().map(|a| format!("{}: {}", a.name, a.size)).collect();
+        let axes: Vec<String> = k
+            .mesh
+            .iter()
+            .map(|a| format!("{}: {}", a.name, a.size))
+            .collect();
         let _ = writeln!(out, "  mesh = {{{}}}", axes.join(", "));
     }
     let p = Printer { k };

@@ -220,7 +220,12 @@ pub(crate) fn eval_scalar(k: &Kernel, op: &Op, get: &dyn Fn(ValueId) -> Known) -
 pub(crate) fn window_bytes(k: &Kernel, w: &RefWindow) -> i64 {
     let o = k.operand(w.r);
     let shape = o.view_shape();
-    let elems: usize = w.slices.iter().zip(&shape).map(|(s, &n)| s.len(n)).product();
+    let elems: usize = w
+        .slices
+        .iter()
+        .zip(&shape)
+        .map(|(s, &n)| s.len(n))
+        .product();
     (elems * o.dtype.size_bytes()) as i64
 }
 
@@ -407,7 +412,10 @@ impl Counter<'_> {
             let name = self.describe(&sem, flat);
             let lines = |locs: Option<&Vec<Loc>>| {
                 let set: BTreeSet<u32> = locs.into_iter().flatten().map(|l| l.line).collect();
-                set.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                set.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             };
             let on = if device_count(&self.k.mesh) > 1 {
                 format!(" on device {device}")

@@ -215,7 +215,12 @@ pub(super) fn check_spmd(k: &Kernel, partitions: usize) -> Result<(), KernelErro
 impl<'k> Lower<'k> {
     /// The value of scalar `v` on device `d`, if it depends only on the device id and
     /// constants.
-    fn on_device(&self, v: ValueId, d: usize, memo: &mut HashMap<ValueId, Option<i64>>) -> Option<i64> {
+    fn on_device(
+        &self,
+        v: ValueId,
+        d: usize,
+        memo: &mut HashMap<ValueId, Option<i64>>,
+    ) -> Option<i64> {
         if let Some(&known) = memo.get(&v) {
             return known;
         }
@@ -274,7 +279,11 @@ impl<'k> Lower<'k> {
         Ok(pairs)
     }
 
-    fn window_starts(&self, b: &mut FuncBuilder<'_>, w: &RefWindow) -> Result<Vec<hlo::Value>, HloError> {
+    fn window_starts(
+        &self,
+        b: &mut FuncBuilder<'_>,
+        w: &RefWindow,
+    ) -> Result<Vec<hlo::Value>, HloError> {
         w.slices
             .iter()
             .map(|s| match *s {
@@ -287,7 +296,11 @@ impl<'k> Lower<'k> {
 
     fn copy_window_sizes(&self, w: &RefWindow) -> Vec<i64> {
         let view = self.k.operand(w.r).view_shape();
-        w.slices.iter().zip(&view).map(|(s, &n)| s.len(n) as i64).collect()
+        w.slices
+            .iter()
+            .zip(&view)
+            .map(|(s, &n)| s.len(n) as i64)
+            .collect()
     }
 
     /// The window `w` of its ref, shaped like `like`'s window.
@@ -377,9 +390,7 @@ impl<'k> Lower<'k> {
                 let old = self.refs[&dst.r];
                 let landed = b.dynamic_update_slice(old, data, &starts).map_err(&e)?;
                 let zero = b.scalar(0.0, DType::I32).map_err(&e)?;
-                let got = b
-                    .compare(ComparisonDirection::Ne, got, zero)
-                    .map_err(&e)?;
+                let got = b.compare(ComparisonDirection::Ne, got, zero).map_err(&e)?;
                 let shape = dims(&k.operand(dst.r).view_shape());
                 let mask = b.broadcast_in_dim(got, &shape, &[]).map_err(&e)?;
                 let next = b.select(mask, landed, old).map_err(&e)?;

@@ -108,7 +108,10 @@ pub fn lower_module_spmd(k: &Kernel) -> Result<Module, KernelError> {
     let mut args = Vec::new();
     for o in k.operands.iter().filter(|o| is_arg(o.role)) {
         let ty = tensor_type(o.dtype, &o.array_shape);
-        args.push(f.arg_with_sharding(ty, hlo::Sharding::Manual).map_err(fail)?);
+        args.push(
+            f.arg_with_sharding(ty, hlo::Sharding::Manual)
+                .map_err(fail)?,
+        );
     }
     let outs = lower_into_spmd(k, &mut f, &args)?;
     let outs: Vec<_> = outs

@@ -50,8 +50,7 @@ pub(crate) struct MemoryTrace {
 struct RegionKey(Vec<usize>);
 
 fn region_key() -> RegionKey {
-    with_trace(|t| RegionKey(t.regions.iter().map(|r| r.insts.len()).collect()))
-        .trimmed()
+    with_trace(|t| RegionKey(t.regions.iter().map(|r| r.insts.len()).collect())).trimmed()
 }
 
 impl RegionKey {
@@ -62,7 +61,14 @@ impl RegionKey {
     }
 }
 
-fn declare_operand(name: &str, role: OperandRole, dtype: DType, memory: MemorySpace, shape: Vec<usize>, loc: Loc) -> RefId {
+fn declare_operand(
+    name: &str,
+    role: OperandRole,
+    dtype: DType,
+    memory: MemorySpace,
+    shape: Vec<usize>,
+    loc: Loc,
+) -> RefId {
     with_trace(|t| {
         t.operands.push(Operand {
             name: name.into(),
@@ -900,7 +906,13 @@ pub fn remote_copy<'s, 'd, T: Element, M: MeshShape>(
         send_sem: send_sem.dma_sem(),
     };
     RemoteCopy {
-        inner: start(src.source(), dst.dest(), recv_sem.dma_sem(), Some(remote), loc),
+        inner: start(
+            src.source(),
+            dst.dest(),
+            recv_sem.dma_sem(),
+            Some(remote),
+            loc,
+        ),
         _borrows: PhantomData,
     }
 }
@@ -966,9 +978,23 @@ pub struct Scope {
 }
 
 impl Scope {
-    fn alloc(&mut self, name: &str, dtype: DType, memory: MemorySpace, shape: &[usize], loc: Loc) -> RefId {
+    fn alloc(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        memory: MemorySpace,
+        shape: &[usize],
+        loc: Loc,
+    ) -> RefId {
         let name = format!("{name}@scope{}", self.id);
-        let r = declare_operand(&name, OperandRole::Scratch, dtype, memory, shape.to_vec(), loc);
+        let r = declare_operand(
+            &name,
+            OperandRole::Scratch,
+            dtype,
+            memory,
+            shape.to_vec(),
+            loc,
+        );
         with_trace(|t| {
             t.memory.scoped.push(r);
             t.memory.live.push(r);
@@ -1138,7 +1164,14 @@ impl<M: MeshShape> Devices<M> {
         let existing = with_trace(|t| t.memory.barrier);
         let id = existing.unwrap_or_else(|| {
             let memory = MemorySpace::Semaphore(SemKind::Barrier);
-            let id = declare_operand("barrier", OperandRole::Scratch, DType::I32, memory, Vec::new(), loc);
+            let id = declare_operand(
+                "barrier",
+                OperandRole::Scratch,
+                DType::I32,
+                memory,
+                Vec::new(),
+                loc,
+            );
             with_trace(|t| t.memory.barrier = Some(id));
             id
         });
