@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{
     verify, BlockDim, BlockMapping, DType, DeviceAxis, DimSemantics, Kernel, Loc, MemorySpace,
-    Operand, OperandRole, Param, RefId, SemKind, ValueType,
+    OperandRole, Param, RefId, SemKind, ValueType,
 };
 use crate::rules::{self, TargetRules};
 use crate::trace::Element;
@@ -377,19 +377,9 @@ impl Builder {
         block: Option<BlockMapping>,
         loc: Loc,
     ) -> RefId {
-        let operand = Operand {
-            name: name.into(),
-            role,
-            dtype,
-            memory,
-            array_shape,
-            block,
-            loc,
-        };
-        crate::trace::with_trace(|t| {
-            t.operands.push(operand);
-            RefId((t.operands.len() - 1) as u32)
-        })
+        let r = crate::trace::declare_operand(name, role, dtype, memory, array_shape, loc);
+        crate::trace::with_trace(|t| t.operands[r.index()].block = block);
+        r
     }
 
     fn mapping(&mut self, block: Vec<BlockDim>, index_map: IndexMapFn<'_>) -> BlockMapping {
@@ -482,7 +472,7 @@ impl Builder {
         shape: Vec<usize>,
         loc: Loc,
     ) -> RefId {
-        self.declare(name, role, dtype, memory, shape, None, loc)
+        crate::trace::declare_operand(name, role, dtype, memory, shape, loc)
     }
 
     /// Declares an input left in HBM (no block spec).

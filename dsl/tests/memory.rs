@@ -60,25 +60,60 @@ fn only(e: &KernelError) -> (ProblemKind, u32, String) {
 // ---------------------------------------------------------------------------------------
 // A ring shift over the devices of a `context` axis: device d's `out` is device d-1's `x`.
 
-/// A ring shift whose devices do not meet at the barrier before the remote copy (the
-/// correct kernel is `tessera::kernels::memory::ring_shift`).
-fn ring_shift_no_barrier() -> KernelDef {
+/// The operands of the ring kernels below: `x` and `out` `[8, 128]` in HBM, a `Vmem` buffer
+/// of that shape, send and receive DMA semaphores, a regular semaphore and the mesh.
+struct RingParts {
+    x: Hbm<f32>,
+    out: HbmMut<f32>,
+    buf: Vmem<f32>,
+    send: DmaSem,
+    recv: DmaSem,
+    sem: Sem,
+    dev: Devices<Ring>,
+}
+
+/// A kernel on the `Ring` mesh with a grid of `steps`, whose body is `f`.
+fn ring_kernel(
+    name: &'static str,
+    steps: usize,
+    f: impl Fn(RingParts) + Send + Sync + 'static,
+) -> KernelDef {
     def(
-        "ring_shift_no_barrier",
+        name,
         &[("x", OperandRole::Input, DType::F32, 2)],
         move |b| {
             let loc = here();
             let xs = b.__arg("x", DType::F32, 2)?;
-            b.__grid(&[1], &[DimSemantics::Arbitrary])?;
-            let x = b.__hbm::<f32>("x", xs.clone(), loc);
-            let mut out = b.__hbm_out::<f32>("out", xs, loc);
-            let send = b.__dma_sems("send", vec![], loc);
-            let recv = b.__dma_sems("recv", vec![], loc);
-            let dev = b.__devices::<Ring>()?;
-            remote_copy(&x, &mut out, &send, &recv, dev.next::<Context>()).wait();
+            b.__grid(&[steps], &[DimSemantics::Arbitrary])?;
+            f(RingParts {
+                x: b.__hbm::<f32>("x", xs.clone(), loc),
+                out: b.__hbm_out::<f32>("out", xs.clone(), loc),
+                buf: b.__vmem::<f32>("buf", xs, loc),
+                send: b.__dma_sems("send", vec![], loc),
+                recv: b.__dma_sems("recv", vec![], loc),
+                sem: b.__sems("sem", vec![], loc),
+                dev: b.__devices::<Ring>()?,
+            });
             Ok(())
         },
     )
+}
+
+/// Every device signals both neighbours on the barrier semaphore and waits for theirs.
+fn meet(dev: &Devices<Ring>) {
+    let barrier = dev.barrier();
+    barrier.signal_to(1, dev.prev::<Context>());
+    barrier.signal_to(1, dev.next::<Context>());
+    barrier.wait(2);
+}
+
+/// A ring shift whose devices do not meet at the barrier before the remote copy (the
+/// correct kernel is `tessera::kernels::memory::ring_shift`).
+fn ring_shift_no_barrier() -> KernelDef {
+    ring_kernel("ring_shift_no_barrier", 1, |p| {
+        let mut out = p.out;
+        remote_copy(&p.x, &mut out, &p.send, &p.recv, p.dev.next::<Context>()).wait();
+    })
 }
 
 fn per_device(n: usize) -> Vec<Vec<HostArray>> {
@@ -126,35 +161,20 @@ fn a_multi_device_kernel_needs_its_mesh() {
 /// on the others, a deadlock no static count shows (the counts balance).
 #[test]
 fn waiting_to_receive_before_sending_deadlocks_the_ring() {
-    let line = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
-    let l = line.clone();
-    let k = def(
-        "ring_deadlock",
-        &[("x", OperandRole::Input, DType::F32, 2)],
-        move |b| {
-            let loc = here();
-            let xs = b.__arg("x", DType::F32, 2)?;
-            b.__grid(&[1], &[DimSemantics::Arbitrary])?;
-            let x = b.__hbm::<f32>("x", xs.clone(), loc);
-            let mut out = b.__hbm_out::<f32>("out", xs, loc);
-            let send = b.__dma_sems("send", vec![], loc);
-            let recv = b.__dma_sems("recv", vec![], loc);
-            let dev = b.__devices::<Ring>()?;
-            let sem = dev.barrier();
-            sem.signal_to(1, dev.prev::<Context>());
-            sem.signal_to(1, dev.next::<Context>());
-            sem.wait(2);
-            l.store(here().line + 1, std::sync::atomic::Ordering::Relaxed);
-            wait_copy(&x, &mut out, &recv);
-            let copy = remote_copy(&x, &mut out, &send, &recv, dev.next::<Context>());
-            copy.wait_send().detach();
-            Ok(())
-        },
-    );
+    let l = lines();
+    let m = l.clone();
+    let k = ring_kernel("ring_deadlock", 1, move |p| {
+        let (x, mut out) = (p.x, p.out);
+        meet(&p.dev);
+        mark(&m);
+        wait_copy(&x, &mut out, &p.recv);
+        let copy = remote_copy(&x, &mut out, &p.send, &p.recv, p.dev.next::<Context>());
+        copy.wait_send().detach();
+    });
     let e = run_on_devices(&k, &ring(4), &per_device(4), &InterpretOptions::default()).unwrap_err();
     let (kind, at, message) = only(&e);
     assert_eq!(kind, ProblemKind::Protocol);
-    let wait_line = line.load(std::sync::atomic::Ordering::Relaxed);
+    let wait_line = l.lock().unwrap()[0];
     assert_eq!(at, wait_line, "{message}");
     assert!(
         message.starts_with("deadlock: device 0 at line"),
@@ -220,7 +240,7 @@ fn a_copy_round_trip_through_vmem_is_exact() {
         async_copy(buf.at(&slot(0)), &mut out, sems.at(0)).wait();
     });
     let x = rows(8, 128, 0);
-    let out = run(&k, &[x.clone()], &InterpretOptions::default()).unwrap();
+    let out = run(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
     let want: Vec<f32> = x.to_f32_vec().iter().map(|v| v + 1.0).collect();
     assert_eq!(out[0].to_f32_vec(), want);
 }
@@ -321,34 +341,18 @@ fn a_semaphore_left_non_zero_by_data_is_reported_at_exit() {
 fn reading_before_the_remote_copy_is_received_is_a_cross_device_race() {
     let l = lines();
     let m = l.clone();
-    let k = def(
-        "ring_early_read",
-        &[("x", OperandRole::Input, DType::F32, 2)],
-        move |b| {
-            let loc = here();
-            let xs = b.__arg("x", DType::F32, 2)?;
-            b.__grid(&[1], &[DimSemantics::Arbitrary])?;
-            let x = b.__hbm::<f32>("x", xs.clone(), loc);
-            let mut out = b.__hbm_out::<f32>("out", xs, loc);
-            let mut buf = b.__vmem::<f32>("buf", vec![8, 128], loc);
-            let send = b.__dma_sems("send", vec![], loc);
-            let recv = b.__dma_sems("recv", vec![], loc);
-            let dev = b.__devices::<Ring>()?;
-            let sem = dev.barrier();
-            sem.signal_to(1, dev.prev::<Context>());
-            sem.signal_to(1, dev.next::<Context>());
-            sem.wait(2);
-            mark(&m);
-            let copy = remote_copy(&x, &mut buf, &send, &recv, dev.next::<Context>());
-            copy.wait_send().detach();
-            mark(&m);
-            let early = buf.load();
-            wait_copy(&x, &mut buf, &recv);
-            buf.store(early);
-            async_copy(&buf, &mut out, &send).wait();
-            Ok(())
-        },
-    );
+    let k = ring_kernel("ring_early_read", 1, move |p| {
+        let (x, mut out, mut buf) = (p.x, p.out, p.buf);
+        meet(&p.dev);
+        mark(&m);
+        let copy = remote_copy(&x, &mut buf, &p.send, &p.recv, p.dev.next::<Context>());
+        copy.wait_send().detach();
+        mark(&m);
+        let early = buf.load();
+        wait_copy(&x, &mut buf, &p.recv);
+        buf.store(early);
+        async_copy(&buf, &mut out, &p.send).wait();
+    });
     let e = run_on_devices(&k, &ring(4), &per_device(4), &InterpretOptions::default()).unwrap_err();
     let (kind, at, message) = only(&e);
     let l = l.lock().unwrap();
@@ -527,7 +531,7 @@ fn run_scoped_allocates_per_region() {
         });
     });
     let x = rows(8, 128, 2);
-    let out = run(&k, &[x.clone()], &InterpretOptions::default()).unwrap();
+    let out = run(&k, std::slice::from_ref(&x), &InterpretOptions::default()).unwrap();
     let want: Vec<f32> = x.to_f32_vec().iter().map(|v| v * 3.0).collect();
     assert_eq!(out[0].to_f32_vec(), want);
 }
@@ -549,32 +553,19 @@ fn spmd_error(k: &KernelDef) -> String {
     message
 }
 
-/// A ring kernel whose copy target and condition are given by `f(devices)`.
+/// A ring kernel over 4 grid steps whose copy target and condition are `f(devices)`.
 fn ring_variant(
     name: &'static str,
     f: impl Fn(&Devices<Ring>) -> (tessera_dsl::DeviceId<Ring>, Value) + Send + Sync + 'static,
 ) -> KernelDef {
-    def(
-        name,
-        &[("x", OperandRole::Input, DType::F32, 2)],
-        move |b| {
-            let loc = here();
-            let xs = b.__arg("x", DType::F32, 2)?;
-            b.__grid(&[4], &[DimSemantics::Arbitrary])?;
-            let x = b.__hbm::<f32>("x", xs.clone(), loc);
-            let mut out = b.__hbm_out::<f32>("out", xs, loc);
-            let send = b.__dma_sems("send", vec![], loc);
-            let recv = b.__dma_sems("recv", vec![], loc);
-            let dev = b.__devices::<Ring>()?;
-            let barrier = dev.barrier();
-            barrier.signal_to(1, dev.prev::<Context>());
-            barrier.signal_to(1, dev.next::<Context>());
-            barrier.wait(2);
-            let (to, cond) = f(&dev);
-            when(cond, || remote_copy(&x, &mut out, &send, &recv, to).wait());
-            Ok(())
-        },
-    )
+    ring_kernel(name, 4, move |p| {
+        let (x, mut out) = (p.x, p.out);
+        meet(&p.dev);
+        let (to, cond) = f(&p.dev);
+        when(cond, || {
+            remote_copy(&x, &mut out, &p.send, &p.recv, to).wait()
+        });
+    })
 }
 
 #[test]
@@ -627,23 +618,12 @@ fn a_remote_copy_under_a_device_dependent_condition_is_not_lowered_to_stablehlo(
 
 #[test]
 fn several_devices_signalling_one_is_not_lowered_to_stablehlo() {
-    let k = def(
-        "fan_in",
-        &[("x", OperandRole::Input, DType::F32, 2)],
-        move |b| {
-            let xs = b.__arg("x", DType::F32, 2)?;
-            b.__grid(&[1], &[DimSemantics::Arbitrary])?;
-            b.__hbm::<f32>("x", xs, here());
-            let sem = b.__sems("sem", vec![], here());
-            let dev = b.__devices::<Ring>()?;
-            sem.signal_to(1, dev.at::<Context>(0));
-            when(dev.index::<Context>().eq(0), || sem.wait(4));
-            Ok(())
-        },
-    );
+    let k = ring_kernel("fan_in", 1, |p| {
+        p.sem.signal_to(1, p.dev.at::<Context>(0));
+        when(p.dev.index::<Context>().eq(0), || p.sem.wait(4));
+    });
     // The interpreter runs it; StableHLO's collective_permute cannot express it.
-    let args: Vec<Vec<HostArray>> = (0..4).map(|d| vec![rows(8, 128, d)]).collect();
-    run_on_devices(&k, &ring(4), &args, &InterpretOptions::default()).unwrap();
+    run_on_devices(&k, &ring(4), &per_device(4), &InterpretOptions::default()).unwrap();
     let message = spmd_error(&k);
     assert!(
         message.starts_with("several devices target device 0"),

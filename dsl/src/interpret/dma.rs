@@ -419,20 +419,27 @@ impl<'k> World<'k> {
         )
     }
 
+    /// The shared state for the next copy or semaphore operation: one tick later, with the
+    /// copies due by then landed.
+    fn operation(&self) -> Result<MutexGuard<'_, State>, KernelError> {
+        let mut g = self.lock();
+        if g.failure.is_some() {
+            return Err(aborted(self.k));
+        }
+        g.tick += 1;
+        match self.land_due(&mut g) {
+            Ok(()) => Ok(g),
+            Err(e) => Err(self.fail(g, e)),
+        }
+    }
+
     /// Runs one operation of device `d` on the shared state, then lets another device run.
     pub fn sync<R>(
         &self,
         d: usize,
         f: impl FnOnce(&World<'k>, &mut State) -> Result<R, KernelError>,
     ) -> Result<R, KernelError> {
-        let mut g = self.lock();
-        if g.failure.is_some() {
-            return Err(aborted(self.k));
-        }
-        g.tick += 1;
-        if let Err(e) = self.land_due(&mut g) {
-            return Err(self.fail(g, e));
-        }
+        let mut g = self.operation()?;
         match f(self, &mut g) {
             Ok(r) => {
                 self.yield_turn(g, d)?;
@@ -579,14 +586,7 @@ impl<'k> World<'k> {
     /// Device `d` waits until semaphore `sem` counts `amount`, then takes it (joining the
     /// clocks of what it takes). Copies in flight toward it land first.
     pub fn wait(&self, d: usize, sem: SemKey, amount: i64, loc: Loc) -> Result<(), KernelError> {
-        let mut g = self.lock();
-        if g.failure.is_some() {
-            return Err(aborted(self.k));
-        }
-        g.tick += 1;
-        if let Err(e) = self.land_due(&mut g) {
-            return Err(self.fail(g, e));
-        }
+        let mut g = self.operation()?;
         loop {
             if let Err(e) = self.land_toward(&mut g, sem, amount) {
                 return Err(self.fail(g, e));
@@ -784,6 +784,26 @@ impl<'k> World<'k> {
         g.sems.get(&sem).map_or(0, |c| c.count)
     }
 
+    /// Records an access of device `d` (at its current time) to a window of shared ref `r`.
+    fn device_access(
+        &self,
+        g: &mut State,
+        d: usize,
+        r: RefId,
+        w: &Window,
+        loc: Loc,
+        kind: AccessKind,
+    ) -> Result<(), KernelError> {
+        let clock = g.clocks[d].clone();
+        let access = Access {
+            actor: d,
+            time: clock[d],
+            loc,
+            kind,
+        };
+        self.check(g, d, r, w, &clock, access)
+    }
+
     /// Device `d` loads a window of shared ref `r`.
     pub fn load(
         &self,
@@ -793,21 +813,7 @@ impl<'k> World<'k> {
         w: &Window,
         loc: Loc,
     ) -> Result<Tensor, KernelError> {
-        let time = g.clocks[d][d];
-        let clock = g.clocks[d].clone();
-        self.check(
-            g,
-            d,
-            r,
-            w,
-            &clock,
-            Access {
-                actor: d,
-                time,
-                loc,
-                kind: AccessKind::Load,
-            },
-        )?;
+        self.device_access(g, d, r, w, loc, AccessKind::Load)?;
         Ok(g.mem[d][&r].window(&w.starts, &w.sizes))
     }
 
@@ -821,21 +827,7 @@ impl<'k> World<'k> {
         value: &Tensor,
         loc: Loc,
     ) -> Result<(), KernelError> {
-        let time = g.clocks[d][d];
-        let clock = g.clocks[d].clone();
-        self.check(
-            g,
-            d,
-            r,
-            w,
-            &clock,
-            Access {
-                actor: d,
-                time,
-                loc,
-                kind: AccessKind::Store,
-            },
-        )?;
+        self.device_access(g, d, r, w, loc, AccessKind::Store)?;
         g.mem[d]
             .get_mut(&r)
             .expect("shared refs are allocated")

@@ -30,7 +30,7 @@ const MAX_EVALUATED: usize = 1 << 22;
 /// Every protocol problem of `k` found before it runs.
 pub fn check_protocol(k: &Kernel) -> Vec<Problem> {
     let mut uses = Uses::default();
-    uses.region(k, &k.body);
+    uses.region(&k.body);
     if uses.inc.is_empty() && uses.dec.is_empty() {
         return Vec::new();
     }
@@ -51,7 +51,7 @@ struct Uses {
 }
 
 impl Uses {
-    fn region(&mut self, k: &Kernel, r: &Region) {
+    fn region(&mut self, r: &Region) {
         for inst in &r.insts {
             let loc = inst.loc;
             match &inst.op {
@@ -74,7 +74,7 @@ impl Uses {
                 _ => {}
             }
             for nested in inst.op.regions() {
-                self.region(k, nested);
+                self.region(nested);
             }
         }
     }

@@ -24,11 +24,11 @@ use std::marker::PhantomData;
 use tessera_hlo::{HasAxis, MeshAxis, MeshShape};
 
 use super::ops::{poisoned_value, Carry, IntoValue};
-use super::refs::{full_window, load, slices, store, Element, Idx, IntoIndex};
+use super::refs::{full_window, handle_accessors, load, slices, store, Element, Idx, IntoIndex};
 use super::state::{emit, trace_region, try_with_trace, with_trace, Value};
 use crate::ir::{
     DType, DeviceAxis, Loc, MemorySpace, Op, Operand, OperandRole, RefId, RefWindow, RemoteDma,
-    SemKind, SemRef, Slice,
+    SemKind, SemRef,
 };
 
 /// What the manual-memory API remembers while a kernel is traced.
@@ -61,7 +61,7 @@ impl RegionKey {
     }
 }
 
-fn declare_operand(
+pub(crate) fn declare_operand(
     name: &str,
     role: OperandRole,
     dtype: DType,
@@ -136,31 +136,7 @@ impl<T: Element> Clone for Hbm<T> {
 }
 impl<T: Element> Copy for Hbm<T> {}
 
-macro_rules! ref_common {
-    ($($name:ident),*) => {$(
-        impl<T: Element> $name<T> {
-            #[doc(hidden)]
-            pub fn __from_id(id: RefId) -> Self {
-                $name { id, _t: PhantomData }
-            }
-
-            /// The ref's id in the kernel IR.
-            pub fn id(&self) -> RefId {
-                self.id
-            }
-
-            /// The whole array's (or buffer's) shape.
-            pub fn shape(&self) -> Vec<usize> {
-                with_trace(|t| t.operands[self.id.index()].array_shape.clone())
-            }
-
-            pub fn dtype(&self) -> DType {
-                T::DTYPE
-            }
-        }
-    )*};
-}
-ref_common!(Hbm, HbmMut, Vmem);
+handle_accessors!(Hbm, HbmMut, Vmem);
 
 /// Marks the refs a kernel may load as vector blocks: HBM operands are not among them.
 #[diagnostic::on_unimplemented(
@@ -172,37 +148,29 @@ pub trait Loadable {}
 
 impl<T: Element> Loadable for Vmem<T> {}
 
-impl<T: Element> Hbm<T> {
-    /// HBM operands cannot be loaded: this exists only to turn a load into a clear error.
-    #[doc(hidden)]
-    pub fn load(&self) -> Value
-    where
-        Self: Loadable,
-    {
-        unreachable!("Hbm<T> never implements Loadable")
-    }
+macro_rules! hbm_common {
+    ($($name:ident),*) => {$(
+        impl<T: Element> $name<T> {
+            /// HBM operands cannot be loaded: this exists only to turn a load into a clear
+            /// error.
+            #[doc(hidden)]
+            pub fn load(&self) -> Value
+            where
+                Self: Loadable,
+            {
+                unreachable!("HBM operands never implement Loadable")
+            }
 
-    /// A window of the array, one [`Idx`] per dim, to copy from.
-    pub fn at(&self, idx: &[Idx]) -> HbmWindow<'_, T> {
-        HbmWindow(window(self.id, idx), PhantomData)
-    }
+            /// A window of the array, one [`Idx`] per dim, to copy from.
+            pub fn at(&self, idx: &[Idx]) -> HbmWindow<'_, T> {
+                HbmWindow(window(self.id, idx), PhantomData)
+            }
+        }
+    )*};
 }
+hbm_common!(Hbm, HbmMut);
 
 impl<T: Element> HbmMut<T> {
-    /// HBM operands cannot be loaded: this exists only to turn a load into a clear error.
-    #[doc(hidden)]
-    pub fn load(&self) -> Value
-    where
-        Self: Loadable,
-    {
-        unreachable!("HbmMut<T> never implements Loadable")
-    }
-
-    /// A window of the array to copy from.
-    pub fn at(&self, idx: &[Idx]) -> HbmWindow<'_, T> {
-        HbmWindow(window(self.id, idx), PhantomData)
-    }
-
     /// A window of the array to copy into (borrows the output exclusively).
     pub fn at_mut(&mut self, idx: &[Idx]) -> HbmWindowMut<'_, T> {
         HbmWindowMut(window(self.id, idx), PhantomData)
@@ -213,20 +181,13 @@ impl<T: Element> Vmem<T> {
     /// Loads the whole buffer.
     #[track_caller]
     pub fn load(&self) -> Value {
-        let loc = Loc::caller();
-        if !in_scope(self.id, "load", loc) {
-            return poisoned_value();
-        }
-        load(self.id, full_window(self.id))
+        load_window(&whole(self.id))
     }
 
     /// Stores into the whole buffer; a scalar is broadcast.
     #[track_caller]
     pub fn store(&mut self, value: impl IntoValue) {
-        let loc = Loc::caller();
-        if in_scope(self.id, "store", loc) {
-            store(self.id, full_window(self.id), value);
-        }
+        store_window(&whole(self.id), value)
     }
 
     /// A window to load from or copy from (borrows the buffer shared).
@@ -263,34 +224,40 @@ pub struct VmemWindow<'a, T>(RefWindow, PhantomData<&'a T>);
 #[derive(Debug)]
 pub struct VmemWindowMut<'a, T>(RefWindow, PhantomData<&'a mut T>);
 
+/// Loads a window of a `Vmem` buffer (checking its scope).
+#[track_caller]
+fn load_window(w: &RefWindow) -> Value {
+    if !in_scope(w.r, "load", Loc::caller()) {
+        return poisoned_value();
+    }
+    load(w.r, w.slices.clone())
+}
+
 impl<T: Element> VmemWindow<'_, T> {
     #[track_caller]
     pub fn load(&self) -> Value {
-        let loc = Loc::caller();
-        if !in_scope(self.0.r, "load", loc) {
-            return poisoned_value();
-        }
-        load(self.0.r, self.0.slices.clone())
+        load_window(&self.0)
     }
 }
 
 impl<T: Element> VmemWindowMut<'_, T> {
     #[track_caller]
     pub fn load(&self) -> Value {
-        let loc = Loc::caller();
-        if !in_scope(self.0.r, "load", loc) {
-            return poisoned_value();
-        }
-        load(self.0.r, self.0.slices.clone())
+        load_window(&self.0)
     }
 
     /// Stores `value` into the window; a scalar is broadcast.
     #[track_caller]
     pub fn store(&self, value: impl IntoValue) {
-        let loc = Loc::caller();
-        if in_scope(self.0.r, "store", loc) {
-            store(self.0.r, self.0.slices.clone(), value)
-        }
+        store_window(&self.0, value)
+    }
+}
+
+/// Stores into a window of a `Vmem` buffer (checking its scope).
+#[track_caller]
+fn store_window(w: &RefWindow, value: impl IntoValue) {
+    if in_scope(w.r, "store", Loc::caller()) {
+        store(w.r, w.slices.clone(), value)
     }
 }
 
@@ -366,10 +333,9 @@ impl<'a, T: Element> CopyDest<'a, T> for &'a mut Vmem<T> {
 }
 
 fn whole(r: RefId) -> RefWindow {
-    let rank = with_trace(|t| t.operands[r.index()].array_shape.len());
     RefWindow {
         r,
-        slices: vec![Slice::Full; rank],
+        slices: full_window(r),
     }
 }
 

@@ -10,6 +10,7 @@ mod ops;
 mod refs;
 mod state;
 
+pub(crate) use memory::declare_operand;
 pub use memory::*;
 pub use ops::*;
 pub use refs::*;

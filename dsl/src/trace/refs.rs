@@ -218,7 +218,15 @@ macro_rules! handle_impls {
             }
         }
         impl<T: Element> Copy for $name<T> {}
+    )*
+        handle_accessors!($($name),*);
+    };
+}
 
+/// `__from_id`, `id`, `shape` and `dtype` of operand handles (also the non-`Copy` ones of
+/// kernels that move their own data).
+macro_rules! handle_accessors {
+    ($($name:ident),*) => {$(
         impl<T: Element> $name<T> {
             #[doc(hidden)]
             pub fn __from_id(id: RefId) -> Self {
@@ -241,6 +249,7 @@ macro_rules! handle_impls {
         }
     )*};
 }
+pub(crate) use handle_accessors;
 
 handle_impls!(Ref, RefMut, Scratch, Smem);
 
