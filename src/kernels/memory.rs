@@ -151,3 +151,51 @@ pub fn ring_shift_reference(per_device: &[HostArray]) -> Vec<HostArray> {
         .map(|d| per_device[(d + n - 1) % n].clone())
         .collect()
 }
+
+/// `out = concat(x of every device)` along dim 0, on every device of the `context` ring
+/// (`x` f32 `[S, C]` and `out` `[N S, C]`, both in HBM): each device copies its shard into
+/// its own slot of `out`, then for `N - 1` steps (a `fori_loop`) forwards to the next device
+/// the slot it received last (its own at the first step), into the same slot there. After
+/// meeting at the barrier, the copies of a step write slots no device reads in that step.
+#[track_caller]
+pub fn ring_all_gather() -> KernelDef {
+    let loc = Loc::caller();
+    let args = [("x", OperandRole::Input, DType::F32, 2)];
+    def("ring_all_gather", &args, loc, move |b| {
+        let shape = b.__arg("x", DType::F32, 2)?;
+        b.__grid(&[1], &[DimSemantics::Arbitrary])?;
+        let devices = b.__devices::<Ring>()?;
+        let n = devices.size::<Context>();
+        let x = b.__hbm::<f32>("x", shape.clone(), loc);
+        let out = b.__hbm_out::<f32>("out", vec![n * shape[0], shape[1]], loc);
+        let sems = b.__dma_sems("sems", vec![3], loc);
+        ring_all_gather_body(x, out, sems, devices);
+        Ok(())
+    })
+}
+
+fn ring_all_gather_body(x: Hbm<f32>, mut out: HbmMut<f32>, sems: DmaSem, devices: Devices<Ring>) {
+    let rows = x.shape()[0];
+    let n = devices.size::<Context>() as i32;
+    let me = devices.index::<Context>();
+    let slot = |i: Value| [ds(i * rows as i32, rows), all()];
+    async_copy(&x, out.at_mut(&slot(me)), sems.at(0)).wait();
+    let barrier = devices.barrier();
+    barrier.signal_to(1, devices.prev::<Context>());
+    barrier.signal_to(1, devices.next::<Context>());
+    barrier.wait(2);
+    let next = devices.next::<Context>();
+    fori_loop(0, n - 1, (), |step, ()| {
+        let forwarded = (me - step + n) % n;
+        let window = slot(forwarded);
+        remote_copy_within(&mut out, &window, &window, sems.at(1), sems.at(2), next).wait();
+    });
+}
+
+/// The reference of [`ring_all_gather`]: every device gets the shards in device order.
+pub fn ring_all_gather_reference(per_device: &[HostArray]) -> HostArray {
+    let cols = per_device[0].shape()[1];
+    let rows: usize = per_device.iter().map(|a| a.shape()[0]).sum();
+    let data: Vec<f32> = per_device.iter().flat_map(|a| a.to_f32_vec()).collect();
+    HostArray::f32([rows, cols], data).expect("the shards fill the array")
+}

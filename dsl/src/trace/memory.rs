@@ -883,6 +883,76 @@ pub fn remote_copy<'s, 'd, T: Element, M: MeshShape>(
     }
 }
 
+/// A buffer a copy may read and write at once (two windows of it): an HBM output or a
+/// [`Vmem`] buffer, borrowed mutably.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be both the source and the destination of a copy of `{T}` elements",
+    label = "not a writable buffer",
+    note = "copies within one buffer take `&mut x` of an `HbmMut<T>` or a `Vmem<T>`"
+)]
+pub trait CopyBuffer<'a, T: Element> {
+    #[doc(hidden)]
+    fn buffer(self) -> RefId;
+}
+
+impl<'a, T: Element> CopyBuffer<'a, T> for &'a mut HbmMut<T> {
+    fn buffer(self) -> RefId {
+        self.id
+    }
+}
+impl<'a, T: Element> CopyBuffer<'a, T> for &'a mut Vmem<T> {
+    fn buffer(self) -> RefId {
+        self.id
+    }
+}
+
+/// [`async_copy`] from window `src` of `buf` into its window `dst` (Rust cannot borrow two
+/// windows of one buffer at run-time offsets apart, so the copy borrows the whole buffer).
+#[track_caller]
+pub fn async_copy_within<'b, T: Element>(
+    buf: impl CopyBuffer<'b, T>,
+    src: &[Idx],
+    dst: &[Idx],
+    sem: impl DmaSemaphore,
+) -> AsyncCopy<'b, 'b> {
+    let loc = Loc::caller();
+    let r = buf.buffer();
+    AsyncCopy {
+        inner: start(window(r, src), window(r, dst), sem.dma_sem(), None, loc),
+        _borrows: PhantomData,
+    }
+}
+
+/// [`remote_copy`] from window `src` of this device's `buf` into window `dst` of device
+/// `to`'s `buf` (the same window for the all-gather pattern). The copy borrows the whole
+/// buffer, which the symmetric copy from another device writes.
+#[track_caller]
+pub fn remote_copy_within<'b, T: Element, M: MeshShape>(
+    buf: impl CopyBuffer<'b, T>,
+    src: &[Idx],
+    dst: &[Idx],
+    send_sem: impl DmaSemaphore,
+    recv_sem: impl DmaSemaphore,
+    to: DeviceId<M>,
+) -> RemoteCopy<'b, 'b> {
+    let loc = Loc::caller();
+    let r = buf.buffer();
+    let remote = RemoteDma {
+        device: to.id.id,
+        send_sem: send_sem.dma_sem(),
+    };
+    RemoteCopy {
+        inner: start(
+            window(r, src),
+            window(r, dst),
+            recv_sem.dma_sem(),
+            Some(remote),
+            loc,
+        ),
+        _borrows: PhantomData,
+    }
+}
+
 /// Waits for a copy of `src` into `dst` signalled on `sem` that this region did not start
 /// with a token: one detached in an earlier grid step or loop iteration (double buffering),
 /// or a side of a detached remote copy. The windows give the size; the verifier and the
