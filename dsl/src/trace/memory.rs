@@ -148,27 +148,39 @@ pub trait Loadable {}
 
 impl<T: Element> Loadable for Vmem<T> {}
 
-macro_rules! hbm_common {
-    ($($name:ident),*) => {$(
-        impl<T: Element> $name<T> {
-            /// HBM operands cannot be loaded: this exists only to turn a load into a clear
-            /// error.
-            #[doc(hidden)]
-            pub fn load(&self) -> Value
-            where
-                Self: Loadable,
-            {
-                unreachable!("HBM operands never implement Loadable")
-            }
+// The `load` stubs are written out (not generated) so that the bound they state is shown as
+// written in the error, without a macro backtrace.
+impl<T: Element> Hbm<T> {
+    /// HBM operands cannot be loaded: this exists only to turn a load into a clear error.
+    #[doc(hidden)]
+    pub fn load(&self) -> Value
+    where
+        Self: Loadable,
+    {
+        unreachable!("Hbm<T> never implements Loadable")
+    }
 
-            /// A window of the array, one [`Idx`] per dim, to copy from.
-            pub fn at(&self, idx: &[Idx]) -> HbmWindow<'_, T> {
-                HbmWindow(window(self.id, idx), PhantomData)
-            }
-        }
-    )*};
+    /// A window of the array, one [`Idx`] per dim, to copy from.
+    pub fn at(&self, idx: &[Idx]) -> HbmWindow<'_, T> {
+        HbmWindow(window(self.id, idx), PhantomData)
+    }
 }
-hbm_common!(Hbm, HbmMut);
+
+impl<T: Element> HbmMut<T> {
+    /// HBM operands cannot be loaded: this exists only to turn a load into a clear error.
+    #[doc(hidden)]
+    pub fn load(&self) -> Value
+    where
+        Self: Loadable,
+    {
+        unreachable!("HbmMut<T> never implements Loadable")
+    }
+
+    /// A window of the array, one [`Idx`] per dim, to copy from.
+    pub fn at(&self, idx: &[Idx]) -> HbmWindow<'_, T> {
+        HbmWindow(window(self.id, idx), PhantomData)
+    }
+}
 
 impl<T: Element> HbmMut<T> {
     /// A window of the array to copy into (borrows the output exclusively).
