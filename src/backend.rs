@@ -10,7 +10,9 @@ use std::str::FromStr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use tessera_dsl::interpret::{self, InterpretOptions};
-use tessera_dsl::{ArgSpec, HostArray, Kernel, KernelDef, KernelError, Target, TargetRules};
+use tessera_dsl::{
+    ArgSpec, DeviceAxis, HostArray, Kernel, KernelDef, KernelError, Target, TargetRules,
+};
 use tessera_hlo::Module;
 use tessera_runtime::{Client, CompileOptions, LoadedExecutable, XlaOption};
 use tessera_splash::{Executor, SplashError};
@@ -267,6 +269,68 @@ macro_rules! test_device {
             super::$test(stringify!($kind).parse().expect("a device kind"))
         }
     };
+}
+
+/// Runs a kernel that runs on a device mesh (`mesh`: its axes with their sizes) on every
+/// device: `per_device[d]` are device `d`'s arguments; returns each device's outputs. The
+/// interpreter runs the devices as interleaved instances; the StableHLO backends compile
+/// one SPMD program with a partition per device, remote copies as `collective_permute`s.
+pub fn run_on_devices(
+    def: &KernelDef,
+    mesh: &[DeviceAxis],
+    per_device: &[Vec<HostArray>],
+    backend: Backend,
+    rules: &TargetRules,
+) -> Result<Vec<Vec<HostArray>>, RunError> {
+    let first = per_device.first().map(Vec::as_slice).unwrap_or_default();
+    let specs: Vec<_> = first.iter().map(ArgSpec::of).collect();
+    let kernel = def.instantiate_on(&specs, mesh, rules)?;
+    let n = kernel.num_devices();
+    match backend.platform() {
+        None => Ok(interpret::run_kernel_on_devices(
+            &kernel,
+            per_device,
+            &InterpretOptions::default(),
+        )?),
+        // The SPMD program is plain StableHLO on every platform (copies and remote copies
+        // have no Mosaic lowering yet, so a TPU runs the portable form too).
+        Some(platform) => run_spmd(
+            &kernel,
+            per_device,
+            &platform.client(n).map_err(RunError::Devices)?,
+        ),
+    }
+}
+
+fn run_spmd(
+    k: &Kernel,
+    per_device: &[Vec<HostArray>],
+    client: &Client,
+) -> Result<Vec<Vec<HostArray>>, RunError> {
+    let n = k.num_devices();
+    let key = format!("{}\nspmd {n}\n{}", client.platform_name(), k.to_text());
+    let cached = executables()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&key)
+        .cloned();
+    let exe = match cached {
+        Some(exe) => exe,
+        None => {
+            let module = tessera_dsl::stablehlo::lower_module_spmd(k)?;
+            let mut options = CompileOptions::manual_partitions(n)?;
+            if client.platform_name() == "cpu" {
+                options = options.with_xla_option("xla_cpu_use_xnnpack", XlaOption::Bool(false));
+            }
+            let exe = Arc::new(client.compile(&module.to_mlir(), &options)?);
+            executables()
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, Arc::clone(&exe));
+            exe
+        }
+    };
+    Ok(exe.execute_arrays(per_device)?)
 }
 
 #[cfg(test)]

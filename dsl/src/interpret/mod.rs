@@ -8,17 +8,22 @@
 //!   and an error;
 //! - with [`InterpretOptions::shuffle_parallel`], `parallel` grid dims run in a shuffled order,
 //!   so a kernel that carries state across parallel iterations gives different results;
-//! - dynamic slices and block indices out of bounds are errors, not clamped.
+//! - dynamic slices and block indices out of bounds are errors, not clamped;
+//! - copies are asynchronous and several devices run interleaved; races, deadlocks and
+//!   semaphores left non-zero are errors naming the lines involved ([`dma`] says how).
 
+pub mod dma;
+mod memory;
 mod tensor;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::array::HostArray;
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::instantiate::{ArgSpec, KernelDef};
 use crate::ir::{
-    DimSemantics, Inst, Kernel, Loc, MemorySpace, Op, OperandRole, RefId, Region, Slice, ValueId,
+    DeviceAxis, DimSemantics, Inst, Kernel, Loc, MemorySpace, Op, OperandRole, RefId, Region,
+    Slice, ValueId,
 };
 use crate::rules::TargetRules;
 pub(crate) use tensor::garbage_literal;
@@ -31,6 +36,12 @@ pub struct InterpretOptions {
     pub shuffle_parallel: Option<u64>,
     /// The rules the kernel is instantiated under (TPU rules by default).
     pub rules: TargetRules,
+    /// Land each asynchronous copy at a random operation (seeded) between its start and the
+    /// wait that needs it, instead of at that wait.
+    pub copy_landing: Option<u64>,
+    /// Interleave the devices of a multi-device kernel in an order drawn from this seed
+    /// instead of round robin.
+    pub schedule_seed: Option<u64>,
 }
 
 impl InterpretOptions {
@@ -60,137 +71,307 @@ pub fn run_kernel(
     args: &[HostArray],
     options: &InterpretOptions,
 ) -> Result<Vec<HostArray>, KernelError> {
-    let fail = |subject: String, message: String, loc: Option<Loc>| {
-        KernelError::new(
+    if k.num_devices() > 1 {
+        return Err(KernelError::single(
             &k.name,
-            vec![Problem {
-                kind: ProblemKind::Run,
-                subject,
-                message,
-                loc,
-            }],
-        )
-    };
-    // Bind arguments to operands.
-    let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
-        .map(RefId)
-        .filter(|r| {
-            matches!(
-                k.operand(*r).role,
-                OperandRole::Input | OperandRole::ScalarPrefetch
-            )
-        })
-        .collect();
-    if arg_refs.len() != args.len() {
-        return Err(fail(
-            "arguments".into(),
-            format!("expected {} arrays, got {}", arg_refs.len(), args.len()),
-            None,
+            ProblemKind::Argument,
+            "mesh",
+            format!(
+                "the kernel runs on {} devices; run it with one argument list per device \
+                 (`interpret::run_kernel_on_devices`)",
+                k.num_devices()
+            ),
         ));
     }
-    let mut arrays: HashMap<RefId, Tensor> = HashMap::new();
-    for (&r, a) in arg_refs.iter().zip(args) {
-        let o = k.operand(r);
-        if a.dtype() != o.dtype || a.shape() != o.array_shape.as_slice() {
+    let mut outs = run_devices(k, &[args], options)?;
+    Ok(outs.pop().unwrap_or_default())
+}
+
+/// Instantiates `def` on a device mesh (`mesh`: its axes with their sizes) and runs it on
+/// every device: `per_device[d]` are device `d`'s arguments. Returns each device's outputs.
+pub fn run_on_devices(
+    def: &KernelDef,
+    mesh: &[DeviceAxis],
+    per_device: &[Vec<HostArray>],
+    options: &InterpretOptions,
+) -> Result<Vec<Vec<HostArray>>, KernelError> {
+    let first = per_device.first().map(Vec::as_slice).unwrap_or_default();
+    let specs: Vec<_> = first.iter().map(ArgSpec::of).collect();
+    let kernel = def.instantiate_on(&specs, mesh, &options.rules)?;
+    run_kernel_on_devices(&kernel, per_device, options)
+}
+
+/// Runs an instantiated kernel on every device of its mesh (one argument list per device),
+/// as interleaved instances; see [`dma`] for how copies, semaphores and races are modelled.
+pub fn run_kernel_on_devices(
+    k: &Kernel,
+    per_device: &[Vec<HostArray>],
+    options: &InterpretOptions,
+) -> Result<Vec<Vec<HostArray>>, KernelError> {
+    let args: Vec<&[HostArray]> = per_device.iter().map(Vec::as_slice).collect();
+    run_devices(k, &args, options)
+}
+
+fn run_devices(
+    k: &Kernel,
+    per_device: &[&[HostArray]],
+    options: &InterpretOptions,
+) -> Result<Vec<Vec<HostArray>>, KernelError> {
+    let n = k.num_devices();
+    if per_device.len() != n {
+        return Err(KernelError::single(
+            &k.name,
+            ProblemKind::Argument,
+            "arguments",
+            format!(
+                "the kernel runs on {n} devices but {} argument lists were given",
+                per_device.len()
+            ),
+        ));
+    }
+    let world = dma::World::new(k, options.copy_landing, options.schedule_seed);
+    let mut devices = Vec::with_capacity(n);
+    for (d, args) in per_device.iter().enumerate() {
+        devices.push(Device::bind(k, d, args, &world)?);
+    }
+    let results: Vec<Result<Vec<Option<HostArray>>, KernelError>> = if n == 1 {
+        devices
+            .into_iter()
+            .map(|dev| dev.run(&world, options))
+            .collect()
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = devices
+                .into_iter()
+                .map(|dev| {
+                    let world = &world;
+                    s.spawn(move || dev.run(world, options))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
+    };
+    if let Some(f) = world.failure() {
+        return Err(f);
+    }
+    let mut outs = Vec::with_capacity(n);
+    for r in results {
+        outs.push(r?);
+    }
+    world.exit_check()?;
+    Ok(outs
+        .into_iter()
+        .enumerate()
+        .map(|(d, device_outs)| {
+            k.operands_with(OperandRole::Output)
+                .zip(device_outs)
+                .map(|((r, _), out)| out.unwrap_or_else(|| world.take_array(d, r).into_host()))
+                .collect()
+        })
+        .collect())
+}
+
+/// One device's instance of a kernel, bound to its arguments.
+struct Device<'k> {
+    k: &'k Kernel,
+    index: usize,
+    arrays: HashMap<RefId, Tensor>,
+}
+
+impl<'k> Device<'k> {
+    /// Binds the arguments (scalar prefetch and inputs, in order) of device `d`; HBM
+    /// operands and the buffers copies touch go to the shared world.
+    fn bind(
+        k: &'k Kernel,
+        d: usize,
+        args: &[HostArray],
+        world: &dma::World<'k>,
+    ) -> Result<Self, KernelError> {
+        let fail = |subject: String, message: String| {
+            KernelError::new(
+                &k.name,
+                vec![Problem {
+                    kind: ProblemKind::Run,
+                    subject,
+                    message,
+                    loc: None,
+                }],
+            )
+        };
+        let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
+            .map(RefId)
+            .filter(|r| {
+                matches!(
+                    k.operand(*r).role,
+                    OperandRole::Input | OperandRole::ScalarPrefetch
+                )
+            })
+            .collect();
+        let on = if k.num_devices() > 1 {
+            format!(" (device {d})")
+        } else {
+            String::new()
+        };
+        if arg_refs.len() != args.len() {
             return Err(fail(
-                k.describe(r),
-                format!(
-                    "the kernel was instantiated for {}[{:?}], got {}[{:?}]",
-                    o.dtype,
-                    o.array_shape,
-                    a.dtype(),
-                    a.shape()
-                ),
-                None,
+                format!("arguments{on}"),
+                format!("expected {} arrays, got {}", arg_refs.len(), args.len()),
             ));
         }
-        arrays.insert(r, Tensor::from_host(a));
+        let mut arrays = HashMap::new();
+        let mut shared = Vec::new();
+        for (&r, a) in arg_refs.iter().zip(args) {
+            let o = k.operand(r);
+            if a.dtype() != o.dtype || a.shape() != o.array_shape.as_slice() {
+                return Err(fail(
+                    format!("{}{on}", k.describe(r)),
+                    format!(
+                        "the kernel was instantiated for {}[{:?}], got {}[{:?}]",
+                        o.dtype,
+                        o.array_shape,
+                        a.dtype(),
+                        a.shape()
+                    ),
+                ));
+            }
+            if world.shared.contains(&r) {
+                shared.push((r, Tensor::from_host(a)));
+            } else {
+                arrays.insert(r, Tensor::from_host(a));
+            }
+        }
+        let mut scoped = HashSet::new();
+        crate::ir::scoped_allocs(&k.body, &mut |_, r| {
+            scoped.insert(r);
+        });
+        for (i, o) in k.operands.iter().enumerate() {
+            let r = RefId(i as u32);
+            let is_buffer = matches!(o.role, OperandRole::Output | OperandRole::Scratch);
+            if world.shared.contains(&r) && is_buffer && !scoped.contains(&r) {
+                shared.push((r, Tensor::garbage(o.dtype, &o.array_shape)));
+            }
+        }
+        world.allocate(d, shared);
+        Ok(Device {
+            k,
+            index: d,
+            arrays,
+        })
     }
-    let mut m = Machine {
-        k,
-        arrays,
-        buffers: HashMap::new(),
-        env: vec![None; k.types.len()],
-        step: Vec::new(),
-    };
-    for (i, o) in k.operands.iter().enumerate() {
-        let r = RefId(i as u32);
-        match o.role {
-            OperandRole::Output => {
-                m.arrays.insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+
+    /// Runs the whole grid; returns the outputs this device holds (`None` for HBM outputs,
+    /// which the world holds).
+    fn run(
+        self,
+        world: &dma::World<'k>,
+        options: &InterpretOptions,
+    ) -> Result<Vec<Option<HostArray>>, KernelError> {
+        let d = self.index;
+        world.enter(d)?;
+        let result = self.grid(world, options);
+        match result {
+            Ok(outs) => {
+                world.finish(d)?;
+                Ok(outs)
             }
-            OperandRole::Scratch => {
-                m.buffers
-                    .insert(r, Tensor::garbage(o.dtype, &o.array_shape));
-            }
-            _ => {}
+            Err(e) => Err(world.record(e)),
         }
     }
 
-    // Output block currently resident per output with the parallel coordinates of the steps
-    // that own it, and who wrote each block back.
-    let mut resident: HashMap<RefId, (Vec<usize>, Vec<usize>)> = HashMap::new();
-    let mut writers: HashMap<(RefId, Vec<usize>), Vec<usize>> = HashMap::new();
-    let order = grid_order(k, options.shuffle_parallel);
-    let parallel: Vec<usize> = (0..k.grid.len())
-        .filter(|&d| k.semantics[d] == DimSemantics::Parallel)
-        .collect();
-    for step in order {
-        m.step = step.clone();
-        // Fetch input blocks; switch output blocks.
+    fn grid(
+        self,
+        world: &dma::World<'k>,
+        options: &InterpretOptions,
+    ) -> Result<Vec<Option<HostArray>>, KernelError> {
+        let k = self.k;
+        let mut m = Machine {
+            k,
+            arrays: self.arrays,
+            buffers: HashMap::new(),
+            env: vec![None; k.types.len()],
+            step: Vec::new(),
+            dev: Some((world, self.index)),
+        };
         for (i, o) in k.operands.iter().enumerate() {
             let r = RefId(i as u32);
-            let Some(b) = &o.block else { continue };
-            let bidx = m.block_index(r, &b.index_map, &step)?;
-            let sizes = o.block_sizes();
-            let starts: Vec<usize> = bidx.iter().zip(&sizes).map(|(i, s)| i * s).collect();
+            if world.shared.contains(&r) {
+                continue;
+            }
             match o.role {
-                OperandRole::Input => {
-                    let block = m.arrays[&r].window(&starts, &sizes);
-                    m.buffers.insert(r, block.reshape(&o.view_shape()));
-                }
                 OperandRole::Output => {
-                    let par: Vec<usize> = parallel.iter().map(|&d| step[d]).collect();
-                    match resident.get(&r) {
-                        Some((held, owner)) if *held == bidx => {
-                            if *owner != par {
-                                return Err(m.race(r, &bidx, &parallel, owner, &par));
-                            }
-                        }
-                        _ => {
-                            if let Some((prev, owner)) = resident.remove(&r) {
-                                m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
-                            }
-                            m.buffers
-                                .insert(r, Tensor::garbage(o.dtype, &o.view_shape()));
-                            resident.insert(r, (bidx, par));
-                        }
-                    }
+                    m.arrays.insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+                }
+                OperandRole::Scratch if o.memory.semaphore().is_none() => {
+                    m.buffers
+                        .insert(r, Tensor::garbage(o.dtype, &o.array_shape));
                 }
                 _ => {}
             }
         }
-        let body = &k.body;
-        m.region(body, &[])?;
-    }
-    let outputs: Vec<RefId> = k
-        .operands_with(OperandRole::Output)
-        .map(|(r, _)| r)
-        .collect();
-    for &r in &outputs {
-        if let Some((prev, owner)) = resident.remove(&r) {
-            m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
+
+        // Output block currently resident per output with the parallel coordinates of the
+        // steps that own it, and who wrote each block back.
+        let mut resident: HashMap<RefId, (Vec<usize>, Vec<usize>)> = HashMap::new();
+        let mut writers: HashMap<(RefId, Vec<usize>), Vec<usize>> = HashMap::new();
+        let order = grid_order(k, options.shuffle_parallel);
+        let parallel: Vec<usize> = (0..k.grid.len())
+            .filter(|&d| k.semantics[d] == DimSemantics::Parallel)
+            .collect();
+        for step in order {
+            m.step = step.clone();
+            // Fetch input blocks; switch output blocks.
+            for (i, o) in k.operands.iter().enumerate() {
+                let r = RefId(i as u32);
+                let Some(b) = &o.block else { continue };
+                let bidx = m.block_index(r, &b.index_map, &step)?;
+                let sizes = o.block_sizes();
+                let starts: Vec<usize> = bidx.iter().zip(&sizes).map(|(i, s)| i * s).collect();
+                match o.role {
+                    OperandRole::Input => {
+                        let block = m.arrays[&r].window(&starts, &sizes);
+                        m.buffers.insert(r, block.reshape(&o.view_shape()));
+                    }
+                    OperandRole::Output => {
+                        let par: Vec<usize> = parallel.iter().map(|&d| step[d]).collect();
+                        match resident.get(&r) {
+                            Some((held, owner)) if *held == bidx => {
+                                if *owner != par {
+                                    return Err(m.race(r, &bidx, &parallel, owner, &par));
+                                }
+                            }
+                            _ => {
+                                if let Some((prev, owner)) = resident.remove(&r) {
+                                    m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
+                                }
+                                m.buffers
+                                    .insert(r, Tensor::garbage(o.dtype, &o.view_shape()));
+                                resident.insert(r, (bidx, par));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let body = &k.body;
+            m.region(body, &[])?;
         }
+        let outputs: Vec<RefId> = k
+            .operands_with(OperandRole::Output)
+            .map(|(r, _)| r)
+            .collect();
+        for &r in &outputs {
+            if let Some((prev, owner)) = resident.remove(&r) {
+                m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
+            }
+        }
+        Ok(outputs
+            .into_iter()
+            .map(|r| m.arrays.remove(&r).map(Tensor::into_host))
+            .collect())
     }
-    Ok(outputs
-        .into_iter()
-        .map(|r| {
-            m.arrays
-                .remove(&r)
-                .expect("outputs are allocated")
-                .into_host()
-        })
-        .collect())
 }
 
 /// The grid steps in execution order: row-major, with `parallel` dims permuted when shuffled.
@@ -215,24 +396,31 @@ fn grid_order(k: &Kernel, shuffle: Option<u64>) -> Vec<Vec<usize>> {
     order
 }
 
-struct Machine<'k> {
+struct Machine<'k, 'w> {
     k: &'k Kernel,
-    /// Whole arrays: inputs, scalar prefetch, outputs.
+    /// Whole arrays: inputs, scalar prefetch, outputs (not those in the shared world).
     arrays: HashMap<RefId, Tensor>,
     /// What the body sees: input/output blocks, scratch, keyed by ref.
     buffers: HashMap<RefId, Tensor>,
     env: Vec<Option<Tensor>>,
     step: Vec<usize>,
+    /// The shared world of copies and semaphores, and this device's index in it (`None`
+    /// when only index maps are evaluated).
+    dev: Option<(&'w dma::World<'k>, usize)>,
 }
 
-impl Machine<'_> {
+impl Machine<'_, '_> {
     fn error(&self, loc: Loc, subject: impl Into<String>, message: String) -> KernelError {
+        let on = match self.dev {
+            Some((w, d)) if w.devices() > 1 => format!(" on device {d}"),
+            _ => String::new(),
+        };
         KernelError::new(
             &self.k.name,
             vec![Problem {
                 kind: ProblemKind::Run,
                 subject: subject.into(),
-                message: format!("{message} (at grid step {:?})", self.step),
+                message: format!("{message} (at grid step {:?}{on})", self.step),
                 loc: Some(loc),
             }],
         )
@@ -368,9 +556,19 @@ impl Machine<'_> {
             Op::ProgramId { axis } => Tensor::scalar_i32(self.step[*axis] as i32),
             Op::NumPrograms { axis } => Tensor::scalar_i32(self.k.grid[*axis] as i32),
             Op::Constant { value, ty } => Tensor::splat(ty.dtype, &ty.shape, *value),
+            Op::Load { src, slices } if self.is_shared(*src) => {
+                let (starts, sizes) = self.starts(inst, *src, slices)?;
+                self.shared_load(*src, dma::Window { starts, sizes }, inst.loc)?
+            }
             Op::Load { src, slices } => {
                 let (starts, sizes) = self.starts(inst, *src, slices)?;
                 self.buffers[src].window(&starts, &sizes)
+            }
+            Op::Store { dst, slices, value } if self.is_shared(*dst) => {
+                let (starts, sizes) = self.starts(inst, *dst, slices)?;
+                let v = self.get(*value).clone();
+                self.shared_store(*dst, dma::Window { starts, sizes }, v, inst.loc)?;
+                return Ok(());
             }
             Op::Store { dst, slices, value } => {
                 let (starts, _) = self.starts(inst, *dst, slices)?;
@@ -445,6 +643,18 @@ impl Machine<'_> {
                 }
                 return Ok(());
             }
+            Op::DeviceId => Tensor::scalar_i32(self.dev.map_or(0, |(_, d)| d) as i32),
+            Op::DmaStart { .. }
+            | Op::DmaWait { .. }
+            | Op::SemSignal { .. }
+            | Op::SemWait { .. }
+            | Op::Scoped { .. } => return self.memory_op(inst),
+            Op::SemRead { sem } => {
+                let key = self.sem_key(inst, sem)?;
+                let (world, d) = self.world();
+                let count = world.sync(d, |w, g| Ok(w.read_sem(g, key)))?;
+                Tensor::scalar_i32(count as i32)
+            }
         };
         self.set(inst.results[0], out);
         Ok(())
@@ -475,6 +685,7 @@ pub(crate) fn check_coverage(k: &Kernel) -> Vec<Problem> {
             buffers: HashMap::new(),
             env: vec![None; k.types.len()],
             step: Vec::new(),
+            dev: None,
         };
         let sizes = o.block_sizes();
         let blocks: Vec<usize> = o
