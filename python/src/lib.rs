@@ -403,8 +403,8 @@ fn py_stage(py: Python<'_>, attn: &SplashAttention, stage: Stage) -> PyResult<Py
 }
 
 /// Splash attention's kernel plans for `q [B, H, Sq, D]`, `k [B, KVH, Skv, D]`,
-/// `v [B, KVH, Skv, Dv]` of `dtype` (f32 or bf16): `{forward: [Stage], backward: [Stage],
-/// tensors: {name: (shape, dtype)}}`. The forward plan maps `q, k, v` (and
+/// `v [B, KVH, Skv, Dv]` of `dtype` (f32 or bf16): `{forward: [Stage], backward: [Stage]}`.
+/// The forward plan maps `q, k, v` (and
 /// `q_segment_ids [B, Sq, 1]`, `kv_segment_ids [B, 1, Skv]` int32 when `segmented`, `sinks [H]`
 /// f32 when `sinks`) to `out` and `lse [B, H, Sq, 1]`; the backward plan maps those and
 /// `dout` to `dq`, `dk`, `dv` (and `dsinks [H, 1, 1]`). `mask`: tessera's mask syntax
@@ -457,17 +457,10 @@ fn splash_plan<'py>(
         scale,
         ..SplashOptions::default()
     };
+    let dtype = dtype_named(dtype)?;
     let attn = py
         .detach(|| {
-            SplashAttention::new(
-                mask,
-                dims,
-                dtype_named(dtype).map_err(|e| e.to_string())?,
-                blocks,
-                options,
-                TargetRules::portable(),
-            )
-            .map_err(|e| e.to_string())
+            SplashAttention::new(mask, dims, dtype, blocks, options, TargetRules::portable())
         })
         .map_err(error)?;
     let features = Features { segmented, sinks };
@@ -482,27 +475,6 @@ fn splash_plan<'py>(
     }
     plan.set_item("forward", forward)?;
     plan.set_item("backward", backward)?;
-    let tensors = PyDict::new(py);
-    for t in [
-        Tensor::Q,
-        Tensor::K,
-        Tensor::V,
-        Tensor::QSegments,
-        Tensor::KvSegments,
-        Tensor::Sinks,
-        Tensor::Out,
-        Tensor::Lse,
-        Tensor::DOut,
-        Tensor::Di,
-        Tensor::Dq,
-        Tensor::Dk,
-        Tensor::Dv,
-        Tensor::DSinks,
-    ] {
-        let spec = attn.tensor_spec(t);
-        tensors.set_item(tensor_name(t), (spec.shape, spec.dtype.name()))?;
-    }
-    plan.set_item("tensors", tensors)?;
     Ok(plan)
 }
 

@@ -18,6 +18,8 @@ package pins jax==0.10.2 and its tests exercise each of them.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 from jax._src import core as jax_core
 from jax._src import sharding_impls
@@ -63,10 +65,15 @@ def tessera_name(dtype) -> str:
         return str(dtype)
 
 
+@functools.partial(jax.jit, static_argnames="kernel")
+def _compiled(*args, kernel):
+    return tessera_kernel_p.bind(*args, kernel=kernel)
+
+
 @tessera_kernel_p.def_impl
 def _impl(*args, kernel):
-    # Eager calls run the kernel's lowering through jit (what any JAX primitive does).
-    return jax.jit(lambda *a: tessera_kernel_p.bind(*a, kernel=kernel))(*args)
+    # An eager call runs the kernel's lowering, compiled once per kernel and argument types.
+    return _compiled(*args, kernel=kernel)
 
 
 @tessera_kernel_p.def_abstract_eval

@@ -66,7 +66,6 @@ def _plan(q, k, v, dtype, mask, blocks: BlockSizes, segmented, sinks, soft_cap, 
     return _Plan(
         forward=tuple(_stage(s) for s in plan["forward"]),
         backward=tuple(_stage(s) for s in plan["backward"]),
-        tensors=plan["tensors"],
     )
 
 
@@ -80,9 +79,10 @@ class _Stage:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Plan:
+    """The stages of one configured attention (compared by identity: `_plan` caches it)."""
+
     forward: tuple
     backward: tuple
-    tensors: dict
 
 
 def _stage(s) -> _Stage:
