@@ -97,3 +97,14 @@ def test_ulysses_layer_compiles_for_4_chips(devices):
     assert all(size > 0 for _, size in vmem)
     assert compiled.as_text().count("all-to-all-start") + compiled.as_text().count(
         "all-to-all(") >= 8
+
+
+def test_a_kernel_outside_shard_map_in_a_partitioned_program_is_refused(devices):
+    mesh = jax.sharding.Mesh(devices[:4], ("context",))
+    seq = NamedSharding(mesh, P(None, None, "context", None))
+    spec = jax.ShapeDtypeStruct((1, 8, 2048, 128), jnp.bfloat16, sharding=seq)
+    blocks = tj.BlockSizes(block_q=512, block_kv=512)
+    with pytest.raises(NotImplementedError, match="call it inside jax.shard_map"):
+        jax.jit(
+            lambda q, k, v: tj.splash_attention(q, k, v, mask="causal", block_sizes=blocks)
+        ).trace(spec, spec, spec).lower(lowering_platforms=("tpu",))
