@@ -361,6 +361,10 @@ impl Machine<'_> {
                 check_type(&acc, ty, loc)?;
                 reduce(kind, &src, &acc, dims).map_err(|m| fail(loc, m))?
             }
+            OpKind::Concatenate { sources, dim, ty } => {
+                let parts = sources.iter().map(|n| get(env, n)).collect::<R<Vec<_>>>()?;
+                concatenate(&parts, *dim, ty).map_err(|m| fail(loc, m))?
+            }
             OpKind::Matmul {
                 lhs,
                 rhs,
@@ -373,15 +377,18 @@ impl Machine<'_> {
                 check_type(&c, ty, loc)?;
                 matmul(&a, &b, &c, *lhs_contract, *rhs_contract).map_err(|m| fail(loc, m))?
             }
-            OpKind::If { cond, then } => {
+            OpKind::If {
+                cond,
+                then,
+                otherwise,
+            } => {
                 let c = get(env, cond)?;
                 match (&c.data, c.shape.is_empty()) {
                     (Data::B(v), true) => {
-                        if v[0] {
-                            match self.block(then, env)? {
-                                Flow::Next | Flow::Yield(_) => {}
-                                Flow::Return(_) => return Err(fail(loc, "`return` inside scf.if")),
-                            }
+                        let region = if v[0] { then } else { otherwise };
+                        match self.block(region, env)? {
+                            Flow::Next | Flow::Yield(_) => {}
+                            Flow::Return(_) => return Err(fail(loc, "`return` inside scf.if")),
                         }
                     }
                     _ => return Err(fail(loc, "scf.if needs an i1 scalar condition")),
@@ -867,6 +874,33 @@ fn reduce(kind: &str, src: &Tensor, acc: &Tensor, dims: &[usize]) -> Result<Tens
         shape: out_shape,
         data,
     })
+}
+
+/// `tpu.concatenate`: the parts agree in element type and in every dim but `dim`, whose
+/// sizes add up to the result's.
+fn concatenate(parts: &[Rc<Tensor>], dim: usize, ty: &Type) -> Result<Tensor, String> {
+    let shape = ty.shape();
+    let fits = |t: &Tensor| {
+        t.elem == ty.elem()
+            && t.shape.len() == shape.len()
+            && (0..shape.len()).all(|d| d == dim || t.shape[d] == shape[d])
+    };
+    if dim >= shape.len()
+        || !parts.iter().all(|t| fits(t))
+        || parts.iter().map(|t| t.shape[dim]).sum::<usize>() != shape[dim]
+    {
+        return Err(format!(
+            "tpu.concatenate: parts {:?} do not make {shape:?} along dim {dim}",
+            parts.iter().map(|t| &t.shape).collect::<Vec<_>>()
+        ));
+    }
+    let mut out = Tensor::garbage(ty.elem(), shape);
+    let mut at = vec![0; shape.len()];
+    for t in parts {
+        out.write_window(&at, t);
+        at[dim] += t.shape[dim];
+    }
+    Ok(out)
 }
 
 /// `acc + lhs . rhs` with the given contracting dims, products and sums in f32 (i32 for

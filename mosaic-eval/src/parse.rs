@@ -161,6 +161,12 @@ pub(crate) enum OpKind {
         dims: Vec<usize>,
         ty: Type,
     },
+    /// `tpu.concatenate` of vectors along `dim` (Pallas' `jnp.tile` and `jnp.concatenate`).
+    Concatenate {
+        sources: Vec<String>,
+        dim: usize,
+        ty: Type,
+    },
     /// `tpu.matmul` with rank-2 operands: which dim of each operand contracts.
     Matmul {
         lhs: String,
@@ -170,9 +176,12 @@ pub(crate) enum OpKind {
         rhs_contract: usize,
         ty: Type,
     },
+    /// `scf.if` without results; the `else` region may be absent or empty (Pallas prints
+    /// `else {}` for a `pl.when`).
     If {
         cond: String,
         then: Vec<Op>,
+        otherwise: Vec<Op>,
     },
     For {
         iv: String,
@@ -784,13 +793,36 @@ impl Parser {
                     ty: self.ty()?,
                 }
             }
+            "tpu.concatenate" => {
+                let sources = self.values()?;
+                self.expect_ident("in")?;
+                let dim = self.usize()?;
+                self.expect(":")?;
+                for _ in &sources[1..] {
+                    self.ty()?;
+                    self.expect(",")?;
+                }
+                self.ty()?;
+                self.expect("->")?;
+                OpKind::Concatenate {
+                    sources,
+                    dim,
+                    ty: self.ty()?,
+                }
+            }
             "scf.if" => {
                 let cond = self.value()?;
                 let then = self.block()?;
-                if self.eat_ident("else") {
-                    return Err(self.error("scf.if: an `else` region is not part of the subset"));
+                let otherwise = if self.eat_ident("else") {
+                    self.block()?
+                } else {
+                    Vec::new()
+                };
+                OpKind::If {
+                    cond,
+                    then,
+                    otherwise,
                 }
-                OpKind::If { cond, then }
             }
             "scf.for" => {
                 let iv = self.value()?;
