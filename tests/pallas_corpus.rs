@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use tessera::dsl::{DType, HostArray};
 use tessera::npy::read_npy;
-use tessera_mosaic_eval::{Module, OutputSpec};
+use tessera_mosaic_eval::{EvalError, Module, OutputSpec};
 
 fn corpus() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pallas_corpus")
@@ -148,4 +148,49 @@ fn jax_pallas_kernels_agree_with_pallas_interpret_mode() {
         "{} kernels, {compared} output elements agree",
         kernels.len()
     );
+}
+
+/// JAX's matmul with its accumulation dim marked `parallel` instead of `arbitrary`: mosaic-eval
+/// refuses the load of the accumulator (the scratch a step of another `kk` stored) at its line
+/// of the Mosaic text.
+#[test]
+fn jax_matmul_with_a_wrongly_parallel_dim_is_refused() {
+    let d = corpus().join("matmul");
+    let text = std::fs::read_to_string(d.join("kernel.mlir")).expect("matmul/kernel.mlir");
+    let right = "#tpu.dimension_semantics<parallel>, #tpu.dimension_semantics<parallel>, \
+                 #tpu.dimension_semantics<arbitrary>";
+    assert!(
+        text.contains(right),
+        "the corpus matmul is (parallel, parallel, arbitrary)"
+    );
+    let wrong = text.replace(right, &right.replace("arbitrary", "parallel"));
+    let args: Vec<HostArray> = (0..2)
+        .map(|i| read_npy(&d.join(format!("arg{i}.npy"))).unwrap())
+        .collect();
+    let out = read_npy(&d.join("out0.npy")).unwrap();
+    let spec = OutputSpec {
+        dtype: out.dtype(),
+        shape: out.shape().to_vec(),
+    };
+    let e = Module::parse(&wrong)
+        .unwrap()
+        .run(&args, &[spec])
+        .unwrap_err();
+    // The accumulator's load outside the `pl.when`s (the one inside the first is dead).
+    let line = wrong
+        .lines()
+        .position(|l| l.contains("= vector.load %arg6") && !l.starts_with("      "))
+        .expect("the accumulator load")
+        + 1;
+    match &e {
+        EvalError::Run { loc, message } => {
+            assert_eq!(loc, &format!("line {line} of the module"), "{e}");
+            assert!(
+                message.contains("scratch operand %arg6")
+                    && message.contains("parallel dim 2 is 0 there, 1 here"),
+                "{e}"
+            );
+        }
+        other => panic!("expected a run error at the accumulator's load, got {other}"),
+    }
 }

@@ -9,7 +9,12 @@
 //! indices, and `window_bounds` is the block shape (a `pipeline_mode` only sets how many
 //! buffers the pipeline keeps); the last `scratch_operands` memrefs are scratch that persists
 //! across steps. Input blocks are copied in at every step; an output block is written back to
-//! its array when its block index changes and after the last step. Memory that was never
+//! its array when its block index changes and after the last step. `dimension_semantics`
+//! marks the `parallel` dims: by default ([`RunOptions`]) the leading parallel dims are split
+//! between two cores, each with its own scratch and output buffers (v4, v5p), and a load of
+//! scratch or of an output block that reads what a step of other parallel coordinates stored
+//! is refused at the load's location (loads whose results nothing uses, which Pallas emits
+//! before every store, are not checked). Memory that was never
 //! written holds the same garbage as tessera's interpreter (NaN for floats), and floats are
 //! computed in f32 and rounded to bf16 after every bf16 op, so a correct lowering gives the
 //! interpreter's numbers.
@@ -30,7 +35,7 @@ use std::rc::Rc;
 use half::bf16;
 use tessera_array::{ArrayData, DType, HostArray};
 
-use exec::{Data, Machine, Tensor, Val};
+use exec::{Data, Machine, ParallelCheck, Tensor, Val};
 use parse::{Attr, Elem, Func, Type};
 
 /// Why a module could not be parsed or run.
@@ -155,14 +160,26 @@ impl Module {
 
     /// Runs the kernel on `args` (the custom call's operands: scalar-prefetch tables, then
     /// inputs) and returns its outputs, which have the shapes `outputs` gives (the custom
-    /// call's results; the module only knows their blocks).
+    /// call's results; the module only knows their blocks). Two cores and the parallel-state
+    /// check, as [`RunOptions::default`].
     pub fn run(
         &self,
         args: &[HostArray],
         outputs: &[OutputSpec],
     ) -> Result<Vec<HostArray>, EvalError> {
+        self.run_with(args, outputs, &RunOptions::default())
+    }
+
+    /// [`Module::run`] with other [`RunOptions`].
+    pub fn run_with(
+        &self,
+        args: &[HostArray],
+        outputs: &[OutputSpec],
+        options: &RunOptions,
+    ) -> Result<Vec<HostArray>, EvalError> {
         let k = self.kernel()?;
         let grid = ints(k.attr("iteration_bounds"), "iteration_bounds")?;
+        let semantics = dimension_semantics(k.attr("dimension_semantics"), grid.len())?;
         let n_prefetch = count(k.attr("scalar_prefetch"), "scalar_prefetch")?;
         let n_scratch = count(k.attr("scratch_operands"), "scratch_operands")?;
         let windows: Vec<Window> = match k.attr("window_params") {
@@ -237,9 +254,17 @@ impl Module {
                 windows.len()
             )));
         }
+        let parallel: Vec<usize> = (0..grid.len()).filter(|&d| semantics[d]).collect();
         let mut m = Machine {
             funcs: &self.funcs,
             buffers: Vec::new(),
+            check: None,
+        };
+        let mut check = ParallelCheck {
+            parallel,
+            grid: grid.clone(),
+            tags: Vec::new(),
+            current: 0,
         };
         // Whole arrays: inputs as given, outputs as garbage.
         let mut arrays: Vec<Tensor> = args[n_prefetch..].iter().map(to_tensor).collect();
@@ -285,8 +310,21 @@ impl Module {
                 }
                 Tensor::garbage(*elem, shape)
             };
+            // Scratch and output blocks hold state from step to step.
+            let stateful = i >= n_prefetch + n_inputs;
+            check.tags.push(stateful.then(|| {
+                let what = if i >= n_prefetch + windows.len() {
+                    format!("scratch operand {name}")
+                } else {
+                    format!("output block {name}")
+                };
+                (what, ParallelCheck::unwritten(&t.shape))
+            }));
             m.buffers.push(t);
             mem_vals.push(Val::Ref(m.buffers.len() - 1));
+        }
+        if !options.allow_state_across_parallel {
+            m.check = Some(check);
         }
         let prefetch_vals: Vec<Val> = mem_vals[..n_prefetch].to_vec();
         let kernel_name = k.name.clone();
@@ -297,7 +335,27 @@ impl Module {
             let starts: Vec<usize> = bidx.iter().zip(&buf.shape).map(|(i, s)| i * s).collect();
             arrays[w].write_window(&starts, buf);
         };
-        for step in exec::indices(&grid) {
+        // The output block each output's tags describe: resident in the sequential order,
+        // which the check follows whether or not the grid is split between cores.
+        let mut tagged: Vec<Option<Vec<usize>>> = vec![None; outputs.len()];
+        let (steps, second_core) = split_between_cores(&grid, &semantics, options.megacore);
+        for (n, step) in steps.into_iter().enumerate() {
+            if second_core == Some(n) {
+                // The second core starts with its own scratch and output buffers; the first
+                // has written its output blocks back.
+                for (o, r) in resident.iter_mut().enumerate() {
+                    if let Some(bidx) = r.take() {
+                        write_back(&mut m, &mut arrays, n_inputs + o, &bidx);
+                    }
+                }
+                let first_scratch = n_prefetch + windows.len();
+                for b in &mut m.buffers[first_scratch..] {
+                    *b = Tensor::garbage(b.elem, &b.shape);
+                }
+            }
+            if let Some(check) = &mut m.check {
+                check.current = check.id(&step);
+            }
             let grid_vals: Vec<Val> = step
                 .iter()
                 .map(|&i| Val::T(Rc::new(Tensor::scalar_int(Elem::I32, i as i64))))
@@ -323,6 +381,14 @@ impl Module {
                     m.buffers[buf] = arrays[w].window(&starts, &window.bounds);
                 } else {
                     let o = w - n_inputs;
+                    if tagged[o].as_deref() != Some(&bidx[..]) {
+                        if let Some(check) = &mut m.check {
+                            check.tags[buf] = check.tags[buf]
+                                .take()
+                                .map(|(what, _)| (what, ParallelCheck::unwritten(&window.bounds)));
+                        }
+                        tagged[o] = Some(bidx.clone());
+                    }
                     if resident[o].as_deref() != Some(&bidx[..]) {
                         if let Some(prev) = resident[o].take() {
                             write_back(&mut m, &mut arrays, w, &prev);
@@ -347,6 +413,75 @@ impl Module {
             .map(|(t, o)| to_host(t, o.dtype))
             .collect()
     }
+}
+
+/// How [`Module::run_with`] runs a kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Split the leading `parallel` grid dims between two cores, each with its own scratch
+    /// and output buffers, as chips with two TensorCores (v4, v5p) do: the first core runs
+    /// the first `ceil(n / 2)` of those dims' `n` iterations (row-major), the second the
+    /// rest. Output blocks are written back core after core.
+    pub megacore: bool,
+    /// Let loads read scratch or output-block state that a step of other parallel
+    /// coordinates stored, instead of refusing the kernel (to see what a chip would
+    /// compute).
+    pub allow_state_across_parallel: bool,
+}
+
+impl Default for RunOptions {
+    /// Two cores, and the check.
+    fn default() -> Self {
+        RunOptions {
+            megacore: true,
+            allow_state_across_parallel: false,
+        }
+    }
+}
+
+/// Which grid dims are `parallel`, from `dimension_semantics` (absent: none).
+fn dimension_semantics(a: Option<&Attr>, rank: usize) -> Result<Vec<bool>, EvalError> {
+    let Some(a) = a else {
+        return Ok(vec![false; rank]);
+    };
+    let items = match a {
+        Attr::List(items) if items.len() == rank => items,
+        _ => {
+            return Err(kernel_err(format!(
+                "dimension_semantics must list one `#tpu.dimension_semantics<..>` per grid \
+                 dim ({rank})"
+            )))
+        }
+    };
+    items
+        .iter()
+        .map(|s| match s {
+            Attr::Angle(k, v) if k == "#tpu.dimension_semantics" && v == "parallel" => Ok(true),
+            Attr::Angle(k, v) if k == "#tpu.dimension_semantics" && v == "arbitrary" => Ok(false),
+            other => Err(kernel_err(format!(
+                "dimension semantics {other:?} are not part of the subset (parallel, arbitrary)"
+            ))),
+        })
+        .collect()
+}
+
+/// The grid steps, row-major, in the order the cores run them, and where the second core
+/// starts (see [`RunOptions::megacore`]).
+fn split_between_cores(
+    grid: &[usize],
+    parallel: &[bool],
+    megacore: bool,
+) -> (Vec<Vec<usize>>, Option<usize>) {
+    let steps: Vec<Vec<usize>> = exec::indices(grid).collect();
+    let lead = parallel.iter().take_while(|p| **p).count();
+    let n: usize = grid[..lead].iter().product();
+    if !megacore || n < 2 {
+        return (steps, None);
+    }
+    // Row-major order runs the leading dims' iterations in order: the first core's steps
+    // come first.
+    let steps_per_iteration: usize = grid[lead..].iter().product();
+    (steps, Some(n.div_ceil(2) * steps_per_iteration))
 }
 
 fn block_index(
