@@ -8,8 +8,8 @@ mod common;
 use common::{matmul_ref, random};
 use tessera::dsl::interpret::{run, InterpretOptions};
 use tessera::dsl::prelude::*;
-use tessera::dsl::{mosaic, ArgSpec, HostArray, KernelDef, KernelError, ProblemKind, TargetRules};
-use tessera_mosaic_eval::{EvalError, Module, OutputSpec, RunOptions};
+use tessera::dsl::{HostArray, KernelDef, KernelError, ProblemKind, TargetRules};
+use tessera_mosaic_eval::{EvalError, RunOptions};
 
 /// A matmul that accumulates over `kk` in scratch with `kk` wrongly marked parallel (the
 /// example kernel marks it `arbitrary`).
@@ -54,26 +54,13 @@ fn megacore() -> InterpretOptions {
     }
 }
 
-/// Lowers `def` to Mosaic text and runs it through mosaic-eval.
+/// Lowers `def` to Mosaic text (TPU rules) and runs it through mosaic-eval.
 fn mosaic_eval(
     def: &KernelDef,
     args: &[HostArray],
     options: &RunOptions,
 ) -> Result<Vec<HostArray>, EvalError> {
-    let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-    let k = def.instantiate(&specs, &TargetRules::tpu()).unwrap();
-    let m = mosaic::lower(&k).unwrap();
-    let outputs: Vec<OutputSpec> = m
-        .results
-        .iter()
-        .map(|r| OutputSpec {
-            dtype: r.dtype,
-            shape: r.shape.clone(),
-        })
-        .collect();
-    Module::parse(&m.text)
-        .unwrap()
-        .run_with(args, &outputs, options)
+    common::mosaic_eval(def, args, &TargetRules::tpu(), options)
 }
 
 fn matmul_args() -> [HostArray; 2] {

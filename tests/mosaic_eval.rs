@@ -6,37 +6,33 @@
 //! check that refuses state carried across a parallel dim, so every registered kernel
 //! (`tessera::registry::KERNELS`, all run here) passes it.
 
+mod common;
+
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use tessera::dsl::interpret::{self, InterpretOptions};
-use tessera::dsl::{mosaic, ArgSpec, DType, HostArray, KernelDef, TargetRules};
+use tessera::dsl::{DType, HostArray, KernelDef, TargetRules};
 use tessera::kernels::{flash_attention, matmul, row_softmax};
 use tessera::splash::{
     BlockSizes, Dims, Executor, Inputs, Mask, MultiHeadMask, SegmentIds, SplashAttention,
     SplashError, SplashOptions,
 };
-use tessera_mosaic_eval::{Module, OutputSpec};
+use tessera_mosaic_eval::RunOptions;
 
-/// Runs `def` through Mosaic text and the evaluator.
+/// Runs `def` through Mosaic text and the evaluator (two cores, with the check).
 fn run_mosaic(def: &KernelDef, args: &[HostArray], rules: &TargetRules) -> Vec<HostArray> {
-    let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-    let k = def
-        .instantiate(&specs, rules)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let m = mosaic::lower(&k).unwrap_or_else(|e| panic!("{e}"));
-    let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text));
-    let outputs: Vec<OutputSpec> = m
-        .results
+    common::mosaic_eval(def, args, rules, &RunOptions::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", def.name()))
+}
+
+/// The registered kernels (`tessera::registry::KERNELS`): the splash ones, or the others.
+fn registered(splash: bool) -> BTreeSet<String> {
+    tessera::registry::KERNELS
         .iter()
-        .map(|r| OutputSpec {
-            dtype: r.dtype,
-            shape: r.shape.clone(),
-        })
-        .collect();
-    module
-        .run(args, &outputs)
-        .unwrap_or_else(|e| panic!("{}: {e}", m.name))
+        .map(|k| k.name.to_string())
+        .filter(|n| n.starts_with("splash_") == splash)
+        .collect()
 }
 
 /// Bitwise equality of two outputs (NaN equal to NaN of the same bits); the number of
@@ -147,31 +143,9 @@ fn example_kernels_agree_with_the_interpreter() {
     println!("example kernels: {n} output elements equal bit for bit");
     assert_eq!(
         ran,
-        EXAMPLE_KERNELS.map(String::from).into(),
-        "example kernels run"
+        registered(false),
+        "the registered kernels but splash's"
     );
-}
-
-/// The kernels the two tests here run; every registered kernel must be among them.
-const EXAMPLE_KERNELS: [&str; 3] = ["matmul", "row_softmax", "flash_attention"];
-const SPLASH_KERNELS: [&str; 6] = [
-    "splash_fwd",
-    "splash_bwd_prep",
-    "splash_dq",
-    "splash_dkv",
-    "splash_bwd_fused",
-    "splash_dq_reduce",
-];
-
-#[test]
-fn every_registered_kernel_is_run_here() {
-    for k in tessera::registry::KERNELS {
-        assert!(
-            EXAMPLE_KERNELS.contains(&k.name) || SPLASH_KERNELS.contains(&k.name),
-            "registered kernel `{}` is not run by tests/mosaic_eval.rs; add it",
-            k.name
-        );
-    }
 }
 
 /// Runs every kernel of a plan on the interpreter and through Mosaic, checks they agree and
@@ -341,7 +315,6 @@ fn splash_kernels_agree_with_the_interpreter() {
     for (name, (runs, n)) in &compared {
         println!("{name}: {runs} runs, {n} output elements equal bit for bit");
     }
-    for name in SPLASH_KERNELS {
-        assert!(compared.contains_key(name), "{name} was not run");
-    }
+    let ran: BTreeSet<String> = compared.keys().cloned().collect();
+    assert_eq!(ran, registered(true), "the registered splash kernels");
 }
