@@ -29,14 +29,18 @@ VENV = os.environ.get(
 
 
 def ensure_venv():
-    """Re-runs this script inside the pinned venv, creating it first if needed."""
+    """Re-runs this script inside the pinned venv, creating it first if needed (a marker file
+    says the install finished, so an interrupted one is redone)."""
     py = os.path.join(VENV, "bin", "python")
     if os.path.realpath(sys.prefix) == os.path.realpath(VENV):
         return
-    if not os.path.exists(py):
-        print(f"creating {VENV} with {JAX_PIN}", file=sys.stderr)
+    marker = os.path.join(VENV, "tessera-installed")
+    if not os.path.exists(marker):
+        print(f"installing {JAX_PIN} into {VENV}", file=sys.stderr)
         subprocess.run([sys.executable, "-m", "venv", VENV], check=True)
         subprocess.run([py, "-m", "pip", "install", "-q", JAX_PIN], check=True)
+        with open(marker, "w") as f:
+            f.write(JAX_PIN + "\n")
     os.execv(py, [py, os.path.abspath(__file__), *sys.argv[1:]])
 
 
