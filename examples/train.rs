@@ -1,5 +1,7 @@
-//! The main job: train a small Llama-style model with context-parallel splash attention on
-//! virtual CPU devices, MaxText style.
+//! The main job: train a small Llama-style model with context-parallel splash attention,
+//! MaxText style, on virtual CPU devices (`--backend cpu`, the default), GPUs (`gpu`) or the
+//! chips of a TPU VM (`tpu`: the step `tessera compile train` compiles, its kernels Mosaic
+//! custom calls).
 //!
 //! ```sh
 //! cargo run --release --example train                       # tiny, 4 devices, Ulysses
@@ -8,9 +10,9 @@
 //! ```
 //!
 //! Per step it prints loss, step time, tokens/s, model TFLOP/s per device and MFU against a
-//! peak (`--peak-tflops` per device; default the machine's measured f32 matmul peak shared
-//! by the devices); `--log-json PATH` writes one JSON object per step, and the loss curve is
-//! drawn as an SVG beside the log at the end.
+//! peak (`--peak-tflops` per device; on cpu by default the machine's measured f32 matmul peak
+//! shared by the devices, elsewhere no MFU without it); `--log-json PATH` writes one JSON
+//! object per step, and the loss curve is drawn as an SVG beside the log at the end.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -19,6 +21,7 @@ use std::path::{Path, PathBuf};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::prelude::*;
+use tessera::backend::{Backend, Platform};
 use tessera_train::data::ENTROPY_NATS;
 use tessera_train::flops::{matmul_peak, model_flops_per_step};
 use tessera_train::{maxtext_name, ModelConfig, StepMetrics, TrainConfig, Trainer};
@@ -31,6 +34,10 @@ use train_flags::StepFlags;
 #[derive(Parser, Debug)]
 #[command(name = "train")]
 struct Args {
+    /// Where the step runs: cpu (the XLA CPU plugin's virtual devices), gpu (a CUDA PJRT
+    /// plugin named by TESSERA_GPU_PJRT_PLUGIN) or tpu (the chips of a TPU VM).
+    #[arg(long, default_value = "cpu")]
+    backend: Backend,
     /// Model preset: tiny (default) or small; the dim flags below override its dims.
     #[arg(long, default_value = "tiny")]
     model: String,
@@ -77,8 +84,8 @@ struct Args {
     /// Continue the run saved at PATH (same model, --seed and --steps).
     #[arg(long)]
     resume: Option<PathBuf>,
-    /// Peak TFLOP/s of one device for MFU (default: the measured f32 matmul peak of this
-    /// machine divided among the devices).
+    /// Peak TFLOP/s of one device for MFU (default on cpu: the measured f32 matmul peak of
+    /// this machine divided among the devices; on gpu and tpu no MFU without it).
     #[arg(long)]
     peak_tflops: Option<f64>,
     /// After training, time the step's parts (forward, backward, optimizer, collectives).
@@ -126,8 +133,12 @@ fn config(a: &Args) -> Result<TrainConfig, String> {
 
 /// Refuses a model whose training state cannot fit this machine's memory before anything
 /// is allocated: every CPU device holds the f32 parameters, their gradients and both AdamW
-/// moments (16 bytes a parameter). Where `/proc/meminfo` cannot be read, nothing is checked.
-fn check_memory(a: &Args, cfg: &TrainConfig) -> Result<(), String> {
+/// moments (16 bytes a parameter). Where `/proc/meminfo` cannot be read, or the devices are
+/// not the CPU's, nothing is checked.
+fn check_memory(a: &Args, cfg: &TrainConfig, platform: Platform) -> Result<(), String> {
+    if platform != Platform::Cpu {
+        return Ok(());
+    }
     let Some(available) = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         m.lines()
             .find_map(|l| l.strip_prefix("MemAvailable:"))
@@ -161,13 +172,21 @@ fn run(a: &Args) -> Result<(), String> {
         return Err(format!("--peak-tflops {p} is not a positive number"));
     }
     let devices = cfg.devices();
-    check_memory(a, &cfg)?;
+    let platform = a.backend.platform().ok_or_else(|| {
+        "--backend interpret runs kernels alone; the train step is one SPMD program: use \
+         --backend cpu, gpu or tpu"
+            .to_string()
+    })?;
+    // The devices first: a platform this machine lacks is refused before anything is built.
+    platform.client(devices).map_err(|e| e.to_string())?;
+    check_memory(a, &cfg, platform)?;
     println!(
-        "model {} ({} parameters), {} devices = {} {} x context {}, {}{}, global batch {} \
+        "model {} ({} parameters), {} {} devices = {} {} x context {}, {}{}, global batch {} \
          x {} tokens, splash blocks q {} kv {}",
         a.model,
         cfg.model.num_params(),
         devices,
+        platform,
         if cfg.fsdp() { "fsdp" } else { "data" },
         cfg.batch_shards(),
         cfg.ici_context_parallelism,
@@ -183,8 +202,8 @@ fn run(a: &Args) -> Result<(), String> {
         cfg.sa_block_kv
     );
     let mut trainer = match &a.resume {
-        Some(path) => Trainer::resume(cfg.clone(), path),
-        None => Trainer::new(cfg.clone()),
+        Some(path) => Trainer::resume(cfg.clone(), path, platform),
+        None => Trainer::new(cfg.clone(), platform),
     }
     .map_err(|e| e.to_string())?;
     println!(
@@ -198,17 +217,23 @@ fn run(a: &Args) -> Result<(), String> {
         std::fs::write(path, trainer.program_text())
             .map_err(|e| format!("--dump-hlo {}: {e}", path.display()))?;
     }
+    // Per device; none (no MFU) for devices other than this machine's CPU unless given.
     let peak_per_device = match a.peak_tflops {
-        Some(t) => t * 1e12,
-        None => {
+        Some(t) => Some(t * 1e12),
+        None if platform == Platform::Cpu => {
             let peak = matmul_peak(2048).map_err(|e| e.to_string())?;
             println!(
                 "measured f32 matmul peak of this machine: {:.1} GFLOP/s ({:.1} per device)",
                 peak / 1e9,
                 peak / 1e9 / devices as f64
             );
-            peak / devices as f64
+            Some(peak / devices as f64)
         }
+        None => None,
+    };
+    let percent = |mfu: Option<f64>| match mfu {
+        Some(m) => format!("{:.2}%", 100.0 * m),
+        None => "n/a (no --peak-tflops)".to_string(),
     };
     let flops = model_flops_per_step(&cfg);
     let mut log = match &a.log_json {
@@ -229,15 +254,15 @@ fn run(a: &Args) -> Result<(), String> {
     while trainer.step_count() < stop {
         let m = trainer.train_step().map_err(|e| e.to_string())?;
         let tflops = flops / m.step_time_s / devices as f64 / 1e12;
-        let mfu = tflops * 1e12 / peak_per_device;
+        let mfu = peak_per_device.map(|p| tflops * 1e12 / p);
         let line = format!(
             "completed step: {}, seconds: {:.3}, TFLOP/s/device: {:.4}, Tokens/s/device: {:.0}, \
-             MFU: {:.2}%, loss: {:.4}, grad_norm: {:.3}, lr: {:.2e}",
+             MFU: {}, loss: {:.4}, grad_norm: {:.3}, lr: {:.2e}",
             m.step,
             m.step_time_s,
             tflops,
             m.tokens_per_s / devices as f64,
-            100.0 * mfu,
+            percent(mfu),
             m.loss,
             m.grad_norm,
             m.learning_rate
@@ -261,7 +286,7 @@ fn run(a: &Args) -> Result<(), String> {
                 m.step_time_s,
                 m.tokens_per_s,
                 tflops,
-                mfu,
+                mfu.map_or("null".to_string(), |m| m.to_string()),
                 m.grad_norm,
                 m.learning_rate
             );
@@ -313,12 +338,14 @@ fn run(a: &Args) -> Result<(), String> {
             t.collectives_s
         );
         println!(
-            "{:.2e} model FLOPs per step: {:.4} TFLOP/s per device, MFU {:.2}% of {:.1} GFLOP/s \
-             per device",
+            "{:.2e} model FLOPs per step: {:.4} TFLOP/s per device, MFU {}{}",
             flops,
             tflops,
-            100.0 * tflops * 1e12 / peak_per_device,
-            peak_per_device / 1e9
+            percent(peak_per_device.map(|p| tflops * 1e12 / p)),
+            peak_per_device.map_or(String::new(), |p| format!(
+                " of {:.1} GFLOP/s per device",
+                p / 1e9
+            ))
         );
     }
     Ok(())

@@ -8,12 +8,16 @@ use clap::Parser;
 use cli::{Cli, Command};
 
 fn main() -> ExitCode {
-    // Before any thread starts: libtpu (`tessera compile`) reads these when it loads.
-    tessera::runtime::provision::set_libtpu_compile_only_env();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return cli::report_parse_error(e),
     };
+    // Still one thread. libtpu loaded to compile for a topology (`tessera compile`) reads
+    // these when it loads; the other commands leave the environment as it is, for libtpu's
+    // client on a TPU VM (`--backend tpu`) reads the VM's own.
+    if matches!(cli.command, Command::Compile(_)) {
+        tessera::runtime::provision::set_libtpu_compile_only_env();
+    }
     // Still one thread, and no plugin loaded yet.
     tessera::runtime::configure_plugin_logs(cli.verbose);
     let result = match cli.command {

@@ -149,9 +149,7 @@ impl TpuTarget {
                 devices,
             });
         }
-        // A module with a mesh is in Shardy's form (`sdy.manual_computation`).
-        let options =
-            CompileOptions::manual_partitions(program)?.with_shardy(!module.mesh().is_empty());
+        let options = compile_options(module)?;
         let start = Instant::now();
         let exe = match topology.compile(&module.to_mlir(), &options) {
             Ok(exe) => exe,
@@ -161,6 +159,16 @@ impl TpuTarget {
         let compile_seconds = start.elapsed().as_secs_f64();
         report(self, module, &exe, program, compile_seconds)
     }
+}
+
+/// The options a program compiles with for TPU, for a topology or for chips
+/// ([`crate::backend::run_program`]): its partitions, manually sharded; Shardy's partitioner
+/// for a program with a mesh (Shardy's form, `sdy.manual_computation`).
+pub fn compile_options(module: &Module) -> Result<CompileOptions, RuntimeError> {
+    Ok(
+        CompileOptions::manual_partitions(module.num_partitions() as usize)?
+            .with_shardy(!module.mesh().is_empty()),
+    )
 }
 
 fn report(

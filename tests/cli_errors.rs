@@ -2,12 +2,15 @@
 //! line starting with `error:`, a non-zero exit, no panic, and no output file left behind.
 //! Also: the XLA plugin's log lines stay off stderr unless asked for.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::path::Path;
+use std::process::Command;
 
 use tessera::dsl::{DType, HostArray};
-use tessera::npy::write_npy;
 use tessera::reference::random;
+
+use common::{assert_one_line_error, Dir};
 
 /// The binary, with the environment that changes its logging removed.
 fn tessera() -> Command {
@@ -16,60 +19,6 @@ fn tessera() -> Command {
         .env_remove("TESSERA_VERBOSE")
         .env_remove("TESSERA_GPU_PJRT_PLUGIN");
     c
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let d =
-            std::env::temp_dir().join(format!("tessera-cli-errors-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.0.join(name).to_str().unwrap().to_string()
-    }
-
-    fn save(&self, name: &str, a: &HostArray) -> String {
-        let p = self.path(name);
-        write_npy(Path::new(&p), a).unwrap();
-        p
-    }
-
-    /// The files in the directory (temporary files included).
-    fn files(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(&self.0)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Asserts `out` is a failure with exactly one stderr line, `error: ...` containing `want`.
-fn assert_one_line_error(args: &[String], out: &Output, want: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    assert!(out.status.code().is_some(), "{args:?}: killed by a signal");
-    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
-    assert!(lines[0].starts_with("error: "), "{args:?}: {stderr}");
-    assert!(
-        lines[0].contains(want),
-        "{args:?}: want `{want}` in {}",
-        lines[0]
-    );
 }
 
 /// Runs `args`; asserts a one-line error containing `want`, and that the directory holds

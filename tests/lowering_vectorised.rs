@@ -1,5 +1,6 @@
 //! The StableHLO lowering vectorises leading parallel grid dims into batch dims where the
-//! kernel allows, and the results stay identical to the interpreter's.
+//! kernel allows, and the results stay identical to the interpreter's. One test per backend
+//! (`tessera::test_device!`): the interpreter, cpu, and with their features gpu and tpu.
 
 mod common;
 
@@ -73,18 +74,14 @@ fn head_dependent(
     when(program_id(0).eq(1), || out.store(-x.load()));
 }
 
-fn per_backend(def: &KernelDef, args: &[HostArray]) -> Vec<Vec<f64>> {
-    Backend::ALL
-        .iter()
-        .map(|&b| {
-            run(def, args, b, &TargetRules::tpu()).unwrap_or_else(|e| panic!("{b}: {e}"))[0]
-                .to_f64_vec()
-        })
-        .collect()
+fn on(backend: Backend, def: &KernelDef, args: &[HostArray]) -> Vec<f64> {
+    run(def, args, backend, &TargetRules::tpu()).unwrap_or_else(|e| panic!("{backend}: {e}"))[0]
+        .to_f64_vec()
 }
 
-#[test]
-fn heads_vectorise_and_match_the_interpreter_and_the_reference() {
+tessera::test_device!(heads_vectorise_and_match_the_interpreter_and_the_reference: interpret, cpu, gpu, tpu);
+
+fn heads_vectorise_and_match_the_interpreter_and_the_reference(backend: Backend) {
     let (h, s, d) = (4, 128, 64);
     let def = mha_flash::<32, 32>();
     let args: Vec<HostArray> = (0..3).map(|i| random(DType::F32, &[h, s, d], i)).collect();
@@ -99,8 +96,14 @@ fn heads_vectorise_and_match_the_interpreter_and_the_reference() {
         1,
         "the head dim vectorises, the q-block dim does not"
     );
-    let results = per_backend(&def, &args);
-    assert_close(&results[1], &results[0], 2e-6, "cpu against interpret");
+    let got = on(backend, &def, &args);
+    let interpreted = on(Backend::Interpret, &def, &args);
+    assert_close(
+        &got,
+        &interpreted,
+        2e-6,
+        &format!("{backend} against interpret"),
+    );
     let per_head = s * d;
     for head in 0..h {
         let slice = |a: &HostArray| a.to_f64_vec()[head * per_head..(head + 1) * per_head].to_vec();
@@ -113,26 +116,25 @@ fn heads_vectorise_and_match_the_interpreter_and_the_reference() {
             true,
         );
         assert_close(
-            &results[1][head * per_head..(head + 1) * per_head],
+            &got[head * per_head..(head + 1) * per_head],
             &want,
             2e-6,
-            "head",
+            &format!("{backend}, head {head}"),
         );
     }
 }
 
-#[test]
-fn batched_conditions_and_loops_are_masked_per_element() {
+tessera::test_device!(batched_conditions_and_loops_are_masked_per_element: interpret, cpu, gpu, tpu);
+
+fn batched_conditions_and_loops_are_masked_per_element(backend: Backend) {
     let x = random(DType::F32, &[3, 1, 16, 128], 11);
     let def = head_dependent();
     let kernel = def
         .instantiate(&[ArgSpec::of(&x)], &TargetRules::tpu())
         .unwrap();
     assert_eq!(vectorised_dims(&kernel), 1);
-    let results = per_backend(&def, std::slice::from_ref(&x));
-    assert_eq!(results[0], results[1], "the backends agree exactly");
     let xs = x.to_f64_vec();
-    for (i, got) in results[1].iter().enumerate() {
+    for (i, got) in on(backend, &def, &[x]).iter().enumerate() {
         let head = i / (16 * 128);
         // Three f32 additions of the head index, as the kernel computes them.
         let hf = head as f32;
@@ -141,7 +143,7 @@ fn batched_conditions_and_loops_are_masked_per_element() {
         } else {
             f64::from(xs[i] as f32 + hf + hf + hf)
         };
-        assert_eq!(*got, want, "element {i}");
+        assert_eq!(*got, want, "{backend}, element {i}");
     }
 }
 
@@ -173,8 +175,11 @@ fn gather_and_fold(
     out.store(folded + first);
 }
 
-#[test]
-fn scalar_prefetch_and_dynamic_windows_agree_across_backends() {
+tessera::test_device!(scalar_prefetch_and_dynamic_windows_match_the_reference: interpret, cpu, gpu, tpu);
+
+/// Against an f64 reference (each output row the sum of the 8 rows of its window, plus the
+/// table entry) and, off the interpreter, the interpreter exactly.
+fn scalar_prefetch_and_dynamic_windows_match_the_reference(backend: Backend) {
     let (h, n) = (2usize, 4usize);
     let order = HostArray::i32([h, n], vec![3, 1, 0, 2, 2, 2, 1, 0]).unwrap();
     let x = random(DType::F32, &[h, n * 64, 128], 5);
@@ -187,6 +192,31 @@ fn scalar_prefetch_and_dynamic_windows_agree_across_backends() {
         0,
         "the index map reads SMEM with the head index"
     );
-    let results = per_backend(&def, &[order, x]);
-    assert_eq!(results[0], results[1], "the backends agree exactly");
+    let (table, xs) = (order.to_f64_vec(), x.to_f64_vec());
+    let want: Vec<f64> = (0..h * n * 8 * 128)
+        .map(|e| {
+            let (head, j, r, c) = (e / (n * 8 * 128), e / (8 * 128) % n, e / 128 % 8, e % 128);
+            let block = table[head * n + j];
+            let row0 = block as usize * 64 + r;
+            let sum: f64 = (0..8)
+                .map(|g| xs[(head * n * 64 + row0 + g * 8) * 128 + c])
+                .sum();
+            sum + block
+        })
+        .collect();
+    let args = [order, x];
+    let got = on(backend, &def, &args);
+    assert_close(
+        &got,
+        &want,
+        1e-5,
+        &format!("{backend} against the reference"),
+    );
+    if backend != Backend::Interpret {
+        assert_eq!(
+            got,
+            on(Backend::Interpret, &def, &args),
+            "{backend} against interpret"
+        );
+    }
 }

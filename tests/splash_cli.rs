@@ -361,7 +361,7 @@ fn bad_input_gets_one_line_and_a_failure_exit() {
                 "--backend",
                 "interpret",
             ],
-            "--strategy runs on the XLA CPU plugin's devices",
+            "the interpreter runs kernels alone; use --backend cpu, gpu or tpu",
         ),
     ];
     for (mut args, want) in cases {

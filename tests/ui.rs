@@ -1,5 +1,6 @@
-//! Compile-time diagnostics of `#[tpu_kernel]`: each `tests/ui/kernel/*.rs` must fail to compile
-//! with exactly the checked-in `.stderr`; each `tests/ui/kernel/pass/*.rs` must compile and run.
+//! Compile-time diagnostics of `#[tpu_kernel]`: each `tests/ui/kernel/*.rs` (and each
+//! `tests/ui/memory/*.rs`, the copy and semaphore protocol) must fail to compile with exactly
+//! the checked-in `.stderr`; each `tests/ui/kernel/pass/*.rs` must compile and run.
 //!
 //! Regenerate the expected output after an intended change with `TRYBUILD=overwrite`, then read
 //! every changed `.stderr`: a message should be a clear sentence on the smallest offending tokens.
@@ -8,5 +9,6 @@
 fn ui() {
     let t = trybuild::TestCases::new();
     t.compile_fail("tests/ui/kernel/*.rs");
+    t.compile_fail("tests/ui/memory/*.rs");
     t.pass("tests/ui/kernel/pass/*.rs");
 }

@@ -110,7 +110,7 @@ mod scan;
 mod spmd;
 mod tensor;
 
-pub use axis::{axes, MeshAxis};
+pub use axis::{axes, HasAxis, MeshAxis, MeshShape};
 pub use collective::Collective;
 pub use error::CollectiveError;
 pub use layout::{
@@ -119,7 +119,7 @@ pub use layout::{
     SameVariation, ScatterDimOf, Split, SplitDimOf, Stack, Unstack, Variation, Varying,
     VaryingOver, WholeDim, WithSplit, WithWhole, MAX_RANK,
 };
-pub use mesh::{AxisGroups, HasAxis, Mesh, MeshShape};
+pub use mesh::{AxisGroups, Mesh};
 pub use program::{DeviceArray, Executable, MeshArgument, Program};
 pub use scan::{ScanCarry, ScanXs};
 pub use spmd::{
@@ -127,6 +127,7 @@ pub use spmd::{
     TensorLayout,
 };
 pub use tensor::DTensor;
+pub use tessera_hlo::{axis, mesh};
 
 /// What SPMD programs usually need: the types, the usual axes and the macros.
 pub mod prelude {

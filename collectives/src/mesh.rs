@@ -4,67 +4,8 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use crate::axis::MeshAxis;
+pub use crate::axis::{HasAxis, MeshShape};
 use crate::error::CollectiveError;
-
-/// The axes of a device mesh, major to minor. Implemented by the marker types that
-/// [`mesh!`](crate::mesh) declares; the sizes come with the [`Mesh`] value.
-pub trait MeshShape: 'static {
-    /// The axis names, major to minor (device ids are row-major over them).
-    const AXES: &'static [&'static str];
-}
-
-/// Says that `A` is an axis of the mesh `Self`, and where. Implemented by
-/// [`mesh!`](crate::mesh) once per axis.
-#[diagnostic::on_unimplemented(
-    message = "`{A}` is not an axis of the mesh `{Self}`",
-    label = "`{Self}` has no axis `{A}`",
-    note = "a mesh's axes are the ones listed where it is declared with `mesh!`"
-)]
-pub trait HasAxis<A: MeshAxis>: MeshShape {
-    /// Position of the axis in [`MeshShape::AXES`].
-    const INDEX: usize;
-}
-
-/// Declares a mesh marker type and its axes, major to minor.
-///
-/// ```
-/// use tessera_collectives::axes::{Context, Data};
-/// use tessera_collectives::{mesh, HasAxis, Mesh, MeshShape};
-///
-/// mesh!(
-///     /// Data x context parallelism.
-///     pub DataContext = [Data, Context]
-/// );
-/// assert_eq!(DataContext::AXES, &["data", "context"]);
-/// assert_eq!(<DataContext as HasAxis<Context>>::INDEX, 1);
-/// let mesh = Mesh::<DataContext>::new([2, 4])?;
-/// assert_eq!(mesh.num_devices(), 8);
-/// # Ok::<(), tessera_collectives::CollectiveError>(())
-/// ```
-///
-/// Listing an axis twice is a compile error (conflicting `HasAxis` impls); two different axis
-/// types with the same name are rejected by [`Mesh::new`].
-#[macro_export]
-macro_rules! mesh {
-    (@axes $mesh:ident; $index:expr; $axis:ty $(, $rest:ty)*) => {
-        impl $crate::HasAxis<$axis> for $mesh {
-            const INDEX: usize = $index;
-        }
-        $crate::mesh!(@axes $mesh; $index + 1usize; $($rest),*);
-    };
-    (@axes $mesh:ident; $index:expr;) => {};
-    ($(#[$meta:meta])* $vis:vis $name:ident = [$($axis:ty),+ $(,)?]) => {
-        $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-        $vis struct $name;
-
-        impl $crate::MeshShape for $name {
-            const AXES: &'static [&'static str] = &[$(<$axis as $crate::MeshAxis>::NAME),+];
-        }
-
-        $crate::mesh!(@axes $name; 0usize; $($axis),+);
-    };
-}
 
 /// A device mesh: the axes of `M` with a size each. Device ids are row-major over the axes
 /// (the last axis varies fastest): on a `data` x `context` mesh of 2 x 4, device 6 is

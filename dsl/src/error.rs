@@ -21,6 +21,10 @@ pub enum ProblemKind {
     Vmem,
     /// An operand, op or value Mosaic cannot compile for TPU.
     TpuOp,
+    /// The protocol of copies and semaphores: every copy waited once, signals balanced by
+    /// waits, no wait that nothing satisfies (checked at instantiation where control flow is
+    /// static, by the interpreter otherwise).
+    Protocol,
     /// A problem found while running the kernel (interpreter or runtime).
     Run,
     /// Lowering to a backend failed (a tessera bug, reported rather than hidden).

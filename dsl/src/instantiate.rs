@@ -9,12 +9,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{
-    verify, BlockDim, BlockMapping, DType, DimSemantics, Kernel, Loc, MemorySpace, Operand,
-    OperandRole, Param, RefId, ValueType,
+    verify, BlockDim, BlockMapping, DType, DeviceAxis, DimSemantics, Kernel, Loc, MemorySpace,
+    OperandRole, Param, RefId, SemKind, ValueType,
 };
 use crate::rules::{self, TargetRules};
 use crate::trace::Element;
-use crate::trace::{Ref, RefMut, Scratch, Smem, TraceState, Value};
+use crate::trace::{
+    Devices, DmaSem, Hbm, HbmMut, Ref, RefMut, Scratch, Sem, Smem, TraceState, Value, Vmem,
+};
+use tessera_hlo::MeshShape;
 
 /// The dtype and shape of one kernel argument (an input or scalar-prefetch array).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -84,6 +87,7 @@ struct CacheKey {
     loc: Loc,
     params: Vec<Param>,
     args: Vec<ArgSpec>,
+    mesh: Vec<DeviceAxis>,
     rules: TargetRules,
 }
 
@@ -131,17 +135,30 @@ impl KernelDef {
         args: &[ArgSpec],
         rules: &TargetRules,
     ) -> Result<Arc<Kernel>, KernelError> {
+        self.instantiate_on(args, &[], rules)
+    }
+
+    /// [`KernelDef::instantiate`] for a kernel that runs on a device mesh (it declares one
+    /// with `Devices<M>`): `mesh` gives the axes of `M`, in order, with their sizes. A kernel
+    /// that declares no mesh ignores it.
+    pub fn instantiate_on(
+        &self,
+        args: &[ArgSpec],
+        mesh: &[DeviceAxis],
+        rules: &TargetRules,
+    ) -> Result<Arc<Kernel>, KernelError> {
         let key = CacheKey {
             name: self.name,
             loc: self.loc,
             params: self.params.clone(),
             args: args.to_vec(),
+            mesh: mesh.to_vec(),
             rules: rules.clone(),
         };
         if let Some(k) = cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
             return Ok(Arc::clone(k));
         }
-        let kernel = Arc::new(self.trace(args, rules)?);
+        let kernel = Arc::new(self.trace(args, mesh, rules)?);
         cache()
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -149,7 +166,12 @@ impl KernelDef {
         Ok(kernel)
     }
 
-    fn trace(&self, args: &[ArgSpec], rules: &TargetRules) -> Result<Kernel, KernelError> {
+    fn trace(
+        &self,
+        args: &[ArgSpec],
+        mesh: &[DeviceAxis],
+        rules: &TargetRules,
+    ) -> Result<Kernel, KernelError> {
         let err = |problems| KernelError::new(self.name, problems);
         if args.len() != self.args.len() {
             let expected: Vec<String> = self
@@ -176,6 +198,8 @@ impl KernelDef {
             problems: Vec::new(),
             grid: Vec::new(),
             semantics: Vec::new(),
+            mesh: mesh.to_vec(),
+            kernel_mesh: Vec::new(),
         };
         let (state, result) = TraceState::run(TraceState::new(0), || (self.build)(&mut b));
         let mut problems = b.problems;
@@ -204,6 +228,7 @@ impl KernelDef {
             grid: b.grid,
             semantics: b.semantics,
             operands: state.operands,
+            mesh: b.kernel_mesh,
             body,
             types: state.types,
             loc: self.loc,
@@ -221,6 +246,7 @@ impl KernelDef {
         }
         let mut problems = rules::check(&kernel, rules);
         problems.extend(crate::interpret::check_coverage(&kernel));
+        problems.extend(crate::ir::check_protocol(&kernel));
         if problems.is_empty() {
             Ok(kernel)
         } else {
@@ -238,6 +264,9 @@ pub struct Builder {
     problems: Vec<Problem>,
     grid: Vec<usize>,
     semantics: Vec<DimSemantics>,
+    /// The mesh given at instantiation, and the one the kernel declared (`Devices<M>`).
+    mesh: Vec<DeviceAxis>,
+    kernel_mesh: Vec<DeviceAxis>,
 }
 
 impl Builder {
@@ -348,19 +377,9 @@ impl Builder {
         block: Option<BlockMapping>,
         loc: Loc,
     ) -> RefId {
-        let operand = Operand {
-            name: name.into(),
-            role,
-            dtype,
-            memory,
-            array_shape,
-            block,
-            loc,
-        };
-        crate::trace::with_trace(|t| {
-            t.operands.push(operand);
-            RefId((t.operands.len() - 1) as u32)
-        })
+        let r = crate::trace::declare_operand(name, role, dtype, memory, array_shape, loc);
+        crate::trace::with_trace(|t| t.operands[r.index()].block = block);
+        r
     }
 
     fn mapping(&mut self, block: Vec<BlockDim>, index_map: IndexMapFn<'_>) -> BlockMapping {
@@ -439,6 +458,91 @@ impl Builder {
     pub fn __prefetch<T: Element>(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> Smem<T> {
         let (role, memory) = (OperandRole::ScalarPrefetch, MemorySpace::Smem);
         Smem::__from_id(self.declare(name, role, T::DTYPE, memory, shape, None, loc))
+    }
+}
+
+/// Operands of kernels that move their own data (see `trace::memory`).
+impl Builder {
+    fn unblocked(
+        &mut self,
+        name: &str,
+        role: OperandRole,
+        dtype: DType,
+        memory: MemorySpace,
+        shape: Vec<usize>,
+        loc: Loc,
+    ) -> RefId {
+        crate::trace::declare_operand(name, role, dtype, memory, shape, loc)
+    }
+
+    /// Declares an input left in HBM (no block spec).
+    #[doc(hidden)]
+    pub fn __hbm<T: Element>(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> Hbm<T> {
+        let (role, memory) = (OperandRole::Input, MemorySpace::Any);
+        Hbm::__from_id(self.unblocked(name, role, T::DTYPE, memory, shape, loc))
+    }
+
+    /// Declares an output left in HBM (written by copies).
+    #[doc(hidden)]
+    pub fn __hbm_out<T: Element>(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> HbmMut<T> {
+        let (role, memory) = (OperandRole::Output, MemorySpace::Any);
+        HbmMut::__from_id(self.unblocked(name, role, T::DTYPE, memory, shape, loc))
+    }
+
+    /// Declares a VMEM scratch buffer that copies may fill or drain.
+    #[doc(hidden)]
+    pub fn __vmem<T: Element>(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> Vmem<T> {
+        let (role, memory) = (OperandRole::Scratch, MemorySpace::Vmem);
+        Vmem::__from_id(self.unblocked(name, role, T::DTYPE, memory, shape, loc))
+    }
+
+    /// Declares an array of DMA semaphores (`shape` `[]` for one).
+    #[doc(hidden)]
+    pub fn __dma_sems(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> DmaSem {
+        let memory = MemorySpace::Semaphore(SemKind::Dma);
+        DmaSem::__from_id(self.unblocked(
+            name,
+            OperandRole::Scratch,
+            DType::I32,
+            memory,
+            shape,
+            loc,
+        ))
+    }
+
+    /// Declares an array of regular semaphores (`shape` `[]` for one).
+    #[doc(hidden)]
+    pub fn __sems(&mut self, name: &str, shape: Vec<usize>, loc: Loc) -> Sem {
+        let memory = MemorySpace::Semaphore(SemKind::Regular);
+        Sem::__from_id(self.unblocked(name, OperandRole::Scratch, DType::I32, memory, shape, loc))
+    }
+
+    /// Declares that the kernel runs on mesh `M`: the instantiation must give `M`'s axes.
+    #[doc(hidden)]
+    pub fn __devices<M: MeshShape>(&mut self) -> Result<Devices<M>, Stop> {
+        let given: Vec<&str> = self.mesh.iter().map(|a| a.name.as_str()).collect();
+        if given != M::AXES {
+            let message = if self.mesh.is_empty() {
+                format!(
+                    "the kernel runs on a mesh with axes {:?}; instantiate it with their sizes                      (`KernelDef::instantiate_on`, or run it on that many devices)",
+                    M::AXES
+                )
+            } else {
+                format!(
+                    "the kernel runs on a mesh with axes {:?} but was instantiated for axes                      {given:?}",
+                    M::AXES
+                )
+            };
+            return Err(self.problem(ProblemKind::Argument, "mesh", message));
+        }
+        if let Some(a) = self.mesh.iter().find(|a| a.size == 0) {
+            let message = format!("mesh axis `{}` has size 0", a.name);
+            return Err(self.problem(ProblemKind::Argument, "mesh", message));
+        }
+        self.kernel_mesh = self.mesh.clone();
+        let mesh = self.mesh.clone();
+        crate::trace::with_trace(|t| t.memory.mesh = mesh);
+        Ok(Devices::__new())
     }
 }
 

@@ -25,15 +25,19 @@ pub use array::HostArray;
 pub use compile_time::{KernelSize, LoopBounds, LoopInt};
 pub use error::{KernelError, Problem, ProblemKind};
 pub use instantiate::{ArgDecl, ArgSpec, Builder, ComptimeValue, IndexMapFn, KernelDef, Stop};
-pub use ir::{DType, DimSemantics, Kernel};
+pub use ir::{DType, DeviceAxis, DimSemantics, Kernel};
 pub use rules::TargetRules;
 pub use target::{KernelLowering, Target};
+pub use tessera_hlo::{axes, axis, mesh, HasAxis, MeshAxis, MeshShape};
 pub use tessera_macros::tpu_kernel;
 pub use trace::{
-    all, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop, iota, maximum, minimum,
-    num_programs, program_id, select, when, zeros, Carry, Element, Idx, IntoIndex, IntoStart,
-    IntoValue, Ref, RefMut, RunTimeCond, ScalarLit, Scratch, Smem, StaticLen, Value, Window,
-    WindowMut, Writable,
+    all, async_copy, async_copy_within, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop,
+    iota, maximum, minimum, num_programs, program_id, remote_copy, remote_copy_within, run_scoped,
+    select, wait_copy, when, zeros, AsyncCopy, Carry, CopyBuffer, CopyDest, CopySource, DeviceId,
+    Devices, DmaSem, DmaSemSlot, DmaSemaphore, Element, Hbm, HbmMut, HbmWindow, HbmWindowMut, Idx,
+    IntoIndex, IntoStart, IntoValue, Loadable, RecvPending, Ref, RefMut, RegularSemaphore,
+    RemoteCopy, RunTimeCond, ScalarLit, Scope, Scratch, Sem, SemSlot, Smem, StaticLen, Value, Vmem,
+    VmemWindow, VmemWindowMut, Window, WindowMut, Writable,
 };
 
 /// Everything a kernel author needs, for `use tessera_dsl::prelude::*`.
@@ -41,8 +45,10 @@ pub mod prelude {
     pub use crate::ir::DType;
     pub use crate::tpu_kernel;
     pub use crate::trace::{
-        all, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop, iota, maximum, minimum,
-        num_programs, program_id, select, when, zeros, Element, Ref, RefMut, Scratch, Smem, Value,
+        all, async_copy, async_copy_within, constant, dot, dot_general, dot_nt, dot_tn, ds,
+        fori_loop, iota, maximum, minimum, num_programs, program_id, remote_copy,
+        remote_copy_within, run_scoped, select, wait_copy, when, zeros, Devices, DmaSem, Element,
+        Hbm, HbmMut, Ref, RefMut, Scratch, Sem, Smem, Value, Vmem,
     };
     pub use half::bf16;
 }
@@ -53,5 +59,7 @@ pub mod __private {
     pub use crate::instantiate::__type_param_name;
     pub use crate::instantiate::{ArgDecl, Builder, KernelDef, Stop};
     pub use crate::ir::{BlockDim, DType, DimSemantics, Loc, OperandRole, Param};
-    pub use crate::trace::{Element, Ref, RefMut, Scratch, Smem, Value};
+    pub use crate::trace::{
+        Devices, DmaSem, Element, Hbm, HbmMut, Ref, RefMut, Scratch, Sem, Smem, Value, Vmem,
+    };
 }

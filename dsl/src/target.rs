@@ -63,6 +63,13 @@ impl Target {
         self.lowering == KernelLowering::Mosaic
     }
 
+    /// The instantiated kernel `k` alone in a module: `@main` takes its arguments (scalar
+    /// prefetch and inputs, in order) and returns its outputs, the kernel lowered as
+    /// [`Target::lower_into`] lowers it (for [`Target::tpu`], one `tpu_custom_call`).
+    pub fn lower_module(&self, k: &Kernel) -> Result<hlo::Module, KernelError> {
+        crate::stablehlo::module_with(k, |k, f, args| self.lower_into(k, f, args))
+    }
+
     /// Lowers the instantiated kernel `k` into the function `f` is building, applied to
     /// `args` (its scalar-prefetch and input arrays, in declaration order); returns its
     /// output arrays.

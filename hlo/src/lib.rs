@@ -40,6 +40,7 @@ pub mod autodiff;
 mod builder;
 mod error;
 mod literal;
+mod mesh_types;
 mod module;
 mod ops;
 mod print;
@@ -49,6 +50,7 @@ mod types;
 pub use builder::{FuncBuilder, ScanOutput};
 pub use error::HloError;
 pub use literal::Literal;
+pub use mesh_types::{axes, HasAxis, MeshAxis, MeshShape};
 pub use module::{Func, Module};
 pub use ops::{
     BinaryOp, ChannelHandle, CollectiveAttrs, ComparisonDirection, ComparisonType, CustomCall,

@@ -9,6 +9,7 @@ mod common;
 use common::{assert_close, random};
 use tessera_dsl::{DType, HostArray, Target};
 use tessera_parallel::{ContextParallel, CpInputs, Strategy};
+use tessera_runtime::Platform;
 use tessera_splash::reference::{self, RefInputs};
 use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets};
 
@@ -126,13 +127,15 @@ fn run_check(
     };
     let want_grads = reference::backward(&r, &dout.to_f64_vec());
 
-    let (out, lse) = cp.forward(&x).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let (out, lse) = cp
+        .forward(Platform::Cpu, &x)
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
     assert_eq!(out.shape(), q.shape(), "{what}: out shape");
     assert_close(&out.to_f64_vec(), &want.out, 2e-4, &format!("{what}: out"));
     assert_close(&lse.to_f64_vec(), &want.lse, 2e-4, &format!("{what}: lse"));
 
     let both = cp
-        .forward_backward(&x, &dout)
+        .forward_backward(Platform::Cpu, &x, &dout)
         .unwrap_or_else(|e| panic!("{what}: {e}"));
     let fb = format!("{what}: forward + backward program's");
     assert_close(

@@ -4,6 +4,7 @@
 
 use tessera_dsl::{DType, HostArray, Target};
 use tessera_parallel::{ContextParallel, CpInputs, Strategy};
+use tessera_runtime::Platform;
 use tessera_splash::{BlockSizes, Dims, Mask};
 
 fn dims(heads: usize, kv_heads: usize) -> Dims {
@@ -65,7 +66,7 @@ fn every_strategy_checks_inputs_like_one_device() {
         let cp = config(strategy, dims(4, 2));
         let nan_q = array(4, f32::NAN);
         let e = cp
-            .forward(&inputs(&nan_q, &kv, &kv))
+            .forward(Platform::Cpu, &inputs(&nan_q, &kv, &kv))
             .unwrap_err()
             .to_string();
         assert!(
@@ -81,7 +82,7 @@ fn every_strategy_checks_inputs_like_one_device() {
 
         let nan_dout = array(4, f32::NAN);
         let e = cp
-            .forward_backward(&inputs(&q, &kv, &kv), &nan_dout)
+            .forward_backward(Platform::Cpu, &inputs(&q, &kv, &kv), &nan_dout)
             .unwrap_err()
             .to_string();
         assert!(
@@ -96,10 +97,13 @@ fn every_strategy_checks_inputs_like_one_device() {
         );
         let segments = HostArray::i32([1, 128], vec![0; 128]).unwrap();
         let e = cp
-            .forward(&CpInputs {
-                segment_ids: Some(&segments),
-                ..inputs(&q, &kv, &kv)
-            })
+            .forward(
+                Platform::Cpu,
+                &CpInputs {
+                    segment_ids: Some(&segments),
+                    ..inputs(&q, &kv, &kv)
+                },
+            )
             .unwrap_err()
             .to_string();
         assert!(

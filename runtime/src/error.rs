@@ -300,6 +300,82 @@ pub enum Error {
         requested: usize,
     },
 
+    /// A platform name that is not `cpu`, `gpu` or `tpu`.
+    #[error("unknown platform `{name}`; expected cpu, gpu or tpu")]
+    UnknownPlatform {
+        /// The name given.
+        name: String,
+    },
+
+    /// The gpu platform was asked for, but no CUDA PJRT plugin is named.
+    #[error(
+        "the gpu backend needs a CUDA PJRT plugin: install the wheel (`pip install \
+         jax-cuda12-pjrt jax-cuda12-plugin[with-cuda]`) and set {variable} to its \
+         xla_cuda_plugin.so"
+    )]
+    NoGpuPlugin {
+        /// The variable that names the plugin.
+        variable: &'static str,
+    },
+
+    /// The tpu platform was asked for on a machine whose PCI bus has no TPU chip.
+    #[error(
+        "no TPU chips found on this machine (no TPU among the PCI devices in {}); the tpu \
+         backend runs on a TPU VM, and `tessera compile --target tpu:TOPOLOGY` compiles for \
+         one without chips",
+        pci_devices.display()
+    )]
+    NoTpuChips {
+        /// The PCI listing that was searched.
+        pci_devices: PathBuf,
+    },
+
+    /// libtpu could not create a client on this machine's chips.
+    #[error("libtpu found no usable TPU chips: {message}")]
+    TpuClient {
+        /// libtpu's message.
+        message: String,
+    },
+
+    /// The platform has fewer devices than a program needs.
+    #[error(
+        "the program runs on {requested} {platform} devices, but this process has {available}; \
+         use at most {available}"
+    )]
+    TooFewDevices {
+        /// The platform.
+        platform: crate::Platform,
+        /// Devices the program needs.
+        requested: usize,
+        /// Devices the platform's client has.
+        available: usize,
+    },
+
+    /// More than one process was asked for, which the platform's programs cannot use.
+    #[error(
+        "{variable}={processes} asks for {processes} processes, but tessera runs {platform} \
+         programs in one process: {reason}"
+    )]
+    MultiProcess {
+        /// The platform.
+        platform: crate::Platform,
+        /// The variable that asked.
+        variable: &'static str,
+        /// Processes asked for.
+        processes: usize,
+        /// Why one process.
+        reason: &'static str,
+    },
+
+    /// The process-count variable does not hold a positive integer.
+    #[error("{variable}={value:?} is not a process count; unset it or set it to 1")]
+    InvalidProcessCount {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+    },
+
     /// A device index is out of range.
     #[error("device index {index} is out of range: the client has {device_count} devices")]
     DeviceIndex {

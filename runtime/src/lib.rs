@@ -5,6 +5,8 @@
 //! * [`Plugin`]: a PJRT plugin library, loaded once and never unloaded.
 //! * [`Client`], [`Device`], [`Buffer`], [`LoadedExecutable`]: compile StableHLO text and run
 //!   it on N devices, moving [`HostBuffer`]s between host and devices.
+//! * [`Platform`]: the devices a program runs on (cpu, gpu, tpu), one way to get a client of
+//!   any plugin ([`Platform::client`]).
 //! * [`Topology`], [`Executable`]: compile-only for a topology with no client (TPU via libtpu).
 //! * [`provision`]: where the plugin library comes from (env override or a pinned PyPI wheel
 //!   unpacked into a cache).
@@ -40,6 +42,7 @@
 //! its wrapper's `Drop`; buffers and executables keep their client alive.
 
 mod array;
+mod device;
 mod element;
 mod error;
 mod options;
@@ -56,6 +59,9 @@ mod plugin;
 mod topology;
 
 pub use client::{Argument, Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_COUNT_OPTION};
+pub use device::{
+    libtpu_client, tpu_chips, tpu_chips_in, Platform, GPU_PLUGIN_ENV, PCI_DEVICES, PROCESSES_ENV,
+};
 pub use element::{ElementType, HostBuffer, NativeType};
 pub use error::{Error, ErrorCode, Result};
 pub use options::{CompileOptions, DeviceAssignment, XlaOption};

@@ -586,7 +586,7 @@ pub fn provision_wheel(spec: &WheelSpec) -> Result<ProvisionedPlugin> {
 }
 
 /// The library named by `variable`, if set; an error if it names no file.
-fn library_override(variable: &'static str) -> Result<Option<PathBuf>> {
+pub(crate) fn library_override(variable: &'static str) -> Result<Option<PathBuf>> {
     let Some(path) = env::var_os(variable).filter(|v| !v.is_empty()) else {
         return Ok(None);
     };

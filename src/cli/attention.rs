@@ -3,12 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use tessera::backend::Backend;
+use tessera::backend::{self, Backend, Platform};
 use tessera::dsl::{DType, HostArray, Target, TargetRules};
 use tessera::npy::read_npy;
-use tessera::parallel::{CollectiveStat, ContextParallel, CpInputs, Strategy};
+use tessera::parallel::{kernel_target, CollectiveStat, ContextParallel, CpInputs, Strategy};
 use tessera::splash::{
-    BlockSizes, BlockStats, Dims, Inputs, Mask, SegmentIds, SplashAttention, SplashOptions,
+    splash_program, BlockSizes, BlockStats, Dims, Features, Forward, Grads, Inputs, Mask, Pass,
+    SegmentIds, SplashAttention, SplashOptions,
 };
 
 use super::outputs::Outputs;
@@ -54,11 +55,13 @@ pub struct AttentionArgs {
     /// Use the fused dq+dkv backward kernel.
     #[arg(long)]
     pub fused_bwd: bool,
-    /// Where the kernels run: interpret (the default) or cpu (StableHLO on the XLA CPU
-    /// plugin). With --strategy, always cpu.
+    /// Where the attention runs: interpret (the default on one device; kernels only), cpu
+    /// (the XLA CPU plugin; the default with --strategy), gpu (a CUDA PJRT plugin named by
+    /// TESSERA_GPU_PJRT_PLUGIN) or tpu (the chips of a TPU VM: the program `tessera compile
+    /// attention` compiles, its kernels Mosaic custom calls).
     #[arg(long)]
     pub backend: Option<Backend>,
-    /// Context parallelism over --devices CPU devices: ulysses, all-gather (or all_gather),
+    /// Context parallelism over --devices devices of --backend: ulysses, all-gather (or all_gather),
     /// ring, usp:UxR (Ulysses degree x ring degree) or usp (the most square split).
     #[arg(long)]
     pub strategy: Option<String>,
@@ -273,12 +276,14 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         ..SplashOptions::default()
     };
     if let Some(strategy) = strategy {
-        if let Some(b) = a.backend.filter(|&b| b != Backend::Cpu) {
+        let Some(platform) = a.backend.unwrap_or(Backend::Cpu).platform() else {
             bail!(
-                "--strategy runs on the XLA CPU plugin's devices; drop --backend {b} or use \
-                 --backend cpu"
+                "--strategy runs one SPMD program on a platform's devices, and the interpreter \
+                 runs kernels alone; use --backend cpu, gpu or tpu"
             );
-        }
+        };
+        // The devices before anything is built: a platform this machine lacks is refused now.
+        platform.client(devices)?;
         let cp = ContextParallel {
             dims,
             dtype,
@@ -288,7 +293,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
             strategy,
             devices,
             load_balance: a.load_balance,
-            target: Target::portable(),
+            target: kernel_target(platform, &Target::portable()),
         };
         cp.validate()?;
         let x = CpInputs {
@@ -303,7 +308,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
             cp.check_dout(dout)?;
         }
         let mut outputs = prepare_outputs(a)?;
-        let stats = context_parallel_command(a, &cp, &x, dout.as_ref(), &mut outputs)?;
+        let stats = context_parallel_command(a, &cp, platform, &x, dout.as_ref(), &mut outputs)?;
         outputs.commit()?;
         if let Some(stats) = stats {
             out!("{stats}");
@@ -311,7 +316,15 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         return Ok(());
     }
     let backend = a.backend.unwrap_or(Backend::Interpret);
-    let attn = SplashAttention::new(mask, dims, dtype, blocks, options, TargetRules::tpu())?;
+    let platform = backend.platform();
+    let target = match platform {
+        Some(p) => {
+            p.client(1)?;
+            kernel_target(p, &Target::from(TargetRules::tpu()))
+        }
+        None => Target::from(TargetRules::tpu()),
+    };
+    let attn = SplashAttention::new(mask, dims, dtype, blocks, options, target)?;
     let x = Inputs {
         q: &q,
         k: &k,
@@ -324,10 +337,16 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         attn.check_dout(dout)?;
     }
     let mut outputs = prepare_outputs(a)?;
-    let fwd = attn.forward(&backend, &x)?;
-    let grads = match &dout {
-        Some(dout) => Some(attn.backward(&backend, &x, &fwd, dout)?),
-        None => None,
+    let (fwd, grads) = match platform {
+        Some(p) if p.takes_mosaic_kernels() => one_program(&attn, p, &x, dout.as_ref())?,
+        _ => {
+            let fwd = attn.forward(&backend, &x)?;
+            let grads = match &dout {
+                Some(dout) => Some(attn.backward(&backend, &x, &fwd, dout)?),
+                None => None,
+            };
+            (fwd, grads)
+        }
     };
     outputs.write_npy_if("--out", &fwd.out)?;
     outputs.write_npy_if("--lse", &fwd.lse)?;
@@ -343,17 +362,62 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
     Ok(())
 }
 
+/// Splash attention on one device of `platform` as the one program `tessera compile
+/// attention` compiles for a topology (`--pass forward`, or `both` with a cotangent): every
+/// kernel a Mosaic custom call, compiled with the same options.
+fn one_program(
+    attn: &SplashAttention,
+    platform: Platform,
+    x: &Inputs<'_>,
+    dout: Option<&HostArray>,
+) -> Result<(Forward, Option<Grads>)> {
+    let features = Features {
+        segmented: x.segment_ids.is_some(),
+        sinks: false,
+    };
+    let pass = match dout {
+        Some(_) => Pass::ForwardBackward,
+        None => Pass::Forward,
+    };
+    let mut args = vec![x.q.clone(), x.k.clone(), x.v.clone()];
+    if let Some(s) = &x.segment_ids {
+        args.extend([s.q.clone(), s.kv.clone()]);
+    }
+    args.extend(dout.cloned());
+    let program = splash_program(attn, pass, features)?;
+    let mut outs = backend::run_program(&program, platform, &args)?.into_iter();
+    let mut next = || {
+        outs.next()
+            .ok_or_else(|| anyhow::anyhow!("the splash program returned too few results"))
+    };
+    let fwd = Forward {
+        out: next()?,
+        lse: next()?,
+    };
+    let grads = match dout {
+        Some(_) => Some(Grads {
+            dq: next()?,
+            dk: next()?,
+            dv: next()?,
+            dsinks: None,
+        }),
+        None => None,
+    };
+    Ok((fwd, grads))
+}
+
 fn prepare_outputs(a: &AttentionArgs) -> Result<Outputs> {
     let files = output_files(a);
     let outputs: Vec<(&str, &Path)> = files.iter().map(|(f, p)| (*f, p.as_path())).collect();
     Outputs::prepare(&outputs, &input_files(a))
 }
 
-/// `tessera attention --strategy ..`: the context-parallel programs on CPU devices, their
-/// results written to `outputs` once all are computed; returns what `--stats` prints.
+/// `tessera attention --strategy ..`: the context-parallel programs on `platform`'s devices,
+/// their results written to `outputs` once all are computed; returns what `--stats` prints.
 fn context_parallel_command(
     a: &AttentionArgs,
     cp: &ContextParallel,
+    platform: Platform,
     x: &CpInputs<'_>,
     dout: Option<&HostArray>,
     outputs: &mut Outputs,
@@ -367,7 +431,7 @@ fn context_parallel_command(
             let program = cp.forward_backward_program(segmented)?;
             let mut inputs = vec![x.q, x.k, x.v, dout];
             inputs.extend(x.segment_ids);
-            let outs = program.run(&inputs)?;
+            let outs = program.run(platform, &inputs)?;
             outputs.write_text_if(BACKWARD_DUMP, &program.to_mlir())?;
             for (flag, arr) in ["--out", "--lse", "--dq", "--dk", "--dv"]
                 .into_iter()
@@ -379,7 +443,7 @@ fn context_parallel_command(
         None => {
             let mut inputs = vec![x.q, x.k, x.v];
             inputs.extend(x.segment_ids);
-            let outs = forward.run(&inputs)?;
+            let outs = forward.run(platform, &inputs)?;
             outputs.write_npy_if("--out", &outs[0])?;
             outputs.write_npy_if("--lse", &outs[1])?;
         }

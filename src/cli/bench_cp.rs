@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use anyhow::{bail, Result};
+use tessera::backend::Platform;
 use tessera::dsl::{DType, HostArray, Target};
 use tessera::parallel::{ContextParallel, CpExecutable, Strategy};
 use tessera::splash::{BlockSizes, Dims, Mask};
@@ -117,8 +118,8 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
             target: Target::portable(),
         };
         let start = Instant::now();
-        let forward = cp.forward_program(false)?.compile()?;
-        let forward_backward = cp.forward_backward_program(false)?.compile()?;
+        let forward = cp.forward_program(false)?.compile(Platform::Cpu)?;
+        let forward_backward = cp.forward_backward_program(false)?.compile(Platform::Cpu)?;
         runs.push(Compiled {
             name: format!("{strategy}{}", if load_balance { "+lb" } else { "" }),
             forward,

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use tessera::dsl::{ArgSpec, DType, Target};
-use tessera::hlo::{Module, TensorType};
+use tessera::hlo::Module;
 use tessera::parallel::ContextParallel;
 use tessera::registry;
 use tessera::splash::{
@@ -307,7 +307,7 @@ fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<M
 }
 
 /// A registered kernel instantiated under the TPU rules, as the only op of a one-device
-/// program: `main(scalar prefetch and inputs) = kernel(...)`.
+/// program `tessera_<kernel>`: `main(scalar prefetch and inputs) = kernel(...)`.
 fn kernel_program(
     name: &str,
     params: &[(String, String)],
@@ -322,18 +322,8 @@ fn kernel_program(
         args.to_vec()
     };
     let kernel = def.instantiate(&args, &target.rules)?;
-    let mut module = Module::new(name);
-    let mut f = module.func("main");
-    let values = args
-        .iter()
-        .map(|a| {
-            let dims: Vec<i64> = a.shape.iter().map(|&d| d as i64).collect();
-            f.arg(TensorType::new(dims, a.dtype))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let outs = target.lower_into(&kernel, &mut f, &values)?;
-    f.finish(&outs)?;
-    Ok(module)
+    // The program `--backend tpu` runs the kernel as (`tessera::backend::kernel_program`).
+    Ok(target.lower_module(&kernel)?)
 }
 
 /// Writes every Mosaic kernel of `program` to `dir/KERNEL.mlir` (`KERNEL.N.mlir` for further

@@ -2,7 +2,7 @@
 //! context-parallel splash attention on 4 CPU devices against one device.
 
 use anyhow::{anyhow, Context, Result};
-use tessera::backend::{self, Backend};
+use tessera::backend::{self, Backend, Platform};
 use tessera::dsl::{DType, HostArray, Target, TargetRules};
 use tessera::reference::{attention_ref, matmul_ref, max_abs_diff, random, softmax_ref};
 use tessera::registry;
@@ -176,7 +176,7 @@ fn demo_context_parallel() -> Result<bool> {
             v: &v,
             segment_ids: None,
         };
-        let r = cp.forward_backward(&x, &dout)?;
+        let r = cp.forward_backward(Platform::Cpu, &x, &dout)?;
         let elapsed = start.elapsed();
         let got = [&r.out, &r.lse, &r.dq, &r.dk, &r.dv];
         let err = got

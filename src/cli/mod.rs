@@ -93,7 +93,9 @@ pub enum Command {
         /// Output .npy files, in output order.
         #[arg(long = "output", short = 'o', required = true)]
         outputs: Vec<std::path::PathBuf>,
-        /// Where to run: interpret, cpu (StableHLO on the XLA CPU plugin) or gpu.
+        /// Where to run: interpret, cpu (StableHLO on the XLA CPU plugin), gpu (a CUDA PJRT
+        /// plugin named by TESSERA_GPU_PJRT_PLUGIN) or tpu (a chip of a TPU VM: the kernel as
+        /// the Mosaic custom call `tessera compile kernel` compiles).
         #[arg(long, default_value = "interpret")]
         backend: Backend,
         /// Hardware rules to check: tpu (default) or portable.

@@ -2,6 +2,7 @@
 
 pub mod flash;
 pub mod matmul;
+pub mod memory;
 pub mod softmax;
 
 pub use flash::flash_attention;

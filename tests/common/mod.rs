@@ -1,10 +1,14 @@
 //! Naive host references (f64, written for clarity, separately from the kernels) and helpers.
 #![allow(dead_code)]
 
-pub use tessera::reference::*;
+use std::path::{Path, PathBuf};
+use std::process::Output;
 
 use tessera::dsl::{mosaic, ArgSpec, HostArray, KernelDef, TargetRules};
+use tessera::npy::write_npy;
 use tessera_mosaic_eval::{EvalError, Module, OutputSpec, RunOptions};
+
+pub use tessera::reference::*;
 
 /// Instantiates `def` for `args` under `rules`, lowers it to Mosaic text and runs the text
 /// with mosaic-eval (which never sees the kernel IR).
@@ -55,4 +59,58 @@ pub fn tessera(args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
+}
+
+/// A scratch directory of a test, removed when dropped.
+pub struct Dir(pub PathBuf);
+
+impl Dir {
+    pub fn new(name: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("tessera-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    pub fn path(&self, name: &str) -> String {
+        self.0.join(name).to_str().unwrap().to_string()
+    }
+
+    pub fn save(&self, name: &str, a: &HostArray) -> String {
+        let p = self.path(name);
+        write_npy(Path::new(&p), a).unwrap();
+        p
+    }
+
+    /// The files in the directory (temporary files included).
+    pub fn files(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&self.0)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Asserts `out` is a failure with exactly one stderr line, `error: ...` containing `want`.
+pub fn assert_one_line_error(args: &[String], out: &Output, want: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{args:?} succeeded");
+    assert!(out.status.code().is_some(), "{args:?}: killed by a signal");
+    assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{args:?}: {stderr}");
+    assert!(
+        lines[0].contains(want),
+        "{args:?}: want `{want}` in {}",
+        lines[0]
+    );
 }

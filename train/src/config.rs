@@ -244,9 +244,10 @@ pub struct TrainConfig {
     pub weight_decay: f64,
     /// Global gradient-norm clipping threshold (`gradient_clipping_threshold`; 0: off).
     pub gradient_clipping_threshold: f64,
-    /// What the attention kernels are built for: [`Target::portable`] (inline StableHLO,
-    /// runs on the CPU plugin; the default) or [`Target::tpu`] (Mosaic `tpu_custom_call`s,
-    /// compile-only for a TPU topology).
+    /// What the attention kernels are built for: [`Target::portable`] (inline StableHLO; the
+    /// default) or [`Target::tpu`] (Mosaic `tpu_custom_call`s, for a TPU topology). The
+    /// [`crate::Trainer`] builds for its platform's devices from it
+    /// ([`tessera_parallel::kernel_target`]: Mosaic on TPU, inline elsewhere).
     pub target: Target,
     /// Decoder layers per iteration of the layer loop (1, the default; must divide the
     /// layers). The step computes the same; the loop body holds that many layers, which is

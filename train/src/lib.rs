@@ -7,7 +7,8 @@
 //!   `sa_block_*`, `learning_rate`, ...), validated before anything is built.
 //! * [`model`]: the parameters and the train-step program (see its docs for what runs
 //!   where).
-//! * [`Trainer`]: compiles the step once, keeps parameters and AdamW moments on the devices
+//! * [`Trainer`]: compiles the step once for the devices of a
+//!   [`Platform`](tessera_runtime::Platform), keeps parameters and AdamW moments on them
 //!   (each step's outputs are the next step's inputs), feeds [`SyntheticData`], and copies to
 //!   the host only the loss and gradient norm of each step, and checkpoints
 //!   ([`checkpoint`], safetensors).
@@ -44,6 +45,9 @@ pub enum TrainError {
     /// (The message includes the cause.)
     #[error("XLA runtime: {0}")]
     Runtime(tessera_runtime::Error),
+    /// The platform's devices could not be had (none on this machine, too few, ...).
+    #[error(transparent)]
+    Devices(tessera_runtime::Error),
     /// A checkpoint that cannot be written or read, or does not fit this run.
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: String, reason: String },

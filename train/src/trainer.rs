@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use tessera_collectives::{DeviceArray, Executable, MeshArgument, Program};
 use tessera_hlo::{DType, Reducer, TensorType};
-use tessera_parallel::{AttentionLayer, ContextParallel, ModelMesh};
-use tessera_runtime::{Client, HostBuffer};
+use tessera_parallel::{kernel_target, AttentionLayer, ContextParallel, ModelMesh};
+use tessera_runtime::{Client, HostBuffer, Platform};
 use tessera_splash::{Dims, Mask};
 
 use crate::checkpoint::{self, Checkpoint};
@@ -95,20 +95,24 @@ impl std::fmt::Debug for Trainer {
 }
 
 impl Trainer {
-    /// Validates `cfg`, builds and compiles the step, initialises the parameters from the
-    /// seed and puts them (and zero moments) on the devices.
-    pub fn new(cfg: TrainConfig) -> Result<Self, TrainError> {
+    /// Validates `cfg`, gets `cfg.devices()` devices of `platform`, builds the step for them
+    /// (its kernels as [`kernel_target`] says: Mosaic custom calls on TPU) and compiles it,
+    /// initialises the parameters from the seed and puts them (and zero moments) on the
+    /// devices.
+    pub fn new(cfg: TrainConfig, platform: Platform) -> Result<Self, TrainError> {
+        let client = devices(&cfg, platform)?;
         let specs = param_specs(&cfg.model);
         let init = init_params(&specs, cfg.seed);
         let zeros: Vec<Vec<f32>> = init.iter().map(|p| vec![0.0; p.len()]).collect();
         let tensors = init.iter().chain(&zeros).chain(&zeros).cloned().collect();
-        Self::with_state(cfg, tensors, 0)
+        Self::with_state(cfg, platform, client, tensors, 0)
     }
 
     /// Continues the run saved at `path`: its parameters, moments and step (the data goes
-    /// on from that step). `cfg` must have the checkpoint's model and seed.
-    pub fn resume(cfg: TrainConfig, path: &Path) -> Result<Self, TrainError> {
-        cfg.validate()?;
+    /// on from that step), on `platform` as [`Trainer::new`]. `cfg` must have the
+    /// checkpoint's model and seed.
+    pub fn resume(cfg: TrainConfig, path: &Path, platform: Platform) -> Result<Self, TrainError> {
+        let client = devices(&cfg, platform)?;
         let specs = param_specs(&cfg.model);
         let ck = checkpoint::load(path, &specs, &cfg.model, cfg.seed)?;
         if ck.step >= cfg.steps {
@@ -119,17 +123,19 @@ impl Trainer {
                 cfg.steps
             )));
         }
-        Self::with_state(cfg, ck.tensors, ck.step)
+        Self::with_state(cfg, platform, client, ck.tensors, ck.step)
     }
 
     fn with_state(
-        cfg: TrainConfig,
+        mut cfg: TrainConfig,
+        platform: Platform,
+        client: Client,
         tensors: Vec<Vec<f32>>,
         step: usize,
     ) -> Result<Self, TrainError> {
+        cfg.target = kernel_target(platform, &cfg.target);
         let (layer, program) = train_step_program(&cfg)?;
         let specs = param_specs(&cfg.model);
-        let client = Client::cpu_shared(cfg.devices())?;
         let start = Instant::now();
         let exe = program.compile(&client)?;
         let compile_s = start.elapsed().as_secs_f64();
@@ -381,9 +387,17 @@ impl Trainer {
     }
 }
 
+/// Validates `cfg` and gets its devices of `platform`: before anything is built, so a
+/// platform this machine does not have is refused at once.
+fn devices(cfg: &TrainConfig, platform: Platform) -> Result<Client, TrainError> {
+    cfg.validate()?;
+    platform.client(cfg.devices()).map_err(TrainError::Devices)
+}
+
 /// Validates `cfg` and builds its train step (forward, backward, gradient all-reduce,
-/// AdamW) with its attention layer, without compiling it: for the CPU plugin, or with
-/// `cfg.target` = [`Target::tpu`](tessera_dsl::Target::tpu) for compiling for a TPU topology.
+/// AdamW) with its attention layer, without compiling it: its kernels lowered for
+/// `cfg.target` (portable StableHLO by default; [`Target::tpu`](tessera_dsl::Target::tpu), as
+/// [`Trainer`] builds it for TPU devices and `tessera compile train` for a TPU topology).
 pub fn train_step_program(
     cfg: &TrainConfig,
 ) -> Result<(AttentionLayer, Program<ModelMesh>), TrainError> {

@@ -3,6 +3,7 @@
 //! the same data and init), the loss falls, and a run saved and resumed continues exactly.
 
 use tessera_parallel::Strategy;
+use tessera_runtime::Platform;
 use tessera_train::{ModelConfig, StepMetrics, TrainConfig, Trainer};
 
 fn micro() -> TrainConfig {
@@ -40,7 +41,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn run(cfg: TrainConfig, steps: usize) -> Vec<StepMetrics> {
-    let mut t = Trainer::new(cfg).unwrap();
+    let mut t = Trainer::new(cfg, Platform::Cpu).unwrap();
     (0..steps).map(|_| t.train_step().unwrap()).collect()
 }
 
@@ -121,18 +122,20 @@ fn a_resumed_run_continues_exactly() {
     let mut cfg = micro();
     cfg.steps = 6;
     let uninterrupted = run(cfg.clone(), 6);
-    let mut first = Trainer::new(cfg.clone()).unwrap();
+    let mut first = Trainer::new(cfg.clone(), Platform::Cpu).unwrap();
     for _ in 0..3 {
         first.train_step().unwrap();
     }
     first.save(&path).unwrap();
-    let mut resumed = Trainer::resume(cfg.clone(), &path).unwrap();
+    let mut resumed = Trainer::resume(cfg.clone(), &path, Platform::Cpu).unwrap();
     assert_eq!(resumed.step_count(), 3);
     assert_continues(&mut resumed, &uninterrupted[3..]);
     // Another seed would not continue the same data.
     let mut other = cfg;
     other.seed = 4;
-    let err = Trainer::resume(other, &path).unwrap_err().to_string();
+    let err = Trainer::resume(other, &path, Platform::Cpu)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("--seed 3"), "{err}");
 }
 
@@ -204,7 +207,7 @@ fn two_layers_per_loop_iteration_train_like_one() {
     eprintln!("1 vs 2 layers per iteration: max |loss difference| = {diff:.2e}");
     assert!(diff <= 1e-5, "{one:?} vs {two:?}");
     cfg.layers_per_iteration = 3;
-    let e = Trainer::new(cfg)
+    let e = Trainer::new(cfg, Platform::Cpu)
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
@@ -222,7 +225,7 @@ fn fsdp_shards_the_state_and_resumes_exactly() {
     let mut cfg = on_batch_axis(micro(), true);
     cfg.steps = 6;
     let uninterrupted = run(cfg.clone(), 6);
-    let mut first = Trainer::new(cfg.clone()).unwrap();
+    let mut first = Trainer::new(cfg.clone(), Platform::Cpu).unwrap();
     // Every tensor but the norm scales (d_model floats each) is split in four: fsdp 2 x
     // context 2.
     let specs = first.param_specs().to_vec();
@@ -235,7 +238,7 @@ fn fsdp_shards_the_state_and_resumes_exactly() {
     };
     let expected = 3 * 4 * (elements(true) / 4 + elements(false));
     let fsdp_bytes = first.state_bytes_per_device();
-    let replicated_bytes = Trainer::new(on_batch_axis(micro(), false))
+    let replicated_bytes = Trainer::new(on_batch_axis(micro(), false), Platform::Cpu)
         .unwrap()
         .state_bytes_per_device();
     eprintln!(
@@ -250,13 +253,13 @@ fn fsdp_shards_the_state_and_resumes_exactly() {
     // The checkpoint holds the full arrays: a replicated run loads it too.
     let mut replicated = on_batch_axis(micro(), false);
     replicated.steps = 6;
-    let mut replicated = Trainer::resume(replicated, &path).unwrap();
+    let mut replicated = Trainer::resume(replicated, &path, Platform::Cpu).unwrap();
     assert_continues(&mut replicated, &uninterrupted[3..4]);
     let saved = first.state_on_host().unwrap();
     for (t, s) in saved.iter().zip(specs.iter().cycle()) {
         assert_eq!(t.len(), s.shape.iter().product::<usize>(), "{}", s.name);
     }
-    let mut resumed = Trainer::resume(cfg.clone(), &path).unwrap();
+    let mut resumed = Trainer::resume(cfg.clone(), &path, Platform::Cpu).unwrap();
     assert_eq!(resumed.state_on_host().unwrap(), saved);
     assert_continues(&mut resumed, &uninterrupted[3..]);
 }

@@ -12,22 +12,28 @@
 //!   coordinates stored is an error naming the load's kernel line (state carried across a
 //!   parallel dim: on a chip with two TensorCores the other core's buffers hold it, and any
 //!   order of parallel steps is allowed); the check follows the sequential order, so it reports
-//!   the same whether or not the grid is split between cores;
+//!   the same whether or not the grid is split between cores. Buffers that copies touch are
+//!   left to the copy race detector ([`dma`]);
 //! - under megacore rules ([`TargetRules::megacore`], v4 and v5p) the leading `parallel` grid
 //!   dims are split between two simulated cores, each with its own scratch and output buffers
-//!   (the first core runs the first half of those dims' iterations, the second the rest);
-//! - dynamic slices and block indices out of bounds are errors, not clamped.
+//!   (the first core runs the first half of those dims' iterations, the second the rest;
+//!   buffers that copies touch stay shared);
+//! - dynamic slices and block indices out of bounds are errors, not clamped;
+//! - copies are asynchronous and several devices run interleaved; races, deadlocks and
+//!   semaphores left non-zero are errors naming the lines involved ([`dma`] says how).
 
+pub mod dma;
+mod memory;
 mod tensor;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::array::HostArray;
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::instantiate::{ArgSpec, KernelDef};
 use crate::ir::{
-    DType, DimSemantics, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole, RefId, Region,
-    Slice, ValueId,
+    DType, DeviceAxis, DimSemantics, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole,
+    RefId, Region, Slice, ValueId,
 };
 use crate::rules::TargetRules;
 pub(crate) use tensor::garbage_literal;
@@ -40,6 +46,12 @@ pub struct InterpretOptions {
     pub shuffle_parallel: Option<u64>,
     /// The rules the kernel is instantiated under (TPU rules by default).
     pub rules: TargetRules,
+    /// Land each asynchronous copy at a random operation (seeded) between its start and the
+    /// wait that needs it, instead of at that wait.
+    pub copy_landing: Option<u64>,
+    /// Interleave the devices of a multi-device kernel in an order drawn from this seed
+    /// instead of round robin.
+    pub schedule_seed: Option<u64>,
     /// Split the leading parallel grid dims between two cores; `None`: as the rules say
     /// ([`TargetRules::megacore`]).
     pub megacore: Option<bool>,
@@ -76,161 +88,335 @@ pub fn run_kernel(
     args: &[HostArray],
     options: &InterpretOptions,
 ) -> Result<Vec<HostArray>, KernelError> {
-    let fail = |subject: String, message: String, loc: Option<Loc>| {
-        KernelError::new(
+    if k.num_devices() > 1 {
+        return Err(KernelError::single(
             &k.name,
-            vec![Problem {
-                kind: ProblemKind::Run,
-                subject,
-                message,
-                loc,
-            }],
-        )
-    };
-    // Bind arguments to operands.
-    let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
-        .map(RefId)
-        .filter(|r| {
-            matches!(
-                k.operand(*r).role,
-                OperandRole::Input | OperandRole::ScalarPrefetch
-            )
-        })
-        .collect();
-    if arg_refs.len() != args.len() {
-        return Err(fail(
-            "arguments".into(),
-            format!("expected {} arrays, got {}", arg_refs.len(), args.len()),
-            None,
+            ProblemKind::Argument,
+            "mesh",
+            format!(
+                "the kernel runs on {} devices; run it with one argument list per device \
+                 (`interpret::run_kernel_on_devices`)",
+                k.num_devices()
+            ),
         ));
     }
-    let mut arrays: HashMap<RefId, Tensor> = HashMap::new();
-    for (&r, a) in arg_refs.iter().zip(args) {
-        let o = k.operand(r);
-        if a.dtype() != o.dtype || a.shape() != o.array_shape.as_slice() {
+    let mut outs = run_devices(k, &[args], options)?;
+    Ok(outs.pop().unwrap_or_default())
+}
+
+/// Instantiates `def` on a device mesh (`mesh`: its axes with their sizes) and runs it on
+/// every device: `per_device[d]` are device `d`'s arguments. Returns each device's outputs.
+pub fn run_on_devices(
+    def: &KernelDef,
+    mesh: &[DeviceAxis],
+    per_device: &[Vec<HostArray>],
+    options: &InterpretOptions,
+) -> Result<Vec<Vec<HostArray>>, KernelError> {
+    let first = per_device.first().map(Vec::as_slice).unwrap_or_default();
+    let specs: Vec<_> = first.iter().map(ArgSpec::of).collect();
+    let kernel = def.instantiate_on(&specs, mesh, &options.rules)?;
+    run_kernel_on_devices(&kernel, per_device, options)
+}
+
+/// Runs an instantiated kernel on every device of its mesh (one argument list per device),
+/// as interleaved instances; see [`dma`] for how copies, semaphores and races are modelled.
+pub fn run_kernel_on_devices(
+    k: &Kernel,
+    per_device: &[Vec<HostArray>],
+    options: &InterpretOptions,
+) -> Result<Vec<Vec<HostArray>>, KernelError> {
+    let args: Vec<&[HostArray]> = per_device.iter().map(Vec::as_slice).collect();
+    run_devices(k, &args, options)
+}
+
+fn run_devices(
+    k: &Kernel,
+    per_device: &[&[HostArray]],
+    options: &InterpretOptions,
+) -> Result<Vec<Vec<HostArray>>, KernelError> {
+    let n = k.num_devices();
+    if per_device.len() != n {
+        return Err(KernelError::single(
+            &k.name,
+            ProblemKind::Argument,
+            "arguments",
+            format!(
+                "the kernel runs on {n} devices but {} argument lists were given",
+                per_device.len()
+            ),
+        ));
+    }
+    let world = dma::World::new(k, options.copy_landing, options.schedule_seed);
+    let mut devices = Vec::with_capacity(n);
+    for (d, args) in per_device.iter().enumerate() {
+        devices.push(Device::bind(k, d, args, &world)?);
+    }
+    let results: Vec<Result<Vec<Option<HostArray>>, KernelError>> = if n == 1 {
+        devices
+            .into_iter()
+            .map(|dev| dev.run(&world, options))
+            .collect()
+    } else {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = devices
+                .into_iter()
+                .map(|dev| {
+                    let world = &world;
+                    s.spawn(move || dev.run(world, options))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
+    };
+    if let Some(f) = world.failure() {
+        return Err(f);
+    }
+    let mut outs = Vec::with_capacity(n);
+    for r in results {
+        outs.push(r?);
+    }
+    world.exit_check()?;
+    Ok(outs
+        .into_iter()
+        .enumerate()
+        .map(|(d, device_outs)| {
+            k.operands_with(OperandRole::Output)
+                .zip(device_outs)
+                .map(|((r, _), out)| out.unwrap_or_else(|| world.take_array(d, r).into_host()))
+                .collect()
+        })
+        .collect())
+}
+
+/// One device's instance of a kernel, bound to its arguments.
+struct Device<'k> {
+    k: &'k Kernel,
+    index: usize,
+    arrays: HashMap<RefId, Tensor>,
+}
+
+impl<'k> Device<'k> {
+    /// Binds the arguments (scalar prefetch and inputs, in order) of device `d`; HBM
+    /// operands and the buffers copies touch go to the shared world.
+    fn bind(
+        k: &'k Kernel,
+        d: usize,
+        args: &[HostArray],
+        world: &dma::World<'k>,
+    ) -> Result<Self, KernelError> {
+        let fail = |subject: String, message: String| {
+            KernelError::new(
+                &k.name,
+                vec![Problem {
+                    kind: ProblemKind::Run,
+                    subject,
+                    message,
+                    loc: None,
+                }],
+            )
+        };
+        let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
+            .map(RefId)
+            .filter(|r| {
+                matches!(
+                    k.operand(*r).role,
+                    OperandRole::Input | OperandRole::ScalarPrefetch
+                )
+            })
+            .collect();
+        let on = if k.num_devices() > 1 {
+            format!(" (device {d})")
+        } else {
+            String::new()
+        };
+        if arg_refs.len() != args.len() {
             return Err(fail(
-                k.describe(r),
-                format!(
-                    "the kernel was instantiated for {}[{:?}], got {}[{:?}]",
-                    o.dtype,
-                    o.array_shape,
-                    a.dtype(),
-                    a.shape()
-                ),
-                None,
+                format!("arguments{on}"),
+                format!("expected {} arrays, got {}", arg_refs.len(), args.len()),
             ));
         }
-        arrays.insert(r, Tensor::from_host(a));
+        let mut arrays = HashMap::new();
+        let mut shared = Vec::new();
+        for (&r, a) in arg_refs.iter().zip(args) {
+            let o = k.operand(r);
+            if a.dtype() != o.dtype || a.shape() != o.array_shape.as_slice() {
+                return Err(fail(
+                    format!("{}{on}", k.describe(r)),
+                    format!(
+                        "the kernel was instantiated for {}[{:?}], got {}[{:?}]",
+                        o.dtype,
+                        o.array_shape,
+                        a.dtype(),
+                        a.shape()
+                    ),
+                ));
+            }
+            if world.shared.contains(&r) {
+                shared.push((r, Tensor::from_host(a)));
+            } else {
+                arrays.insert(r, Tensor::from_host(a));
+            }
+        }
+        let mut scoped = HashSet::new();
+        crate::ir::scoped_allocs(&k.body, &mut |_, r| {
+            scoped.insert(r);
+        });
+        for (i, o) in k.operands.iter().enumerate() {
+            let r = RefId(i as u32);
+            let is_buffer = matches!(o.role, OperandRole::Output | OperandRole::Scratch);
+            if world.shared.contains(&r) && is_buffer && !scoped.contains(&r) {
+                shared.push((r, Tensor::garbage(o.dtype, &o.array_shape)));
+            }
+        }
+        world.allocate(d, shared);
+        Ok(Device {
+            k,
+            index: d,
+            arrays,
+        })
     }
-    let mut m = Machine::new(k, arrays);
-    m.check_parallel_state = !options.allow_state_across_parallel;
-    for (i, o) in k.operands.iter().enumerate() {
-        let r = RefId(i as u32);
-        match o.role {
-            OperandRole::Output => {
-                m.arrays.insert(r, Tensor::garbage(o.dtype, &o.array_shape));
-                m.tags.insert(r, Tensor::unwritten(&o.view_shape()));
+
+    /// Runs the whole grid; returns the outputs this device holds (`None` for HBM outputs,
+    /// which the world holds).
+    fn run(
+        self,
+        world: &dma::World<'k>,
+        options: &InterpretOptions,
+    ) -> Result<Vec<Option<HostArray>>, KernelError> {
+        let d = self.index;
+        world.enter(d)?;
+        let result = self.grid(world, options);
+        match result {
+            Ok(outs) => {
+                world.finish(d)?;
+                Ok(outs)
             }
-            OperandRole::Scratch => {
-                m.buffers
-                    .insert(r, Tensor::garbage(o.dtype, &o.array_shape));
-                m.tags.insert(r, Tensor::unwritten(&o.array_shape));
-            }
-            _ => {}
+            Err(e) => Err(world.record(e)),
         }
     }
 
-    // Output block currently resident per output with the parallel coordinates of the steps
-    // that own it, and who wrote each block back.
-    let mut resident: HashMap<RefId, (Vec<usize>, Vec<usize>)> = HashMap::new();
-    let mut writers: HashMap<(RefId, Vec<usize>), Vec<usize>> = HashMap::new();
-    // The output block each output's tags describe: resident in the sequential order, which
-    // the check follows whether or not the grid is split between cores.
-    let mut tagged_block: HashMap<RefId, Vec<usize>> = HashMap::new();
-    let parallel = m.parallel.clone();
-    let outputs: Vec<RefId> = k
-        .operands_with(OperandRole::Output)
-        .map(|(r, _)| r)
-        .collect();
-    let megacore = options.megacore.unwrap_or(options.rules.megacore);
-    let (order, second_core) =
-        split_between_cores(k, grid_order(k, options.shuffle_parallel), megacore);
-    for (n, step) in order.into_iter().enumerate() {
-        if second_core == Some(n) {
-            // The second core starts with its own scratch and output buffers; the first has
-            // written its output blocks back.
-            for &r in &outputs {
-                if let Some((prev, owner)) = resident.remove(&r) {
-                    m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
-                }
-            }
-            for (r, o) in k.operands_with(OperandRole::Scratch) {
-                m.buffers
-                    .insert(r, Tensor::garbage(o.dtype, &o.array_shape));
-            }
-        }
-        m.step = step.clone();
-        let par: Vec<usize> = parallel.iter().map(|&d| step[d]).collect();
-        m.par_id = m.par_id_of(&par);
-        // A race found while switching output blocks is reported after the body, unless the
-        // body fails first: a load of state carried across the parallel dim names the line.
-        let mut race = None;
-        // Fetch input blocks; switch output blocks.
+    fn grid(
+        self,
+        world: &dma::World<'k>,
+        options: &InterpretOptions,
+    ) -> Result<Vec<Option<HostArray>>, KernelError> {
+        let k = self.k;
+        let mut m = Machine::new(k, self.arrays, Some((world, self.index)));
+        m.check_parallel_state = !options.allow_state_across_parallel;
+        // The local scratch buffers (not semaphores, not in the shared world).
+        let mut scratch = Vec::new();
         for (i, o) in k.operands.iter().enumerate() {
             let r = RefId(i as u32);
-            let Some(b) = &o.block else { continue };
-            let bidx = m.block_index(r, &b.index_map, &step)?;
-            let sizes = o.block_sizes();
-            let starts: Vec<usize> = bidx.iter().zip(&sizes).map(|(i, s)| i * s).collect();
+            if world.shared.contains(&r) {
+                continue;
+            }
             match o.role {
-                OperandRole::Input => {
-                    let block = m.arrays[&r].window(&starts, &sizes);
-                    m.buffers.insert(r, block.reshape(&o.view_shape()));
-                }
                 OperandRole::Output => {
-                    if tagged_block.get(&r) != Some(&bidx) {
-                        m.tags.insert(r, Tensor::unwritten(&o.view_shape()));
-                        tagged_block.insert(r, bidx.clone());
-                    }
-                    match resident.get(&r) {
-                        Some((held, owner)) if *held == bidx => {
-                            if *owner != par && race.is_none() {
-                                race = Some(m.race(r, &bidx, &parallel, owner, &par));
-                            }
-                        }
-                        _ => {
-                            if let Some((prev, owner)) = resident.remove(&r) {
-                                m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
-                            }
-                            m.buffers
-                                .insert(r, Tensor::garbage(o.dtype, &o.view_shape()));
-                            resident.insert(r, (bidx, par.clone()));
-                        }
-                    }
+                    m.arrays.insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+                    m.tags.insert(r, Tensor::unwritten(&o.view_shape()));
+                }
+                OperandRole::Scratch if o.memory.semaphore().is_none() => {
+                    m.buffers
+                        .insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+                    m.tags.insert(r, Tensor::unwritten(&o.array_shape));
+                    scratch.push(r);
                 }
                 _ => {}
             }
         }
-        let body = &k.body;
-        m.region(body, &[])?;
-        if let Some(e) = race {
-            return Err(e);
+
+        // Output block currently resident per output with the parallel coordinates of the
+        // steps that own it, and who wrote each block back.
+        let mut resident: HashMap<RefId, (Vec<usize>, Vec<usize>)> = HashMap::new();
+        let mut writers: HashMap<(RefId, Vec<usize>), Vec<usize>> = HashMap::new();
+        // The output block each output's tags describe: resident in the sequential order,
+        // which the check follows whether or not the grid is split between cores.
+        let mut tagged_block: HashMap<RefId, Vec<usize>> = HashMap::new();
+        let parallel = m.parallel.clone();
+        let outputs: Vec<RefId> = k
+            .operands_with(OperandRole::Output)
+            .map(|(r, _)| r)
+            .collect();
+        let megacore = options.megacore.unwrap_or(options.rules.megacore);
+        let (order, second_core) =
+            split_between_cores(k, grid_order(k, options.shuffle_parallel), megacore);
+        for (n, step) in order.into_iter().enumerate() {
+            if second_core == Some(n) {
+                // The second core starts with its own scratch and output buffers; the first
+                // has written its output blocks back.
+                for &r in &outputs {
+                    if let Some((prev, owner)) = resident.remove(&r) {
+                        m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
+                    }
+                }
+                for &r in &scratch {
+                    let o = k.operand(r);
+                    m.buffers
+                        .insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+                }
+            }
+            m.step = step.clone();
+            let par: Vec<usize> = parallel.iter().map(|&d| step[d]).collect();
+            m.par_id = m.par_id_of(&par);
+            // A race found while switching output blocks is reported after the body, unless
+            // the body fails first: a load of state carried across the parallel dim names the
+            // line.
+            let mut race = None;
+            // Fetch input blocks; switch output blocks.
+            for (i, o) in k.operands.iter().enumerate() {
+                let r = RefId(i as u32);
+                let Some(b) = &o.block else { continue };
+                let bidx = m.block_index(r, &b.index_map, &step)?;
+                let sizes = o.block_sizes();
+                let starts: Vec<usize> = bidx.iter().zip(&sizes).map(|(i, s)| i * s).collect();
+                match o.role {
+                    OperandRole::Input => {
+                        let block = m.arrays[&r].window(&starts, &sizes);
+                        m.buffers.insert(r, block.reshape(&o.view_shape()));
+                    }
+                    OperandRole::Output => {
+                        if tagged_block.get(&r) != Some(&bidx) {
+                            m.tags.insert(r, Tensor::unwritten(&o.view_shape()));
+                            tagged_block.insert(r, bidx.clone());
+                        }
+                        match resident.get(&r) {
+                            Some((held, owner)) if *held == bidx => {
+                                if *owner != par && race.is_none() {
+                                    race = Some(m.race(r, &bidx, &parallel, owner, &par));
+                                }
+                            }
+                            _ => {
+                                if let Some((prev, owner)) = resident.remove(&r) {
+                                    m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
+                                }
+                                m.buffers
+                                    .insert(r, Tensor::garbage(o.dtype, &o.view_shape()));
+                                resident.insert(r, (bidx, par.clone()));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let body = &k.body;
+            m.region(body, &[])?;
+            if let Some(e) = race {
+                return Err(e);
+            }
         }
-    }
-    for &r in &outputs {
-        if let Some((prev, owner)) = resident.remove(&r) {
-            m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
+        for &r in &outputs {
+            if let Some((prev, owner)) = resident.remove(&r) {
+                m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
+            }
         }
+        Ok(outputs
+            .into_iter()
+            .map(|r| m.arrays.remove(&r).map(Tensor::into_host))
+            .collect())
     }
-    Ok(outputs
-        .into_iter()
-        .map(|r| {
-            m.arrays
-                .remove(&r)
-                .expect("outputs are allocated")
-                .into_host()
-        })
-        .collect())
 }
 
 /// The grid steps in execution order: row-major, with `parallel` dims permuted when shuffled.
@@ -285,17 +471,20 @@ fn split_between_cores(
     (first.into_iter().chain(second).collect(), Some(at))
 }
 
-struct Machine<'k> {
+struct Machine<'k, 'w> {
     k: &'k Kernel,
-    /// Whole arrays: inputs, scalar prefetch, outputs.
+    /// Whole arrays: inputs, scalar prefetch, outputs (not those in the shared world).
     arrays: HashMap<RefId, Tensor>,
     /// What the body sees: input/output blocks, scratch, keyed by ref.
     buffers: HashMap<RefId, Tensor>,
     env: Vec<Option<Tensor>>,
     step: Vec<usize>,
+    /// The shared world of copies and semaphores, and this device's index in it (`None`
+    /// when only index maps are evaluated).
+    dev: Option<(&'w dma::World<'k>, usize)>,
     /// The `parallel` grid dims.
     parallel: Vec<usize>,
-    /// Per scratch buffer and resident output block, for each element the parallel
+    /// Per local scratch buffer and resident output block, for each element the parallel
     /// coordinates (flattened, [`Machine::par_id_of`]) of the step that last stored it, or
     /// [`UNWRITTEN`].
     tags: HashMap<RefId, Tensor>,
@@ -315,14 +504,19 @@ impl Tensor {
     }
 }
 
-impl<'k> Machine<'k> {
-    fn new(k: &'k Kernel, arrays: HashMap<RefId, Tensor>) -> Self {
+impl<'k, 'w> Machine<'k, 'w> {
+    fn new(
+        k: &'k Kernel,
+        arrays: HashMap<RefId, Tensor>,
+        dev: Option<(&'w dma::World<'k>, usize)>,
+    ) -> Self {
         Machine {
             k,
             arrays,
             buffers: HashMap::new(),
             env: vec![None; k.types.len()],
             step: Vec::new(),
+            dev,
             parallel: (0..k.grid.len())
                 .filter(|&d| k.semantics[d] == DimSemantics::Parallel)
                 .collect(),
@@ -408,12 +602,16 @@ impl<'k> Machine<'k> {
     }
 
     fn error(&self, loc: Loc, subject: impl Into<String>, message: String) -> KernelError {
+        let on = match self.dev {
+            Some((w, d)) if w.devices() > 1 => format!(" on device {d}"),
+            _ => String::new(),
+        };
         KernelError::new(
             &self.k.name,
             vec![Problem {
                 kind: ProblemKind::Run,
                 subject: subject.into(),
-                message: format!("{message} (at grid step {:?})", self.step),
+                message: format!("{message} (at grid step {:?}{on})", self.step),
                 loc: Some(loc),
             }],
         )
@@ -549,10 +747,20 @@ impl<'k> Machine<'k> {
             Op::ProgramId { axis } => Tensor::scalar_i32(self.step[*axis] as i32),
             Op::NumPrograms { axis } => Tensor::scalar_i32(self.k.grid[*axis] as i32),
             Op::Constant { value, ty } => Tensor::splat(ty.dtype, &ty.shape, *value),
+            Op::Load { src, slices } if self.is_shared(*src) => {
+                let (starts, sizes) = self.starts(inst, *src, slices)?;
+                self.shared_load(*src, dma::Window { starts, sizes }, inst.loc)?
+            }
             Op::Load { src, slices } => {
                 let (starts, sizes) = self.starts(inst, *src, slices)?;
                 self.check_load(inst, *src, &starts, &sizes)?;
                 self.buffers[src].window(&starts, &sizes)
+            }
+            Op::Store { dst, slices, value } if self.is_shared(*dst) => {
+                let (starts, sizes) = self.starts(inst, *dst, slices)?;
+                let v = self.get(*value).clone();
+                self.shared_store(*dst, dma::Window { starts, sizes }, v, inst.loc)?;
+                return Ok(());
             }
             Op::Store { dst, slices, value } => {
                 let (starts, _) = self.starts(inst, *dst, slices)?;
@@ -630,6 +838,18 @@ impl<'k> Machine<'k> {
                 }
                 return Ok(());
             }
+            Op::DeviceId => Tensor::scalar_i32(self.dev.map_or(0, |(_, d)| d) as i32),
+            Op::DmaStart { .. }
+            | Op::DmaWait { .. }
+            | Op::SemSignal { .. }
+            | Op::SemWait { .. }
+            | Op::Scoped { .. } => return self.memory_op(inst),
+            Op::SemRead { sem } => {
+                let key = self.sem_key(inst, sem)?;
+                let (world, d) = self.world();
+                let count = world.sync(d, |w, g| Ok(w.read_sem(g, key)))?;
+                Tensor::scalar_i32(count as i32)
+            }
         };
         self.set(inst.results[0], out);
         Ok(())
@@ -654,7 +874,7 @@ pub(crate) fn check_coverage(k: &Kernel) -> Vec<Problem> {
         if o.memory != MemorySpace::Vmem || reads_smem(&b.index_map) {
             continue;
         }
-        let mut m = Machine::new(k, HashMap::new());
+        let mut m = Machine::new(k, HashMap::new(), None);
         let sizes = o.block_sizes();
         let blocks: Vec<usize> = o
             .array_shape

@@ -2,15 +2,22 @@
 
 mod ops;
 mod print;
+mod protocol;
 mod types;
 mod verify;
 
 pub(crate) use ops::dynamic_starts;
 pub use ops::{
-    broadcast_shapes, broadcastable, infer, BinaryOp, CmpOp, InferContext, Inst, Literal, Op,
-    ReduceOp, Region, Slice, UnaryOp,
+    broadcast_shapes, broadcastable, infer, squeezed, BinaryOp, CmpOp, InferContext, Inst, Literal,
+    Op, ReduceOp, RefWindow, Region, RemoteDma, SemRef, Slice, UnaryOp,
 };
-pub use types::{DType, DimSemantics, Loc, MemorySpace, RefId, ValueId, ValueType};
+pub use protocol::check_protocol;
+pub(crate) use protocol::eval_scalar;
+pub use types::{
+    device_count, DType, DeviceAxis, DimSemantics, Loc, MemorySpace, RefId, SemKind, ValueId,
+    ValueType,
+};
+pub(crate) use verify::scoped_allocs;
 pub use verify::{verify, VerifyError};
 
 pub(crate) use types::join;
@@ -137,6 +144,8 @@ pub struct Kernel {
     pub grid: Vec<usize>,
     pub semantics: Vec<DimSemantics>,
     pub operands: Vec<Operand>,
+    /// The device mesh the kernel runs on (empty: one device, no remote copies).
+    pub mesh: Vec<DeviceAxis>,
     pub body: Region,
     /// Type of every value, indexed by [`ValueId`].
     pub types: Vec<ValueType>,
@@ -174,6 +183,34 @@ impl Kernel {
     /// `in_specs[1] (y)`-style name of an operand.
     pub fn describe(&self, r: RefId) -> String {
         self.operand(r).describe(self.role_position(r))
+    }
+
+    /// The number of devices the kernel runs on (1 without a mesh).
+    pub fn num_devices(&self) -> usize {
+        device_count(&self.mesh)
+    }
+
+    /// Whether the kernel moves its own data: HBM operands, semaphores, copies, device ids
+    /// or scoped allocations (what the pipeline-only paths of the backends do not handle).
+    pub fn moves_own_data(&self) -> bool {
+        fn region(r: &Region) -> bool {
+            r.insts.iter().any(|i| {
+                matches!(
+                    i.op,
+                    Op::DeviceId
+                        | Op::DmaStart { .. }
+                        | Op::DmaWait { .. }
+                        | Op::SemSignal { .. }
+                        | Op::SemWait { .. }
+                        | Op::SemRead { .. }
+                        | Op::Scoped { .. }
+                ) || i.op.regions().into_iter().any(region)
+            })
+        }
+        self.operands
+            .iter()
+            .any(|o| matches!(o.memory, MemorySpace::Any | MemorySpace::Semaphore(_)))
+            || region(&self.body)
     }
 
     /// The IR in its stable text form.

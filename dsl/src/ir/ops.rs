@@ -3,7 +3,7 @@
 //! Every op carries what it needs to infer its result types from its operands' types, so the
 //! verifier can recompute and compare, and every backend is an exhaustive `match` over [`Op`].
 
-use super::types::{DType, RefId, ValueId, ValueType};
+use super::types::{DType, RefId, SemKind, ValueId, ValueType};
 use super::{MemorySpace, Operand, OperandRole};
 
 /// A scalar literal; its dtype comes from the op that holds it.
@@ -177,6 +177,30 @@ impl Slice {
     }
 }
 
+/// A window of a ref that a copy reads or writes: the ref and one slice per dim of its view
+/// (the whole array, for HBM operands and scratch).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RefWindow {
+    pub r: RefId,
+    pub slices: Vec<Slice>,
+}
+
+/// One semaphore of a semaphore operand: the operand and one i32 index per dim of its shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SemRef {
+    pub sem: RefId,
+    pub index: Vec<ValueId>,
+}
+
+/// What makes a copy remote: the device it writes to and the sender's semaphore.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteDma {
+    /// The target device's id (i32 scalar; row-major over the kernel's mesh).
+    pub device: ValueId,
+    /// Signalled on the sending device when the copy has read its source.
+    pub send_sem: SemRef,
+}
+
 /// A nested block of instructions: the body of `when`, `fori_loop` and index maps.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Region {
@@ -290,6 +314,47 @@ pub enum Op {
         init: Vec<ValueId>,
         body: Region,
     },
+    /// This device's id on the kernel's mesh (i32 scalar, row-major over its axes; 0 without
+    /// a mesh).
+    DeviceId,
+    /// Starts an asynchronous copy of `src` into `dst` (same element count and dtype). When it
+    /// lands, `sem` (a DMA semaphore, on the device that holds `dst`) counts its bytes; a
+    /// remote copy writes `dst` on another device and also signals `send_sem` here.
+    DmaStart {
+        src: RefWindow,
+        dst: RefWindow,
+        sem: SemRef,
+        remote: Option<RemoteDma>,
+    },
+    /// Waits until DMA semaphore `sem` counts the bytes of a copy of `src` into `dst`, and
+    /// takes them.
+    DmaWait {
+        src: RefWindow,
+        dst: RefWindow,
+        sem: SemRef,
+    },
+    /// Adds `inc` (i32 scalar) to a regular semaphore, on `device` when given.
+    SemSignal {
+        sem: SemRef,
+        inc: ValueId,
+        device: Option<ValueId>,
+    },
+    /// Waits until a regular semaphore counts at least `value` (i32 scalar), and takes it.
+    SemWait {
+        sem: SemRef,
+        value: ValueId,
+    },
+    /// The current count of a semaphore (i32 scalar).
+    SemRead {
+        sem: SemRef,
+    },
+    /// Runs `body` with the scratch operands `allocs` (VMEM buffers, semaphores) allocated
+    /// for it alone: fresh on entry, and semaphores back at zero with no copy in flight on
+    /// exit. Yields values (the results).
+    Scoped {
+        allocs: Vec<RefId>,
+        body: Region,
+    },
 }
 
 impl Op {
@@ -314,6 +379,16 @@ impl Op {
             Op::Dot { .. } => "dot",
             Op::When { .. } => "when",
             Op::ForLoop { .. } => "fori_loop",
+            Op::DeviceId => "device_id",
+            Op::DmaStart { remote: None, .. } => "async_copy",
+            Op::DmaStart {
+                remote: Some(_), ..
+            } => "remote_copy",
+            Op::DmaWait { .. } => "wait_copy",
+            Op::SemSignal { .. } => "semaphore_signal",
+            Op::SemWait { .. } => "semaphore_wait",
+            Op::SemRead { .. } => "semaphore_read",
+            Op::Scoped { .. } => "run_scoped",
         }
     }
 
@@ -352,6 +427,73 @@ impl Op {
                 v.extend(init);
                 v
             }
+            Op::DeviceId | Op::Scoped { .. } => vec![],
+            Op::DmaStart {
+                src,
+                dst,
+                sem,
+                remote,
+            } => {
+                let mut v = dynamic_starts(&src.slices);
+                v.extend(dynamic_starts(&dst.slices));
+                v.extend(&sem.index);
+                if let Some(r) = remote {
+                    v.push(r.device);
+                    v.extend(&r.send_sem.index);
+                }
+                v
+            }
+            Op::DmaWait { src, dst, sem } => {
+                let mut v = dynamic_starts(&src.slices);
+                v.extend(dynamic_starts(&dst.slices));
+                v.extend(&sem.index);
+                v
+            }
+            Op::SemSignal { sem, inc, device } => {
+                let mut v = sem.index.clone();
+                v.push(*inc);
+                v.extend(device);
+                v
+            }
+            Op::SemWait { sem, value } => {
+                let mut v = sem.index.clone();
+                v.push(*value);
+                v
+            }
+            Op::SemRead { sem } => sem.index.clone(),
+        }
+    }
+
+    /// The refs this op reads, writes or signals directly (not inside its regions).
+    pub fn refs(&self) -> Vec<RefId> {
+        match self {
+            Op::Load { src, .. } | Op::LoadScalar { src, .. } => vec![*src],
+            Op::Store { dst, .. } => vec![*dst],
+            Op::DmaStart { src, dst, .. } | Op::DmaWait { src, dst, .. } => {
+                let mut v = vec![src.r, dst.r];
+                v.extend(self.semaphores().iter().map(|s| s.sem));
+                v
+            }
+            Op::Scoped { allocs, .. } => allocs.clone(),
+            _ => self.semaphores().iter().map(|s| s.sem).collect(),
+        }
+    }
+
+    /// The semaphores this op uses.
+    pub fn semaphores(&self) -> Vec<&SemRef> {
+        match self {
+            Op::DmaStart { sem, remote, .. } => {
+                let mut v = vec![sem];
+                if let Some(r) = remote {
+                    v.push(&r.send_sem);
+                }
+                v
+            }
+            Op::DmaWait { sem, .. }
+            | Op::SemSignal { sem, .. }
+            | Op::SemWait { sem, .. }
+            | Op::SemRead { sem } => vec![sem],
+            _ => vec![],
         }
     }
 
@@ -359,7 +501,7 @@ impl Op {
     pub fn regions(&self) -> Vec<&Region> {
         match self {
             Op::When { then, .. } => vec![then],
-            Op::ForLoop { body, .. } => vec![body],
+            Op::ForLoop { body, .. } | Op::Scoped { body, .. } => vec![body],
             _ => vec![],
         }
     }
@@ -698,7 +840,169 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             }
             out
         }
+        Op::DeviceId => vec![ValueType::scalar(DType::I32)],
+        Op::DmaStart {
+            src,
+            dst,
+            sem,
+            remote,
+        } => {
+            check_copy(ctx, src, dst)?;
+            check_sem(ctx, sem, &[SemKind::Dma], "the copy's semaphore")?;
+            if let Some(r) = remote {
+                expect_i32_scalar(ctx, r.device, "the target device")?;
+                check_sem(ctx, &r.send_sem, &[SemKind::Dma], "the send semaphore")?;
+            }
+            vec![]
+        }
+        Op::DmaWait { src, dst, sem } => {
+            check_copy(ctx, src, dst)?;
+            check_sem(ctx, sem, &[SemKind::Dma], "the semaphore of a copy wait")?;
+            vec![]
+        }
+        Op::SemSignal { sem, inc, device } => {
+            let kinds = [SemKind::Regular, SemKind::Barrier];
+            check_sem(ctx, sem, &kinds, "a signalled semaphore")?;
+            expect_i32_scalar(ctx, *inc, "the increment")?;
+            if let Some(d) = device {
+                expect_i32_scalar(ctx, *d, "the target device")?;
+            }
+            vec![]
+        }
+        Op::SemWait { sem, value } => {
+            let kinds = [SemKind::Regular, SemKind::Barrier];
+            check_sem(ctx, sem, &kinds, "a waited semaphore")?;
+            expect_i32_scalar(ctx, *value, "the count to wait for")?;
+            vec![]
+        }
+        Op::SemRead { sem } => {
+            let kinds = [SemKind::Dma, SemKind::Regular, SemKind::Barrier];
+            check_sem(ctx, sem, &kinds, "a read semaphore")?;
+            vec![ValueType::scalar(DType::I32)]
+        }
+        Op::Scoped { allocs, body } => {
+            for &r in allocs {
+                let o = operand(r)?;
+                let ok = o.role == OperandRole::Scratch
+                    && matches!(
+                        o.memory,
+                        MemorySpace::Vmem | MemorySpace::Semaphore(SemKind::Dma | SemKind::Regular)
+                    );
+                if !ok {
+                    return Err(format!(
+                        "`{}` cannot be allocated by `run_scoped`: only VMEM buffers and \
+                         DMA or regular semaphores can",
+                        o.name
+                    ));
+                }
+            }
+            body.yields.iter().map(|&v| ty(v)).collect()
+        }
     })
+}
+
+/// The shape with its unit dims dropped: windows of a copy must agree in this shape.
+pub fn squeezed(shape: &[usize]) -> Vec<usize> {
+    shape.iter().copied().filter(|&d| d != 1).collect()
+}
+
+/// Checks a semaphore reference: a semaphore operand of one of `kinds`, indexed by one i32
+/// scalar per dim.
+fn check_sem(
+    ctx: &dyn InferContext,
+    sem: &SemRef,
+    kinds: &[SemKind],
+    what: &str,
+) -> Result<(), String> {
+    let o = ctx
+        .operand(sem.sem)
+        .ok_or_else(|| format!("unknown ref #{}", sem.sem.0))?;
+    let Some(kind) = o.memory.semaphore() else {
+        return Err(format!(
+            "{what} must be a semaphore, but `{}` lives in {} memory",
+            o.name,
+            o.memory.name()
+        ));
+    };
+    if !kinds.contains(&kind) {
+        let wanted = if kinds.contains(&SemKind::Dma) {
+            "a DMA semaphore (copies signal DMA semaphores)"
+        } else {
+            "a regular semaphore (DMA semaphores are signalled by copies only)"
+        };
+        return Err(format!(
+            "{what} must be {wanted}, but `{}` is a {}",
+            o.name,
+            o.memory.name()
+        ));
+    }
+    if sem.index.len() != o.array_shape.len() {
+        return Err(format!(
+            "`{}` is an array of semaphores of shape {:?}: give one index per dim, got {}",
+            o.name,
+            o.array_shape,
+            sem.index.len()
+        ));
+    }
+    for &i in &sem.index {
+        expect_i32_scalar(ctx, i, "a semaphore index")?;
+    }
+    Ok(())
+}
+
+/// Checks one side of a copy and returns its window shape.
+fn copy_side(
+    ctx: &dyn InferContext,
+    w: &RefWindow,
+    writes: bool,
+) -> Result<(DType, Vec<usize>), String> {
+    let o = ctx
+        .operand(w.r)
+        .ok_or_else(|| format!("unknown ref #{}", w.r.0))?;
+    let ok = match (o.memory, o.role) {
+        (MemorySpace::Any, OperandRole::Input) => !writes,
+        (MemorySpace::Any, OperandRole::Output) => true,
+        (MemorySpace::Vmem, OperandRole::Scratch) => true,
+        _ => false,
+    };
+    if !ok {
+        let why = match (o.memory, o.role) {
+            (MemorySpace::Any, OperandRole::Input) => "an input, and inputs are read-only".into(),
+            (MemorySpace::Vmem, OperandRole::Input | OperandRole::Output) => {
+                "a pipelined block (a block-spec operand)".to_string()
+            }
+            (m, _) => format!("in {} memory", m.name()),
+        };
+        return Err(format!(
+            "`{}` is {why}; copies move data between HBM operands (`Hbm`, `HbmMut`) and VMEM \
+             scratch (`Vmem`)",
+            o.name
+        ));
+    }
+    Ok((o.dtype, window_shape(ctx, o, &w.slices)?))
+}
+
+/// Checks the two windows of a copy: same dtype, same shape once unit dims are dropped.
+fn check_copy(ctx: &dyn InferContext, src: &RefWindow, dst: &RefWindow) -> Result<(), String> {
+    let (sd, ss) = copy_side(ctx, src, false)?;
+    let (dd, ds) = copy_side(ctx, dst, true)?;
+    let name = |r: RefId| ctx.operand(r).map(|o| o.name.clone()).unwrap_or_default();
+    if sd != dd {
+        return Err(format!(
+            "copying {sd} elements of `{}` into `{}` of dtype {dd}; a copy does not convert",
+            name(src.r),
+            name(dst.r)
+        ));
+    }
+    if squeezed(&ss) != squeezed(&ds) {
+        return Err(format!(
+            "the source window {ss:?} of `{}` and the destination window {ds:?} of `{}` differ \
+             in shape (unit dims aside)",
+            name(src.r),
+            name(dst.r)
+        ));
+    }
+    Ok(())
 }
 
 fn same_type(a: &ValueType, b: &ValueType) -> Result<(), String> {

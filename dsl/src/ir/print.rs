@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use super::{join, BlockMapping, Inst, Kernel, Op, Region, Slice, ValueId};
+use super::{join, BlockMapping, Inst, Kernel, Op, RefWindow, Region, SemRef, Slice, ValueId};
 
 pub(super) fn print_kernel(k: &Kernel) -> String {
     let mut out = String::new();
@@ -24,6 +24,14 @@ pub(super) fn print_kernel(k: &Kernel) -> String {
         join(&k.grid, ", "),
         sems.join(", ")
     );
+    if !k.mesh.is_empty() {
+        let axes: Vec<String> = k
+            .mesh
+            .iter()
+            .map(|a| format!("{}: {}", a.name, a.size))
+            .collect();
+        let _ = writeln!(out, "  mesh = {{{}}}", axes.join(", "));
+    }
     let p = Printer { k };
     for o in &k.operands {
         let _ = write!(
@@ -92,6 +100,19 @@ impl Printer<'_> {
         format!("{name}[{}]", s.join(", "))
     }
 
+    fn window(&self, w: &RefWindow) -> String {
+        self.slices(&self.k.operand(w.r).name, &w.slices)
+    }
+
+    fn sem(&self, s: &SemRef) -> String {
+        let name = &self.k.operand(s.sem).name;
+        if s.index.is_empty() {
+            name.clone()
+        } else {
+            format!("{name}[{}]", join(&s.index, ", "))
+        }
+    }
+
     fn inst(&self, out: &mut String, inst: &Inst, depth: usize) {
         let pad = "  ".repeat(depth);
         out.push_str(&pad);
@@ -156,6 +177,50 @@ impl Printer<'_> {
                 self.region_body(out, body, depth + 1);
                 let _ = writeln!(out, "{pad}  yield {}", join(&body.yields, ", "));
                 let _ = writeln!(out, "{pad}}} : {}", self.types_of(&inst.results));
+                return;
+            }
+            Op::DeviceId => "device_id".to_string(),
+            Op::DmaStart {
+                src,
+                dst,
+                sem,
+                remote,
+            } => {
+                let mut s = format!(
+                    "{} {} -> {}, {}",
+                    inst.op.name(),
+                    self.window(src),
+                    self.window(dst),
+                    self.sem(sem)
+                );
+                if let Some(r) = remote {
+                    let _ = write!(s, " to device {} send {}", r.device, self.sem(&r.send_sem));
+                }
+                s
+            }
+            Op::DmaWait { src, dst, sem } => format!(
+                "wait_copy {} -> {}, {}",
+                self.window(src),
+                self.window(dst),
+                self.sem(sem)
+            ),
+            Op::SemSignal { sem, inc, device } => {
+                let mut s = format!("semaphore_signal {}, {inc}", self.sem(sem));
+                if let Some(d) = device {
+                    let _ = write!(s, " to device {d}");
+                }
+                s
+            }
+            Op::SemWait { sem, value } => format!("semaphore_wait {}, {value}", self.sem(sem)),
+            Op::SemRead { sem } => format!("semaphore_read {}", self.sem(sem)),
+            Op::Scoped { allocs, body } => {
+                let names: Vec<&str> = allocs.iter().map(|r| name(*r)).collect();
+                let _ = writeln!(out, "run_scoped ({}) {{", names.join(", "));
+                self.region_body(out, body, depth + 1);
+                if !body.yields.is_empty() {
+                    let _ = writeln!(out, "{pad}  yield {}", join(&body.yields, ", "));
+                }
+                let _ = writeln!(out, "{pad}}}");
                 return;
             }
         };

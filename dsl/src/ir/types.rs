@@ -82,8 +82,12 @@ pub enum MemorySpace {
     Vmem,
     /// The whole array in scalar memory (TPU SMEM): scalar prefetch and small tables.
     Smem,
-    /// Left where it is (HBM); the kernel may not load it directly.
+    /// Left where it is (HBM); the kernel may not load it directly: it copies windows of it
+    /// to and from VMEM scratch with asynchronous copies.
     Any,
+    /// Semaphores (TPU semaphore memory): counters that copies and signals increment and
+    /// waits decrement. The operand's shape is the shape of the semaphore array.
+    Semaphore(SemKind),
 }
 
 impl MemorySpace {
@@ -92,8 +96,55 @@ impl MemorySpace {
             MemorySpace::Vmem => "vmem",
             MemorySpace::Smem => "smem",
             MemorySpace::Any => "any",
+            MemorySpace::Semaphore(SemKind::Dma) => "dma_semaphore",
+            MemorySpace::Semaphore(SemKind::Regular) => "semaphore",
+            MemorySpace::Semaphore(SemKind::Barrier) => "barrier_semaphore",
         }
     }
+
+    /// The kind of semaphore, for semaphore operands.
+    pub fn semaphore(self) -> Option<SemKind> {
+        match self {
+            MemorySpace::Semaphore(kind) => Some(kind),
+            MemorySpace::Vmem | MemorySpace::Smem | MemorySpace::Any => None,
+        }
+    }
+}
+
+/// What a semaphore counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SemKind {
+    /// Completed copies, in bytes: a copy adds its size when it lands (to its destination's
+    /// semaphore, and for a remote copy to the sender's semaphore too); a wait for a copy
+    /// takes that size back.
+    Dma,
+    /// Signals: `signal(n)` adds `n` (on this device or another), `wait(n)` takes `n`.
+    Regular,
+    /// The kernel's barrier semaphore: a regular semaphore shared by every kernel with the
+    /// same collective id, for the devices to agree that all of them have entered the kernel.
+    Barrier,
+}
+
+/// One axis of the device mesh a kernel runs on: its name and size. Device ids are
+/// row-major over a kernel's axes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DeviceAxis {
+    pub name: String,
+    pub size: usize,
+}
+
+impl DeviceAxis {
+    pub fn new(name: impl Into<String>, size: usize) -> Self {
+        DeviceAxis {
+            name: name.into(),
+            size,
+        }
+    }
+}
+
+/// The number of devices of a mesh (1 for no axes).
+pub fn device_count(mesh: &[DeviceAxis]) -> usize {
+    mesh.iter().map(|a| a.size).product()
 }
 
 /// How the iterations of one grid dimension relate to each other.

@@ -3,7 +3,8 @@
 use std::collections::HashSet;
 
 use super::{
-    infer, DType, Inst, Kernel, Loc, MemorySpace, Op, OperandRole, Region, ValueId, ValueType,
+    infer, DType, Inst, Kernel, Loc, MemorySpace, Op, OperandRole, RefId, Region, ValueId,
+    ValueType,
 };
 
 /// An ill-formed piece of IR: which op, where the kernel author wrote it, and what is wrong.
@@ -20,6 +21,8 @@ pub fn verify(k: &Kernel) -> Result<(), Vec<VerifyError>> {
     let mut v = Verifier {
         k,
         defined: HashSet::new(),
+        scoped: HashSet::new(),
+        live: HashSet::new(),
         errors: Vec::new(),
     };
     v.kernel();
@@ -34,7 +37,24 @@ struct Verifier<'k> {
     k: &'k Kernel,
     /// Values visible at the current point (SSA dominance within nested regions).
     defined: HashSet<ValueId>,
+    /// Refs allocated by a `run_scoped` region, and those whose region is being verified.
+    scoped: HashSet<RefId>,
+    live: HashSet<RefId>,
     errors: Vec<VerifyError>,
+}
+
+/// Calls `f` for every ref a `run_scoped` op in `r` (or nested in it) allocates.
+pub(crate) fn scoped_allocs<'a>(r: &'a Region, f: &mut dyn FnMut(&'a Inst, RefId)) {
+    for inst in &r.insts {
+        if let Op::Scoped { allocs, .. } = &inst.op {
+            for &a in allocs {
+                f(inst, a);
+            }
+        }
+        for nested in inst.op.regions() {
+            scoped_allocs(nested, f);
+        }
+    }
 }
 
 impl Verifier<'_> {
@@ -72,10 +92,18 @@ impl Verifier<'_> {
                 OperandRole::Input | OperandRole::Output => match o.memory {
                     MemorySpace::Vmem => o.block.is_some(),
                     MemorySpace::Smem | MemorySpace::Any => o.block.is_none(),
+                    MemorySpace::Semaphore(_) => false,
                 },
                 OperandRole::Scratch => o.block.is_none() && o.memory != MemorySpace::Any,
                 OperandRole::ScalarPrefetch => o.block.is_none() && o.memory == MemorySpace::Smem,
             };
+            if o.memory.semaphore().is_some() && o.dtype != DType::I32 {
+                self.err(
+                    "operand",
+                    o.loc,
+                    format!("{what}: semaphores count in i32, not {}", o.dtype),
+                );
+            }
             if !ok_memory {
                 self.err(
                     "operand",
@@ -112,6 +140,17 @@ impl Verifier<'_> {
                 self.index_map(&what, o.loc, &b.index_map, o.array_shape.len());
             }
         }
+        let mut seen = HashSet::new();
+        scoped_allocs(&k.body, &mut |inst, r| {
+            if !seen.insert(r) {
+                self.err(
+                    "run_scoped",
+                    inst.loc,
+                    format!("`{}` is allocated by two scopes", k.operand(r).name),
+                );
+            }
+        });
+        self.scoped = seen;
         self.region(&k.body, false);
     }
 
@@ -183,6 +222,12 @@ impl Verifier<'_> {
                     | Op::When { .. }
                     | Op::ForLoop { .. }
                     | Op::Dot { .. }
+                    | Op::DmaStart { .. }
+                    | Op::DmaWait { .. }
+                    | Op::SemSignal { .. }
+                    | Op::SemWait { .. }
+                    | Op::SemRead { .. }
+                    | Op::Scoped { .. }
             )
         {
             self.err(
@@ -202,8 +247,32 @@ impl Verifier<'_> {
                 return;
             }
         }
+        for r in inst.op.refs() {
+            if self.scoped.contains(&r) && !self.live.contains(&r) {
+                if let Op::Scoped { .. } = inst.op {
+                    continue;
+                }
+                self.err(
+                    name,
+                    inst.loc,
+                    format!(
+                        "`{}` belongs to a `run_scoped` region and is used outside it",
+                        self.k.operand(r).name
+                    ),
+                );
+                return;
+            }
+        }
+        let allocs = match &inst.op {
+            Op::Scoped { allocs, .. } => allocs.clone(),
+            _ => Vec::new(),
+        };
+        self.live.extend(allocs.iter().copied());
         for r in inst.op.regions() {
             self.region(r, scalar_only);
+        }
+        for r in &allocs {
+            self.live.remove(r);
         }
         match infer(&inst.op, self.k) {
             Ok(types) => {
@@ -296,6 +365,7 @@ mod tests {
                 operand("x", OperandRole::Input),
                 operand("out", OperandRole::Output),
             ],
+            mesh: Vec::new(),
             body: Region {
                 params: vec![],
                 insts: body,

@@ -117,6 +117,14 @@ fn region(
                 };
                 region(k, body, times * trips, ints, cost);
             }
+            Op::Scoped { body, .. } => region(k, body, times, ints, cost),
+            // Copies move bytes but compute nothing; their bytes are not counted yet.
+            Op::DeviceId
+            | Op::DmaStart { .. }
+            | Op::DmaWait { .. }
+            | Op::SemSignal { .. }
+            | Op::SemWait { .. }
+            | Op::SemRead { .. } => {}
             Op::ProgramId { .. }
             | Op::Constant { .. }
             | Op::Load { .. }

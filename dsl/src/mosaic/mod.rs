@@ -79,6 +79,17 @@ pub const MAX_VMEM_LIMIT_BYTES: usize = 64 << 20;
 /// those rules are what make the module compile; a kernel instantiated under other rules
 /// lowers all the same but libtpu may refuse it.
 pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
+    if k.moves_own_data() {
+        return Err(lower_error(
+            k,
+            "kernel",
+            k.loc,
+            "kernels that move their own data (HBM operands, copies, semaphores, device ids) \
+             are not lowered to Mosaic yet; run them on the interpreter or the StableHLO \
+             backends"
+                .into(),
+        ));
+    }
     for (i, o) in k.operands.iter().enumerate() {
         let supported = match o.role {
             OperandRole::Input | OperandRole::Output => o.memory == MemorySpace::Vmem,
@@ -776,6 +787,20 @@ impl<'k> Emitter<'k> {
                     ),
                     loc,
                 )
+            }
+            Op::DeviceId
+            | Op::DmaStart { .. }
+            | Op::DmaWait { .. }
+            | Op::SemSignal { .. }
+            | Op::SemWait { .. }
+            | Op::SemRead { .. }
+            | Op::Scoped { .. } => {
+                return Err(lower_error(
+                    k,
+                    &format!("`{}`", inst.op.name()),
+                    loc,
+                    "not lowered to Mosaic yet".into(),
+                ))
             }
             Op::When { cond, then } => {
                 let c = self.v(*cond);

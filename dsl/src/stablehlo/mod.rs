@@ -30,6 +30,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+mod memory;
 mod plan;
 mod schedule;
 
@@ -48,6 +49,20 @@ use crate::ir::{
 /// Lowers `k` into a module whose public `@main` takes the kernel's arguments (scalar
 /// prefetch and inputs, in order) and returns its outputs.
 pub fn lower_module(k: &Kernel) -> Result<Module, KernelError> {
+    module_with(k, lower_into)
+}
+
+/// A module `tessera_<kernel>` whose public `@main` takes the kernel's arguments (scalar
+/// prefetch and inputs, in order) and returns what `lower` makes of the kernel applied to
+/// them.
+pub(crate) fn module_with(
+    k: &Kernel,
+    lower: impl FnOnce(
+        &Kernel,
+        &mut FuncBuilder<'_>,
+        &[hlo::Value],
+    ) -> Result<Vec<hlo::Value>, KernelError>,
+) -> Result<Module, KernelError> {
     let mut module = Module::new(format!("tessera_{}", k.name));
     let mut f = module.func("main");
     let fail = |e: HloError| lower_error(k, "arguments", Loc::internal(), e);
@@ -60,7 +75,7 @@ pub fn lower_module(k: &Kernel) -> Result<Module, KernelError> {
     {
         args.push(f.arg(tensor_type(o.dtype, &o.array_shape)).map_err(fail)?);
     }
-    let outs = lower_into(k, &mut f, &args)?;
+    let outs = lower(k, &mut f, &args)?;
     f.finish(&outs).map_err(fail)?;
     Ok(module)
 }
@@ -73,7 +88,52 @@ pub fn lower_into(
     f: &mut FuncBuilder<'_>,
     args: &[hlo::Value],
 ) -> Result<Vec<hlo::Value>, KernelError> {
-    Lower::new(k).kernel(f, args)
+    if k.num_devices() > 1 {
+        return Err(memory::needs_spmd(k));
+    }
+    Lower::new(k, false).kernel(f, args)
+}
+
+/// Lowers a kernel that runs on a device mesh (remote copies and signals, device ids) into
+/// the SPMD function being built by `f`: a manually partitioned program whose partition
+/// ids are the kernel's device ids (row-major over its mesh, one partition per device), with
+/// `args` this device's arguments. Remote copies become `collective_permute`s at the copy's
+/// grid step (every device runs the grid in lockstep); see [`memory`] for the patterns this
+/// covers.
+pub fn lower_into_spmd(
+    k: &Kernel,
+    f: &mut FuncBuilder<'_>,
+    args: &[hlo::Value],
+) -> Result<Vec<hlo::Value>, KernelError> {
+    memory::check_spmd(k, f.num_partitions() as usize)?;
+    Lower::new(k, true).kernel(f, args)
+}
+
+/// Lowers a kernel that runs on a device mesh into a manually partitioned module: one
+/// partition per device, `@main` taking and returning each device's arrays
+/// (`mhlo.sharding = "{manual}"`).
+pub fn lower_module_spmd(k: &Kernel) -> Result<Module, KernelError> {
+    let mut module = Module::new(format!("tessera_{}", k.name));
+    let fail = |e: HloError| lower_error(k, "arguments", Loc::internal(), e);
+    module
+        .set_num_partitions(k.num_devices() as u32)
+        .map_err(fail)?;
+    let mut f = module.func("main");
+    let mut args = Vec::new();
+    for o in k.operands.iter().filter(|o| is_arg(o.role)) {
+        let ty = tensor_type(o.dtype, &o.array_shape);
+        args.push(
+            f.arg_with_sharding(ty, hlo::Sharding::Manual)
+                .map_err(fail)?,
+        );
+    }
+    let outs = lower_into_spmd(k, &mut f, &args)?;
+    let outs: Vec<_> = outs
+        .into_iter()
+        .map(|v| (v, Some(hlo::Sharding::Manual)))
+        .collect();
+    f.finish_with_shardings(&outs).map_err(fail)?;
+    Ok(module)
 }
 
 fn is_arg(role: OperandRole) -> bool {
@@ -126,15 +186,30 @@ struct Lower<'k> {
     out_offsets: HashMap<RefId, Vec<hlo::Value>>,
     /// The previous block offsets of tracked outputs.
     prev_offsets: HashMap<RefId, Vec<hlo::Value>>,
+    /// Whether the kernel is lowered into an SPMD program (device ids are partition ids).
+    spmd: bool,
+    /// Where each value of the body is defined (for remote copies' target devices).
+    defs: HashMap<ValueId, &'k Inst>,
 }
 
 type R<T> = Result<T, KernelError>;
 
 impl<'k> Lower<'k> {
-    fn new(k: &'k Kernel) -> Self {
-        let plan = plan::plan(k);
+    fn new(k: &'k Kernel, spmd: bool) -> Self {
+        let manual = k.moves_own_data();
+        // Kernels that move their own data keep their loops as written: no vectorised dims,
+        // no hoisted `when`s (copies and semaphores keep their order).
+        let plan = if manual {
+            plan::Plan::default()
+        } else {
+            plan::plan(k)
+        };
         let bsizes = k.grid[..plan.nb].iter().map(|&n| n as i64).collect();
-        let sched = schedule::schedule(k, plan.nb);
+        let mut sched = schedule::schedule(k, plan.nb);
+        if manual {
+            sched.first.clear();
+            sched.last.clear();
+        }
         Lower {
             k,
             plan,
@@ -150,6 +225,12 @@ impl<'k> Lower<'k> {
             out_arrays: HashMap::new(),
             out_offsets: HashMap::new(),
             prev_offsets: HashMap::new(),
+            spmd,
+            defs: if manual {
+                memory::definitions(&k.body)
+            } else {
+                HashMap::new()
+            },
         }
     }
 
@@ -194,16 +275,27 @@ impl<'k> Lower<'k> {
             ));
         }
         self.arrays = arg_refs.iter().copied().zip(args.iter().copied()).collect();
+        // Blocked outputs are written back block by block; HBM outputs are whole arrays the
+        // body writes (by copies) and are carried like scratch.
         self.outputs = k
             .operands_with(OperandRole::Output)
+            .filter(|(_, o)| o.block.is_some())
             .map(|(r, _)| r)
             .collect();
         self.scratch = k
-            .operands_with(OperandRole::Scratch)
-            .map(|(r, _)| r)
+            .operands
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| memory::carried_unblocked(o))
+            .map(|(i, _)| RefId(i as u32))
             .collect();
         for (r, _) in k.operands_with(OperandRole::ScalarPrefetch) {
             self.refs.insert(r, self.arrays[&r]);
+        }
+        for (r, o) in k.operands_with(OperandRole::Input) {
+            if o.block.is_none() {
+                self.refs.insert(r, self.arrays[&r]);
+            }
         }
         for r in self.outputs.clone() {
             let o = k.operand(r);
@@ -213,7 +305,7 @@ impl<'k> Lower<'k> {
         for r in self.outputs.iter().chain(&self.scratch) {
             let o = k.operand(*r);
             let shape = self.shape_of(&o.view_shape(), self.plan.ref_batched(k, *r));
-            let buffer = garbage(f, o.dtype, &shape).map_err(&e)?;
+            let buffer = memory::fresh(f, o, &shape).map_err(&e)?;
             self.refs.insert(*r, buffer);
         }
         // No block index is negative: the first comparison always sees a change.
@@ -224,7 +316,12 @@ impl<'k> Lower<'k> {
         }
         self.grid = vec![None; k.grid.len()];
         self.level(f, self.nb())?;
-        Ok(self.outputs.iter().map(|r| self.out_arrays[r]).collect())
+        Ok(k.operands_with(OperandRole::Output)
+            .map(|(r, o)| match o.block {
+                Some(_) => self.out_arrays[&r],
+                None => self.refs[&r],
+            })
+            .collect())
     }
 
     /// The values the grid loops carry: output arrays, output and scratch buffers, and the
@@ -834,6 +931,13 @@ impl<'k> Lower<'k> {
                 }
                 return Ok(());
             }
+            Op::DeviceId
+            | Op::DmaStart { .. }
+            | Op::DmaWait { .. }
+            | Op::SemSignal { .. }
+            | Op::SemWait { .. }
+            | Op::SemRead { .. }
+            | Op::Scoped { .. } => return self.memory_inst(b, inst),
             Op::ForLoop { lo, hi, init, body } => {
                 let written: Vec<RefId> = written_refs(body).into_iter().collect();
                 let n = init.len();
@@ -899,6 +1003,7 @@ fn written_refs(r: &Region) -> BTreeSet<RefId> {
         if let Op::Store { dst, .. } = inst.op {
             out.insert(dst);
         }
+        out.extend(memory::written_by(&inst.op));
         for nested in inst.op.regions() {
             out.extend(written_refs(nested));
         }

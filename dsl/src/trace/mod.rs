@@ -5,10 +5,13 @@
 //! with its source location, the result is marked poisoned, and ops on poisoned values record
 //! nothing more, so one mistake yields one message. The instantiation reports them all.
 
+mod memory;
 mod ops;
 mod refs;
 mod state;
 
+pub(crate) use memory::declare_operand;
+pub use memory::*;
 pub use ops::*;
 pub use refs::*;
 pub use state::Value;

@@ -88,7 +88,7 @@ pub fn ds(start: impl IntoStart, len: impl StaticLen) -> Idx {
     start.into_idx(len.static_len())
 }
 
-fn slices(idx: &[Idx]) -> Vec<Slice> {
+pub(crate) fn slices(idx: &[Idx]) -> Vec<Slice> {
     idx.iter()
         .map(|i| match i.0 {
             IdxKind::All => Slice::Full,
@@ -101,19 +101,19 @@ fn slices(idx: &[Idx]) -> Vec<Slice> {
         .collect()
 }
 
-fn full_window(r: RefId) -> Vec<Slice> {
+pub(crate) fn full_window(r: RefId) -> Vec<Slice> {
     let rank = with_trace(|t| t.operands[r.index()].view_shape().len());
     vec![Slice::Full; rank]
 }
 
 #[track_caller]
-fn load(r: RefId, s: Vec<Slice>) -> Value {
+pub(crate) fn load(r: RefId, s: Vec<Slice>) -> Value {
     emit(Op::Load { src: r, slices: s }, Loc::caller())[0]
 }
 
 /// Stores `value` into a window; a scalar (or literal) is broadcast to the window's shape.
 #[track_caller]
-fn store(r: RefId, s: Vec<Slice>, value: impl IntoValue) {
+pub(crate) fn store(r: RefId, s: Vec<Slice>, value: impl IntoValue) {
     let loc = Loc::caller();
     let (dtype, view) = with_trace(|t| {
         let o = &t.operands[r.index()];
@@ -218,7 +218,15 @@ macro_rules! handle_impls {
             }
         }
         impl<T: Element> Copy for $name<T> {}
+    )*
+        handle_accessors!($($name),*);
+    };
+}
 
+/// `__from_id`, `id`, `shape` and `dtype` of operand handles (also the non-`Copy` ones of
+/// kernels that move their own data).
+macro_rules! handle_accessors {
+    ($($name:ident),*) => {$(
         impl<T: Element> $name<T> {
             #[doc(hidden)]
             pub fn __from_id(id: RefId) -> Self {
@@ -241,6 +249,7 @@ macro_rules! handle_impls {
         }
     )*};
 }
+pub(crate) use handle_accessors;
 
 handle_impls!(Ref, RefMut, Scratch, Smem);
 

@@ -29,6 +29,8 @@ pub(crate) struct TraceState {
     pub grid_rank: usize,
     pub problems: Vec<TraceProblem>,
     pub poisoned: HashSet<ValueId>,
+    /// What the manual-memory API tracks while tracing (mesh, scopes).
+    pub memory: super::memory::MemoryTrace,
 }
 
 thread_local! {
@@ -44,6 +46,7 @@ impl TraceState {
             grid_rank,
             problems: Vec::new(),
             poisoned: HashSet::new(),
+            memory: Default::default(),
         }
     }
 
@@ -103,11 +106,26 @@ pub(crate) fn with_trace<R>(f: impl FnOnce(&mut TraceState) -> R) -> R {
     })
 }
 
+/// Runs `f` on the current trace, or returns `None` outside kernel instantiation (for
+/// `Drop` impls, which may run after a trace ended).
+pub(crate) fn try_with_trace<R>(f: impl FnOnce(&mut TraceState) -> R) -> Option<R> {
+    TRACE
+        .try_with(|t| t.try_borrow_mut().ok().and_then(|mut t| t.as_mut().map(f)))
+        .ok()
+        .flatten()
+}
+
 /// How many values `op` defines when it is ill-formed (so the trace can continue).
 fn result_count(op: &Op) -> usize {
     match op {
-        Op::Store { .. } | Op::When { .. } => 0,
+        Op::Store { .. }
+        | Op::When { .. }
+        | Op::DmaStart { .. }
+        | Op::DmaWait { .. }
+        | Op::SemSignal { .. }
+        | Op::SemWait { .. } => 0,
         Op::ForLoop { init, .. } => init.len(),
+        Op::Scoped { body, .. } => body.yields.len(),
         _ => 1,
     }
 }

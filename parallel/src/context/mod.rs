@@ -19,9 +19,11 @@
 //! - [`Strategy::Usp`]: a 2-D mesh, Ulysses over one axis and ring over the other.
 //!
 //! The programs are SPMD StableHLO built with the typed collectives (the sharding of every
-//! tensor is in its type) with the splash kernels inlined; devices whose blocks differ (the
-//! all-gather and ring strategies) share one kernel through [`ShardedSplash`], which selects
-//! each device's block tables by its mesh coordinate. They run on the PJRT CPU plugin.
+//! tensor is in its type) with the splash kernels inlined (or, for TPU, as Mosaic custom
+//! calls); devices whose blocks differ (the all-gather and ring strategies) share one kernel
+//! through [`ShardedSplash`], which selects each device's block tables by its mesh
+//! coordinate. They run on the devices of any [`Platform`] (the CPU plugin's virtual devices
+//! here).
 //!
 //! Each forward + backward program is the forward and its reverse-mode gradient
 //! ([`Spmd::vjp`]) in one program, as a training step runs them: every splash call is a
@@ -48,7 +50,7 @@ use tessera_collectives::{
 };
 use tessera_dsl::{DType, HostArray, Target};
 use tessera_hlo::{FuncBuilder, Module, Value};
-use tessera_runtime::{Client, HostBuffer};
+use tessera_runtime::{HostBuffer, Platform};
 use tessera_splash::{
     BlockSizes, Dims, Inputs, Mask, SegmentIds, SeqOffsets, ShardedSplash, SplashError,
     SplashOptions, Stage, Tensor,
@@ -86,8 +88,23 @@ pub enum CpError {
     /// repeat it.)
     #[error("XLA runtime: {0}")]
     Runtime(tessera_runtime::Error),
+    /// The platform's devices could not be had (none on this machine, too few, ...).
+    #[error(transparent)]
+    Devices(tessera_runtime::Error),
     #[error("{0}")]
     Host(String),
+    /// A program with Mosaic kernels compiled for a platform that does not run them.
+    #[error(
+        "the program's kernels ({}) are Mosaic custom calls, which only TPU devices run; \
+         build it for {platform} with tessera_parallel::kernel_target",
+        kernels.join(", ")
+    )]
+    MosaicOffTpu {
+        /// The platform it was compiled for.
+        platform: Platform,
+        /// Its Mosaic kernels.
+        kernels: Vec<String>,
+    },
 }
 
 impl From<tessera_runtime::Error> for CpError {
@@ -222,9 +239,9 @@ pub struct ContextParallel {
     /// `2U - 1 - r` (zigzag), so under a causal mask every device has the same work. The
     /// arrays stay in natural order for the caller; the programs take them in zigzag order.
     pub load_balance: bool,
-    /// What the kernels are lowered for: [`Target::portable`] (inline StableHLO, runs on the
-    /// CPU plugin) or [`Target::tpu`] (Mosaic custom calls inside the manual-sharded program,
-    /// compile-only for a TPU topology).
+    /// What the kernels are lowered for: [`Target::portable`] (inline StableHLO, runs on CPU
+    /// and GPU) or [`Target::tpu`] (Mosaic custom calls inside the manual-sharded program, for
+    /// TPU devices or a TPU topology); [`crate::kernel_target`] gives the one for a platform.
     pub target: Target,
 }
 
@@ -455,11 +472,16 @@ impl CpProgram {
             .collect()
     }
 
-    /// Compiles for the devices of the mesh (the XLA CPU plugin with that many devices).
-    pub fn compile(&self) -> Result<CpExecutable, CpError> {
+    /// Compiles for the first devices of `platform`, one per device of the mesh. A program
+    /// with Mosaic kernels compiles only for TPU.
+    pub fn compile(&self, platform: Platform) -> Result<CpExecutable, CpError> {
+        let kernels = self.module().tpu_kernel_names();
+        if !kernels.is_empty() && !platform.takes_mosaic_kernels() {
+            return Err(CpError::MosaicOffTpu { platform, kernels });
+        }
         let exe = match &self.program {
-            MeshProgram::Context(p) => MeshExecutable::Context(compile_on(p)?),
-            MeshProgram::Usp(p) => MeshExecutable::Usp(compile_on(p)?),
+            MeshProgram::Context(p) => MeshExecutable::Context(compile_on(p, platform)?),
+            MeshProgram::Usp(p) => MeshExecutable::Usp(compile_on(p, platform)?),
         };
         Ok(CpExecutable {
             exe,
@@ -467,14 +489,23 @@ impl CpProgram {
         })
     }
 
-    /// Compiles and runs once on global host arrays.
-    pub fn run(&self, inputs: &[&HostArray]) -> Result<Vec<HostArray>, CpError> {
-        self.compile()?.run(inputs)
+    /// Compiles for `platform` and runs once on global host arrays.
+    pub fn run(
+        &self,
+        platform: Platform,
+        inputs: &[&HostArray],
+    ) -> Result<Vec<HostArray>, CpError> {
+        self.compile(platform)?.run(inputs)
     }
 }
 
-fn compile_on<M: MeshShape>(program: &Program<M>) -> Result<Executable<M>, CpError> {
-    let client = Client::cpu_shared(program.mesh().num_devices())?;
+fn compile_on<M: MeshShape>(
+    program: &Program<M>,
+    platform: Platform,
+) -> Result<Executable<M>, CpError> {
+    let client = platform
+        .client(program.mesh().num_devices())
+        .map_err(CpError::Devices)?;
     Ok(program.compile(&client)?)
 }
 
@@ -796,16 +827,8 @@ impl ContextParallel {
 
     /// Checks a call's global arrays with the same checks as a single-device splash
     /// attention (shapes against `dims`, dtype, finite values, segment ids int32 `[B, S]`),
-    /// so every strategy validates its inputs alike, before anything is compiled; and that
-    /// the kernels are lowered for a backend that runs here.
+    /// so every strategy validates its inputs alike, before anything is compiled.
     pub fn check_inputs(&self, x: &CpInputs<'_>) -> Result<(), CpError> {
-        if self.target.is_tpu() {
-            return Err(self.config_error(
-                "programs built for the TPU target (Mosaic custom calls) compile for a TPU \
-                 topology but do not run on the CPU plugin; use Target::portable() to run them"
-                    .into(),
-            ));
-        }
         let inputs = Inputs {
             q: x.q,
             k: x.k,
@@ -822,24 +845,29 @@ impl ContextParallel {
         Ok(self.dims.check_output_like("dout", self.dtype, dout)?)
     }
 
-    /// Forward on `devices` CPU devices: `out` and `lse` of the global inputs.
-    pub fn forward(&self, x: &CpInputs<'_>) -> Result<(HostArray, HostArray), CpError> {
+    /// Forward on `devices` devices of `platform`: `out` and `lse` of the global inputs.
+    pub fn forward(
+        &self,
+        platform: Platform,
+        x: &CpInputs<'_>,
+    ) -> Result<(HostArray, HostArray), CpError> {
         self.check_inputs(x)?;
         let mut inputs = vec![x.q, x.k, x.v];
         inputs.extend(x.segment_ids);
         let outs = self
             .forward_program(x.segment_ids.is_some())?
-            .run(&inputs)?;
+            .run(platform, &inputs)?;
         let [out, lse]: [HostArray; 2] = outs
             .try_into()
             .map_err(|_| CpError::Host("the forward program returns out and lse".into()))?;
         Ok((out, lse))
     }
 
-    /// Forward and backward on `devices` CPU devices in one program: `out`, `lse` and the
-    /// global `dq`, `dk`, `dv` of `sum(out * dout)`.
+    /// Forward and backward on `devices` devices of `platform` in one program: `out`, `lse`
+    /// and the global `dq`, `dk`, `dv` of `sum(out * dout)`.
     pub fn forward_backward(
         &self,
+        platform: Platform,
         x: &CpInputs<'_>,
         dout: &HostArray,
     ) -> Result<CpForwardBackward, CpError> {
@@ -849,7 +877,7 @@ impl ContextParallel {
         inputs.extend(x.segment_ids);
         let outs = self
             .forward_backward_program(x.segment_ids.is_some())?
-            .run(&inputs)?;
+            .run(platform, &inputs)?;
         let [out, lse, dq, dk, dv]: [HostArray; 5] = outs.try_into().map_err(|_| {
             CpError::Host("the forward + backward program returns out, lse, dq, dk, dv".into())
         })?;
