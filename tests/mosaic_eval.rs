@@ -1,39 +1,38 @@
 //! The Mosaic lowering checked by numbers, without a TPU: every example and splash kernel is
 //! lowered to Mosaic, the emitted MLIR text is parsed and run by the test-only evaluator
 //! (`tessera-mosaic-eval`, which never sees the kernel IR), and its outputs must equal the
-//! interpreter's bit for bit.
+//! interpreter's bit for bit. Both run the grid as a chip with two TensorCores does (megacore:
+//! the leading parallel dims split between two cores, each with its own scratch) with the
+//! check that refuses state carried across a parallel dim, so every registered kernel
+//! (`tessera::registry::KERNELS`, all run here) passes it.
+
+mod common;
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use tessera::dsl::interpret::{self, InterpretOptions};
-use tessera::dsl::{mosaic, ArgSpec, DType, HostArray, KernelDef, TargetRules};
+use tessera::dsl::{DType, HostArray, KernelDef, TargetRules};
 use tessera::kernels::{flash_attention, matmul, row_softmax};
 use tessera::splash::{
     BlockSizes, Dims, Executor, Inputs, Mask, MultiHeadMask, SegmentIds, SplashAttention,
     SplashError, SplashOptions,
 };
-use tessera_mosaic_eval::{Module, OutputSpec};
+use tessera_mosaic_eval::RunOptions;
 
-/// Runs `def` through Mosaic text and the evaluator.
+/// Runs `def` through Mosaic text and the evaluator (two cores, with the check).
 fn run_mosaic(def: &KernelDef, args: &[HostArray], rules: &TargetRules) -> Vec<HostArray> {
-    let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-    let k = def
-        .instantiate(&specs, rules)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let m = mosaic::lower(&k).unwrap_or_else(|e| panic!("{e}"));
-    let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text));
-    let outputs: Vec<OutputSpec> = m
-        .results
+    common::mosaic_eval(def, args, rules, &RunOptions::default())
+        .unwrap_or_else(|e| panic!("{}: {e}", def.name()))
+}
+
+/// The registered kernels (`tessera::registry::KERNELS`): the splash ones, or the others.
+fn registered(splash: bool) -> BTreeSet<String> {
+    tessera::registry::KERNELS
         .iter()
-        .map(|r| OutputSpec {
-            dtype: r.dtype,
-            shape: r.shape.clone(),
-        })
-        .collect();
-    module
-        .run(args, &outputs)
-        .unwrap_or_else(|e| panic!("{}: {e}", m.name))
+        .map(|k| k.name.to_string())
+        .filter(|n| n.starts_with("splash_") == splash)
+        .collect()
 }
 
 /// Bitwise equality of two outputs (NaN equal to NaN of the same bits); the number of
@@ -62,9 +61,19 @@ fn assert_same(what: &str, got: &HostArray, want: &HostArray) -> usize {
     g.len()
 }
 
-fn check(name: &str, def: KernelDef, args: &[HostArray]) -> usize {
-    let want =
-        interpret::run(&def, args, &InterpretOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+/// The interpreter on two cores (v4/v5p rules), with the parallel-state check.
+fn megacore(rules: &TargetRules) -> InterpretOptions {
+    InterpretOptions {
+        rules: rules.clone(),
+        megacore: Some(true),
+        ..InterpretOptions::default()
+    }
+}
+
+fn check(ran: &mut BTreeSet<String>, name: &str, def: KernelDef, args: &[HostArray]) -> usize {
+    ran.insert(def.name().to_string());
+    let want = interpret::run(&def, args, &megacore(&TargetRules::tpu()))
+        .unwrap_or_else(|e| panic!("{e}"));
     let got = run_mosaic(&def, args, &TargetRules::tpu());
     assert_eq!(got.len(), want.len());
     got.iter()
@@ -81,6 +90,7 @@ fn random(dtype: DType, shape: &[usize], seed: u64) -> HostArray {
 #[test]
 fn example_kernels_agree_with_the_interpreter() {
     let mut n = 0;
+    let mut ran = BTreeSet::new();
     for (dt, seed) in [(DType::F32, 1), (DType::BF16, 2)] {
         let (x, y) = (
             random(dt, &[256, 384], seed),
@@ -88,16 +98,27 @@ fn example_kernels_agree_with_the_interpreter() {
         );
         n += match dt {
             DType::BF16 => check(
+                &mut ran,
                 "matmul bf16",
                 matmul::<half::bf16, 128, 128, 128>(),
                 &[x, y],
             ),
-            _ => check("matmul f32", matmul::<f32, 128, 128, 128>(), &[x, y]),
+            _ => check(
+                &mut ran,
+                "matmul f32",
+                matmul::<f32, 128, 128, 128>(),
+                &[x, y],
+            ),
         };
         let x = random(dt, &[64, 256], seed + 20);
         n += match dt {
-            DType::BF16 => check("row_softmax bf16", row_softmax::<half::bf16, 16>(), &[x]),
-            _ => check("row_softmax f32", row_softmax::<f32, 8>(), &[x]),
+            DType::BF16 => check(
+                &mut ran,
+                "row_softmax bf16",
+                row_softmax::<half::bf16, 16>(),
+                &[x],
+            ),
+            _ => check(&mut ran, "row_softmax f32", row_softmax::<f32, 8>(), &[x]),
         };
         for causal in [false, true] {
             let qkv: Vec<HostArray> = (0..3)
@@ -105,11 +126,13 @@ fn example_kernels_agree_with_the_interpreter() {
                 .collect();
             n += match dt {
                 DType::BF16 => check(
+                    &mut ran,
                     "flash_attention bf16",
                     flash_attention::<half::bf16, 128, 64>(causal),
                     &qkv,
                 ),
                 _ => check(
+                    &mut ran,
                     "flash_attention f32",
                     flash_attention::<f32, 64, 128>(causal),
                     &qkv,
@@ -118,6 +141,11 @@ fn example_kernels_agree_with_the_interpreter() {
         }
     }
     println!("example kernels: {n} output elements equal bit for bit");
+    assert_eq!(
+        ran,
+        registered(false),
+        "the registered kernels but splash's"
+    );
 }
 
 /// Runs every kernel of a plan on the interpreter and through Mosaic, checks they agree and
@@ -134,11 +162,7 @@ impl Executor for BothAgree {
         args: &[HostArray],
         rules: &TargetRules,
     ) -> Result<Vec<HostArray>, SplashError> {
-        let options = InterpretOptions {
-            rules: rules.clone(),
-            ..InterpretOptions::default()
-        };
-        let want = interpret::run(def, args, &options)?;
+        let want = interpret::run(def, args, &megacore(rules))?;
         let got = run_mosaic(def, args, rules);
         let mut n = 0;
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -291,14 +315,6 @@ fn splash_kernels_agree_with_the_interpreter() {
     for (name, (runs, n)) in &compared {
         println!("{name}: {runs} runs, {n} output elements equal bit for bit");
     }
-    for name in [
-        "splash_fwd",
-        "splash_bwd_prep",
-        "splash_dq",
-        "splash_dkv",
-        "splash_bwd_fused",
-        "splash_dq_reduce",
-    ] {
-        assert!(compared.contains_key(name), "{name} was not run");
-    }
+    let ran: BTreeSet<String> = compared.keys().cloned().collect();
+    assert_eq!(ran, registered(true), "the registered splash kernels");
 }

@@ -155,6 +155,96 @@ pub(crate) enum Val {
 pub(crate) struct Machine<'m> {
     pub funcs: &'m HashMap<String, Func>,
     pub buffers: Vec<Tensor>,
+    /// What the parallel-state check knows, when it runs.
+    pub check: Option<ParallelCheck>,
+}
+
+/// The tag of an element no grid step has stored.
+pub(crate) const UNWRITTEN: i64 = -1;
+
+/// Which buffers carry state from step to step (scratch, resident output blocks) and, per
+/// element, the parallel coordinates of the step that stored it last, so that a load of what
+/// a step of other parallel coordinates stored is refused.
+pub(crate) struct ParallelCheck {
+    /// The `parallel` grid dims and the grid.
+    pub parallel: Vec<usize>,
+    pub grid: Vec<usize>,
+    /// Per buffer: what it is (for messages) and its tags (i64 tensors, the flattened
+    /// parallel coordinates of the step that stored each element, or [`UNWRITTEN`]); `None`
+    /// for buffers that hold no state (input blocks, SMEM tables).
+    pub tags: Vec<Option<(String, Tensor)>>,
+    /// The current step's flattened parallel coordinates.
+    pub current: i64,
+}
+
+impl ParallelCheck {
+    /// Parallel coordinates (one per parallel dim of `step`) as one number.
+    pub fn id(&self, step: &[usize]) -> i64 {
+        self.parallel
+            .iter()
+            .fold(0, |acc, &d| acc * self.grid[d] as i64 + step[d] as i64)
+    }
+
+    fn coords(&self, mut id: i64) -> Vec<i64> {
+        let mut out = vec![0; self.parallel.len()];
+        for (c, &d) in out.iter_mut().zip(&self.parallel).rev() {
+            *c = id % self.grid[d] as i64;
+            id /= self.grid[d] as i64;
+        }
+        out
+    }
+
+    /// Tags of a buffer nothing was stored in.
+    pub fn unwritten(shape: &[usize]) -> Tensor {
+        Tensor {
+            elem: Elem::I32,
+            shape: shape.to_vec(),
+            data: Data::I(vec![UNWRITTEN; shape.iter().product()]),
+        }
+    }
+
+    fn stored(&mut self, b: usize, starts: &[usize], sizes: &[usize]) {
+        if let Some((_, tags)) = &mut self.tags[b] {
+            let n = sizes.iter().product();
+            tags.write_window(
+                starts,
+                &Tensor {
+                    elem: Elem::I32,
+                    shape: sizes.to_vec(),
+                    data: Data::I(vec![self.current; n]),
+                },
+            );
+        }
+    }
+
+    fn load(&self, loc: &str, b: usize, starts: &[usize], sizes: &[usize]) -> R<()> {
+        let Some((what, tags)) = &self.tags[b] else {
+            return Ok(());
+        };
+        let Data::I(ids) = tags.window(starts, sizes).data else {
+            unreachable!("tags are integers")
+        };
+        let Some(&other) = ids.iter().find(|&&t| t != UNWRITTEN && t != self.current) else {
+            return Ok(());
+        };
+        let (there, here) = (self.coords(other), self.coords(self.current));
+        let dims: Vec<String> = self
+            .parallel
+            .iter()
+            .zip(there.iter().zip(&here))
+            .filter(|(_, (a, b))| a != b)
+            .map(|(d, (a, b))| format!("parallel dim {d} is {a} there, {b} here"))
+            .collect();
+        Err(fail(
+            loc,
+            format!(
+                "reads {what}, which a grid step of other parallel coordinates stored ({}): \
+                 parallel iterations may run in any order, and on chips with two TensorCores \
+                 (v4, v5p) on another core with its own buffers; mark the dim `arbitrary`",
+                dims.join(", ")
+            ),
+        ))
+    }
 }
 
 type R<T> = Result<T, EvalError>;
@@ -274,12 +364,16 @@ impl Machine<'_> {
                 indices,
                 ty,
             } => {
-                let buf = &self.buffers[mem(env, m)?];
+                let b = mem(env, m)?;
+                let buf = &self.buffers[b];
                 let starts = index_list(env, indices)?;
                 let sizes = ty.shape().to_vec();
                 let starts = in_bounds(&starts, &sizes, &buf.shape).map_err(|e| fail(loc, e))?;
                 if buf.elem != ty.elem() {
                     return Err(fail(loc, "vector.load: element types differ"));
+                }
+                if let (Some(check), false) = (&self.check, op.unused) {
+                    check.load(loc, b, &starts, &sizes)?;
                 }
                 buf.window(&starts, &sizes)
             }
@@ -297,13 +391,20 @@ impl Machine<'_> {
                     return Err(fail(loc, "tpu.vector_store: element types differ"));
                 }
                 buf.write_window(&starts, &v);
+                if let Some(check) = &mut self.check {
+                    check.stored(b, &starts, &v.shape);
+                }
                 return Ok(Flow::Next);
             }
             OpKind::MemrefLoad { mem: m, indices } => {
-                let buf = &self.buffers[mem(env, m)?];
+                let b = mem(env, m)?;
+                let buf = &self.buffers[b];
                 let starts = index_list(env, indices)?;
                 let ones = vec![1; starts.len()];
                 let starts = in_bounds(&starts, &ones, &buf.shape).map_err(|e| fail(loc, e))?;
+                if let (Some(check), false) = (&self.check, op.unused) {
+                    check.load(loc, b, &starts, &ones)?;
+                }
                 let mut t = buf.window(&starts, &ones);
                 t.shape.clear();
                 t
@@ -361,6 +462,10 @@ impl Machine<'_> {
                 check_type(&acc, ty, loc)?;
                 reduce(kind, &src, &acc, dims).map_err(|m| fail(loc, m))?
             }
+            OpKind::Concatenate { sources, dim, ty } => {
+                let parts = sources.iter().map(|n| get(env, n)).collect::<R<Vec<_>>>()?;
+                concatenate(&parts, *dim, ty).map_err(|m| fail(loc, m))?
+            }
             OpKind::Matmul {
                 lhs,
                 rhs,
@@ -373,15 +478,18 @@ impl Machine<'_> {
                 check_type(&c, ty, loc)?;
                 matmul(&a, &b, &c, *lhs_contract, *rhs_contract).map_err(|m| fail(loc, m))?
             }
-            OpKind::If { cond, then } => {
+            OpKind::If {
+                cond,
+                then,
+                otherwise,
+            } => {
                 let c = get(env, cond)?;
                 match (&c.data, c.shape.is_empty()) {
                     (Data::B(v), true) => {
-                        if v[0] {
-                            match self.block(then, env)? {
-                                Flow::Next | Flow::Yield(_) => {}
-                                Flow::Return(_) => return Err(fail(loc, "`return` inside scf.if")),
-                            }
+                        let region = if v[0] { then } else { otherwise };
+                        match self.block(region, env)? {
+                            Flow::Next | Flow::Yield(_) => {}
+                            Flow::Return(_) => return Err(fail(loc, "`return` inside scf.if")),
                         }
                     }
                     _ => return Err(fail(loc, "scf.if needs an i1 scalar condition")),
@@ -867,6 +975,33 @@ fn reduce(kind: &str, src: &Tensor, acc: &Tensor, dims: &[usize]) -> Result<Tens
         shape: out_shape,
         data,
     })
+}
+
+/// `tpu.concatenate`: the parts agree in element type and in every dim but `dim`, whose
+/// sizes add up to the result's.
+fn concatenate(parts: &[Rc<Tensor>], dim: usize, ty: &Type) -> Result<Tensor, String> {
+    let shape = ty.shape();
+    let fits = |t: &Tensor| {
+        t.elem == ty.elem()
+            && t.shape.len() == shape.len()
+            && (0..shape.len()).all(|d| d == dim || t.shape[d] == shape[d])
+    };
+    if dim >= shape.len()
+        || !parts.iter().all(|t| fits(t))
+        || parts.iter().map(|t| t.shape[dim]).sum::<usize>() != shape[dim]
+    {
+        return Err(format!(
+            "tpu.concatenate: parts {:?} do not make {shape:?} along dim {dim}",
+            parts.iter().map(|t| &t.shape).collect::<Vec<_>>()
+        ));
+    }
+    let mut out = Tensor::garbage(ty.elem(), shape);
+    let mut at = vec![0; shape.len()];
+    for t in parts {
+        out.write_window(&at, t);
+        at[dim] += t.shape[dim];
+    }
+    Ok(out)
 }
 
 /// `acc + lhs . rhs` with the given contracting dims, products and sums in f32 (i32 for

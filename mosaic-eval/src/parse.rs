@@ -1,6 +1,6 @@
 //! Parses the Mosaic subset tessera emits into functions of [`Op`]s.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::lex::{lex, Tok};
 use crate::EvalError;
@@ -161,6 +161,12 @@ pub(crate) enum OpKind {
         dims: Vec<usize>,
         ty: Type,
     },
+    /// `tpu.concatenate` of vectors along `dim` (Pallas' `jnp.tile` and `jnp.concatenate`).
+    Concatenate {
+        sources: Vec<String>,
+        dim: usize,
+        ty: Type,
+    },
     /// `tpu.matmul` with rank-2 operands: which dim of each operand contracts.
     Matmul {
         lhs: String,
@@ -170,9 +176,12 @@ pub(crate) enum OpKind {
         rhs_contract: usize,
         ty: Type,
     },
+    /// `scf.if` without results; the `else` region may be absent or empty (Pallas prints
+    /// `else {}` for a `pl.when`).
     If {
         cond: String,
         then: Vec<Op>,
+        otherwise: Vec<Op>,
     },
     For {
         iv: String,
@@ -196,6 +205,95 @@ pub(crate) struct Op {
     pub kind: OpKind,
     /// `file:line:col` of the op's `loc`, or the line in the module text.
     pub loc: String,
+    /// The op has results and nothing in its function uses them (Pallas loads a ref's old
+    /// contents before every store to it and drops them).
+    pub unused: bool,
+}
+
+impl OpKind {
+    /// The values the op reads, and the ops of its regions.
+    fn uses(&self) -> (Vec<&String>, Vec<&Op>) {
+        let mut regions: Vec<&Op> = Vec::new();
+        let values: Vec<&String> = match self {
+            OpKind::Constant { .. } | OpKind::Iota { .. } => vec![],
+            OpKind::Binary { a, b, .. } | OpKind::Compare { a, b, .. } => vec![a, b],
+            OpKind::Unary { x, .. }
+            | OpKind::Cast { x, .. }
+            | OpKind::Broadcast { x, .. }
+            | OpKind::ShapeCast { x, .. }
+            | OpKind::Extract { x, .. } => vec![x],
+            OpKind::Select { cond, a, b, .. } => vec![cond, a, b],
+            OpKind::VectorLoad { mem, indices, .. } | OpKind::MemrefLoad { mem, indices } => {
+                std::iter::once(mem).chain(indices).collect()
+            }
+            OpKind::VectorStore {
+                mem,
+                indices,
+                value,
+            } => std::iter::once(mem).chain(indices).chain([value]).collect(),
+            OpKind::MultiReduction { src, acc, .. } => vec![src, acc],
+            OpKind::Concatenate { sources, .. } => sources.iter().collect(),
+            OpKind::Matmul { lhs, rhs, acc, .. } => vec![lhs, rhs, acc],
+            OpKind::If {
+                cond,
+                then,
+                otherwise,
+            } => {
+                regions.extend(then.iter().chain(otherwise));
+                vec![cond]
+            }
+            OpKind::For {
+                lo,
+                hi,
+                step,
+                iter_args,
+                body,
+                ..
+            } => {
+                regions.extend(body);
+                [lo, hi, step]
+                    .into_iter()
+                    .chain(iter_args.iter().map(|(_, init)| init))
+                    .collect()
+            }
+            OpKind::Yield { values } | OpKind::Return { values } => values.iter().collect(),
+        };
+        (values, regions)
+    }
+}
+
+/// Every value the ops (and their regions) read.
+fn used_values<'a>(ops: &'a [Op], used: &mut HashSet<&'a String>) {
+    for op in ops {
+        let (values, regions) = op.kind.uses();
+        used.extend(values);
+        for r in regions {
+            used_values(std::slice::from_ref(r), used);
+        }
+    }
+}
+
+/// Marks the ops whose results nothing reads. A value is visible to the ops after it in its
+/// region and to their regions; sibling regions reuse names (MLIR's printer numbers each
+/// region's values afresh), so uses are looked for there only.
+fn mark_unused(ops: &mut [Op]) {
+    let mut later: HashSet<String> = HashSet::new();
+    for op in ops.iter_mut().rev() {
+        op.unused = !op.results.is_empty() && op.results.iter().all(|r| !later.contains(r));
+        let mut uses = HashSet::new();
+        used_values(std::slice::from_ref(op), &mut uses);
+        later.extend(uses.into_iter().cloned());
+        match &mut op.kind {
+            OpKind::If {
+                then, otherwise, ..
+            } => {
+                mark_unused(then);
+                mark_unused(otherwise);
+            }
+            OpKind::For { body, .. } => mark_unused(body),
+            _ => {}
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -492,9 +590,10 @@ impl Parser {
         } else {
             Vec::new()
         };
-        let body = self.block()?;
+        let mut body = self.block()?;
         let line = self.lines.get(self.pos).copied().unwrap_or(0);
         self.loc(line)?;
+        mark_unused(&mut body);
         Ok(Func {
             name,
             args,
@@ -536,7 +635,12 @@ impl Parser {
         };
         let kind = self.op_body(&name)?;
         let loc = self.loc(line)?;
-        Ok(Op { results, kind, loc })
+        Ok(Op {
+            results,
+            kind,
+            loc,
+            unused: false,
+        })
     }
 
     /// `%a : T to U` (casts, broadcasts, shape casts).
@@ -784,13 +888,36 @@ impl Parser {
                     ty: self.ty()?,
                 }
             }
+            "tpu.concatenate" => {
+                let sources = self.values()?;
+                self.expect_ident("in")?;
+                let dim = self.usize()?;
+                self.expect(":")?;
+                for _ in &sources[1..] {
+                    self.ty()?;
+                    self.expect(",")?;
+                }
+                self.ty()?;
+                self.expect("->")?;
+                OpKind::Concatenate {
+                    sources,
+                    dim,
+                    ty: self.ty()?,
+                }
+            }
             "scf.if" => {
                 let cond = self.value()?;
                 let then = self.block()?;
-                if self.eat_ident("else") {
-                    return Err(self.error("scf.if: an `else` region is not part of the subset"));
+                let otherwise = if self.eat_ident("else") {
+                    self.block()?
+                } else {
+                    Vec::new()
+                };
+                OpKind::If {
+                    cond,
+                    then,
+                    otherwise,
                 }
-                OpKind::If { cond, then }
             }
             "scf.for" => {
                 let iv = self.value()?;

@@ -4,10 +4,36 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use tessera::dsl::HostArray;
+use tessera::dsl::{mosaic, ArgSpec, HostArray, KernelDef, TargetRules};
 use tessera::npy::write_npy;
+use tessera_mosaic_eval::{EvalError, Module, OutputSpec, RunOptions};
 
 pub use tessera::reference::*;
+
+/// Instantiates `def` for `args` under `rules`, lowers it to Mosaic text and runs the text
+/// with mosaic-eval (which never sees the kernel IR).
+pub fn mosaic_eval(
+    def: &KernelDef,
+    args: &[HostArray],
+    rules: &TargetRules,
+    options: &RunOptions,
+) -> Result<Vec<HostArray>, EvalError> {
+    let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+    let k = def
+        .instantiate(&specs, rules)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let m = mosaic::lower(&k).unwrap_or_else(|e| panic!("{e}"));
+    let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text));
+    let outputs: Vec<OutputSpec> = m
+        .results
+        .iter()
+        .map(|r| OutputSpec {
+            dtype: r.dtype,
+            shape: r.shape.clone(),
+        })
+        .collect();
+    module.run_with(args, &outputs, options)
+}
 
 /// Asserts `got` is within `tol` of `want` everywhere (NaN fails).
 #[track_caller]

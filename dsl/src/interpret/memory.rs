@@ -160,6 +160,10 @@ impl<'k, 'w> Machine<'k, 'w> {
                         _ => {
                             self.buffers
                                 .insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+                            // A fresh buffer: nothing stored in it yet.
+                            if let Some(tags) = self.tags.get_mut(&r) {
+                                *tags = Tensor::unwritten(&o.array_shape);
+                            }
                         }
                     }
                 }

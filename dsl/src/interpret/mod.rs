@@ -8,6 +8,16 @@
 //!   and an error;
 //! - with [`InterpretOptions::shuffle_parallel`], `parallel` grid dims run in a shuffled order,
 //!   so a kernel that carries state across parallel iterations gives different results;
+//! - a load of scratch or of an output block that reads what a grid step of other `parallel`
+//!   coordinates stored is an error naming the load's kernel line (state carried across a
+//!   parallel dim: on a chip with two TensorCores the other core's buffers hold it, and any
+//!   order of parallel steps is allowed); the check follows the sequential order, so it reports
+//!   the same whether or not the grid is split between cores. Buffers that copies touch are
+//!   left to the copy race detector ([`dma`]);
+//! - under megacore rules ([`TargetRules::megacore`], v4 and v5p) the leading `parallel` grid
+//!   dims are split between two simulated cores, each with its own scratch and output buffers
+//!   (the first core runs the first half of those dims' iterations, the second the rest;
+//!   buffers that copies touch stay shared);
 //! - dynamic slices and block indices out of bounds are errors, not clamped;
 //! - copies are asynchronous and several devices run interleaved; races, deadlocks and
 //!   semaphores left non-zero are errors naming the lines involved ([`dma`] says how).
@@ -22,12 +32,12 @@ use crate::array::HostArray;
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::instantiate::{ArgSpec, KernelDef};
 use crate::ir::{
-    DeviceAxis, DimSemantics, Inst, Kernel, Loc, MemorySpace, Op, OperandRole, RefId, Region,
-    Slice, ValueId,
+    DType, DeviceAxis, DimSemantics, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole,
+    RefId, Region, Slice, ValueId,
 };
 use crate::rules::TargetRules;
 pub(crate) use tensor::garbage_literal;
-use tensor::{for_each_index, Tensor};
+use tensor::{for_each_index, Data, Tensor};
 
 /// How the interpreter runs a kernel.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -42,6 +52,13 @@ pub struct InterpretOptions {
     /// Interleave the devices of a multi-device kernel in an order drawn from this seed
     /// instead of round robin.
     pub schedule_seed: Option<u64>,
+    /// Split the leading parallel grid dims between two cores; `None`: as the rules say
+    /// ([`TargetRules::megacore`]).
+    pub megacore: Option<bool>,
+    /// Let loads read what steps of other parallel coordinates stored instead of refusing
+    /// the kernel (to see what a chip would compute: with megacore, the second core reads
+    /// its own garbage).
+    pub allow_state_across_parallel: bool,
 }
 
 impl InterpretOptions {
@@ -287,14 +304,10 @@ impl<'k> Device<'k> {
         options: &InterpretOptions,
     ) -> Result<Vec<Option<HostArray>>, KernelError> {
         let k = self.k;
-        let mut m = Machine {
-            k,
-            arrays: self.arrays,
-            buffers: HashMap::new(),
-            env: vec![None; k.types.len()],
-            step: Vec::new(),
-            dev: Some((world, self.index)),
-        };
+        let mut m = Machine::new(k, self.arrays, Some((world, self.index)));
+        m.check_parallel_state = !options.allow_state_across_parallel;
+        // The local scratch buffers (not semaphores, not in the shared world).
+        let mut scratch = Vec::new();
         for (i, o) in k.operands.iter().enumerate() {
             let r = RefId(i as u32);
             if world.shared.contains(&r) {
@@ -303,10 +316,13 @@ impl<'k> Device<'k> {
             match o.role {
                 OperandRole::Output => {
                     m.arrays.insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+                    m.tags.insert(r, Tensor::unwritten(&o.view_shape()));
                 }
                 OperandRole::Scratch if o.memory.semaphore().is_none() => {
                     m.buffers
                         .insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+                    m.tags.insert(r, Tensor::unwritten(&o.array_shape));
+                    scratch.push(r);
                 }
                 _ => {}
             }
@@ -316,12 +332,39 @@ impl<'k> Device<'k> {
         // steps that own it, and who wrote each block back.
         let mut resident: HashMap<RefId, (Vec<usize>, Vec<usize>)> = HashMap::new();
         let mut writers: HashMap<(RefId, Vec<usize>), Vec<usize>> = HashMap::new();
-        let order = grid_order(k, options.shuffle_parallel);
-        let parallel: Vec<usize> = (0..k.grid.len())
-            .filter(|&d| k.semantics[d] == DimSemantics::Parallel)
+        // The output block each output's tags describe: resident in the sequential order,
+        // which the check follows whether or not the grid is split between cores.
+        let mut tagged_block: HashMap<RefId, Vec<usize>> = HashMap::new();
+        let parallel = m.parallel.clone();
+        let outputs: Vec<RefId> = k
+            .operands_with(OperandRole::Output)
+            .map(|(r, _)| r)
             .collect();
-        for step in order {
+        let megacore = options.megacore.unwrap_or(options.rules.megacore);
+        let (order, second_core) =
+            split_between_cores(k, grid_order(k, options.shuffle_parallel), megacore);
+        for (n, step) in order.into_iter().enumerate() {
+            if second_core == Some(n) {
+                // The second core starts with its own scratch and output buffers; the first
+                // has written its output blocks back.
+                for &r in &outputs {
+                    if let Some((prev, owner)) = resident.remove(&r) {
+                        m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
+                    }
+                }
+                for &r in &scratch {
+                    let o = k.operand(r);
+                    m.buffers
+                        .insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+                }
+            }
             m.step = step.clone();
+            let par: Vec<usize> = parallel.iter().map(|&d| step[d]).collect();
+            m.par_id = m.par_id_of(&par);
+            // A race found while switching output blocks is reported after the body, unless
+            // the body fails first: a load of state carried across the parallel dim names the
+            // line.
+            let mut race = None;
             // Fetch input blocks; switch output blocks.
             for (i, o) in k.operands.iter().enumerate() {
                 let r = RefId(i as u32);
@@ -335,11 +378,14 @@ impl<'k> Device<'k> {
                         m.buffers.insert(r, block.reshape(&o.view_shape()));
                     }
                     OperandRole::Output => {
-                        let par: Vec<usize> = parallel.iter().map(|&d| step[d]).collect();
+                        if tagged_block.get(&r) != Some(&bidx) {
+                            m.tags.insert(r, Tensor::unwritten(&o.view_shape()));
+                            tagged_block.insert(r, bidx.clone());
+                        }
                         match resident.get(&r) {
                             Some((held, owner)) if *held == bidx => {
-                                if *owner != par {
-                                    return Err(m.race(r, &bidx, &parallel, owner, &par));
+                                if *owner != par && race.is_none() {
+                                    race = Some(m.race(r, &bidx, &parallel, owner, &par));
                                 }
                             }
                             _ => {
@@ -348,7 +394,7 @@ impl<'k> Device<'k> {
                                 }
                                 m.buffers
                                     .insert(r, Tensor::garbage(o.dtype, &o.view_shape()));
-                                resident.insert(r, (bidx, par));
+                                resident.insert(r, (bidx, par.clone()));
                             }
                         }
                     }
@@ -357,11 +403,10 @@ impl<'k> Device<'k> {
             }
             let body = &k.body;
             m.region(body, &[])?;
+            if let Some(e) = race {
+                return Err(e);
+            }
         }
-        let outputs: Vec<RefId> = k
-            .operands_with(OperandRole::Output)
-            .map(|(r, _)| r)
-            .collect();
         for &r in &outputs {
             if let Some((prev, owner)) = resident.remove(&r) {
                 m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
@@ -396,6 +441,36 @@ fn grid_order(k: &Kernel, shuffle: Option<u64>) -> Vec<Vec<usize>> {
     order
 }
 
+/// The grid steps in the order the cores run them, and where the second core starts: with
+/// `megacore`, the leading parallel dims' iterations are split in two halves (the first
+/// `ceil(n / 2)` of their row-major order on the first core); each core keeps the order of
+/// its steps in `order`.
+fn split_between_cores(
+    k: &Kernel,
+    order: Vec<Vec<usize>>,
+    megacore: bool,
+) -> (Vec<Vec<usize>>, Option<usize>) {
+    let lead = k
+        .semantics
+        .iter()
+        .take_while(|s| **s == DimSemantics::Parallel)
+        .count();
+    let n: usize = k.grid[..lead].iter().product();
+    if !megacore || n < 2 {
+        return (order, None);
+    }
+    let first_core = |step: &[usize]| {
+        let flat = step[..lead]
+            .iter()
+            .zip(&k.grid[..lead])
+            .fold(0, |acc, (&i, &g)| acc * g + i);
+        flat < n.div_ceil(2)
+    };
+    let (first, second): (Vec<_>, Vec<_>) = order.into_iter().partition(|s| first_core(s));
+    let at = first.len();
+    (first.into_iter().chain(second).collect(), Some(at))
+}
+
 struct Machine<'k, 'w> {
     k: &'k Kernel,
     /// Whole arrays: inputs, scalar prefetch, outputs (not those in the shared world).
@@ -407,9 +482,125 @@ struct Machine<'k, 'w> {
     /// The shared world of copies and semaphores, and this device's index in it (`None`
     /// when only index maps are evaluated).
     dev: Option<(&'w dma::World<'k>, usize)>,
+    /// The `parallel` grid dims.
+    parallel: Vec<usize>,
+    /// Per local scratch buffer and resident output block, for each element the parallel
+    /// coordinates (flattened, [`Machine::par_id_of`]) of the step that last stored it, or
+    /// [`UNWRITTEN`].
+    tags: HashMap<RefId, Tensor>,
+    /// The current step's parallel coordinates, flattened.
+    par_id: i32,
+    /// Refuse loads of what other parallel coordinates stored.
+    check_parallel_state: bool,
 }
 
-impl Machine<'_, '_> {
+/// The tag of an element no step has stored.
+const UNWRITTEN: i32 = -1;
+
+impl Tensor {
+    /// Tags of a buffer nothing was stored in.
+    fn unwritten(shape: &[usize]) -> Tensor {
+        Tensor::splat(DType::I32, shape, Literal::Int(UNWRITTEN as i64))
+    }
+}
+
+impl<'k, 'w> Machine<'k, 'w> {
+    fn new(
+        k: &'k Kernel,
+        arrays: HashMap<RefId, Tensor>,
+        dev: Option<(&'w dma::World<'k>, usize)>,
+    ) -> Self {
+        Machine {
+            k,
+            arrays,
+            buffers: HashMap::new(),
+            env: vec![None; k.types.len()],
+            step: Vec::new(),
+            dev,
+            parallel: (0..k.grid.len())
+                .filter(|&d| k.semantics[d] == DimSemantics::Parallel)
+                .collect(),
+            tags: HashMap::new(),
+            par_id: 0,
+            check_parallel_state: false,
+        }
+    }
+
+    /// The parallel coordinates `par` (one per parallel dim) as one number.
+    fn par_id_of(&self, par: &[usize]) -> i32 {
+        par.iter()
+            .zip(&self.parallel)
+            .fold(0, |acc, (&i, &d)| acc * self.k.grid[d] + i) as i32
+    }
+
+    /// The parallel coordinates of a tag.
+    fn par_of_id(&self, mut id: i32) -> Vec<usize> {
+        let mut par = vec![0; self.parallel.len()];
+        for (p, &d) in par.iter_mut().zip(&self.parallel).rev() {
+            let g = self.k.grid[d] as i32;
+            *p = (id % g) as usize;
+            id /= g;
+        }
+        par
+    }
+
+    /// Records that the current step stored the box `starts` + `sizes` of `r`.
+    fn stored(&mut self, r: RefId, starts: &[usize], sizes: &[usize]) {
+        if let Some(tags) = self.tags.get_mut(&r) {
+            tags.write_window(
+                starts,
+                &Tensor::splat(DType::I32, sizes, Literal::Int(self.par_id as i64)),
+            );
+        }
+    }
+
+    /// Refuses a load of the box `starts` + `sizes` of `r` when a step of other parallel
+    /// coordinates stored any of it.
+    fn check_load(
+        &self,
+        inst: &Inst,
+        r: RefId,
+        starts: &[usize],
+        sizes: &[usize],
+    ) -> Result<(), KernelError> {
+        if !self.check_parallel_state {
+            return Ok(());
+        }
+        let Some(tags) = self.tags.get(&r) else {
+            return Ok(());
+        };
+        let window = tags.window(starts, sizes);
+        let Data::I(ids) = &window.data else {
+            unreachable!("tags are i32")
+        };
+        let Some(&other) = ids.iter().find(|&&t| t != UNWRITTEN && t != self.par_id) else {
+            return Ok(());
+        };
+        let (there, here) = (self.par_of_id(other), self.par_of_id(self.par_id));
+        let dims: Vec<String> = self
+            .parallel
+            .iter()
+            .zip(there.iter().zip(&here))
+            .filter(|(_, (a, b))| a != b)
+            .map(|(d, (a, b))| format!("parallel dim {d} is {a} there, {b} here"))
+            .collect();
+        let what = match self.k.operand(r).role {
+            OperandRole::Scratch => "scratch",
+            _ => "output block",
+        };
+        Err(self.error(
+            inst.loc,
+            format!("`{}` of {}", inst.op.name(), self.k.describe(r)),
+            format!(
+                "reads {what} state stored by a grid step of other parallel coordinates \
+                 ({}): parallel iterations may run in any order, and on chips with two \
+                 TensorCores (v4, v5p) on another core with its own buffers; mark the dim \
+                 `arbitrary`, or store the buffer in every iteration before reading it",
+                dims.join(", ")
+            ),
+        ))
+    }
+
     fn error(&self, loc: Loc, subject: impl Into<String>, message: String) -> KernelError {
         let on = match self.dev {
             Some((w, d)) if w.devices() > 1 => format!(" on device {d}"),
@@ -562,6 +753,7 @@ impl Machine<'_, '_> {
             }
             Op::Load { src, slices } => {
                 let (starts, sizes) = self.starts(inst, *src, slices)?;
+                self.check_load(inst, *src, &starts, &sizes)?;
                 self.buffers[src].window(&starts, &sizes)
             }
             Op::Store { dst, slices, value } if self.is_shared(*dst) => {
@@ -573,6 +765,7 @@ impl Machine<'_, '_> {
             Op::Store { dst, slices, value } => {
                 let (starts, _) = self.starts(inst, *dst, slices)?;
                 let v = self.get(*value).clone();
+                self.stored(*dst, &starts, &v.shape);
                 self.buffers
                     .get_mut(dst)
                     .expect("blocks are resident")
@@ -601,7 +794,9 @@ impl Machine<'_, '_> {
                     }
                     starts.push(i as usize);
                 }
-                table.window(&starts, &vec![1; starts.len()]).reshape(&[])
+                let ones = vec![1; starts.len()];
+                self.check_load(inst, *src, &starts, &ones)?;
+                table.window(&starts, &ones).reshape(&[])
             }
             Op::Unary { op, x } => self.get(*x).unary(*op),
             Op::Binary { op, lhs, rhs } => self.get(*lhs).binary(*op, self.get(*rhs)),
@@ -679,14 +874,7 @@ pub(crate) fn check_coverage(k: &Kernel) -> Vec<Problem> {
         if o.memory != MemorySpace::Vmem || reads_smem(&b.index_map) {
             continue;
         }
-        let mut m = Machine {
-            k,
-            arrays: HashMap::new(),
-            buffers: HashMap::new(),
-            env: vec![None; k.types.len()],
-            step: Vec::new(),
-            dev: None,
-        };
+        let mut m = Machine::new(k, HashMap::new(), None);
         let sizes = o.block_sizes();
         let blocks: Vec<usize> = o
             .array_shape

@@ -24,6 +24,10 @@ pub struct TargetRules {
     pub vmem_limit_bytes: Option<usize>,
     /// Check what Mosaic accepts inside a kernel body (see [`check_mosaic_ops`]).
     pub mosaic_ops: bool,
+    /// The chip has two TensorCores that share one kernel's grid (megacore: v4, v5p): the
+    /// leading `parallel` grid dims are split between them, each core with its own scratch
+    /// and output buffers. The interpreter then runs the two halves as two cores.
+    pub megacore: bool,
 }
 
 impl Default for TargetRules {
@@ -41,6 +45,17 @@ impl TargetRules {
             tpu_tiling: true,
             vmem_limit_bytes: Some(DEFAULT_VMEM_LIMIT_BYTES),
             mosaic_ops: true,
+            megacore: false,
+        }
+    }
+
+    /// The TPU rules of a chip whose two TensorCores split the parallel grid dims of a
+    /// kernel (v4, v5p; see [`TargetRules::megacore`]).
+    pub fn tpu_megacore() -> Self {
+        TargetRules {
+            name: "tpu-megacore",
+            megacore: true,
+            ..TargetRules::tpu()
         }
     }
 
@@ -51,6 +66,7 @@ impl TargetRules {
             tpu_tiling: false,
             vmem_limit_bytes: None,
             mosaic_ops: false,
+            megacore: false,
         }
     }
 
