@@ -27,7 +27,7 @@ pub use error::{KernelError, Problem, ProblemKind};
 pub use instantiate::{ArgDecl, ArgSpec, Builder, ComptimeValue, IndexMapFn, KernelDef, Stop};
 pub use ir::{DType, DimSemantics, Kernel};
 pub use rules::TargetRules;
-pub use target::{KernelLowering, Target};
+pub use target::{KernelLowering, Target, SCHEDULE_ATTRIBUTE};
 pub use tessera_macros::tpu_kernel;
 pub use trace::{
     all, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop, iota, maximum, minimum,

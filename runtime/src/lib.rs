@@ -6,6 +6,8 @@
 //! * [`Client`], [`Device`], [`Buffer`], [`LoadedExecutable`]: compile StableHLO text and run
 //!   it on N devices, moving [`HostBuffer`]s between host and devices.
 //! * [`Topology`], [`Executable`]: compile-only for a topology with no client (TPU via libtpu).
+//! * [`enable_libtpu_dumps`]: libtpu's dumps of what its compiler made of each kernel, read
+//!   back per compile ([`Topology::compile_with_dumps`]).
 //! * [`provision`]: where the plugin library comes from (env override or a pinned PyPI wheel
 //!   unpacked into a cache).
 //!
@@ -40,6 +42,7 @@
 //! its wrapper's `Drop`; buffers and executables keep their client alive.
 
 mod array;
+mod dumps;
 mod element;
 mod error;
 mod options;
@@ -56,6 +59,7 @@ mod plugin;
 mod topology;
 
 pub use client::{Argument, Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_COUNT_OPTION};
+pub use dumps::{enable_libtpu_dumps, libtpu_dump_dir, DumpFile, LibtpuDumps, LIBTPU_INIT_ARGS};
 pub use element::{ElementType, HostBuffer, NativeType};
 pub use error::{Error, ErrorCode, Result};
 pub use options::{CompileOptions, DeviceAssignment, XlaOption};

@@ -201,6 +201,21 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// [`Topology::compile`], and the dump files libtpu wrote for this compile whose names
+    /// `keep` accepts, when libtpu dumps in this process (see
+    /// [`enable_libtpu_dumps`](crate::enable_libtpu_dumps); `None` when it loaded without a
+    /// dump directory). Such compiles run one at a time in the process.
+    pub fn compile_with_dumps(
+        &self,
+        program: &str,
+        options: &CompileOptions,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<(Executable, Option<Vec<crate::DumpFile>>)> {
+        crate::dumps::collecting(keep, || self.compile(program, options))
+    }
+}
+
 /// A compiled executable that is not loaded on any device: the result of a compile-only
 /// [`Topology::compile`].
 pub struct Executable {

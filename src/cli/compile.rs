@@ -193,6 +193,9 @@ pub fn compile_command(a: &CompileArgs) -> Result<()> {
     for program in &programs {
         let report = target.compile(program)?;
         print_summary(program, &report);
+        for c in report.kernel_costs.iter().flatten() {
+            outln!("{}", c.table());
+        }
         reports.push(report);
     }
     for r in &reports {
@@ -321,7 +324,18 @@ fn kernel_program(
     } else {
         args.to_vec()
     };
-    let kernel = def.instantiate(&args, &target.rules)?;
+    kernel_module(name, &def, &args, target)
+}
+
+/// `def` instantiated for `args` under `target`'s rules, as the only op of a one-device
+/// program named `name`.
+pub(super) fn kernel_module(
+    name: &str,
+    def: &tessera::dsl::KernelDef,
+    args: &[ArgSpec],
+    target: &Target,
+) -> Result<Module> {
+    let kernel = def.instantiate(args, &target.rules)?;
     let mut module = Module::new(name);
     let mut f = module.func("main");
     let values = args
