@@ -353,8 +353,9 @@ fn hlo_type(dtype: DType) -> &'static str {
 
 impl CompileReport {
     /// One JSON object: the topology, devices, kernels, executable bytes, per-device argument,
-    /// output, alias, temporary and generated-code bytes, flops and bytes accessed (null when
-    /// the compiler does not say), compile seconds.
+    /// output, alias, temporary and generated-code bytes, each kernel's scoped VMEM and, when
+    /// read, its cost (`kernel_costs`), flops and bytes accessed (null when the compiler does
+    /// not say), compile seconds.
     pub fn to_json(&self) -> String {
         let opt = |x: Option<f64>| x.map_or("null".to_string(), |x| format!("{x}"));
         let mut json = format!(

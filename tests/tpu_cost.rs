@@ -102,5 +102,71 @@ fn main() {
     assert_eq!(one.loop_trips, Some(one.steps_per_core + 2));
     assert_eq!((runs(&one, names[3]), runs(&one, names[4])), (12, 8));
     assert_eq!(one.cycles_all_cores, one.cycles_per_core);
+    the_cli_reads_a_dump_directory_as_it_reads_its_own_compile();
     println!("tpu_cost: ok");
+}
+
+/// `tessera compile` with the user's own dump directory (kept), then `tessera
+/// tpu-dump-report` on it: the same costs, read by the same reader from the same files.
+fn the_cli_reads_a_dump_directory_as_it_reads_its_own_compile() {
+    let dir = std::env::temp_dir().join(format!("tessera-tpu-cost-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str], init_args: Option<String>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"));
+        cmd.args(args);
+        if let Some(a) = init_args {
+            cmd.env("LIBTPU_INIT_ARGS", a);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), stdout, stderr)
+    };
+    let d = dir.to_str().unwrap();
+    let (ok, empty, err) = run(&["tpu-dump-report", d], None);
+    assert!(!ok && empty.is_empty(), "{empty}");
+    assert!(err.contains("holds no Mosaic kernel dumps"), "{err}");
+    let (ok, compiled, err) = run(
+        &[
+            "compile",
+            "--target",
+            "tpu:v5p:2x2x1",
+            "attention",
+            "--heads",
+            "2",
+            "--seq-len",
+            "2048",
+            "--block-q",
+            "512",
+            "--block-kv",
+            "512",
+            "--pass",
+            "forward",
+        ],
+        Some(format!(
+            "--xla_jf_dump_to={d} --xla_jf_dump_llo_pass_label_regex=final"
+        )),
+    );
+    assert!(ok, "{err}");
+    assert!(compiled.contains("cycles per core"), "{compiled}");
+    let (ok, read, err) = run(&["tpu-dump-report", d, "--target", "tpu:v5p:2x2x1"], None);
+    assert!(ok, "{err}");
+    let field = |text: &str, name: &str| -> Vec<String> {
+        let last = text.lines().last().unwrap_or("");
+        last.split(&format!("\"{name}\":"))
+            .skip(1)
+            .map(|v| v.split([',', '}']).next().unwrap().to_string())
+            .collect()
+    };
+    for name in [
+        "cycles_per_core",
+        "cycles_all_cores",
+        "mxu_bound_per_core",
+        "steps_per_core",
+    ] {
+        let want = field(&compiled, name);
+        assert_eq!(want.len(), 1, "{name} in {compiled}");
+        assert_eq!(field(&read, name), want, "{name}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -134,8 +134,8 @@ pub(crate) fn record_libtpu_load() {
 /// The value of the last `--xla_jf_dump_to=` in `args` (libtpu's flags, space separated).
 fn dump_dir_in(args: &str) -> Option<PathBuf> {
     args.split_whitespace()
-        .filter_map(|a| a.strip_prefix(DUMP_TO))
-        .last()
+        .rev()
+        .find_map(|a| a.strip_prefix(DUMP_TO))
         .filter(|p| !p.is_empty())
         .map(PathBuf::from)
 }

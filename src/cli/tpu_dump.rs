@@ -60,7 +60,9 @@ impl super::Command {
     /// dumps (which must be asked for before libtpu loads).
     pub fn reads_kernel_costs(&self) -> bool {
         match self {
-            super::Command::Compile(_) => true,
+            // The train step's report does not list its kernels' costs (yet): its compiles
+            // skip the dumps of its many fusions.
+            super::Command::Compile(c) => !matches!(c.what, super::compile::CompileWhat::Train(_)),
             super::Command::Bench {
                 what: super::bench::BenchCommand::Kernels(a),
             } => a.target.is_some(),

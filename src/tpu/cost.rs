@@ -252,13 +252,19 @@ impl KernelCost {
             ));
         }
         t.push_str(&format!(
-            "  cycles per core {} (all cores {}); MXU bound {} ({:.2}x), MXU slots {:.0}% used",
-            self.cycles_per_core,
-            self.cycles_all_cores,
-            self.mxu_bound_per_core,
-            self.cycles_per_core as f64 / self.mxu_bound_per_core.max(1) as f64,
-            100.0 * self.mxu_utilisation
+            "  cycles per core {} (all cores {})",
+            self.cycles_per_core, self.cycles_all_cores
         ));
+        if self.mxu_bound_per_core > 0 {
+            t.push_str(&format!(
+                "; MXU bound {} ({:.2}x), MXU slots {:.0}% used",
+                self.mxu_bound_per_core,
+                self.cycles_per_core as f64 / self.mxu_bound_per_core as f64,
+                100.0 * self.mxu_utilisation
+            ));
+        } else {
+            t.push_str("; no MXU work");
+        }
         if let Some(b) = self.scoped_vmem_bytes {
             t.push_str(&format!(
                 "; scoped VMEM {:.2} MiB",

@@ -349,13 +349,17 @@ fn evaluate(
             }
         }
     }
+    let from_tables = read_tables(k);
     whens
         .iter()
         .enumerate()
-        .map(|(w, (_, loc))| {
-            let path = if exact[w] && first[w][1..].iter().any(|&b| b) {
+        .map(|(w, (cond, loc))| {
+            // Named by what it computes only when its condition is of program ids alone (a
+            // table's entries may coincide with the first steps).
+            let by_ids = exact[w] && !from_tables[cond.index()];
+            let path = if by_ids && first[w][1..].iter().any(|&b| b) {
                 "init".to_string()
-            } else if exact[w] && last[w][1..].iter().any(|&b| b) {
+            } else if by_ids && last[w][1..].iter().any(|&b| b) {
                 "finalize".to_string()
             } else {
                 loc.clone()
@@ -367,6 +371,19 @@ fn evaluate(
             }
         })
         .collect()
+}
+
+/// Which values of the kernel's top-level code depend on a table read (`load_scalar`).
+fn read_tables(k: &Kernel) -> Vec<bool> {
+    let mut read = vec![false; k.types.len()];
+    for inst in &k.body.insts {
+        let depends = matches!(inst.op, Op::LoadScalar { .. })
+            || inst.op.operands().iter().any(|v| read[v.index()]);
+        for r in &inst.results {
+            read[r.index()] = depends;
+        }
+    }
+    read
 }
 
 /// The value of one top-level op at the grid step `idx` (vectors and floats are unknown).

@@ -134,13 +134,17 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
         "VMEM MiB"
     );
     for (config, c) in &rows {
+        let over_bound = match c.mxu_bound_per_core {
+            0 => "-".to_string(),
+            b => format!("{:.2}", c.cycles_per_core as f64 / b as f64),
+        };
         outln!(
-            "{:<18} {:<36} {:>12} {:>12} {:>9.2} {:>6.1} {:>9}",
+            "{:<18} {:<36} {:>12} {:>12} {:>9} {:>6.1} {:>9}",
             c.kernel,
             config,
             c.cycles_per_core,
             c.cycles_all_cores,
-            c.cycles_per_core as f64 / c.mxu_bound_per_core.max(1) as f64,
+            over_bound,
             100.0 * c.mxu_utilisation,
             c.scoped_vmem_bytes.map_or("?".into(), |b| format!(
                 "{:.2}",
