@@ -10,9 +10,10 @@
 //!   yet), creates a private temporary directory and adds the dump flags to
 //!   `LIBTPU_INIT_ARGS`; a directory the user already named there is used as it is.
 //! - [`Topology::compile_with_dumps`](crate::Topology::compile_with_dumps) compiles and
-//!   returns the files that compile wrote. Compiles that collect dumps run one at a time in
-//!   the process, so each compile's files are its own; in the private directory they are
-//!   removed once read, in a user's directory they stay.
+//!   returns the files that compile wrote. While libtpu dumps, compiles run one at a time in
+//!   the process (every [`Topology::compile`](crate::Topology::compile) too), so each
+//!   compile's files are its own; in the private directory they are removed once read (or
+//!   unread), in a user's directory they stay.
 //!
 //! Nothing here starts a process; a process that loaded libtpu without the flags gets no
 //! dumps (`None`), and starting over is the caller's decision.
