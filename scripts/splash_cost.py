@@ -13,7 +13,7 @@ tessera's splash at the same configurations with `tessera compile` (its kernels 
 schedules) and writes three TSVs: JAX's figures, tessera's, and tessera / JAX per kernel role.
 
 usage: scripts/splash_cost.sh            (makes the venv, builds tessera, runs this)
-       python scripts/splash_cost.py [--only jax|tessera] [--quick] [--out-prefix PATH]
+       python scripts/splash_cost.py [--only jax|tessera] [--quick] [--resume] [--out-prefix P]
        python scripts/splash_cost.py --worker DIR PASS H KVH S BLOCK   (one JAX compile)
 """
 import argparse
@@ -225,25 +225,42 @@ def row(impl, pass_, kvh, seq, block, c, temp, vmem_kib):
     }
 
 
-def write_tsv(path, rows):
-    with open(path, "w") as fh:
-        fh.write("\t".join(COLUMNS) + "\n")
+def read_tsv(path):
+    """The rows of a TSV this script wrote (values as text), or none."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as fh:
+        lines = fh.read().splitlines()
+    return [dict(zip(lines[0].split("\t"), l.split("\t"))) for l in lines[1:] if l]
+
+
+def append_tsv(path, rows):
+    """Appends rows (the header first into a new file): each configuration is kept as soon
+    as it is measured."""
+    new = not os.path.exists(path)
+    with open(path, "a") as fh:
+        if new:
+            fh.write("\t".join(COLUMNS) + "\n")
         for r in rows:
             fh.write("\t".join(str(r[c]) for c in COLUMNS) + "\n")
+
+
+def config_of(r):
+    return (r["pass"], int(r["kv_heads"]), int(r["seq"]), int(r["block"]))
 
 
 def ratios(jax, tess):
     """tessera / JAX per configuration and kernel role (fwd, dq, dkv: the fused kernel's
     role is dkv), and for the whole program's temporaries."""
     out = []
-    key = lambda r: (r["pass"], r["kv_heads"], r["seq"], r["block"], r["role"])
+    key = lambda r: config_of(r) + (r["role"],)
     jx = {key(r): r for r in jax}
     for t in tess:
         j = jx.get(key(t))
         if j is None:
             continue
         ratio = lambda f: (f"{float(t[f]) / float(j[f]):.3f}"
-                           if t[f] not in ("", None) and j[f] not in ("", None, 0) else "")
+                           if t[f] not in ("", None) and j[f] not in ("", None, "0") else "")
         out.append({
             "pass": t["pass"], "kv_heads": t["kv_heads"], "seq": t["seq"], "block": t["block"],
             "role": t["role"], "tessera_kernel": t["kernel"], "jax_kernel": j["kernel"],
@@ -263,22 +280,26 @@ def main():
     ap.add_argument("--only", choices=["jax", "tessera"])
     ap.add_argument("--quick", action="store_true", help="three configurations only")
     ap.add_argument("--out-prefix", default=os.path.join(ROOT, "scripts", "splash_cost"))
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in the TSVs and measure only what they lack")
     a = ap.parse_args()
     configs = QUICK if a.quick else CONFIGS
-    jax, tess = [], []
-    for i, (pass_, kvh, seq, block) in enumerate(configs):
+    paths = {"jax": a.out_prefix + ".jax.tsv", "tessera": a.out_prefix + ".tessera.tsv"}
+    if not a.resume:
+        for p in paths.values():
+            if os.path.exists(p) and a.only in (None, os.path.basename(p).split(".")[-2]):
+                os.remove(p)
+    done = {impl: {config_of(r) for r in read_tsv(p)} for impl, p in paths.items()}
+    for i, config in enumerate(configs):
+        pass_, kvh, seq, block = config
         print(f"[{i + 1}/{len(configs)}] {pass_} H={HEADS} KVH={kvh} S={seq} block={block}",
               file=sys.stderr, flush=True)
-        if a.only != "tessera":
-            jax += jax_rows(pass_, kvh, seq, block)
-        if a.only != "jax":
-            tess += tessera_rows(pass_, kvh, seq, block)
-    if a.only != "tessera":
-        write_tsv(a.out_prefix + ".jax.tsv", jax)
-    if a.only != "jax":
-        write_tsv(a.out_prefix + ".tessera.tsv", tess)
+        if a.only != "tessera" and config not in done["jax"]:
+            append_tsv(paths["jax"], jax_rows(pass_, kvh, seq, block))
+        if a.only != "jax" and config not in done["tessera"]:
+            append_tsv(paths["tessera"], tessera_rows(pass_, kvh, seq, block))
     if not a.only:
-        r = ratios(jax, tess)
+        r = ratios(read_tsv(paths["jax"]), read_tsv(paths["tessera"]))
         cols = list(r[0].keys()) if r else []
         with open(a.out_prefix + ".ratios.tsv", "w") as fh:
             fh.write("\t".join(cols) + "\n")
