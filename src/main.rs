@@ -20,6 +20,13 @@ fn main() -> ExitCode {
     }
     // Still one thread, and no plugin loaded yet.
     tessera::runtime::configure_plugin_logs(cli.verbose);
+    // libtpu reads its dump flags once, when it loads: the commands that report kernel costs
+    // ask for its dumps now. Without them they still compile, without costs.
+    let _dumps = cli.command.reads_kernel_costs().then(|| {
+        tessera::runtime::enable_libtpu_dumps()
+            .inspect_err(|e| eprintln!("warning: no kernel costs: {e}"))
+            .ok()
+    });
     let result = match cli.command {
         Command::Kernels => {
             cli::kernel::list_kernels();
@@ -45,6 +52,7 @@ fn main() -> ExitCode {
         Command::Attention(args) => cli::attention::attention_command(&args).map(|()| true),
         Command::Compile(args) => cli::compile::compile_command(&args).map(|()| true),
         Command::Bench { what } => cli::bench::bench(&what).map(|()| true),
+        Command::TpuDumpReport(args) => cli::tpu_dump::tpu_dump_report(&args).map(|()| true),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -20,6 +20,9 @@
 //! # }
 //! ```
 
+pub mod bundles;
+pub mod cost;
+
 use std::fmt::Write as _;
 
 use base64::Engine as _;
@@ -64,6 +67,9 @@ pub enum TpuCompileError {
     /// compiled alone is rejected, and `message` is the compiler's, verbatim.
     #[error("the TPU compiler rejected {culprit}:\n{message}")]
     Compiler { culprit: String, message: String },
+    /// libtpu's dumps of the compiled kernels could not be read.
+    #[error(transparent)]
+    Dumps(#[from] cost::DumpError),
     /// Any other runtime failure.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -100,6 +106,9 @@ pub struct CompileReport {
     /// Scoped VMEM each Mosaic kernel uses as compiled (the largest over its calls), in
     /// program order; read from the compiled program.
     pub kernel_vmem: Vec<(String, i64)>,
+    /// Each compiled Mosaic kernel's cost read from libtpu's bundles ([`cost`]); `None` when
+    /// libtpu was loaded without dumps (see `tessera_runtime::enable_libtpu_dumps`).
+    pub kernel_costs: Option<Vec<cost::KernelCost>>,
     /// Wall time of the compile.
     pub compile_seconds: f64,
 }
@@ -151,13 +160,27 @@ impl TpuTarget {
         }
         let options = compile_options(module)?;
         let start = Instant::now();
-        let exe = match topology.compile(&module.to_mlir(), &options) {
-            Ok(exe) => exe,
-            Err(e @ RuntimeError::Pjrt { .. }) => return Err(blame(&topology, module, &e)),
-            Err(e) => return Err(e.into()),
-        };
+        let (exe, dumps) =
+            match topology.compile_with_dumps(&module.to_mlir(), &options, &cost::is_cost_file) {
+                Ok(compiled) => compiled,
+                Err(e @ RuntimeError::Pjrt { .. }) => return Err(blame(&topology, module, &e)),
+                Err(e) => return Err(e.into()),
+            };
         let compile_seconds = start.elapsed().as_secs_f64();
-        report(self, module, &exe, program, compile_seconds)
+        let mut report = report(self, module, &exe, program, compile_seconds)?;
+        if let Some(files) = dumps {
+            let mut costs =
+                cost::costs_of_dumps(&files, cost::tensorcores_per_chip(&self.topology))?;
+            for c in &mut costs {
+                c.scoped_vmem_bytes = report
+                    .kernel_vmem
+                    .iter()
+                    .find(|(k, _)| *k == c.kernel)
+                    .map(|(_, b)| *b);
+            }
+            report.kernel_costs = Some(costs);
+        }
+        Ok(report)
     }
 }
 
@@ -199,6 +222,7 @@ fn report(
         devices,
         kernels,
         kernel_vmem,
+        kernel_costs: None,
         executable_bytes: exe.serialize()?.len(),
         memory: exe.memory_stats()?,
         flops: cost("flops"),
@@ -247,17 +271,8 @@ fn scoped_vmem(program: &[u8], kernels: &[String]) -> Vec<(String, i64)> {
             .position(|&b| b == b']')
             .map_or(end, |j| list_start + j);
         let list = String::from_utf8_lossy(&program[list_start..list_end]);
-        for entry in list.split('}') {
-            if entry.contains("\"memory_space\":\"1\"") {
-                if let Some(size) = entry
-                    .split("\"size\":\"")
-                    .nth(1)
-                    .and_then(|s| s.split('"').next())
-                    .and_then(|s| s.parse::<i64>().ok())
-                {
-                    slot.1 = slot.1.max(size);
-                }
-            }
+        if let Some(size) = cost::used_scoped_vmem(&list) {
+            slot.1 = slot.1.max(size);
         }
     }
     found.retain(|(_, bytes)| *bytes >= 0);
@@ -346,8 +361,9 @@ fn hlo_type(dtype: DType) -> &'static str {
 
 impl CompileReport {
     /// One JSON object: the topology, devices, kernels, executable bytes, per-device argument,
-    /// output, alias, temporary and generated-code bytes, flops and bytes accessed (null when
-    /// the compiler does not say), compile seconds.
+    /// output, alias, temporary and generated-code bytes, each kernel's scoped VMEM and, when
+    /// read, its cost (`kernel_costs`), flops and bytes accessed (null when the compiler does
+    /// not say), compile seconds.
     pub fn to_json(&self) -> String {
         let opt = |x: Option<f64>| x.map_or("null".to_string(), |x| format!("{x}"));
         let mut json = format!(
@@ -375,6 +391,10 @@ impl CompileReport {
             .map(|(k, b)| format!("{}:{b}", json_string(k)))
             .collect();
         let _ = write!(json, ",\"scoped_vmem_bytes\":{{{}}}", vmem.join(","));
+        if let Some(costs) = &self.kernel_costs {
+            let costs: Vec<String> = costs.iter().map(|c| c.to_json()).collect();
+            let _ = write!(json, ",\"kernel_costs\":[{}]", costs.join(","));
+        }
         let _ = write!(
             json,
             ",\"flops\":{},\"bytes_accessed\":{},\"transcendentals\":{},\"optimal_seconds\":{},\
@@ -467,6 +487,7 @@ mod tests {
             transcendentals: None,
             optimal_seconds: Some(0.5),
             kernel_vmem: vec![("splash_fwd".into(), 4096)],
+            kernel_costs: None,
             compile_seconds: 0.25,
         };
         assert_eq!(

@@ -13,7 +13,11 @@ use tessera_hlo::{self as hlo, FuncBuilder, HloError, TensorType, TpuCustomCall}
 
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{Kernel, Loc, OperandRole};
+use crate::mosaic::{ArgValues, KernelSchedule};
 use crate::rules::TargetRules;
+
+/// The frontend attribute of a Mosaic call holding its [`KernelSchedule`] as JSON.
+pub const SCHEDULE_ATTRIBUTE: &str = "tessera_schedule";
 
 /// How an instantiated kernel becomes ops of a StableHLO program.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -93,9 +97,25 @@ impl Target {
         args: &[hlo::Value],
         active_grid_steps: Option<u64>,
     ) -> Result<Vec<hlo::Value>, KernelError> {
+        self.lower_into_known(k, f, args, active_grid_steps, &[])
+    }
+
+    /// [`Target::lower_into_with_work`], where the caller also knows the host values of some
+    /// arguments (`known`, aligned with `args`; splash's block tables): a Mosaic call carries
+    /// its [`KernelSchedule`] (how often each top-level `when` runs), evaluated with those
+    /// values, in its `tessera_schedule` frontend attribute, which reading the compiled
+    /// kernel's cost uses. Inline lowering ignores both.
+    pub fn lower_into_known(
+        &self,
+        k: &Kernel,
+        f: &mut FuncBuilder<'_>,
+        args: &[hlo::Value],
+        active_grid_steps: Option<u64>,
+        known: &[ArgValues<'_>],
+    ) -> Result<Vec<hlo::Value>, KernelError> {
         match self.lowering {
             KernelLowering::Inline => crate::stablehlo::lower_into(k, f, args),
-            KernelLowering::Mosaic => self.custom_call(k, f, args, active_grid_steps),
+            KernelLowering::Mosaic => self.custom_call(k, f, args, active_grid_steps, known),
         }
     }
 
@@ -103,12 +123,14 @@ impl Target {
     /// module with the custom call's config (cost estimate, scoped VMEM limit), the order of
     /// its operands and its result types. [`Target::lower_into`] emits exactly this call;
     /// tools that build the call themselves (the `tessera-jax` package's TPU lowering rule)
-    /// take it from here. `active_grid_steps` as in [`Target::lower_into_with_work`].
+    /// take it from here. `active_grid_steps` and `known` as in [`Target::lower_into_known`].
     pub fn mosaic_call(
         &self,
         k: &Kernel,
         active_grid_steps: Option<u64>,
+        known: &[ArgValues<'_>],
     ) -> Result<MosaicCall, KernelError> {
+        let schedule = KernelSchedule::of_kernel(k, known);
         let mut mosaic = crate::mosaic::lower(k)?;
         if active_grid_steps.is_some() {
             mosaic.cost = crate::mosaic::cost_estimate(k, active_grid_steps);
@@ -164,6 +186,7 @@ impl Target {
                     .vmem_limit_bytes
                     .max(self.rules.vmem_limit_bytes.unwrap_or(0)) as u64,
             ),
+            frontend_attributes: vec![(SCHEDULE_ATTRIBUTE.into(), schedule.to_json())],
             ..TpuCustomCall::new(mosaic.name, mosaic.text)
         };
         Ok(MosaicCall {
@@ -179,12 +202,13 @@ impl Target {
         f: &mut FuncBuilder<'_>,
         args: &[hlo::Value],
         active_grid_steps: Option<u64>,
+        known: &[ArgValues<'_>],
     ) -> Result<Vec<hlo::Value>, KernelError> {
         let MosaicCall {
             call,
             operand_order,
             results,
-        } = self.mosaic_call(k, active_grid_steps)?;
+        } = self.mosaic_call(k, active_grid_steps, known)?;
         if operand_order.len() != args.len() {
             return Err(internal(
                 k,

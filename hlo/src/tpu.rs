@@ -52,6 +52,10 @@ pub struct TpuCustomCall {
     pub cost_estimate: Option<CostEstimate>,
     /// The kernel's scoped VMEM limit in bytes (the compiler's default when `None`).
     pub vmem_limit_bytes: Option<u64>,
+    /// String attributes the compiler carries along without using them
+    /// (`mhlo.frontend_attributes`; they appear in its dumps of the call), e.g. tessera's
+    /// schedule of the kernel's `when`s.
+    pub frontend_attributes: Vec<(String, String)>,
 }
 
 impl TpuCustomCall {
@@ -65,6 +69,7 @@ impl TpuCustomCall {
             has_communication: false,
             cost_estimate: None,
             vmem_limit_bytes: None,
+            frontend_attributes: Vec::new(),
         }
     }
 
@@ -106,6 +111,17 @@ impl TpuCustomCall {
         c.operand_layouts = Some(operand_ranks.iter().map(|&r| row_major(r)).collect());
         c.result_layouts = Some(result_ranks.iter().map(|&r| row_major(r)).collect());
         c.extra_attrs = vec![("kernel_name".into(), quote(&self.kernel_name))];
+        if !self.frontend_attributes.is_empty() {
+            let attrs: Vec<String> = self
+                .frontend_attributes
+                .iter()
+                .map(|(name, value)| format!("{name} = {}", quote(value)))
+                .collect();
+            c.extra_attrs.push((
+                "mhlo.frontend_attributes".into(),
+                format!("{{{}}}", attrs.join(", ")),
+            ));
+        }
         c
     }
 }
@@ -328,7 +344,10 @@ mod tests {
         let mut f = m.func("main");
         let x = f.arg(TensorType::new([8, 128], DType::F32)).unwrap();
         let s = f.arg(TensorType::new([4], DType::I32)).unwrap();
-        let call = TpuCustomCall::new("scale \"x\"\n", "module {}");
+        let call = TpuCustomCall {
+            frontend_attributes: vec![("note".into(), "{\"a\": 1}".into())],
+            ..TpuCustomCall::new("scale \"x\"\n", "module {}")
+        };
         let y = f
             .tpu_custom_call(&call, &[s, x], &[TensorType::new([2, 8, 128], DType::BF16)])
             .unwrap();
@@ -345,6 +364,10 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(r#"kernel_name = "scale \"x\"\0A""#), "{text}");
+        assert!(
+            text.contains(r#"mhlo.frontend_attributes = {note = "{\"a\": 1}"}"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"call_target_name = "tpu_custom_call""#),
             "{text}"

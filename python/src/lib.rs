@@ -230,7 +230,7 @@ impl PyKernel {
         let call = py
             .detach(|| {
                 let kernel = self.def.instantiate(&self.specs, &target.rules)?;
-                target.mosaic_call(&kernel, self.active_steps)
+                target.mosaic_call(&kernel, self.active_steps, &[])
             })
             .map_err(error)?;
         let d = PyDict::new(py);

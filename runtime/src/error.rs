@@ -164,6 +164,25 @@ pub enum Error {
         value: &'static str,
     },
 
+    /// libtpu's dumps were asked for after libtpu had loaded (it reads its flags once).
+    #[error(
+        "libtpu is already loaded, and it reads its dump flags (LIBTPU_INIT_ARGS) only when it \
+         loads; call tessera_runtime::enable_libtpu_dumps() at the start of main, before \
+         anything compiles for TPU"
+    )]
+    LibtpuAlreadyLoaded,
+
+    /// libtpu's dumps were asked for twice in one process.
+    #[error(
+        "libtpu's dumps are already enabled in this process (into {}); call \
+         tessera_runtime::enable_libtpu_dumps() once, at the start of main",
+        path.display()
+    )]
+    LibtpuDumpsEnabled {
+        /// The directory the first call made.
+        path: std::path::PathBuf,
+    },
+
     /// The Python interpreter used to download plugin wheels was not found.
     #[error(
         "cannot provision the PJRT plugin {spec}: the Python interpreter `{python}` was not \

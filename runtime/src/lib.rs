@@ -8,6 +8,8 @@
 //! * [`Platform`]: the devices a program runs on (cpu, gpu, tpu), one way to get a client of
 //!   any plugin ([`Platform::client`]).
 //! * [`Topology`], [`Executable`]: compile-only for a topology with no client (TPU via libtpu).
+//! * [`enable_libtpu_dumps`]: libtpu's dumps of what its compiler made of each kernel, read
+//!   back per compile ([`Topology::compile_with_dumps`]).
 //! * [`provision`]: where the plugin library comes from (env override or a pinned PyPI wheel
 //!   unpacked into a cache).
 //!
@@ -43,6 +45,7 @@
 
 mod array;
 mod device;
+mod dumps;
 mod element;
 mod error;
 mod options;
@@ -62,6 +65,7 @@ pub use client::{Argument, Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_
 pub use device::{
     libtpu_client, tpu_chips, tpu_chips_in, Platform, GPU_PLUGIN_ENV, PCI_DEVICES, PROCESSES_ENV,
 };
+pub use dumps::{enable_libtpu_dumps, libtpu_dump_dir, DumpFile, LibtpuDumps, LIBTPU_INIT_ARGS};
 pub use element::{ElementType, HostBuffer, NativeType};
 pub use error::{Error, ErrorCode, Result};
 pub use options::{CompileOptions, DeviceAssignment, XlaOption};

@@ -349,6 +349,7 @@ impl Plugin {
                 });
             }
         }
+        crate::dumps::record_libtpu_load();
         Self::load(path)
     }
 

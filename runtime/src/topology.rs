@@ -176,8 +176,14 @@ impl Topology {
 
     /// Compiles a StableHLO program (MLIR text) for this topology, with no client. The options
     /// must be complete (for TPU: `num_partitions`, SPMD on and a device assignment, as
-    /// [`CompileOptions::manual_partitions`] makes).
+    /// [`CompileOptions::manual_partitions`] makes). When libtpu dumps in this process, the
+    /// compile's dumps are discarded (see [`Topology::compile_with_dumps`]).
     pub fn compile(&self, program: &str, options: &CompileOptions) -> Result<Executable> {
+        crate::dumps::collecting(&|_| false, || self.compile_alone(program, options))
+            .map(|(exe, _)| exe)
+    }
+
+    fn compile_alone(&self, program: &str, options: &CompileOptions) -> Result<Executable> {
         let p = self.plugin.inner;
         let f = api_fn!(p, PJRT_Compile)?;
         let options_bytes = options.to_proto_bytes()?;
@@ -198,6 +204,21 @@ impl Topology {
         let err = unsafe { f(&mut args) };
         p.check(err, "PJRT_Compile")?;
         Executable::from_raw(self.plugin, args.executable)
+    }
+}
+
+impl Topology {
+    /// [`Topology::compile`], and the dump files libtpu wrote for this compile whose names
+    /// `keep` accepts, when libtpu dumps in this process (see
+    /// [`enable_libtpu_dumps`](crate::enable_libtpu_dumps); `None` when it loaded without a
+    /// dump directory). Such compiles run one at a time in the process.
+    pub fn compile_with_dumps(
+        &self,
+        program: &str,
+        options: &CompileOptions,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<(Executable, Option<Vec<crate::DumpFile>>)> {
+        crate::dumps::collecting(keep, || self.compile_alone(program, options))
     }
 }
 

@@ -5,6 +5,7 @@
 mod kernels;
 mod stages;
 mod timing;
+mod tpu_costs;
 
 use std::collections::HashMap;
 

@@ -193,6 +193,9 @@ pub fn compile_command(a: &CompileArgs) -> Result<()> {
     for program in &programs {
         let report = target.compile(program)?;
         print_summary(program, &report);
+        for c in report.kernel_costs.iter().flatten() {
+            outln!("{}", c.table());
+        }
         reports.push(report);
     }
     for r in &reports {
@@ -321,8 +324,17 @@ fn kernel_program(
     } else {
         args.to_vec()
     };
-    let kernel = def.instantiate(&args, &target.rules)?;
-    // The program `--backend tpu` runs the kernel as (`tessera::backend::kernel_program`).
+    kernel_module(&def, &args, target)
+}
+
+/// `def` instantiated for `args` under `target`'s rules, alone in a one-device program: the
+/// program `--backend tpu` runs the kernel as (`tessera::backend::kernel_program`).
+pub(super) fn kernel_module(
+    def: &tessera::dsl::KernelDef,
+    args: &[ArgSpec],
+    target: &Target,
+) -> Result<Module> {
+    let kernel = def.instantiate(args, &target.rules)?;
     Ok(target.lower_module(&kernel)?)
 }
 

@@ -27,6 +27,7 @@ pub mod compile_train;
 pub mod demo;
 pub mod kernel;
 mod outputs;
+pub mod tpu_dump;
 pub mod train_flags;
 
 use anyhow::{bail, Result};
@@ -110,6 +111,9 @@ pub enum Command {
     /// attention or a registered kernel, as Mosaic custom calls. Prints one JSON line per
     /// compiled program.
     Compile(Box<compile::CompileArgs>),
+    /// The cost of every Mosaic kernel in a directory of libtpu's dumps (a peer's compile,
+    /// e.g. JAX's), read as `tessera compile` reads its own kernels.
+    TpuDumpReport(tpu_dump::TpuDumpReportArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]

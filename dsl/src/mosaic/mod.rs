@@ -18,12 +18,14 @@
 //! [`rules`](crate::rules)).
 
 mod cost;
+mod schedule;
 
 use std::collections::HashMap;
 use std::fmt::Write;
 
 pub(crate) use cost::estimate as cost_estimate;
 pub use cost::CostEstimate;
+pub use schedule::{ArgValues, KernelSchedule, PathRuns, ScheduleError};
 
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use tessera_dsl::mosaic::ArgValues;
 use tessera_dsl::{ArgSpec, DType, HostArray};
 use tessera_hlo::autodiff::{VjpCall, VjpRule};
 use tessera_hlo::{
@@ -72,9 +73,19 @@ pub fn lower_stages_on_shard(
             specs.push(ArgSpec::new(ty.dtype, shape));
         }
         let kernel = stage.def.instantiate(&specs, &stage.target.rules)?;
+        // The tables are host arrays: a Mosaic call's schedule counts the blocks they run.
+        let known: Vec<ArgValues<'_>> = stage
+            .args
+            .iter()
+            .map(|a| match a {
+                StageArg::Const(c) => ArgValues::Same(c),
+                StageArg::PerShard(arrays) => ArgValues::PerShard(arrays),
+                StageArg::Tensor(_) => ArgValues::Unknown,
+            })
+            .collect();
         let outs = stage
             .target
-            .lower_into_with_work(&kernel, f, &args, stage.active_steps)?;
+            .lower_into_known(&kernel, f, &args, stage.active_steps, &known)?;
         env.extend(stage.outputs.iter().copied().zip(outs));
     }
     Ok(())

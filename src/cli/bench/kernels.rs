@@ -49,6 +49,11 @@ pub struct KernelsArgs {
     /// Timed runs per program (after one warm-up run, interleaved); the minimum is reported.
     #[arg(long, default_value_t = 3, value_parser = super::super::positive)]
     pub reps: usize,
+    /// Instead of timing on the CPU: compile every registered kernel for this TPU topology
+    /// (tpu:v5p:2x2x1, ...; bf16) with libtpu and print its cost read from the compiler's
+    /// bundles (cycles per core, MXU use, scoped VMEM), as `tessera compile` does.
+    #[arg(long, value_name = "tpu:TOPOLOGY")]
+    pub target: Option<String>,
 }
 
 /// One row of the table: a program and the dtype whose peak it is compared with.
@@ -61,6 +66,9 @@ struct Row {
 
 /// Runs `tessera bench kernels`.
 pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
+    if let Some(target) = &a.target {
+        return super::tpu_costs::kernel_costs(a, target);
+    }
     let client = Client::cpu_shared(1)?;
     let mut rows = Vec::new();
     let mut programs = Vec::new();
@@ -271,7 +279,7 @@ fn kernel_program(client: &Client, def: KernelDef, specs: &[ArgSpec], flops: f64
 }
 
 /// The tiled matmul kernel with square blocks of `block`.
-fn matmul_def(dtype: DType, block: usize) -> Result<KernelDef> {
+pub(super) fn matmul_def(dtype: DType, block: usize) -> Result<KernelDef> {
     macro_rules! with_block {
         ($b:literal) => {
             match dtype {

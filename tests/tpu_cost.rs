@@ -1,0 +1,172 @@
+//! A kernel's cost read from libtpu's own bundles (`tessera::tpu::cost`), compile-only: splash
+//! forward compiled for v5p (two TensorCores) and v5e (one), its report checked against what
+//! the grid and the causal mask say independently.
+//!
+//! libtpu reads its dump flags once, when it loads, so this test has its own `main` (no
+//! harness): it asks for the dumps before anything loads libtpu, on the one thread there is.
+
+use tessera::dsl::{DType, Target};
+use tessera::splash::{splash_program, BlockSizes, Dims, Mask, Pass, SplashAttention};
+use tessera::tpu::cost::KernelCost;
+use tessera::tpu::TpuTarget;
+
+/// The cost of splash forward (bf16, causal, blocks 512) on `heads` heads of `seq` tokens.
+fn forward_cost(topology: &str, heads: usize, seq: usize) -> KernelCost {
+    let dims = Dims {
+        batch: 1,
+        heads,
+        kv_heads: heads,
+        q_len: seq,
+        kv_len: seq,
+        head_dim: 128,
+        head_dim_v: 128,
+    };
+    let attn = SplashAttention::new(
+        Mask::causal(),
+        dims,
+        DType::BF16,
+        BlockSizes::uniform(512, 512),
+        Default::default(),
+        Target::tpu(),
+    )
+    .unwrap();
+    let program = splash_program(&attn, Pass::Forward, Default::default()).unwrap();
+    let report = TpuTarget::parse(&format!("tpu:{topology}"))
+        .unwrap()
+        .compile(&program)
+        .unwrap();
+    let mut costs = report
+        .kernel_costs
+        .expect("libtpu was loaded with its dumps, so the report has kernel costs");
+    assert_eq!(costs.len(), 1, "{costs:?}");
+    let cost = costs.remove(0);
+    println!("{topology} H={heads} S={seq}\n{}", cost.table());
+    cost
+}
+
+fn runs(c: &KernelCost, path: &str) -> u64 {
+    c.paths.iter().find(|p| p.path == path).unwrap().runs
+}
+
+fn main() {
+    let _dumps = tessera::runtime::enable_libtpu_dumps().unwrap();
+
+    // v5p, 2 heads of 4 query blocks: the parallel head dim puts one head on each core.
+    let small = forward_cost("v5p:2x2x1", 2, 2048);
+    assert_eq!(small.kernel, "splash_fwd");
+    assert!(small.exact, "{:?}", small.caveat);
+    assert_eq!(small.grid, vec![1, 2, 4, 4]);
+    assert_eq!(small.cores, 2);
+    assert_eq!(
+        small.steps_per_core,
+        2 * 16 / 2,
+        "the head dim halves the steps"
+    );
+    // The loop runs the core's steps and the pipeline's two extra iterations.
+    assert_eq!(small.loop_trips, Some(small.steps_per_core + 2));
+    // Paths: outside the loop, the step, then init, full and masked blocks, finalize.
+    let names: Vec<&str> = small.paths.iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(names.len(), 6, "{names:?}");
+    assert_eq!(
+        [names[0], names[1], names[2], names[5]],
+        ["outside loop", "step", "init", "finalize"]
+    );
+    assert!(
+        small.paths.iter().all(|p| p.bundles > 0),
+        "{:?}",
+        small.paths
+    );
+    // Per core one head: 4 rows; of its 4 x 4 blocks the causal mask computes the 6 below
+    // the diagonal in full and the 4 on it masked.
+    assert_eq!((runs(&small, "init"), runs(&small, "finalize")), (4, 4));
+    assert_eq!((runs(&small, names[3]), runs(&small, names[4])), (6, 4));
+    let by_paths: u64 = small.paths.iter().map(|p| p.bundles * p.runs).sum();
+    assert_eq!(small.cycles_per_core, by_paths);
+    assert_eq!(small.cycles_all_cores, 2 * small.cycles_per_core);
+    assert!(small.mxu_utilisation > 0.0 && small.mxu_utilisation <= 1.0);
+    assert!(small.mxu_bound_per_core > 0 && small.mxu_bound_per_core < small.cycles_per_core);
+    assert!(small.scoped_vmem_bytes.is_some_and(|b| b > 0));
+
+    // Twice the sequence: 8 x 8 blocks, 28 full and 8 masked per head, more cycles.
+    let long = forward_cost("v5p:2x2x1", 2, 4096);
+    assert_eq!(long.steps_per_core, 64);
+    assert_eq!((runs(&long, names[3]), runs(&long, names[4])), (28, 8));
+    assert!(long.cycles_per_core > 3 * small.cycles_per_core);
+
+    // v5e has one TensorCore: the same grid runs whole on it.
+    let one = forward_cost("v5e:2x2", 2, 2048);
+    assert_eq!(
+        (one.cores, one.steps_per_core),
+        (1, 2 * small.steps_per_core)
+    );
+    assert_eq!(one.loop_trips, Some(one.steps_per_core + 2));
+    assert_eq!((runs(&one, names[3]), runs(&one, names[4])), (12, 8));
+    assert_eq!(one.cycles_all_cores, one.cycles_per_core);
+    the_cli_reads_a_dump_directory_as_it_reads_its_own_compile();
+    println!("tpu_cost: ok");
+}
+
+/// `tessera compile` with the user's own dump directory (kept), then `tessera
+/// tpu-dump-report` on it: the same costs, read by the same reader from the same files.
+fn the_cli_reads_a_dump_directory_as_it_reads_its_own_compile() {
+    let dir = std::env::temp_dir().join(format!("tessera-tpu-cost-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |args: &[&str], init_args: Option<String>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"));
+        cmd.args(args);
+        if let Some(a) = init_args {
+            cmd.env("LIBTPU_INIT_ARGS", a);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), stdout, stderr)
+    };
+    let d = dir.to_str().unwrap();
+    let (ok, empty, err) = run(&["tpu-dump-report", d], None);
+    assert!(!ok && empty.is_empty(), "{empty}");
+    assert!(err.contains("holds no Mosaic kernel dumps"), "{err}");
+    let (ok, compiled, err) = run(
+        &[
+            "compile",
+            "--target",
+            "tpu:v5p:2x2x1",
+            "attention",
+            "--heads",
+            "2",
+            "--seq-len",
+            "2048",
+            "--block-q",
+            "512",
+            "--block-kv",
+            "512",
+            "--pass",
+            "forward",
+        ],
+        Some(format!(
+            "--xla_jf_dump_to={d} --xla_jf_dump_llo_pass_label_regex=final"
+        )),
+    );
+    assert!(ok, "{err}");
+    assert!(compiled.contains("cycles per core"), "{compiled}");
+    let (ok, read, err) = run(&["tpu-dump-report", d, "--target", "tpu:v5p:2x2x1"], None);
+    assert!(ok, "{err}");
+    let field = |text: &str, name: &str| -> Vec<String> {
+        let last = text.lines().last().unwrap_or("");
+        last.split(&format!("\"{name}\":"))
+            .skip(1)
+            .map(|v| v.split([',', '}']).next().unwrap().to_string())
+            .collect()
+    };
+    for name in [
+        "cycles_per_core",
+        "cycles_all_cores",
+        "mxu_bound_per_core",
+        "steps_per_core",
+    ] {
+        let want = field(&compiled, name);
+        assert_eq!(want.len(), 1, "{name} in {compiled}");
+        assert_eq!(field(&read, name), want, "{name}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
