@@ -145,11 +145,15 @@ fn run_mosaic_eval(
         .collect();
     if mesh.is_empty() {
         vec![module
-            .run(&per_device[0], &outputs)
+            .run(&mosaic::call_order(&k, &per_device[0]), &outputs)
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text))]
     } else {
+        let per_device: Vec<Vec<HostArray>> = per_device
+            .iter()
+            .map(|args| mosaic::call_order(&k, args))
+            .collect();
         module
-            .run_on_devices(per_device, &outputs)
+            .run_on_devices(&per_device, &outputs)
             .unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text))
     }
 }

@@ -4,6 +4,7 @@
 
 use tessera::dsl::{mosaic, ArgSpec, DType, Kernel, KernelDef, Target, TargetRules};
 use tessera::kernels::memory::{gather_tiles, ring_all_gather, ring_mesh, ring_shift};
+use tessera::kernels::paged_attention;
 use tessera::runtime::{CompileOptions, Plugin};
 
 fn libtpu() -> Plugin {
@@ -54,6 +55,31 @@ fn memory_kernels_compile_for_v5p() {
         instantiate(&ring_shift(), &[f32s(&[8, 128])], 4),
         instantiate(&ring_all_gather(), &[f32s(&[8, 128])], 4),
     ];
-    let failures: Vec<String> = cases.iter().filter_map(|k| compile(k).err()).collect();
+    let mut cases = cases.to_vec();
+    // Paged attention: MHA and GQA, f32 and bf16 (B 4, H 8, D 128, 64 pages of 16 rows, 8
+    // per sequence, 4 per copy block).
+    for kv_heads in [8, 2] {
+        for dtype in [DType::F32, DType::BF16] {
+            let def = match dtype {
+                DType::BF16 => paged_attention::<half::bf16>(4),
+                _ => paged_attention::<f32>(4),
+            };
+            let args = [
+                ArgSpec::new(dtype, [4, 8, 128]),
+                ArgSpec::new(dtype, [kv_heads, 64, 16, 128]),
+                ArgSpec::new(dtype, [kv_heads, 64, 16, 128]),
+                ArgSpec::new(DType::I32, [4]),
+                ArgSpec::new(DType::I32, [4, 8]),
+            ];
+            cases.push(instantiate(&def, &args, 1));
+        }
+    }
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|k| {
+            println!("compiling {}", k.name);
+            compile(k).err()
+        })
+        .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

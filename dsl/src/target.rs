@@ -141,16 +141,7 @@ impl Target {
                 ),
             ));
         }
-        let operands: Vec<hlo::Value> = [OperandRole::ScalarPrefetch, OperandRole::Input]
-            .into_iter()
-            .flat_map(|want| {
-                roles
-                    .iter()
-                    .zip(args)
-                    .filter(move |(r, _)| **r == want)
-                    .map(|(_, v)| *v)
-            })
-            .collect();
+        let operands = crate::mosaic::call_order(k, args);
         let results: Vec<TensorType> = mosaic
             .results
             .iter()

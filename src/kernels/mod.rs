@@ -3,8 +3,10 @@
 pub mod flash;
 pub mod matmul;
 pub mod memory;
+pub mod paged_attention;
 pub mod softmax;
 
 pub use flash::flash_attention;
 pub use matmul::matmul;
+pub use paged_attention::paged_attention;
 pub use softmax::row_softmax;

@@ -150,6 +150,27 @@ pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
     })
 }
 
+/// The arguments of `k` (`args`, scalar prefetch and inputs in declaration order) in the
+/// order its Mosaic call takes them: the scalar-prefetch tables first, then the inputs.
+pub fn call_order<A: Clone>(k: &Kernel, args: &[A]) -> Vec<A> {
+    let roles: Vec<OperandRole> = k
+        .operands
+        .iter()
+        .map(|o| o.role)
+        .filter(|r| matches!(r, OperandRole::Input | OperandRole::ScalarPrefetch))
+        .collect();
+    [OperandRole::ScalarPrefetch, OperandRole::Input]
+        .into_iter()
+        .flat_map(|want| {
+            roles
+                .iter()
+                .zip(args)
+                .filter(move |(r, _)| **r == want)
+                .map(|(_, a)| a.clone())
+        })
+        .collect()
+}
+
 /// The operands in the kernel function's order: scalar prefetch, inputs, outputs, scratch.
 /// Scratch that `run_scoped` regions allocate (`memref.alloca`, `tpu.sem_alloc`) and the
 /// barrier semaphore (`tpu.sem_barrier`) are not parameters.
