@@ -589,11 +589,15 @@ impl Parser {
                     Tok::Angle(k, body) if k == "dense" => body,
                     _ => return Err(self.error("expected a constant value")),
                 };
-                self.expect(":")?;
-                OpKind::Constant {
-                    literal,
-                    ty: self.ty()?,
-                }
+                // `true` and `false` are typed (i1) by themselves.
+                let ty = if self.eat(":") {
+                    self.ty()?
+                } else if matches!(literal.as_str(), "true" | "false") {
+                    Type::Scalar(Elem::I1)
+                } else {
+                    return Err(self.error("expected `:` and the constant's type"));
+                };
+                OpKind::Constant { literal, ty }
             }
             "arith.addf" | "arith.subf" | "arith.mulf" | "arith.divf" | "arith.remf"
             | "arith.maximumf" | "arith.minimumf" | "arith.addi" | "arith.subi" | "arith.muli"

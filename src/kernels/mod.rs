@@ -1,5 +1,6 @@
 //! Example kernels written with `#[tpu_kernel]`, each tested against naive Rust.
 
+pub mod collective;
 pub mod flash;
 pub mod matmul;
 pub mod memory;

@@ -569,7 +569,10 @@ impl<'k> Emitter<'k> {
     /// A splat of `value` as a dense vector constant, or a scalar constant.
     fn constant(&mut self, value: Literal, ty: &ValueType, loc: Loc) -> String {
         let lit = literal(value, ty.dtype);
-        if ty.is_scalar() {
+        if ty.is_scalar() && ty.dtype == DType::Bool {
+            // A bool attribute carries its type: MLIR reads no `: i1` after it.
+            self.emit(&format!("arith.constant {lit}"), loc)
+        } else if ty.is_scalar() {
             self.emit(
                 &format!("arith.constant {lit} : {}", ty.dtype.mlir_name()),
                 loc,
