@@ -54,6 +54,8 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
             "tessera-runtime",
         ],
     ),
+    // The Python extension of the tessera-jax package: the facade's library, nothing else.
+    ("tessera-jax", "python", &["tessera"]),
 ];
 
 fn manifest(dir: &str) -> toml::Table {
@@ -104,6 +106,21 @@ fn every_crate_depends_only_on_what_the_architecture_allows() {
             "{name} depends on {extra:?}, which docs/architecture.md does not allow"
         );
     }
+}
+
+#[test]
+fn the_python_package_uses_the_library_without_the_cli() {
+    let m = manifest("python");
+    let tessera = &m["dependencies"]["tessera"];
+    assert_eq!(
+        tessera.get("default-features").and_then(|d| d.as_bool()),
+        Some(false),
+        "tessera-jax must depend on the tessera library without its default `cli` feature"
+    );
+    assert!(
+        tessera.get("features").is_none(),
+        "tessera-jax must not enable facade features (the CLI's dependencies)"
+    );
 }
 
 #[test]

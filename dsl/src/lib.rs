@@ -27,7 +27,7 @@ pub use error::{KernelError, Problem, ProblemKind};
 pub use instantiate::{ArgDecl, ArgSpec, Builder, ComptimeValue, IndexMapFn, KernelDef, Stop};
 pub use ir::{DType, DeviceAxis, DimSemantics, Kernel};
 pub use rules::TargetRules;
-pub use target::{KernelLowering, Target};
+pub use target::{KernelLowering, MosaicCall, Target};
 pub use tessera_hlo::{axes, axis, mesh, HasAxis, MeshAxis, MeshShape};
 pub use tessera_macros::tpu_kernel;
 pub use trace::{

@@ -111,37 +111,39 @@ impl Target {
         }
     }
 
-    fn custom_call(
+    /// What the `tpu_custom_call` of the instantiated kernel `k` is made of: the Mosaic
+    /// module with the custom call's config (cost estimate, scoped VMEM limit), the order of
+    /// its operands and its result types. [`Target::lower_into`] emits exactly this call;
+    /// tools that build the call themselves (the `tessera-jax` package's TPU lowering rule)
+    /// take it from here. `active_grid_steps` as in [`Target::lower_into_with_work`].
+    pub fn mosaic_call(
         &self,
         k: &Kernel,
-        f: &mut FuncBuilder<'_>,
-        args: &[hlo::Value],
         active_grid_steps: Option<u64>,
-    ) -> Result<Vec<hlo::Value>, KernelError> {
+    ) -> Result<MosaicCall, KernelError> {
         let mut mosaic = crate::mosaic::lower(k)?;
         if active_grid_steps.is_some() {
             mosaic.cost = crate::mosaic::cost_estimate(k, active_grid_steps);
         }
         // The call takes the scalar-prefetch tables first, then the inputs (the order of the
-        // Mosaic function's parameters); `args` follow the kernel's declaration order.
+        // Mosaic function's parameters); the kernel's arguments follow its declaration order.
         let roles: Vec<OperandRole> = k
             .operands
             .iter()
             .map(|o| o.role)
             .filter(|r| matches!(r, OperandRole::Input | OperandRole::ScalarPrefetch))
             .collect();
-        if roles.len() != args.len() || mosaic.operands.len() != args.len() {
+        if mosaic.operands.len() != roles.len() {
             return Err(internal(
                 k,
                 format!(
-                    "the kernel takes {} arrays, its Mosaic call {}, but {} were given",
+                    "the kernel takes {} arrays, its Mosaic call {}",
                     roles.len(),
-                    mosaic.operands.len(),
-                    args.len()
+                    mosaic.operands.len()
                 ),
             ));
         }
-        let operands = crate::mosaic::call_order(k, args);
+        let operand_order = crate::mosaic::call_operand_order(k);
         let results: Vec<TensorType> = mosaic
             .results
             .iter()
@@ -170,9 +172,52 @@ impl Target {
             collective_id: mosaic.collective_id,
             ..TpuCustomCall::new(mosaic.name, mosaic.text)
         };
+        Ok(MosaicCall {
+            call,
+            operand_order,
+            results,
+        })
+    }
+
+    fn custom_call(
+        &self,
+        k: &Kernel,
+        f: &mut FuncBuilder<'_>,
+        args: &[hlo::Value],
+        active_grid_steps: Option<u64>,
+    ) -> Result<Vec<hlo::Value>, KernelError> {
+        let MosaicCall {
+            call,
+            operand_order,
+            results,
+        } = self.mosaic_call(k, active_grid_steps)?;
+        if operand_order.len() != args.len() {
+            return Err(internal(
+                k,
+                format!(
+                    "the kernel takes {} arrays, but {} were given",
+                    operand_order.len(),
+                    args.len()
+                ),
+            ));
+        }
+        let operands: Vec<hlo::Value> = operand_order.iter().map(|&i| args[i]).collect();
         f.tpu_custom_call(&call, &operands, &results)
             .map_err(|e: HloError| internal(k, e.to_string()))
     }
+}
+
+/// A kernel's `tpu_custom_call`, as [`Target::mosaic_call`] builds it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MosaicCall {
+    /// The Mosaic module, kernel name and custom-call config
+    /// ([`TpuCustomCall::backend_config`] is the call's `backend_config` JSON).
+    pub call: TpuCustomCall,
+    /// The call's operands as indices into the kernel's arguments (scalar prefetch and
+    /// inputs in declaration order): the scalar-prefetch tables first, then the inputs.
+    pub operand_order: Vec<usize>,
+    /// The call's result types: the kernel's outputs, in order.
+    pub results: Vec<TensorType>,
 }
 
 impl Default for Target {

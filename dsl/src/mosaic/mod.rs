@@ -150,9 +150,10 @@ pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
     })
 }
 
-/// The arguments of `k` (`args`, scalar prefetch and inputs in declaration order) in the
-/// order its Mosaic call takes them: the scalar-prefetch tables first, then the inputs.
-pub fn call_order<A: Clone>(k: &Kernel, args: &[A]) -> Vec<A> {
+/// Where each operand of `k`'s Mosaic call comes from, as indices into the kernel's
+/// arguments (scalar prefetch and inputs in declaration order): the scalar-prefetch tables
+/// first, then the inputs.
+pub fn call_operand_order(k: &Kernel) -> Vec<usize> {
     let roles: Vec<OperandRole> = k
         .operands
         .iter()
@@ -164,10 +165,19 @@ pub fn call_order<A: Clone>(k: &Kernel, args: &[A]) -> Vec<A> {
         .flat_map(|want| {
             roles
                 .iter()
-                .zip(args)
-                .filter(move |(r, _)| **r == want)
-                .map(|(_, a)| a.clone())
+                .enumerate()
+                .filter(move |(_, r)| **r == want)
+                .map(|(i, _)| i)
         })
+        .collect()
+}
+
+/// The arguments of `k` (`args`, in declaration order) in the order its Mosaic call takes
+/// them ([`call_operand_order`]).
+pub fn call_order<A: Clone>(k: &Kernel, args: &[A]) -> Vec<A> {
+    call_operand_order(k)
+        .into_iter()
+        .map(|i| args[i].clone())
         .collect()
 }
 

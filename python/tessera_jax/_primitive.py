@@ -1,0 +1,214 @@
+"""One JAX primitive for every tessera kernel call: `tessera_kernel`, whose static parameter
+is the instantiated kernel (`tessera_jax.Kernel`).
+
+- Abstract evaluation: the kernel's output shapes and dtypes, from tessera.
+- Lowering, one rule per platform:
+  - `tpu`: a `stablehlo.custom_call @tpu_custom_call` with tessera's Mosaic module and
+    backend config (the call `tessera compile` builds), operands and results row-major;
+  - `cpu`, `cuda`, `rocm`: tessera's StableHLO lowering of the kernel, a module whose
+    `@main` is merged into the caller's module (renamed, private; once per module) and
+    called with `func.call`.
+- Batching (`jax.vmap`) and differentiation are refused with a sentence saying what to do
+  instead (`splash_attention` is differentiable through its own `custom_vjp`).
+
+The lowering uses JAX-private APIs (`jax._src.interpreters.mlir.custom_call`, the module
+context's symbol table and cache, `ShapedArray`'s manual-axis type for `shard_map`); the
+package pins jax==0.10.2 and its tests exercise each of them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax._src import core as jax_core
+from jax._src import sharding_impls
+from jax._src.interpreters import mlir as jax_mlir
+from jax.extend.core import Primitive
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import func as func_dialect
+from jax.interpreters import ad, batching, mlir
+
+from ._arrays import numpy_dtype, tessera_dtype
+from ._tessera import Kernel, TesseraError
+
+tessera_kernel_p = Primitive("tessera_kernel")
+tessera_kernel_p.multiple_results = True
+
+
+def call(kernel: Kernel, *args):
+    """Calls the tessera `kernel` on JAX arrays `args` (its scalar-prefetch and input arrays,
+    in `kernel.args` order); returns its outputs as a list. Inside `jax.jit` the call lowers
+    to the kernel itself (a Mosaic custom call on TPU, tessera's StableHLO elsewhere)."""
+    expected = kernel.args
+    if len(args) != len(expected):
+        names = ", ".join(a[0] for a in expected)
+        raise TypeError(
+            f"tessera kernel `{kernel.name}` takes {len(expected)} arrays ({names}), "
+            f"got {len(args)}"
+        )
+    for i, (x, (name, _role, shape, dtype)) in enumerate(zip(args, expected)):
+        got_shape, got_dtype = tuple(jax.numpy.shape(x)), jax.numpy.result_type(x)
+        if got_shape != tuple(shape) or got_dtype != numpy_dtype(dtype):
+            raise TypeError(
+                f"tessera kernel `{kernel.name}` was instantiated for argument {i} (`{name}`) "
+                f"{dtype}{list(shape)}, got {tessera_name(got_dtype)}{list(got_shape)}; "
+                "instantiate the kernel for these arguments"
+            )
+    return tessera_kernel_p.bind(*args, kernel=kernel)
+
+
+def tessera_name(dtype) -> str:
+    try:
+        return tessera_dtype(dtype)
+    except ValueError:
+        return str(dtype)
+
+
+@functools.partial(jax.jit, static_argnames="kernel")
+def _compiled(*args, kernel):
+    return tessera_kernel_p.bind(*args, kernel=kernel)
+
+
+@tessera_kernel_p.def_impl
+def _impl(*args, kernel):
+    # An eager call runs the kernel's lowering, compiled once per kernel and argument types.
+    return _compiled(*args, kernel=kernel)
+
+
+@tessera_kernel_p.def_abstract_eval
+def _abstract_eval(*avals, kernel):
+    # Inside shard_map an output varies over the manual axes any input varies over (the
+    # kernel runs on each device's local blocks).
+    varying = frozenset().union(*(a.mat.varying for a in avals))
+    if not varying:
+        return [
+            jax_core.ShapedArray(tuple(shape), numpy_dtype(dtype))
+            for _name, _role, shape, dtype in kernel.outputs
+        ]
+    mat = jax_core.ManualAxisType(varying=varying)
+    return [
+        jax_core.ShapedArray(
+            tuple(shape),
+            numpy_dtype(dtype),
+            sharding=jax_core.get_cur_mesh_sharding(),
+            manual_axis_type=mat,
+        )
+        for _name, _role, shape, dtype in kernel.outputs
+    ]
+
+
+def _batching_rule(axis_data, args, dims, *, kernel):
+    raise NotImplementedError(
+        f"tessera kernel `{kernel.name}` cannot be vmapped: a tessera kernel is instantiated "
+        "for fixed argument shapes. Put the batch into the kernel's own batch dim "
+        "(splash_attention takes [B, H, S, D]), or loop with jax.lax.map"
+    )
+
+
+def _jvp_rule(primals, tangents, *, kernel):
+    raise NotImplementedError(
+        f"tessera kernel `{kernel.name}` has no derivative rule of its own; differentiate "
+        "a function with one (tessera_jax.splash_attention has a custom_vjp over tessera's "
+        "backward kernels), or wrap the call in jax.custom_vjp"
+    )
+
+
+batching.fancy_primitive_batchers[tessera_kernel_p] = _batching_rule
+ad.primitive_jvps[tessera_kernel_p] = _jvp_rule
+
+
+def merge_function(ctx: mlir.LoweringRuleContext, kernel: Kernel) -> str:
+    """Merges tessera's StableHLO module for `kernel` into the module being lowered, once per
+    module; returns the symbol its `@main` got. Every function of tessera's module is renamed
+    to a name free in the caller's module (`tessera_<kernel>`, `tessera_<kernel>_<n>` for
+    further ones), made private, its uses renamed, then moved into the caller's module."""
+    module_ctx = ctx.module_context
+    key = ("tessera_kernel", kernel)
+    cached = module_ctx.cached_primitive_lowerings.get(key)
+    if cached is not None:
+        return cached
+    source = ir.Module.parse(kernel.stablehlo(), context=module_ctx.context)
+    funcs = list(source.body.operations)
+    for op in funcs:
+        if op.operation.name != "func.func":
+            raise TesseraError(
+                f"tessera's StableHLO module for `{kernel.name}` holds a `{op.operation.name}`; "
+                "only functions can be merged into a JAX program (a tessera bug; please report it)"
+            )
+    dst_symbols = module_ctx.symbol_table
+    src_symbols = ir.SymbolTable(source.operation)
+    names = [ir.StringAttr(op.attributes["sym_name"]).value for op in funcs]
+    if "main" not in names:
+        raise TesseraError(
+            f"tessera's StableHLO module for `{kernel.name}` has no @main (a tessera bug; "
+            "please report it)"
+        )
+    taken = set(names)
+    renamed = {}
+    for name in names:
+        base = f"tessera_{kernel.name}" if name == "main" else f"tessera_{kernel.name}_{name}"
+        fresh, n = base, 0
+        while fresh in dst_symbols or fresh in taken:
+            n += 1
+            fresh = f"{base}_{n}"
+        taken.add(fresh)
+        renamed[name] = fresh
+    private = ir.StringAttr.get("private")
+    for op, name in zip(funcs, names):
+        src_symbols.set_symbol_name(op, renamed[name])
+        op.attributes["sym_visibility"] = private
+    for old, new in renamed.items():
+        for op in funcs:
+            ir.SymbolTable.replace_all_symbol_uses(old, new, op)
+    for op in funcs:
+        module_ctx.module.body.append(op)
+        dst_symbols.insert(op)
+    module_ctx.cached_primitive_lowerings[key] = renamed["main"]
+    return renamed["main"]
+
+
+def _inline_lowering(ctx: mlir.LoweringRuleContext, *args, kernel):
+    callee = merge_function(ctx, kernel)
+    result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
+    call_op = func_dialect.CallOp(result_types, ir.FlatSymbolRefAttr.get(callee), list(args))
+    return call_op.results
+
+
+def _row_major(aval) -> list[int]:
+    return list(range(len(aval.shape) - 1, -1, -1))
+
+
+def _tpu_lowering(ctx: mlir.LoweringRuleContext, *args, kernel):
+    axis_ctx = ctx.module_context.axis_context
+    automatic = (
+        isinstance(axis_ctx, sharding_impls.ShardingContext) and axis_ctx.num_devices != 1
+    ) or (
+        isinstance(axis_ctx, sharding_impls.SPMDAxisContext)
+        and axis_ctx.manual_axes != frozenset(axis_ctx.mesh.axis_names)
+    )
+    if automatic:
+        raise NotImplementedError(
+            f"tessera kernel `{kernel.name}` is a Mosaic custom call, which XLA cannot "
+            "partition automatically; call it inside jax.shard_map over every mesh axis"
+        )
+    config = kernel.mosaic()
+    order = config["operand_order"]
+    operands = [args[i] for i in order]
+    avals_in = [ctx.avals_in[i] for i in order]
+    call_op = jax_mlir.custom_call(
+        "tpu_custom_call",
+        result_types=[mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out],
+        operands=operands,
+        backend_config=config["backend_config"],
+        api_version=1,
+        operand_layouts=[_row_major(a) for a in avals_in],
+        result_layouts=[_row_major(a) for a in ctx.avals_out],
+        extra_attributes={"kernel_name": ir.StringAttr.get(config["kernel_name"])},
+    )
+    return call_op.results
+
+
+mlir.register_lowering(tessera_kernel_p, _tpu_lowering, platform="tpu")
+for _platform in ("cpu", "cuda", "rocm"):
+    mlir.register_lowering(tessera_kernel_p, _inline_lowering, platform=_platform)

@@ -1,0 +1,65 @@
+"""Compiling JAX programs with tessera kernels for a TPU topology on a machine without a TPU:
+the libtpu tessera pins, and what the compiler gave each Mosaic kernel."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+
+from . import _tessera
+
+
+def use_tessera_libtpu() -> str:
+    """Points JAX at the libtpu tessera compiles with (`libtpu==0.0.42.1`, the one
+    `jax[tpu]==0.10.2` brings; downloaded once into tessera's cache, or `TESSERA_LIBTPU`)
+    through `TPU_LIBRARY_PATH`, unless that is set, and sets the environment libtpu needs
+    for compile-only use (no cloud metadata queries, several processes at once) where unset.
+    Call it before JAX first touches the TPU platform (e.g.
+    `jax.experimental.topologies.get_topology_desc(..., platform="tpu")`). Returns the
+    library's path."""
+    for name, value in _tessera.libtpu_compile_only_env():
+        os.environ.setdefault(name, value)
+    path = os.environ.get("TPU_LIBRARY_PATH")
+    if not path:
+        path = _tessera.libtpu_path()
+        os.environ["TPU_LIBRARY_PATH"] = path
+    return path
+
+
+_TARGET = 'custom_call_target="tpu_custom_call"'
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+) = ", re.M)
+_KERNEL_FUNC = re.compile(r"func\.func @([\w.\-]+)\(")
+
+
+def compiled_kernel_vmem(compiled) -> list[tuple[str, int]]:
+    """The scoped VMEM (bytes) the TPU compiler gave each Mosaic kernel of `compiled` (a
+    `jax.stages.Compiled`), in program order, one entry per custom call: read from the
+    compiled HLO text, where each `tpu_custom_call`'s backend config carries
+    `used_scoped_memory_configs`. A kernel is named by its function in the call's body when
+    the body is MLIR text (tessera's), else by its HLO instruction (JAX's Pallas kernels,
+    whose bodies are bytecode)."""
+    text = compiled.as_text()
+    names = [(m.start(), m.group(1)) for m in _INSTRUCTION.finditer(text)]
+    calls = [m.start() for m in re.finditer(re.escape(_TARGET), text)]
+    decoder = json.JSONDecoder()
+    found = []
+    for i, at in enumerate(calls):
+        end = calls[i + 1] if i + 1 < len(calls) else len(text)
+        config_at = text.find("backend_config=", at, end)
+        if config_at < 0:
+            continue
+        config, _ = decoder.raw_decode(text, config_at + len("backend_config="))
+        body = config.get("custom_call_config", {}).get("body", "")
+        source = base64.b64decode(body).decode("utf-8", errors="replace") if body else ""
+        function = _KERNEL_FUNC.search(source)
+        # The instruction's name without XLA's `.N` suffix.
+        instruction = re.sub(r"\.\d+$", "", max((n for n in names if n[0] < at), default=(0, "?"))[1])
+        used = [
+            int(c["size"])
+            for c in config.get("used_scoped_memory_configs", [])
+            if str(c.get("memory_space")) == "1"
+        ]
+        found.append((function.group(1) if function else instruction, max(used, default=0)))
+    return found

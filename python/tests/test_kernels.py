@@ -1,0 +1,181 @@
+"""Every registry kernel called from JAX (on JAX's CPU backend, through tessera's StableHLO)
+equals tessera's own run (its interpreter) and an f64 reference; what `describe` returns;
+tessera's errors as `TesseraError`; vmap and grad of a raw kernel refused."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import reference
+import tessera_jax as tj
+
+pytestmark = pytest.mark.usefixtures("x64")
+
+
+def random(shape, seed, dtype=np.float32):
+    return np.random.default_rng(seed).uniform(-1, 1, shape).astype(dtype)
+
+
+def call_from_jax(k, *arrays):
+    return [np.asarray(x) for x in jax.jit(lambda *a: tj.call(k, *a))(*arrays)]
+
+
+def check(k, arrays, want, tol):
+    """`k` from JAX equals tessera's interpreter (to 1e-5 relative to the output's scale)
+    and both equal the f64 reference `want` to `tol`; returns JAX's outputs."""
+    got = call_from_jax(k, *arrays)
+    ours = tj.run_reference(k, *arrays)
+    assert len(got) == len(ours) == len(k.outputs)
+    for (name, _, shape, _), g, o in zip(k.outputs, got, ours):
+        assert g.shape == o.shape == tuple(shape), name
+        scale = max(1.0, float(np.abs(o).max()))
+        np.testing.assert_allclose(g, o, atol=1e-5 * scale, rtol=0, err_msg=f"{k.name}.{name}")
+    for name, w in want.items():
+        i = [o[0] for o in k.outputs].index(name)
+        for label, x in (("jax", got[i]), ("tessera", ours[i])):
+            err = np.abs(x.astype(np.float64) - w).max()
+            assert err <= tol, f"{k.name}.{name} ({label}) differs from f64 by {err}"
+    return got
+
+
+def test_the_registry_lists_every_kernel_with_its_parameters():
+    listed = {k["name"]: k for k in tj.kernels()}
+    assert set(listed) >= {
+        "matmul",
+        "row_softmax",
+        "flash_attention",
+        "splash_fwd",
+        "splash_bwd_prep",
+        "splash_dq",
+        "splash_dkv",
+        "splash_bwd_fused",
+        "splash_dq_reduce",
+    }
+    bm = next(p for p in listed["matmul"]["params"] if p["name"] == "BM")
+    assert not bm["size"] and bm["default"] == "128"
+    m = next(p for p in listed["matmul"]["params"] if p["name"] == "M")
+    assert m["size"] and ("x", 0) in [tuple(s) for s in m["sets"]]
+
+
+def test_matmul():
+    k = tj.kernel("matmul", {"BM": 128, "BN": 128, "BK": 128, "M": 256, "N": 128, "K": 256})
+    x, y = random((256, 256), 0), random((256, 128), 1)
+    check(k, [x, y], {"out": x.astype(np.float64) @ y}, 1e-4)
+
+
+def test_row_softmax():
+    k = tj.kernel("row_softmax", {"BR": 8, "R": 64, "C": 128})
+    x = random((64, 128), 2) * 4
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    got = check(k, [x], {"out": e / e.sum(axis=1, keepdims=True)}, 1e-6)
+    # An eager call (outside jit) runs the same lowering.
+    np.testing.assert_array_equal(np.asarray(tj.call(k, x)[0]), got[0])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention(causal):
+    k = tj.kernel(
+        "flash_attention", {"BQ": 64, "BKV": 64, "causal": causal, "S": 256, "D": 64}
+    )
+    q, kk, v = random((256, 64), 3), random((256, 64), 4), random((256, 64), 5)
+    out, _ = reference.attention(
+        q[None, None], kk[None, None], v[None, None], mask="causal" if causal else "full"
+    )
+    check(k, [q, kk, v], {"out": np.asarray(out)[0, 0]}, 1e-5)
+
+
+# The splash kernels' registry parameters: the sizes here, every other one the default
+# (mask causal, blocks 128, f32).
+SPLASH = {"B": 1, "H": 4, "KVH": 2, "SQ": 256, "SKV": 256, "D": 64}
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_splash_kernels(fused):
+    """The registry's splash kernels, each called on the arrays the previous ones produced
+    (the plan of one attention: forward, preprocessing, dq + dkv or fused + reduction),
+    against the interpreter and the f64 forward, logsumexp and gradients."""
+    b, h, kvh, s, d = (SPLASH[n] for n in ("B", "H", "KVH", "SQ", "D"))
+    q, k, v, dout = random((b, h, s, d), 6), random((b, kvh, s, d), 7), random(
+        (b, kvh, s, d), 8
+    ), random((b, h, s, d), 9)
+    out, lse = reference.attention(q, k, v, mask="causal")
+    _, vjp = jax.vjp(lambda q, k, v: reference.attention(q, k, v, mask="causal")[0], q, k, v)
+    dq, dk, dv = (np.asarray(g) for g in vjp(jnp.asarray(dout, jnp.float64)))
+    out, lse = np.asarray(out), np.asarray(lse)
+    want = {
+        "splash_fwd": {"out": out, "lse": lse[..., None]},
+        "splash_bwd_prep": {"di": (out * dout).sum(-1, keepdims=True)},
+        "splash_dq": {"dq": dq},
+        "splash_dkv": {"dk": dk, "dv": dv},
+        "splash_bwd_fused": {"dk": dk, "dv": dv},
+        "splash_dq_reduce": {"dq": dq},
+    }
+    plan = tj.splash._plan(
+        (b, h, s, d), (b, kvh, s, d), (b, kvh, s, d), "f32", "causal",
+        tj.BlockSizes(use_fused_bwd_kernel=fused), False, False, None, None,
+    )
+    env = {"q": q, "k": k, "v": v, "dout": dout}
+    seen = []
+    for stage in plan.forward + plan.backward:
+        registered = tj.kernel(stage.kernel.name, SPLASH)
+        assert registered.ir() == stage.kernel.ir(), f"{stage.kernel.name}: not the registry's"
+        args = [value if kind == "const" else env[value] for kind, value in stage.args]
+        got = check(stage.kernel, args, want[stage.kernel.name], 2e-5)
+        env.update(zip(stage.outputs, got))
+        seen.append(stage.kernel.name)
+    if fused:
+        assert seen == ["splash_fwd", "splash_bwd_prep", "splash_bwd_fused", "splash_dq_reduce"]
+        np.testing.assert_allclose(env["dq_partial"].sum(0), dq, atol=2e-5)
+    else:
+        assert seen == ["splash_fwd", "splash_bwd_prep", "splash_dkv", "splash_dq"]
+
+
+def test_describe_gives_the_mosaic_call_the_stablehlo_and_the_outputs():
+    k = tj.kernel("matmul", {"BM": 128, "BN": 128, "BK": 128, "dtype": "bf16"})
+    info = tj.describe(k)
+    assert [a["name"] for a in info["args"]] == ["x", "y"]
+    assert info["outputs"] == [jax.ShapeDtypeStruct((256, 256), jnp.float32)]
+    assert "func.func public @main(" in info["stablehlo"]
+    mosaic = info["mosaic"]
+    assert mosaic["kernel_name"] == "matmul"
+    assert "func.func @matmul(" in mosaic["body"]
+    assert '"custom_call_config"' in mosaic["backend_config"]
+    # The dots' flops, and the accumulator's adds.
+    assert 2 * 256 * 256 * 512 <= mosaic["cost_estimate"]["flops"] < 1.01 * 2 * 256 * 256 * 512
+    assert mosaic["vmem_limit_bytes"] >= 16 << 20
+    assert mosaic["operand_order"] == [0, 1]
+
+
+def test_tessera_errors_are_raised_with_tesseras_sentence():
+    with pytest.raises(tj.TesseraError, match="unknown kernel `nope`; built-in kernels: matmul"):
+        tj.kernel("nope")
+    with pytest.raises(tj.TesseraError, match="kernel `matmul` has no parameter `BX`"):
+        tj.kernel("matmul", {"BX": 8})
+    # A block that does not tile: fine on the portable backend, refused by the TPU rules.
+    k = tj.kernel("matmul", {"BM": 8, "BN": 8, "BK": 8, "M": 64, "N": 64, "K": 64})
+    with pytest.raises(tj.TesseraError, match="128"):
+        k.mosaic()
+    # A VMEM overflow: splash blocks too big for the budget given.
+    plan = tj.splash._plan(
+        (1, 2, 1024, 128), (1, 2, 1024, 128), (1, 2, 1024, 128), "f32", "causal",
+        tj.BlockSizes(block_q=1024, block_kv=1024), False, False, None, None,
+    )
+    with pytest.raises(tj.TesseraError, match="VMEM"):
+        plan.forward[0].kernel.mosaic(vmem_limit_bytes=1 << 20)
+    with pytest.raises(tj.TesseraError, match="block sizes"):
+        tj.splash_attention(
+            *(jnp.zeros((1, 2, 256, 64), jnp.float32),) * 3, mask="causal",
+            block_sizes=tj.BlockSizes(block_q=96, block_kv=128),
+        )
+
+
+def test_vmap_and_grad_of_a_raw_kernel_are_refused_with_a_sentence():
+    k = tj.kernel("row_softmax", {"BR": 8, "R": 64, "C": 128})
+    x = random((3, 64, 128), 10)
+    with pytest.raises(NotImplementedError, match="cannot be vmapped"):
+        jax.vmap(lambda a: tj.call(k, a)[0])(x)
+    with pytest.raises(NotImplementedError, match="no derivative rule"):
+        jax.grad(lambda a: tj.call(k, a)[0].sum())(x[0])
+    with pytest.raises(TypeError, match=r"instantiated for argument 0 \(`x`\) f32\[64, 128\]"):
+        tj.call(k, x)
