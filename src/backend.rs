@@ -188,6 +188,14 @@ pub fn kernel_program(k: &Kernel, platform: Platform) -> Result<Module, KernelEr
     tessera_parallel::kernel_target(platform, &Target::portable()).lower_module(k)
 }
 
+/// The program a kernel on a device mesh runs as on `platform`: one partition per device
+/// (manually sharded), each applying the kernel to its own arguments; on TPU one Mosaic
+/// custom call per device that communicates with the others, elsewhere the SPMD lowering
+/// (remote copies as `collective_permute`s).
+pub fn kernel_spmd_program(k: &Kernel, platform: Platform) -> Result<Module, KernelError> {
+    tessera_parallel::kernel_target(platform, &Target::portable()).lower_module_spmd(k)
+}
+
 /// `k` compiled for `platform`'s first device ([`kernel_program`]), on TPU with the options
 /// `tessera compile` uses.
 fn compiled(
@@ -297,6 +305,7 @@ pub fn run_on_devices(
         Some(platform) => run_spmd(
             &kernel,
             per_device,
+            platform,
             &platform.client(n).map_err(RunError::Devices)?,
         ),
     }
@@ -305,6 +314,7 @@ pub fn run_on_devices(
 fn run_spmd(
     k: &Kernel,
     per_device: &[Vec<HostArray>],
+    platform: Platform,
     client: &Client,
 ) -> Result<Vec<Vec<HostArray>>, RunError> {
     let n = k.num_devices();
@@ -317,11 +327,18 @@ fn run_spmd(
     let exe = match cached {
         Some(exe) => exe,
         None => {
-            let module = tessera_dsl::stablehlo::lower_module_spmd(k)?;
-            let mut options = CompileOptions::manual_partitions(n)?;
-            if client.platform_name() == "cpu" {
-                options = options.with_xla_option("xla_cpu_use_xnnpack", XlaOption::Bool(false));
-            }
+            let module = kernel_spmd_program(k, platform)?;
+            let options = match platform {
+                Platform::Tpu => crate::tpu::compile_options(&module)?,
+                Platform::Cpu | Platform::Gpu => {
+                    let options = CompileOptions::manual_partitions(n)?;
+                    if client.platform_name() == "cpu" {
+                        options.with_xla_option("xla_cpu_use_xnnpack", XlaOption::Bool(false))
+                    } else {
+                        options
+                    }
+                }
+            };
             let exe = Arc::new(client.compile(&module.to_mlir(), &options)?);
             executables()
                 .lock()

@@ -334,6 +334,17 @@ impl Builder {
         ))
     }
 
+    /// Refuses the arguments with `message` about `subject` unless `ok` (a relation between
+    /// sizes the kernel needs, e.g. one dim dividing another).
+    #[doc(hidden)]
+    pub fn __require(&mut self, ok: bool, subject: &str, message: String) -> Result<(), Stop> {
+        if ok {
+            Ok(())
+        } else {
+            Err(self.problem(ProblemKind::Argument, subject, message))
+        }
+    }
+
     /// Checks that every block dim is positive before the grid is computed from them.
     #[doc(hidden)]
     pub fn __blocks_positive(&mut self, name: &str, block: &[BlockDim]) -> Result<(), Stop> {

@@ -74,6 +74,18 @@ impl Target {
         crate::stablehlo::module_with(k, |k, f, args| self.lower_into(k, f, args))
     }
 
+    /// The instantiated kernel `k`, which runs on a device mesh, alone in a manually
+    /// partitioned module of one partition per device: `@main` takes and returns each
+    /// device's arrays (for [`Target::tpu`], one `tpu_custom_call` per device, which
+    /// communicates with the others; inline, the SPMD lowering of
+    /// [`crate::stablehlo::lower_into_spmd`]).
+    pub fn lower_module_spmd(&self, k: &Kernel) -> Result<hlo::Module, KernelError> {
+        crate::stablehlo::module_spmd_with(k, |k, f, args| match self.lowering {
+            KernelLowering::Inline => crate::stablehlo::lower_into_spmd(k, f, args),
+            KernelLowering::Mosaic => self.custom_call(k, f, args, None, &[]),
+        })
+    }
+
     /// Lowers the instantiated kernel `k` into the function `f` is building, applied to
     /// `args` (its scalar-prefetch and input arrays, in declaration order); returns its
     /// output arrays.
@@ -153,16 +165,7 @@ impl Target {
                 ),
             ));
         }
-        let operand_order: Vec<usize> = [OperandRole::ScalarPrefetch, OperandRole::Input]
-            .into_iter()
-            .flat_map(|want| {
-                roles
-                    .iter()
-                    .enumerate()
-                    .filter(move |(_, r)| **r == want)
-                    .map(|(i, _)| i)
-            })
-            .collect();
+        let operand_order = crate::mosaic::call_operand_order(k);
         let results: Vec<TensorType> = mosaic
             .results
             .iter()
@@ -178,6 +181,7 @@ impl Target {
                 flops: mosaic.cost.flops,
                 transcendentals: mosaic.cost.transcendentals,
                 bytes_accessed: mosaic.cost.bytes_accessed,
+                remote_bytes_transferred: mosaic.cost.remote_bytes,
             }),
             // Mosaic's own bound of what the kernel keeps in VMEM, or the rules' budget when
             // that is larger.
@@ -187,6 +191,8 @@ impl Target {
                     .max(self.rules.vmem_limit_bytes.unwrap_or(0)) as u64,
             ),
             frontend_attributes: vec![(SCHEDULE_ATTRIBUTE.into(), schedule.to_json())],
+            has_communication: mosaic.has_communication,
+            collective_id: mosaic.collective_id,
             ..TpuCustomCall::new(mosaic.name, mosaic.text)
         };
         Ok(MosaicCall {

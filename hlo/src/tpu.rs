@@ -5,6 +5,7 @@
 //! ```text
 //! {"custom_call_config": {"body": "<base64 of the Mosaic module text>",
 //!   "has_communication": true,               (kernels that do remote DMA)
+//!   "collective_id": 0,                      (kernels that use the barrier semaphore)
 //!   "cost_estimate": {"flops": .., "transcendentals": .., "bytes_accessed": ..,
 //!                     "remote_bytes_transferred": ..},
 //!   "needs_layout_passes": true},
@@ -35,6 +36,8 @@ pub struct CostEstimate {
     pub transcendentals: u64,
     /// Bytes read and written in HBM.
     pub bytes_accessed: u64,
+    /// Bytes the kernel sends to other devices (remote DMA).
+    pub remote_bytes_transferred: u64,
 }
 
 /// One Mosaic kernel call: the kernel module and what the TPU compiler needs to know about it.
@@ -48,6 +51,8 @@ pub struct TpuCustomCall {
     pub needs_layout_passes: bool,
     /// The kernel does remote DMA (collectives inside the kernel).
     pub has_communication: bool,
+    /// The id of the barrier semaphore the kernel uses (`tpu.sem_barrier`), if any.
+    pub collective_id: Option<u32>,
     /// The static cost, if known.
     pub cost_estimate: Option<CostEstimate>,
     /// The kernel's scoped VMEM limit in bytes (the compiler's default when `None`).
@@ -67,6 +72,7 @@ impl TpuCustomCall {
             mosaic: mosaic.into(),
             needs_layout_passes: true,
             has_communication: false,
+            collective_id: None,
             cost_estimate: None,
             vmem_limit_bytes: None,
             frontend_attributes: Vec::new(),
@@ -81,11 +87,14 @@ impl TpuCustomCall {
         if self.has_communication {
             json.push_str(", \"has_communication\": true");
         }
+        if let Some(id) = self.collective_id {
+            json.push_str(&format!(", \"collective_id\": {id}"));
+        }
         if let Some(c) = self.cost_estimate {
             json.push_str(&format!(
                 ", \"cost_estimate\": {{\"flops\": {}, \"transcendentals\": {}, \
-                 \"bytes_accessed\": {}, \"remote_bytes_transferred\": 0}}",
-                c.flops, c.transcendentals, c.bytes_accessed
+                 \"bytes_accessed\": {}, \"remote_bytes_transferred\": {}}}",
+                c.flops, c.transcendentals, c.bytes_accessed, c.remote_bytes_transferred
             ));
         }
         if self.needs_layout_passes {
@@ -326,6 +335,7 @@ mod tests {
             flops: 10,
             transcendentals: 2,
             bytes_accessed: 64,
+            remote_bytes_transferred: 0,
         });
         call.vmem_limit_bytes = Some(1 << 20);
         assert_eq!(

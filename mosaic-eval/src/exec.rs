@@ -8,6 +8,10 @@ use half::bf16;
 use crate::parse::{Elem, Func, Op, OpKind, Type};
 use crate::EvalError;
 
+mod memory;
+
+pub(crate) use memory::{Device, View};
+
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Data {
     F(Vec<f32>),
@@ -78,6 +82,8 @@ impl Tensor {
             e if e.is_float() => Data::F(vec![f32::NAN; n]),
             Elem::I8 => Data::I(vec![i8::MIN as i64; n]),
             Elem::I1 => Data::B(vec![true; n]),
+            // Semaphores start at zero.
+            Elem::DmaSem | Elem::Sem => Data::I(vec![0; n]),
             _ => Data::I(vec![(i32::MIN + 0x5a5a) as i64; n]),
         };
         Tensor {
@@ -149,6 +155,8 @@ pub(crate) enum Val {
     T(Rc<Tensor>),
     /// A memref: an index into the machine's buffers.
     Ref(usize),
+    /// A window of a buffer (`tpu.memref_slice`, `tpu.memref_squeeze`).
+    View(Rc<View>),
 }
 
 /// Memory (every memref's contents) and the functions of a module.
@@ -157,6 +165,8 @@ pub(crate) struct Machine<'m> {
     pub buffers: Vec<Tensor>,
     /// What the parallel-state check knows, when it runs.
     pub check: Option<ParallelCheck>,
+    /// This device among the devices running the kernel, when there are several.
+    pub device: Option<Device<'m>>,
 }
 
 /// The tag of an element no grid step has stored.
@@ -247,9 +257,9 @@ impl ParallelCheck {
     }
 }
 
-type R<T> = Result<T, EvalError>;
+pub(crate) type R<T> = Result<T, EvalError>;
 
-fn fail(loc: &str, message: impl Into<String>) -> EvalError {
+pub(crate) fn fail(loc: &str, message: impl Into<String>) -> EvalError {
     EvalError::Run {
         loc: loc.to_string(),
         message: message.into(),
@@ -257,7 +267,7 @@ fn fail(loc: &str, message: impl Into<String>) -> EvalError {
 }
 
 /// Result of running a block: fell through, or hit a terminator with values.
-enum Flow {
+pub(crate) enum Flow {
     Next,
     Yield(Vec<Val>),
     Return(Vec<Val>),
@@ -290,7 +300,7 @@ impl Machine<'_> {
         }
     }
 
-    fn block(&mut self, ops: &[Op], env: &mut HashMap<String, Val>) -> R<Flow> {
+    pub(crate) fn block(&mut self, ops: &[Op], env: &mut HashMap<String, Val>) -> R<Flow> {
         for op in ops {
             match self.op(op, env)? {
                 Flow::Next => {}
@@ -305,7 +315,9 @@ impl Machine<'_> {
         let get = |env: &HashMap<String, Val>, n: &str| -> R<Rc<Tensor>> {
             match env.get(n) {
                 Some(Val::T(t)) => Ok(Rc::clone(t)),
-                Some(Val::Ref(_)) => Err(fail(loc, format!("{n} is a memref, not a value"))),
+                Some(Val::Ref(_) | Val::View(_)) => {
+                    Err(fail(loc, format!("{n} is a memref, not a value")))
+                }
                 None => Err(fail(loc, format!("{n} is not defined"))),
             }
         };
@@ -548,6 +560,7 @@ impl Machine<'_> {
                 }
                 return Ok(Flow::Next);
             }
+            OpKind::Mem(m) => return self.mem_op(m, op, env),
             OpKind::Yield { values } | OpKind::Return { values } => {
                 let vals = values
                     .iter()

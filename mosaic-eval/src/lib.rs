@@ -25,6 +25,7 @@
 //! scripts/gen_pallas_corpus.py) against Pallas' interpret mode. Not shipped in any library
 //! crate.
 
+mod devices;
 mod exec;
 mod lex;
 mod parse;
@@ -130,9 +131,10 @@ fn count(a: Option<&Attr>, what: &str) -> Result<usize, EvalError> {
     }
 }
 
-/// One `window_params` entry.
+/// One `window_params` entry: a block and its index map, or (`{}`) an operand left in
+/// HBM, whole.
 struct Window {
-    transform: String,
+    transform: Option<String>,
     bounds: Vec<usize>,
 }
 
@@ -177,6 +179,74 @@ impl Module {
         outputs: &[OutputSpec],
         options: &RunOptions,
     ) -> Result<Vec<HostArray>, EvalError> {
+        self.run_device(args, outputs, options, None)
+    }
+
+    /// Runs the kernel on several devices at once (a kernel with remote DMAs, remote signals
+    /// or the barrier semaphore), one argument list per device (device ids are positions
+    /// in `per_device`), each device as [`RunOptions::default`]; returns each device's
+    /// outputs. The devices interleave as [`devices`] describes; a deadlock, a message
+    /// reaching a device that has finished, or a semaphore not back at zero when a device
+    /// finishes is an error.
+    pub fn run_on_devices(
+        &self,
+        per_device: &[Vec<HostArray>],
+        outputs: &[OutputSpec],
+    ) -> Result<Vec<Vec<HostArray>>, EvalError> {
+        let n = per_device.len();
+        // Every device's barrier semaphore is the buffer after the kernel's memrefs.
+        let k = self.kernel()?;
+        let grid = ints(k.attr("iteration_bounds"), "iteration_bounds")?;
+        let barrier = k.args.len().saturating_sub(grid.len());
+        let world = devices::World::new(n, Some(barrier));
+        let options = RunOptions::default();
+        let results: Vec<Result<Vec<HostArray>, EvalError>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = per_device
+                .iter()
+                .enumerate()
+                .map(|(id, args)| {
+                    let (world, options) = (&world, &options);
+                    scope.spawn(move || {
+                        let device = exec::Device { id, world };
+                        let r = world
+                            .enter(id)
+                            .and_then(|_| self.run_device(args, outputs, options, Some(device)));
+                        world.leave(id, r.as_ref().err().cloned());
+                        r
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(kernel_err("a device's thread panicked")))
+                })
+                .collect()
+        });
+        if let Some(e) = world.failure() {
+            return Err(e);
+        }
+        for d in 0..n {
+            let lost = world.undelivered(d);
+            if !lost.is_empty() {
+                return Err(kernel_err(format!(
+                    "device {d} finished before {} reached it",
+                    lost.join(" and ")
+                )));
+            }
+        }
+        results.into_iter().collect()
+    }
+
+    /// Runs the kernel as one device of a run ([`Module::run_on_devices`]), or alone.
+    fn run_device(
+        &self,
+        args: &[HostArray],
+        outputs: &[OutputSpec],
+        options: &RunOptions,
+        device: Option<exec::Device<'_>>,
+    ) -> Result<Vec<HostArray>, EvalError> {
         let k = self.kernel()?;
         let grid = ints(k.attr("iteration_bounds"), "iteration_bounds")?;
         let semantics = dimension_semantics(k.attr("dimension_semantics"), grid.len())?;
@@ -186,6 +256,11 @@ impl Module {
             Some(Attr::List(items)) => items
                 .iter()
                 .map(|w| match w {
+                    // An operand left in HBM: the kernel gets the whole array.
+                    Attr::Dict(entries) if entries.is_empty() => Ok(Window {
+                        transform: None,
+                        bounds: Vec::new(),
+                    }),
                     Attr::Dict(entries) => {
                         let get = |n: &str| entries.iter().find(|(k, _)| k == n).map(|(_, a)| a);
                         let transform = match get("transform_indices") {
@@ -213,7 +288,7 @@ impl Module {
                             }
                         }
                         Ok(Window {
-                            transform,
+                            transform: Some(transform),
                             bounds: ints(get("window_bounds"), "window_bounds")?,
                         })
                     }
@@ -259,6 +334,7 @@ impl Module {
             funcs: &self.funcs,
             buffers: Vec::new(),
             check: None,
+            device,
         };
         let mut check = ParallelCheck {
             parallel,
@@ -290,8 +366,20 @@ impl Module {
                     )));
                 }
                 t
+            } else if i - n_prefetch < windows.len() && windows[i - n_prefetch].transform.is_none()
+            {
+                // Left in HBM: the whole array.
+                let a = &arrays[i - n_prefetch];
+                if space != "any" || a.shape != *shape || a.elem != *elem {
+                    return Err(kernel_err(format!(
+                        "{name}: {ty:?} is not its whole array {:?} ({:?}) in HBM (`any`)",
+                        a.shape, a.elem
+                    )));
+                }
+                a.clone()
             } else {
-                if space != "vmem" {
+                let sem = matches!(elem, Elem::DmaSem | Elem::Sem);
+                if space != "vmem" && !(sem && space == "semaphore_mem") {
                     return Err(kernel_err(format!("{name} is not in VMEM")));
                 }
                 let w = i - n_prefetch;
@@ -326,6 +414,10 @@ impl Module {
         if !options.allow_state_across_parallel {
             m.check = Some(check);
         }
+        if device.is_some() {
+            // The barrier semaphore (`tpu.sem_barrier`).
+            m.buffers.push(Tensor::garbage(Elem::Sem, &[]));
+        }
         let prefetch_vals: Vec<Val> = mem_vals[..n_prefetch].to_vec();
         let kernel_name = k.name.clone();
         // Resident block index of each output window.
@@ -349,7 +441,7 @@ impl Module {
                     }
                 }
                 let first_scratch = n_prefetch + windows.len();
-                for b in &mut m.buffers[first_scratch..] {
+                for b in &mut m.buffers[first_scratch..first_scratch + n_scratch] {
                     *b = Tensor::garbage(b.elem, &b.shape);
                 }
             }
@@ -361,16 +453,13 @@ impl Module {
                 .map(|&i| Val::T(Rc::new(Tensor::scalar_int(Elem::I32, i as i64))))
                 .collect();
             for (w, window) in windows.iter().enumerate() {
+                let Some(transform) = &window.transform else {
+                    continue;
+                };
                 let mut call_args = grid_vals.clone();
                 call_args.extend(prefetch_vals.iter().cloned());
-                let out = m.call(&window.transform, call_args)?;
-                let bidx = block_index(
-                    &out,
-                    &window.bounds,
-                    &arrays[w].shape,
-                    &window.transform,
-                    &step,
-                )?;
+                let out = m.call(transform, call_args)?;
+                let bidx = block_index(&out, &window.bounds, &arrays[w].shape, transform, &step)?;
                 let buf = n_prefetch + w;
                 if w < n_inputs {
                     let starts: Vec<usize> = bidx
@@ -405,6 +494,29 @@ impl Module {
         for (o, r) in resident.iter().enumerate() {
             if let Some(bidx) = r {
                 write_back(&mut m, &mut arrays, n_inputs + o, bidx);
+            }
+        }
+        for (w, window) in windows.iter().enumerate() {
+            if window.transform.is_none() {
+                arrays[w] = m.buffers[n_prefetch + w].clone();
+            }
+        }
+        // Every semaphore is back at zero (libtpu checks this at run time too).
+        let names = mem_args
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .chain(["the barrier"]);
+        for (b, name) in m.buffers.iter().zip(names) {
+            if let (Elem::DmaSem | Elem::Sem, exec::Data::I(v)) = (b.elem, &b.data) {
+                if v.iter().any(|&c| c != 0) {
+                    let on = device
+                        .map(|d| format!(" on device {}", d.id))
+                        .unwrap_or_default();
+                    return Err(kernel_err(format!(
+                        "semaphore {name}{on} is not zero when the kernel ends (counts {v:?}): \
+                         a copy not waited or a signal not waited"
+                    )));
+                }
             }
         }
         arrays
@@ -506,7 +618,9 @@ fn block_index(
                     (Data::I(x), true) => x[0],
                     _ => return Err(kernel_err(format!("@{transform} returns a non-integer"))),
                 },
-                Val::Ref(_) => return Err(kernel_err(format!("@{transform} returns a memref"))),
+                Val::Ref(_) | Val::View(_) => {
+                    return Err(kernel_err(format!("@{transform} returns a memref")))
+                }
             };
             let blocks = array[d] / bounds[d];
             if i < 0 || i as usize >= blocks {

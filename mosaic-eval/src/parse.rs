@@ -5,6 +5,10 @@ use std::collections::{HashMap, HashSet};
 use crate::lex::{lex, Tok};
 use crate::EvalError;
 
+mod memory;
+
+pub(crate) use memory::MemOp;
+
 /// Element types.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Elem {
@@ -14,6 +18,10 @@ pub(crate) enum Elem {
     I8,
     I1,
     Index,
+    /// DMA semaphores (`!tpu.dma_semaphore`), counting bytes.
+    DmaSem,
+    /// Regular and barrier semaphores (`!tpu.semaphore`).
+    Sem,
 }
 
 impl Elem {
@@ -25,12 +33,23 @@ impl Elem {
             "i8" => Elem::I8,
             "i1" => Elem::I1,
             "index" => Elem::Index,
+            "!tpu.dma_semaphore" => Elem::DmaSem,
+            "!tpu.semaphore" => Elem::Sem,
             _ => return None,
         })
     }
 
     pub fn is_float(self) -> bool {
         matches!(self, Elem::F32 | Elem::BF16)
+    }
+
+    /// Bytes per element in memory (what a DMA semaphore counts).
+    pub fn bytes(self) -> usize {
+        match self {
+            Elem::BF16 => 2,
+            Elem::I8 | Elem::I1 => 1,
+            _ => 4,
+        }
     }
 }
 
@@ -197,6 +216,8 @@ pub(crate) enum OpKind {
     Return {
         values: Vec<String>,
     },
+    /// Memory, semaphore and device ops (`parse/memory.rs`).
+    Mem(MemOp),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -257,6 +278,11 @@ impl OpKind {
                     .collect()
             }
             OpKind::Yield { values } | OpKind::Return { values } => values.iter().collect(),
+            OpKind::Mem(m) => {
+                let (values, body) = m.uses();
+                regions.extend(body);
+                values
+            }
         };
         (values, regions)
     }
@@ -631,6 +657,8 @@ impl Parser {
         }
         let name = match self.next()? {
             Tok::Ident(n) => n,
+            // The generic form, for ops without a custom one (`"tpu.region"`).
+            Tok::Str(n) if n == "tpu.region" => n,
             _ => return Err(self.error("expected an op name")),
         };
         let kind = self.op_body(&name)?;
@@ -670,11 +698,15 @@ impl Parser {
                     Tok::Angle(k, body) if k == "dense" => body,
                     _ => return Err(self.error("expected a constant value")),
                 };
-                self.expect(":")?;
-                OpKind::Constant {
-                    literal,
-                    ty: self.ty()?,
-                }
+                // `true` and `false` are typed (i1) by themselves.
+                let ty = if self.eat(":") {
+                    self.ty()?
+                } else if matches!(literal.as_str(), "true" | "false") {
+                    Type::Scalar(Elem::I1)
+                } else {
+                    return Err(self.error("expected `:` and the constant's type"));
+                };
+                OpKind::Constant { literal, ty }
             }
             "arith.addf" | "arith.subf" | "arith.mulf" | "arith.divf" | "arith.remf"
             | "arith.maximumf" | "arith.minimumf" | "arith.addi" | "arith.subi" | "arith.muli"
@@ -980,11 +1012,14 @@ impl Parser {
                     OpKind::Return { values }
                 }
             }
-            other => {
-                return Err(self.error(format!(
-                    "`{other}` is not part of the Mosaic subset this evaluator runs"
-                )))
-            }
+            other => match self.memory_op(other)? {
+                Some(kind) => kind,
+                None => {
+                    return Err(self.error(format!(
+                        "`{other}` is not part of the Mosaic subset this evaluator runs"
+                    )))
+                }
+            },
         })
     }
 }

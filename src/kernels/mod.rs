@@ -1,10 +1,13 @@
 //! Example kernels written with `#[tpu_kernel]`, each tested against naive Rust.
 
+pub mod collective;
 pub mod flash;
 pub mod matmul;
 pub mod memory;
+pub mod paged_attention;
 pub mod softmax;
 
 pub use flash::flash_attention;
 pub use matmul::matmul;
+pub use paged_attention::paged_attention;
 pub use softmax::row_softmax;

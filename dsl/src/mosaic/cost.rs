@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use crate::ir::{CmpOp, Kernel, Literal, Op, OperandRole, Region, UnaryOp, ValueId};
+use crate::ir::{CmpOp, Kernel, Literal, MemorySpace, Op, OperandRole, Region, UnaryOp, ValueId};
 use crate::rules::tpu_tile;
 
 /// Work of one kernel call, for XLA's scheduler (the custom call's `cost_estimate`).
@@ -12,7 +12,8 @@ use crate::rules::tpu_tile;
 /// bounds count once; and every grid step that does work counts as fetching its input
 /// blocks and writing its output blocks (the pipeline skips a fetch when the block index
 /// does not change). The steps that do work are every step, or as many as the caller says
-/// ([`crate::Target::lower_into_with_work`]).
+/// ([`crate::Target::lower_into_with_work`]). Operands left in HBM count the bytes of the
+/// copies that read or write them, each time a copy starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct CostEstimate {
     /// Multiply-adds count two; elementwise arithmetic and reductions one per element.
@@ -21,6 +22,8 @@ pub struct CostEstimate {
     pub transcendentals: u64,
     /// Bytes read from and written to HBM.
     pub bytes_accessed: u64,
+    /// Bytes remote copies send to other devices.
+    pub remote_bytes: u64,
 }
 
 pub(crate) fn estimate(k: &Kernel, active_steps: Option<u64>) -> CostEstimate {
@@ -34,6 +37,7 @@ pub(crate) fn estimate(k: &Kernel, active_steps: Option<u64>) -> CostEstimate {
         let elems = |shape: &[usize]| shape.iter().map(|&n| n as u64).product::<u64>();
         let size = o.dtype.size_bytes() as u64;
         bytes += match o.role {
+            OperandRole::Input | OperandRole::Output if o.memory == MemorySpace::Any => 0,
             OperandRole::Input | OperandRole::Output => elems(&o.block_sizes()) * size * steps,
             OperandRole::ScalarPrefetch => elems(&o.array_shape) * size,
             OperandRole::Scratch => 0,
@@ -42,7 +46,8 @@ pub(crate) fn estimate(k: &Kernel, active_steps: Option<u64>) -> CostEstimate {
     CostEstimate {
         flops: per_step.flops * steps,
         transcendentals: per_step.transcendentals * steps,
-        bytes_accessed: bytes,
+        bytes_accessed: bytes + per_step.bytes_accessed * steps,
+        remote_bytes: per_step.remote_bytes * steps,
     }
 }
 
@@ -118,9 +123,29 @@ fn region(
                 region(k, body, times * trips, ints, cost);
             }
             Op::Scoped { body, .. } => region(k, body, times, ints, cost),
-            // Copies move bytes but compute nothing; their bytes are not counted yet.
+            // A copy reads or writes HBM on the sides that are HBM operands; a remote copy
+            // sends its bytes (and writes the other device's memory, not this one's).
+            Op::DmaStart {
+                src, dst, remote, ..
+            } => {
+                let o = k.operand(src.r);
+                let view = o.array_shape.clone();
+                let window: u64 = src
+                    .slices
+                    .iter()
+                    .zip(&view)
+                    .map(|(s, &n)| s.len(n) as u64)
+                    .product();
+                let bytes = window * o.dtype.size_bytes() as u64;
+                let in_hbm = |r| k.operand(r).memory == MemorySpace::Any;
+                cost.bytes_accessed += times * bytes * u64::from(in_hbm(src.r));
+                if remote.is_some() {
+                    cost.remote_bytes += times * bytes;
+                } else {
+                    cost.bytes_accessed += times * bytes * u64::from(in_hbm(dst.r));
+                }
+            }
             Op::DeviceId
-            | Op::DmaStart { .. }
             | Op::DmaWait { .. }
             | Op::SemSignal { .. }
             | Op::SemWait { .. }

@@ -18,7 +18,9 @@
 //! [`rules`](crate::rules)).
 
 mod cost;
+mod memory;
 mod schedule;
+pub(crate) use memory::SendSems;
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -30,7 +32,7 @@ pub use schedule::{ArgValues, KernelSchedule, PathRuns, ScheduleError};
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{
     BinaryOp, BlockDim, CmpOp, DType, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole,
-    ReduceOp, RefId, Region, Slice, UnaryOp, ValueId, ValueType,
+    ReduceOp, RefId, Region, SemKind, Slice, UnaryOp, ValueId, ValueType,
 };
 
 /// The `stable_mosaic.version` the emitted modules declare.
@@ -63,6 +65,12 @@ pub struct MosaicKernel {
     pub cost: CostEstimate,
     /// VMEM the kernel's buffers take: double-buffered input and output blocks plus scratch.
     pub vmem_bytes: usize,
+    /// The kernel talks to other devices (remote copies or signals, the barrier semaphore):
+    /// the custom call's `has_communication`.
+    pub has_communication: bool,
+    /// The barrier semaphore's collective id, when the kernel uses it (the custom call's
+    /// `collective_id`; kernels that may run at once need different ones).
+    pub collective_id: Option<u32>,
     /// A scoped VMEM limit to compile the kernel with (the custom call's `vmem_limit_bytes`):
     /// its buffers plus every vector value of its body (tile-padded), an upper bound of what
     /// Mosaic keeps in VMEM, between [`MIN_VMEM_LIMIT_BYTES`] and [`MAX_VMEM_LIMIT_BYTES`].
@@ -81,20 +89,11 @@ pub const MAX_VMEM_LIMIT_BYTES: usize = 64 << 20;
 /// those rules are what make the module compile; a kernel instantiated under other rules
 /// lowers all the same but libtpu may refuse it.
 pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
-    if k.moves_own_data() {
-        return Err(lower_error(
-            k,
-            "kernel",
-            k.loc,
-            "kernels that move their own data (HBM operands, copies, semaphores, device ids) \
-             are not lowered to Mosaic yet; run them on the interpreter or the StableHLO \
-             backends"
-                .into(),
-        ));
-    }
     for (i, o) in k.operands.iter().enumerate() {
         let supported = match o.role {
-            OperandRole::Input | OperandRole::Output => o.memory == MemorySpace::Vmem,
+            OperandRole::Input | OperandRole::Output => {
+                matches!(o.memory, MemorySpace::Vmem | MemorySpace::Any)
+            }
             OperandRole::Scratch => o.memory != MemorySpace::Any,
             OperandRole::ScalarPrefetch => o.memory == MemorySpace::Smem,
         };
@@ -104,7 +103,7 @@ pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
                 &k.describe(RefId(i as u32)),
                 o.loc,
                 format!(
-                    "a {} operand in {} memory has no Mosaic lowering yet",
+                    "a {} operand in {} memory has no Mosaic lowering",
                     o.role.name(),
                     o.memory.name()
                 ),
@@ -145,14 +144,53 @@ pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
         results,
         scalar_prefetch,
         cost: cost::estimate(k, None),
+        has_communication: memory::has_communication(k),
+        collective_id: memory::uses_barrier(k).then_some(0),
         vmem_bytes,
         vmem_limit_bytes: (vmem_bytes + cost::intermediate_bytes(k))
             .clamp(MIN_VMEM_LIMIT_BYTES, MAX_VMEM_LIMIT_BYTES),
     })
 }
 
+/// Where each operand of `k`'s Mosaic call comes from, as indices into the kernel's
+/// arguments (scalar prefetch and inputs in declaration order): the scalar-prefetch tables
+/// first, then the inputs.
+pub fn call_operand_order(k: &Kernel) -> Vec<usize> {
+    let roles: Vec<OperandRole> = k
+        .operands
+        .iter()
+        .map(|o| o.role)
+        .filter(|r| matches!(r, OperandRole::Input | OperandRole::ScalarPrefetch))
+        .collect();
+    [OperandRole::ScalarPrefetch, OperandRole::Input]
+        .into_iter()
+        .flat_map(|want| {
+            roles
+                .iter()
+                .enumerate()
+                .filter(move |(_, r)| **r == want)
+                .map(|(i, _)| i)
+        })
+        .collect()
+}
+
+/// The arguments of `k` (`args`, in declaration order) in the order its Mosaic call takes
+/// them ([`call_operand_order`]).
+pub fn call_order<A: Clone>(k: &Kernel, args: &[A]) -> Vec<A> {
+    call_operand_order(k)
+        .into_iter()
+        .map(|i| args[i].clone())
+        .collect()
+}
+
 /// The operands in the kernel function's order: scalar prefetch, inputs, outputs, scratch.
+/// Scratch that `run_scoped` regions allocate (`memref.alloca`, `tpu.sem_alloc`) and the
+/// barrier semaphore (`tpu.sem_barrier`) are not parameters.
 fn func_order(k: &Kernel) -> Vec<RefId> {
+    let mut scoped = std::collections::HashSet::new();
+    crate::ir::scoped_allocs(&k.body, &mut |_, r| {
+        scoped.insert(r);
+    });
     [
         OperandRole::ScalarPrefetch,
         OperandRole::Input,
@@ -160,7 +198,11 @@ fn func_order(k: &Kernel) -> Vec<RefId> {
         OperandRole::Scratch,
     ]
     .iter()
-    .flat_map(|role| k.operands_with(*role).map(|(r, _)| r))
+    .flat_map(|role| k.operands_with(*role))
+    .filter(|(r, o)| {
+        !scoped.contains(r) && o.memory != MemorySpace::Semaphore(crate::ir::SemKind::Barrier)
+    })
+    .map(|(r, _)| r)
     .collect()
 }
 
@@ -195,12 +237,12 @@ fn memref_type(shape: &[usize], dtype: DType, memory: MemorySpace) -> String {
     for d in shape {
         let _ = write!(s, "{d}x");
     }
-    let _ = write!(
-        s,
-        "{}, #tpu.memory_space<{}>>",
-        dtype.mlir_name(),
-        memory.name()
-    );
+    let (elem, space) = match memory.semaphore() {
+        Some(SemKind::Dma) => ("!tpu.dma_semaphore", "semaphore_mem"),
+        Some(SemKind::Regular | SemKind::Barrier) => ("!tpu.semaphore", "semaphore_mem"),
+        None => (dtype.mlir_name(), memory.name()),
+    };
+    let _ = write!(s, "{elem}, #tpu.memory_space<{space}>>");
     s
 }
 
@@ -269,6 +311,8 @@ struct Emitter<'k> {
     refs: HashMap<RefId, String>,
     /// Scalar constants, so a broadcast of one becomes a dense vector constant.
     scalar_constants: HashMap<ValueId, Literal>,
+    /// The semaphores remote copies count their sends on.
+    send_sems: memory::SendSems,
 }
 
 type R<T> = Result<T, KernelError>;
@@ -284,6 +328,7 @@ impl<'k> Emitter<'k> {
             env: HashMap::new(),
             refs: HashMap::new(),
             scalar_constants: HashMap::new(),
+            send_sems: memory::SendSems::of(k),
         }
     }
 
@@ -385,19 +430,36 @@ impl<'k> Emitter<'k> {
             .copied()
             .filter(|r| k.operand(*r).block.is_some())
             .collect();
-        let windows: Vec<String> = blocked
+        // Blocked inputs and outputs name their index map; those left in HBM have `{}`.
+        let mut blocks = 0;
+        let windows: Vec<String> = self
+            .order
             .iter()
-            .enumerate()
-            .map(|(i, &r)| {
+            .filter(|r| {
+                matches!(
+                    k.operand(**r).role,
+                    OperandRole::Input | OperandRole::Output
+                )
+            })
+            .map(|&r| {
+                if k.operand(r).block.is_none() {
+                    return "{}".to_string();
+                }
                 let sizes: Vec<String> = memref_shape(k, r).iter().map(|d| d.to_string()).collect();
+                blocks += 1;
                 format!(
-                    "{{transform_indices = @transform_{i}, window_bounds = array<i64: {}>}}",
+                    "{{transform_indices = @transform_{}, window_bounds = array<i64: {}>}}",
+                    blocks - 1,
                     sizes.join(", ")
                 )
             })
             .collect();
         let prefetch = k.operands_with(OperandRole::ScalarPrefetch).count();
-        let scratch = k.operands_with(OperandRole::Scratch).count();
+        let scratch = self
+            .order
+            .iter()
+            .filter(|r| k.operand(**r).role == OperandRole::Scratch)
+            .count();
         self.open(&format!(
             "func.func @{}({}) attributes {{dimension_semantics = [{}], iteration_bounds = \
              array<i64: {}>, scalar_prefetch = {prefetch} : i64, scratch_operands = {scratch} : \
@@ -408,6 +470,7 @@ impl<'k> Emitter<'k> {
             bounds.join(", "),
             windows.join(", ")
         ));
+        self.barrier()?;
         let body = &k.body;
         self.region(body)?;
         self.line("return", k.loc);
@@ -518,7 +581,10 @@ impl<'k> Emitter<'k> {
     /// A splat of `value` as a dense vector constant, or a scalar constant.
     fn constant(&mut self, value: Literal, ty: &ValueType, loc: Loc) -> String {
         let lit = literal(value, ty.dtype);
-        if ty.is_scalar() {
+        if ty.is_scalar() && ty.dtype == DType::Bool {
+            // A bool attribute carries its type: MLIR reads no `: i1` after it.
+            self.emit(&format!("arith.constant {lit}"), loc)
+        } else if ty.is_scalar() {
             self.emit(
                 &format!("arith.constant {lit} : {}", ty.dtype.mlir_name()),
                 loc,
@@ -790,20 +856,30 @@ impl<'k> Emitter<'k> {
                     loc,
                 )
             }
-            Op::DeviceId
-            | Op::DmaStart { .. }
-            | Op::DmaWait { .. }
-            | Op::SemSignal { .. }
-            | Op::SemWait { .. }
-            | Op::SemRead { .. }
-            | Op::Scoped { .. } => {
-                return Err(lower_error(
-                    k,
-                    &format!("`{}`", inst.op.name()),
-                    loc,
-                    "not lowered to Mosaic yet".into(),
-                ))
+            Op::DeviceId => self.emit("tpu.device_id : i32", loc),
+            Op::DmaStart {
+                src,
+                dst,
+                sem,
+                remote,
+            } => {
+                self.dma_start(src, dst, sem, remote.as_ref(), loc);
+                return Ok(());
             }
+            Op::DmaWait { src, dst, sem } => {
+                self.dma_wait(src, dst, sem, loc);
+                return Ok(());
+            }
+            Op::SemSignal { sem, inc, device } => {
+                self.sem_signal(sem, *inc, *device, loc);
+                return Ok(());
+            }
+            Op::SemWait { sem, value } => {
+                self.sem_wait(sem, *value, loc);
+                return Ok(());
+            }
+            Op::SemRead { sem } => self.sem_read(sem, loc),
+            Op::Scoped { allocs, body } => return self.scoped(inst, allocs, body),
             Op::When { cond, then } => {
                 let c = self.v(*cond);
                 self.open(&format!("scf.if {c} {{"));

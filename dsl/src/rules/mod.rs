@@ -7,6 +7,7 @@
 use crate::error::{Problem, ProblemKind};
 use crate::ir::{BlockDim, DType, Kernel, MemorySpace, OperandRole, RefId};
 
+mod mosaic_copies;
 mod mosaic_ops;
 
 pub use mosaic_ops::check as check_mosaic_ops;

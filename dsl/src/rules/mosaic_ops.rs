@@ -25,6 +25,7 @@ pub fn check(k: &Kernel) -> Vec<Problem> {
         }
     }
     region(k, &k.body, &mut problems);
+    problems.extend(super::mosaic_copies::check(k));
     problems
 }
 

@@ -113,6 +113,19 @@ pub fn lower_into_spmd(
 /// partition per device, `@main` taking and returning each device's arrays
 /// (`mhlo.sharding = "{manual}"`).
 pub fn lower_module_spmd(k: &Kernel) -> Result<Module, KernelError> {
+    module_spmd_with(k, lower_into_spmd)
+}
+
+/// A manually partitioned module of one partition per device of `k`'s mesh, whose `@main`
+/// takes and returns each device's arrays, with `lower` applying the kernel to them.
+pub(crate) fn module_spmd_with(
+    k: &Kernel,
+    lower: impl FnOnce(
+        &Kernel,
+        &mut FuncBuilder<'_>,
+        &[hlo::Value],
+    ) -> Result<Vec<hlo::Value>, KernelError>,
+) -> Result<Module, KernelError> {
     let mut module = Module::new(format!("tessera_{}", k.name));
     let fail = |e: HloError| lower_error(k, "arguments", Loc::internal(), e);
     module
@@ -127,7 +140,7 @@ pub fn lower_module_spmd(k: &Kernel) -> Result<Module, KernelError> {
                 .map_err(fail)?,
         );
     }
-    let outs = lower_into_spmd(k, &mut f, &args)?;
+    let outs = lower(k, &mut f, &args)?;
     let outs: Vec<_> = outs
         .into_iter()
         .map(|v| (v, Some(hlo::Sharding::Manual)))

@@ -986,6 +986,28 @@ pub fn wait_copy<'s, 'd, T: Element>(
     }
 }
 
+/// [`wait_copy`] for a copy between two windows of one buffer (started by
+/// [`async_copy_within`] or [`remote_copy_within`] and detached), so that several such
+/// copies may be in flight in one buffer at once.
+#[track_caller]
+pub fn wait_copy_within<'b, T: Element>(
+    buf: impl CopyBuffer<'b, T>,
+    src: &[Idx],
+    dst: &[Idx],
+    sem: impl DmaSemaphore,
+) {
+    let loc = Loc::caller();
+    let r = buf.buffer();
+    let op = Op::DmaWait {
+        src: window(r, src),
+        dst: window(r, dst),
+        sem: sem.dma_sem(),
+    };
+    if op.refs().iter().all(|&r| in_scope(r, "wait_copy", loc)) {
+        emit(op, loc);
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Scoped allocations.
 

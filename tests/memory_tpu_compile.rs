@@ -1,0 +1,197 @@
+//! Kernels that move their own data, lowered to Mosaic and compiled by libtpu for v5p
+//! (compile-only): one-device kernels alone in a program, collective kernels in a program of
+//! one partition per chip of `v5p:2x2x1`, where each device's call talks to the others.
+
+use tessera::dsl::__private::{ArgDecl, DimSemantics, Loc, OperandRole};
+use tessera::dsl::axes::Context;
+use tessera::dsl::prelude::*;
+use tessera::dsl::{mosaic, ArgSpec, DType, Kernel, KernelDef, ProblemKind, Target, TargetRules};
+use tessera::kernels::collective::{all_gather, all_gather_matmul};
+use tessera::kernels::memory::Ring;
+use tessera::kernels::memory::{gather_tiles, ring_all_gather, ring_mesh, ring_shift};
+use tessera::kernels::paged_attention;
+use tessera::runtime::{CompileOptions, Plugin};
+
+fn libtpu() -> Plugin {
+    Plugin::libtpu().unwrap_or_else(|e| panic!("libtpu is needed for the TPU compile tests: {e}"))
+}
+
+/// Compiles `k` for `v5p:2x2x1`: alone, or over its mesh's devices; on failure the message
+/// and the Mosaic text.
+fn compile(k: &Kernel) -> Result<(), String> {
+    let plugin = libtpu();
+    let topology = plugin.topology("v5p:2x2x1").expect("topology");
+    let n = k.num_devices();
+    let module = if n > 1 {
+        Target::tpu().lower_module_spmd(k)
+    } else {
+        Target::tpu().lower_module(k)
+    }
+    .map_err(|e| e.to_string())?;
+    let options = CompileOptions::manual_partitions(n).expect("partitions");
+    topology
+        .compile(&module.to_mlir(), &options)
+        .map(|_| ())
+        .map_err(|e| {
+            let text = mosaic::lower(k).map(|m| m.text).unwrap_or_default();
+            format!("{}: {e}\n{text}", k.name)
+        })
+}
+
+fn instantiate(def: &KernelDef, args: &[ArgSpec], devices: usize) -> std::sync::Arc<Kernel> {
+    let mesh = if devices > 1 {
+        ring_mesh(devices)
+    } else {
+        vec![]
+    };
+    def.instantiate_on(args, &mesh, &TargetRules::tpu())
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn memory_kernels_compile_for_v5p() {
+    let f32s = |s: &[usize]| ArgSpec::new(DType::F32, s.to_vec());
+    let cases = [
+        instantiate(
+            &gather_tiles(),
+            &[ArgSpec::new(DType::I32, [7]), f32s(&[128, 256])],
+            1,
+        ),
+        instantiate(&ring_shift(), &[f32s(&[8, 128])], 4),
+        instantiate(&ring_all_gather(), &[f32s(&[8, 128])], 4),
+    ];
+    let mut cases = cases.to_vec();
+    // Paged attention: MHA and GQA, f32 and bf16 (B 4, H 8, D 128, 64 pages of 16 rows, 8
+    // per sequence, 4 per copy block).
+    for kv_heads in [8, 2] {
+        for dtype in [DType::F32, DType::BF16] {
+            let def = match dtype {
+                DType::BF16 => paged_attention::<half::bf16>(4),
+                _ => paged_attention::<f32>(4),
+            };
+            let args = [
+                ArgSpec::new(dtype, [4, 8, 128]),
+                ArgSpec::new(dtype, [kv_heads, 64, 16, 128]),
+                ArgSpec::new(dtype, [kv_heads, 64, 16, 128]),
+                ArgSpec::new(DType::I32, [4]),
+                ArgSpec::new(DType::I32, [4, 8]),
+            ];
+            cases.push(instantiate(&def, &args, 1));
+        }
+    }
+    // The collectives over the 4 chips: x [256, 128] shards; x [512, 1024] and w shards
+    // [256, 1024] (K / N = 256) in 256 x 512 blocks.
+    cases.push(instantiate(
+        &all_gather::<Ring, Context>(),
+        &[f32s(&[256, 128])],
+        4,
+    ));
+    for dtype in [DType::F32, DType::BF16] {
+        let def = match dtype {
+            DType::BF16 => all_gather_matmul::<half::bf16, Ring, Context>(256, 512),
+            _ => all_gather_matmul::<f32, Ring, Context>(256, 512),
+        };
+        let args = [
+            ArgSpec::new(dtype, [512, 1024]),
+            ArgSpec::new(dtype, [256, 1024]),
+        ];
+        cases.push(instantiate(&def, &args, 4));
+    }
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|k| {
+            println!("compiling {}", k.name);
+            compile(k).err()
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// A kernel copying a window of `x` (HBM, `shape`) into a VMEM buffer of `buf` and back into
+/// `out` (HBM, `shape`) with `body`.
+fn copies(
+    name: &'static str,
+    shape: &[usize],
+    buf: &[usize],
+    body: fn(Hbm<f32>, HbmMut<f32>, Vmem<f32>, DmaSem),
+) -> (KernelDef, ArgSpec) {
+    let rank = shape.len();
+    let spec = ArgSpec::new(DType::F32, shape.to_vec());
+    let buf = buf.to_vec();
+    let args = vec![ArgDecl {
+        name: "x",
+        role: OperandRole::Input,
+        dtype: DType::F32,
+        rank,
+    }];
+    let def = KernelDef::__new(name, Vec::new(), args, Loc::caller(), move |b| {
+        let loc = Loc::caller();
+        let s = b.__arg("x", DType::F32, rank)?;
+        b.__grid(&[1], &[DimSemantics::Arbitrary])?;
+        let x = b.__hbm::<f32>("x", s.clone(), loc);
+        let out = b.__hbm_out::<f32>("out", s, loc);
+        let buf = b.__vmem::<f32>("buf", buf.clone(), loc);
+        body(x, out, buf, b.__dma_sems("sem", vec![], loc));
+        Ok(())
+    });
+    (def, spec)
+}
+
+/// Copies whose windows break the lane rule of `TargetRules::tpu()`: each is refused by the
+/// rules with its sentence, and by libtpu when instantiated without them.
+#[test]
+fn copies_breaking_the_lane_rule_are_refused_by_the_rules_and_by_libtpu() {
+    let cases = [
+        copies("lane_offset", &[8, 256], &[8, 256], |x, mut o, mut b, s| {
+            async_copy(
+                x.at(&[all(), ds(64, 64)]),
+                b.at_mut(&[all(), ds(64, 64)]),
+                &s,
+            )
+            .wait();
+            async_copy(
+                b.at(&[all(), ds(64, 64)]),
+                o.at_mut(&[all(), ds(0, 64)]),
+                &s,
+            )
+            .wait();
+        }),
+        copies("lane_width", &[8, 256], &[8, 64], |x, mut o, mut b, s| {
+            async_copy(x.at(&[all(), ds(0, 64)]), &mut b, &s).wait();
+            async_copy(&b, o.at_mut(&[all(), ds(0, 64)]), &s).wait();
+        }),
+        copies("one_d_offset", &[1024], &[200], |x, mut o, mut b, s| {
+            async_copy(x.at(&[ds(100, 200)]), &mut b, &s).wait();
+            async_copy(&b, o.at_mut(&[ds(300, 200)]), &s).wait();
+        }),
+        copies(
+            "lane_width_192",
+            &[8, 512],
+            &[8, 192],
+            |x, mut o, mut b, s| {
+                async_copy(x.at(&[all(), ds(128, 192)]), &mut b, &s).wait();
+                async_copy(&b, o.at_mut(&[all(), ds(0, 192)]), &s).wait();
+            },
+        ),
+    ];
+    let plugin = libtpu();
+    let topology = plugin.topology("v5p:2x2x1").expect("topology");
+    for (def, spec) in &cases {
+        let e = def
+            .instantiate(std::slice::from_ref(spec), &TargetRules::tpu())
+            .expect_err(def.name());
+        assert!(e.has(ProblemKind::TpuOp), "{}: {e}", def.name());
+        assert!(
+            e.to_string().contains("Mosaic copies whole 128-lane tiles"),
+            "{}: {e}",
+            def.name()
+        );
+        let k = def
+            .instantiate(std::slice::from_ref(spec), &TargetRules::portable())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let module = Target::tpu().lower_module(&k).unwrap();
+        let options = CompileOptions::manual_partitions(1).unwrap();
+        let r = topology.compile(&module.to_mlir(), &options);
+        assert!(r.is_err(), "libtpu compiled {}", def.name());
+    }
+}
