@@ -351,12 +351,12 @@ fn reading_before_the_remote_copy_is_received_is_a_cross_device_race() {
         let early = buf.load();
         wait_copy(&x, &mut buf, &p.recv);
         buf.store(early);
-        async_copy(&buf, &mut out, &p.send).wait();
+        async_copy(&buf, &mut out, &p.recv).wait();
     });
     let e = run_on_devices(&k, &ring(4), &per_device(4), &InterpretOptions::default()).unwrap_err();
     let (kind, at, message) = only(&e);
     let l = l.lock().unwrap();
-    assert_eq!(kind, ProblemKind::Protocol);
+    assert_eq!(kind, ProblemKind::Protocol, "{message}");
     assert!(
         message.starts_with("race on `buf`[0, 0] on device"),
         "{message}"
