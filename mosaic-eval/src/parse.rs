@@ -2,6 +2,8 @@
 
 use std::collections::HashMap;
 
+use tessera_array::DType;
+
 use crate::lex::{lex, Tok};
 use crate::EvalError;
 
@@ -31,6 +33,17 @@ impl Elem {
 
     pub fn is_float(self) -> bool {
         matches!(self, Elem::F32 | Elem::BF16)
+    }
+
+    /// The array dtype of this element type (`index` values are held as i32).
+    pub fn dtype(self) -> DType {
+        match self {
+            Elem::F32 => DType::F32,
+            Elem::BF16 => DType::BF16,
+            Elem::I32 | Elem::Index => DType::I32,
+            Elem::I8 => DType::I8,
+            Elem::I1 => DType::Bool,
+        }
     }
 }
 

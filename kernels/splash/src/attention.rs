@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use tessera_dsl::interpret::{self, InterpretOptions};
-use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, Target, TargetRules};
+use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray, KernelDef, Target, TargetRules};
 
 use crate::block_sizes::BlockSizes;
 use crate::error::SplashError;
@@ -16,17 +16,6 @@ use crate::kernels::{
 };
 use crate::mask::{MultiHeadMask, SeqOffsets};
 use crate::mask_info::{BlockStats, Major, MaskInfo};
-
-/// The kernel `kernel` instantiated for the element type of `dtype`: `bf16` for bf16
-/// attention, `f32` otherwise (the two dtypes attention takes).
-macro_rules! for_dtype {
-    ($dtype:expr, $kernel:ident($($arg:expr),*)) => {
-        match $dtype {
-            DType::BF16 => $kernel::<half::bf16>($($arg),*),
-            _ => $kernel::<f32>($($arg),*),
-        }
-    };
-}
 
 /// JAX's default mask value: the finite stand-in logit of masked entries.
 pub const DEFAULT_MASK_VALUE: f32 = -0.7 * f32::MAX;
@@ -625,7 +614,7 @@ impl SplashAttention {
     pub fn forward_plan(&self, f: Features) -> Vec<Stage> {
         let info = &self.fwd_info;
         let cfg = self.config(info, self.block_sizes.block_kv_compute, f);
-        let def = for_dtype!(self.dtype, splash_fwd(cfg));
+        let def = with_float_type!(self.dtype, T => splash_fwd::<T>(cfg));
         let mut args = self.tables(info);
         args.push(self.sinks(f));
         args.push(self.offsets());
@@ -649,7 +638,7 @@ impl SplashAttention {
             bq: largest_block(self.dims.q_len, 512),
             sinks: f.sinks,
         };
-        let prep_def = for_dtype!(self.dtype, splash_bwd_prep(prep));
+        let prep_def = with_float_type!(self.dtype, T => splash_bwd_prep::<T>(prep));
         let mut stages = vec![Stage {
             def: prep_def,
             args: vec![
@@ -672,7 +661,7 @@ impl SplashAttention {
         args.push(Self::mask_blocks(info));
         args.extend(residuals.clone());
         if b.use_fused_bwd_kernel {
-            let def = for_dtype!(self.dtype, splash_bwd_fused(cfg));
+            let def = with_float_type!(self.dtype, T => splash_bwd_fused::<T>(cfg));
             stages.push(Stage {
                 def,
                 args,
@@ -681,7 +670,7 @@ impl SplashAttention {
                 active_steps: Some(self.computed_steps(info)),
             });
             let bq = largest_block(self.dims.q_len, 512);
-            let def = for_dtype!(self.dtype, splash_dq_reduce(bq));
+            let def = with_float_type!(self.dtype, T => splash_dq_reduce::<T>(bq));
             stages.push(Stage {
                 def,
                 args: vec![StageArg::Tensor(Tensor::DqPartial)],
@@ -690,7 +679,7 @@ impl SplashAttention {
                 active_steps: None,
             });
         } else {
-            let def = for_dtype!(self.dtype, splash_dkv(cfg));
+            let def = with_float_type!(self.dtype, T => splash_dkv::<T>(cfg));
             stages.push(Stage {
                 def,
                 args,
@@ -703,7 +692,7 @@ impl SplashAttention {
                 .as_ref()
                 .expect("separate backward has dq tables");
             let cfg = self.config(info, info.block_kv, f);
-            let def = for_dtype!(self.dtype, splash_dq(cfg));
+            let def = with_float_type!(self.dtype, T => splash_dq::<T>(cfg));
             let mut args = self.tables(info);
             args.push(self.offsets());
             args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
