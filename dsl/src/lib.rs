@@ -31,9 +31,9 @@ pub use target::{KernelLowering, Target};
 pub use tessera_macros::tpu_kernel;
 pub use trace::{
     all, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop, iota, maximum, minimum,
-    num_programs, program_id, select, when, zeros, Carry, Element, Idx, IntoIndex, IntoStart,
-    IntoValue, Ref, RefMut, RunTimeCond, ScalarLit, Scratch, Smem, StaticLen, Value, Window,
-    WindowMut, Writable,
+    num_programs, program_id, select, when, when_else, zeros, Carry, Element, Idx, IntoIndex,
+    IntoStart, IntoValue, Ref, RefMut, RunTimeCond, ScalarLit, Scratch, Smem, StaticLen, Value,
+    Window, WindowMut, Writable,
 };
 
 /// Evaluates `$body` with the type name `$T` standing for the element type of the compute
@@ -77,7 +77,8 @@ pub mod prelude {
     pub use crate::tpu_kernel;
     pub use crate::trace::{
         all, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop, iota, maximum, minimum,
-        num_programs, program_id, select, when, zeros, Element, Ref, RefMut, Scratch, Smem, Value,
+        num_programs, program_id, select, when, when_else, zeros, Element, Ref, RefMut, Scratch,
+        Smem, Value,
     };
     pub use half::bf16;
 }

@@ -374,15 +374,18 @@ impl Machine<'_> {
                 check_type(&c, ty, loc)?;
                 matmul(&a, &b, &c, *lhs_contract, *rhs_contract).map_err(|m| fail(loc, m))?
             }
-            OpKind::If { cond, then } => {
+            OpKind::If {
+                cond,
+                then,
+                otherwise,
+            } => {
                 let c = get(env, cond)?;
                 match (&c.data, c.shape.is_empty()) {
                     (Data::B(v), true) => {
-                        if v[0] {
-                            match self.block(then, env)? {
-                                Flow::Next | Flow::Yield(_) => {}
-                                Flow::Return(_) => return Err(fail(loc, "`return` inside scf.if")),
-                            }
+                        let taken = if v[0] { then } else { otherwise };
+                        match self.block(taken, env)? {
+                            Flow::Next | Flow::Yield(_) => {}
+                            Flow::Return(_) => return Err(fail(loc, "`return` inside scf.if")),
                         }
                     }
                     _ => return Err(fail(loc, "scf.if needs an i1 scalar condition")),

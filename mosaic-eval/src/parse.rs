@@ -183,9 +183,11 @@ pub(crate) enum OpKind {
         rhs_contract: usize,
         ty: Type,
     },
+    /// `scf.if %c { then } else { otherwise }` (`otherwise` empty without an `else`).
     If {
         cond: String,
         then: Vec<Op>,
+        otherwise: Vec<Op>,
     },
     For {
         iv: String,
@@ -800,10 +802,16 @@ impl Parser {
             "scf.if" => {
                 let cond = self.value()?;
                 let then = self.block()?;
-                if self.eat_ident("else") {
-                    return Err(self.error("scf.if: an `else` region is not part of the subset"));
+                let otherwise = if self.eat_ident("else") {
+                    self.block()?
+                } else {
+                    Vec::new()
+                };
+                OpKind::If {
+                    cond,
+                    then,
+                    otherwise,
                 }
-                OpKind::If { cond, then }
             }
             "scf.for" => {
                 let iv = self.value()?;

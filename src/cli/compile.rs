@@ -9,10 +9,10 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use tessera::dsl::{ArgSpec, DType, Target};
-use tessera::hlo::{Module, TensorType};
+use tessera::hlo::Module;
 use tessera::parallel::ContextParallel;
 use tessera::registry;
 use tessera::splash::{
@@ -298,33 +298,22 @@ fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<M
 }
 
 /// A registered kernel instantiated under the TPU rules, as the only op of a one-device
-/// program: `main(scalar prefetch and inputs) = kernel(...)`.
+/// program ([`tessera::tpu::kernel_program`]).
 fn kernel_program(
     name: &str,
     params: &[(String, String)],
     args: &[ArgSpec],
     target: &Target,
 ) -> Result<Module> {
-    let info = registry::find(name).map_err(|e| anyhow!(e))?;
-    let (def, default_args) = info.build(params).map_err(|e| anyhow!(e))?;
+    let info = registry::find(name)?;
+    let (def, default_args) = info.build(params)?;
     let args = if args.is_empty() {
         default_args
     } else {
         args.to_vec()
     };
     let kernel = def.instantiate(&args, &target.rules)?;
-    let mut module = Module::new(name);
-    let mut f = module.func("main");
-    let values = args
-        .iter()
-        .map(|a| {
-            let dims: Vec<i64> = a.shape.iter().map(|&d| d as i64).collect();
-            f.arg(TensorType::new(dims, a.dtype))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let outs = target.lower_into(&kernel, &mut f, &values)?;
-    f.finish(&outs)?;
-    Ok(module)
+    Ok(tessera::tpu::kernel_program(&kernel, target)?)
 }
 
 /// Writes every Mosaic kernel of `program` to `dir/KERNEL.mlir` (`KERNEL.N.mlir` for further

@@ -426,10 +426,17 @@ impl Machine<'_> {
             } => self
                 .get(*lhs)
                 .dot(self.get(*rhs), *transpose_lhs, *transpose_rhs),
-            Op::When { cond, then } => {
-                if self.get(*cond).as_bool() {
-                    self.region(then, &[])?;
-                }
+            Op::When {
+                cond,
+                then,
+                otherwise,
+            } => {
+                let taken = if self.get(*cond).as_bool() {
+                    then
+                } else {
+                    otherwise
+                };
+                self.region(taken, &[])?;
                 return Ok(());
             }
             Op::ForLoop { lo, hi, init, body } => {

@@ -122,7 +122,7 @@ pub fn peak_program(client: &Client, n: usize, dtype: DType) -> Result<Timed> {
 }
 
 /// Deterministic random arrays of the given specs, on device 0 (integer arrays are zeros).
-pub fn random_buffers(client: &Client, specs: &[ArgSpec], seed: u64) -> Result<Vec<Buffer>> {
+fn random_buffers(client: &Client, specs: &[ArgSpec], seed: u64) -> Result<Vec<Buffer>> {
     specs
         .iter()
         .enumerate()
