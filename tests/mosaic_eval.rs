@@ -3,6 +3,8 @@
 //! (`tessera-mosaic-eval`, which never sees the kernel IR), and its outputs must equal the
 //! interpreter's bit for bit.
 
+mod when_else_kernels;
+
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
@@ -93,6 +95,14 @@ fn registered_kernels_agree_with_the_interpreter() {
         }
     }
     println!("registered kernels: {n} output elements equal bit for bit");
+}
+
+/// `when_else` lowers to `scf.if .. else`, which the evaluator runs as the interpreter does.
+#[test]
+fn when_else_agrees_with_the_interpreter() {
+    for (name, def, args, _) in when_else_kernels::cases() {
+        check(name, def, &args);
+    }
 }
 
 /// Runs every kernel of a plan on the interpreter and through Mosaic, checks they agree and

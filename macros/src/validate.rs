@@ -73,7 +73,8 @@ fn optional_operands(k: &Kernel, errors: &mut Errors) {
             errors.spanned(
                 &p.ty,
                 format!(
-                    "`{}` cannot be optional: `Option<..>` is for inputs (`Option<Ref<T>>`) and                      scalar prefetch (`Option<Smem<T>>`), which a caller may leave out",
+                    "`{}` cannot be optional: `Option<..>` is for inputs (`Option<Ref<T>>`) and \
+                     scalar prefetch (`Option<Smem<T>>`), which a caller may leave out",
                     p.ident
                 ),
             );
@@ -95,7 +96,9 @@ fn optional_operands(k: &Kernel, errors: &mut Errors) {
                 errors.spanned(
                     sym,
                     format!(
-                        "`{sym}` is first named by `{}`, which is optional and may be absent;                          name it in the `#[shape]` of a required operand before, or write this                          size with names known without `{}`",
+                        "`{sym}` is first named by `{}`, which is optional and may be absent; \
+                         name it in the `#[shape]` of an earlier required operand, or write this \
+                         size with names known without `{}`",
                         p.ident, p.ident
                     ),
                 );
