@@ -136,7 +136,8 @@ pub enum RegistryError {
         param: String,
         value: String,
         arg: &'static str,
-        spec: ArgSpec,
+        /// (Boxed: the error stays small.)
+        spec: Box<ArgSpec>,
         dim: usize,
         actual: String,
     },
@@ -575,11 +576,7 @@ fn rowsum_product(out: &HostArray, dout: &HostArray) -> Vec<f64> {
 /// would leave them: random q, k, v, dout, sinks (and the fused backward's dQ partials),
 /// three segments, and `out`, `lse`, `di` from the f64 reference (rounded as the kernels
 /// store them).
-fn splash_inputs(
-    p: &Params,
-    kernel: &str,
-    seed: u64,
-) -> Result<Vec<HostArray>, RegistryError> {
+fn splash_inputs(p: &Params, kernel: &str, seed: u64) -> Result<Vec<HostArray>, RegistryError> {
     let SplashSetup {
         attn,
         features,
@@ -1153,7 +1150,7 @@ impl KernelInfo {
                         param: name.clone(),
                         value: value.clone(),
                         arg: def.args()[i].name,
-                        spec: spec.clone(),
+                        spec: Box::new(spec.clone()),
                         dim,
                         actual: actual.unwrap_or_else(|| "missing".into()),
                     });

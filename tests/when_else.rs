@@ -17,7 +17,12 @@ fn when_else_on_interpret_and_cpu() {
         for backend in Backend::ALL {
             let out = run(&def, &args, backend, &TargetRules::tpu())
                 .unwrap_or_else(|e| panic!("{name} on {backend}: {e}"));
-            assert_close(&out[0].to_f64_vec(), &want, 1e-4, &format!("{name} on {backend}"));
+            assert_close(
+                &out[0].to_f64_vec(),
+                &want,
+                1e-4,
+                &format!("{name} on {backend}"),
+            );
         }
     }
 }
@@ -33,7 +38,11 @@ fn the_lowerings_keep_the_else() {
         let hlo = tessera::dsl::stablehlo::lower_module(&k).unwrap().to_mlir();
         // A scalar condition is a `stablehlo.if`; a batched one selects per head.
         let conditional = hlo.contains("\"stablehlo.if\"");
-        assert_eq!(conditional, name == "matmul_first_step_else", "{name}:\n{hlo}");
+        assert_eq!(
+            conditional,
+            name == "matmul_first_step_else",
+            "{name}:\n{hlo}"
+        );
     }
 }
 

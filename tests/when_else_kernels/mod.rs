@@ -61,7 +61,17 @@ pub fn cases() -> Vec<(&'static str, KernelDef, Vec<HostArray>, Vec<f64>)> {
         .map(|(i, v)| if (i / 1024) % 2 == 0 { 2.0 * v } else { -v })
         .collect();
     vec![
-        ("matmul_first_step_else", matmul_first_step_else(), vec![x, y], want),
-        ("even_heads_double", even_heads_double(), vec![heads], per_head),
+        (
+            "matmul_first_step_else",
+            matmul_first_step_else(),
+            vec![x, y],
+            want,
+        ),
+        (
+            "even_heads_double",
+            even_heads_double(),
+            vec![heads],
+            per_head,
+        ),
     ]
 }
