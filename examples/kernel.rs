@@ -29,7 +29,6 @@ pub fn swiglu<T: Element, const BR: usize>(
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tessera::runtime::configure_plugin_logs(false);
     // A 256 x 128 problem in blocks of 8 rows: a grid of 32 steps.
     let def = swiglu::<f32, 8>();
     let a = HostArray::random(DType::F32, [256, 128], 1);

@@ -98,8 +98,6 @@ struct Args {
 
 fn main() {
     let args = Args::parse();
-    // The plugin's INFO/WARNING lines stay off stderr (TESSERA_VERBOSE=1 shows them).
-    tessera::runtime::configure_plugin_logs(false);
     if let Err(e) = run(&args) {
         eprintln!("error: {e}");
         std::process::exit(1);

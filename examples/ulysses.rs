@@ -22,7 +22,6 @@ type BySequence = (Replicated, Replicated, Split<Context>, Replicated);
 type BySequenceRows = (Replicated, Replicated, Split<Context>);
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tessera::runtime::configure_plugin_logs(false);
     let (devices, heads, seq, d) = (4, 8, 512, 32);
     let cp = ContextParallel {
         dims: Dims {

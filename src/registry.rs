@@ -1,6 +1,16 @@
-//! The built-in kernels by name, for the CLI and other tools: their parameters (with
-//! defaults and help), and for given parameter values the kernel definition and its default
-//! argument specs.
+//! The built-in kernels by name: the one list that the CLI (`tessera kernels`, `ir`, `run`,
+//! `compile kernel`), `tessera demo`, `tessera bench kernels`, the backend tests and the TPU
+//! compile tests find kernels in. Adding a kernel here adds it to all of them.
+//!
+//! An entry ([`KernelInfo`]) carries the kernel's parameters (with defaults and help) and,
+//! for given parameter values ([`KernelInfo::instance`]):
+//! - the kernel definition, its default argument specs and the values of the arguments the
+//!   parameters fix (splash's block tables);
+//! - its f64 reference, written separately from the kernel, and inputs the reference is exact
+//!   for ([`Instance::inputs`]; splash's backward kernels get the forward's residuals);
+//! - its floating-point operations per call ([`Instance::flops`]);
+//! - the parameter sets it is checked at ([`KernelInfo::cases`], each with the largest error
+//!   allowed against the reference) and timed at ([`KernelInfo::bench`]).
 //!
 //! Two kinds of parameter: compile-time ones (block sizes, dtype, mask, flags), which change
 //! the kernel, and sizes, which only set the default arguments (`tessera ir` instantiates
@@ -8,22 +18,40 @@
 //! them, [`KernelInfo::check_sizes`]).
 //!
 //! The example kernels' block sizes are const generics, so a run-time choice dispatches over a
-//! fixed set of sizes. The splash kernels are built as the splash plans build them: a
-//! [`SplashAttention`] configured from the parameters, and the stage of its forward or
-//! backward plan that runs the kernel (so the block-sparsity tables are the real ones).
+//! fixed set of sizes ([`BLOCK_SIZES`]). The splash kernels are built as the splash plans
+//! build them: a [`SplashAttention`] configured from the parameters, and the stage of its
+//! forward or backward plan that runs the kernel (so the block-sparsity tables are the real
+//! ones).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use half::bf16;
-use tessera_dsl::{ArgSpec, DType, KernelDef, TargetRules};
+use tessera_dsl::{
+    with_float_type, ArgSpec, DType, HostArray, KernelDef, KernelError, TargetRules,
+};
+use tessera_splash::reference::{self as splash_reference, RefInputs};
 use tessera_splash::{
-    stage_specs, BlockSizes, Dims, Features, Mask, SplashAttention, SplashOptions,
+    stage_specs, BlockSizes, Dims, Features, Mask, SplashAttention, SplashError, SplashOptions,
+    Stage, StageArg, Tensor,
 };
 
 use crate::kernels::{flash_attention, matmul, row_softmax};
+use crate::reference::{attention_ref, matmul_ref, max_abs_diff, softmax_ref};
 
 /// The block sizes the CLI can instantiate (each one a monomorphised kernel).
-pub const BLOCK_SIZES: [usize; 6] = [8, 16, 32, 64, 128, 256];
+pub const BLOCK_SIZES: [usize; 7] = [8, 16, 32, 64, 128, 256, 512];
+
+/// The sizes `tessera bench kernels` sets from its flags (`--matmul-size`, `--seq`, ...): a
+/// bench parameter written `{name}` takes the value of the flag of that name.
+pub const BENCH_KNOBS: [&str; 8] = [
+    "matmul_size",
+    "matmul_block",
+    "seq",
+    "heads",
+    "head_dim",
+    "block",
+    "flash_block",
+    "softmax_block",
+];
 
 /// A parameter of a built-in kernel.
 #[derive(Debug, Clone, Copy)]
@@ -72,8 +100,122 @@ impl ParamInfo {
     }
 }
 
-/// A kernel definition with its default arguments, or why the parameters are invalid.
-pub type Built = Result<(KernelDef, Vec<ArgSpec>), String>;
+/// Why a registered kernel could not be built, checked or timed at the given parameters.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("unknown kernel `{name}`; built-in kernels: {}", .known.join(", "))]
+    UnknownKernel {
+        name: String,
+        known: Vec<&'static str>,
+    },
+    #[error("kernel `{kernel}` has no parameter `{param}`; its parameters: {}", .known.join(", "))]
+    UnknownParam {
+        kernel: &'static str,
+        param: String,
+        known: Vec<&'static str>,
+    },
+    /// A value that does not parse as the parameter's kind.
+    #[error("parameter {param}={value}: expected {expected}")]
+    BadValue {
+        param: String,
+        value: String,
+        expected: &'static str,
+    },
+    /// A block size with no monomorphised kernel.
+    #[error(
+        "parameter {param}={value}: the CLI instantiates block sizes {BLOCK_SIZES:?}; use the \
+         library API for other sizes"
+    )]
+    BlockSize { param: String, value: usize },
+    /// A size given beside arguments that say otherwise.
+    #[error(
+        "parameter {param}={value} disagrees with argument `{arg}` {spec}, whose dim {dim} is \
+         {actual}; sizes come from the arguments, so drop {param} or pass arguments of that size"
+    )]
+    SizeMismatch {
+        param: String,
+        value: String,
+        arg: &'static str,
+        /// (Boxed: the error stays small.)
+        spec: Box<ArgSpec>,
+        dim: usize,
+        actual: String,
+    },
+    /// A bench parameter `{name}` that is none of [`BENCH_KNOBS`].
+    #[error(
+        "kernel `{kernel}`: bench parameter {param}={{{knob}}} names no size of `tessera bench \
+         kernels`; known: {}",
+        BENCH_KNOBS.join(", ")
+    )]
+    UnknownKnob {
+        kernel: &'static str,
+        param: &'static str,
+        knob: String,
+    },
+    /// Arrays that are not the kernel's arguments (count).
+    #[error("kernel `{kernel}` takes {expected} arguments, got {got}")]
+    Arguments {
+        kernel: String,
+        expected: usize,
+        got: usize,
+    },
+    #[error("no splash plan runs a kernel named `{0}`")]
+    NoSplashStage(String),
+    /// The f64 reference cannot be computed from what the kernel takes.
+    #[error("the f64 reference of `{kernel}` cannot be computed from {reason}")]
+    NoReference {
+        kernel: String,
+        reason: &'static str,
+    },
+    #[error(transparent)]
+    Splash(#[from] SplashError),
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
+
+/// A kernel definition, its default arguments and the values of the arguments the parameters
+/// fix (by position; `None` for data).
+#[derive(Debug, Clone)]
+pub struct Built {
+    pub def: KernelDef,
+    pub args: Vec<ArgSpec>,
+    pub fixed: Vec<Option<HostArray>>,
+}
+
+impl Built {
+    /// A kernel whose arguments are all data.
+    fn data(def: KernelDef, args: Vec<ArgSpec>) -> Self {
+        let fixed = vec![None; args.len()];
+        Built { def, args, fixed }
+    }
+}
+
+type BuildFn = fn(&Params, &str) -> Result<Built, RegistryError>;
+type ReferenceFn = fn(&Params, &str, &[HostArray]) -> Result<Vec<Vec<f64>>, RegistryError>;
+type FlopsFn = fn(&Params, &str) -> Result<f64, RegistryError>;
+type InputsFn = fn(&Params, &str, u64) -> Result<Vec<HostArray>, RegistryError>;
+
+/// A parameter set a kernel is checked at, and the largest absolute error allowed against
+/// its f64 reference (over every output).
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    pub params: &'static [(&'static str, &'static str)],
+    pub tol: f64,
+}
+
+impl Case {
+    /// The parameters as `NAME=VALUE` pairs for [`KernelInfo::instance`].
+    pub fn given(&self) -> Vec<(String, String)> {
+        owned(self.params)
+    }
+}
+
+fn owned(params: &[(&str, &str)]) -> Vec<(String, String)> {
+    params
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
 
 /// A built-in kernel.
 #[derive(Debug, Clone, Copy)]
@@ -83,7 +225,20 @@ pub struct KernelInfo {
     pub params: &'static [ParamInfo],
     /// Builds from the parameters; gets the kernel's name (one builder serves every splash
     /// kernel).
-    build: fn(&Params, &str) -> Built,
+    build: BuildFn,
+    /// The kernel's outputs computed in f64 from its arguments, written separately from the
+    /// kernel.
+    reference: ReferenceFn,
+    /// Floating-point operations of one call.
+    flops: FlopsFn,
+    /// Arguments whose values the reference is exact for, where random data is not (splash's
+    /// residuals); `None`: random data.
+    inputs: Option<InputsFn>,
+    /// Where `tessera demo`, the backend tests and the Mosaic tests check the kernel.
+    pub cases: &'static [Case],
+    /// Where `tessera bench kernels` times it: one row per set (sets differ by dtype); a
+    /// value `{knob}` is the bench flag of that name ([`BENCH_KNOBS`]).
+    pub bench: &'static [&'static [(&'static str, &'static str)]],
 }
 
 /// Parameter values by name, as given on the command line (defaults filled in).
@@ -91,17 +246,24 @@ pub struct KernelInfo {
 pub struct Params(BTreeMap<String, String>);
 
 impl Params {
-    fn usize(&self, name: &str) -> Result<usize, String> {
-        let v = &self.0[name];
-        match v.parse() {
+    fn bad(&self, name: &str, expected: &'static str) -> RegistryError {
+        RegistryError::BadValue {
+            param: name.to_string(),
+            value: self.0[name].clone(),
+            expected,
+        }
+    }
+
+    fn usize(&self, name: &str) -> Result<usize, RegistryError> {
+        match self.0[name].parse() {
             Ok(n) if n > 0 => Ok(n),
-            _ => Err(format!("parameter {name}={v}: expected a positive integer")),
+            _ => Err(self.bad(name, "a positive integer")),
         }
     }
 
     /// A positive integer, or the value of parameter `other` when the value is its name
     /// (a default such as `BKVC = BKV`).
-    fn usize_or_same_as(&self, name: &str, other: &str) -> Result<usize, String> {
+    fn usize_or_same_as(&self, name: &str, other: &str) -> Result<usize, RegistryError> {
         if self.0[name] == other {
             self.usize(other)
         } else {
@@ -109,34 +271,31 @@ impl Params {
         }
     }
 
-    fn block(&self, name: &str) -> Result<usize, String> {
+    fn block(&self, name: &str) -> Result<usize, RegistryError> {
         let b = self.usize(name)?;
         if BLOCK_SIZES.contains(&b) {
             Ok(b)
         } else {
-            Err(format!(
-                "parameter {name}={b}: the CLI instantiates block sizes {BLOCK_SIZES:?}; \
-                 use the library API for other sizes"
-            ))
+            Err(RegistryError::BlockSize {
+                param: name.to_string(),
+                value: b,
+            })
         }
     }
 
-    fn dtype(&self) -> Result<DType, String> {
-        let v = &self.0["dtype"];
-        match DType::from_name(v) {
-            Some(d @ (DType::F32 | DType::BF16)) => Ok(d),
-            _ => Err(format!("parameter dtype={v}: expected f32 or bf16")),
-        }
+    /// The compute dtype (`DType::compute_from_name`).
+    fn dtype(&self) -> Result<DType, RegistryError> {
+        DType::compute_from_name(&self.0["dtype"]).ok_or_else(|| self.bad("dtype", "f32 or bf16"))
     }
 
-    fn bool(&self, name: &str) -> Result<bool, String> {
-        let v = &self.0[name];
-        v.parse()
-            .map_err(|_| format!("parameter {name}={v}: expected true or false"))
+    fn bool(&self, name: &str) -> Result<bool, RegistryError> {
+        self.0[name]
+            .parse()
+            .map_err(|_| self.bad(name, "true or false"))
     }
 }
 
-/// Calls `$f!(const_value)` with the const matching a run-time block size.
+/// Calls `$m!(.. const_value)` with the const matching a run-time block size.
 macro_rules! dispatch_block {
     ($value:expr, $m:ident ! ( $($args:tt)* )) => {
         match $value {
@@ -146,22 +305,30 @@ macro_rules! dispatch_block {
             64 => $m!($($args)* 64),
             128 => $m!($($args)* 128),
             256 => $m!($($args)* 256),
+            512 => $m!($($args)* 512),
             other => unreachable!("block size {other} passed validation"),
         }
     };
 }
 
-fn build_matmul(p: &Params, _name: &str) -> Built {
+/// Checks that `inputs` are as many as `kernel` takes.
+fn expect_inputs(kernel: &str, inputs: &[HostArray], expected: usize) -> Result<(), RegistryError> {
+    if inputs.len() == expected {
+        return Ok(());
+    }
+    Err(RegistryError::Arguments {
+        kernel: kernel.to_string(),
+        expected,
+        got: inputs.len(),
+    })
+}
+
+fn build_matmul(p: &Params, _name: &str) -> Result<Built, RegistryError> {
     let (bm, bn, bk, dtype) = (p.block("BM")?, p.block("BN")?, p.block("BK")?, p.dtype()?);
     let (m, n, k) = (p.usize("M")?, p.usize("N")?, p.usize("K")?);
-    macro_rules! with_t {
-        ($t:ty; $a:literal $b:literal $c:literal) => {
-            matmul::<$t, $a, $b, $c>()
-        };
-    }
     macro_rules! with_k {
         ($t:ty; $a:literal $b:literal $c:literal) => {
-            with_t!($t; $a $b $c)
+            matmul::<$t, $a, $b, $c>()
         };
     }
     macro_rules! with_n {
@@ -174,32 +341,61 @@ fn build_matmul(p: &Params, _name: &str) -> Built {
             dispatch_block!(bn, with_n!($t; $a))
         };
     }
-    let def = match dtype {
-        DType::BF16 => dispatch_block!(bm, with_m!(bf16;)),
-        _ => dispatch_block!(bm, with_m!(f32;)),
-    };
-    Ok((
+    let def = with_float_type!(dtype, T => dispatch_block!(bm, with_m!(T;)));
+    Ok(Built::data(
         def,
         vec![ArgSpec::new(dtype, [m, k]), ArgSpec::new(dtype, [k, n])],
     ))
 }
 
-fn build_softmax(p: &Params, _name: &str) -> Built {
+fn matmul_reference(
+    _: &Params,
+    name: &str,
+    x: &[HostArray],
+) -> Result<Vec<Vec<f64>>, RegistryError> {
+    expect_inputs(name, x, 2)?;
+    let (m, k, n) = (x[0].shape()[0], x[0].shape()[1], x[1].shape()[1]);
+    Ok(vec![matmul_ref(
+        &x[0].to_f64_vec(),
+        &x[1].to_f64_vec(),
+        m,
+        k,
+        n,
+    )])
+}
+
+fn matmul_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
+    Ok(2.0 * (p.usize("M")? * p.usize("N")? * p.usize("K")?) as f64)
+}
+
+fn build_softmax(p: &Params, _name: &str) -> Result<Built, RegistryError> {
     let (br, dtype) = (p.block("BR")?, p.dtype()?);
     let (rows, cols) = (p.usize("R")?, p.usize("C")?);
-    macro_rules! with_t {
+    macro_rules! with_r {
         ($t:ty; $a:literal) => {
             row_softmax::<$t, $a>()
         };
     }
-    let def = match dtype {
-        DType::BF16 => dispatch_block!(br, with_t!(bf16;)),
-        _ => dispatch_block!(br, with_t!(f32;)),
-    };
-    Ok((def, vec![ArgSpec::new(dtype, [rows, cols])]))
+    let def = with_float_type!(dtype, T => dispatch_block!(br, with_r!(T;)));
+    Ok(Built::data(def, vec![ArgSpec::new(dtype, [rows, cols])]))
 }
 
-fn build_flash(p: &Params, _name: &str) -> Built {
+fn softmax_reference(
+    _: &Params,
+    name: &str,
+    x: &[HostArray],
+) -> Result<Vec<Vec<f64>>, RegistryError> {
+    expect_inputs(name, x, 1)?;
+    let (r, c) = (x[0].shape()[0], x[0].shape()[1]);
+    Ok(vec![softmax_ref(&x[0].to_f64_vec(), r, c)])
+}
+
+fn softmax_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
+    // max, subtract, exp, sum, divide per element.
+    Ok(5.0 * (p.usize("R")? * p.usize("C")?) as f64)
+}
+
+fn build_flash(p: &Params, _name: &str) -> Result<Built, RegistryError> {
     let (bq, bkv, dtype, causal) = (
         p.block("BQ")?,
         p.block("BKV")?,
@@ -217,30 +413,53 @@ fn build_flash(p: &Params, _name: &str) -> Built {
             dispatch_block!(bkv, with_kv!($t; $a))
         };
     }
-    let def = match dtype {
-        DType::BF16 => dispatch_block!(bq, with_q!(bf16;)),
-        _ => dispatch_block!(bq, with_q!(f32;)),
-    };
-    Ok((def, vec![ArgSpec::new(dtype, [s, d]); 3]))
+    let def = with_float_type!(dtype, T => dispatch_block!(bq, with_q!(T;)));
+    Ok(Built::data(def, vec![ArgSpec::new(dtype, [s, d]); 3]))
 }
 
-/// Builds a splash kernel: the stage named `kernel` of the plans of a [`SplashAttention`]
-/// configured from the parameters (portable rules: `tessera ir --rules` checks the target's).
-fn build_splash(p: &Params, kernel: &str) -> Built {
+fn flash_reference(
+    p: &Params,
+    name: &str,
+    x: &[HostArray],
+) -> Result<Vec<Vec<f64>>, RegistryError> {
+    expect_inputs(name, x, 3)?;
+    let (s, d) = (x[0].shape()[0], x[0].shape()[1]);
+    let [q, k, v] = [0, 1, 2].map(|i| x[i].to_f64_vec());
+    Ok(vec![attention_ref(&q, &k, &v, s, d, p.bool("causal")?)])
+}
+
+fn flash_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
+    let s = p.usize("S")?;
+    let pairs = if p.bool("causal")? {
+        s * (s + 1) / 2
+    } else {
+        s * s
+    };
+    // q k^T and p v: two D-long dot products per visible pair.
+    Ok(4.0 * p.usize("D")? as f64 * pairs as f64)
+}
+
+/// A splash kernel as its plan runs it: the attention configured from the parameters, the
+/// features it uses and the stage that runs `kernel`.
+struct SplashSetup {
+    attn: SplashAttention,
+    features: Features,
+    stage: Stage,
+}
+
+/// The stage named `kernel` of the plans of a [`SplashAttention`] configured from the
+/// parameters (portable rules: `tessera ir --rules` checks the target's).
+fn splash_setup(p: &Params, kernel: &str) -> Result<SplashSetup, RegistryError> {
     let dtype = p.dtype()?;
     let (bq, bkv) = (p.usize("BQ")?, p.usize("BKV")?);
     let bkv_compute = p.usize_or_same_as("BKVC", "BKV")?;
     // The mask's own message names the mask and the forms it takes.
-    let mask = Mask::parse(&p.0["mask"]).map_err(|e| e.to_string())?;
+    let mask = Mask::parse(&p.0["mask"])?;
     let soft_cap = match p.0["soft_cap"].as_str() {
         "none" => None,
         v => match v.parse::<f32>() {
             Ok(c) if c.is_finite() && c > 0.0 => Some(c),
-            _ => {
-                return Err(format!(
-                    "parameter soft_cap={v}: expected none or a positive number"
-                ))
-            }
+            _ => return Err(p.bad("soft_cap", "none or a positive number")),
         },
     };
     let dims = Dims {
@@ -260,8 +479,7 @@ fn build_splash(p: &Params, kernel: &str) -> Built {
         soft_cap,
         ..SplashOptions::default()
     };
-    let attn = SplashAttention::new(mask, dims, dtype, blocks, options, TargetRules::portable())
-        .map_err(|e| e.to_string())?;
+    let attn = SplashAttention::new(mask, dims, dtype, blocks, options, TargetRules::portable())?;
     let features = Features {
         segmented: p.bool("segmented")?,
         sinks: p.bool("sinks")?,
@@ -271,18 +489,306 @@ fn build_splash(p: &Params, kernel: &str) -> Built {
         .into_iter()
         .chain(attn.backward_plan(features))
         .find(|s| s.def.name() == kernel)
-        .ok_or_else(|| format!("no splash plan runs a kernel named `{kernel}`"))?;
-    let specs = stage_specs(&stage, |t| attn.tensor_spec(t));
-    Ok((stage.def, specs))
+        .ok_or_else(|| RegistryError::NoSplashStage(kernel.to_string()))?;
+    Ok(SplashSetup {
+        attn,
+        features,
+        stage,
+    })
 }
 
-/// A splash kernel: every one takes [`SPLASH_PARAMS`] and is built by [`build_splash`].
+fn build_splash(p: &Params, kernel: &str) -> Result<Built, RegistryError> {
+    let SplashSetup { attn, stage, .. } = splash_setup(p, kernel)?;
+    let args = stage_specs(&stage, |t| attn.tensor_spec(t));
+    let fixed = stage
+        .args
+        .iter()
+        .map(|a| match a {
+            StageArg::Const(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    Ok(Built {
+        def: stage.def,
+        args,
+        fixed,
+    })
+}
+
+/// The f64 form of splash's inputs that the reference reads: q, k, v and, where the call
+/// uses them, segment ids and sinks.
+struct SplashRefData {
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    q_segments: Option<Vec<i32>>,
+    kv_segments: Option<Vec<i32>>,
+    sinks: Option<Vec<f64>>,
+}
+
+impl SplashRefData {
+    /// From the tensors of a call, when it has q, k and v.
+    fn of(env: &HashMap<Tensor, HostArray>) -> Option<Self> {
+        let f = |t: Tensor| env.get(&t).map(HostArray::to_f64_vec);
+        let ids = |t: Tensor| {
+            env.get(&t)
+                .map(|a| a.to_f64_vec().iter().map(|&x| x as i32).collect())
+        };
+        Some(SplashRefData {
+            q: f(Tensor::Q)?,
+            k: f(Tensor::K)?,
+            v: f(Tensor::V)?,
+            q_segments: ids(Tensor::QSegments),
+            kv_segments: ids(Tensor::KvSegments),
+            sinks: f(Tensor::Sinks),
+        })
+    }
+
+    fn inputs<'a>(&'a self, attn: &'a SplashAttention) -> RefInputs<'a> {
+        let options = attn.options();
+        RefInputs {
+            dims: attn.dims(),
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            q_segment_ids: self.q_segments.as_deref(),
+            kv_segment_ids: self.kv_segments.as_deref(),
+            sinks: self.sinks.as_deref(),
+            mask: attn.mask(),
+            offsets: options.offsets,
+            scale: f64::from(attn.scale()),
+            soft_cap: options.soft_cap.map(f64::from),
+        }
+    }
+}
+
+/// `rowsum(out * dout)` per query row, `[B, H, Sq]` flattened.
+fn rowsum_product(out: &HostArray, dout: &HostArray) -> Vec<f64> {
+    let dv = *out.shape().last().expect("rank 4");
+    let (o, g) = (out.to_f64_vec(), dout.to_f64_vec());
+    o.chunks(dv)
+        .zip(g.chunks(dv))
+        .map(|(o, g)| o.iter().zip(g).map(|(a, b)| a * b).sum())
+        .collect()
+}
+
+/// Values for every tensor a splash kernel may read, consistent as a forward and backward
+/// would leave them: random q, k, v, dout, sinks (and the fused backward's dQ partials),
+/// three segments, and `out`, `lse`, `di` from the f64 reference (rounded as the kernels
+/// store them).
+fn splash_inputs(p: &Params, kernel: &str, seed: u64) -> Result<Vec<HostArray>, RegistryError> {
+    let SplashSetup {
+        attn,
+        features,
+        stage,
+    } = splash_setup(p, kernel)?;
+    let (d, dtype) = (attn.dims(), attn.dtype());
+    let shape = |t: Tensor| attn.tensor_spec(t).shape;
+    let mut env = HashMap::new();
+    for (i, t) in [Tensor::Q, Tensor::K, Tensor::V, Tensor::DOut]
+        .into_iter()
+        .enumerate()
+    {
+        env.insert(t, HostArray::random(dtype, shape(t), seed + i as u64));
+    }
+    let thirds = |len: usize| (0..len).map(move |i| (3 * i / len) as i32);
+    let q_ids: Vec<i32> = (0..d.batch).flat_map(|_| thirds(d.q_len)).collect();
+    let kv_ids: Vec<i32> = (0..d.batch).flat_map(|_| thirds(d.kv_len)).collect();
+    let ids = |t: Tensor, v: Vec<i32>| HostArray::i32(shape(t), v).expect("one id per position");
+    env.insert(Tensor::QSegments, ids(Tensor::QSegments, q_ids));
+    env.insert(Tensor::KvSegments, ids(Tensor::KvSegments, kv_ids));
+    env.insert(
+        Tensor::Sinks,
+        HostArray::random(DType::F32, shape(Tensor::Sinks), seed + 4),
+    );
+    env.insert(
+        Tensor::DqPartial,
+        HostArray::random(DType::F32, shape(Tensor::DqPartial), seed + 5),
+    );
+    // What the forward leaves for the backward: segments and sinks count where the call uses
+    // them (its stages read placeholders otherwise).
+    let used: HashMap<Tensor, HostArray> = env
+        .iter()
+        .filter(|(t, _)| match t {
+            Tensor::QSegments | Tensor::KvSegments => features.segmented,
+            Tensor::Sinks => features.sinks,
+            _ => true,
+        })
+        .map(|(t, a)| (*t, a.clone()))
+        .collect();
+    let data = SplashRefData::of(&used).expect("q, k and v are random");
+    let fwd = splash_reference::forward(&data.inputs(&attn));
+    let out = HostArray::from_f64(dtype, shape(Tensor::Out), &fwd.out).expect("out's shape");
+    let lse = HostArray::from_f64(DType::F32, shape(Tensor::Lse), &fwd.lse).expect("lse's shape");
+    let di = rowsum_product(&out, &env[&Tensor::DOut]);
+    env.insert(
+        Tensor::Di,
+        HostArray::from_f64(DType::F32, shape(Tensor::Di), &di).expect("di's shape"),
+    );
+    env.insert(Tensor::Out, out);
+    env.insert(Tensor::Lse, lse);
+    stage
+        .args
+        .iter()
+        .map(|a| match a {
+            StageArg::Const(c) => Ok(c.clone()),
+            StageArg::Tensor(t) => Ok(env[t].clone()),
+            StageArg::PerShard(_) => Err(RegistryError::NoReference {
+                kernel: kernel.to_string(),
+                reason: "per-shard tables",
+            }),
+        })
+        .collect()
+}
+
+/// Each output of the splash stage, from its inputs: the forward's `out` and `lse`, the
+/// gradients `dq`, `dk`, `dv` (the fused kernel's dQ per key block) from the f64 reference;
+/// `di = rowsum(out * dout)`, the sinks' gradient and dQ's reduction from their definitions.
+fn splash_reference_of(
+    p: &Params,
+    kernel: &str,
+    x: &[HostArray],
+) -> Result<Vec<Vec<f64>>, RegistryError> {
+    let SplashSetup {
+        attn,
+        features,
+        stage,
+    } = splash_setup(p, kernel)?;
+    expect_inputs(kernel, x, stage.args.len())?;
+    let env: HashMap<Tensor, HostArray> = stage
+        .args
+        .iter()
+        .zip(x)
+        .filter_map(|(a, x)| match a {
+            StageArg::Tensor(t) => Some((*t, x.clone())),
+            _ => None,
+        })
+        .collect();
+    // The backward kernels take the sinks only through `lse`: their f64 reference cannot
+    // be had from their inputs.
+    let reads_sinks = stage
+        .args
+        .iter()
+        .any(|a| matches!(a, StageArg::Tensor(Tensor::Sinks)));
+    let data = SplashRefData::of(&env).filter(|_| reads_sinks || !features.sinks);
+    let reference = data.as_ref().map(|data| data.inputs(&attn));
+    let dout = env.get(&Tensor::DOut).map(HostArray::to_f64_vec);
+    let grads = match (&reference, &dout) {
+        (Some(r), Some(g)) => Some(splash_reference::backward(r, g)),
+        _ => None,
+    };
+    let missing = || RegistryError::NoReference {
+        kernel: kernel.to_string(),
+        reason: if features.sinks {
+            "its inputs (with sinks, the backward kernels see them only through lse)"
+        } else {
+            "its inputs"
+        },
+    };
+    let d = attn.dims();
+    let mut outputs = Vec::new();
+    for t in &stage.outputs {
+        outputs.push(match t {
+            Tensor::Out => splash_reference::forward(reference.as_ref().ok_or_else(missing)?).out,
+            Tensor::Lse => splash_reference::forward(reference.as_ref().ok_or_else(missing)?).lse,
+            Tensor::Di => rowsum_product(&env[&Tensor::Out], &env[&Tensor::DOut]),
+            Tensor::DSinks => {
+                let di = rowsum_product(&env[&Tensor::Out], &env[&Tensor::DOut]);
+                let lse = env[&Tensor::Lse].to_f64_vec();
+                let mut dsinks = vec![0.0; d.heads];
+                if features.sinks {
+                    let sinks = env[&Tensor::Sinks].to_f64_vec();
+                    for (r, (di, lse)) in di.iter().zip(&lse).enumerate() {
+                        let h = (r / d.q_len) % d.heads;
+                        dsinks[h] -= (sinks[h] - lse).exp() * di;
+                    }
+                }
+                dsinks
+            }
+            Tensor::Dq => match env.get(&Tensor::DqPartial) {
+                Some(parts) => {
+                    let n = parts.shape()[0];
+                    let parts = parts.to_f64_vec();
+                    let len = parts.len() / n;
+                    (0..len)
+                        .map(|i| (0..n).map(|b| parts[b * len + i]).sum())
+                        .collect()
+                }
+                None => grads.as_ref().ok_or_else(missing)?.dq.clone(),
+            },
+            Tensor::Dk => grads.as_ref().ok_or_else(missing)?.dk.clone(),
+            Tensor::Dv => grads.as_ref().ok_or_else(missing)?.dv.clone(),
+            Tensor::DqPartial => splash_reference::dq_per_key_block(
+                reference.as_ref().ok_or_else(missing)?,
+                dout.as_deref().ok_or_else(missing)?,
+                attn.block_sizes().block_kv_dkv,
+            ),
+            _ => return Err(missing()),
+        });
+    }
+    Ok(outputs)
+}
+
+fn splash_flops(p: &Params, kernel: &str) -> Result<f64, RegistryError> {
+    let s = splash_setup(p, kernel)?;
+    Ok(s.attn.kernel_flops(kernel, s.attn.visible_pairs()))
+}
+
+/// Where every splash kernel is checked: f32 with a local window, segment ids and a soft cap
+/// (GQA); bf16 causal (MQA). (Sinks reach the backward kernels only through `lse`, so their
+/// references cannot be had from the kernels' inputs: splash's own tests cover them.)
+const SPLASH_CASES: &[Case] = &[
+    Case {
+        params: &[
+            ("dtype", "f32"),
+            ("mask", "local:60:10"),
+            ("segmented", "true"),
+            ("soft_cap", "5.0"),
+            ("H", "4"),
+            ("KVH", "2"),
+            ("SQ", "256"),
+            ("SKV", "256"),
+            ("D", "128"),
+        ],
+        tol: 1e-4,
+    },
+    Case {
+        params: &[
+            ("dtype", "bf16"),
+            ("H", "2"),
+            ("KVH", "1"),
+            ("SQ", "256"),
+            ("SKV", "256"),
+            ("D", "128"),
+        ],
+        tol: 3e-2,
+    },
+];
+
+/// Where every splash kernel is timed.
+const SPLASH_BENCH: &[&[(&str, &str)]] = &[&[
+    ("BQ", "{block}"),
+    ("BKV", "{block}"),
+    ("H", "{heads}"),
+    ("KVH", "{heads}"),
+    ("SQ", "{seq}"),
+    ("SKV", "{seq}"),
+    ("D", "{head_dim}"),
+]];
+
+/// A splash kernel: every one takes [`SPLASH_PARAMS`] and is built, checked and counted by
+/// the splash functions.
 const fn splash_kernel(name: &'static str, summary: &'static str) -> KernelInfo {
     KernelInfo {
         name,
         summary,
         params: SPLASH_PARAMS,
         build: build_splash,
+        reference: splash_reference_of,
+        flops: splash_flops,
+        inputs: Some(splash_inputs),
+        cases: SPLASH_CASES,
+        bench: SPLASH_BENCH,
     }
 }
 
@@ -394,6 +900,44 @@ pub const KERNELS: &[KernelInfo] = &[
             ParamInfo::size("K", "512", "columns of x, rows of y", &[("x", 1), ("y", 0)]),
         ],
         build: build_matmul,
+        reference: matmul_reference,
+        flops: matmul_flops,
+        inputs: None,
+        // f32 accumulation of K products of magnitude <= 1.
+        cases: &[
+            Case {
+                params: &[("dtype", "f32")],
+                tol: 1e-4,
+            },
+            Case {
+                params: &[("dtype", "f32"), ("BM", "64"), ("BN", "256"), ("K", "256")],
+                tol: 1e-4,
+            },
+            Case {
+                params: &[("dtype", "bf16"), ("BM", "16"), ("BK", "256"), ("M", "128")],
+                tol: 1e-3,
+            },
+        ],
+        bench: &[
+            &[
+                ("dtype", "f32"),
+                ("BM", "{matmul_block}"),
+                ("BN", "{matmul_block}"),
+                ("BK", "{matmul_block}"),
+                ("M", "{matmul_size}"),
+                ("N", "{matmul_size}"),
+                ("K", "{matmul_size}"),
+            ],
+            &[
+                ("dtype", "bf16"),
+                ("BM", "{matmul_block}"),
+                ("BN", "{matmul_block}"),
+                ("BK", "{matmul_block}"),
+                ("M", "{matmul_size}"),
+                ("N", "{matmul_size}"),
+                ("K", "{matmul_size}"),
+            ],
+        ],
     },
     KernelInfo {
         name: "row_softmax",
@@ -405,6 +949,25 @@ pub const KERNELS: &[KernelInfo] = &[
             ParamInfo::size("C", "128", "columns", &[("x", 1)]),
         ],
         build: build_softmax,
+        reference: softmax_reference,
+        flops: softmax_flops,
+        inputs: None,
+        cases: &[
+            Case {
+                params: &[("dtype", "f32"), ("C", "256")],
+                tol: 1e-6,
+            },
+            Case {
+                params: &[("dtype", "f32"), ("BR", "32")],
+                tol: 1e-6,
+            },
+            // One bf16 rounding of outputs below 1/16.
+            Case {
+                params: &[("dtype", "bf16"), ("BR", "16")],
+                tol: 2e-4,
+            },
+        ],
+        bench: &[&[("BR", "{softmax_block}"), ("R", "{seq}"), ("C", "{seq}")]],
     },
     KernelInfo {
         name: "flash_attention",
@@ -427,6 +990,41 @@ pub const KERNELS: &[KernelInfo] = &[
             ParamInfo::size("D", "64", "head dim", &[("q", 1), ("k", 1), ("v", 1)]),
         ],
         build: build_flash,
+        reference: flash_reference,
+        flops: flash_flops,
+        inputs: None,
+        cases: &[
+            Case {
+                params: &[("BQ", "64"), ("S", "256")],
+                tol: 2e-6,
+            },
+            Case {
+                params: &[
+                    ("BQ", "32"),
+                    ("BKV", "64"),
+                    ("causal", "true"),
+                    ("S", "256"),
+                ],
+                tol: 2e-6,
+            },
+            // p is rounded to bf16 before its matmul with v.
+            Case {
+                params: &[
+                    ("dtype", "bf16"),
+                    ("BKV", "64"),
+                    ("causal", "true"),
+                    ("S", "256"),
+                ],
+                tol: 2e-2,
+            },
+        ],
+        bench: &[&[
+            ("BQ", "{flash_block}"),
+            ("BKV", "{flash_block}"),
+            ("causal", "true"),
+            ("S", "{seq}"),
+            ("D", "{head_dim}"),
+        ]],
     },
     splash_kernel(
         "splash_fwd",
@@ -455,35 +1053,77 @@ pub const KERNELS: &[KernelInfo] = &[
 ];
 
 /// Looks a kernel up by name.
-pub fn find(name: &str) -> Result<&'static KernelInfo, String> {
-    KERNELS.iter().find(|k| k.name == name).ok_or_else(|| {
-        let names: Vec<&str> = KERNELS.iter().map(|k| k.name).collect();
-        format!(
-            "unknown kernel `{name}`; built-in kernels: {}",
-            names.join(", ")
-        )
-    })
+pub fn find(name: &str) -> Result<&'static KernelInfo, RegistryError> {
+    KERNELS
+        .iter()
+        .find(|k| k.name == name)
+        .ok_or_else(|| RegistryError::UnknownKernel {
+            name: name.to_string(),
+            known: KERNELS.iter().map(|k| k.name).collect(),
+        })
 }
 
 impl KernelInfo {
-    /// Fills defaults, checks names, and builds the definition and its default arguments.
-    pub fn build(&self, given: &[(String, String)]) -> Built {
+    /// Fills defaults and checks names.
+    fn params_of(&self, given: &[(String, String)]) -> Result<Params, RegistryError> {
         let mut params = Params::default();
         for p in self.params {
             params.0.insert(p.name.to_string(), p.default.to_string());
         }
         for (name, value) in given {
             if !params.0.contains_key(name) {
-                let names: Vec<&str> = self.params.iter().map(|p| p.name).collect();
-                return Err(format!(
-                    "kernel `{}` has no parameter `{name}`; its parameters: {}",
-                    self.name,
-                    names.join(", ")
-                ));
+                return Err(RegistryError::UnknownParam {
+                    kernel: self.name,
+                    param: name.clone(),
+                    known: self.params.iter().map(|p| p.name).collect(),
+                });
             }
             params.0.insert(name.clone(), value.clone());
         }
-        (self.build)(&params, self.name)
+        Ok(params)
+    }
+
+    /// Fills defaults, checks names, and builds the definition and its default arguments.
+    pub fn build(
+        &self,
+        given: &[(String, String)],
+    ) -> Result<(KernelDef, Vec<ArgSpec>), RegistryError> {
+        let built = (self.build)(&self.params_of(given)?, self.name)?;
+        Ok((built.def, built.args))
+    }
+
+    /// The kernel at the given parameter values, with its reference, inputs and flop count.
+    pub fn instance(&'static self, given: &[(String, String)]) -> Result<Instance, RegistryError> {
+        let params = self.params_of(given)?;
+        let built = (self.build)(&params, self.name)?;
+        Ok(Instance {
+            info: self,
+            given: given.to_vec(),
+            params,
+            built,
+        })
+    }
+
+    /// The kernel at bench parameter set `set` ([`KernelInfo::bench`]), each `{knob}` value
+    /// given by `knob` (the bench's flags).
+    pub fn bench_instance(
+        &'static self,
+        set: &[(&'static str, &'static str)],
+        knob: impl Fn(&str) -> Option<String>,
+    ) -> Result<Instance, RegistryError> {
+        let mut given = Vec::with_capacity(set.len());
+        for &(param, value) in set {
+            let value = match value.strip_prefix('{').and_then(|v| v.strip_suffix('}')) {
+                Some(name) => knob(name).ok_or_else(|| RegistryError::UnknownKnob {
+                    kernel: self.name,
+                    param,
+                    knob: name.to_string(),
+                })?,
+                None => value.to_string(),
+            };
+            given.push((param.to_string(), value));
+        }
+        self.instance(&given)
     }
 
     /// Checks the size parameters in `given` against the arguments `args` of `def` (as run:
@@ -494,7 +1134,7 @@ impl KernelInfo {
         given: &[(String, String)],
         def: &KernelDef,
         args: &[ArgSpec],
-    ) -> Result<(), String> {
+    ) -> Result<(), RegistryError> {
         for (name, value) in given {
             let Some(param) = self.params.iter().find(|p| p.name == name) else {
                 continue;
@@ -506,15 +1146,192 @@ impl KernelInfo {
                 let Some(spec) = args.get(i) else { continue };
                 let actual = spec.shape.get(dim).map(ToString::to_string);
                 if actual.as_deref() != Some(value.as_str()) {
-                    return Err(format!(
-                        "parameter {name}={value} disagrees with argument `{arg}` {spec}, whose \
-                         dim {dim} is {}; sizes come from the arguments, so drop {name} or pass \
-                         arguments of that size",
-                        actual.as_deref().unwrap_or("missing")
-                    ));
+                    return Err(RegistryError::SizeMismatch {
+                        param: name.clone(),
+                        value: value.clone(),
+                        arg: def.args()[i].name,
+                        spec: Box::new(spec.clone()),
+                        dim,
+                        actual: actual.unwrap_or_else(|| "missing".into()),
+                    });
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// A registered kernel at given parameter values: its definition and default arguments, and
+/// what checks and times it.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub info: &'static KernelInfo,
+    /// The parameters given (the others at their defaults).
+    given: Vec<(String, String)>,
+    params: Params,
+    built: Built,
+}
+
+impl Instance {
+    /// The parameters given, `NAME=VALUE ...` (the others at their defaults).
+    pub fn label(&self) -> String {
+        let shown: Vec<String> = self.given.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        shown.join(" ")
+    }
+
+    pub fn def(&self) -> &KernelDef {
+        &self.built.def
+    }
+
+    /// The default arguments (scalar prefetch, then inputs).
+    pub fn args(&self) -> &[ArgSpec] {
+        &self.built.args
+    }
+
+    /// The dtype parameter (every registered kernel has one).
+    pub fn dtype(&self) -> Result<DType, RegistryError> {
+        self.params.dtype()
+    }
+
+    /// Arguments for the default specs whose values the reference is exact for (splash's
+    /// backward kernels get a forward's residuals); the arguments the parameters fix keep
+    /// their values. Deterministic in `seed`.
+    pub fn inputs(&self, seed: u64) -> Result<Vec<HostArray>, RegistryError> {
+        match self.info.inputs {
+            Some(f) => f(&self.params, self.info.name, seed),
+            None => Ok(self.random_inputs(seed)),
+        }
+    }
+
+    /// Random arguments for the default specs (floats uniform in [-1, 1), integers 0); the
+    /// arguments the parameters fix keep their values. For timing.
+    pub fn random_inputs(&self, seed: u64) -> Vec<HostArray> {
+        self.built
+            .args
+            .iter()
+            .zip(&self.built.fixed)
+            .enumerate()
+            .map(|(i, (spec, fixed))| match fixed {
+                Some(a) => a.clone(),
+                None if spec.dtype.is_float() => {
+                    HostArray::random(spec.dtype, spec.shape.clone(), seed + i as u64)
+                }
+                None => HostArray::zeros(spec.dtype, spec.shape.clone()),
+            })
+            .collect()
+    }
+
+    /// Whether argument `i` is fixed by the parameters (a table) rather than data.
+    pub fn is_fixed(&self, i: usize) -> bool {
+        self.built.fixed.get(i).is_some_and(Option::is_some)
+    }
+
+    /// The kernel's outputs for `inputs`, computed in f64 by its reference.
+    pub fn reference(&self, inputs: &[HostArray]) -> Result<Vec<Vec<f64>>, RegistryError> {
+        (self.info.reference)(&self.params, self.info.name, inputs)
+    }
+
+    /// Floating-point operations of one call at the default arguments.
+    pub fn flops(&self) -> Result<f64, RegistryError> {
+        (self.info.flops)(&self.params, self.info.name)
+    }
+
+    /// The largest absolute difference between `outputs` (of a run on `inputs`) and the
+    /// reference, over every output (NaN counts as the largest).
+    pub fn max_error(
+        &self,
+        inputs: &[HostArray],
+        outputs: &[HostArray],
+    ) -> Result<f64, RegistryError> {
+        let want = self.reference(inputs)?;
+        if want.len() != outputs.len() {
+            return Err(RegistryError::Arguments {
+                kernel: self.info.name.to_string(),
+                expected: want.len(),
+                got: outputs.len(),
+            });
+        }
+        Ok(outputs
+            .iter()
+            .zip(&want)
+            .map(|(got, want)| max_abs_diff(&got.to_f64_vec(), want).0)
+            .fold(0.0, |a: f64, b| if b.is_nan() || b > a { b } else { a }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every entry has cases and bench sets that build, bench values that name known knobs,
+    /// and a reference with one output per kernel output.
+    #[test]
+    fn every_kernel_has_cases_a_reference_and_bench_parameters() {
+        for info in KERNELS {
+            assert!(!info.cases.is_empty(), "{}: no cases", info.name);
+            assert!(!info.bench.is_empty(), "{}: no bench parameters", info.name);
+            for case in info.cases {
+                let inst = info
+                    .instance(&case.given())
+                    .unwrap_or_else(|e| panic!("{} {:?}: {e}", info.name, case.params));
+                assert!(case.tol > 0.0);
+                let inputs = inst.inputs(1).unwrap();
+                assert_eq!(inputs.len(), inst.args().len(), "{}", info.name);
+                for (a, spec) in inputs.iter().zip(inst.args()) {
+                    assert_eq!(&ArgSpec::of(a), spec, "{}", info.name);
+                }
+                let outputs = inst
+                    .def()
+                    .instantiate(inst.args(), &TargetRules::tpu())
+                    .unwrap_or_else(|e| panic!("{} {:?}: {e}", info.name, case.params))
+                    .operands
+                    .iter()
+                    .filter(|o| o.role == tessera_dsl::ir::OperandRole::Output)
+                    .map(|o| o.array_shape.iter().product::<usize>())
+                    .collect::<Vec<_>>();
+                let want: Vec<usize> = inst
+                    .reference(&inputs)
+                    .unwrap()
+                    .iter()
+                    .map(Vec::len)
+                    .collect();
+                assert_eq!(want, outputs, "{} {:?}", info.name, case.params);
+                assert!(inst.flops().unwrap() > 0.0, "{}", info.name);
+            }
+            for set in info.bench {
+                // Small values for every knob: the sets resolve and build.
+                let knob = |name: &str| -> Option<String> {
+                    BENCH_KNOBS.contains(&name).then(|| {
+                        match name {
+                            "heads" => "2",
+                            "head_dim" => "64",
+                            _ => "128",
+                        }
+                        .to_string()
+                    })
+                };
+                info.bench_instance(set, knob)
+                    .unwrap_or_else(|e| panic!("{} bench: {e}", info.name));
+            }
+        }
+    }
+
+    #[test]
+    fn errors_name_the_culprit() {
+        let matmul = find("matmul").unwrap();
+        let e = |given: &[(&str, &str)]| matmul.build(&owned(given)).unwrap_err().to_string();
+        assert!(e(&[("BM", "48")]).contains("block sizes"));
+        assert!(e(&[("dtype", "f64")]).contains("parameter dtype=f64: expected f32 or bf16"));
+        assert!(e(&[("nope", "1")]).contains("has no parameter `nope`"));
+        let e = find("conv").unwrap_err().to_string();
+        assert!(
+            e.starts_with("unknown kernel `conv`; built-in kernels: matmul"),
+            "{e}"
+        );
+        let e = matmul
+            .bench_instance(&[("M", "{size}")], |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bench parameter M={size}"), "{e}");
     }
 }

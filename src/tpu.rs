@@ -1,6 +1,24 @@
 //! Compile-only for TPU: a StableHLO program (with its kernels as Mosaic `tpu_custom_call`s)
 //! compiled by the real TPU compiler, libtpu, for a TPU topology such as `v5p:2x2x1`, on a
-//! machine with no TPU (see `notes/tpu-aot.md`).
+//! machine with no TPU (see `notes/tpu-aot.md`). libtpu is provisioned on first use, and the
+//! environment it needs for compile-only (`TPU_SKIP_MDS_QUERY`, ...) is set then where unset.
+//!
+//! A kernel of your own, in one call ([`TpuTarget::compile_kernel`]):
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tessera::dsl::{ArgSpec, DType};
+//! use tessera::kernels::row_softmax;
+//! use tessera::tpu::TpuTarget;
+//!
+//! let args = [ArgSpec::new(DType::F32, [1024, 512])];
+//! let report = TpuTarget::parse("tpu:v5p:2x2x1")?.compile_kernel(&row_softmax::<f32, 8>(), &args)?;
+//! println!("{}", report.to_json());
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! A whole program, here splash attention's forward:
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,6 +46,7 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 use std::time::Instant;
 
+use tessera_dsl::{ArgSpec, KernelDef, KernelError, Target};
 use tessera_hlo::{DType, Module};
 use tessera_runtime::{CompileOptions, CompiledMemoryStats, Error as RuntimeError, NamedValue};
 use tessera_runtime::{Executable, Plugin, Topology};
@@ -70,6 +89,11 @@ pub enum TpuCompileError {
     /// libtpu's dumps of the compiled kernels could not be read.
     #[error(transparent)]
     Dumps(#[from] cost::DumpError),
+
+    /// The kernel does not instantiate for the arguments under the TPU rules (the message
+    /// names the kernel line and the rule), or does not lower.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
     /// Any other runtime failure.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -136,6 +160,8 @@ impl TpuTarget {
     }
 
     fn create_topology(&self) -> Result<Topology, TpuCompileError> {
+        // What libtpu needs to compile without a TPU, where the user did not set it.
+        tessera_runtime::provision::set_libtpu_compile_only_env();
         let plugin = Plugin::libtpu().map_err(TpuCompileError::Libtpu)?;
         plugin
             .topology(&self.topology)
@@ -143,6 +169,20 @@ impl TpuTarget {
                 topology: self.topology.clone(),
                 message: compiler_message(&e),
             })
+    }
+
+    /// Compiles a kernel of yours for the topology: instantiates `def` for `args` (scalar
+    /// prefetch and inputs, in order) under the TPU rules, lowers it to Mosaic inside a
+    /// `tpu_custom_call` in a one-device program ([`Target::lower_module`]) and compiles that. The
+    /// report is the one `tessera compile kernel` prints.
+    pub fn compile_kernel(
+        &self,
+        def: &KernelDef,
+        args: &[ArgSpec],
+    ) -> Result<CompileReport, TpuCompileError> {
+        let target = Target::tpu();
+        let kernel = def.instantiate(args, &target.rules)?;
+        self.compile(&target.lower_module(&kernel)?)
     }
 
     /// Compiles `module` (its `mhlo.num_partitions` devices, manually partitioned) for the

@@ -118,12 +118,7 @@ fn copies(
     let rank = shape.len();
     let spec = ArgSpec::new(DType::F32, shape.to_vec());
     let buf = buf.to_vec();
-    let args = vec![ArgDecl {
-        name: "x",
-        role: OperandRole::Input,
-        dtype: DType::F32,
-        rank,
-    }];
+    let args = vec![ArgDecl::new("x", OperandRole::Input, DType::F32, rank)];
     let def = KernelDef::__new(name, Vec::new(), args, Loc::caller(), move |b| {
         let loc = Loc::caller();
         let s = b.__arg("x", DType::F32, rank)?;

@@ -1,5 +1,5 @@
-//! The Mosaic lowering checked by numbers, without a TPU: every example and splash kernel is
-//! lowered to Mosaic, the emitted MLIR text is parsed and run by the test-only evaluator
+//! The Mosaic lowering checked by numbers, without a TPU: every registered kernel, and the
+//! splash kernels over more configurations, is lowered to Mosaic, the emitted MLIR text is parsed and run by the test-only evaluator
 //! (`tessera-mosaic-eval`, which never sees the kernel IR), and its outputs must equal the
 //! interpreter's bit for bit. Both run the grid as a chip with two TensorCores does (megacore:
 //! the leading parallel dims split between two cores, each with its own scratch) with the
@@ -8,12 +8,13 @@
 
 mod common;
 
+mod when_else_kernels;
+
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use tessera::dsl::interpret::{self, InterpretOptions};
 use tessera::dsl::{DType, HostArray, KernelDef, TargetRules};
-use tessera::kernels::{flash_attention, matmul, row_softmax};
 use tessera::splash::{
     BlockSizes, Dims, Executor, Inputs, Mask, MultiHeadMask, SegmentIds, SplashAttention,
     SplashError, SplashOptions,
@@ -70,8 +71,7 @@ fn megacore(rules: &TargetRules) -> InterpretOptions {
     }
 }
 
-fn check(ran: &mut BTreeSet<String>, name: &str, def: KernelDef, args: &[HostArray]) -> usize {
-    ran.insert(def.name().to_string());
+fn check(name: &str, def: KernelDef, args: &[HostArray]) -> usize {
     let want = interpret::run(&def, args, &megacore(&TargetRules::tpu()))
         .unwrap_or_else(|e| panic!("{e}"));
     let got = run_mosaic(&def, args, &TargetRules::tpu());
@@ -87,65 +87,30 @@ fn random(dtype: DType, shape: &[usize], seed: u64) -> HostArray {
     HostArray::random(dtype, shape, seed)
 }
 
+/// Every registered kernel at each of its cases (`tessera::registry::KERNELS`): adding a
+/// kernel to the registry adds it here.
 #[test]
-fn example_kernels_agree_with_the_interpreter() {
+fn registered_kernels_agree_with_the_interpreter() {
     let mut n = 0;
-    let mut ran = BTreeSet::new();
-    for (dt, seed) in [(DType::F32, 1), (DType::BF16, 2)] {
-        let (x, y) = (
-            random(dt, &[256, 384], seed),
-            random(dt, &[384, 256], seed + 10),
-        );
-        n += match dt {
-            DType::BF16 => check(
-                &mut ran,
-                "matmul bf16",
-                matmul::<half::bf16, 128, 128, 128>(),
-                &[x, y],
-            ),
-            _ => check(
-                &mut ran,
-                "matmul f32",
-                matmul::<f32, 128, 128, 128>(),
-                &[x, y],
-            ),
-        };
-        let x = random(dt, &[64, 256], seed + 20);
-        n += match dt {
-            DType::BF16 => check(
-                &mut ran,
-                "row_softmax bf16",
-                row_softmax::<half::bf16, 16>(),
-                &[x],
-            ),
-            _ => check(&mut ran, "row_softmax f32", row_softmax::<f32, 8>(), &[x]),
-        };
-        for causal in [false, true] {
-            let qkv: Vec<HostArray> = (0..3)
-                .map(|i| random(dt, &[256, 64], seed + 30 + i))
-                .collect();
-            n += match dt {
-                DType::BF16 => check(
-                    &mut ran,
-                    "flash_attention bf16",
-                    flash_attention::<half::bf16, 128, 64>(causal),
-                    &qkv,
-                ),
-                _ => check(
-                    &mut ran,
-                    "flash_attention f32",
-                    flash_attention::<f32, 64, 128>(causal),
-                    &qkv,
-                ),
-            };
+    for info in tessera::registry::KERNELS {
+        for case in info.cases {
+            let instance = info
+                .instance(&case.given())
+                .unwrap_or_else(|e| panic!("{}: {e}", info.name));
+            let inputs = instance.inputs(1).unwrap_or_else(|e| panic!("{e}"));
+            let what = format!("{} {}", info.name, instance.label());
+            n += check(&what, instance.def().clone(), &inputs);
         }
     }
-    println!("example kernels: {n} output elements equal bit for bit");
-    assert_eq!(
-        ran,
-        registered(false),
-        "the registered kernels but splash's"
-    );
+    println!("registered kernels: {n} output elements equal bit for bit");
+}
+
+/// `when_else` lowers to `scf.if .. else`, which the evaluator runs as the interpreter does.
+#[test]
+fn when_else_agrees_with_the_interpreter() {
+    for (name, def, args, _) in when_else_kernels::cases() {
+        check(name, def, &args);
+    }
 }
 
 /// Runs every kernel of a plan on the interpreter and through Mosaic, checks they agree and

@@ -1,6 +1,6 @@
-//! Every example and splash kernel lowered to Mosaic and compiled by the real TPU compiler
-//! (libtpu, compile-only: no TPU needed), embedded in a StableHLO `tpu_custom_call` as
-//! `notes/tpu-aot.md` describes.
+//! Every registered kernel, and the splash kernels over more configurations, lowered to
+//! Mosaic and compiled by the real TPU compiler (libtpu, compile-only: no TPU needed),
+//! embedded in a StableHLO `tpu_custom_call` as `notes/tpu-aot.md` describes.
 //!
 //! libtpu is provisioned on first use like the CPU plugin (`TESSERA_LIBTPU` names a library
 //! to use instead); the tests fail, never skip, when it cannot be had.
@@ -9,11 +9,8 @@ use std::collections::HashMap;
 
 mod illegal_kernels;
 
-use tessera::dsl::ir::OperandRole;
 use tessera::dsl::mosaic;
 use tessera::dsl::{ArgSpec, DType, HostArray, Kernel, KernelDef, Target, TargetRules};
-use tessera::hlo::{Module, TensorType};
-use tessera::kernels::{flash_attention, matmul, row_softmax};
 use tessera::runtime::{CompileOptions, Plugin, Topology};
 use tessera::splash::{
     BlockSizes, Dims, Executor, Inputs, Interpreter, Mask, SegmentIds, SplashAttention,
@@ -23,23 +20,10 @@ use tessera::splash::{
 /// A StableHLO module whose `main` is the kernel as one `tpu_custom_call`, built by the
 /// path every TPU program takes ([`Target::tpu`]).
 fn custom_call_module(k: &Kernel) -> Result<String, String> {
-    let mut m = Module::new("kernel");
-    let mut f = m.func("main");
-    let mut args = Vec::new();
-    for o in &k.operands {
-        if matches!(o.role, OperandRole::Input | OperandRole::ScalarPrefetch) {
-            let dims: Vec<i64> = o.array_shape.iter().map(|&d| d as i64).collect();
-            args.push(
-                f.arg(TensorType::new(dims, o.dtype))
-                    .map_err(|e| e.to_string())?,
-            );
-        }
-    }
-    let outs = Target::tpu()
-        .lower_into(k, &mut f, &args)
-        .map_err(|e| e.to_string())?;
-    f.finish(&outs).map_err(|e| e.to_string())?;
-    Ok(m.to_mlir())
+    Target::tpu()
+        .lower_module(k)
+        .map(|m| m.to_mlir())
+        .map_err(|e| e.to_string())
 }
 
 fn libtpu() -> Plugin {
@@ -68,50 +52,30 @@ fn compile(topology: &Topology, def: &KernelDef, specs: &[ArgSpec]) -> Result<()
         })
 }
 
+/// Every registered kernel at each of its cases (`tessera::registry::KERNELS`): adding a
+/// kernel to the registry adds it here.
 #[test]
-fn example_kernels_compile_for_tpu() {
+fn registered_kernels_compile_for_tpu() {
     let plugin = libtpu();
-    let f32s = |shapes: &[&[usize]]| -> Vec<ArgSpec> {
-        shapes
-            .iter()
-            .map(|s| ArgSpec::new(DType::F32, s.to_vec()))
-            .collect()
-    };
-    let bf16s = |shapes: &[&[usize]]| -> Vec<ArgSpec> {
-        shapes
-            .iter()
-            .map(|s| ArgSpec::new(DType::BF16, s.to_vec()))
-            .collect()
-    };
-    let cases: Vec<(KernelDef, Vec<ArgSpec>)> = vec![
-        (
-            matmul::<f32, 128, 128, 128>(),
-            f32s(&[&[256, 512], &[512, 256]]),
-        ),
-        (
-            matmul::<half::bf16, 128, 128, 256>(),
-            bf16s(&[&[256, 512], &[512, 256]]),
-        ),
-        (row_softmax::<f32, 8>(), f32s(&[&[64, 256]])),
-        (row_softmax::<half::bf16, 16>(), bf16s(&[&[64, 256]])),
-        (
-            flash_attention::<f32, 128, 128>(false),
-            f32s(&[&[512, 64], &[512, 64], &[512, 64]]),
-        ),
-        (
-            flash_attention::<half::bf16, 128, 128>(true),
-            bf16s(&[&[512, 128], &[512, 128], &[512, 128]]),
-        ),
-    ];
     let mut failures = Vec::new();
+    let mut compiled = 0;
     for name in TOPOLOGIES {
         let topology = plugin.topology(name).expect("topology");
-        for (def, specs) in &cases {
-            if let Err(e) = compile(&topology, def, specs) {
-                failures.push(format!("{name}: {e}"));
+        for info in tessera::registry::KERNELS {
+            for case in info.cases {
+                let instance = info
+                    .instance(&case.given())
+                    .unwrap_or_else(|e| panic!("{}: {e}", info.name));
+                match compile(&topology, instance.def(), instance.args()) {
+                    Ok(()) => compiled += 1,
+                    Err(e) => {
+                        failures.push(format!("{name}: {} {}: {e}", info.name, instance.label()))
+                    }
+                }
             }
         }
     }
+    println!("{compiled} kernels compiled");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 

@@ -77,6 +77,31 @@ impl DType {
     pub fn from_name(name: &str) -> Option<DType> {
         DType::ALL.into_iter().find(|d| d.name() == name)
     }
+
+    /// Parses a compute dtype, one that kernels, attention and the train step compute in:
+    /// `f32` or `bf16` (also JAX's spellings `float32` and `bfloat16`). The one parser of
+    /// `--dtype` values and `dtype=` parameters; each caller names its own flag in its message.
+    pub fn compute_from_name(name: &str) -> Option<DType> {
+        match name {
+            "float32" => Some(DType::F32),
+            "bfloat16" => Some(DType::BF16),
+            _ => DType::from_name(name).filter(|d| d.is_float()),
+        }
+    }
+
+    /// What kernel memory that was never written holds (scratch, and output blocks before
+    /// their first store), as an `f64`: NaN for floats, a sentinel for integers (`i8::MIN`,
+    /// `i32::MIN + 0x5a5a`), `true` (1) for bool. Every backend that runs kernels on the host
+    /// (the interpreter, the StableHLO lowering's fresh buffers, the Mosaic evaluator) fills
+    /// such memory with it, so a kernel that reads what it never wrote shows it, identically.
+    pub fn garbage(self) -> f64 {
+        match self {
+            DType::F32 | DType::BF16 => f64::NAN,
+            DType::I32 => (i32::MIN + 0x5a5a) as f64,
+            DType::I8 => i8::MIN as f64,
+            DType::Bool => 1.0,
+        }
+    }
 }
 
 impl fmt::Display for DType {

@@ -53,6 +53,21 @@ pub struct ArgDecl {
     pub role: OperandRole,
     pub dtype: DType,
     pub rank: usize,
+    /// Declared `Option<Ref<T>>` / `Option<Smem<T>>`: [`KernelDef::without`] leaves it out.
+    pub optional: bool,
+}
+
+impl ArgDecl {
+    /// A required argument (kernels written without the macro declare theirs this way).
+    pub fn new(name: &'static str, role: OperandRole, dtype: DType, rank: usize) -> Self {
+        ArgDecl {
+            name,
+            role,
+            dtype,
+            rank,
+            optional: false,
+        }
+    }
 }
 
 /// Returned by builder steps that found a problem; the problem itself is in the builder.
@@ -66,7 +81,10 @@ type BuildFn = dyn Fn(&mut Builder) -> Result<(), Stop> + Send + Sync;
 pub struct KernelDef {
     name: &'static str,
     params: Vec<Param>,
+    /// The arguments it takes: the declared ones but those left out.
     args: Vec<ArgDecl>,
+    /// The optional arguments left out ([`KernelDef::without`]), in declaration order.
+    absent: Vec<&'static str>,
     loc: Loc,
     build: Arc<BuildFn>,
 }
@@ -77,6 +95,7 @@ impl fmt::Debug for KernelDef {
             .field("name", &self.name)
             .field("params", &self.params)
             .field("args", &self.args)
+            .field("absent", &self.absent)
             .finish_non_exhaustive()
     }
 }
@@ -86,6 +105,7 @@ struct CacheKey {
     name: &'static str,
     loc: Loc,
     params: Vec<Param>,
+    absent: Vec<&'static str>,
     args: Vec<ArgSpec>,
     mesh: Vec<DeviceAxis>,
     rules: TargetRules,
@@ -109,9 +129,50 @@ impl KernelDef {
             name,
             params,
             args,
+            absent: Vec::new(),
             loc,
             build: Arc::new(build),
         }
+    }
+
+    /// The kernel without its optional argument `name` (declared `Option<Ref<T>>` or
+    /// `Option<Smem<T>>`): the caller passes no array for it and the body gets `None`, where
+    /// Pallas passes `None` for an operand. A different kernel (cached apart); `args()` lists
+    /// what remains.
+    pub fn without(mut self, name: &str) -> Result<KernelDef, KernelError> {
+        let Some(i) = self.args.iter().position(|a| a.name == name) else {
+            let message = if self.absent.contains(&name) {
+                format!("`{name}` is already left out")
+            } else {
+                let names: Vec<&str> = self.args.iter().map(|a| a.name).collect();
+                format!("no argument `{name}`; its arguments: {}", names.join(", "))
+            };
+            return Err(KernelError::single(
+                self.name,
+                ProblemKind::Argument,
+                name,
+                message,
+            ));
+        };
+        if !self.args[i].optional {
+            return Err(KernelError::single(
+                self.name,
+                ProblemKind::Argument,
+                name,
+                format!(
+                    "`{name}` is required; only arguments declared `Option<Ref<T>>` or \
+                     `Option<Smem<T>>` can be left out"
+                ),
+            ));
+        }
+        let removed = self.args.remove(i);
+        self.absent.push(removed.name);
+        Ok(self)
+    }
+
+    /// The optional arguments left out ([`KernelDef::without`]).
+    pub fn absent(&self) -> &[&'static str] {
+        &self.absent
     }
 
     pub fn name(&self) -> &'static str {
@@ -151,6 +212,7 @@ impl KernelDef {
             name: self.name,
             loc: self.loc,
             params: self.params.clone(),
+            absent: self.absent.clone(),
             args: args.to_vec(),
             mesh: mesh.to_vec(),
             rules: rules.clone(),
@@ -193,6 +255,7 @@ impl KernelDef {
         }
         let mut b = Builder {
             loc: self.loc,
+            absent: self.absent.clone(),
             args: args.to_vec(),
             next_arg: 0,
             problems: Vec::new(),
@@ -259,6 +322,7 @@ impl KernelDef {
 #[derive(Debug)]
 pub struct Builder {
     loc: Loc,
+    absent: Vec<&'static str>,
     args: Vec<ArgSpec>,
     next_arg: usize,
     problems: Vec<Problem>,
@@ -310,6 +374,21 @@ impl Builder {
             ));
         }
         Ok(arg.shape)
+    }
+
+    /// Takes an optional argument's shape like [`Builder::__arg`], or `None` when the
+    /// definition leaves it out ([`KernelDef::without`]; no argument is taken then).
+    #[doc(hidden)]
+    pub fn __optional_arg(
+        &mut self,
+        name: &str,
+        dtype: DType,
+        rank: usize,
+    ) -> Result<Option<Vec<usize>>, Stop> {
+        if self.absent.contains(&name) {
+            return Ok(None);
+        }
+        self.__arg(name, dtype, rank).map(Some)
     }
 
     /// Checks that dim `dim` of `name` equals `expected`, the size of the symbol `symbol`.

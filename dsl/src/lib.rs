@@ -33,12 +33,47 @@ pub use tessera_macros::tpu_kernel;
 pub use trace::{
     all, async_copy, async_copy_within, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop,
     iota, maximum, minimum, num_programs, program_id, remote_copy, remote_copy_within, run_scoped,
-    select, wait_copy, wait_copy_within, when, zeros, AsyncCopy, Carry, CopyBuffer, CopyDest,
-    CopySource, DeviceId, Devices, DmaSem, DmaSemSlot, DmaSemaphore, Element, Hbm, HbmMut,
-    HbmWindow, HbmWindowMut, Idx, IntoIndex, IntoStart, IntoValue, Loadable, RecvPending, Ref,
-    RefMut, RegularSemaphore, RemoteCopy, RunTimeCond, ScalarLit, Scope, Scratch, Sem, SemSlot,
-    Smem, StaticLen, Value, Vmem, VmemWindow, VmemWindowMut, Window, WindowMut, Writable,
+    select, wait_copy, wait_copy_within, when, when_else, zeros, AsyncCopy, Carry, CopyBuffer,
+    CopyDest, CopySource, DeviceId, Devices, DmaSem, DmaSemSlot, DmaSemaphore, Element, Hbm,
+    HbmMut, HbmWindow, HbmWindowMut, Idx, IntoIndex, IntoStart, IntoValue, Loadable, RecvPending,
+    Ref, RefMut, RegularSemaphore, RemoteCopy, RunTimeCond, ScalarLit, Scope, Scratch, Sem,
+    SemSlot, Smem, StaticLen, Value, Vmem, VmemWindow, VmemWindowMut, Window, WindowMut, Writable,
 };
+
+/// Evaluates `$body` with the type name `$T` standing for the element type of the compute
+/// dtype `$dtype`: `f32` for `DType::F32`, `bf16` for `DType::BF16`. The one place a run-time
+/// dtype picks a kernel's type parameter (the kernel registry, splash attention):
+///
+/// ```
+/// use tessera_dsl::prelude::*;
+/// use tessera_dsl::with_float_type;
+///
+/// fn name_of(dtype: DType) -> &'static str {
+///     with_float_type!(dtype, T => T::DTYPE.name())
+/// }
+/// assert_eq!(name_of(DType::BF16), "bf16");
+/// ```
+///
+/// Any other dtype is a bug of the caller, which validates its dtype first
+/// ([`DType::compute_from_name`](crate::DType::compute_from_name) parses one): it panics.
+#[macro_export]
+macro_rules! with_float_type {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            $crate::DType::F32 => {
+                #[allow(non_camel_case_types)]
+                type $T = f32;
+                $body
+            }
+            $crate::DType::BF16 => {
+                #[allow(non_camel_case_types)]
+                type $T = $crate::prelude::bf16;
+                $body
+            }
+            other => ::core::panic!("expected a compute dtype (f32 or bf16), got {other}"),
+        }
+    };
+}
 
 /// Everything a kernel author needs, for `use tessera_dsl::prelude::*`.
 pub mod prelude {
@@ -47,8 +82,8 @@ pub mod prelude {
     pub use crate::trace::{
         all, async_copy, async_copy_within, constant, dot, dot_general, dot_nt, dot_tn, ds,
         fori_loop, iota, maximum, minimum, num_programs, program_id, remote_copy,
-        remote_copy_within, run_scoped, select, wait_copy, wait_copy_within, when, zeros, Devices,
-        DmaSem, Element, Hbm, HbmMut, Ref, RefMut, Scratch, Sem, Smem, Value, Vmem,
+        remote_copy_within, run_scoped, select, wait_copy, wait_copy_within, when, when_else,
+        zeros, Devices, DmaSem, Element, Hbm, HbmMut, Ref, RefMut, Scratch, Sem, Smem, Value, Vmem,
     };
     pub use half::bf16;
 }

@@ -3,8 +3,8 @@
 use std::fmt;
 
 use crate::builder::FuncBuilder;
-use crate::ops::{ChannelHandle, Region, Sharding, Value};
-use crate::{HloError, TensorType};
+use crate::ops::{ChannelHandle, DotDims, Region, Sharding, Value};
+use crate::{DType, HloError, TensorType};
 
 /// A StableHLO module: device counts (`mhlo.num_partitions`, `mhlo.num_replicas`) and
 /// functions. Render it with [`Module::to_mlir`] (or `Display`).
@@ -48,6 +48,20 @@ impl Module {
             next_channel: 1,
             aliases: Vec::new(),
         }
+    }
+
+    /// XLA's own `[n, n] x [n, n]` dot of `dtype`, accumulated and returned in f32, as `@main`:
+    /// the program a machine's matmul peak is measured with (`tessera bench`, and the
+    /// trainer's MFU in tessera-train).
+    pub fn square_dot(n: usize, dtype: DType) -> Result<Module, HloError> {
+        let mut m = Module::new(format!("xla_dot_{}", dtype.name()));
+        let mut f = m.func("main");
+        let ty = TensorType::new(vec![n as i64, n as i64], dtype);
+        let x = f.arg(ty.clone())?;
+        let y = f.arg(ty)?;
+        let z = f.dot_general(x, y, &DotDims::new([], [], [1], [0]), DType::F32, None)?;
+        f.finish(&[z])?;
+        Ok(m)
     }
 
     /// The module name (`module @name`).

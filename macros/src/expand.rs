@@ -223,6 +223,8 @@ pub fn expand(k: &Kernel) -> TokenStream {
         .filter(|p| p.role != Some(Role::Comptime))
         .collect();
     let mut arg_decls = Vec::new();
+    // The names `#[shape]` binds, in order: the body sees them too, as `usize`s.
+    let mut shape_symbols: Vec<Ident> = Vec::new();
     for h in &handles {
         let role = h.role.expect("validated");
         if !matches!(role, Role::Input | Role::Prefetch) {
@@ -239,9 +241,32 @@ pub fn expand(k: &Kernel) -> TokenStream {
             quote!(ScalarPrefetch)
         };
         let dtype = quote_spanned!(elem.span()=> <#elem as #api::Element>::DTYPE);
+        let optional = h.optional;
         arg_decls.push(quote! {
-            #api::ArgDecl { name: #name, role: #api::OperandRole::#role_tok, dtype: #dtype, rank: #rank }
+            #api::ArgDecl {
+                name: #name,
+                role: #api::OperandRole::#role_tok,
+                dtype: #dtype,
+                rank: #rank,
+                optional: #optional,
+            }
         });
+        if optional {
+            // Present or not; its dims only check sizes known without it (validated).
+            let checks = dims.iter().enumerate().map(|(d, e)| {
+                let text = crate::parse::tokens_text(e);
+                let expected = size(&dsl, e);
+                quote! { #b.__dim_eq(#name, #d, #shape[#d], #text, #expected)?; }
+            });
+            stmts.push(quote! {
+                let #shape: ::core::option::Option<::std::vec::Vec<usize>> =
+                    #b.__optional_arg(#name, #dtype, #rank)?;
+                if let ::core::option::Option::Some(#shape) = &#shape {
+                    #(#checks)*
+                }
+            });
+            continue;
+        }
         stmts.push(quote! { let #shape = #b.__arg(#name, #dtype, #rank)?; });
         for (d, e) in dims.iter().enumerate() {
             match e {
@@ -249,6 +274,7 @@ pub fn expand(k: &Kernel) -> TokenStream {
                 Expr::Path(path) if path.path.get_ident().is_some_and(|i| !bound.contains(i)) => {
                     let sym = path.path.get_ident().expect("matched");
                     bound.insert(sym.clone());
+                    shape_symbols.push(sym.clone());
                     // Naming a dim only to document it is fine: no unused warning.
                     stmts.push(quote! {
                         #[allow(non_snake_case, unused_variables)]
@@ -267,7 +293,6 @@ pub fn expand(k: &Kernel) -> TokenStream {
     // Output and scratch shapes, blocks, grid.
     for h in &handles {
         let role = h.role.expect("validated");
-        let name = ir_name(&h.ident);
         let shape = private_of("shape", &h.ident);
         let dims = match role {
             Role::Output => Some(&h.shape.as_ref().expect("validated").items),
@@ -278,29 +303,9 @@ pub fn expand(k: &Kernel) -> TokenStream {
             let dims = dims.iter().map(|e| size(&dsl, e));
             stmts.push(quote! { let #shape: ::std::vec::Vec<usize> = ::std::vec![#(#dims),*]; });
         }
-        if role.is_blocked() {
-            let block = private_of("block", &h.ident);
-            let dims: Vec<TokenStream> = match &h.block {
-                Some(spec) => spec
-                    .dims
-                    .iter()
-                    .map(|d| match d {
-                        BlockDim::Sized(e) => {
-                            let e = size(&dsl, e);
-                            quote!(#api::BlockDim::Sized(#e))
-                        }
-                        BlockDim::Squeezed => quote!(#api::BlockDim::Squeezed),
-                    })
-                    .collect(),
-                // No block: the whole array is one block.
-                None => (0..h.shape.as_ref().expect("validated").items.len())
-                    .map(|d| quote!(#api::BlockDim::Sized(#shape[#d])))
-                    .collect(),
-            };
-            stmts.push(quote! {
-                let #block: ::std::vec::Vec<#api::BlockDim> = ::std::vec![#(#dims),*];
-                #b.__blocks_positive(#name, &#block)?;
-            });
+        // An optional operand's block is computed where it is declared, if it is present.
+        if role.is_blocked() && !h.optional {
+            stmts.push(block_stmts(&dsl, &b, h));
         }
     }
     let grid = &k.grid.as_ref().expect("validated").items;
@@ -352,10 +357,24 @@ pub fn expand(k: &Kernel) -> TokenStream {
             quote!(#b.#method::<#elem>),
             quote!(#name, #shape, #block_spec #l),
         );
-        stmts.push(quote! {
-            #[allow(non_snake_case)]
-            let #hid: #ty = #call;
-        });
+        if h.optional {
+            let block = role.is_blocked().then(|| block_stmts(&dsl, &b, h));
+            stmts.push(quote! {
+                #[allow(non_snake_case)]
+                let #hid: #ty = match #shape {
+                    ::core::option::Option::Some(#shape) => {
+                        #block
+                        ::core::option::Option::Some(#call)
+                    }
+                    ::core::option::Option::None => ::core::option::Option::None,
+                };
+            });
+        } else {
+            stmts.push(quote! {
+                #[allow(non_snake_case)]
+                let #hid: #ty = #call;
+            });
+        }
     }
 
     // The body runs as a nested fn: its parameter types are checked as written and it sees
@@ -373,6 +392,13 @@ pub fn expand(k: &Kernel) -> TokenStream {
         stmts.push(quote!(let #arg = #user;));
         args.push(respan_all(quote!((#arg)), p.ident.span()));
     }
+    // The sizes `#[shape]` named, as the body reads them (Pallas kernels read `x.shape`).
+    let body_params = body_params.chain(
+        shape_symbols
+            .iter()
+            .map(|sym| quote!(#[allow(non_snake_case, unused_variables)] #sym: usize)),
+    );
+    args.extend(shape_symbols.iter().map(|sym| quote!(#sym)));
     let comptime_args = comptime(k).map(|c| {
         let (n, ty) = (&c.ident, &c.ty);
         quote!(#n: #ty)
@@ -396,6 +422,36 @@ pub fn expand(k: &Kernel) -> TokenStream {
                 },
             )
         }
+    }
+}
+
+/// Computes a blocked operand's block dims into its private `__block_x` and checks them (the
+/// whole array when it has no `#[block]`).
+fn block_stmts(dsl: &TokenStream, b: &Ident, h: &Param) -> TokenStream {
+    let api = quote!(#dsl::__private);
+    let name = ir_name(&h.ident);
+    let shape = private_of("shape", &h.ident);
+    let block = private_of("block", &h.ident);
+    let dims: Vec<TokenStream> = match &h.block {
+        Some(spec) => spec
+            .dims
+            .iter()
+            .map(|d| match d {
+                BlockDim::Sized(e) => {
+                    let e = size(dsl, e);
+                    quote!(#api::BlockDim::Sized(#e))
+                }
+                BlockDim::Squeezed => quote!(#api::BlockDim::Squeezed),
+            })
+            .collect(),
+        // No block: the whole array is one block.
+        None => (0..h.shape.as_ref().expect("validated").items.len())
+            .map(|d| quote!(#api::BlockDim::Sized(#shape[#d])))
+            .collect(),
+    };
+    quote! {
+        let #block: ::std::vec::Vec<#api::BlockDim> = ::std::vec![#(#dims),*];
+        #b.__blocks_positive(#name, &#block)?;
     }
 }
 

@@ -30,7 +30,9 @@ use quote::ToTokens;
 /// (`parallel` or `arbitrary` per grid dim; all `arbitrary` when omitted), `name = ".."`.
 /// Parameters: `Smem<T>` scalar prefetch (first), `Ref<T>` inputs, `RefMut<T>` outputs, each
 /// with `#[shape(..)]` and optionally `#[block((..), |grid idx| (block idx))]`; `Scratch<T>`
-/// with `#[scratch(..)]`; `#[comptime] name: Ty` compile-time arguments.
+/// with `#[scratch(..)]`; `#[comptime] name: Ty` compile-time arguments. `Option<Ref<T>>` and
+/// `Option<Smem<T>>` are operands a caller may leave out (`KernelDef::without`). A name that
+/// `#[shape]` binds is a `usize` in the grid, the block specs and the body.
 #[proc_macro_attribute]
 pub fn tpu_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func = match syn::parse::<syn::Item>(item) {

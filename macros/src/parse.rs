@@ -84,6 +84,9 @@ pub struct Param {
     pub role: Option<Role>,
     /// The element type `T` of `Ref<T>` and friends.
     pub elem: Option<Type>,
+    /// `Option<Ref<T>>` or `Option<Smem<T>>`: an operand the caller may leave out
+    /// (`KernelDef::without`); the body gets `None` then.
+    pub optional: bool,
     pub shape: Option<List>,
     pub block: Option<Block>,
     pub scratch: Option<List>,
@@ -125,6 +128,7 @@ pub fn parse(attr: TokenStream, func: &ItemFn) -> (Kernel, Errors) {
                     ty: (*pt.ty).clone(),
                     role: None,
                     elem: None,
+                    optional: false,
                     shape: None,
                     block: None,
                     scratch: None,
@@ -146,7 +150,7 @@ pub fn parse(attr: TokenStream, func: &ItemFn) -> (Kernel, Errors) {
                 if comptime {
                     param.role = Some(Role::Comptime);
                 } else {
-                    (param.role, param.elem) = classify(&param.ty);
+                    (param.role, param.elem, param.optional) = classify_optional(&param.ty);
                 }
                 kernel.params.push(param);
             }
@@ -332,6 +336,23 @@ fn parse_block(attr: TokenStream, items: Vec<Expr>, errors: &mut Errors) -> Opti
     })
 }
 
+/// The role, element type and optionality of a parameter: `Option<H>` is an optional `H`.
+fn classify_optional(ty: &Type) -> (Option<Role>, Option<Type>, bool) {
+    if let Type::Path(tp) = ty {
+        if let Some(seg) = tp.path.segments.last().filter(|s| s.ident == "Option") {
+            if let syn::PathArguments::AngleBracketed(a) = &seg.arguments {
+                if let [syn::GenericArgument::Type(inner)] = &a.args.iter().collect::<Vec<_>>()[..]
+                {
+                    let (role, elem) = classify(inner);
+                    return (role, elem, role.is_some());
+                }
+            }
+        }
+    }
+    let (role, elem) = classify(ty);
+    (role, elem, false)
+}
+
 /// The role and element type of a parameter from its type's last path segment.
 fn classify(ty: &Type) -> (Option<Role>, Option<Type>) {
     let Type::Path(tp) = ty else {
@@ -507,5 +528,13 @@ mod tests {
             (Some(Role::Input), None)
         );
         assert_eq!(classify(&syn::parse2(quote!(Vec<f32>)).unwrap()).0, None);
+        let (role, elem, optional) =
+            classify_optional(&syn::parse2(quote!(Option<Ref<i32>>)).unwrap());
+        assert_eq!((role, optional), (Some(Role::Input), true));
+        assert_eq!(tokens_text(&elem.unwrap()), "i32");
+        assert_eq!(
+            classify_optional(&syn::parse2(quote!(Option<u32>)).unwrap()),
+            (None, None, false)
+        );
     }
 }

@@ -1,6 +1,8 @@
 //! Validation of a parsed kernel: every rule the macro can check, all errors collected, each
 //! spanned on the smallest offending tokens.
 
+use std::collections::HashSet;
+
 use quote::quote;
 use syn::{Expr, ExprClosure, ReturnType};
 
@@ -39,6 +41,7 @@ pub fn validate(k: &Kernel, errors: &mut Errors) {
             _ => {}
         }
     }
+    optional_operands(k, errors);
     let has_output = k.params.iter().any(|p| p.role == Some(Role::Output));
     // A parameter of an unsupported type or a return type may have been meant as the output:
     // no second error for the same mistake.
@@ -51,6 +54,58 @@ pub fn validate(k: &Kernel, errors: &mut Errors) {
                 k.func.sig.ident
             ),
         );
+    }
+}
+
+/// `Option<..>` is for inputs and scalar prefetch, and an optional operand's shape names only
+/// sizes known without it (it may be absent, so it cannot bind a name the body sees).
+fn optional_operands(k: &Kernel, errors: &mut Errors) {
+    let mut bound: HashSet<syn::Ident> = k
+        .params
+        .iter()
+        .filter(|p| p.role == Some(Role::Comptime))
+        .map(|p| p.ident.clone())
+        .collect();
+    bound.extend(k.func.sig.generics.const_params().map(|c| c.ident.clone()));
+    for p in &k.params {
+        let Some(role) = p.role else { continue };
+        if p.optional && !matches!(role, Role::Input | Role::Prefetch) {
+            errors.spanned(
+                &p.ty,
+                format!(
+                    "`{}` cannot be optional: `Option<..>` is for inputs (`Option<Ref<T>>`) and \
+                     scalar prefetch (`Option<Smem<T>>`), which a caller may leave out",
+                    p.ident
+                ),
+            );
+            continue;
+        }
+        if !matches!(role, Role::Input | Role::Prefetch) {
+            continue;
+        }
+        let Some(shape) = &p.shape else { continue };
+        for e in &shape.items {
+            let Expr::Path(path) = e else { continue };
+            let Some(sym) = path.path.get_ident() else {
+                continue;
+            };
+            if bound.contains(sym) {
+                continue;
+            }
+            if p.optional {
+                errors.spanned(
+                    sym,
+                    format!(
+                        "`{sym}` is first named by `{}`, which is optional and may be absent; \
+                         name it in the `#[shape]` of an earlier required operand, or write this \
+                         size with names known without `{}`",
+                        p.ident, p.ident
+                    ),
+                );
+            } else {
+                bound.insert(sym.clone());
+            }
+        }
     }
 }
 

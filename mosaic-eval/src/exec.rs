@@ -74,17 +74,18 @@ impl Tensor {
         self.shape.iter().product()
     }
 
-    /// What uninitialised VMEM holds in tessera's interpreter (NaN for floats, a sentinel for
+    /// What uninitialised VMEM holds in tessera's interpreter
+    /// ([`DType::garbage`](tessera_array::DType::garbage): NaN for floats, a sentinel for
     /// integers), so reads of unwritten memory give the same numbers.
     pub fn garbage(elem: Elem, shape: &[usize]) -> Tensor {
         let n = shape.iter().product();
+        let g = elem.dtype().garbage();
         let data = match elem {
-            e if e.is_float() => Data::F(vec![f32::NAN; n]),
-            Elem::I8 => Data::I(vec![i8::MIN as i64; n]),
-            Elem::I1 => Data::B(vec![true; n]),
             // Semaphores start at zero.
             Elem::DmaSem | Elem::Sem => Data::I(vec![0; n]),
-            _ => Data::I(vec![(i32::MIN + 0x5a5a) as i64; n]),
+            e if e.is_float() => Data::F(vec![g as f32; n]),
+            Elem::I1 => Data::B(vec![g != 0.0; n]),
+            _ => Data::I(vec![g as i64; n]),
         };
         Tensor {
             elem,

@@ -2,6 +2,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use tessera_array::DType;
+
 use crate::lex::{lex, Tok};
 use crate::EvalError;
 
@@ -49,6 +51,19 @@ impl Elem {
             Elem::BF16 => 2,
             Elem::I8 | Elem::I1 => 1,
             _ => 4,
+        }
+    }
+
+    /// The array dtype of this element type (`index` values are held as i32).
+    pub fn dtype(self) -> DType {
+        match self {
+            Elem::F32 => DType::F32,
+            Elem::BF16 => DType::BF16,
+            Elem::I32 | Elem::Index => DType::I32,
+            Elem::I8 => DType::I8,
+            Elem::I1 => DType::Bool,
+            // Semaphore counts.
+            Elem::DmaSem | Elem::Sem => DType::I32,
         }
     }
 }

@@ -4,6 +4,7 @@ use std::ffi::c_char;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use crate::error::{Error, ErrorCode, Result};
@@ -320,6 +321,7 @@ impl Plugin {
         if let Some(inner) = loaded.iter().find(|p| p.path == canonical) {
             return Ok(Self { inner });
         }
+        quiet_plugin_logs_unless_asked();
         let inner: &'static PluginInner = Box::leak(Box::new(load_uncached(canonical)?));
         loaded.push(inner);
         Ok(Self { inner })
@@ -446,19 +448,34 @@ fn load_uncached(path: PathBuf) -> Result<PluginInner> {
 /// The variable that lets the plugin's log lines through, like the CLI's `-v`.
 pub const VERBOSE_VAR: &str = "TESSERA_VERBOSE";
 
-/// The XLA plugin's log threshold (TensorFlow's variable, which the plugin's logging reads):
-/// 2 drops INFO and WARNING lines (`cpu_device_count set`, the GSPMD deprecation warning,
-/// Shardy's `HloShardingV3` notice), keeps errors.
+/// The XLA plugin's log threshold (TensorFlow's variable, which the plugins' logging reads):
+/// 2 drops INFO and WARNING lines (absl's "All log messages before absl::InitializeLog()",
+/// `cpu_device_count set`, the GSPMD deprecation warning, Shardy's `HloShardingV3` notice,
+/// libtpu's start-up lines), keeps errors.
 const PLUGIN_LOG_VAR: &str = "TF_CPP_MIN_LOG_LEVEL";
 
-/// Keeps the plugin's INFO and warning lines off stderr unless `verbose`, TESSERA_VERBOSE or
-/// the user's own TF_CPP_MIN_LOG_LEVEL asks otherwise. Call before the plugin is loaded (the
-/// plugin reads the variable from the process environment), while the process has one thread
-/// (setting the environment races with other threads reading it). Processes started
-/// afterwards (the CLI bench's memory probes) inherit the setting.
+/// Set by `configure_plugin_logs(true)`: let the plugins' lines through.
+static VERBOSE: AtomicBool = AtomicBool::new(false);
+
+/// Chooses whether the PJRT plugins' INFO and warning lines reach stderr. They do not by
+/// default (as in JAX): every plugin load keeps them off unless this was called with `true`,
+/// `TESSERA_VERBOSE=1` is set, or the user set `TF_CPP_MIN_LOG_LEVEL` themselves. Only the
+/// first plugin load of a process reads the choice (the plugins read the variable once), so
+/// call it before loading one; `false` also applies it at once, so processes started
+/// afterwards (the CLI bench's memory probes) inherit the quiet setting.
 pub fn configure_plugin_logs(verbose: bool) {
+    VERBOSE.store(verbose, Ordering::Relaxed);
+    quiet_plugin_logs_unless_asked();
+}
+
+/// Sets `TF_CPP_MIN_LOG_LEVEL=2` unless verbose logs were asked for (see
+/// [`configure_plugin_logs`]). Runs before every plugin load, under the load lock; the
+/// variable is set once per process at most (afterwards the user's-own check finds it).
+/// Changing the environment races with C code reading it on other threads, which is why
+/// it happens before the first plugin (and its threads) exists.
+fn quiet_plugin_logs_unless_asked() {
     let from_env = std::env::var_os(VERBOSE_VAR).is_some_and(|v| !v.is_empty() && v != "0");
-    if verbose || from_env || std::env::var_os(PLUGIN_LOG_VAR).is_some() {
+    if VERBOSE.load(Ordering::Relaxed) || from_env || std::env::var_os(PLUGIN_LOG_VAR).is_some() {
         return;
     }
     std::env::set_var(PLUGIN_LOG_VAR, "2");

@@ -218,10 +218,8 @@ fn input_files(a: &AttentionArgs) -> Vec<(&'static str, &Path)> {
 /// Runs `tessera attention`: reads and checks every input, checks every output path, then
 /// computes; the outputs appear only when everything succeeded.
 pub fn attention_command(a: &AttentionArgs) -> Result<()> {
-    let dtype = match a.dtype.as_str() {
-        "f32" => DType::F32,
-        "bf16" => DType::BF16,
-        other => bail!("--dtype {other} is not supported; use f32 or bf16"),
+    let Some(dtype) = DType::compute_from_name(&a.dtype) else {
+        bail!("--dtype {} is not supported; use f32 or bf16", a.dtype);
     };
     let q = read_float(&a.q, "q", dtype)?;
     let k = read_float(&a.k, "k", dtype)?;

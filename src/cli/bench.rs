@@ -185,7 +185,7 @@ fn variant_program(args: &BenchArgs, attn: &SplashAttention, variant: &str) -> R
 /// head-dim element forward (`q k^T`, `p v`); the backward does five matmuls of the forward's
 /// size (dv, dp, dq, dk and the recomputed or saved scores), so forward + backward is 3.5x.
 fn variant_flops(attn: &SplashAttention, variant: &str) -> f64 {
-    let fwd = 4.0 * attn.dims().head_dim as f64 * visible_pairs(attn);
+    let fwd = 4.0 * attn.dims().head_dim as f64 * attn.visible_pairs();
     match pass_of(variant) {
         Pass::Forward => fwd,
         Pass::ForwardBackward => 3.5 * fwd,
@@ -415,26 +415,6 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The number of visible (query, key) pairs over the whole batch and all heads.
-fn visible_pairs(attn: &SplashAttention) -> f64 {
-    let d = attn.dims();
-    let o = attn.options().offsets;
-    let count = |m: &Mask| -> u64 {
-        (0..d.q_len)
-            .map(|i| {
-                (0..d.kv_len)
-                    .filter(|&j| m.allows((o.q + i) as i64, (o.kv + j) as i64))
-                    .count() as u64
-            })
-            .sum()
-    };
-    let pairs: u64 = match attn.mask() {
-        tessera::splash::MultiHeadMask::Shared(m) => count(m) * d.heads as u64,
-        tessera::splash::MultiHeadMask::PerHead(ms) => ms.iter().map(count).sum(),
-    };
-    (pairs * d.batch as u64) as f64
-}
-
 /// `--profile`: every kernel call of splash forward + backward timed as a program of its own
 /// (interleaved with the whole program, on the tensors the earlier calls produced); prints
 /// each call's time, share and GFLOP/s and returns the JSON field `"profile":{..}`.
@@ -449,7 +429,7 @@ fn profile(
     let mut plan = attn.forward_plan(feats);
     plan.extend(attn.backward_plan(feats));
     let mut env = stages::input_env(client, &bench_inputs(attn.dims()))?;
-    let pairs = visible_pairs(attn);
+    let pairs = attn.visible_pairs();
     let mut calls = stages::stage_programs(client, attn, &plan, &mut env, pairs, "")?;
     // The whole forward + backward program (timed again, beside its parts).
     let whole = programs.swap_remove(2);

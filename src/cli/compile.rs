@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use tessera::dsl::{ArgSpec, DType, Target};
 use tessera::hlo::Module;
@@ -80,13 +80,6 @@ pub enum PassArg {
     Both,
 }
 
-/// Element type of q, k and v.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DTypeArg {
-    Bf16,
-    F32,
-}
-
 /// Arguments of `tessera compile attention`.
 #[derive(Args, Debug)]
 pub struct CompileAttentionArgs {
@@ -103,8 +96,9 @@ pub struct CompileAttentionArgs {
     pub seq_len: usize,
     #[arg(long, default_value_t = 128)]
     pub head_dim: usize,
-    #[arg(long, value_enum, default_value = "bf16")]
-    pub dtype: DTypeArg,
+    /// Element type of q, k and v: bf16 or f32.
+    #[arg(long, default_value = "bf16", value_parser = super::compute_dtype)]
+    pub dtype: DType,
     /// full, causal, causal:OFFSET, local:LEFT:RIGHT or chunked:SIZE.
     #[arg(long, default_value = "causal")]
     pub mask: String,
@@ -245,10 +239,7 @@ fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<M
         head_dim: a.head_dim,
         head_dim_v: a.head_dim,
     };
-    let dtype = match a.dtype {
-        DTypeArg::Bf16 => DType::BF16,
-        DTypeArg::F32 => DType::F32,
-    };
+    let dtype = a.dtype;
     let mask = Mask::parse(&a.mask)?;
     let Partitioning {
         strategy,
@@ -310,15 +301,15 @@ fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<M
 }
 
 /// A registered kernel instantiated under the TPU rules, as the only op of a one-device
-/// program `tessera_<kernel>`: `main(scalar prefetch and inputs) = kernel(...)`.
+/// program ([`kernel_module`]).
 fn kernel_program(
     name: &str,
     params: &[(String, String)],
     args: &[ArgSpec],
     target: &Target,
 ) -> Result<Module> {
-    let info = registry::find(name).map_err(|e| anyhow!(e))?;
-    let (def, default_args) = info.build(params).map_err(|e| anyhow!(e))?;
+    let info = registry::find(name)?;
+    let (def, default_args) = info.build(params)?;
     let args = if args.is_empty() {
         default_args
     } else {

@@ -1,51 +1,37 @@
-//! `tessera demo`: every example kernel on every backend against naive f64 references, then
-//! context-parallel splash attention on 4 CPU devices against one device.
+//! `tessera demo`: every registered kernel at each of its cases on every backend against its
+//! f64 reference, then context-parallel splash attention on 4 CPU devices against one device.
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{Context, Result};
 use tessera::backend::{self, Backend, Platform};
-use tessera::dsl::{DType, HostArray, Target, TargetRules};
-use tessera::reference::{attention_ref, matmul_ref, max_abs_diff, random, softmax_ref};
-use tessera::registry;
+use tessera::dsl::{DType, Target, TargetRules};
+use tessera::reference::{max_abs_diff, random};
+use tessera::registry::{self, Case, KernelInfo};
 
-/// One demo case: a kernel run on every backend, its max error against the reference.
-fn demo_case(
-    name: &str,
-    params: &[(&str, &str)],
-    check: impl Fn(&[HostArray], &HostArray) -> f64,
-    tol: f64,
-) -> Result<bool> {
-    let info = registry::find(name).map_err(|e| anyhow!(e))?;
-    let given: Vec<(String, String)> = params
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let (def, specs) = info.build(&given).map_err(|e| anyhow!(e))?;
-    let inputs: Vec<HostArray> = specs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| random(s.dtype, &s.shape, i as u64 + 1))
-        .collect();
-    let shown: Vec<String> = params.iter().map(|(k, v)| format!("{k}={v}")).collect();
+/// One case of a registered kernel, run on every backend; its max error against the reference.
+fn demo_case(info: &'static KernelInfo, case: &Case) -> Result<bool> {
+    let name = info.name;
+    let instance = info.instance(&case.given())?;
+    let inputs = instance.inputs(1)?;
     let mut all_ok = true;
     for b in Backend::ALL {
         // The first run instantiates (and on `cpu` compiles) the kernel; time the second.
-        backend::run(&def, &inputs, b, &TargetRules::tpu())
+        backend::run(instance.def(), &inputs, b, &TargetRules::tpu())
             .with_context(|| format!("running {name} on {b}"))?;
         let start = std::time::Instant::now();
-        let outputs = backend::run(&def, &inputs, b, &TargetRules::tpu())
+        let outputs = backend::run(instance.def(), &inputs, b, &TargetRules::tpu())
             .with_context(|| format!("running {name} on {b}"))?;
         let elapsed = start.elapsed();
-        let err = check(&inputs, &outputs[0]);
-        let ok = err <= tol;
+        let err = instance.max_error(&inputs, &outputs)?;
+        let ok = err <= case.tol;
         all_ok &= ok;
         outln!(
             "{:<16} {:<40} {:<9} {:>8.1} ms   max |err| {:.2e} (tol {:.0e})  {}",
             name,
-            shown.join(" "),
+            instance.label(),
             b.name(),
             elapsed.as_secs_f64() * 1e3,
             err,
-            tol,
+            case.tol,
             if ok { "ok" } else { "MISMATCH" }
         );
     }
@@ -53,62 +39,11 @@ fn demo_case(
 }
 
 pub fn demo() -> Result<bool> {
-    let f64s = |a: &HostArray| a.to_f64_vec();
     let mut all_ok = true;
-    for (dtype, tol) in [("f32", 1e-4), ("bf16", 1e-3)] {
-        all_ok &= demo_case(
-            "matmul",
-            &[
-                ("dtype", dtype),
-                ("BM", "128"),
-                ("BN", "128"),
-                ("BK", "128"),
-            ],
-            |i, o| {
-                let (m, k) = (i[0].shape()[0], i[0].shape()[1]);
-                max_abs_diff(
-                    &f64s(o),
-                    &matmul_ref(&f64s(&i[0]), &f64s(&i[1]), m, k, i[1].shape()[1]),
-                )
-                .0
-            },
-            tol,
-        )?;
-    }
-    for (dtype, br, tol) in [("f32", "8", 1e-6), ("bf16", "16", 4e-3)] {
-        all_ok &= demo_case(
-            "row_softmax",
-            &[("dtype", dtype), ("BR", br)],
-            |i, o| {
-                let (r, c) = (i[0].shape()[0], i[0].shape()[1]);
-                max_abs_diff(&f64s(o), &softmax_ref(&f64s(&i[0]), r, c)).0
-            },
-            tol,
-        )?;
-    }
-    for causal in ["false", "true"] {
-        all_ok &= demo_case(
-            "flash_attention",
-            &[
-                ("BQ", "64"),
-                ("BKV", "128"),
-                ("causal", causal),
-                ("S", "256"),
-            ],
-            |i, o| {
-                let (s, d) = (i[0].shape()[0], i[0].shape()[1]);
-                let want = attention_ref(
-                    &f64s(&i[0]),
-                    &f64s(&i[1]),
-                    &f64s(&i[2]),
-                    s,
-                    d,
-                    causal == "true",
-                );
-                max_abs_diff(&f64s(o), &want).0
-            },
-            1e-5,
-        )?;
+    for info in registry::KERNELS {
+        for case in info.cases {
+            all_ok &= demo_case(info, case)?;
+        }
     }
     all_ok &= demo_context_parallel()?;
     Ok(all_ok)

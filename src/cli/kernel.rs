@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{bail, Result};
 use tessera::backend::{self, Backend};
 use tessera::dsl::ir::OperandRole;
 use tessera::dsl::{ArgSpec, DType, HostArray};
@@ -28,8 +28,8 @@ pub fn print_ir(
     rules_name: &str,
     emit: Emit,
 ) -> Result<()> {
-    let info = registry::find(kernel).map_err(|e| anyhow!(e))?;
-    let (def, default_args) = info.build(params).map_err(|e| anyhow!(e))?;
+    let info = registry::find(kernel)?;
+    let (def, default_args) = info.build(params)?;
     let args = if args.is_empty() { default_args } else { args };
     let k = def.instantiate(&args, &rules(rules_name)?)?;
     match emit {
@@ -49,8 +49,8 @@ pub fn run_kernel(
     backend: Backend,
     rules_name: &str,
 ) -> Result<()> {
-    let info = registry::find(kernel).map_err(|e| anyhow!(e))?;
-    let (def, _) = info.build(params).map_err(|e| anyhow!(e))?;
+    let info = registry::find(kernel)?;
+    let (def, _) = info.build(params)?;
     if inputs.len() != def.args().len() {
         let names: Vec<&str> = def.args().iter().map(|a| a.name).collect();
         bail!(
@@ -79,8 +79,7 @@ pub fn run_kernel(
         args.push(a);
     }
     let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-    info.check_sizes(params, &def, &specs)
-        .map_err(|e| anyhow!(e))?;
+    info.check_sizes(params, &def, &specs)?;
     let k = def.instantiate(&specs, &rules(rules_name)?)?;
     let results = k
         .operands

@@ -176,6 +176,12 @@ pub fn positive(s: &str) -> Result<usize, String> {
     }
 }
 
+/// A compute dtype (`f32` or `bf16`), as clap parses `--dtype`.
+pub fn compute_dtype(s: &str) -> Result<DType, String> {
+    DType::compute_from_name(s)
+        .ok_or_else(|| format!("`{s}` is not a compute dtype; use f32 or bf16"))
+}
+
 pub fn parse_param(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() && !v.is_empty() => Ok((k.to_string(), v.to_string())),

@@ -65,15 +65,12 @@ impl StepFlags {
                 self.context_parallel_strategy
             )
         })?;
-        let dtype = match self.dtype.as_str() {
-            "f32" | "float32" => DType::F32,
-            "bf16" | "bfloat16" => DType::BF16,
-            other => {
-                return Err(format!(
-                    "--dtype {other} is not a compute dtype of the train step; use f32 or bf16"
-                ))
-            }
-        };
+        let dtype = DType::compute_from_name(&self.dtype).ok_or_else(|| {
+            format!(
+                "--dtype {} is not a compute dtype of the train step; use f32 or bf16",
+                self.dtype
+            )
+        })?;
         let mut cfg = TrainConfig::new(model);
         cfg.dtype = dtype;
         cfg.max_target_length = self.max_target_length.unwrap_or(model.default_seq());

@@ -12,12 +12,7 @@ use tessera_dsl::{
 };
 
 fn arg(name: &'static str, dtype: DType, rank: usize) -> ArgDecl {
-    ArgDecl {
-        name,
-        role: OperandRole::Input,
-        dtype,
-        rank,
-    }
+    ArgDecl::new(name, OperandRole::Input, dtype, rank)
 }
 
 fn param(name: &str, value: impl ToString) -> Param {

@@ -31,12 +31,7 @@ fn def(
 ) -> KernelDef {
     let args = args
         .iter()
-        .map(|&(name, role, dtype, rank)| ArgDecl {
-            name,
-            role,
-            dtype,
-            rank,
-        })
+        .map(|&(name, role, dtype, rank)| ArgDecl::new(name, role, dtype, rank))
         .collect();
     KernelDef::__new(name, Vec::new(), args, loc, build)
 }

@@ -83,12 +83,7 @@ pub fn paged_attention<T: Element>(pages_per_block: usize) -> KernelDef {
 }
 
 fn arg(name: &'static str, role: OperandRole, dtype: DType, rank: usize) -> ArgDecl {
-    ArgDecl {
-        name,
-        role,
-        dtype,
-        rank,
-    }
+    ArgDecl::new(name, role, dtype, rank)
 }
 
 /// The dims the arguments share: `q [B, H, D]`, pages `[KVH, P, page_size, D]` (K and V

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
+use tessera_hlo::{DType, Module};
 use tessera_runtime::{Client, CompileOptions, HostBuffer, Provisioner};
 
 use crate::{ModelConfig, TrainConfig, TrainError};
@@ -63,13 +64,9 @@ fn cache_path(n: usize) -> Option<PathBuf> {
 }
 
 fn measure_matmul(n: usize) -> Result<f64, TrainError> {
-    let t = format!("tensor<{n}x{n}xf32>");
-    let program = format!(
-        "module @peak {{\n  func.func public @main(%a: {t}, %b: {t}) -> {t} {{\n    %0 = \
-         \"stablehlo.dot_general\"(%a, %b) {{dot_dimension_numbers = \
-         #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>}} : \
-         ({t}, {t}) -> {t}\n    return %0 : {t}\n  }}\n}}"
-    );
+    let program = Module::square_dot(n, DType::F32)
+        .map_err(|e| TrainError::Collective(e.into()))?
+        .to_mlir();
     let client = Client::cpu_shared(1)?;
     let exe = client.compile(&program, &CompileOptions::single_device())?;
     let dims = [n as i64, n as i64];

@@ -819,10 +819,17 @@ impl<'k, 'w> Machine<'k, 'w> {
             } => self
                 .get(*lhs)
                 .dot(self.get(*rhs), *transpose_lhs, *transpose_rhs),
-            Op::When { cond, then } => {
-                if self.get(*cond).as_bool() {
-                    self.region(then, &[])?;
-                }
+            Op::When {
+                cond,
+                then,
+                otherwise,
+            } => {
+                let taken = if self.get(*cond).as_bool() {
+                    then
+                } else {
+                    otherwise
+                };
+                self.region(taken, &[])?;
                 return Ok(());
             }
             Op::ForLoop { lo, hi, init, body } => {

@@ -22,14 +22,14 @@ pub(crate) struct Tensor {
     pub data: Data,
 }
 
-/// What uninitialised scratch and output buffers hold: NaN for floats, a sentinel for ints,
-/// so a kernel that reads what it never wrote shows it. Every backend uses the same values.
+/// What uninitialised scratch and output buffers hold ([`DType::garbage`]: NaN for floats, a
+/// sentinel for ints), so a kernel that reads what it never wrote shows it.
 pub(crate) fn garbage_literal(dtype: DType) -> Literal {
+    let g = dtype.garbage();
     match dtype {
-        d if d.is_float() => Literal::Float(f64::NAN),
-        DType::I8 => Literal::Int(i8::MIN as i64),
-        DType::Bool => Literal::Bool(true),
-        _ => Literal::Int(i32::MIN as i64 + 0x5a5a),
+        d if d.is_float() => Literal::Float(g),
+        DType::Bool => Literal::Bool(g != 0.0),
+        _ => Literal::Int(g as i64),
     }
 }
 

@@ -301,10 +301,12 @@ pub enum Op {
         transpose_lhs: bool,
         transpose_rhs: bool,
     },
-    /// Runs `then` when the bool scalar `cond` is true. Defines no values.
+    /// Runs `then` when the bool scalar `cond` is true, else `otherwise` (empty when the
+    /// kernel wrote no `else`: `when` rather than `when_else`). Defines no values.
     When {
         cond: ValueId,
         then: Region,
+        otherwise: Region,
     },
     /// `for i in lo..hi` with loop-carried values; `body.params` are `[i, carried...]`, its
     /// yields the next carried values, and the results the final ones.
@@ -500,7 +502,9 @@ impl Op {
     /// Nested regions, in order.
     pub fn regions(&self) -> Vec<&Region> {
         match self {
-            Op::When { then, .. } => vec![then],
+            Op::When {
+                then, otherwise, ..
+            } => vec![then, otherwise],
             Op::ForLoop { body, .. } | Op::Scoped { body, .. } => vec![body],
             _ => vec![],
         }
@@ -795,14 +799,18 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             };
             vec![ValueType::new(out, vec![m, n])]
         }
-        Op::When { cond, then } => {
+        Op::When {
+            cond,
+            then,
+            otherwise,
+        } => {
             let c = ty(*cond);
             if c != ValueType::scalar(DType::Bool) {
                 return Err(format!(
                     "the condition of `when` must be a bool scalar, got {c}"
                 ));
             }
-            if !then.yields.is_empty() {
+            if !then.yields.is_empty() || !otherwise.yields.is_empty() {
                 return Err("a `when` body yields no values".into());
             }
             vec![]

@@ -161,9 +161,17 @@ impl Printer<'_> {
                 }
                 s
             }
-            Op::When { cond, then } => {
+            Op::When {
+                cond,
+                then,
+                otherwise,
+            } => {
                 let _ = writeln!(out, "when {cond} {{");
                 self.region_body(out, then, depth + 1);
+                if !otherwise.insts.is_empty() {
+                    let _ = writeln!(out, "{pad}}} else {{");
+                    self.region_body(out, otherwise, depth + 1);
+                }
                 let _ = writeln!(out, "{pad}}}");
                 return;
             }

@@ -474,10 +474,14 @@ impl Counter<'_> {
             Op::ProgramId { axis } => self.set(inst, Some(self.step[*axis] as i64)),
             Op::NumPrograms { axis } => self.set(inst, Some(k.grid[*axis] as i64)),
             Op::DeviceId => self.set(inst, Some(self.device as i64)),
-            Op::When { cond, then } => match self.get(*cond) {
-                Some(0) => {}
+            Op::When {
+                cond,
+                then,
+                otherwise,
+            } => match self.get(*cond) {
+                Some(0) => self.region(otherwise)?,
                 Some(_) => self.region(then)?,
-                None if has_sem_ops(then) => return Err(Dynamic),
+                None if has_sem_ops(then) || has_sem_ops(otherwise) => return Err(Dynamic),
                 None => {}
             },
             Op::ForLoop { lo, hi, init, body } => {

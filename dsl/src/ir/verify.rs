@@ -511,6 +511,7 @@ mod tests {
                 op: Op::When {
                     cond: ValueId(0),
                     then,
+                    otherwise: Region::default(),
                 },
                 results: vec![],
                 loc: loc(20),

@@ -104,7 +104,22 @@ fn region(
             }
             Op::Binary { lhs, .. } | Op::Compare { lhs, .. } => cost.flops += times * elems(*lhs),
             Op::Reduce { x, .. } => cost.flops += times * elems(*x),
-            Op::When { cond, then } => match equals.get(cond) {
+            Op::When {
+                then, otherwise, ..
+            } if !otherwise.insts.is_empty() => {
+                // One branch runs: count the costlier.
+                let (mut a, mut b) = (CostEstimate::default(), CostEstimate::default());
+                region(k, then, times, ints, &mut a);
+                region(k, otherwise, times, ints, &mut b);
+                let most = if b.flops + b.transcendentals > a.flops + a.transcendentals {
+                    b
+                } else {
+                    a
+                };
+                cost.flops += most.flops;
+                cost.transcendentals += most.transcendentals;
+            }
+            Op::When { cond, then, .. } => match equals.get(cond) {
                 Some(x) => {
                     let mut body = CostEstimate::default();
                     region(k, then, times, ints, &mut body);

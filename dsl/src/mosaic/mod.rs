@@ -880,10 +880,19 @@ impl<'k> Emitter<'k> {
             }
             Op::SemRead { sem } => self.sem_read(sem, loc),
             Op::Scoped { allocs, body } => return self.scoped(inst, allocs, body),
-            Op::When { cond, then } => {
+            Op::When {
+                cond,
+                then,
+                otherwise,
+            } => {
                 let c = self.v(*cond);
                 self.open(&format!("scf.if {c} {{"));
                 self.region(then)?;
+                if !otherwise.insts.is_empty() {
+                    self.depth -= 1;
+                    self.open("} else {");
+                    self.region(otherwise)?;
+                }
                 self.close(Some(loc));
                 return Ok(());
             }

@@ -178,7 +178,11 @@ pub(super) fn check_spmd(k: &Kernel, partitions: usize) -> Result<(), KernelErro
     fn walk(k: &Kernel, r: &Region, vary: &HashSet<ValueId>) -> Result<(), KernelError> {
         for inst in &r.insts {
             match &inst.op {
-                Op::When { cond, then } if has_remote(then) && vary.contains(cond) => {
+                Op::When {
+                    cond,
+                    then,
+                    otherwise,
+                } if (has_remote(then) || has_remote(otherwise)) && vary.contains(cond) => {
                     return Err(spmd_error(
                         k,
                         inst,

@@ -909,36 +909,51 @@ impl<'k> Lower<'k> {
                     b.dot_general(xs[0], xs[1], &dims, acc, None).map_err(e)?
                 }
             }
-            Op::When { cond, then } => {
-                let written: Vec<RefId> = written_refs(then).into_iter().collect();
+            Op::When {
+                cond,
+                then,
+                otherwise,
+            } => {
+                let mut written = written_refs(then);
+                written.extend(written_refs(otherwise));
+                let written: Vec<RefId> = written.into_iter().collect();
                 if written.is_empty() {
                     // Nothing observable happens inside: loads and arithmetic only.
                     return Ok(());
                 }
                 let before: Vec<hlo::Value> = written.iter().map(|r| self.refs[r]).collect();
                 if self.is_batched(*cond) {
-                    // Per batch element: run the body for all, keep its writes where `cond`.
+                    // Per batch element: run both bodies for all, keep the writes of the one
+                    // `cond` selects.
                     self.when_region(b, then)?;
+                    let taken: Vec<hlo::Value> = written.iter().map(|r| self.refs[r]).collect();
                     for (r, &old) in written.iter().zip(&before) {
+                        self.refs.insert(*r, old);
+                    }
+                    self.when_region(b, otherwise)?;
+                    for (r, &new) in written.iter().zip(&taken) {
                         let o = k.operand(*r);
                         let shape = self.shape_of(&o.view_shape(), true);
                         let mask = b
                             .broadcast_in_dim(self.v(*cond), &shape, &(0..nb).collect::<Vec<_>>())
                             .map_err(&e)?;
-                        let new = b.select(mask, self.refs[r], old).map_err(&e)?;
-                        self.refs.insert(*r, new);
+                        let kept = b.select(mask, new, self.refs[r]).map_err(&e)?;
+                        self.refs.insert(*r, kept);
                     }
                     return Ok(());
                 }
                 let cond = self.v(*cond);
-                let after = b.if_else(
-                    cond,
-                    |b| -> R<Vec<hlo::Value>> {
-                        self.when_region(b, then)?;
-                        Ok(written.iter().map(|r| self.refs[r]).collect())
-                    },
-                    |_| Ok(before.clone()),
-                )?;
+                // Each branch starts from the blocks as they were before the `when`.
+                let this = std::cell::RefCell::new(&mut *self);
+                let branch = |b: &mut FuncBuilder<'_>, body: &Region| -> R<Vec<hlo::Value>> {
+                    let mut this = this.borrow_mut();
+                    for (r, &old) in written.iter().zip(&before) {
+                        this.refs.insert(*r, old);
+                    }
+                    this.when_region(b, body)?;
+                    Ok(written.iter().map(|r| this.refs[r]).collect())
+                };
+                let after = b.if_else(cond, |b| branch(b, then), |b| branch(b, otherwise))?;
                 for (r, v) in written.iter().zip(after) {
                     self.refs.insert(*r, v);
                 }

@@ -147,8 +147,12 @@ fn body_batched(
                 }
                 false
             }
-            Op::When { then, .. } => {
-                if !body_batched(k, then, nb, refs, batched) {
+            Op::When {
+                then, otherwise, ..
+            } => {
+                if !body_batched(k, then, nb, refs, batched)
+                    || !body_batched(k, otherwise, nb, refs, batched)
+                {
                     return false;
                 }
                 false

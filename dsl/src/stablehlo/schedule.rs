@@ -200,9 +200,18 @@ impl Hoister<'_> {
     /// condition selects exactly the first (last) step of every looped dim from `d0` in, and
     /// it touches only blocks that stay put across those loops.
     fn hoistable(&self, inst: &crate::ir::Inst, end: End) -> Option<usize> {
-        let Op::When { cond, then } = &inst.op else {
+        // A `when` with an `else` runs at every step (one of its branches does).
+        let Op::When {
+            cond,
+            then,
+            otherwise,
+        } = &inst.op
+        else {
             return None;
         };
+        if !otherwise.insts.is_empty() {
+            return None;
+        }
         let dims = self.end_dims(*cond, end)?;
         let d0 = *dims.iter().next()?;
         let n = self.k.grid.len();

@@ -4,7 +4,8 @@ use std::ops;
 
 use super::state::{emit, trace_region, with_trace, Value};
 use crate::ir::{
-    broadcast_shapes, BinaryOp, CmpOp, DType, Literal, Loc, Op, ReduceOp, UnaryOp, ValueType,
+    broadcast_shapes, BinaryOp, CmpOp, DType, Literal, Loc, Op, ReduceOp, Region, UnaryOp,
+    ValueType,
 };
 
 fn one(op: Op, loc: Loc) -> Value {
@@ -573,6 +574,33 @@ pub fn when(cond: impl RunTimeCond, body: impl FnOnce()) {
         Op::When {
             cond: cond.id,
             then,
+            otherwise: Region::default(),
+        },
+        loc,
+    );
+}
+
+/// Runs `then` when the run-time bool scalar `cond` is true, else `otherwise`: `if`/`else` on
+/// a run-time value (`scf.if` with an `else` region on TPU, as `lax.cond` in a Pallas kernel).
+///
+/// ```ignore
+/// when_else(
+///     kj.eq(0),
+///     || acc.store(dot(x.load(), y.load())),
+///     || acc.store(acc.load() + dot(x.load(), y.load())),
+/// );
+/// ```
+#[track_caller]
+pub fn when_else(cond: impl RunTimeCond, then: impl FnOnce(), otherwise: impl FnOnce()) {
+    let cond = cond.into_cond();
+    let loc = Loc::caller();
+    let (then, ()) = trace_region(Vec::new(), |_| then());
+    let (otherwise, ()) = trace_region(Vec::new(), |_| otherwise());
+    emit(
+        Op::When {
+            cond: cond.id,
+            then,
+            otherwise,
         },
         loc,
     );

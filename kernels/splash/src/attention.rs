@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use tessera_dsl::interpret::{self, InterpretOptions};
-use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, Target, TargetRules};
+use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray, KernelDef, Target, TargetRules};
 
 use crate::block_sizes::BlockSizes;
 use crate::error::SplashError;
@@ -17,15 +17,15 @@ use crate::kernels::{
 use crate::mask::{MultiHeadMask, SeqOffsets};
 use crate::mask_info::{BlockStats, Major, MaskInfo};
 
-/// The kernel `kernel` instantiated for the element type of `dtype`: `bf16` for bf16
-/// attention, `f32` otherwise (the two dtypes attention takes).
-macro_rules! for_dtype {
-    ($dtype:expr, $kernel:ident($($arg:expr),*)) => {
-        match $dtype {
-            DType::BF16 => $kernel::<half::bf16>($($arg),*),
-            _ => $kernel::<f32>($($arg),*),
-        }
-    };
+/// `def` without its segment-id operands when the call has none (a kernel that never fetches
+/// them, where a placeholder array would be pipelined block by block).
+fn with_segments(def: KernelDef, f: Features) -> KernelDef {
+    if f.segmented {
+        return def;
+    }
+    def.without("q_seg")
+        .and_then(|d| d.without("kv_seg"))
+        .expect("the splash kernels declare `q_seg` and `kv_seg` optional")
 }
 
 /// JAX's default mask value: the finite stand-in logit of masked entries.
@@ -563,7 +563,6 @@ impl SplashAttention {
             per_head: info.per_head(),
             any_partial: self.options.trace_all_paths || info.stats.partial > 0,
             any_full: self.options.trace_all_paths || info.stats.full > 0,
-            segmented: f.segmented,
             sinks: f.sinks,
         }
     }
@@ -593,18 +592,15 @@ impl SplashAttention {
         }
     }
 
-    fn segments(&self, f: Features) -> [StageArg; 2] {
-        let d = self.dims;
+    /// The segment ids, when the call has them (the kernels take them as optional operands).
+    fn segments(&self, f: Features) -> Vec<StageArg> {
         if f.segmented {
-            [
+            vec![
                 StageArg::Tensor(Tensor::QSegments),
                 StageArg::Tensor(Tensor::KvSegments),
             ]
         } else {
-            [
-                StageArg::Const(HostArray::zeros(DType::I32, [d.batch, d.q_len, 1])),
-                StageArg::Const(HostArray::zeros(DType::I32, [d.batch, 1, d.kv_len])),
-            ]
+            Vec::new()
         }
     }
 
@@ -625,7 +621,7 @@ impl SplashAttention {
     pub fn forward_plan(&self, f: Features) -> Vec<Stage> {
         let info = &self.fwd_info;
         let cfg = self.config(info, self.block_sizes.block_kv_compute, f);
-        let def = for_dtype!(self.dtype, splash_fwd(cfg));
+        let def = with_segments(with_float_type!(self.dtype, T => splash_fwd::<T>(cfg)), f);
         let mut args = self.tables(info);
         args.push(self.sinks(f));
         args.push(self.offsets());
@@ -649,7 +645,7 @@ impl SplashAttention {
             bq: largest_block(self.dims.q_len, 512),
             sinks: f.sinks,
         };
-        let prep_def = for_dtype!(self.dtype, splash_bwd_prep(prep));
+        let prep_def = with_float_type!(self.dtype, T => splash_bwd_prep::<T>(prep));
         let mut stages = vec![Stage {
             def: prep_def,
             args: vec![
@@ -672,7 +668,10 @@ impl SplashAttention {
         args.push(Self::mask_blocks(info));
         args.extend(residuals.clone());
         if b.use_fused_bwd_kernel {
-            let def = for_dtype!(self.dtype, splash_bwd_fused(cfg));
+            let def = with_segments(
+                with_float_type!(self.dtype, T => splash_bwd_fused::<T>(cfg)),
+                f,
+            );
             stages.push(Stage {
                 def,
                 args,
@@ -681,7 +680,7 @@ impl SplashAttention {
                 active_steps: Some(self.computed_steps(info)),
             });
             let bq = largest_block(self.dims.q_len, 512);
-            let def = for_dtype!(self.dtype, splash_dq_reduce(bq));
+            let def = with_float_type!(self.dtype, T => splash_dq_reduce::<T>(bq));
             stages.push(Stage {
                 def,
                 args: vec![StageArg::Tensor(Tensor::DqPartial)],
@@ -690,7 +689,7 @@ impl SplashAttention {
                 active_steps: None,
             });
         } else {
-            let def = for_dtype!(self.dtype, splash_dkv(cfg));
+            let def = with_segments(with_float_type!(self.dtype, T => splash_dkv::<T>(cfg)), f);
             stages.push(Stage {
                 def,
                 args,
@@ -703,7 +702,7 @@ impl SplashAttention {
                 .as_ref()
                 .expect("separate backward has dq tables");
             let cfg = self.config(info, info.block_kv, f);
-            let def = for_dtype!(self.dtype, splash_dq(cfg));
+            let def = with_segments(with_float_type!(self.dtype, T => splash_dq::<T>(cfg)), f);
             let mut args = self.tables(info);
             args.push(self.offsets());
             args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));

@@ -3,7 +3,8 @@
 //! Layouts (all row-major): `q`, `out`, `dout`, `dq` are `[B, H, Sq, D]`; `k`, `v`, `dk`,
 //! `dv` are `[B, KVH, Skv, D]`; residuals `lse` and `di` are `[B, H, Sq, 1]` (queries on
 //! sublanes, as the kernels use them); query segment ids `[B, Sq, 1]`, key segment ids
-//! `[B, 1, Skv]` (both reshapes of `[B, S]`). Query head `h` uses key/value head
+//! `[B, 1, Skv]` (both reshapes of `[B, S]`; optional operands, left out by a call without
+//! them, [`KernelDef::without`](tessera_dsl::KernelDef::without)). Query head `h` uses key/value head
 //! `kv_head(h, H / KVH)` (MHA, GQA and MQA alike).
 //!
 //! Scalar prefetch: the [`MaskInfo`](crate::MaskInfo) tables `data_next`, `block_mask`,
@@ -74,8 +75,6 @@ pub struct KernelConfig {
     pub any_partial: bool,
     /// Some block is full (trace the unmasked path).
     pub any_full: bool,
-    /// Segment ids restrict attention to equal ids.
-    pub segmented: bool,
     /// Attention sinks (one logit per head with a zero value).
     pub sinks: bool,
 }
@@ -176,8 +175,8 @@ struct Tile<'a> {
     offsets: Smem<i32>,
     head_class: Smem<i32>,
     head: Value,
-    q_seg: Ref<i32>,
-    kv_seg: Ref<i32>,
+    q_seg: Option<Ref<i32>>,
+    kv_seg: Option<Ref<i32>>,
     mask_blocks: Ref<i8>,
 }
 
@@ -219,12 +218,13 @@ impl Tile<'_> {
             };
             vis = Some(m);
         }
-        if cfg.segmented {
-            let q_ids = self.q_seg.load();
+        // Segment ids restrict attention to equal ids, when the call has them.
+        if let (Some(q_seg), Some(kv_seg)) = (self.q_seg, self.kv_seg) {
+            let q_ids = q_seg.load();
             let kv_ids = if cfg.bkv == bkvc {
-                self.kv_seg.load()
+                kv_seg.load()
             } else {
-                self.kv_seg.at(&[all(), ds(self.c * bkvc, bkvc)]).load()
+                kv_seg.at(&[all(), ds(self.c * bkvc, bkvc)]).load()
             };
             let same = q_ids.eq(kv_ids);
             vis = Some(match vis {
@@ -294,11 +294,11 @@ pub fn splash_fwd<T: Element>(
     v: Ref<T>,
     #[shape(B, SQ, 1)]
     #[block((None, cfg.bq, 1), |b, h, i, j| (b, i, 0))]
-    q_seg: Ref<i32>,
+    q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv),
             |b, h, i, j| (b, 0, data_next.get([table_row(h, cfg.per_head), i, j])))]
-    kv_seg: Ref<i32>,
+    kv_seg: Option<Ref<i32>>,
     #[shape(_NM, MQ, MKV)]
     #[block((None, MQ, MKV),
             |b, h, i, j| (mask_next.get([table_row(h, cfg.per_head), i, j]), 0, 0))]
@@ -442,11 +442,11 @@ pub fn splash_dq<T: Element>(
     v: Ref<T>,
     #[shape(B, SQ, 1)]
     #[block((None, cfg.bq, 1), |b, h, i, j| (b, i, 0))]
-    q_seg: Ref<i32>,
+    q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv),
             |b, h, i, j| (b, 0, data_next.get([table_row(h, cfg.per_head), i, j])))]
-    kv_seg: Ref<i32>,
+    kv_seg: Option<Ref<i32>>,
     #[shape(_NM, MQ, MKV)]
     #[block((None, MQ, MKV),
             |b, h, i, j| (mask_next.get([table_row(h, cfg.per_head), i, j]), 0, 0))]
@@ -532,8 +532,8 @@ struct DkvRefs<T: Element> {
     dout: Ref<T>,
     lse: Ref<f32>,
     di: Ref<f32>,
-    q_seg: Ref<i32>,
-    kv_seg: Ref<i32>,
+    q_seg: Option<Ref<i32>>,
+    kv_seg: Option<Ref<i32>>,
     mask_blocks: Ref<i8>,
     dk_acc: Scratch<f32>,
     dv_acc: Scratch<f32>,
@@ -631,10 +631,10 @@ pub fn splash_dkv<T: Element>(
     #[shape(B, SQ, 1)]
     #[block((None, cfg.bq, 1),
             |b, kh, j, g, i| (b, data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
-    q_seg: Ref<i32>,
+    q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv), |b, kh, j, g, i| (b, 0, j))]
-    kv_seg: Ref<i32>,
+    kv_seg: Option<Ref<i32>>,
     #[shape(_NM, MQ, MKV)]
     #[block((None, MQ, MKV),
             |b, kh, j, g, i| (mask_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0, 0))]
@@ -727,10 +727,10 @@ pub fn splash_bwd_fused<T: Element>(
     v: Ref<T>,
     #[shape(B, SQ, 1)]
     #[block((None, cfg.bq, 1), |b, kh, j, g, i| (b, i, 0))]
-    q_seg: Ref<i32>,
+    q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv), |b, kh, j, g, i| (b, 0, j))]
-    kv_seg: Ref<i32>,
+    kv_seg: Option<Ref<i32>>,
     #[shape(_NM, MQ, MKV)]
     #[block((None, MQ, MKV),
             |b, kh, j, g, i| (mask_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0, 0))]

@@ -39,6 +39,7 @@
 mod attention;
 mod block_sizes;
 mod error;
+mod flops;
 pub mod kernels;
 mod mask;
 mod mask_info;

@@ -133,12 +133,21 @@ pub fn forward(x: &RefInputs<'_>) -> RefForward {
     RefForward { out, lse }
 }
 
-/// The gradients of `sum(out * dout)` with respect to q, k, v and the sinks.
-pub fn backward(x: &RefInputs<'_>, dout: &[f64]) -> RefGrads {
+/// One visible (query, key) pair of the backward: the query row `r` (flat `(b, h, i)`), the key
+/// row `kr` (flat `(b, kvh, j)`) and key index `j`, the probability `p` and `ds`, the
+/// gradient of the loss with respect to the raw logit `q.k` (scale and soft cap applied).
+struct Pair {
+    r: usize,
+    kr: usize,
+    j: usize,
+    p: f64,
+    ds: f64,
+}
+
+/// Visits every visible pair of the backward of `sum(out * dout)` (row by row); returns the
+/// sinks' gradient `[H]`.
+fn backward_pairs(x: &RefInputs<'_>, dout: &[f64], mut visit: impl FnMut(&Pair)) -> Vec<f64> {
     let d = x.dims;
-    let mut dq = vec![0.0; x.q.len()];
-    let mut dk = vec![0.0; x.k.len()];
-    let mut dv = vec![0.0; x.v.len()];
     let mut dsinks = vec![0.0; d.heads];
     for b in 0..d.batch {
         for (h, dsink) in dsinks.iter_mut().enumerate() {
@@ -147,7 +156,6 @@ pub fn backward(x: &RefInputs<'_>, dout: &[f64]) -> RefGrads {
                 let row = x.row(b, h, i);
                 let r = (b * d.heads + h) * d.q_len + i;
                 let go = &dout[r * d.head_dim_v..][..d.head_dim_v];
-                let q = &x.q[r * d.head_dim..][..d.head_dim];
                 // dp_j = dout . v_j; di = sum_j p_j dp_j = out . dout.
                 let dp: Vec<f64> = row
                     .keys
@@ -158,28 +166,60 @@ pub fn backward(x: &RefInputs<'_>, dout: &[f64]) -> RefGrads {
                 *dsink -= row.sink_p * di;
                 for (&(j, p, dlogit), &dp) in row.keys.iter().zip(&dp) {
                     let kr = (b * d.kv_heads + kvh) * d.kv_len + j;
-                    for (dv, g) in dv[kr * d.head_dim_v..][..d.head_dim_v].iter_mut().zip(go) {
-                        *dv += p * g;
-                    }
                     // d loss / d raw logit, then through raw = scale * q.k.
                     let ds = p * (dp - di) * dlogit * x.scale;
-                    let k = &x.k[kr * d.head_dim..][..d.head_dim];
-                    for (dq, k) in dq[r * d.head_dim..][..d.head_dim].iter_mut().zip(k) {
-                        *dq += ds * k;
-                    }
-                    for (dk, q) in dk[kr * d.head_dim..][..d.head_dim].iter_mut().zip(q) {
-                        *dk += ds * q;
-                    }
+                    visit(&Pair { r, kr, j, p, ds });
                 }
             }
         }
     }
+    dsinks
+}
+
+/// The gradients of `sum(out * dout)` with respect to q, k, v and the sinks.
+pub fn backward(x: &RefInputs<'_>, dout: &[f64]) -> RefGrads {
+    let d = x.dims;
+    let mut dq = vec![0.0; x.q.len()];
+    let mut dk = vec![0.0; x.k.len()];
+    let mut dv = vec![0.0; x.v.len()];
+    let (dh, dhv) = (d.head_dim, d.head_dim_v);
+    let dsinks = backward_pairs(x, dout, |&Pair { r, kr, p, ds, .. }| {
+        let go = &dout[r * dhv..][..dhv];
+        for (dv, g) in dv[kr * dhv..][..dhv].iter_mut().zip(go) {
+            *dv += p * g;
+        }
+        let (q, k) = (&x.q[r * dh..][..dh], &x.k[kr * dh..][..dh]);
+        for (dq, k) in dq[r * dh..][..dh].iter_mut().zip(k) {
+            *dq += ds * k;
+        }
+        for (dk, q) in dk[kr * dh..][..dh].iter_mut().zip(q) {
+            *dk += ds * q;
+        }
+    });
     RefGrads {
         dq,
         dk,
         dv,
         dsinks: x.sinks.map(|_| dsinks),
     }
+}
+
+/// dQ split by key block, as the fused backward kernel leaves it before its reduction:
+/// `[Skv / block_kv, B, H, Sq, D]`, entry `kb` summing over the keys of block `kb` only (the
+/// sum over blocks is [`backward`]'s `dq`).
+pub fn dq_per_key_block(x: &RefInputs<'_>, dout: &[f64], block_kv: usize) -> Vec<f64> {
+    let d = x.dims;
+    let dh = d.head_dim;
+    let blocks = d.kv_len.div_ceil(block_kv);
+    let mut out = vec![0.0; blocks * x.q.len()];
+    backward_pairs(x, dout, |&Pair { r, kr, j, ds, .. }| {
+        let k = &x.k[kr * dh..][..dh];
+        let at = (j / block_kv) * x.q.len() + r * dh;
+        for (dq, k) in out[at..][..dh].iter_mut().zip(k) {
+            *dq += ds * k;
+        }
+    });
+    out
 }
 
 #[cfg(test)]
@@ -255,5 +295,12 @@ mod tests {
         check("dsinks", &sinks, g.dsinks.as_ref().unwrap(), &|p| {
             inputs(&q, &k, &v, p)
         });
+        // dQ per key block (blocks of 2 keys: 3 blocks, the last partial) sums to dq.
+        let per_block = dq_per_key_block(&x, &dout, 2);
+        assert_eq!(per_block.len(), 3 * g.dq.len());
+        for (i, want) in g.dq.iter().enumerate() {
+            let sum: f64 = (0..3).map(|kb| per_block[kb * g.dq.len() + i]).sum();
+            assert!((sum - want).abs() < 1e-12, "dq[{i}]: {sum} vs {want}");
+        }
     }
 }

@@ -5,18 +5,16 @@
 
 use std::collections::HashMap;
 
-use anyhow::{bail, Result};
-use half::bf16;
-use tessera::dsl::{ArgSpec, DType, KernelDef, TargetRules};
-use tessera::kernels::matmul;
-use tessera::registry;
-use tessera::runtime::Client;
+use anyhow::Result;
+use tessera::dsl::{DType, TargetRules};
+use tessera::hlo::{Module, TensorType};
+use tessera::registry::{self, Instance};
+use tessera::runtime::{Client, HostBuffer};
 use tessera::splash::{
-    dense_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention, SplashOptions,
+    dense_program, BlockSizes, Dims, Mask, Pass, SplashAttention, SplashOptions,
 };
 
-use super::stages::{input_env, stage_programs};
-use super::timing::{peak_program, random_buffers, time_all, Timed};
+use super::timing::{peak_program, time_all, Timed};
 
 /// Arguments of `tessera bench kernels`.
 #[derive(clap::Args, Debug, Clone)]
@@ -24,7 +22,8 @@ pub struct KernelsArgs {
     /// Square size of the matmuls (the tiled kernel and XLA's dot, the peak).
     #[arg(long, default_value_t = 2048, value_parser = super::super::positive)]
     pub matmul_size: usize,
-    /// Block size of the tiled matmul kernel (all three dims): 128, 256 or 512.
+    /// Block size of the tiled matmul kernel (all three dims), one of the registry's block
+    /// sizes.
     #[arg(long, default_value_t = 512, value_parser = super::super::positive)]
     pub matmul_block: usize,
     /// Sequence length of the attention kernels.
@@ -64,7 +63,27 @@ struct Row {
     dtype: DType,
 }
 
-/// Runs `tessera bench kernels`.
+impl KernelsArgs {
+    /// The value of the size named `knob` in the registry's bench parameters
+    /// ([`registry::BENCH_KNOBS`]): the flag of that name.
+    pub(super) fn knob(&self, knob: &str) -> Option<String> {
+        let value = match knob {
+            "matmul_size" => self.matmul_size,
+            "matmul_block" => self.matmul_block,
+            "seq" => self.seq,
+            "heads" => self.heads,
+            "head_dim" => self.head_dim,
+            "block" => self.block,
+            "flash_block" => self.flash_block,
+            "softmax_block" => self.softmax_block,
+            _ => return None,
+        };
+        Some(value.to_string())
+    }
+}
+
+/// Runs `tessera bench kernels`: every registered kernel at each of its bench parameter
+/// sets, beside XLA's dot and dense attention.
 pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
     if let Some(target) = &a.target {
         return super::tpu_costs::kernel_costs(a, target);
@@ -81,100 +100,39 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
             dtype,
         });
     }
-    let square = (n * n) as f64;
-    for dtype in [DType::F32, DType::BF16] {
-        // The registered kernel, with a block size the CLI's registry does not instantiate.
-        let def = matmul_def(dtype, a.matmul_block)?;
-        let specs = vec![ArgSpec::new(dtype, [n, n]); 2];
-        let flops = 2.0 * square * n as f64;
-        programs.push(kernel_program(&client, def, &specs, flops)?);
-        rows.push(Row {
-            kernel: "matmul".into(),
-            config: format!("{dtype} {n}^3 blocks {}", a.matmul_block),
-            dtype,
-        });
-    }
-    let mut example = |kernel: &str, params: &[(&str, String)], config: String, dtype, flops| {
-        programs.push(registry_program(&client, kernel, params, flops)?);
-        rows.push(Row {
-            kernel: kernel.into(),
-            config,
-            dtype,
-        });
-        anyhow::Ok(())
-    };
-    let s = a.seq;
-    let params = [
-        ("BR", a.softmax_block.to_string()),
-        ("R", s.to_string()),
-        ("C", s.to_string()),
-    ];
-    let config = format!("f32 {s}x{s} rows {}", a.softmax_block);
-    // max, subtract, exp, sum, divide per element.
-    let softmax_flops = 5.0 * (s * s) as f64;
-    example("row_softmax", &params, config, DType::F32, softmax_flops)?;
-    let fb = a.flash_block.to_string();
-    let params = [
-        ("BQ", fb.clone()),
-        ("BKV", fb.clone()),
-        ("causal", "true".into()),
-        ("S", s.to_string()),
-        ("D", a.head_dim.to_string()),
-    ];
-    let config = format!("f32 S={s} D={} causal blocks {fb}", a.head_dim);
-    let causal_pairs = (s * (s + 1) / 2) as f64;
-    let flash_flops = 4.0 * a.head_dim as f64 * causal_pairs;
-    example("flash_attention", &params, config, DType::F32, flash_flops)?;
-
-    // Splash: every stage of the forward, fused and separate backward plans.
-    let dims = Dims {
-        batch: 1,
-        heads: a.heads,
-        kv_heads: a.heads,
-        q_len: s,
-        kv_len: s,
-        head_dim: a.head_dim,
-        head_dim_v: a.head_dim,
-    };
-    let causal = Mask::Causal { offset: 0 };
-    let splash = |fused: bool| {
-        SplashAttention::new(
-            causal.clone(),
-            dims,
-            DType::F32,
-            BlockSizes::uniform(a.block, a.block).with_fused_bwd(fused),
-            SplashOptions::default(),
-            TargetRules::tpu(),
-        )
-    };
-    let pairs = causal_pairs * a.heads as f64;
-    let inputs = super::bench_inputs(dims);
-    let config = format!(
-        "f32 B=1 H={} S={s} D={} causal blocks {}",
-        a.heads, a.head_dim, a.block
-    );
-    let mut seen = Vec::new();
-    for fused in [true, false] {
-        let attn = splash(fused)?;
-        let mut env = input_env(&client, &inputs)?;
-        let feats = Features::default();
-        let mut plan = attn.forward_plan(feats);
-        plan.extend(attn.backward_plan(feats));
-        for p in stage_programs(&client, &attn, &plan, &mut env, pairs, "")? {
-            if seen.contains(&p.name) {
-                continue;
-            }
-            seen.push(p.name.clone());
+    for info in registry::KERNELS {
+        for set in info.bench {
+            let instance = info.bench_instance(set, |k| a.knob(k))?;
             rows.push(Row {
-                kernel: p.name.clone(),
-                config: config.clone(),
-                dtype: DType::F32,
+                kernel: info.name.into(),
+                config: instance.label(),
+                dtype: instance.dtype()?,
             });
-            programs.push(p);
+            programs.push(instance_program(&client, &instance)?);
         }
     }
     if !a.no_dense {
-        let attn = splash(true)?;
+        let s = a.seq;
+        let dims = Dims {
+            batch: 1,
+            heads: a.heads,
+            kv_heads: a.heads,
+            q_len: s,
+            kv_len: s,
+            head_dim: a.head_dim,
+            head_dim_v: a.head_dim,
+        };
+        let causal = Mask::Causal { offset: 0 };
+        let attn = SplashAttention::new(
+            causal.clone(),
+            dims,
+            DType::F32,
+            BlockSizes::uniform(a.block, a.block),
+            SplashOptions::default(),
+            TargetRules::tpu(),
+        )?;
+        let pairs = attn.visible_pairs();
+        let inputs = super::bench_inputs(dims);
         for (pass, name, flops) in [
             (Pass::Forward, "dense_attention_fwd", 4.0),
             (Pass::ForwardBackward, "dense_attention_fwdbwd", 14.0),
@@ -194,15 +152,6 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
             });
         }
     }
-    for info in registry::KERNELS {
-        if !rows.iter().any(|r| r.kernel == info.name) {
-            bail!(
-                "kernel `{}` is registered but has no benchmark case; add one to `tessera bench \
-                 kernels` (src/cli/bench/kernels.rs)",
-                info.name
-            );
-        }
-    }
     time_all(&mut programs, a.reps)?;
     let peak: HashMap<DType, f64> = [DType::F32, DType::BF16]
         .into_iter()
@@ -214,8 +163,9 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
          interleaved, one process)",
         a.reps
     );
+    let width = rows.iter().map(|r| r.config.len()).max().unwrap_or(0);
     outln!(
-        "{:<24} {:<40} {:>9} {:>9} {:>6} {:>9} {:>8}",
+        "{:<24} {:<width$} {:>9} {:>9} {:>6} {:>9} {:>8}",
         "kernel",
         "config",
         "compile s",
@@ -228,7 +178,7 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
     for (r, p) in rows.iter().zip(&programs) {
         let fraction = p.gflops() / peak[&r.dtype];
         outln!(
-            "{:<24} {:<40} {:>9.2} {:>9.4} {:>6.2} {:>9.1} {:>7.1}%",
+            "{:<24} {:<width$} {:>9.2} {:>9.4} {:>6.2} {:>9.1} {:>7.1}%",
             r.kernel,
             r.config,
             p.compile_s,
@@ -254,44 +204,34 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
     Ok(())
 }
 
-/// A registered (non-splash) kernel built from `params`, lowered alone, with random inputs.
-fn registry_program(
-    client: &Client,
-    kernel: &str,
-    params: &[(&str, String)],
-    flops: f64,
-) -> Result<Timed> {
-    let info = registry::find(kernel).map_err(anyhow::Error::msg)?;
-    let given: Vec<(String, String)> = params
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
-    let (def, specs) = info.build(&given).map_err(anyhow::Error::msg)?;
-    kernel_program(client, def, &specs, flops)
-}
-
-/// `def` instantiated for `specs` (TPU rules), lowered alone, with random inputs.
-fn kernel_program(client: &Client, def: KernelDef, specs: &[ArgSpec], flops: f64) -> Result<Timed> {
-    let k = def.instantiate(specs, &TargetRules::tpu())?;
-    let module = tessera::dsl::stablehlo::lower_module(&k)?;
-    let inputs = random_buffers(client, specs, 11)?;
-    Timed::new(client, def.name(), &module, inputs, flops, true)
-}
-
-/// The tiled matmul kernel with square blocks of `block`.
-pub(super) fn matmul_def(dtype: DType, block: usize) -> Result<KernelDef> {
-    macro_rules! with_block {
-        ($b:literal) => {
-            match dtype {
-                DType::BF16 => matmul::<bf16, $b, $b, $b>(),
-                _ => matmul::<f32, $b, $b, $b>(),
-            }
-        };
+/// A registered kernel instantiated under the TPU rules and lowered alone, as a whole program
+/// holds it (the arguments its parameters fix, splash's tables, inlined as constants), with
+/// random data on the device.
+fn instance_program(client: &Client, instance: &Instance) -> Result<Timed> {
+    let def = instance.def();
+    let k = def.instantiate(instance.args(), &TargetRules::tpu())?;
+    let mut module = Module::new(format!("bench_{}", def.name()));
+    let mut f = module.func("main");
+    let arrays = instance.random_inputs(11);
+    let mut values = Vec::with_capacity(arrays.len());
+    let mut buffers = Vec::new();
+    for (i, a) in arrays.iter().enumerate() {
+        if instance.is_fixed(i) {
+            values.push(f.constant(a)?);
+        } else {
+            let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
+            values.push(f.arg(TensorType::new(dims, a.dtype()))?);
+            buffers.push(client.buffer_from_host(&HostBuffer::from_array(a)?, 0)?);
+        }
     }
-    Ok(match block {
-        128 => with_block!(128),
-        256 => with_block!(256),
-        512 => with_block!(512),
-        other => bail!("--matmul-block {other}: the bench instantiates 128, 256 or 512"),
-    })
+    let outs = tessera::dsl::stablehlo::lower_into(&k, &mut f, &values)?;
+    f.finish(&outs)?;
+    Timed::new(
+        client,
+        def.name(),
+        &module,
+        buffers,
+        instance.flops()?,
+        true,
+    )
 }

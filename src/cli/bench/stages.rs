@@ -1,8 +1,7 @@
 //! Splash plans kernel call by kernel call: each stage of a plan compiled as a program of its
 //! own (the kernel lowered alone, its constant tables inlined, as in the whole program) and
 //! fed the tensors the earlier stages produced on the device. Timed side by side, they show
-//! where a splash program's time goes (`--profile`) and measure each splash kernel
-//! (`bench kernels`).
+//! where a splash program's time goes (`tessera bench attention --profile`).
 
 use std::collections::HashMap;
 
@@ -13,30 +12,6 @@ use tessera::runtime::{Buffer, Client, HostBuffer};
 use tessera::splash::{lower_stages, SplashAttention, Stage, StageArg, Tensor};
 
 use super::timing::Timed;
-
-/// The floating-point operations of one splash kernel call, counting the visible (query, key)
-/// pairs `pairs` (each a `D`-long dot product per matmul) and elementwise passes.
-pub fn stage_flops(attn: &SplashAttention, kernel: &str, pairs: f64) -> f64 {
-    let d = attn.dims();
-    let matmuls = |n: f64| 2.0 * n * d.head_dim as f64 * pairs;
-    let rows = (d.batch * d.heads * d.q_len) as f64;
-    match kernel {
-        // q k^T and p v.
-        "splash_fwd" => matmuls(2.0),
-        // q k^T, dout v^T, p^T dout, ds^T q, ds k.
-        "splash_bwd_fused" => matmuls(5.0),
-        "splash_dq" => matmuls(3.0),
-        "splash_dkv" => matmuls(4.0),
-        // rowsum(out * dout).
-        "splash_bwd_prep" => 2.0 * rows * d.head_dim_v as f64,
-        // One addition per key block and element of dq.
-        "splash_dq_reduce" => {
-            let key_blocks = d.kv_len / attn.block_sizes().block_kv_dkv;
-            key_blocks as f64 * rows * d.head_dim as f64
-        }
-        _ => 0.0,
-    }
-}
 
 /// Compiles every stage of `plans` (in order) as its own program and runs it once, feeding it
 /// the tensors in `env` (device buffers; the stages add their outputs). Returns the stages
@@ -84,7 +59,7 @@ pub fn stage_programs(
             format!("{prefix}{kernel}"),
             &m,
             inputs,
-            stage_flops(attn, kernel, pairs),
+            attn.kernel_flops(kernel, pairs),
             true,
         )?;
         let (_, _, outputs) = timed.run()?;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use tessera::dsl::{ArgSpec, DType};
-use tessera::hlo::{DotDims, Module, TensorType};
+use tessera::hlo::Module;
 use tessera::runtime::{Buffer, Client, CompileOptions, HostBuffer, LoadedExecutable};
 
 /// One program with its device inputs and the work one run does.
@@ -103,18 +103,6 @@ pub fn time_all(programs: &mut [Timed], reps: usize) -> Result<Vec<Vec<Buffer>>>
     Ok(last)
 }
 
-/// XLA's own dot of two `n x n` matrices of `dtype`, accumulated and returned in f32.
-pub fn dot_program(n: usize, dtype: DType) -> Result<Module> {
-    let mut m = Module::new(format!("xla_dot_{}", dtype.name()));
-    let mut f = m.func("main");
-    let ty = TensorType::new(vec![n as i64, n as i64], dtype);
-    let x = f.arg(ty.clone())?;
-    let y = f.arg(ty)?;
-    let z = f.dot_general(x, y, &DotDims::new([], [], [1], [0]), DType::F32, None)?;
-    f.finish(&[z])?;
-    Ok(m)
-}
-
 /// XLA's matmul peak for `dtype`: its own `n x n x n` dot, ready to time.
 pub fn peak_program(client: &Client, n: usize, dtype: DType) -> Result<Timed> {
     let spec = ArgSpec::new(dtype, [n, n]);
@@ -123,7 +111,7 @@ pub fn peak_program(client: &Client, n: usize, dtype: DType) -> Result<Timed> {
     let mut p = Timed::new(
         client,
         format!("xla dot {}", dtype.name()),
-        &dot_program(n, dtype)?,
+        &Module::square_dot(n, dtype)?,
         inputs,
         flops,
         false,
@@ -134,7 +122,7 @@ pub fn peak_program(client: &Client, n: usize, dtype: DType) -> Result<Timed> {
 }
 
 /// Deterministic random arrays of the given specs, on device 0 (integer arrays are zeros).
-pub fn random_buffers(client: &Client, specs: &[ArgSpec], seed: u64) -> Result<Vec<Buffer>> {
+fn random_buffers(client: &Client, specs: &[ArgSpec], seed: u64) -> Result<Vec<Buffer>> {
     specs
         .iter()
         .enumerate()

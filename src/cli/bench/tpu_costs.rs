@@ -5,65 +5,39 @@
 //! (forward + backward, fused and separate), so their block tables are known.
 
 use anyhow::{bail, Result};
-use tessera::dsl::{ArgSpec, DType, Target};
+use tessera::dsl::{DType, Target};
 use tessera::hlo::Module;
 use tessera::registry;
 use tessera::splash::{splash_program, BlockSizes, Dims, Mask, Pass, SplashAttention};
 use tessera::tpu::cost::KernelCost;
 use tessera::tpu::TpuTarget;
 
-use super::kernels::{matmul_def, KernelsArgs};
+use super::kernels::KernelsArgs;
 
 /// Compiles every registered kernel for `target` and prints its cost.
 pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
     let tpu = TpuTarget::parse(target)?;
     let kernels = Target::tpu();
-    let (n, s) = (a.matmul_size, a.seq);
+    let s = a.seq;
     let dtype = DType::BF16;
     let mut programs: Vec<(String, Module)> = Vec::new();
-    let def = matmul_def(dtype, a.matmul_block)?;
-    let specs = vec![ArgSpec::new(dtype, [n, n]); 2];
-    programs.push((
-        format!("bf16 {n}^3 blocks {}", a.matmul_block),
-        super::super::compile::kernel_module(&def, &specs, &kernels)?,
-    ));
-    let registered = |name: &str, params: &[(&str, String)]| -> Result<Module> {
-        let given: Vec<(String, String)> = params
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .chain([("dtype".to_string(), "bf16".to_string())])
-            .collect();
-        let (def, specs) = registry::find(name)
-            .map_err(anyhow::Error::msg)?
-            .build(&given)
-            .map_err(anyhow::Error::msg)?;
-        super::super::compile::kernel_module(&def, &specs, &kernels)
-    };
-    programs.push((
-        format!("bf16 {s}x{s} rows {}", a.softmax_block),
-        registered(
-            "row_softmax",
-            &[
-                ("BR", a.softmax_block.to_string()),
-                ("R", s.to_string()),
-                ("C", s.to_string()),
-            ],
-        )?,
-    ));
-    let fb = a.flash_block.to_string();
-    programs.push((
-        format!("bf16 S={s} D={} causal blocks {fb}", a.head_dim),
-        registered(
-            "flash_attention",
-            &[
-                ("BQ", fb.clone()),
-                ("BKV", fb),
-                ("causal", "true".into()),
-                ("S", s.to_string()),
-                ("D", a.head_dim.to_string()),
-            ],
-        )?,
-    ));
+    // The registered kernels at their bf16 bench parameter sets; splash's below, in their
+    // programs (forward + backward), so that their block tables are known.
+    for info in registry::KERNELS {
+        if info.name.starts_with("splash_") {
+            continue;
+        }
+        for set in info.bench {
+            let instance = info.bench_instance(set, |k| a.knob(k))?;
+            if instance.dtype()? != dtype {
+                continue;
+            }
+            programs.push((
+                instance.label(),
+                super::super::compile::kernel_module(instance.def(), instance.args(), &kernels)?,
+            ));
+        }
+    }
     let dims = Dims {
         batch: 1,
         heads: a.heads,

@@ -1,0 +1,59 @@
+//! `when_else` on every backend: the interpreter and the XLA CPU plugin against f64
+//! references (with the condition a scalar and, vectorised, a batched value), and the Mosaic
+//! lowering's `scf.if .. else` accepted by libtpu. (The Mosaic text runs in
+//! `tests/mosaic_eval.rs`.)
+
+mod common;
+mod when_else_kernels;
+
+use common::assert_close;
+use tessera::backend::{run, Backend};
+use tessera::dsl::{ArgSpec, TargetRules};
+use tessera::tpu::TpuTarget;
+
+#[test]
+fn when_else_on_interpret_and_cpu() {
+    for (name, def, args, want) in when_else_kernels::cases() {
+        for backend in Backend::ALL {
+            let out = run(&def, &args, backend, &TargetRules::tpu())
+                .unwrap_or_else(|e| panic!("{name} on {backend}: {e}"));
+            assert_close(
+                &out[0].to_f64_vec(),
+                &want,
+                1e-4,
+                &format!("{name} on {backend}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn the_lowerings_keep_the_else() {
+    for (name, def, args, _) in when_else_kernels::cases() {
+        let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+        let k = def.instantiate(&specs, &TargetRules::tpu()).unwrap();
+        assert!(k.to_text().contains("} else {"), "{name}:\n{}", k.to_text());
+        let mosaic = tessera::dsl::mosaic::lower(&k).unwrap().text;
+        assert!(mosaic.contains("} else {"), "{name}:\n{mosaic}");
+        let hlo = tessera::dsl::stablehlo::lower_module(&k).unwrap().to_mlir();
+        // A scalar condition is a `stablehlo.if`; a batched one selects per head.
+        let conditional = hlo.contains("\"stablehlo.if\"");
+        assert_eq!(
+            conditional,
+            name == "matmul_first_step_else",
+            "{name}:\n{hlo}"
+        );
+    }
+}
+
+#[test]
+fn when_else_compiles_for_tpu() {
+    let target = TpuTarget::parse("tpu:v5e:2x2").unwrap();
+    for (name, def, args, _) in when_else_kernels::cases() {
+        let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+        let report = target
+            .compile_kernel(&def, &specs)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(report.kernels, [name]);
+    }
+}
