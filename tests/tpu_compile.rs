@@ -10,6 +10,7 @@ use common::tessera;
 
 use tessera::dsl::{DType, Target};
 use tessera::hlo::Module;
+use tessera::parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera::parallel::{ContextParallel, Strategy};
 use tessera::splash::{
     splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention, SplashOptions,
@@ -184,7 +185,9 @@ fn context_parallel_forward_programs_compile_on_4_devices() {
             ring: 2,
         }),
     ] {
-        let program = context_parallel(strategy).forward_program(true).unwrap();
+        let program = context_parallel(strategy.clone())
+            .forward_program(true)
+            .unwrap();
         check_manual_custom_calls(program.module());
         let report = compile("v5p:2x2x1", program.module());
         assert_eq!(report.devices, 4);

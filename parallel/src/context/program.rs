@@ -13,7 +13,7 @@ use tessera_collectives::{
     Replicated, Split, Spmd,
 };
 use tessera_dsl::{DType, HostArray};
-use tessera_hlo::{FuncBuilder, Module, Value};
+use tessera_hlo::Module;
 use tessera_runtime::{Client, HostBuffer};
 use tessera_splash::{Inputs, SegmentIds};
 
@@ -23,7 +23,7 @@ use super::layout::{
     ModelMesh, Pieces, PiecesLse, RingAxis, Seq, SeqTensor, TokenLayout, WholeSegments,
 };
 use super::local_splash::WholeSegmentIds;
-use super::spmd::reorder_chunks;
+use super::spmd::{chunk_view, reorder_chunks};
 use super::stats::CollectiveStat;
 use super::ContextParallel;
 
@@ -200,20 +200,9 @@ impl CpExecutable {
     }
 }
 
-/// `[b, h, n, ..]` as `[b, h, 1, n, ..]` (into a [`Pieces`] view), or back (`merge`).
-fn pieces_view(f: &mut FuncBuilder<'_>, x: Value, merge: bool) -> Result<Value, CollectiveError> {
-    let d = f.value_type(x)?.dims.clone();
-    let dims: Vec<i64> = if merge {
-        [&d[..2], &[d[2] * d[3]], &d[4..]].concat()
-    } else {
-        [&d[..2], &[1], &d[2..]].concat()
-    };
-    Ok(f.reshape(x, &dims)?)
-}
-
 /// A device's block of a [`Pieces`] argument as the strategies take it, [`Seq`].
 fn local<'p>(x: &DTensor<'p, ModelMesh, Pieces>) -> Result<SeqTensor<'p>, CollectiveError> {
-    x.map_local_as::<Seq, Invariant>(|f, v| pieces_view(f, v, true))
+    x.map_local_as::<Seq, Invariant>(|f, v| chunk_view(f, v, true))
 }
 
 /// `[B, S]` segment ids as the program takes them, `[B, R, S/R]`.
@@ -263,9 +252,9 @@ impl ContextParallel {
                 .transpose()?;
             let qkv = [&local(&q)?, &local(&k)?, &local(&v)?];
             let (out, lse) = composition.attend(p, qkv, seg.as_ref())?;
-            out.map_local_as::<Pieces, Invariant>(|f, v| pieces_view(f, v, false))?
+            out.map_local_as::<Pieces, Invariant>(|f, v| chunk_view(f, v, false))?
                 .output::<Pieces>()?;
-            lse.map_local_as::<PiecesLse, Invariant>(|f, v| pieces_view(f, v, false))?
+            lse.map_local_as::<PiecesLse, Invariant>(|f, v| chunk_view(f, v, false))?
                 .output::<PiecesLse>()?;
             let Some(dout) = dout else {
                 return Ok(());

@@ -145,6 +145,22 @@ pub(crate) fn reorder_chunks(
     Ok(f.concatenate(&chunks, dim as i64)?)
 }
 
+/// `[b, h, n, ..]` as `[b, h, 1, n, ..]` (a chunk of the sequence as one of `[R, S/R]`), or
+/// back (`merge`: `[b, h, r, n, ..]` as `[b, h, r n, ..]`).
+pub(crate) fn chunk_view(
+    f: &mut FuncBuilder<'_>,
+    x: Value,
+    merge: bool,
+) -> Result<Value, CollectiveError> {
+    let d = f.value_type(x)?.dims.clone();
+    let dims: Vec<i64> = if merge {
+        [&d[..2], &[d[2] * d[3]], &d[4..]].concat()
+    } else {
+        [&d[..2], &[1], &d[2..]].concat()
+    };
+    Ok(f.reshape(x, &dims)?)
+}
+
 /// `lse [B, H, S]` as the kernels' `[B, H, S, 1]`.
 pub(crate) fn lse_to_kernel(f: &mut FuncBuilder<'_>, lse: Value) -> Result<Value, CollectiveError> {
     let t = f.value_type(lse)?.clone();

@@ -47,10 +47,10 @@ type Forward<'p, M, B, H, A> = (
 );
 
 impl<A: MeshAxis> AllGatherAttention<A> {
-    /// The kernels of a configuration whose strategy calls this op ([`DeviceOp::WholeKeys`]):
+    /// The kernels of a configuration whose strategy calls this op ([`DeviceOp::AllKeys`]):
     /// one sharded attention per query part, at the offsets of the strategy's calls.
     pub fn new(cp: &ContextParallel) -> Result<Self, CpError> {
-        expect_op(cp, DeviceOp::WholeKeys)?;
+        expect_op(cp, DeviceOp::AllKeys)?;
         cp.validate()?;
         let calls = cp.kernel_calls();
         Ok(AllGatherAttention {

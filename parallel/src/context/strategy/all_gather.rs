@@ -15,22 +15,16 @@ use tessera_collectives::axes::Context;
 use tessera_collectives::{CollectiveError, Spmd};
 use tessera_splash::SeqOffsets;
 
-use super::{
-    Composition, ConfigError, ContextStrategy, DeviceOp, KernelCalls, Listing, Shards, Strategy,
-};
+use super::{Composition, ContextStrategy, DeviceOp, Fixed, KernelCalls, Listing, Shards};
 use crate::context::config::chunk_of;
 use crate::context::layout::{ModelMesh, SeqLseTensor, SeqTensor, WholeSegments};
 use crate::context::local_splash::AllGatherAttention;
 use crate::context::{ContextParallel, CpError};
 
-pub(super) const LISTING: Listing = Listing {
-    name: "all-gather",
-    spellings: "all-gather (all_gather)",
-    parse,
-};
+pub(super) const LISTING: Listing = Listing::fixed::<AllGather>("all-gather (all_gather)");
 
-fn parse(text: &str, _devices: usize) -> Option<Result<Strategy, ConfigError>> {
-    matches!(text, "all-gather" | "all_gather").then(|| Ok(AllGather.into()))
+impl Fixed for AllGather {
+    const SPELLINGS: &'static [&'static str] = &["all-gather", "all_gather"];
 }
 
 /// K/V all-gathered along the sequence: every device attends its queries to every key.
@@ -72,7 +66,7 @@ impl ContextStrategy for AllGather {
     }
 
     fn device_op(&self) -> DeviceOp {
-        DeviceOp::WholeKeys
+        DeviceOp::AllKeys
     }
 
     fn compose(&self, cp: &ContextParallel) -> Result<Rc<dyn Composition>, CpError> {

@@ -61,6 +61,30 @@ pub struct Listing {
     pub parse: fn(text: &str, devices: usize) -> Option<Result<Strategy, ConfigError>>,
 }
 
+impl Listing {
+    /// The listing of a strategy without degrees of its own, spelled as
+    /// [`Fixed::SPELLINGS`] says (`spellings`: how messages list them).
+    pub const fn fixed<T: Fixed>(spellings: &'static str) -> Listing {
+        Listing {
+            name: T::SPELLINGS[0],
+            spellings,
+            parse: parse_fixed::<T>,
+        }
+    }
+}
+
+/// A strategy without degrees of its own: one value, whatever the devices.
+pub trait Fixed: ContextStrategy + Default {
+    /// The texts that name it, its name first (`all-gather`, `all_gather`).
+    const SPELLINGS: &'static [&'static str];
+}
+
+fn parse_fixed<T: Fixed>(text: &str, _devices: usize) -> Option<Result<Strategy, ConfigError>> {
+    T::SPELLINGS
+        .contains(&text)
+        .then(|| Ok(T::default().into()))
+}
+
 /// The typed splash op of [`crate::local_splash`] a strategy's devices call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceOp {
@@ -69,7 +93,7 @@ pub enum DeviceOp {
     Heads,
     /// [`AllGatherAttention`](crate::local_splash::AllGatherAttention): this device's queries
     /// against every key.
-    WholeKeys,
+    AllKeys,
     /// [`RingAttention`](crate::local_splash::RingAttention): this device's queries against
     /// the K/V shard in hand, step by step.
     Ring,
@@ -80,7 +104,7 @@ impl DeviceOp {
     pub fn name(self) -> &'static str {
         match self {
             DeviceOp::Heads => "Ulysses attention op",
-            DeviceOp::WholeKeys => "all-gather attention op",
+            DeviceOp::AllKeys => "all-gather attention op",
             DeviceOp::Ring => "ring attention op",
         }
     }

@@ -20,22 +20,16 @@ use tessera_collectives::axes::Context;
 use tessera_collectives::{CollectiveError, Spmd};
 use tessera_splash::SeqOffsets;
 
-use super::{
-    Composition, ConfigError, ContextStrategy, DeviceOp, KernelCalls, Listing, Shards, Strategy,
-};
+use super::{Composition, ContextStrategy, DeviceOp, Fixed, KernelCalls, Listing, Shards};
 use crate::context::config::chunk_of;
 use crate::context::layout::{ModelMesh, SeqLseTensor, SeqTensor, WholeSegments};
 use crate::context::local_splash::RingAttention;
 use crate::context::{ContextParallel, CpError};
 
-pub(super) const LISTING: Listing = Listing {
-    name: "ring",
-    spellings: "ring",
-    parse,
-};
+pub(super) const LISTING: Listing = Listing::fixed::<Ring>("ring");
 
-fn parse(text: &str, _devices: usize) -> Option<Result<Strategy, ConfigError>> {
-    (text == "ring").then(|| Ok(Ring.into()))
+impl Fixed for Ring {
+    const SPELLINGS: &'static [&'static str] = &["ring"];
 }
 
 /// K/V passed around a ring over the context axis, partial results merged by logsumexp.

@@ -19,22 +19,16 @@ use tessera_collectives::axes::{Context, Data};
 use tessera_collectives::{CollectiveError, DTensor, Split, Spmd};
 use tessera_splash::SeqOffsets;
 
-use super::{
-    Composition, ConfigError, ContextStrategy, DeviceOp, KernelCalls, Listing, Shards, Strategy,
-};
+use super::{Composition, ContextStrategy, DeviceOp, Fixed, KernelCalls, Listing, Shards};
 use crate::context::layout::{ModelMesh, SeqLseTensor, SeqTensor, WholeSegments};
 use crate::context::local_splash::{ByHeads, UlyssesAttention};
 use crate::context::spmd::replicate_heads;
 use crate::context::{ContextParallel, CpError};
 
-pub(super) const LISTING: Listing = Listing {
-    name: "ulysses",
-    spellings: "ulysses",
-    parse,
-};
+pub(super) const LISTING: Listing = Listing::fixed::<Ulysses>("ulysses");
 
-fn parse(text: &str, _devices: usize) -> Option<Result<Strategy, ConfigError>> {
-    (text == "ulysses").then(|| Ok(Ulysses.into()))
+impl Fixed for Ulysses {
+    const SPELLINGS: &'static [&'static str] = &["ulysses"];
 }
 
 /// All-to-all from sequence to heads and back: every device attends `H/U` heads over the

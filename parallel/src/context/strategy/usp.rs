@@ -13,7 +13,6 @@ use std::rc::Rc;
 
 use tessera_collectives::axes::{Context, Data};
 use tessera_collectives::{CollectiveError, DTensor, Invariant, Replicated, Split, Spmd};
-use tessera_hlo::{FuncBuilder, Value};
 
 use super::ring::ring_calls;
 use super::{
@@ -23,7 +22,7 @@ use crate::context::layout::{
     ModelMesh, Pieces, RingAxis, Seq, SeqLse, SeqLseTensor, SeqTensor, WholeSegments,
 };
 use crate::context::local_splash::{BySequence, RingAttention};
-use crate::context::spmd::replicate_heads;
+use crate::context::spmd::{chunk_view, replicate_heads};
 use crate::context::{ContextParallel, CpError};
 
 pub(super) const LISTING: Listing = Listing {
@@ -124,17 +123,6 @@ type Chunks5 = (
 type Chunks5Lse = (Split<Data>, Split<Context>, Split<RingAxis>, Replicated);
 /// `[b, H/U, S, D]` with the sequence over `ring`: what the ring steps work on.
 type Chunks = BySequence<Split<Data>, Split<Context>, RingAxis>;
-
-/// `[b, h, n, ..]` as `[b, h, 1, n, ..]`, or back (`merge`).
-fn chunk_view(f: &mut FuncBuilder<'_>, x: Value, merge: bool) -> Result<Value, CollectiveError> {
-    let d = f.value_type(x)?.dims.clone();
-    let dims: Vec<i64> = if merge {
-        [&d[..2], &[d[2] * d[3]], &d[4..]].concat()
-    } else {
-        [&d[..2], &[1], &d[2..]].concat()
-    };
-    Ok(f.reshape(x, &dims)?)
-}
 
 /// A device's piece `[b, H, s, D]` to the whole chunk of `H/U` heads, replicating the heads
 /// `rep` times first.
