@@ -187,11 +187,7 @@ impl Partitioning {
             (None, None) => DEFAULT_DEVICES,
         };
         let (q_len, kv_len) = match &strategy {
-            Some(s) => s.local_lengths(Shards {
-                seq: dims.q_len,
-                devices,
-                parts: if load_balance { 2 } else { 1 },
-            }),
+            Some(s) => s.local_lengths(Shards::of(dims.q_len, devices, load_balance)),
             None => (dims.q_len, dims.kv_len),
         };
         Ok(Partitioning {

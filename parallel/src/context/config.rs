@@ -166,20 +166,12 @@ impl ContextParallel {
 
     /// Chunks of each device's shard attended separately: 2 with load balancing, else 1.
     pub fn parts(&self) -> usize {
-        if self.load_balance {
-            2
-        } else {
-            1
-        }
+        self.shards().parts
     }
 
     /// How the sequence is cut over the context devices.
     pub fn shards(&self) -> Shards {
-        Shards {
-            seq: self.dims.q_len,
-            devices: self.devices,
-            parts: self.parts(),
-        }
+        Shards::of(self.dims.q_len, self.devices, self.load_balance)
     }
 
     /// The queries and keys (per head) each kernel call of a device holds.

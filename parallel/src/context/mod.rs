@@ -28,7 +28,7 @@
 //!   [`Names`], how a command line names them;
 //! - `stats`: [`CpStats`];
 //! - `program`: the standalone programs, their compilation and the host-side permutations;
-//! - [`layer`]: [`AttentionLayer`], the strategy inside a model's program;
+//! - [`layer`]: [`AttentionLayer`](layer::AttentionLayer), the strategy inside a model's program;
 //! - `layout`: [`ModelMesh`], the mesh every strategy composes on, and its layouts;
 //! - [`local_splash`]: the typed splash calls per device, whose signatures state what each
 //!   device must hold;

@@ -120,6 +120,15 @@ pub struct Shards {
 }
 
 impl Shards {
+    /// `seq` positions over `devices` devices, each shard two chunks with load balancing.
+    pub fn of(seq: usize, devices: usize, load_balance: bool) -> Self {
+        Shards {
+            seq,
+            devices,
+            parts: if load_balance { 2 } else { 1 },
+        }
+    }
+
     /// The length of one chunk when the sequence is cut into `shards x parts` chunks.
     pub fn chunk(&self, shards: usize) -> usize {
         self.seq / (shards.max(1) * self.parts.max(1))
