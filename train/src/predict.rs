@@ -18,7 +18,11 @@
 //!   All-gather: each device's queries against every key; the step waits for the busiest
 //!   device. Ring: `cp` steps, at step `t` device `c` holds the keys of `c - t`; each step
 //!   waits for its busiest device. With load balancing (MaxText's default, dual chunk swap)
-//!   a device's shard is chunks `c` and `2 cp - 1 - c` of `2 cp`.
+//!   a device's shard is chunks `c` and `2 cp - 1 - c` of `2 cp`. What each device holds and
+//!   where each of its kernel calls attends are the strategy's own rules
+//!   ([`StepSetup::context_parallel`]: `local_dims`, `kernel_calls`), which also validate the
+//!   setup; the collectives below are modelled per strategy (ulysses, all-gather, ring; the
+//!   others are "not modelled").
 //! * **Compute time** = FLOPs / (peak x [`Efficiency`]): one efficiency for matmuls and one
 //!   for attention blocks (both [`Efficiency::CALIBRATED`], see there).
 //! * **Collectives**, each `bytes / bandwidth` where the bandwidth is the links the
