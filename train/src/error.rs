@@ -177,7 +177,7 @@ pub enum SettingError {
         block_kv: usize,
         q_len: usize,
         kv_len: usize,
-        source: SplashError,
+        source: Box<SplashError>,
     },
 }
 
@@ -341,9 +341,9 @@ impl std::error::Error for SettingError {}
 /// Why training could not start or go on.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
-    /// A setting or a combination of settings that cannot run.
+    /// A setting or a combination of settings that cannot run (boxed: it is the largest).
     #[error(transparent)]
-    Setting(#[from] SettingError),
+    Setting(Box<SettingError>),
     /// The attention's context-parallel configuration (its strategy's rules), or running it.
     #[error(transparent)]
     ContextParallel(#[from] CpError),
@@ -355,6 +355,12 @@ pub enum TrainError {
     /// A checkpoint that cannot be written or read, or does not fit this run.
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: String, reason: String },
+}
+
+impl From<SettingError> for TrainError {
+    fn from(e: SettingError) -> Self {
+        TrainError::Setting(Box::new(e))
+    }
 }
 
 impl From<tessera_runtime::Error> for TrainError {

@@ -412,7 +412,7 @@ fn blocks(
                 block_kv: bkv,
                 q_len: q.1,
                 kv_len: kv.1,
-                source,
+                source: Box::new(source),
             })
         })
     };

@@ -54,7 +54,7 @@ strategies!(
 pub struct Listing {
     /// Its base spelling, which parses without degrees (`all-gather`, `usp`).
     pub name: &'static str,
-    /// Its spellings for messages, e.g. `all-gather (all_gather)`, `usp or usp:UxR`.
+    /// Its spellings for messages, e.g. `all-gather (all_gather)`, `usp (usp:UxR)`.
     pub spellings: &'static str,
     /// Parses `text` if it names this strategy (`devices`: the context devices, for forms
     /// that derive their degrees from them); `None` if it names another.

@@ -27,7 +27,7 @@ use crate::context::{ContextParallel, CpError};
 
 pub(super) const LISTING: Listing = Listing {
     name: "usp",
-    spellings: "usp or usp:UxR",
+    spellings: "usp (usp:UxR)",
     parse,
 };
 
