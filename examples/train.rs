@@ -24,11 +24,11 @@ use plotters::prelude::*;
 use tessera::backend::{Backend, Platform};
 use tessera_train::data::ENTROPY_NATS;
 use tessera_train::flops::{matmul_peak, model_flops_per_step};
-use tessera_train::{maxtext_name, ModelConfig, StepMetrics, TrainConfig, Trainer};
+use tessera_train::{StepMetrics, TrainConfig, Trainer};
 
 #[path = "../src/cli/train_flags.rs"]
 mod train_flags;
-use train_flags::StepFlags;
+use train_flags::{flag_error, ModelFlags, StepFlags};
 
 /// Train a small Llama-style model with context-parallel splash attention (MaxText's flags).
 #[derive(Parser, Debug)]
@@ -38,23 +38,8 @@ struct Args {
     /// plugin named by TESSERA_GPU_PJRT_PLUGIN) or tpu (the chips of a TPU VM).
     #[arg(long, default_value = "cpu")]
     backend: Backend,
-    /// Model preset: tiny (default) or small; the dim flags below override its dims.
-    #[arg(long, default_value = "tiny")]
-    model: String,
-    #[arg(long)]
-    vocab: Option<usize>,
-    #[arg(long)]
-    d_model: Option<usize>,
-    #[arg(long)]
-    layers: Option<usize>,
-    #[arg(long)]
-    heads: Option<usize>,
-    #[arg(long)]
-    kv_heads: Option<usize>,
-    #[arg(long)]
-    head_dim: Option<usize>,
-    #[arg(long)]
-    mlp_dim: Option<usize>,
+    #[command(flatten)]
+    model: ModelFlags,
     /// Training steps (the cosine schedule ends here).
     #[arg(long, default_value_t = 200)]
     steps: usize,
@@ -105,27 +90,12 @@ fn main() {
 }
 
 fn config(a: &Args) -> Result<TrainConfig, String> {
-    let mut model = ModelConfig::preset(&a.model).map_err(|e| e.to_string())?;
-    let dims = [
-        (&mut model.vocab, a.vocab),
-        (&mut model.d_model, a.d_model),
-        (&mut model.layers, a.layers),
-        (&mut model.heads, a.heads),
-        (&mut model.kv_heads, a.kv_heads),
-        (&mut model.head_dim, a.head_dim),
-        (&mut model.mlp_dim, a.mlp_dim),
-    ];
-    for (dim, flag) in dims {
-        if let Some(v) = flag {
-            *dim = v;
-        }
-    }
-    let mut cfg = a.step.config(model)?;
+    let mut cfg = a.step.config(a.model.model()?)?;
     cfg.steps = a.steps;
     cfg.learning_rate = a.learning_rate;
     cfg.warmup_steps = a.warmup_steps;
     cfg.seed = a.seed;
-    cfg.validate().map_err(|e| e.to_string())?;
+    cfg.validate().map_err(|e| flag_error(&e))?;
     Ok(cfg)
 }
 
@@ -154,7 +124,7 @@ fn check_memory(a: &Args, cfg: &TrainConfig, platform: Platform) -> Result<(), S
             "--model {} needs {:.1} GiB for the parameters, gradients and AdamW moments on {} \
              CPU devices, but this machine has {:.1} GiB available; train tiny or small here, \
              or compile the step for a TPU slice with `tessera compile --target tpu:...`",
-            a.model,
+            a.model.model,
             gib(needed),
             cfg.devices(),
             gib(available)
@@ -181,14 +151,14 @@ fn run(a: &Args) -> Result<(), String> {
     println!(
         "model {} ({} parameters), {} {} devices = {} {} x context {}, {}{}, global batch {} \
          x {} tokens, splash blocks q {} kv {}",
-        a.model,
+        a.model.model,
         cfg.model.num_params(),
         devices,
         platform,
         if cfg.fsdp() { "fsdp" } else { "data" },
         cfg.batch_shards(),
         cfg.ici_context_parallelism,
-        maxtext_name(cfg.strategy),
+        cfg.strategy.maxtext_name(),
         if cfg.load_balance {
             " (load balanced)"
         } else {
@@ -203,7 +173,7 @@ fn run(a: &Args) -> Result<(), String> {
         Some(path) => Trainer::resume(cfg.clone(), path, platform),
         None => Trainer::new(cfg.clone(), platform),
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| flag_error(&e))?;
     println!(
         "compiled the train step in {:.1} s; starting at step {}; parameters and AdamW \
          moments take {:.2} MiB per device",
@@ -361,7 +331,7 @@ fn draw_loss(path: &Path, history: &[StepMetrics], cfg: &TrainConfig) -> Result<
         .caption(
             format!(
                 "loss, {} on {} devices",
-                maxtext_name(cfg.strategy),
+                cfg.strategy.maxtext_name(),
                 cfg.devices()
             ),
             ("sans-serif", 22),

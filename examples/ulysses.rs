@@ -11,15 +11,16 @@
 use tessera::collectives::axes::Context;
 use tessera::collectives::{Mesh, Program, Replicated, Split};
 use tessera::dsl::{DType, HostArray, Target};
-use tessera::parallel::ops::UlyssesAttention;
-use tessera::parallel::{ContextMesh, ContextParallel, Strategy};
+use tessera::parallel::local_splash::UlyssesAttention;
+use tessera::parallel::strategy::Ulysses;
+use tessera::parallel::{ContextMesh, ContextParallel};
 use tessera::runtime::{Client, HostBuffer};
 use tessera::splash::{BlockSizes, Dims, Mask};
 
 /// `[B, H, S, D]` with the sequence split over `context`: what each device holds.
 type BySequence = (Replicated, Replicated, Split<Context>, Replicated);
 /// `[B, H, S]`.
-type BySequenceRows = (Replicated, Replicated, Split<Context>);
+type BySequenceLse = (Replicated, Replicated, Split<Context>);
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (devices, heads, seq, d) = (4, 8, 512, 32);
@@ -37,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         mask: Mask::causal(),
         block_sizes: BlockSizes::uniform(128, 128),
         options: Default::default(),
-        strategy: Strategy::Ulysses,
+        strategy: Ulysses.into(),
         devices,
         load_balance: false,
         target: Target::portable(),
@@ -57,8 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let (out, lse) = attention.forward(p, &q, &k, &v, None)?;
         // And back.
         out.all_to_all::<Context, 2, 1>()?.output::<BySequence>()?;
-        lse.all_to_all::<Context, 2, 1>()?
-            .output::<BySequenceRows>()
+        lse.all_to_all::<Context, 2, 1>()?.output::<BySequenceLse>()
     })?;
     for c in program.collectives() {
         println!(

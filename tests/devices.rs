@@ -38,7 +38,7 @@ fn ring_attention(platform: Platform) -> ContextParallel {
         mask: Mask::causal(),
         block_sizes: BlockSizes::uniform(128, 128),
         options: Default::default(),
-        strategy: Strategy::Ring,
+        strategy: Strategy::parse("ring", 2).expect("ring is a strategy"),
         devices: 2,
         load_balance: false,
         target: kernel_target(platform, &Target::portable()),

@@ -328,7 +328,7 @@ fn bad_input_gets_one_line_and_a_failure_exit() {
                 "--devices",
                 "3",
             ],
-            "the sequence length 128 is not divisible by the context degree 3",
+            "ring: the sequence length 128 is not divisible by the 3 sequence shards (--devices 3)",
         ),
         (
             vec!["--q", &q, "--k", &k1, "--v", &k1, "--strategy", "rings"],
@@ -346,7 +346,7 @@ fn bad_input_gets_one_line_and_a_failure_exit() {
                 "usp",
                 "--load-balance",
             ],
-            "does not support load balancing",
+            "--load-balance balances the all-gather and ring strategies, not usp:2x2",
         ),
         (
             vec![

@@ -10,6 +10,7 @@ use common::tessera;
 
 use tessera::dsl::{DType, Target};
 use tessera::hlo::Module;
+use tessera::parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera::parallel::{ContextParallel, Strategy};
 use tessera::splash::{
     splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention, SplashOptions,
@@ -176,15 +177,17 @@ fn check_manual_custom_calls(module: &Module) {
 #[test]
 fn context_parallel_forward_programs_compile_on_4_devices() {
     for strategy in [
-        Strategy::Ulysses,
-        Strategy::AllGather,
-        Strategy::Ring,
-        Strategy::Usp {
+        Strategy::from(Ulysses),
+        Strategy::from(AllGather),
+        Strategy::from(Ring),
+        Strategy::from(Usp {
             ulysses: 2,
             ring: 2,
-        },
+        }),
     ] {
-        let program = context_parallel(strategy).forward_program(true).unwrap();
+        let program = context_parallel(strategy.clone())
+            .forward_program(true)
+            .unwrap();
         check_manual_custom_calls(program.module());
         let report = compile("v5p:2x2x1", program.module());
         assert_eq!(report.devices, 4);
@@ -194,7 +197,7 @@ fn context_parallel_forward_programs_compile_on_4_devices() {
 
 #[test]
 fn ring_forward_backward_compiles_on_4_v5e_devices() {
-    let program = context_parallel(Strategy::Ring)
+    let program = context_parallel(Strategy::from(Ring))
         .forward_backward_program(true)
         .unwrap();
     check_manual_custom_calls(program.module());
@@ -208,7 +211,7 @@ fn ring_forward_backward_compiles_on_4_v5e_devices() {
 
 #[test]
 fn a_tpu_program_does_not_run_on_the_cpu() {
-    let cp = context_parallel(Strategy::Ulysses);
+    let cp = context_parallel(Strategy::from(Ulysses));
     let q = tessera::dsl::HostArray::zeros(DType::BF16, [1, 4, 1024, 128]);
     let x = tessera::parallel::CpInputs {
         q: &q,

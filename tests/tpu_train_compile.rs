@@ -36,7 +36,7 @@ fn tiny_step(strategy: &str, collective: &str) {
         &[
             "--model",
             "tiny",
-            "--num-layers",
+            "--layers",
             "2",
             "--ici-context-parallelism",
             "4",
@@ -117,8 +117,8 @@ fn tiny_step(strategy: &str, collective: &str) {
 #[test]
 fn the_step_estimate_says_why_it_is_missing() {
     for (extra, why) in [
-        (&["--num-layers", "3"][..], "even number of layers"),
-        (&["--num-layers", "2", "--no-step-estimate"][..], "skipped"),
+        (&["--layers", "3"][..], "even number of layers"),
+        (&["--layers", "2", "--no-step-estimate"][..], "skipped"),
     ] {
         let mut args = vec![
             "--model",
@@ -161,7 +161,7 @@ fn tiny_train_step_with_fsdp_compiles_for_v5p() {
         &[
             "--model",
             "tiny",
-            "--num-layers",
+            "--layers",
             "2",
             "--ici-fsdp-parallelism",
             "2",
@@ -251,7 +251,7 @@ fn llama2_7b_two_layers_compile_for_v5p_4x4x4() {
         &[
             "--model",
             "llama2-7b",
-            "--num-layers",
+            "--layers",
             "2",
             "--max-target-length",
             "32768",

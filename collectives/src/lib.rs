@@ -64,8 +64,9 @@
 //! error[E0277]: this local op needs dim 2 whole on every device, but dim 2 is split
 //! ```
 //!
-//! The real kernels compose the same way: tessera-parallel's typed splash ops
-//! (`tessera_parallel::ops`: `UlyssesAttention`, `AllGatherAttention`, `RingAttention`) bound
+//! The real kernels compose the same way: tessera-parallel's typed splash calls per device
+//! (`tessera_parallel::local_splash`: `UlyssesAttention`, `AllGatherAttention`,
+//! `RingAttention`) bound
 //! their operands' shardings with traits of their own, so the Ulysses program without its
 //! `all_to_all` fails with "Ulysses attention over `Context` needs the heads (dim 1) split over
 //! `Context` and the whole sequence (dim 2) on every device", and their results come back

@@ -529,8 +529,9 @@ impl<'m, M: MeshShape> Spmd<'m, M> {
     }
 
     /// Declares the layout of a per-device value built directly with the [`FuncBuilder`]
-    /// (e.g. by a local op): the escape hatch by which local results enter the typed world.
-    /// Checks the rank and that no mesh axis is used twice.
+    /// (by [`Spmd::with_builder`], a local op, or the gradients [`Spmd::vjp`] returns): how
+    /// values computed on the raw builder enter the typed world. Checks the rank and that no
+    /// mesh axis is used twice.
     pub fn declare<S: Layout<M>, V: Variation<M>>(
         &self,
         value: Value,

@@ -8,6 +8,7 @@ mod common;
 
 use common::{assert_close, random};
 use tessera_dsl::{DType, HostArray, Target};
+use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::{ContextParallel, CpInputs, Strategy};
 use tessera_runtime::Platform;
 use tessera_splash::reference::{self, RefInputs};
@@ -86,7 +87,7 @@ fn run_check(
     // The largest block that divides what every kernel call holds.
     let parts = if load_balance { 2 } else { 1 };
     let block = (seq / devices / parts).min(128);
-    let mut cp = config(strategy, devices, d, mask.clone(), block);
+    let mut cp = config(strategy.clone(), devices, d, mask.clone(), block);
     cp.load_balance = load_balance;
     let soft_cap = packed.then_some(3.0);
     cp.options.soft_cap = soft_cap.map(|c| c as f32);
@@ -260,7 +261,13 @@ fn each_strategy_moves_data_with_its_own_collectives() {
 
 #[test]
 fn segment_ids_are_gathered_as_int32() {
-    let cp = config(Strategy::Ulysses, 4, dims(8, 8, 512), Mask::causal(), 128);
+    let cp = config(
+        Strategy::from(Ulysses),
+        4,
+        dims(8, 8, 512),
+        Mask::causal(),
+        128,
+    );
     for program in [cp.forward_program(true), cp.forward_backward_program(true)] {
         let text = program.unwrap().to_mlir();
         let gathers: Vec<&str> = text
@@ -288,8 +295,8 @@ fn ulysses_holds_one_over_u_of_all_gathers_kv() {
         };
         cp.stats().unwrap()
     };
-    let ulysses = stats(Strategy::Ulysses);
-    let all_gather = stats(Strategy::AllGather);
+    let ulysses = stats(Strategy::from(Ulysses));
+    let all_gather = stats(Strategy::from(AllGather));
     // 2 of 32 KV heads over the whole sequence against all 32.
     assert_eq!(ulysses.kv_heads_per_device, 2);
     assert_eq!(
@@ -297,7 +304,7 @@ fn ulysses_holds_one_over_u_of_all_gathers_kv() {
         all_gather.kv_bytes_per_device
     );
     assert_eq!(all_gather.kv_bytes_per_device, 32 * 4096 * 128 * 2);
-    let ring = stats(Strategy::Ring);
+    let ring = stats(Strategy::from(Ring));
     assert_eq!(ring.kv_len_per_device, 4096 / 16);
     // Every collective reports what it sends: Ulysses' forward all-to-all of q keeps 1/16.
     let q_bytes = 32 * (4096 / 16) * 64 * 2;
@@ -309,8 +316,8 @@ fn ulysses_holds_one_over_u_of_all_gathers_kv() {
 
 #[test]
 fn load_balancing_evens_out_causal_work() {
-    for strategy in [Strategy::AllGather, Strategy::Ring] {
-        let mut cp = config(strategy, 4, dims(8, 8, 1024), Mask::causal(), 128);
+    for strategy in [Strategy::from(AllGather), Strategy::from(Ring)] {
+        let mut cp = config(strategy.clone(), 4, dims(8, 8, 1024), Mask::causal(), 128);
         let plain = cp.stats().unwrap().blocks_per_device;
         // Device r's queries see (r + 1) of 4 quarters of the keys: 8 query blocks of 128
         // per head x 8 heads.
@@ -345,7 +352,13 @@ fn load_balancing_evens_out_causal_work() {
 
 #[test]
 fn kv_replication_is_visible_in_the_stats() {
-    let cp = config(Strategy::Ulysses, 4, dims(8, 2, 512), Mask::causal(), 128);
+    let cp = config(
+        Strategy::from(Ulysses),
+        4,
+        dims(8, 2, 512),
+        Mask::causal(),
+        128,
+    );
     let s = cp.stats().unwrap();
     assert_eq!((s.kv_replication, s.kv_heads_per_device), (2, 1));
     assert!(s.to_string().contains("replicated 2x"), "{s}");
@@ -355,80 +368,80 @@ fn kv_replication_is_visible_in_the_stats() {
 fn invalid_configurations_are_named() {
     let cases: [(Strategy, usize, Dims, usize, &str); 7] = [
         (
-            Strategy::Ulysses,
+            Strategy::from(Ulysses),
             4,
             dims(6, 6, 512),
             128,
-            "ulysses: 6 query heads are not divisible by the Ulysses degree 4",
+            "ulysses: the 6 query heads are not divisible by the Ulysses degree 4",
         ),
-        (Strategy::Ulysses, 4, dims(6, 3, 512), 128, "6 query heads"),
+        (Strategy::from(Ulysses), 4, dims(6, 3, 512), 128, "6 query heads"),
         (
-            Strategy::Ulysses,
+            Strategy::from(Ulysses),
             8,
             dims(8, 3, 512),
             64,
-            "3 KV heads cannot be replicated evenly to the Ulysses degree 8",
+            "the Ulysses degree 8 neither divides the 3 KV heads nor is a multiple of them",
         ),
         (
-            Strategy::Ring,
+            Strategy::from(Ring),
             3,
             dims(8, 8, 512),
             128,
-            "ring: the sequence length 512 is not divisible by the context degree 3",
+            "ring: the sequence length 512 is not divisible by the 3 sequence shards (the context degree 3)",
         ),
         (
-            Strategy::Ring,
+            Strategy::from(Ring),
             8,
             dims(8, 8, 512),
             128,
-            "ring: block_q = 128 does not divide the 64 queries each attention call on a device holds",
+            "ring: block_q = 128 does not divide the 64 queries each attention call holds (the sequence length 512 / 8 sequence shards)",
         ),
         (
-            Strategy::AllGather,
+            Strategy::from(AllGather),
             8,
             dims(8, 8, 512),
             128,
             "all-gather: block_q = 128 does not divide the 64 queries",
         ),
         (
-            Strategy::Usp {
+            Strategy::from(Usp {
                 ulysses: 2,
                 ring: 2,
-            },
+            }),
             8,
             dims(8, 8, 512),
             128,
-            "usp:2x2: the degrees multiply to 4 devices but 8 were given",
+            "usp:2x2 runs on 4 devices (the product of its degrees), but the context degree is 8",
         ),
     ];
     for (strategy, devices, d, block, message) in cases {
-        let cp = config(strategy, devices, d, Mask::causal(), block);
+        let cp = config(strategy.clone(), devices, d, Mask::causal(), block);
         let e = cp.validate().unwrap_err().to_string();
         assert!(e.contains(message), "{strategy}: {e}");
         assert!(cp.forward_program(false).is_err());
     }
     let balanced = [
         (
-            Strategy::Ulysses,
+            Strategy::from(Ulysses),
             dims(8, 8, 512),
             128,
-            "ulysses: does not support load balancing (context_parallel_load_balance)",
+            "load balancing (load_balance) balances the all-gather and ring strategies, not ulysses",
         ),
         (
-            Strategy::Ring,
+            Strategy::from(Ring),
             dims(8, 8, 516),
             4,
-            "the sequence length 516 is not divisible by 8",
+            "the sequence length 516 is not divisible by the 8 sequence shards (the context degree 4 x 2 for load balancing (load_balance))",
         ),
         (
-            Strategy::Ring,
+            Strategy::from(Ring),
             dims(8, 8, 512),
             128,
             "ring: block_q = 128 does not divide the 64 queries",
         ),
     ];
     for (strategy, d, block, message) in balanced {
-        let mut cp = config(strategy, 4, d, Mask::causal(), block);
+        let mut cp = config(strategy.clone(), 4, d, Mask::causal(), block);
         cp.load_balance = true;
         let e = cp.validate().unwrap_err().to_string();
         assert!(e.contains(message), "{strategy}: {e}");
@@ -439,32 +452,32 @@ fn invalid_configurations_are_named() {
 fn strategies_parse_in_both_spellings() {
     assert_eq!(
         Strategy::parse("all_gather", 4).unwrap(),
-        Strategy::AllGather
+        Strategy::from(AllGather)
     );
     assert_eq!(
         Strategy::parse("all-gather", 4).unwrap(),
-        Strategy::AllGather
+        Strategy::from(AllGather)
     );
     assert_eq!(
         Strategy::parse("usp", 8).unwrap(),
-        Strategy::Usp {
+        Strategy::from(Usp {
             ulysses: 4,
             ring: 2
-        }
+        })
     );
     assert_eq!(
         Strategy::parse("usp", 4).unwrap(),
-        Strategy::Usp {
+        Strategy::from(Usp {
             ulysses: 2,
             ring: 2
-        }
+        })
     );
     assert_eq!(
         Strategy::parse("usp:1x4", 4).unwrap(),
-        Strategy::Usp {
+        Strategy::from(Usp {
             ulysses: 1,
             ring: 4
-        }
+        })
     );
     for bad in ["rings", "usp:2", "usp:0x4", "usp:ax2"] {
         let e = Strategy::parse(bad, 4).unwrap_err().to_string();

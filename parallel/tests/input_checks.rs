@@ -3,6 +3,7 @@
 //! errors, and zero sizes are refused instead of dividing by zero.
 
 use tessera_dsl::{DType, HostArray, Target};
+use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::{ContextParallel, CpInputs, Strategy};
 use tessera_runtime::Platform;
 use tessera_splash::{BlockSizes, Dims, Mask};
@@ -49,21 +50,24 @@ fn inputs<'a>(q: &'a HostArray, k: &'a HostArray, v: &'a HostArray) -> CpInputs<
     }
 }
 
-const STRATEGIES: [Strategy; 4] = [
-    Strategy::Ulysses,
-    Strategy::AllGather,
-    Strategy::Ring,
-    Strategy::Usp {
-        ulysses: 2,
-        ring: 1,
-    },
-];
+fn strategies() -> [Strategy; 4] {
+    [
+        Ulysses.into(),
+        AllGather.into(),
+        Ring.into(),
+        Usp {
+            ulysses: 2,
+            ring: 1,
+        }
+        .into(),
+    ]
+}
 
 #[test]
 fn every_strategy_checks_inputs_like_one_device() {
     let (q, kv) = (array(4, 0.5), array(2, 0.5));
-    for strategy in STRATEGIES {
-        let cp = config(strategy, dims(4, 2));
+    for strategy in strategies() {
+        let cp = config(strategy.clone(), dims(4, 2));
         let nan_q = array(4, f32::NAN);
         let e = cp
             .forward(Platform::Cpu, &inputs(&nan_q, &kv, &kv))
@@ -115,11 +119,14 @@ fn every_strategy_checks_inputs_like_one_device() {
 
 #[test]
 fn zero_sizes_are_refused_without_dividing_by_zero() {
-    for strategy in STRATEGIES {
-        for (d, name) in [(dims(0, 2), "heads"), (dims(4, 0), "kv_heads")] {
-            let e = config(strategy, d).validate().unwrap_err().to_string();
+    for strategy in strategies() {
+        for (d, name) in [(dims(0, 2), "query heads"), (dims(4, 0), "KV heads")] {
+            let e = config(strategy.clone(), d)
+                .validate()
+                .unwrap_err()
+                .to_string();
             assert!(
-                e.contains(&format!("{name} is 0; every dim must be at least 1")),
+                e.contains(&format!("the number of {name} is 0; it must be at least 1")),
                 "{strategy}: {e}"
             );
         }

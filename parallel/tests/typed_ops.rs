@@ -1,4 +1,4 @@
-//! The typed splash ops of `tessera_parallel::ops` used directly, as a user composes them:
+//! The typed splash calls of `tessera_parallel::local_splash` used directly, as a user composes them:
 //! a Ulysses program on a `data` x `context` mesh (batch split over `data`, which the
 //! built-in strategies do not do) gives the dense float64 reference, and so does its
 //! gradient built in the same program; an op built from another
@@ -10,7 +10,8 @@ mod common;
 use common::{assert_close, random};
 use tessera_collectives::prelude::*;
 use tessera_dsl::{DType, HostArray, Target};
-use tessera_parallel::ops::{AllGatherAttention, RingAttention, UlyssesAttention};
+use tessera_parallel::local_splash::{AllGatherAttention, RingAttention, UlyssesAttention};
+use tessera_parallel::strategy::{Ring, Ulysses, Usp};
 use tessera_parallel::{ContextMesh, ContextParallel, CpError, Strategy};
 use tessera_runtime::{Client, HostBuffer};
 use tessera_splash::reference::{self, RefInputs};
@@ -47,10 +48,10 @@ fn config(strategy: Strategy, devices: usize, batch: usize, seq: usize) -> Conte
 fn ulysses_op_with_the_batch_split_over_data_matches_the_reference() {
     // 2 x 2 devices: the batch (2) over `data`, the sequence over `context`.
     let (seq, batch) = (256, 2);
-    let cp = config(Strategy::Ulysses, 2, batch / 2, seq);
+    let cp = config(Strategy::from(Ulysses), 2, batch / 2, seq);
     let attention = UlyssesAttention::<Context>::new(&cp).unwrap();
     type BySeq = (Split<Data>, Replicated, Split<Context>, Replicated);
-    type BySeqRows = (Split<Data>, Replicated, Split<Context>);
+    type BySeqLse = (Split<Data>, Replicated, Split<Context>);
     let mesh = Mesh::<DataContext>::new([2, 2]).unwrap();
     let (b, s, d) = (batch as i64, seq as i64, HEAD_DIM as i64);
     let program = Program::build("ulysses_data_context", &mesh, |p| {
@@ -62,7 +63,7 @@ fn ulysses_op_with_the_batch_split_over_data_matches_the_reference() {
         let v = v.all_to_all::<Context, 1, 2>()?;
         let (out, lse) = attention.forward(p, &q, &k, &v, None)?;
         out.all_to_all::<Context, 2, 1>()?.output::<BySeq>()?;
-        lse.all_to_all::<Context, 2, 1>()?.output::<BySeqRows>()
+        lse.all_to_all::<Context, 2, 1>()?.output::<BySeqLse>()
     })
     .unwrap();
 
@@ -108,10 +109,10 @@ fn ulysses_forward_and_gradient_in_one_program_match_the_reference() {
     // `Spmd::vjp` (the splash kernel's custom VJP, the all-to-alls' transposes), reusing the
     // forward's results. The batch is split over `data`, the sequence over `context`.
     let (seq, batch) = (256, 2);
-    let cp = config(Strategy::Ulysses, 2, batch / 2, seq);
+    let cp = config(Strategy::from(Ulysses), 2, batch / 2, seq);
     let attention = UlyssesAttention::<Context>::new(&cp).unwrap();
     type BySeq = (Split<Data>, Replicated, Split<Context>, Replicated);
-    type BySeqRows = (Split<Data>, Replicated, Split<Context>);
+    type BySeqLse = (Split<Data>, Replicated, Split<Context>);
     let mesh = Mesh::<DataContext>::new([2, 2]).unwrap();
     let (b, s, d) = (batch as i64, seq as i64, HEAD_DIM as i64);
     let program = Program::build("ulysses_train_step", &mesh, |p| {
@@ -127,7 +128,7 @@ fn ulysses_forward_and_gradient_in_one_program_match_the_reference() {
         let (out, lse) = attention.forward(p, &qh, &kh, &vh, None)?;
         let out = out.all_to_all::<Context, 2, 1>()?;
         out.output::<BySeq>()?;
-        lse.all_to_all::<Context, 2, 1>()?.output::<BySeqRows>()?;
+        lse.all_to_all::<Context, 2, 1>()?.output::<BySeqLse>()?;
         for g in p.vjp(&[&out], &[&dout], &[&q, &k, &v])? {
             p.declare::<BySeq, Invariant>(g)?.output::<BySeq>()?;
         }
@@ -188,7 +189,7 @@ fn ulysses_forward_and_gradient_in_one_program_match_the_reference() {
 
 #[test]
 fn an_op_is_built_from_its_own_strategy() {
-    let ring = config(Strategy::Ring, 2, 1, 256);
+    let ring = config(Strategy::from(Ring), 2, 1, 256);
     let message = |e: CpError| e.to_string();
     let e = message(UlyssesAttention::<Context>::new(&ring).unwrap_err());
     assert!(
@@ -200,7 +201,7 @@ fn an_op_is_built_from_its_own_strategy() {
         e.contains("all-gather attention op") && e.contains("ring"),
         "{e}"
     );
-    let ulysses = config(Strategy::Ulysses, 2, 1, 256);
+    let ulysses = config(Strategy::from(Ulysses), 2, 1, 256);
     let e = message(RingAttention::<Context>::new(&ulysses).unwrap_err());
     assert!(
         e.contains("ring attention op") && e.contains("ulysses"),
@@ -208,10 +209,10 @@ fn an_op_is_built_from_its_own_strategy() {
     );
     assert_eq!(
         RingAttention::<Context>::new(&config(
-            Strategy::Usp {
+            Strategy::from(Usp {
                 ulysses: 2,
                 ring: 2
-            },
+            }),
             4,
             1,
             256
@@ -226,7 +227,7 @@ fn an_op_is_built_from_its_own_strategy() {
 fn an_op_on_a_mesh_its_kernels_were_not_built_for_names_the_operand() {
     // Kernels for 2 devices (2 heads each), a program on 4 (1 head each).
     let attention =
-        UlyssesAttention::<Context>::new(&config(Strategy::Ulysses, 2, 1, 256)).unwrap();
+        UlyssesAttention::<Context>::new(&config(Strategy::from(Ulysses), 2, 1, 256)).unwrap();
     type BySeq = (Replicated, Replicated, Split<Context>, Replicated);
     let mesh = Mesh::<ContextMesh>::new([4]).unwrap();
     let e = Program::build("ulysses", &mesh, |p| {

@@ -2,14 +2,17 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use tessera::backend::{self, Backend, Platform};
 use tessera::dsl::{DType, HostArray, Target, TargetRules};
 use tessera::npy::read_npy;
-use tessera::parallel::{kernel_target, CollectiveStat, ContextParallel, CpInputs, Strategy};
+use tessera::parallel::strategy::Shards;
+use tessera::parallel::{
+    kernel_target, CollectiveStat, ContextParallel, CpInputs, Names, Strategy,
+};
 use tessera::splash::{
-    splash_program, BlockSizes, BlockStats, Dims, Features, Forward, Grads, Inputs, Mask, Pass,
-    SegmentIds, SplashAttention, SplashOptions,
+    default_block, splash_program, BlockAxis, BlockSizes, BlockStats, Dims, Features, Forward,
+    Grads, Inputs, Mask, Pass, SegmentIds, SplashAttention, SplashOptions,
 };
 
 use super::outputs::Outputs;
@@ -44,12 +47,12 @@ pub struct AttentionArgs {
     /// Logit scale (default 1/sqrt(D)).
     #[arg(long, allow_negative_numbers = true)]
     pub scale: Option<f32>,
-    /// Query block size of every kernel (default: the largest divisor of S up to 512 that
-    /// tiles on TPU).
+    /// Query block size of every kernel (default: the queries each kernel call holds up to
+    /// 512, else their largest divisor up to 512 that tiles on TPU).
     #[arg(long, value_parser = positive)]
     pub block_q: Option<usize>,
-    /// Key block size of every kernel (default: the largest divisor of S up to 512 that is a
-    /// multiple of 128, or S).
+    /// Key block size of every kernel (default: the keys each kernel call holds up to 512,
+    /// else their largest divisor up to 512 that is a multiple of 128).
     #[arg(long, value_parser = positive)]
     pub block_kv: Option<usize>,
     /// Use the fused dq+dkv backward kernel.
@@ -123,16 +126,36 @@ fn read_float(path: &Path, what: &str, dtype: DType) -> Result<HostArray> {
     }
 }
 
-/// The largest divisor of `n` up to `cap` that is a multiple of `mult`, else `n`.
-pub(super) fn default_block(n: usize, cap: usize, mult: usize) -> usize {
-    if n <= cap {
-        return n;
-    }
-    (1..=cap)
-        .rev()
-        .find(|b| n % b == 0 && b % mult == 0)
-        .unwrap_or(n)
+/// The library's quantities as `tessera attention` and `tessera compile attention` name
+/// them: their flags where they have one (the dims of `tessera attention` come from the
+/// files).
+pub(super) struct AttentionFlags {
+    /// `tessera compile attention`: the dims and the backward's blocks are flags too.
+    pub compile: bool,
 }
+
+impl Names for AttentionFlags {
+    fn flag(&self, key: &str) -> Option<&str> {
+        Some(match (key, self.compile) {
+            ("context", _) => "--devices",
+            ("strategy", _) => "--strategy",
+            ("load_balance", _) => "--load-balance",
+            ("block_q_dkv", true) => "--block-q-dkv",
+            ("block_kv_dkv", true) => "--block-kv-dkv",
+            ("block_q" | "block_q_dkv" | "block_q_dq", _) => "--block-q",
+            ("block_kv" | "block_kv_dkv" | "block_kv_dq", _) => "--block-kv",
+            ("heads", true) => "--heads",
+            ("kv_heads", true) => "--kv-heads",
+            ("seq_len", true) => "--seq-len",
+            ("head_dim", true) => "--head-dim",
+            ("batch", true) => "--batch",
+            _ => return None,
+        })
+    }
+}
+
+/// How `tessera attention` names the library's quantities.
+const FLAGS: AttentionFlags = AttentionFlags { compile: false };
 
 /// Context devices when `--strategy` is given without `--devices`.
 pub(super) const DEFAULT_DEVICES: usize = 4;
@@ -154,24 +177,28 @@ impl Partitioning {
         load_balance: bool,
         dims: &Dims,
         (block_q, block_kv): (Option<usize>, Option<usize>),
+        names: &dyn Names,
     ) -> Result<Partitioning> {
         let strategy = match strategy {
-            Some(s) => Some(Strategy::parse(s, devices.unwrap_or(DEFAULT_DEVICES))?),
+            Some(s) => Some(
+                Strategy::parse(s, devices.unwrap_or(DEFAULT_DEVICES))
+                    .map_err(|e| anyhow!(e.describe(names)))?,
+            ),
             None => None,
         };
-        let devices = match (devices, strategy.and_then(|s| s.fixed_devices())) {
+        let devices = match (devices, strategy.as_ref().and_then(|s| s.fixed_devices())) {
             (Some(n), _) | (None, Some(n)) => n,
             (None, None) => DEFAULT_DEVICES,
         };
-        let (q_len, kv_len) = match strategy {
-            Some(s) => s.local_lengths(dims.q_len, devices, load_balance),
+        let (q_len, kv_len) = match &strategy {
+            Some(s) => s.local_lengths(Shards::of(dims.q_len, devices, load_balance)),
             None => (dims.q_len, dims.kv_len),
         };
         Ok(Partitioning {
             strategy,
             devices,
-            block_q: block_q.unwrap_or_else(|| default_block(q_len, 512, 16)),
-            block_kv: block_kv.unwrap_or_else(|| default_block(kv_len, 512, 128)),
+            block_q: block_q.unwrap_or_else(|| default_block(q_len, BlockAxis::Queries)),
+            block_kv: block_kv.unwrap_or_else(|| default_block(kv_len, BlockAxis::Keys)),
         })
     }
 }
@@ -266,6 +293,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         a.load_balance,
         &dims,
         (a.block_q, a.block_kv),
+        &FLAGS,
     )?;
     let blocks = BlockSizes::uniform(bq, bkv).with_fused_bwd(a.fused_bwd);
     let options = SplashOptions {
@@ -293,7 +321,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
             load_balance: a.load_balance,
             target: kernel_target(platform, &Target::portable()),
         };
-        cp.validate()?;
+        cp.validate().map_err(|e| anyhow!(e.describe(&FLAGS)))?;
         let x = CpInputs {
             q: &q,
             k: &k,

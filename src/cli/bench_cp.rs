@@ -2,10 +2,10 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use tessera::backend::Platform;
 use tessera::dsl::{DType, HostArray, Target};
-use tessera::parallel::{ContextParallel, CpExecutable, Strategy};
+use tessera::parallel::{ContextParallel, CpExecutable, Names, Strategy};
 use tessera::splash::{BlockSizes, Dims, Mask};
 
 /// Arguments of `tessera bench context-parallel`.
@@ -44,6 +44,26 @@ pub struct CpBenchArgs {
     /// minimum is reported.
     #[arg(long, default_value_t = 3, value_parser = super::positive)]
     pub reps: usize,
+}
+
+/// The library's quantities as `tessera bench context-parallel` names them.
+struct Flags;
+
+impl Names for Flags {
+    fn flag(&self, key: &str) -> Option<&str> {
+        Some(match key {
+            "strategy" => "--strategies",
+            "context" => "--devices",
+            "load_balance" => "--load-balance",
+            "heads" => "--heads",
+            "kv_heads" => "--kv-heads",
+            "seq_len" => "--seq",
+            "head_dim" => "--head-dim",
+            "batch" => "--batch",
+            k if k.starts_with("block_") => "--block",
+            _ => return None,
+        })
+    }
 }
 
 /// One strategy compiled, with its results of the last run.
@@ -98,9 +118,10 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
     );
     let mut variants = Vec::new();
     for name in &a.strategies {
-        let strategy = Strategy::parse(name, a.devices)?;
-        variants.push((strategy, false));
-        if a.load_balance && matches!(strategy, Strategy::AllGather | Strategy::Ring) {
+        let strategy = Strategy::parse(name, a.devices).map_err(|e| anyhow!(e.describe(&Flags)))?;
+        let balanced = a.load_balance && strategy.load_balances();
+        variants.push((strategy.clone(), false));
+        if balanced {
             variants.push((strategy, true));
         }
     }
@@ -117,11 +138,12 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
             load_balance,
             target: Target::portable(),
         };
+        cp.validate().map_err(|e| anyhow!(e.describe(&Flags)))?;
         let start = Instant::now();
         let forward = cp.forward_program(false)?.compile(Platform::Cpu)?;
         let forward_backward = cp.forward_backward_program(false)?.compile(Platform::Cpu)?;
         runs.push(Compiled {
-            name: format!("{strategy}{}", if load_balance { "+lb" } else { "" }),
+            name: format!("{}{}", cp.strategy, if load_balance { "+lb" } else { "" }),
             forward,
             forward_backward,
             compile_s: start.elapsed().as_secs_f64(),

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use tessera::dsl::{ArgSpec, DType, Target};
 use tessera::hlo::Module;
@@ -20,7 +20,7 @@ use tessera::splash::{
 };
 use tessera::tpu::{CompileReport, TpuTarget};
 
-use super::attention::{backward_path, Partitioning};
+use super::attention::{backward_path, AttentionFlags, Partitioning};
 use super::compile_train::{compile_train, CompileTrainArgs};
 use super::{parse_arg, parse_param};
 
@@ -252,6 +252,7 @@ fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<M
         a.load_balance,
         &dims,
         (a.block_q, a.block_kv),
+        &AttentionFlags { compile: true },
     )?;
     let blocks = BlockSizes {
         block_q_dkv: a.block_q_dkv.unwrap_or(bq),
@@ -291,7 +292,8 @@ fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<M
         load_balance: a.load_balance,
         target: target.clone(),
     };
-    cp.validate()?;
+    cp.validate()
+        .map_err(|e| anyhow!(e.describe(&AttentionFlags { compile: true })))?;
     // The backward of a context-parallel program is built with its forward (one program).
     let program = match a.pass {
         PassArg::Forward => cp.forward_program(a.segment_ids)?,

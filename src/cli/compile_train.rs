@@ -10,22 +10,17 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use tessera::dsl::Target;
-use tessera::parallel::Strategy;
 use tessera::tpu::{CompileReport, TpuTarget};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
-use tessera_train::{maxtext_name, train_step_program, ModelConfig, TrainConfig};
+use tessera_train::{train_step_program, TrainConfig};
 
-use super::train_flags::StepFlags;
+use super::train_flags::{flag_error, ModelFlags, StepFlags};
 
 /// Arguments of `tessera compile train` (MaxText's flag names).
 #[derive(Args, Debug)]
 pub struct CompileTrainArgs {
-    /// Model preset: tiny, small, llama2-7b or llama3.1-8b.
-    #[arg(long, default_value = "tiny")]
-    pub model: String,
-    /// Decoder layers (default: the preset's), e.g. to measure a few layers of a deep model.
-    #[arg(long)]
-    pub num_layers: Option<usize>,
+    #[command(flatten)]
+    pub model: ModelFlags,
     #[command(flatten)]
     pub step: StepFlags,
     /// The scoped VMEM budget the splash kernels are checked against and compiled with, in
@@ -40,13 +35,10 @@ pub struct CompileTrainArgs {
 
 /// The validated config of `a`, its attention kernels for `kernels` (a TPU target).
 pub fn train_config(a: &CompileTrainArgs, kernels: &Target) -> Result<TrainConfig> {
-    let mut model = ModelConfig::preset(&a.model)?;
-    if let Some(layers) = a.num_layers {
-        model.layers = layers;
-    }
+    let model = a.model.model().map_err(|e| anyhow!(e))?;
     let mut cfg = a.step.config(model).map_err(|e| anyhow!(e))?;
     cfg.target = kernels.clone();
-    cfg.validate()?;
+    cfg.validate().map_err(|e| anyhow!(flag_error(&e)))?;
     Ok(cfg)
 }
 
@@ -74,7 +66,7 @@ pub fn compile_train(
             target.topology()
         );
     }
-    let (_, program) = train_step_program(&cfg)?;
+    let (_, program) = train_step_program(&cfg).map_err(|e| anyhow!(flag_error(&e)))?;
     if let Some(path) = emit_stablehlo {
         std::fs::write(path, program.to_mlir())
             .with_context(|| format!("writing {}", path.display()))?;
@@ -237,22 +229,19 @@ fn predict(cfg: &TrainConfig, chip: Option<&Chip>) -> Result<StepPrediction, Str
     let Some(chip) = chip else {
         return Err("the step-time model knows v5p and v5e slices only".into());
     };
-    if matches!(cfg.strategy, Strategy::Usp { .. }) {
-        return Err("the step-time model does not model usp".into());
-    }
     let setup = StepSetup {
         model: cfg.model,
         seq_len: cfg.max_target_length,
         per_device_batch: cfg.per_device_batch_size as f64,
         fsdp: cfg.batch_shards(),
         context: cfg.ici_context_parallelism,
-        strategy: cfg.strategy,
+        strategy: cfg.strategy.clone(),
         load_balance: cfg.load_balance,
         blocks: cfg.block_sizes(),
         // The step's backward re-runs each layer's forward, the attention included.
         remat_attention: true,
     };
-    predict_step(&setup, chip, Efficiency::CALIBRATED).map_err(|e| e.to_string())
+    predict_step(&setup, chip, Efficiency::CALIBRATED).map_err(|e| flag_error(&e))
 }
 
 /// Per-device bytes of the compiled program: arguments + outputs + temporaries - aliased.
@@ -285,7 +274,7 @@ fn print_human(
         cfg.per_device_batch_size,
         cfg.ici_data_parallelism,
         cfg.ici_context_parallelism,
-        maxtext_name(cfg.strategy),
+        cfg.strategy.maxtext_name(),
         if cfg.load_balance {
             ", load balanced"
         } else {
@@ -395,7 +384,7 @@ fn report_json(
     let m = &cfg.model;
     o.insert("layers".into(), json!(m.layers));
     o.insert("params".into(), json!(m.num_params()));
-    o.insert("strategy".into(), json!(maxtext_name(cfg.strategy)));
+    o.insert("strategy".into(), json!(cfg.strategy.maxtext_name()));
     o.insert("data".into(), json!(cfg.ici_data_parallelism));
     o.insert("fsdp".into(), json!(cfg.ici_fsdp_parallelism));
     o.insert("context".into(), json!(cfg.ici_context_parallelism));

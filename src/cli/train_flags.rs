@@ -1,11 +1,58 @@
-//! The flags that shape a train step (sequence, batch, mesh, context-parallel strategy,
-//! splash blocks), MaxText's names, shared by `tessera compile train` and
-//! `examples/train.rs` (which includes this file by path).
+//! The flags that shape a train step (model, sequence, batch, mesh, context-parallel
+//! strategy, splash blocks), MaxText's names, shared by `tessera compile train` and
+//! `examples/train.rs` (which includes this file by path), and how the library's errors name
+//! them ([`MaxTextFlags`]).
 
 use clap::Args;
 use tessera::dsl::DType;
-use tessera::parallel::Strategy;
-use tessera_train::{ModelConfig, TrainConfig};
+use tessera::parallel::{Names, Strategy};
+use tessera_train::{ModelConfig, TrainConfig, TrainError};
+
+/// The model: a preset and the dims that override it.
+#[derive(Args, Debug, Clone)]
+pub struct ModelFlags {
+    /// Model preset: tiny, small, llama2-7b or llama3.1-8b (the dim flags below override
+    /// its dims).
+    #[arg(long, default_value = "tiny")]
+    pub model: String,
+    #[arg(long)]
+    pub vocab: Option<usize>,
+    #[arg(long)]
+    pub d_model: Option<usize>,
+    /// Decoder layers (default: the preset's), e.g. to compile a few layers of a deep model.
+    #[arg(long, alias = "num-layers")]
+    pub layers: Option<usize>,
+    #[arg(long)]
+    pub heads: Option<usize>,
+    #[arg(long)]
+    pub kv_heads: Option<usize>,
+    #[arg(long)]
+    pub head_dim: Option<usize>,
+    #[arg(long)]
+    pub mlp_dim: Option<usize>,
+}
+
+impl ModelFlags {
+    /// The preset with the dims these flags set.
+    pub fn model(&self) -> Result<ModelConfig, String> {
+        let mut model = ModelConfig::preset(&self.model).map_err(|e| flag_error(&e))?;
+        let dims = [
+            (&mut model.vocab, self.vocab),
+            (&mut model.d_model, self.d_model),
+            (&mut model.layers, self.layers),
+            (&mut model.heads, self.heads),
+            (&mut model.kv_heads, self.kv_heads),
+            (&mut model.head_dim, self.head_dim),
+            (&mut model.mlp_dim, self.mlp_dim),
+        ];
+        for (dim, flag) in dims {
+            if let Some(v) = flag {
+                *dim = v;
+            }
+        }
+        Ok(model)
+    }
+}
 
 /// Sequence, batch, mesh (data or fsdp x context), strategy and splash blocks of a train
 /// step.
@@ -36,8 +83,8 @@ pub struct StepFlags {
     /// Causal load balancing (zigzag) for all_gather and ring.
     #[arg(long)]
     pub context_parallel_load_balance: bool,
-    /// Splash block sizes (default: the largest power of two up to 512 dividing what each
-    /// attention call holds).
+    /// Splash block sizes (default: what each attention call holds up to 512, else its
+    /// largest divisor up to 512 that tiles on a TPU).
     #[arg(long)]
     pub sa_block_q: Option<usize>,
     #[arg(long)]
@@ -58,13 +105,8 @@ impl StepFlags {
     /// validated.
     pub fn config(&self, model: ModelConfig) -> Result<TrainConfig, String> {
         let cp = self.ici_context_parallelism;
-        let strategy = Strategy::parse(&self.context_parallel_strategy, cp).map_err(|_| {
-            format!(
-                "--context-parallel-strategy {} is not a strategy; use ulysses, all_gather, \
-                 ring, usp or usp:UxR",
-                self.context_parallel_strategy
-            )
-        })?;
+        let strategy = Strategy::parse(&self.context_parallel_strategy, cp)
+            .map_err(|e| e.describe(&MaxTextFlags))?;
         let dtype = DType::compute_from_name(&self.dtype).ok_or_else(|| {
             format!(
                 "--dtype {} is not a compute dtype of the train step; use f32 or bf16",
@@ -93,5 +135,170 @@ impl StepFlags {
             }
         }
         Ok(cfg)
+    }
+}
+
+/// The library's quantities as the train flags name them (MaxText's), and strategies as
+/// MaxText spells them (`all_gather`).
+#[derive(Debug, Clone, Copy)]
+pub struct MaxTextFlags;
+
+impl Names for MaxTextFlags {
+    fn flag(&self, key: &str) -> Option<&str> {
+        Some(match key {
+            "model" => "--model",
+            "vocab" => "--vocab",
+            "d_model" => "--d-model",
+            "layers" => "--layers",
+            "heads" => "--heads",
+            "kv_heads" => "--kv-heads",
+            "head_dim" => "--head-dim",
+            "mlp_dim" => "--mlp-dim",
+            "seq_len" => "--max-target-length",
+            "per_device_batch_size" => "--per-device-batch-size",
+            "context" => "--ici-context-parallelism",
+            "data" => "--ici-data-parallelism",
+            "fsdp" => "--ici-fsdp-parallelism",
+            "strategy" => "--context-parallel-strategy",
+            "load_balance" => "--context-parallel-load-balance",
+            "block_q" => "--sa-block-q",
+            "block_kv" => "--sa-block-kv",
+            // The backward's dq blocks follow the dkv ones.
+            "block_q_dkv" | "block_q_dq" => "--sa-block-q-dkv",
+            "block_kv_dkv" | "block_kv_dq" => "--sa-block-kv-dkv",
+            "steps" => "--steps",
+            "learning_rate" => "--learning-rate",
+            "dtype" => "--dtype",
+            "seed" => "--seed",
+            "resume" => "--resume",
+            _ => return None,
+        })
+    }
+
+    fn strategy(&self, strategy: &Strategy) -> String {
+        strategy.maxtext_name()
+    }
+}
+
+/// A train error as the train flags name its settings.
+pub fn flag_error(e: &TrainError) -> String {
+    e.describe(&MaxTextFlags)
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera::parallel::strategy::Usp;
+    use tessera_train::{ModelConfig, TrainConfig};
+
+    use super::flag_error;
+
+    /// A valid configuration: 4 heads of 8 (2 KV heads), 64 tokens on 4 context devices,
+    /// blocks 16.
+    fn micro() -> TrainConfig {
+        let model = ModelConfig {
+            vocab: 32,
+            d_model: 32,
+            layers: 1,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 8,
+            mlp_dim: 64,
+            rope_theta: 10_000.0,
+            norm_eps: 1e-6,
+        };
+        let mut cfg = TrainConfig::new(model);
+        cfg.max_target_length = 64;
+        cfg.sa_block_q = 16;
+        cfg.sa_block_kv = 16;
+        cfg.sa_block_q_dkv = 16;
+        cfg.sa_block_kv_dkv = 16;
+        cfg
+    }
+
+    /// Every error a bad combination gets names the flags that set it (the library's own
+    /// words are checked in train/tests/train.rs).
+    #[test]
+    fn bad_combinations_name_the_flags() {
+        type Change = Box<dyn Fn(&mut TrainConfig)>;
+        let cases: Vec<(Change, &str)> = vec![
+            (
+                Box::new(|c| c.ici_context_parallelism = 8),
+                "ulysses: the 4 query heads (--heads) are not divisible by the Ulysses degree 8; \
+                 use a --ici-context-parallelism that divides them",
+            ),
+            (
+                Box::new(|c| c.max_target_length = 72),
+                "ulysses: --sa-block-q 16 does not divide the 72 queries each attention call \
+                 holds (--max-target-length 72); use a --sa-block-q that divides 72, or a \
+                 --max-target-length that is a multiple of 16",
+            ),
+            (
+                Box::new(|c| {
+                    c.strategy = tessera::parallel::strategy::AllGather.into();
+                    c.max_target_length = 72;
+                }),
+                "all_gather: --sa-block-q 16 does not divide the 18 queries each attention \
+                 call holds (--max-target-length 72 / 4 sequence shards); use a --sa-block-q \
+                 that divides 18, or a --max-target-length that is a multiple of 64",
+            ),
+            (
+                Box::new(|c| c.max_target_length = 66),
+                "--max-target-length 66 is not divisible by the 4 sequence shards \
+                 (--ici-context-parallelism 4); use a multiple of 4",
+            ),
+            (
+                Box::new(|c| c.load_balance = true),
+                "--context-parallel-load-balance balances the all_gather and ring strategies, \
+                 not ulysses",
+            ),
+            (
+                Box::new(|c| {
+                    c.strategy = Usp {
+                        ulysses: 2,
+                        ring: 4,
+                    }
+                    .into()
+                }),
+                "usp:2x4 runs on 8 devices (the product of its degrees), but \
+                 --ici-context-parallelism is 4; set it to 8",
+            ),
+            (
+                Box::new(|c| c.model.kv_heads = 3),
+                "the 4 query heads (--heads) are not a multiple of the 3 KV heads (--kv-heads)",
+            ),
+            (
+                Box::new(|c| c.ici_fsdp_parallelism = 3),
+                "--ici-fsdp-parallelism 3 shards the parameters' --d-model dim (32) over 3 \
+                 devices, which does not divide it; use an fsdp degree that divides 32, or \
+                 --ici-data-parallelism 3",
+            ),
+            (
+                Box::new(|c| {
+                    c.ici_fsdp_parallelism = 2;
+                    c.ici_context_parallelism = 2;
+                    c.model.vocab = 33;
+                }),
+                "--ici-fsdp-parallelism 2 also shards the parameters' --vocab dim (33) over \
+                 the 2 context devices (--ici-context-parallelism 2)",
+            ),
+            (
+                Box::new(|c| {
+                    c.ici_fsdp_parallelism = 2;
+                    c.ici_data_parallelism = 2;
+                }),
+                "--ici-data-parallelism 2 and --ici-fsdp-parallelism 2 both split the batch",
+            ),
+            (
+                Box::new(|c| c.sa_block_kv_dkv = 0),
+                "--sa-block-kv-dkv is 0; it must be at least 1",
+            ),
+        ];
+        for (change, expected) in cases {
+            let mut cfg = micro();
+            change(&mut cfg);
+            let err = flag_error(&cfg.validate().unwrap_err());
+            assert!(err.contains(expected), "{err}\n  expected: {expected}");
+            assert!(!err.contains('\n'), "one sentence: {err}");
+        }
     }
 }

@@ -9,7 +9,7 @@ use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
 use crate::model::ParamSpec;
-use crate::{ModelConfig, TrainError};
+use crate::{ModelConfig, SettingError, TrainError};
 
 /// What a checkpoint holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,23 +100,21 @@ pub fn load(
     };
     let saved_model = get("model")?;
     if saved_model != model.to_string() {
-        return Err(err(
-            path,
-            format!(
-                "it holds the model `{saved_model}`, this run trains `{model}`; resume with \
-                 the --model and dims it was saved with"
-            ),
-        ));
+        return Err(SettingError::CheckpointModel {
+            path: path.display().to_string(),
+            saved: saved_model,
+            model: model.to_string(),
+        }
+        .into());
     }
     let saved_seed: u64 = get("seed")?.parse().map_err(|_| err(path, "bad seed"))?;
     if saved_seed != seed {
-        return Err(err(
-            path,
-            format!(
-                "it was saved with --seed {saved_seed}, this run has --seed {seed}; the data \
-                 would not continue where it stopped, resume with --seed {saved_seed}"
-            ),
-        ));
+        return Err(SettingError::CheckpointSeed {
+            path: path.display().to_string(),
+            saved: saved_seed,
+            seed,
+        }
+        .into());
     }
     let step: usize = get("step")?.parse().map_err(|_| err(path, "bad step"))?;
     let st = SafeTensors::deserialize(&data).map_err(|e| err(path, e.to_string()))?;

@@ -1,14 +1,18 @@
 //! What a run trains and how: the model's dims ([`ModelConfig`], presets `tiny`, `small`,
-//! `llama2-7b`, `llama3.1-8b`) and the run's settings ([`TrainConfig`], MaxText's names), checked before anything is
-//! compiled with one sentence per problem naming the flags and the fix.
+//! `llama2-7b`, `llama3.1-8b`) and the run's settings ([`TrainConfig`], MaxText's names),
+//! checked before anything is compiled with one error per problem naming the settings and
+//! the fix ([`SettingError`]; the context-parallel rules are the strategy's own, asked
+//! through [`TrainConfig::context_parallel`]).
 
 use std::fmt;
 
 use tessera_dsl::Target;
 use tessera_hlo::DType;
-use tessera_parallel::Strategy;
-use tessera_splash::BlockSizes;
+use tessera_parallel::strategy::Ulysses;
+use tessera_parallel::{ContextParallel, Strategy};
+use tessera_splash::{default_block, BlockAxis, BlockSizes, Dims, Mask};
 
+use crate::error::{Setting, SettingError, WeightDim};
 use crate::TrainError;
 
 /// A Llama-style decoder: token embedding, `layers` x (RMSNorm, GQA attention with RoPE,
@@ -112,11 +116,10 @@ impl ModelConfig {
             "small" => Ok(Self::small()),
             "llama2-7b" => Ok(Self::llama2_7b()),
             "llama3.1-8b" => Ok(Self::llama3_1_8b()),
-            _ => Err(TrainError::Config(format!(
-                "--model {name} is not a preset; use tiny, small, llama2-7b or llama3.1-8b \
-                 (and --d-model, --layers, \
-                 --heads, --kv-heads, --head-dim, --mlp-dim, --vocab to change its dims)"
-            ))),
+            _ => Err(SettingError::UnknownModel {
+                name: name.to_string(),
+            }
+            .into()),
         }
     }
 
@@ -146,31 +149,29 @@ impl ModelConfig {
         self.layers * (attention + mlp) + d * self.vocab
     }
 
-    fn check(&self) -> Result<(), TrainError> {
+    fn check(&self) -> Result<(), SettingError> {
         let dims = [
-            ("--vocab", self.vocab),
-            ("--d-model", self.d_model),
-            ("--layers", self.layers),
-            ("--heads", self.heads),
-            ("--kv-heads", self.kv_heads),
-            ("--head-dim", self.head_dim),
-            ("--mlp-dim", self.mlp_dim),
+            (Setting::Vocab, self.vocab),
+            (Setting::DModel, self.d_model),
+            (Setting::Layers, self.layers),
+            (Setting::Heads, self.heads),
+            (Setting::KvHeads, self.kv_heads),
+            (Setting::HeadDim, self.head_dim),
+            (Setting::MlpDim, self.mlp_dim),
         ];
-        if let Some((flag, _)) = dims.iter().find(|(_, n)| *n == 0) {
-            return config(format!("{flag} is 0; every model dim must be at least 1"));
+        if let Some(&(setting, _)) = dims.iter().find(|(_, n)| *n == 0) {
+            return Err(SettingError::Zero { setting });
         }
         if self.heads % self.kv_heads != 0 {
-            return config(format!(
-                "--heads {} is not a multiple of --kv-heads {}; grouped-query attention shares \
-                 each KV head among an equal number of query heads",
-                self.heads, self.kv_heads
-            ));
+            return Err(SettingError::GqaHeads {
+                heads: self.heads,
+                kv_heads: self.kv_heads,
+            });
         }
         if self.head_dim % 2 != 0 {
-            return config(format!(
-                "--head-dim {} is odd; RoPE rotates pairs of dims, use an even head dim",
-                self.head_dim
-            ));
+            return Err(SettingError::OddHeadDim {
+                head_dim: self.head_dim,
+            });
         }
         Ok(())
     }
@@ -269,7 +270,7 @@ impl TrainConfig {
             ici_data_parallelism: 1,
             ici_fsdp_parallelism: 1,
             dtype: DType::F32,
-            strategy: Strategy::Ulysses,
+            strategy: Ulysses.into(),
             load_balance: false,
             sa_block_q: 128,
             sa_block_kv: 128,
@@ -289,26 +290,42 @@ impl TrainConfig {
         }
     }
 
-    /// Sets the four splash blocks to the largest power of two up to 512 (MaxText's default
-    /// block) that divides what each attention call holds: the local queries for the `q`
-    /// blocks, the local keys for the `kv` blocks.
+    /// Sets the four splash blocks to splash's default ([`default_block`]) along what each
+    /// attention call holds: the local queries for the `q` blocks, the local keys for the
+    /// `kv` blocks (the strategy's local lengths).
     pub fn with_default_blocks(mut self) -> Self {
-        let cp = self.ici_context_parallelism.max(1);
-        let (q, kv) = self
-            .strategy
-            .local_lengths(self.max_target_length, cp, self.load_balance);
-        let block = |len: usize| {
-            (0..=9)
-                .rev()
-                .map(|e| 1usize << e)
-                .find(|b| len % b == 0)
-                .unwrap_or(1)
-        };
-        self.sa_block_q = block(q);
-        self.sa_block_q_dkv = block(q);
-        self.sa_block_kv = block(kv);
-        self.sa_block_kv_dkv = block(kv);
+        let (q, kv) = self.context_parallel().local_lengths();
+        self.sa_block_q = default_block(q, BlockAxis::Queries);
+        self.sa_block_q_dkv = default_block(q, BlockAxis::Queries);
+        self.sa_block_kv = default_block(kv, BlockAxis::Keys);
+        self.sa_block_kv_dkv = default_block(kv, BlockAxis::Keys);
         self
+    }
+
+    /// The attention of every layer as a context-parallel configuration: the batch of one
+    /// data shard, the context devices, a causal mask, the strategy, the blocks and the
+    /// target. Its strategy's rules are the step's (validation, local lengths, the mesh).
+    pub fn context_parallel(&self) -> ContextParallel {
+        let m = &self.model;
+        ContextParallel {
+            dims: Dims {
+                batch: self.per_device_batch_size * self.ici_context_parallelism,
+                heads: m.heads,
+                kv_heads: m.kv_heads,
+                q_len: self.max_target_length,
+                kv_len: self.max_target_length,
+                head_dim: m.head_dim,
+                head_dim_v: m.head_dim,
+            },
+            dtype: self.dtype,
+            mask: Mask::causal(),
+            block_sizes: self.block_sizes(),
+            options: Default::default(),
+            strategy: self.strategy.clone(),
+            devices: self.ici_context_parallelism,
+            load_balance: self.load_balance,
+            target: self.target.clone(),
+        }
     }
 
     /// Devices on the mesh's batch axis: the data or the fsdp degree (the other is 1).
@@ -351,126 +368,41 @@ impl TrainConfig {
         }
     }
 
-    /// Checks every flag and combination before anything is built; the message names the
-    /// flags and the fix.
+    /// Checks every setting and combination before anything is built: the model's dims,
+    /// the run's counts, the batch axis, and the attention's context-parallel configuration
+    /// by its strategy's rules ([`ContextParallel::check`]).
     pub fn validate(&self) -> Result<(), TrainError> {
         self.model.check()?;
         let counts = [
-            ("--steps", self.steps),
-            ("--max-target-length", self.max_target_length),
-            ("--per-device-batch-size", self.per_device_batch_size),
-            ("--ici-context-parallelism", self.ici_context_parallelism),
-            ("--ici-data-parallelism", self.ici_data_parallelism),
-            ("--ici-fsdp-parallelism", self.ici_fsdp_parallelism),
-            ("--sa-block-q", self.sa_block_q),
-            ("--sa-block-kv", self.sa_block_kv),
-            ("--sa-block-q-dkv", self.sa_block_q_dkv),
-            ("--sa-block-kv-dkv", self.sa_block_kv_dkv),
+            (Setting::Steps, self.steps),
+            (Setting::PerDeviceBatchSize, self.per_device_batch_size),
+            (Setting::ContextParallelism, self.ici_context_parallelism),
+            (Setting::DataParallelism, self.ici_data_parallelism),
+            (Setting::FsdpParallelism, self.ici_fsdp_parallelism),
         ];
-        if let Some((flag, _)) = counts.iter().find(|(_, n)| *n == 0) {
-            return config(format!("{flag} is 0; it must be at least 1"));
+        if let Some(&(setting, _)) = counts.iter().find(|(_, n)| *n == 0) {
+            return Err(SettingError::Zero { setting }.into());
         }
         if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
-            return config(format!(
-                "--learning-rate {} is not a positive number",
-                self.learning_rate
-            ));
+            return Err(SettingError::NotPositive {
+                setting: Setting::LearningRate,
+                value: self.learning_rate,
+            }
+            .into());
         }
         let per = self.layers_per_iteration;
         if per == 0 || self.model.layers % per != 0 {
-            return config(format!(
-                "{per} layers per loop iteration do not divide the {} layers; use a divisor \
-                 of the layers",
-                self.model.layers
-            ));
+            return Err(SettingError::LayersPerIteration {
+                per,
+                layers: self.model.layers,
+            }
+            .into());
         }
         if !matches!(self.dtype, DType::F32 | DType::BF16) {
-            return config(format!(
-                "dtype {:?} is not a compute dtype of the train step; use f32 or bf16",
-                self.dtype
-            ));
+            return Err(SettingError::ComputeDtype { dtype: self.dtype }.into());
         }
         self.check_fsdp()?;
-        let cp = self.ici_context_parallelism;
-        let strategy = maxtext_name(self.strategy);
-        if let Strategy::Usp { ulysses, ring } = self.strategy {
-            if ulysses * ring != cp {
-                return config(format!(
-                    "--context-parallel-strategy {strategy} runs on {ulysses} x {ring} = {} \
-                     context devices, but --ici-context-parallelism is {cp}; set \
-                     --ici-context-parallelism {} or pick usp:UxR with U x R = {cp}",
-                    ulysses * ring,
-                    ulysses * ring
-                ));
-            }
-        }
-        if self.load_balance && !matches!(self.strategy, Strategy::AllGather | Strategy::Ring) {
-            return config(format!(
-                "--context-parallel-load-balance balances the all_gather and ring strategies; \
-                 {strategy} needs no balancing, drop the flag"
-            ));
-        }
-        let ulysses = match self.strategy {
-            Strategy::Ulysses => cp,
-            Strategy::Usp { ulysses, .. } => ulysses,
-            _ => 1,
-        };
-        let m = &self.model;
-        if m.heads % ulysses != 0 {
-            return config(format!(
-                "--context-parallel-strategy {strategy} splits the heads over {ulysses} devices, \
-                 but the {} query heads (--heads) are not divisible by {ulysses}; use a \
-                 context degree (--ici-context-parallelism) that divides the heads, or the \
-                 all_gather or ring strategy",
-                m.heads
-            ));
-        }
-        if (m.kv_heads < ulysses && ulysses % m.kv_heads != 0)
-            || (m.kv_heads >= ulysses && m.kv_heads % ulysses != 0)
-        {
-            return config(format!(
-                "--context-parallel-strategy {strategy} splits the {} KV heads (--kv-heads) \
-                 over {ulysses} devices, which neither divides them nor is a multiple of them; \
-                 use a context degree that divides the KV heads or is a multiple of them",
-                m.kv_heads
-            ));
-        }
-        let s = self.max_target_length;
-        let shards = if self.load_balance { 2 * cp } else { cp };
-        if s % shards != 0 {
-            return config(format!(
-                "--max-target-length {s} is not divisible by the {shards} sequence shards \
-                 (--ici-context-parallelism {cp}{}); use a multiple of {shards}",
-                if self.load_balance {
-                    " x 2 for --context-parallel-load-balance"
-                } else {
-                    ""
-                }
-            ));
-        }
-        let (q_local, kv_local) = self.strategy.local_lengths(s, cp, self.load_balance);
-        let blocks = [
-            ("--sa-block-q", self.sa_block_q, q_local, "queries"),
-            ("--sa-block-kv", self.sa_block_kv, kv_local, "keys"),
-            ("--sa-block-q-dkv", self.sa_block_q_dkv, q_local, "queries"),
-            ("--sa-block-kv-dkv", self.sa_block_kv_dkv, kv_local, "keys"),
-        ];
-        for (flag, block, len, what) in blocks {
-            if len % block != 0 {
-                let per = s / len;
-                return config(format!(
-                    "{flag} {block} does not divide the {len} {what} each attention call holds \
-                     with {strategy} (--max-target-length {s}{}); use a {flag} that divides \
-                     {len}, or a --max-target-length that is a multiple of {}",
-                    if per > 1 {
-                        format!(" / {per} sequence shards")
-                    } else {
-                        String::new()
-                    },
-                    per * block
-                ));
-            }
-        }
+        self.context_parallel().check()?;
         Ok(())
     }
 }
@@ -479,70 +411,60 @@ impl TrainConfig {
     /// The batch axis is either data or fsdp, and fsdp splits every model dim it shards
     /// ([`crate::model::ParamSpec::fsdp_dim`] over the batch axis,
     /// [`crate::model::ParamSpec::context_dim`] over the context axis) evenly.
-    fn check_fsdp(&self) -> Result<(), TrainError> {
-        let (dp, fsdp) = (self.ici_data_parallelism, self.ici_fsdp_parallelism);
-        if dp > 1 && fsdp > 1 {
-            return config(format!(
-                "--ici-data-parallelism {dp} and --ici-fsdp-parallelism {fsdp} both split the \
-                 batch, but the mesh has one batch axis; set one of them to 1 (fsdp also \
-                 shards the parameters and optimizer state, data replicates them)"
-            ));
+    fn check_fsdp(&self) -> Result<(), SettingError> {
+        let (data, fsdp) = (self.ici_data_parallelism, self.ici_fsdp_parallelism);
+        if data > 1 && fsdp > 1 {
+            return Err(SettingError::BatchAxes { data, fsdp });
         }
         if fsdp == 1 {
             return Ok(());
         }
         let m = &self.model;
+        let width = |a, b| WeightDim(a, Some(b));
+        let one = |a| WeightDim(a, None);
         let dims = [
-            ("--d-model", m.d_model),
-            ("--heads x --head-dim", m.heads * m.head_dim),
-            ("--mlp-dim", m.mlp_dim),
+            (one(Setting::DModel), m.d_model),
+            (
+                width(Setting::Heads, Setting::HeadDim),
+                m.heads * m.head_dim,
+            ),
+            (one(Setting::MlpDim), m.mlp_dim),
         ];
-        if let Some((flag, n)) = dims.iter().find(|(_, n)| n % fsdp != 0) {
-            return config(format!(
-                "--ici-fsdp-parallelism {fsdp} shards the parameters' {flag} dim ({n}) over \
-                 {fsdp} devices, which does not divide it; use an fsdp degree that divides \
-                 {n}, or --ici-data-parallelism {fsdp}"
-            ));
+        if let Some(&(dim, size)) = dims.iter().find(|(_, n)| n % fsdp != 0) {
+            return Err(SettingError::FsdpDim { dim, size, fsdp });
         }
         // Each matrix's other model dim is split over the context axis
         // ([`crate::model::ParamSpec::context_dim`]).
-        let (context, cp) = (self.weight_context_shards(), self.ici_context_parallelism);
+        let shards = self.weight_context_shards();
         let dims = [
-            ("--vocab", m.vocab),
-            ("--d-model", m.d_model),
-            ("--heads x --head-dim", m.heads * m.head_dim),
-            ("--kv-heads x --head-dim", m.kv_heads * m.head_dim),
-            ("--mlp-dim", m.mlp_dim),
+            (one(Setting::Vocab), m.vocab),
+            (one(Setting::DModel), m.d_model),
+            (
+                width(Setting::Heads, Setting::HeadDim),
+                m.heads * m.head_dim,
+            ),
+            (
+                width(Setting::KvHeads, Setting::HeadDim),
+                m.kv_heads * m.head_dim,
+            ),
+            (one(Setting::MlpDim), m.mlp_dim),
         ];
-        if let Some((flag, n)) = dims.iter().find(|(_, n)| n % context != 0) {
-            return config(format!(
-                "--ici-fsdp-parallelism {fsdp} also shards the parameters' {flag} dim ({n}) \
-                 over the {context} context devices (--ici-context-parallelism {cp}), which \
-                 does not divide it; use a context degree that divides {n}, or \
-                 --ici-data-parallelism {fsdp}"
-            ));
+        if let Some(&(dim, size)) = dims.iter().find(|(_, n)| n % shards != 0) {
+            return Err(SettingError::FsdpContextDim {
+                dim,
+                size,
+                fsdp,
+                shards,
+                context: self.ici_context_parallelism,
+            });
         }
         Ok(())
     }
 
     /// Devices on the mesh's `context` axis, over which fsdp also splits the weights: the
-    /// context degree, or the Ulysses degree of USP (whose ring axis keeps them replicated).
+    /// context degree, or a strategy's own share of it when it has a ring axis too (USP's
+    /// Ulysses degree; the ring axis keeps the weights replicated).
     pub fn weight_context_shards(&self) -> usize {
-        match self.strategy {
-            Strategy::Usp { ulysses, .. } => ulysses,
-            _ => self.ici_context_parallelism,
-        }
+        self.context_parallel().mesh_sizes(1)[1]
     }
-}
-
-/// A strategy as MaxText spells it.
-pub fn maxtext_name(s: Strategy) -> String {
-    match s {
-        Strategy::AllGather => "all_gather".into(),
-        other => other.to_string(),
-    }
-}
-
-fn config<T>(message: String) -> Result<T, TrainError> {
-    Err(TrainError::Config(message))
 }

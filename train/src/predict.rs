@@ -18,7 +18,11 @@
 //!   All-gather: each device's queries against every key; the step waits for the busiest
 //!   device. Ring: `cp` steps, at step `t` device `c` holds the keys of `c - t`; each step
 //!   waits for its busiest device. With load balancing (MaxText's default, dual chunk swap)
-//!   a device's shard is chunks `c` and `2 cp - 1 - c` of `2 cp`.
+//!   a device's shard is chunks `c` and `2 cp - 1 - c` of `2 cp`. What each device holds and
+//!   where each of its kernel calls attends are the strategy's own rules
+//!   ([`StepSetup::context_parallel`]: `local_dims`, `kernel_calls`), which also validate the
+//!   setup; the collectives below are modelled per strategy (ulysses, all-gather, ring; the
+//!   others are "not modelled").
 //! * **Compute time** = FLOPs / (peak x [`Efficiency`]): one efficiency for matmuls and one
 //!   for attention blocks (both [`Efficiency::CALIBRATED`], see there).
 //! * **Collectives**, each `bytes / bandwidth` where the bandwidth is the links the
@@ -51,9 +55,12 @@
 //! pipeline bubbles of the ring's first/last step, and host overheads.
 
 use serde_json::json;
-use tessera_parallel::Strategy;
-use tessera_splash::{BlockSizes, Major, Mask, MaskInfo, SeqOffsets};
+use tessera_dsl::{DType, Target};
+use tessera_parallel::strategy::{AllGather, Ring, Ulysses};
+use tessera_parallel::{ContextParallel, Strategy};
+use tessera_splash::{BlockSizes, Dims, Major, Mask, MaskInfo, SeqOffsets};
 
+use crate::error::{Setting, SettingError};
 use crate::flops::model_flops;
 use crate::{ModelConfig, TrainError};
 
@@ -110,10 +117,9 @@ impl Chip {
     /// Parses `v5p:AxBxC` or `v5e:AxB`.
     pub fn parse(s: &str) -> Result<Chip, TrainError> {
         let bad = || {
-            TrainError::Config(format!(
-                "--target {s} is not a TPU slice; use v5p:AxBxC (e.g. v5p:4x4x4) or v5e:AxB \
-                 (e.g. v5e:16x16)"
-            ))
+            TrainError::from(SettingError::NotASlice {
+                text: s.to_string(),
+            })
         };
         let (kind, dims) = s.split_once(':').ok_or_else(bad)?;
         let dims: Vec<usize> = dims
@@ -176,6 +182,33 @@ pub struct StepSetup {
     /// Whether the backward reruns the attention forward (remat of everything but the
     /// attention context, as in the origin PR).
     pub remat_attention: bool,
+}
+
+impl StepSetup {
+    /// One sequence's attention as a context-parallel configuration (causal), whose strategy
+    /// says what each device holds and where each kernel call attends.
+    pub fn context_parallel(&self) -> ContextParallel {
+        let m = &self.model;
+        ContextParallel {
+            dims: Dims {
+                batch: 1,
+                heads: m.heads,
+                kv_heads: m.kv_heads,
+                q_len: self.seq_len,
+                kv_len: self.seq_len,
+                head_dim: m.head_dim,
+                head_dim_v: m.head_dim,
+            },
+            dtype: DType::BF16,
+            mask: Mask::causal(),
+            block_sizes: self.blocks,
+            options: Default::default(),
+            strategy: self.strategy.clone(),
+            devices: self.context,
+            load_balance: self.load_balance,
+            target: Target::portable(),
+        }
+    }
 }
 
 /// Seconds of each part of the step (see the module docs for the equations).
@@ -343,12 +376,13 @@ fn mesh_axes(chip: &Chip, fsdp: usize, context: usize) -> Result<(Axes, Axes), T
                 wrap: chip.wraparound,
             },
         )),
-        _ => Err(TrainError::Config(format!(
-            "--ici-fsdp-parallelism {fsdp} x --ici-context-parallelism {context} does not map \
-             onto whole axes of the {} torus {:?}; use a context degree that is the product of \
-             its last axes and an fsdp degree that is the product of the rest",
-            chip.name, chip.torus
-        ))),
+        _ => Err(SettingError::MeshNotOnTorus {
+            fsdp,
+            context,
+            chip: chip.name.clone(),
+            torus: chip.torus.clone(),
+        }
+        .into()),
     }
 }
 
@@ -372,12 +406,14 @@ fn blocks(
             true,
         )
         .map(|i| i.stats.computed())
-        .map_err(|e| {
-            TrainError::Config(format!(
-                "splash blocks {bq}x{bkv} for {} queries x {} keys: {e}; use --sa-block-* \
-                 that divide the lengths each attention call holds",
-                q.1, kv.1
-            ))
+        .map_err(|source| {
+            TrainError::from(SettingError::Blocks {
+                block_q: bq,
+                block_kv: bkv,
+                q_len: q.1,
+                kv_len: kv.1,
+                source: Box::new(source),
+            })
         })
     };
     Ok((
@@ -386,37 +422,43 @@ fn blocks(
     ))
 }
 
-/// The chunks (offset, length) of device `c`'s sequence shard.
-fn shard_parts(seq: usize, cp: usize, c: usize, load_balance: bool) -> Vec<(usize, usize)> {
-    if load_balance {
-        let part = seq / (2 * cp);
-        vec![(c * part, part), ((2 * cp - 1 - c) * part, part)]
-    } else {
-        vec![(c * seq / cp, seq / cp)]
-    }
-}
-
-/// Blocks of device `c`'s queries against device `k`'s keys.
-fn shard_blocks(
-    s: &StepSetup,
-    c: usize,
-    k: usize,
-    kv_whole: bool,
+/// Forward and fused-backward blocks (per head) of the kernel calls of one step on shard
+/// `shard`, each call of `lens` queries and keys at the shard's offsets.
+fn step_blocks(
+    b: &BlockSizes,
+    step: &[Vec<SeqOffsets>],
+    shard: usize,
+    (q_len, kv_len): (usize, usize),
 ) -> Result<(usize, usize), TrainError> {
-    let (seq, cp, lb) = (s.seq_len, s.context, s.load_balance);
-    let kv_parts = if kv_whole {
-        vec![(0, seq)]
-    } else {
-        shard_parts(seq, cp, k, lb)
-    };
     let mut total = (0, 0);
-    for q in shard_parts(seq, cp, c, lb) {
-        for &kv in &kv_parts {
-            let (f, b) = blocks(&s.blocks, q, kv)?;
-            total = (total.0 + f, total.1 + b);
-        }
+    for call in step {
+        let o = call[shard % call.len()];
+        let (f, bw) = blocks(b, (o.q, q_len), (o.kv, kv_len))?;
+        total = (total.0 + f, total.1 + bw);
     }
     Ok(total)
+}
+
+/// The strategies the step-time model covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Modelled {
+    Ulysses,
+    AllGather,
+    Ring,
+}
+
+impl Modelled {
+    fn of(s: &Strategy) -> Option<Self> {
+        if s.is::<Ulysses>() {
+            Some(Modelled::Ulysses)
+        } else if s.is::<AllGather>() {
+            Some(Modelled::AllGather)
+        } else if s.is::<Ring>() {
+            Some(Modelled::Ring)
+        } else {
+            None
+        }
+    }
 }
 
 /// Predicts one training step of `setup` on `chip` (see the module docs).
@@ -429,19 +471,22 @@ pub fn predict_step(
     let m = &s.model;
     let cp = s.context;
     let devices = s.fsdp * cp;
-    if s.fsdp == 0 || cp == 0 {
-        return Err(TrainError::Config(
-            "--ici-fsdp-parallelism and --ici-context-parallelism must be at least 1".into(),
-        ));
+    for (setting, n) in [
+        (Setting::FsdpParallelism, s.fsdp),
+        (Setting::ContextParallelism, cp),
+    ] {
+        if n == 0 {
+            return Err(SettingError::Zero { setting }.into());
+        }
     }
     if devices != chip.chips() {
-        return Err(TrainError::Config(format!(
-            "--ici-fsdp-parallelism {} x --ici-context-parallelism {cp} = {devices} devices, \
-             but {} has {} chips; make their product the slice's chip count",
-            s.fsdp,
-            chip.name,
-            chip.chips()
-        )));
+        return Err(SettingError::SliceChips {
+            fsdp: s.fsdp,
+            context: cp,
+            chip: chip.name.clone(),
+            chips: chip.chips(),
+        }
+        .into());
     }
     // The fsdp axes carry no collective of their own: the weights are sharded over the
     // whole slice. Mapping them still checks that the mesh fits the torus.
@@ -452,42 +497,28 @@ pub fn predict_step(
     };
     let sequences = s.per_device_batch * devices as f64;
     if !(sequences >= 1.0 && sequences.fract() == 0.0 && sequences as usize % s.fsdp == 0) {
-        return Err(TrainError::Config(format!(
-            "--per-device-batch-size {} x {devices} devices = {sequences} sequences, which the \
-             {} fsdp shards cannot split evenly; use a batch whose total is a multiple of {}",
-            s.per_device_batch, s.fsdp, s.fsdp
-        )));
+        return Err(SettingError::BatchNotSplit {
+            per_device: s.per_device_batch,
+            devices,
+            fsdp: s.fsdp,
+        }
+        .into());
     }
     let seqs_per_device = sequences as usize / s.fsdp;
-    let shards = if s.load_balance { 2 * cp } else { cp };
-    if s.seq_len % shards != 0 {
-        return Err(TrainError::Config(format!(
-            "--max-target-length {} is not divisible by the {shards} sequence shards; use a \
-             multiple of {shards}",
-            s.seq_len
-        )));
-    }
-    let (heads_local, kv_heads_local) = match s.strategy {
-        Strategy::Ulysses => {
-            if m.heads % cp != 0 {
-                return Err(TrainError::Config(format!(
-                    "ulysses splits the {} heads over {cp} context devices; use a context \
-                     degree that divides the heads",
-                    m.heads
-                )));
-            }
-            // Fewer KV heads than devices: each device gets one (replicated) KV head.
-            (m.heads / cp, (m.kv_heads / cp).max(1))
+    // The strategy's own rules: what divides what, what each device holds, where each
+    // kernel call attends.
+    let attention = s.context_parallel();
+    attention.check()?;
+    let Some(modelled) = Modelled::of(&s.strategy) else {
+        return Err(SettingError::NotModelled {
+            strategy: s.strategy.clone(),
         }
-        Strategy::AllGather | Strategy::Ring => (m.heads, m.kv_heads),
-        Strategy::Usp { .. } => {
-            return Err(TrainError::Config(
-                "the step-time model covers ulysses, all_gather and ring; usp is not modelled \
-                 yet"
-                .into(),
-            ))
-        }
+        .into());
     };
+    let local = attention.local_dims();
+    let (heads_local, kv_heads_local) = (local.heads, local.kv_heads);
+    let lens = attention.local_lengths();
+    let calls = attention.kernel_calls();
     let (d, hd, layers) = (m.d_model, m.head_dim, m.layers as f64);
     let tokens = (seqs_per_device * s.seq_len / cp) as f64;
     let peak = chip.peak_bf16_flops;
@@ -518,9 +549,9 @@ pub fn predict_step(
         (blocks.0 * h, blocks.1 * h)
     };
     let kv_shard_bytes = (seqs_per_device * s.seq_len / cp * kv_heads_local * hd) as f64 * BF16;
-    let (blocks_fwd, blocks_bwd, attn_layer_s, context_layer_s, context_bytes) = match s.strategy {
-        Strategy::Ulysses => {
-            let (f, bw) = per_seq(blocks(b, (0, s.seq_len), (0, s.seq_len))?);
+    let (blocks_fwd, blocks_bwd, attn_layer_s, context_layer_s, context_bytes) = match modelled {
+        Modelled::Ulysses => {
+            let (f, bw) = per_seq(step_blocks(b, &calls[0], 0, lens)?);
             let attn = (fwd_passes * f as f64 * fwd_block + bw as f64 * bwd_block) / attn_rate;
             // Local inputs of the all-to-alls: q and out with all heads, k and v with the KV
             // heads, each [seqs, S / cp, heads, D].
@@ -538,10 +569,10 @@ pub fn predict_step(
                 + exposed(kv_s, behind_bwd);
             (f, bw, attn, layer_s, bytes)
         }
-        Strategy::AllGather => {
+        Modelled::AllGather => {
             let mut worst = (0, 0, 0.0);
             for c in 0..cp {
-                let (f, bw) = per_seq(shard_blocks(s, c, 0, true)?);
+                let (f, bw) = per_seq(step_blocks(b, &calls[0], c, lens)?);
                 let t = (fwd_passes * f as f64 * fwd_block + bw as f64 * bwd_block) / attn_rate;
                 if t > worst.2 {
                     worst = (f, bw, t);
@@ -559,7 +590,7 @@ pub fn predict_step(
                 (fwd_passes + 1.0) * full,
             )
         }
-        Strategy::Ring => {
+        Modelled::Ring => {
             // Forward steps move K and V; backward steps move K, V, dK and dV.
             let kv_permute = if cp > 1 {
                 2.0 * kv_shard_bytes / link
@@ -568,10 +599,10 @@ pub fn predict_step(
             };
             let (mut fwd_s, mut bwd_s, mut exposed) = (0.0, 0.0, 0.0);
             let (mut fwd_blocks, mut bwd_blocks) = (0, 0);
-            for t in 0..cp {
+            for (t, calls) in calls.iter().enumerate() {
                 let mut step = (0, 0);
                 for c in 0..cp {
-                    let (f, bw) = per_seq(shard_blocks(s, c, (c + cp - t) % cp, false)?);
+                    let (f, bw) = per_seq(step_blocks(b, calls, c, lens)?);
                     step = (step.0.max(f), step.1.max(bw));
                 }
                 fwd_blocks += step.0;
@@ -595,7 +626,6 @@ pub fn predict_step(
                 bytes,
             )
         }
-        Strategy::Usp { .. } => unreachable!("rejected above"),
     };
     let attention_s = layers * attn_layer_s;
     let attention_flops =

@@ -5,13 +5,12 @@ use std::time::Instant;
 
 use tessera_collectives::{DeviceArray, Executable, MeshArgument, Program};
 use tessera_hlo::{DType, Reducer, TensorType};
-use tessera_parallel::{kernel_target, AttentionLayer, ContextParallel, ModelMesh};
+use tessera_parallel::{kernel_target, AttentionLayer, ModelMesh};
 use tessera_runtime::{Client, HostBuffer, Platform};
-use tessera_splash::{Dims, Mask};
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::model::{build_program, param_specs, Init, ParamSpec, StepKind};
-use crate::{SyntheticData, TrainConfig, TrainError};
+use crate::{SettingError, SyntheticData, TrainConfig, TrainError};
 
 /// What one step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -116,12 +115,12 @@ impl Trainer {
         let specs = param_specs(&cfg.model);
         let ck = checkpoint::load(path, &specs, &cfg.model, cfg.seed)?;
         if ck.step >= cfg.steps {
-            return Err(TrainError::Config(format!(
-                "--resume {} is at step {}, and --steps is {}; ask for more steps",
-                path.display(),
-                ck.step,
-                cfg.steps
-            )));
+            return Err(SettingError::ResumeAtEnd {
+                path: path.display().to_string(),
+                step: ck.step,
+                steps: cfg.steps,
+            }
+            .into());
         }
         Self::with_state(cfg, platform, client, ck.tensors, ck.step)
     }
@@ -407,30 +406,12 @@ pub fn train_step_program(
     Ok((layer, program))
 }
 
-/// The attention layer of `cfg`: its strategy over the context devices, the batch of one
-/// data shard, a causal mask.
+/// The attention layer of `cfg` ([`TrainConfig::context_parallel`]) on its batch shards.
 fn attention_layer(cfg: &TrainConfig) -> Result<AttentionLayer, TrainError> {
-    let m = &cfg.model;
-    let cp = ContextParallel {
-        dims: Dims {
-            batch: cfg.per_device_batch_size * cfg.ici_context_parallelism,
-            heads: m.heads,
-            kv_heads: m.kv_heads,
-            q_len: cfg.max_target_length,
-            kv_len: cfg.max_target_length,
-            head_dim: m.head_dim,
-            head_dim_v: m.head_dim,
-        },
-        dtype: cfg.dtype,
-        mask: Mask::causal(),
-        block_sizes: cfg.block_sizes(),
-        options: Default::default(),
-        strategy: cfg.strategy,
-        devices: cfg.ici_context_parallelism,
-        load_balance: cfg.load_balance,
-        target: cfg.target.clone(),
-    };
-    Ok(AttentionLayer::new(cp, cfg.batch_shards())?)
+    Ok(AttentionLayer::new(
+        cfg.context_parallel(),
+        cfg.batch_shards(),
+    )?)
 }
 
 /// The initial parameters from `seed`: normal (Box-Muller over the seed's stream) or ones.

@@ -2,6 +2,7 @@
 //! sanity, and the origin PR's cells beside the model's predictions.
 
 use tessera_dsl::{DType, TargetRules};
+use tessera_parallel::strategy::{AllGather, Ring, Ulysses};
 use tessera_parallel::Strategy;
 use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets, ShardedSplash, SplashAttention};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
@@ -40,7 +41,7 @@ fn predict(setup: &StepSetup, chip: &Chip) -> StepPrediction {
 
 #[test]
 fn matmul_and_attention_flops_match_hand_counts() {
-    let p = predict(&tiny(Strategy::Ulysses), &small_chip(vec![2, 4]));
+    let p = predict(&tiny(Strategy::from(Ulysses)), &small_chip(vec![2, 4]));
     // tiny: vocab 256, d 128, 2 layers, 8 heads, 4 KV heads, head dim 16, mlp 384.
     // Matmul params: 2 x (128*16*(16+8) + 3*128*384) + 128*256 = 425984; remat per layer:
     // 128*16*(8+8) + 2*128*384 = 131072; 256 tokens per device.
@@ -90,7 +91,7 @@ fn attention_blocks_match_splash_own_counts() {
     )
     .unwrap();
     let chip = small_chip(vec![2, 4]);
-    let p = predict(&tiny(Strategy::Ulysses), &chip);
+    let p = predict(&tiny(Strategy::from(Ulysses)), &chip);
     assert_eq!(p.counts.attention_blocks_fwd, ulysses.stats().computed());
     // All-gather: device c's 64 queries at 64 c against all 256 keys, 8 heads; the busiest
     // device (the last) bounds the step.
@@ -111,12 +112,12 @@ fn attention_blocks_match_splash_own_counts() {
         .map(|s| s.stats().computed())
         .max()
         .unwrap();
-    let p = predict(&tiny(Strategy::AllGather), &chip);
+    let p = predict(&tiny(Strategy::from(AllGather)), &chip);
     assert_eq!(p.counts.attention_blocks_fwd, busiest);
     assert_eq!(busiest, 4 * 8 * 4);
     // Ring without balancing: at every step some device holds a whole visible block (step 0:
     // the diagonal), so the chain is 4 steps of 1 block x 8 heads x 4 sequences.
-    let p = predict(&tiny(Strategy::Ring), &chip);
+    let p = predict(&tiny(Strategy::from(Ring)), &chip);
     assert_eq!(p.counts.attention_blocks_fwd, 4 * 8 * 4);
     // Balanced ring: device c holds chunks c and 7 - c of 8 (32 tokens, one block each); at
     // step t it holds the keys of k = c - t, chunks k and 7 - k. Query chunk c sees key chunk
@@ -125,7 +126,7 @@ fn attention_blocks_match_splash_own_counts() {
     let balanced = StepSetup {
         load_balance: true,
         blocks: BlockSizes::uniform(32, 32).with_fused_bwd(true),
-        ..tiny(Strategy::Ring)
+        ..tiny(Strategy::from(Ring))
     };
     let p = predict(&balanced, &chip);
     // 3 + 2 + 2 + 2 = 9 per head and sequence.
@@ -138,7 +139,7 @@ fn collective_bytes_match_hand_counts() {
     let link = 100e9;
     // Per device: 4 sequences x 64 tokens. q / out: 4*64*8*16*2 = 65536 bytes, k and v:
     // 4*64*4*16*2 = 32768 bytes each.
-    let u = predict(&tiny(Strategy::Ulysses), &chip);
+    let u = predict(&tiny(Strategy::from(Ulysses)), &chip);
     // Forward q, k, v, out; remat q, k, v; backward dout, dq, dk, dv.
     let bytes = 3.0 * 131072.0 + 2.0 * 65536.0;
     assert_eq!(u.counts.context_bytes_per_layer, bytes);
@@ -158,13 +159,13 @@ fn collective_bytes_match_hand_counts() {
     assert!((u.breakdown.context_collectives_s - 2.0 * per_layer).abs() < 1e-15);
     // All-gather: K and V gathered to 2 x 4 x 32768 bytes, forward and remat, dK/dV
     // reduce-scattered once; (n-1)/n over 2 links.
-    let a = predict(&tiny(Strategy::AllGather), &chip);
+    let a = predict(&tiny(Strategy::from(AllGather)), &chip);
     assert_eq!(a.counts.context_bytes_per_layer, 3.0 * 262144.0);
     let pass = 0.75 * 262144.0 / (2.0 * link);
     let per_layer = 2.0 * exposed(pass, behind_fwd) + exposed(pass, behind_bwd);
     assert!((a.breakdown.context_collectives_s - 2.0 * per_layer).abs() < 1e-15);
     // Ring: 3 permutes of K and V forward, 3 in the remat, 3 of K, V, dK, dV backward.
-    let r = predict(&tiny(Strategy::Ring), &chip);
+    let r = predict(&tiny(Strategy::from(Ring)), &chip);
     assert_eq!(r.counts.context_bytes_per_layer, 3.0 * 65536.0 * 4.0);
     // fsdp: a layer is 128*16*(16+8) + 3*128*384 = 196608 parameters.
     assert_eq!(u.counts.fsdp_gather_bytes_per_layer, 196608.0 * 2.0);
@@ -182,7 +183,7 @@ fn ring_steps_cost_the_larger_of_compute_and_transfer() {
         ici_link_bandwidth: 1e6,
         ..small_chip(vec![2, 4])
     };
-    let r = predict(&tiny(Strategy::Ring), &slow);
+    let r = predict(&tiny(Strategy::from(Ring)), &slow);
     let kv = 2.0 * 32768.0 / 1e6;
     let step_fwd = (8.0 * 4.0) * 4.0 * 64.0 * 64.0 * 16.0 / (459e12 * EFF.attention);
     let step_bwd = step_fwd * 2.5;
@@ -192,17 +193,21 @@ fn ring_steps_cost_the_larger_of_compute_and_transfer() {
 
 #[test]
 fn more_context_devices_mean_less_compute_per_device() {
-    for strategy in [Strategy::Ulysses, Strategy::AllGather, Strategy::Ring] {
+    for strategy in [
+        Strategy::from(Ulysses),
+        Strategy::from(AllGather),
+        Strategy::from(Ring),
+    ] {
         // The same 4 sequences over fsdp 2 x context 2 and fsdp 2 x context 4.
         let two = StepSetup {
             context: 2,
             per_device_batch: 1.0,
-            ..tiny(strategy)
+            ..tiny(strategy.clone())
         };
         let four = StepSetup {
             context: 4,
             per_device_batch: 0.5,
-            ..tiny(strategy)
+            ..tiny(strategy.clone())
         };
         let p2 = predict(&two, &small_chip(vec![2, 2]));
         let p4 = predict(&four, &small_chip(vec![2, 4]));
@@ -224,7 +229,7 @@ fn meshes_that_do_not_fit_the_slice_are_refused_with_the_fix() {
     let wrong_count = StepSetup {
         fsdp: 2,
         context: 4,
-        ..tiny(Strategy::Ulysses)
+        ..tiny(Strategy::from(Ulysses))
     };
     let e = predict_step(&wrong_count, &chip, EFF)
         .unwrap_err()
@@ -235,7 +240,7 @@ fn meshes_that_do_not_fit_the_slice_are_refused_with_the_fix() {
         context: 8,
         per_device_batch: 1.0,
         seq_len: 512,
-        ..tiny(Strategy::Ulysses)
+        ..tiny(Strategy::from(Ulysses))
     };
     let e = predict_step(&split_axis, &chip, EFF)
         .unwrap_err()
@@ -248,11 +253,8 @@ fn meshes_that_do_not_fit_the_slice_are_refused_with_the_fix() {
 /// The origin PR's cells on v5p-128 (4x4x4): block 2048 for Ulysses, 1024 for all-gather and
 /// ring, load balancing (MaxText's default) for all-gather and ring, 2M tokens a step.
 fn pr_cell(model: ModelConfig, seq: usize, cp: usize, strategy: Strategy) -> StepSetup {
-    let block = if strategy == Strategy::Ulysses {
-        2048
-    } else {
-        1024
-    };
+    let ulysses = strategy.is::<Ulysses>();
+    let block = if ulysses { 2048 } else { 1024 };
     StepSetup {
         model,
         seq_len: seq,
@@ -260,7 +262,7 @@ fn pr_cell(model: ModelConfig, seq: usize, cp: usize, strategy: Strategy) -> Ste
         fsdp: 64 / cp,
         context: cp,
         strategy,
-        load_balance: strategy != Strategy::Ulysses,
+        load_balance: !ulysses,
         blocks: BlockSizes::uniform(block, block).with_fused_bwd(true),
         remat_attention: true,
     }
@@ -269,7 +271,12 @@ fn pr_cell(model: ModelConfig, seq: usize, cp: usize, strategy: Strategy) -> Ste
 #[test]
 fn calibration_cell_is_reproduced() {
     let p = predict(
-        &pr_cell(ModelConfig::llama3_1_8b(), 8192, 4, Strategy::AllGather),
+        &pr_cell(
+            ModelConfig::llama3_1_8b(),
+            8192,
+            4,
+            Strategy::from(AllGather),
+        ),
         &Chip::v5p([4, 4, 4]),
     );
     assert!(
@@ -284,12 +291,12 @@ fn origin_pr_cells_beside_the_model() {
     let chip = Chip::v5p([4, 4, 4]);
     let mut worst = 0.0f64;
     for (strategy, measured) in [
-        (Strategy::Ulysses, 8.90),
-        (Strategy::AllGather, 8.83),
-        (Strategy::Ring, 16.38),
+        (Strategy::from(Ulysses), 8.90),
+        (Strategy::from(AllGather), 8.83),
+        (Strategy::from(Ring), 16.38),
     ] {
         let p = predict(
-            &pr_cell(ModelConfig::llama2_7b(), 32768, 16, strategy),
+            &pr_cell(ModelConfig::llama2_7b(), 32768, 16, strategy.clone()),
             &chip,
         );
         let error = p.predicted_step_s / measured - 1.0;
@@ -310,23 +317,23 @@ fn origin_pr_cells_beside_the_model() {
         (
             65536,
             [
-                (Strategy::Ulysses, 53.0),
-                (Strategy::AllGather, 61.6),
-                (Strategy::Ring, 60.4),
+                (Strategy::from(Ulysses), 53.0),
+                (Strategy::from(AllGather), 61.6),
+                (Strategy::from(Ring), 60.4),
             ],
         ),
         (
             8192,
             [
-                (Strategy::Ulysses, 56.4),
-                (Strategy::AllGather, 61.2),
-                (Strategy::Ring, 59.8),
+                (Strategy::from(Ulysses), 56.4),
+                (Strategy::from(AllGather), 61.2),
+                (Strategy::from(Ring), 59.8),
             ],
         ),
     ] {
         for (strategy, mfu) in cells {
             let p = predict(
-                &pr_cell(ModelConfig::llama3_1_8b(), seq, 4, strategy),
+                &pr_cell(ModelConfig::llama3_1_8b(), seq, 4, strategy.clone()),
                 &chip,
             );
             println!(

@@ -2,6 +2,7 @@
 //! strategies agree on the loss step by step (MaxText's check: ulysses against all_gather on
 //! the same data and init), the loss falls, and a run saved and resumed continues exactly.
 
+use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::Strategy;
 use tessera_runtime::Platform;
 use tessera_train::{ModelConfig, StepMetrics, TrainConfig, Trainer};
@@ -69,7 +70,7 @@ fn every_strategy_trains_to_the_same_losses_as_all_gather() {
     let _serial = serial();
     let steps = 5;
     let mut reference = micro();
-    reference.strategy = Strategy::AllGather;
+    reference.strategy = Strategy::from(AllGather);
     let reference = losses(&run(reference, steps));
     assert!(
         reference[steps - 1] < reference[0],
@@ -77,14 +78,14 @@ fn every_strategy_trains_to_the_same_losses_as_all_gather() {
     );
     let mut cases: Vec<(&str, TrainConfig)> = Vec::new();
     for (name, strategy) in [
-        ("ulysses", Strategy::Ulysses),
-        ("ring", Strategy::Ring),
+        ("ulysses", Strategy::from(Ulysses)),
+        ("ring", Strategy::from(Ring)),
         (
             "usp:2x2",
-            Strategy::Usp {
+            Strategy::from(Usp {
                 ulysses: 2,
                 ring: 2,
-            },
+            }),
         ),
     ] {
         let mut cfg = micro();
@@ -136,7 +137,7 @@ fn a_resumed_run_continues_exactly() {
     let err = Trainer::resume(other, &path, Platform::Cpu)
         .unwrap_err()
         .to_string();
-    assert!(err.contains("--seed 3"), "{err}");
+    assert!(err.contains("it was saved with seed = 3"), "{err}");
 }
 
 fn max_diff(a: &[f64], b: &[f64]) -> f64 {
@@ -162,17 +163,17 @@ fn fsdp_trains_to_the_same_losses_as_data_parallelism() {
     let _serial = serial();
     let steps = 5;
     let mut reference = micro();
-    reference.strategy = Strategy::AllGather;
+    reference.strategy = Strategy::from(AllGather);
     let reference = losses(&run(reference, steps));
     // With ulysses and ring the weights are split 2 x 2 (fsdp x context); usp:1x2 keeps them
     // replicated over its ring axis, whose gradient shards still need their sum.
-    let usp = Strategy::Usp {
+    let usp = Strategy::from(Usp {
         ulysses: 1,
         ring: 2,
-    };
+    });
     for (name, strategy) in [
-        ("ulysses", Strategy::Ulysses),
-        ("ring", Strategy::Ring),
+        ("ulysses", Strategy::from(Ulysses)),
+        ("ring", Strategy::from(Ring)),
         ("usp:1x2", usp),
     ] {
         let mut cfg = micro();
@@ -272,43 +273,43 @@ fn bad_combinations_are_named_before_compiling() {
     let cases: Vec<(Change, &str)> = vec![
         (
             Box::new(|c| c.ici_context_parallelism = 8),
-            "4 query heads (--heads) are not divisible by 8",
+            "ulysses: the 4 query heads are not divisible by the Ulysses degree 8",
         ),
         (
             Box::new(|c| c.max_target_length = 72),
-            "--sa-block-q 16 does not divide",
+            "ulysses: block_q = 16 does not divide the 72 queries each attention call holds",
         ),
         (
             Box::new(|c| c.max_target_length = 66),
-            "--max-target-length 66 is not divisible by the 4 sequence shards",
+            "the sequence length 66 is not divisible by the 4 sequence shards (the context degree 4)",
         ),
         (
             Box::new(|c| c.load_balance = true),
-            "--context-parallel-load-balance balances the all_gather and ring strategies",
+            "load balancing (load_balance) balances the all-gather and ring strategies, not ulysses",
         ),
         (
             Box::new(|c| {
-                c.strategy = Strategy::Usp {
+                c.strategy = Strategy::from(Usp {
                     ulysses: 2,
                     ring: 4,
-                }
+                })
             }),
-            "--ici-context-parallelism 8",
+            "usp:2x4 runs on 8 devices (the product of its degrees), but the context degree is 4",
         ),
         (
             Box::new(|c| c.model.kv_heads = 3),
-            "--heads 4 is not a multiple of --kv-heads 3",
+            "the 4 query heads are not a multiple of the 3 KV heads",
         ),
         (
             Box::new(|c| c.ici_fsdp_parallelism = 3),
-            "--ici-fsdp-parallelism 3 shards the parameters' --d-model dim (32) over 3 devices",
+            "the fsdp degree 3 shards the parameters' d_model dim (32) over 3 devices",
         ),
         (
             Box::new(|c| {
                 c.ici_fsdp_parallelism = 2;
                 c.model.mlp_dim = 65;
             }),
-            "--ici-fsdp-parallelism 2 shards the parameters' --mlp-dim dim (65)",
+            "the fsdp degree 2 shards the parameters' mlp_dim dim (65)",
         ),
         (
             Box::new(|c| {
@@ -316,15 +317,15 @@ fn bad_combinations_are_named_before_compiling() {
                 c.ici_context_parallelism = 2;
                 c.model.vocab = 33;
             }),
-            "--ici-fsdp-parallelism 2 also shards the parameters' --vocab dim (33) over the 2 \
-             context devices (--ici-context-parallelism 2)",
+            "the fsdp degree 2 also shards the parameters' vocab dim (33) over the 2 context \
+             devices (the context degree 2)",
         ),
         (
             Box::new(|c| {
                 c.ici_fsdp_parallelism = 2;
                 c.ici_data_parallelism = 2;
             }),
-            "--ici-data-parallelism 2 and --ici-fsdp-parallelism 2 both split the batch",
+            "the data degree 2 and the fsdp degree 2 both split the batch",
         ),
     ];
     for (change, expected) in cases {

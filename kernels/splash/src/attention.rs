@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use tessera_dsl::interpret::{self, InterpretOptions};
 use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray, KernelDef, Target, TargetRules};
 
-use crate::block_sizes::BlockSizes;
+use crate::block_sizes::{default_block, BlockAxis, BlockSizes};
 use crate::error::SplashError;
 use crate::kernels::{
     splash_bwd_fused, splash_bwd_prep, splash_dkv, splash_dq, splash_dq_reduce, splash_fwd,
@@ -642,7 +642,7 @@ impl SplashAttention {
     pub fn backward_plan(&self, f: Features) -> Vec<Stage> {
         let b = self.block_sizes;
         let prep = PrepConfig {
-            bq: largest_block(self.dims.q_len, 512),
+            bq: default_block(self.dims.q_len, BlockAxis::Queries),
             sinks: f.sinks,
         };
         let prep_def = with_float_type!(self.dtype, T => splash_bwd_prep::<T>(prep));
@@ -679,7 +679,7 @@ impl SplashAttention {
                 target: self.target.clone(),
                 active_steps: Some(self.computed_steps(info)),
             });
-            let bq = largest_block(self.dims.q_len, 512);
+            let bq = default_block(self.dims.q_len, BlockAxis::Queries);
             let def = with_float_type!(self.dtype, T => splash_dq_reduce::<T>(bq));
             stages.push(Stage {
                 def,
@@ -895,16 +895,4 @@ fn check_finite(name: &str, a: &HostArray) -> Result<(), SplashError> {
         ))),
         None => Ok(()),
     }
-}
-
-/// The largest divisor of `n` that is at most `cap` and a multiple of 16 (valid sublane
-/// tiling for f32 and bf16), or `n` itself.
-fn largest_block(n: usize, cap: usize) -> usize {
-    if n <= cap {
-        return n;
-    }
-    (1..=cap)
-        .rev()
-        .find(|b| n % b == 0 && b % 16 == 0)
-        .unwrap_or(n)
 }

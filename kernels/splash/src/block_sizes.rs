@@ -33,6 +33,35 @@ pub struct BlockSizes {
     pub use_fused_bwd_kernel: bool,
 }
 
+/// The largest block [`default_block`] picks (MaxText's default splash block).
+pub const MAX_DEFAULT_BLOCK: usize = 512;
+
+/// What a block tiles: the queries (a sublane dim of the kernels' tiles) or the keys (the
+/// lane dim of the scores).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockAxis {
+    Queries,
+    Keys,
+}
+
+/// The default block along `len` queries or keys: `len` itself up to
+/// [`MAX_DEFAULT_BLOCK`], else the largest divisor of `len` up to it that tiles on a TPU (a
+/// multiple of 16, the sublanes of f32 and bf16 tiles, for queries; of [`NUM_LANES`] for
+/// keys), else `len`. The one rule the CLI, the trainer and splash's own row blocks use.
+pub fn default_block(len: usize, axis: BlockAxis) -> usize {
+    if len <= MAX_DEFAULT_BLOCK {
+        return len;
+    }
+    let multiple = match axis {
+        BlockAxis::Queries => 16,
+        BlockAxis::Keys => NUM_LANES,
+    };
+    (1..=MAX_DEFAULT_BLOCK)
+        .rev()
+        .find(|b| len % b == 0 && b % multiple == 0)
+        .unwrap_or(len)
+}
+
 impl Default for BlockSizes {
     /// JAX's defaults: 128 everywhere, separate backward kernels.
     fn default() -> Self {
@@ -55,6 +84,15 @@ impl BlockSizes {
             block_kv_dq: block_kv,
             use_fused_bwd_kernel: false,
         }
+    }
+
+    /// [`default_block`] along `q_len` queries for every query block and along `kv_len` keys
+    /// for every key block.
+    pub fn default_for(q_len: usize, kv_len: usize) -> Self {
+        BlockSizes::uniform(
+            default_block(q_len, BlockAxis::Queries),
+            default_block(kv_len, BlockAxis::Keys),
+        )
     }
 
     /// The same sizes with the fused backward kernel on or off.

@@ -5,8 +5,8 @@ mod common;
 use common::{config, DIMS};
 use tessera_collectives::{axis, mesh, Mesh, Program, Replicated, Split};
 use tessera_dsl::DType;
-use tessera_parallel::ops::AllGatherAttention;
-use tessera_parallel::Strategy;
+use tessera_parallel::local_splash::AllGatherAttention;
+use tessera_parallel::strategy::AllGather;
 
 axis!(Context = "context");
 mesh!(Cp = [Context]);
@@ -17,7 +17,7 @@ type SeqSharded = (Replicated, Replicated, Split<Context>, Replicated);
 type SeqSharded3 = (Replicated, Replicated, Split<Context>);
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let attention = AllGatherAttention::<Context>::new(&config(Strategy::AllGather))?;
+    let attention = AllGatherAttention::<Context>::new(&config(AllGather))?;
     let mesh = Mesh::<Cp>::new([2])?;
     Program::build("all_gather_fwd", &mesh, |p| {
         let q = p.arg::<SeqSharded>(DIMS, DType::F32)?;

@@ -5,8 +5,8 @@ mod common;
 use common::{config, DIMS};
 use tessera_collectives::{axis, mesh, Mesh, Program, Replicated, Split};
 use tessera_dsl::DType;
-use tessera_parallel::ops::RingAttention;
-use tessera_parallel::Strategy;
+use tessera_parallel::local_splash::RingAttention;
+use tessera_parallel::strategy::Ring;
 
 axis!(Context = "context");
 mesh!(Cp = [Context]);
@@ -17,7 +17,7 @@ type SeqSharded = (Replicated, Replicated, Split<Context>, Replicated);
 type SeqSharded3 = (Replicated, Replicated, Split<Context>);
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let ring = RingAttention::<Context>::new(&config(Strategy::Ring))?;
+    let ring = RingAttention::<Context>::new(&config(Ring))?;
     let mesh = Mesh::<Cp>::new([2])?;
     Program::build("ring_fwd", &mesh, |p| {
         let q = p.arg::<SeqSharded>(DIMS, DType::F32)?;

@@ -6,8 +6,8 @@ mod common;
 use common::{config, DIMS};
 use tessera_collectives::{axis, mesh, Mesh, Program, Replicated, Split};
 use tessera_dsl::DType;
-use tessera_parallel::ops::UlyssesAttention;
-use tessera_parallel::Strategy;
+use tessera_parallel::local_splash::UlyssesAttention;
+use tessera_parallel::strategy::Ulysses;
 
 axis!(Context = "context");
 mesh!(Cp = [Context]);
@@ -18,7 +18,7 @@ type SeqSharded = (Replicated, Replicated, Split<Context>, Replicated);
 type SeqSharded3 = (Replicated, Replicated, Split<Context>);
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let attention = UlyssesAttention::<Context>::new(&config(Strategy::Ulysses))?;
+    let attention = UlyssesAttention::<Context>::new(&config(Ulysses))?;
     let mesh = Mesh::<Cp>::new([2])?;
     Program::build("ulysses_fwd", &mesh, |p| {
         let q = p.arg::<SeqSharded>(DIMS, DType::F32)?;

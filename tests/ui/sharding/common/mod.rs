@@ -1,5 +1,5 @@
-//! The context-parallel configuration the `tessera_parallel::ops` cases build their kernels
-//! from: 4 heads of 64 over a causal sequence of 256, on 2 devices.
+//! The context-parallel configuration the `tessera_parallel::local_splash` cases build their
+//! kernels from: 4 heads of 64 over a causal sequence of 256, on 2 devices.
 
 use tessera_dsl::{DType, Target};
 use tessera_parallel::{ContextParallel, Strategy};
@@ -8,7 +8,7 @@ use tessera_splash::{BlockSizes, Dims, Mask};
 /// The global `[B, H, S, D]` of q, k and v.
 pub const DIMS: [i64; 4] = [1, 4, 256, 64];
 
-pub fn config(strategy: Strategy) -> ContextParallel {
+pub fn config(strategy: impl Into<Strategy>) -> ContextParallel {
     ContextParallel {
         dims: Dims {
             batch: 1,
@@ -23,7 +23,7 @@ pub fn config(strategy: Strategy) -> ContextParallel {
         mask: Mask::causal(),
         block_sizes: BlockSizes::uniform(64, 64),
         options: Default::default(),
-        strategy,
+        strategy: strategy.into(),
         devices: 2,
         load_balance: false,
         target: Target::portable(),

@@ -15,7 +15,7 @@ type SeqSharded = (Split<Fsdp>, Replicated, Split<Context>, Replicated);
 type HeadSharded = (Split<Fsdp>, Split<Context>, Replicated, Replicated);
 
 /// A placeholder for the single-device splash kernel: it needs the whole sequence (dim 2).
-/// The real one is `tessera_parallel::ops::UlyssesAttention` (see `ulysses_splash.rs`).
+/// The real one is `tessera_parallel::local_splash::UlyssesAttention` (see `ulysses_splash.rs`).
 fn splash<'p, M: MeshShape, S: Layout<M> + WholeDim<2>>(
     p: &'p Spmd<'_, M>,
     q: &DTensor<'p, M, S>,

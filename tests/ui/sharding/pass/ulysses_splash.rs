@@ -7,8 +7,8 @@ use common::{config, DIMS};
 use tessera_collectives::axes::Context;
 use tessera_collectives::{Mesh, Program, Replicated, Split};
 use tessera_dsl::DType;
-use tessera_parallel::ops::UlyssesAttention;
-use tessera_parallel::{ContextMesh, Strategy};
+use tessera_parallel::local_splash::UlyssesAttention;
+use tessera_parallel::{strategy::Ulysses, ContextMesh};
 
 /// `[B, H, S/U, D]`: the sequence split over `context`, as the program takes it.
 type SeqSharded = (Replicated, Replicated, Split<Context>, Replicated);
@@ -16,7 +16,7 @@ type SeqSharded = (Replicated, Replicated, Split<Context>, Replicated);
 type SeqSharded3 = (Replicated, Replicated, Split<Context>);
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let attention = UlyssesAttention::<Context>::new(&config(Strategy::Ulysses))?;
+    let attention = UlyssesAttention::<Context>::new(&config(Ulysses))?;
     let mesh = Mesh::<ContextMesh>::new([2])?;
     let program = Program::build("ulysses_fwd", &mesh, |p| {
         let q = p.arg::<SeqSharded>(DIMS, DType::F32)?;

@@ -7,15 +7,17 @@ use tessera_collectives::{
     CollectiveError, DTensor, DimSharding, HasAxis, MeshAxis, MeshShape, Spmd,
 };
 use tessera_hlo::{FuncBuilder, Value};
-use tessera_splash::{SeqOffsets, ShardedSplash, Tensor};
+use tessera_splash::{ShardedSplash, Tensor};
 
-use super::super::{
-    chunk_of, lower_forward, lse_from_kernel, part_start, reorder_chunks, seq_concat, seq_part,
-    zigzag_inverse, ContextParallel, CpError, Strategy,
+use super::super::config::inverse;
+use super::super::spmd::{
+    lower_forward, lse_from_kernel, part_start, reorder_chunks, seq_concat, seq_part,
 };
+use super::super::strategy::DeviceOp;
+use super::super::{ContextParallel, CpError};
 use super::{
-    add_segments, expect_strategy, features, local_error, AxisIndex, BySequence, BySequenceRows,
-    Inputs, LocalShapes, Plans, QueryShard, WholeKeys, WholeSegmentIds,
+    add_segments, expect_op, features, local_error, AxisIndex, BySequence, BySequenceLse, Inputs,
+    LocalShapes, Plans, QueryShard, WholeKeys, WholeSegmentIds,
 };
 
 const OP: &str = "all-gather attention";
@@ -31,47 +33,35 @@ pub struct AllGatherAttention<A> {
     shapes: LocalShapes,
     /// The sequence length `S`.
     seq: usize,
+    /// Devices on `A`.
     devices: usize,
-    load_balance: bool,
+    /// The natural chunk order of K/V gathered in the program's order (with load balancing).
+    natural: Option<Vec<usize>>,
     _axis: PhantomData<fn() -> A>,
 }
 
 /// `forward`'s results: `out [B, H, S/U, Dv]` and `lse [B, H, S/U]`.
 type Forward<'p, M, B, H, A> = (
     DTensor<'p, M, BySequence<B, H, A>>,
-    DTensor<'p, M, BySequenceRows<B, H, A>>,
+    DTensor<'p, M, BySequenceLse<B, H, A>>,
 );
 
-/// Where every device's query part `part` attends: queries from chunk
-/// [`chunk_of`]`(r, part)`, all keys.
-pub(in crate::context) fn offsets(cp: &ContextParallel, part: usize) -> Vec<SeqOffsets> {
-    let u = cp.devices;
-    let len = cp.dims.q_len / (u * cp.parts());
-    (0..u)
-        .map(|r| SeqOffsets {
-            q: chunk_of(r, part, u) * len,
-            kv: 0,
-        })
-        .collect()
-}
-
 impl<A: MeshAxis> AllGatherAttention<A> {
-    /// The kernels of an all-gather configuration: one sharded attention per query part.
+    /// The kernels of a configuration whose strategy calls this op ([`DeviceOp::AllKeys`]):
+    /// one sharded attention per query part, at the offsets of the strategy's calls.
     pub fn new(cp: &ContextParallel) -> Result<Self, CpError> {
-        expect_strategy(
-            cp,
-            cp.strategy == Strategy::AllGather,
-            "the all-gather attention op",
-        )?;
+        expect_op(cp, DeviceOp::AllKeys)?;
         cp.validate()?;
+        let calls = cp.kernel_calls();
         Ok(AllGatherAttention {
-            splash: (0..cp.parts())
-                .map(|h| cp.sharded_splash(&offsets(cp, h)))
+            splash: calls[0]
+                .iter()
+                .map(|offsets| cp.sharded_splash(offsets))
                 .collect::<Result<_, _>>()?,
             shapes: LocalShapes::of(cp, cp.parts(), 1),
             seq: cp.dims.q_len,
             devices: cp.devices,
-            load_balance: cp.load_balance,
+            natural: cp.load_balance.then(|| inverse(&cp.chunk_order())),
             _axis: PhantomData,
         })
     }
@@ -88,10 +78,9 @@ impl<A: MeshAxis> AllGatherAttention<A> {
 
     /// The gathered K or V in natural order (they arrive in the program's order).
     fn natural(&self, f: &mut FuncBuilder<'_>, x: Value) -> Result<Value, CollectiveError> {
-        if self.load_balance {
-            reorder_chunks(f, x, 2, &zigzag_inverse(self.devices))
-        } else {
-            Ok(x)
+        match &self.natural {
+            Some(order) => reorder_chunks(f, x, 2, order),
+            None => Ok(x),
         }
     }
 

@@ -6,12 +6,14 @@ use std::marker::PhantomData;
 use tessera_collectives::{
     CollectiveError, DTensor, DimSharding, HasAxis, MeshAxis, MeshShape, Spmd,
 };
-use tessera_splash::{SeqOffsets, ShardedSplash, Tensor};
+use tessera_splash::{ShardedSplash, Tensor};
 
-use super::super::{lower_forward, lse_from_kernel, ContextParallel, CpError, Strategy};
+use super::super::spmd::{lower_forward, lse_from_kernel};
+use super::super::strategy::DeviceOp;
+use super::super::{ContextParallel, CpError};
 use super::{
-    add_segments, expect_strategy, features, local_error, ByHeads, ByHeadsRows, Inputs,
-    LocalShapes, UlyssesOperand, WholeSegmentIds,
+    add_segments, expect_op, features, local_error, ByHeads, ByHeadsLse, Inputs, LocalShapes,
+    UlyssesOperand, WholeSegmentIds,
 };
 
 const OP: &str = "Ulysses attention";
@@ -30,21 +32,19 @@ pub struct UlyssesAttention<A> {
 /// `forward`'s results: `out [B, H, S, Dv]` and `lse [B, H, S]`, by heads.
 type Forward<'p, M, B, A> = (
     DTensor<'p, M, ByHeads<B, A>>,
-    DTensor<'p, M, ByHeadsRows<B, A>>,
+    DTensor<'p, M, ByHeadsLse<B, A>>,
 );
 
 impl<A: MeshAxis> UlyssesAttention<A> {
-    /// The kernels of a Ulysses configuration: `H/U` query heads and `KVH/U` KV heads (after
-    /// any KV head replication) over the whole sequence per device.
+    /// The kernels of a configuration whose strategy calls this op ([`DeviceOp::Heads`]):
+    /// `H/U` query heads and `KVH/U` KV heads (after any KV head replication) over the whole
+    /// sequence per device, at the offsets of the strategy's one kernel call.
     pub fn new(cp: &ContextParallel) -> Result<Self, CpError> {
-        expect_strategy(
-            cp,
-            cp.strategy == Strategy::Ulysses,
-            "the Ulysses attention op",
-        )?;
+        expect_op(cp, DeviceOp::Heads)?;
         cp.validate()?;
+        let calls = cp.kernel_calls();
         Ok(UlyssesAttention {
-            splash: cp.sharded_splash(&[SeqOffsets::default()])?,
+            splash: cp.sharded_splash(&calls[0][0])?,
             shapes: LocalShapes::of(cp, 1, 1),
             seq: cp.dims.q_len,
             _axis: PhantomData,

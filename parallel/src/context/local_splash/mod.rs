@@ -1,5 +1,5 @@
-//! Typed local ops: the splash kernels one device runs in a context-parallel program, with
-//! what each device must hold in their signatures.
+//! Typed splash calls per device: the splash kernels one device runs in a context-parallel
+//! program, with what each device must hold in their signatures.
 //!
 //! The collectives re-shard; these ops are where the re-sharded tensors meet the kernel. Each
 //! op takes [`DTensor`]s whose sharding types must fit the strategy and returns its results
@@ -22,17 +22,21 @@
 //! transpose (a reduce-scatter) adds up. The whole ring ([`RingAttention::forward`]) is one
 //! unit, its rule a backward ring.
 //!
-//! Every op is built from a [`ContextParallel`] configuration (its mask, dims, block sizes and
-//! degrees) and checks at build time that each operand holds the per-device shape its
-//! kernels were built for. Segment ids, when given, are the whole `[B, S]` on every device
+//! Every op is built from a [`ContextParallel`] configuration of a strategy that calls it
+//! ([`ContextStrategy::device_op`](crate::strategy::ContextStrategy::device_op)): its mask,
+//! dims, block sizes, and the offsets of every kernel call the strategy lists
+//! ([`ContextStrategy::kernel_calls`](crate::strategy::ContextStrategy::kernel_calls)); it
+//! checks at build time that each operand holds the per-device shape its kernels were built
+//! for. Segment ids, when given, are the whole `[B, S]` on every device
 //! ([`WholeSegmentIds`]), in natural order.
 //!
 //! ```
 //! use tessera_collectives::axes::Context;
 //! use tessera_collectives::{CollectiveError, DTensor, Mesh, Program, Replicated, Split};
 //! use tessera_dsl::DType;
-//! use tessera_parallel::ops::UlyssesAttention;
-//! use tessera_parallel::{ContextMesh, ContextParallel, Strategy};
+//! use tessera_parallel::local_splash::UlyssesAttention;
+//! use tessera_parallel::strategy::Ulysses;
+//! use tessera_parallel::{ContextMesh, ContextParallel};
 //! use tessera_splash::{BlockSizes, Dims, Mask};
 //! use tessera_dsl::Target;
 //!
@@ -47,7 +51,7 @@
 //!     mask: Mask::causal(),
 //!     block_sizes: BlockSizes::uniform(128, 128),
 //!     options: Default::default(),
-//!     strategy: Strategy::Ulysses,
+//!     strategy: Ulysses.into(),
 //!     devices: 2,
 //!     load_balance: false,
 //!     target: Target::portable(),
@@ -70,9 +74,9 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod all_gather;
-mod ring;
-mod ulysses;
+mod heads;
+mod ring_steps;
+mod whole_keys;
 
 use std::collections::HashMap;
 
@@ -82,24 +86,25 @@ use tessera_collectives::{
 use tessera_hlo::{FuncBuilder, Value};
 use tessera_splash::{Features, Stage, Tensor};
 
-use super::{ContextParallel, CpError, Segments};
+use super::error::ConfigError;
+use super::spmd::Segments;
+use super::strategy::DeviceOp;
+use super::{ContextParallel, CpError};
 
-pub(super) use all_gather::offsets as all_gather_offsets;
-pub use all_gather::AllGatherAttention;
-pub(super) use ring::all_offsets as ring_offsets;
-pub use ring::{RingAttention, RingPartial};
-pub use ulysses::UlyssesAttention;
+pub use heads::UlyssesAttention;
+pub use ring_steps::{RingAttention, RingPartial};
+pub use whole_keys::AllGatherAttention;
 
 /// `[B, H, S, D]` with the heads split over `A` and the whole sequence on every device
 /// (Ulysses after its all-to-all); `B` is the batch's sharding.
 pub type ByHeads<B, A> = (B, Split<A>, Replicated, Replicated);
-/// `[B, H, S]` (a logsumexp) of [`ByHeads`].
-pub type ByHeadsRows<B, A> = (B, Split<A>, Replicated);
+/// `[B, H, S]`: a logsumexp of [`ByHeads`].
+pub type ByHeadsLse<B, A> = (B, Split<A>, Replicated);
 /// `[B, H, S, D]` with the sequence split over `A`: each device holds one block of positions;
 /// `B` and `H` are the batch's and the heads' shardings.
 pub type BySequence<B, H, A> = (B, H, Split<A>, Replicated);
-/// `[B, H, S]` (a logsumexp) of [`BySequence`].
-pub type BySequenceRows<B, H, A> = (B, H, Split<A>);
+/// `[B, H, S]`: a logsumexp of [`BySequence`].
+pub type BySequenceLse<B, H, A> = (B, H, Split<A>);
 /// `[B, H, S, D]` with the whole sequence on every device (all-gathered K/V).
 pub type WholeSequence<B, H> = (B, H, Replicated, Replicated);
 /// `[B, S]` segment ids, whole on every device.
@@ -274,15 +279,18 @@ fn check_local<M: MeshShape, S, V>(
     })
 }
 
-/// Fails unless the op's configuration has the strategy it needs.
-fn expect_strategy(cp: &ContextParallel, fits: bool, op: &str) -> Result<(), CpError> {
-    if fits {
+/// Fails unless the configuration's strategy calls `op`.
+fn expect_op(cp: &ContextParallel, op: DeviceOp) -> Result<(), CpError> {
+    let calls = cp.strategy.device_op();
+    if calls == op {
         return Ok(());
     }
-    Err(cp.config_error(format!(
-        "{op} is built from a configuration of its own strategy; this one is {}",
-        cp.strategy
-    )))
+    Err(ConfigError::WrongOp {
+        op: op.name(),
+        strategy: cp.strategy.clone(),
+        calls: calls.name(),
+    }
+    .into())
 }
 
 /// A kernel call's forward and backward plans.

@@ -12,17 +12,16 @@ use tessera_collectives::{
 use tessera_dsl::DType;
 use tessera_hlo::autodiff::{VjpCall, VjpRule};
 use tessera_hlo::{FuncBuilder, HloError, Value};
-use tessera_splash::{
-    lower_stages_on_shard, SeqOffsets, ShardedSplash, SplashError, Stage, Tensor,
-};
+use tessera_splash::{lower_stages_on_shard, ShardedSplash, SplashError, Stage, Tensor};
 
-use super::super::{
-    chunk_of, lower_forward, lse_from_kernel, lse_to_kernel, part_start, seq_concat, seq_part,
-    ContextParallel, CpError, Segments, Strategy,
+use super::super::spmd::{
+    lower_forward, lse_from_kernel, lse_to_kernel, part_start, seq_concat, seq_part, Segments,
 };
+use super::super::strategy::DeviceOp;
+use super::super::{ContextParallel, CpError};
 use super::{
-    expect_strategy, features, local_error, AxisIndex, BySequence, BySequenceRows, Inputs,
-    KeyShard, LocalShapes, Plans, QueryShard, WholeSegmentIds,
+    expect_op, features, local_error, AxisIndex, BySequence, BySequenceLse, Inputs, KeyShard,
+    LocalShapes, Plans, QueryShard, WholeSegmentIds,
 };
 
 const OP: &str = "ring attention";
@@ -78,69 +77,32 @@ pub struct RingPartial<'p, M, B, H, A> {
     /// The normalised output so far (f32).
     pub out: DTensor<'p, M, BySequence<B, H, A>>,
     /// The logsumexp so far (f32; `-inf` where no key was visible yet).
-    pub lse: DTensor<'p, M, BySequenceRows<B, H, A>>,
-}
-
-/// Where every shard attends at step `t` of a ring of `ring` shards cut into chunks of `len`:
-/// its query part `hq` to key part `hk` of shard `r - t`.
-fn step_offsets(ring: usize, len: usize, t: usize, (hq, hk): (usize, usize)) -> Vec<SeqOffsets> {
-    (0..ring)
-        .map(|r| SeqOffsets {
-            q: chunk_of(r, hq, ring) * len,
-            kv: chunk_of((r + ring - t) % ring, hk, ring) * len,
-        })
-        .collect()
-}
-
-/// The devices on the ring of `cp` (the context degree, or a USP's ring degree).
-fn ring_degree(cp: &ContextParallel) -> Option<usize> {
-    match cp.strategy {
-        Strategy::Ring => Some(cp.devices),
-        Strategy::Usp { ring, .. } => Some(ring),
-        Strategy::Ulysses | Strategy::AllGather => None,
-    }
-}
-
-/// Every forward attention call of `cp`'s ring: the offsets of each shard.
-pub(in crate::context) fn all_offsets(cp: &ContextParallel, ring: usize) -> Vec<Vec<SeqOffsets>> {
-    let parts = cp.parts();
-    let len = cp.dims.q_len / (ring * parts);
-    let mut calls = Vec::new();
-    for t in 0..ring {
-        for hq in 0..parts {
-            for hk in 0..parts {
-                calls.push(step_offsets(ring, len, t, (hq, hk)));
-            }
-        }
-    }
-    calls
+    pub lse: DTensor<'p, M, BySequenceLse<B, H, A>>,
 }
 
 impl<A: MeshAxis> RingAttention<A> {
-    /// The kernels of every step of a ring (or USP) configuration.
+    /// The kernels of every step of a configuration whose strategy calls this op
+    /// ([`DeviceOp::Ring`]: ring, USP's ring axis), at the offsets of the strategy's calls:
+    /// one step per device on the ring, each a call per pair of a query part and a key part.
     pub fn new(cp: &ContextParallel) -> Result<Self, CpError> {
-        let ring = ring_degree(cp);
-        expect_strategy(cp, ring.is_some(), "the ring attention op")?;
+        expect_op(cp, DeviceOp::Ring)?;
         cp.validate()?;
-        let ring = ring.unwrap_or(1);
         let parts = cp.parts();
-        let len = cp.dims.q_len / (ring * parts);
-        let mut splash = Vec::with_capacity(ring);
-        for t in 0..ring {
-            let mut step = Vec::with_capacity(parts);
-            for hq in 0..parts {
-                let row = (0..parts)
-                    .map(|hk| cp.sharded_splash(&step_offsets(ring, len, t, (hq, hk))))
-                    .collect::<Result<Vec<_>, _>>()?;
-                step.push(row);
-            }
-            splash.push(step);
-        }
+        let calls = cp.kernel_calls();
+        let ring = calls.len();
+        let splash = calls
+            .iter()
+            .map(|step| {
+                step.chunks(parts)
+                    .map(|row| row.iter().map(|o| cp.sharded_splash(o)).collect())
+                    .collect::<Result<Vec<Vec<_>>, _>>()
+            })
+            .collect::<Result<_, _>>()?;
         Ok(RingAttention {
             splash,
             shapes: LocalShapes::of(cp, parts, parts),
             ring,
-            len,
+            len: cp.dims.q_len / (ring * parts),
             _axis: PhantomData,
         })
     }

@@ -1,0 +1,96 @@
+//! All-gather (MaxText's `context_parallel_strategy = "all_gather"`): K and V are gathered
+//! along the sequence, so every device holds all keys; device `r` attends its query shard
+//! against them, with the mask's tables for the shard's offset ([`AllGatherAttention`]).
+//! The backward, the forward's gradient, computes dQ locally and partial dK/dV over the whole
+//! sequence on every device, which the all-gather's transpose, a reduce-scatter, sums and
+//! re-shards.
+//!
+//! With load balancing the shard of device `r` is chunks `r` and `2U - 1 - r` of `2U`
+//! ([`chunk_of`]): the gathered K/V are put back in natural order, and each chunk of queries
+//! attends them separately at its own offset.
+
+use std::rc::Rc;
+
+use tessera_collectives::axes::Context;
+use tessera_collectives::{CollectiveError, Spmd};
+use tessera_splash::SeqOffsets;
+
+use super::{Composition, ContextStrategy, DeviceOp, Fixed, KernelCalls, Listing, Shards};
+use crate::context::config::chunk_of;
+use crate::context::layout::{ModelMesh, SeqLseTensor, SeqTensor, WholeSegments};
+use crate::context::local_splash::AllGatherAttention;
+use crate::context::{ContextParallel, CpError};
+
+pub(super) const LISTING: Listing = Listing::fixed::<AllGather>("all-gather (all_gather)");
+
+impl Fixed for AllGather {
+    const SPELLINGS: &'static [&'static str] = &["all-gather", "all_gather"];
+}
+
+/// K/V all-gathered along the sequence: every device attends its queries to every key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AllGather;
+
+impl ContextStrategy for AllGather {
+    fn name(&self) -> String {
+        "all-gather".into()
+    }
+
+    fn maxtext_name(&self) -> String {
+        "all_gather".into()
+    }
+
+    fn load_balances(&self) -> bool {
+        true
+    }
+
+    fn local_lengths(&self, s: Shards) -> (usize, usize) {
+        (s.chunk(s.devices), s.seq)
+    }
+
+    /// One step: a call per part of each device's shard, its queries at the part's chunk,
+    /// all keys from 0.
+    fn kernel_calls(&self, s: Shards) -> KernelCalls {
+        let (n, len) = (s.devices, s.chunk(s.devices));
+        let calls = (0..s.parts)
+            .map(|part| {
+                (0..n)
+                    .map(|r| SeqOffsets {
+                        q: chunk_of(r, part, n) * len,
+                        kv: 0,
+                    })
+                    .collect()
+            })
+            .collect();
+        vec![calls]
+    }
+
+    fn device_op(&self) -> DeviceOp {
+        DeviceOp::AllKeys
+    }
+
+    fn compose(&self, cp: &ContextParallel) -> Result<Rc<dyn Composition>, CpError> {
+        Ok(Rc::new(Composed {
+            attention: AllGatherAttention::new(cp)?,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct Composed {
+    attention: AllGatherAttention<Context>,
+}
+
+impl Composition for Composed {
+    fn attend<'p>(
+        &self,
+        p: &'p Spmd<'_, ModelMesh>,
+        [q, k, v]: [&SeqTensor<'p>; 3],
+        segment_ids: Option<&WholeSegments<'p>>,
+    ) -> Result<(SeqTensor<'p>, SeqLseTensor<'p>), CollectiveError> {
+        let k = k.all_gather::<Context, 2>()?;
+        let v = v.all_gather::<Context, 2>()?;
+        let shard = p.axis_index::<Context>()?;
+        self.attention.forward(p, &shard, q, &k, &v, segment_ids)
+    }
+}

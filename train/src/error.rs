@@ -1,0 +1,390 @@
+//! Why training could not start or go on.
+//!
+//! A [`SettingError`] carries the settings at fault as fields and is written in the library's
+//! words (`the fsdp degree 3`, `d_model = 32`, `block_q = 16`); a command line renders it
+//! with its flags through [`Names`] ([`TrainError::describe`]): MaxText's
+//! `--ici-fsdp-parallelism 3`, `--d-model 32`, `--sa-block-q 16`. The context-parallel
+//! strategy's rules are `tessera-parallel`'s, with its errors.
+
+use std::fmt;
+
+use tessera_hlo::DType;
+use tessera_parallel::{CpError, Names, Quantity, Strategy, Term, TermKind};
+use tessera_splash::SplashError;
+
+/// A setting of a run or a dim of its model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Setting {
+    Steps,
+    PerDeviceBatchSize,
+    /// The batch axis as pure data parallelism (`ici_data_parallelism`).
+    DataParallelism,
+    /// The batch axis as fsdp (`ici_fsdp_parallelism`).
+    FsdpParallelism,
+    /// The context axis (`ici_context_parallelism`).
+    ContextParallelism,
+    /// `max_target_length`.
+    SeqLen,
+    LearningRate,
+    LayersPerIteration,
+    Dtype,
+    /// The model preset.
+    Model,
+    Vocab,
+    DModel,
+    Layers,
+    Heads,
+    KvHeads,
+    HeadDim,
+    MlpDim,
+    /// The checkpoint a run resumes from.
+    Resume,
+    /// The seed of the initialisation and the data.
+    Seed,
+}
+
+impl Setting {
+    /// How messages name it (the keys a command line maps to its flags; the attention's
+    /// quantities are `tessera-parallel`'s).
+    pub fn term(self) -> Term {
+        let named = |key, words| Term {
+            key,
+            words,
+            kind: TermKind::Setting,
+        };
+        match self {
+            Setting::Steps => named("steps", "steps"),
+            Setting::PerDeviceBatchSize => named("per_device_batch_size", "per_device_batch_size"),
+            Setting::DataParallelism => Quantity::DataDegree.term(),
+            Setting::FsdpParallelism => Term {
+                key: "fsdp",
+                words: "fsdp degree",
+                kind: TermKind::Named,
+            },
+            Setting::ContextParallelism => Quantity::ContextDegree.term(),
+            Setting::SeqLen => Quantity::SeqLen.term(),
+            Setting::LearningRate => named("learning_rate", "learning_rate"),
+            Setting::LayersPerIteration => named("layers_per_iteration", "layers_per_iteration"),
+            Setting::Dtype => named("dtype", "dtype"),
+            Setting::Model => named("model", "model"),
+            Setting::Vocab => named("vocab", "vocab"),
+            Setting::DModel => named("d_model", "d_model"),
+            Setting::Layers => named("layers", "layers"),
+            Setting::Heads => Quantity::Heads.term(),
+            Setting::KvHeads => Quantity::KvHeads.term(),
+            Setting::HeadDim => Quantity::HeadDim.term(),
+            Setting::MlpDim => named("mlp_dim", "mlp_dim"),
+            Setting::Seed => named("seed", "seed"),
+            Setting::Resume => Term {
+                key: "resume",
+                words: "checkpoint",
+                kind: TermKind::Named,
+            },
+        }
+    }
+}
+
+/// A model dim that fsdp and the context axis split a weight along: one setting, or the
+/// product of two (`heads x head_dim`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightDim(pub Setting, pub Option<Setting>);
+
+impl WeightDim {
+    fn name(&self, names: &dyn Names) -> String {
+        let first = self.0.term().name(names);
+        match self.1 {
+            Some(second) => format!("{first} x {}", second.term().name(names)),
+            None => first,
+        }
+    }
+}
+
+/// A setting, or a combination of settings, that cannot run.
+#[derive(Debug)]
+pub enum SettingError {
+    /// No preset of that name.
+    UnknownModel { name: String },
+    /// A count or degree is 0.
+    Zero { setting: Setting },
+    /// A rate that must be a positive number.
+    NotPositive { setting: Setting, value: f64 },
+    /// The layers per loop iteration do not divide the layers.
+    LayersPerIteration { per: usize, layers: usize },
+    /// Not a compute dtype of the step.
+    ComputeDtype { dtype: DType },
+    /// The query heads are not a multiple of the KV heads.
+    GqaHeads { heads: usize, kv_heads: usize },
+    /// RoPE rotates pairs of dims.
+    OddHeadDim { head_dim: usize },
+    /// Data and fsdp both above 1 on the one batch axis.
+    BatchAxes { data: usize, fsdp: usize },
+    /// fsdp does not divide a weight dim it splits.
+    FsdpDim {
+        dim: WeightDim,
+        size: usize,
+        fsdp: usize,
+    },
+    /// The context axis, which fsdp also splits the weights over, does not divide a weight
+    /// dim (`shards`: the devices on the mesh's context axis).
+    FsdpContextDim {
+        dim: WeightDim,
+        size: usize,
+        fsdp: usize,
+        shards: usize,
+        context: usize,
+    },
+    /// The checkpoint is already at the last step.
+    ResumeAtEnd {
+        path: String,
+        step: usize,
+        steps: usize,
+    },
+    /// A checkpoint of another model.
+    CheckpointModel {
+        path: String,
+        saved: String,
+        model: String,
+    },
+    /// A checkpoint of another seed: the data would not continue where it stopped.
+    CheckpointSeed { path: String, saved: u64, seed: u64 },
+    /// Not a TPU slice the step-time model knows.
+    NotASlice { text: String },
+    /// The mesh's devices are not the slice's chips.
+    SliceChips {
+        fsdp: usize,
+        context: usize,
+        chip: String,
+        chips: usize,
+    },
+    /// The sequences of a step do not split over the fsdp shards.
+    BatchNotSplit {
+        per_device: f64,
+        devices: usize,
+        fsdp: usize,
+    },
+    /// fsdp x context is not whole axes of the torus.
+    MeshNotOnTorus {
+        fsdp: usize,
+        context: usize,
+        chip: String,
+        torus: Vec<usize>,
+    },
+    /// A strategy the step-time model does not model.
+    NotModelled { strategy: Strategy },
+    /// splash's block tables refused the blocks the step-time model counts.
+    Blocks {
+        block_q: usize,
+        block_kv: usize,
+        q_len: usize,
+        kv_len: usize,
+        source: Box<SplashError>,
+    },
+}
+
+impl SettingError {
+    /// The message with the settings named as `names` names them (a command line's flags);
+    /// [`Display`](fmt::Display) uses the library's words.
+    pub fn describe(&self, names: &dyn Names) -> String {
+        let t = |s: Setting| s.term();
+        match self {
+            SettingError::UnknownModel { name } => format!(
+                "{} is not a preset; use tiny, small, llama2-7b or llama3.1-8b (and {} to \
+                 change its dims)",
+                t(Setting::Model).value(names, name),
+                [
+                    Setting::DModel,
+                    Setting::Layers,
+                    Setting::Heads,
+                    Setting::KvHeads,
+                    Setting::HeadDim,
+                    Setting::MlpDim,
+                    Setting::Vocab,
+                ]
+                .map(|s| t(s).name(names))
+                .join(", ")
+            ),
+            SettingError::Zero { setting } => {
+                format!("{}; it must be at least 1", t(*setting).is(names, 0))
+            }
+            SettingError::NotPositive { setting, value } => format!(
+                "{} is not a positive number",
+                t(*setting).value(names, value)
+            ),
+            SettingError::LayersPerIteration { per, layers } => format!(
+                "{per} layers per loop iteration do not divide the {layers} layers; use a \
+                 divisor of the layers"
+            ),
+            SettingError::ComputeDtype { dtype } => format!(
+                "{} is not a compute dtype of the train step; use f32 or bf16",
+                t(Setting::Dtype).value(names, dtype)
+            ),
+            SettingError::GqaHeads { heads, kv_heads } => format!(
+                "{} are not a multiple of {}; grouped-query attention shares each KV head \
+                 among an equal number of query heads",
+                t(Setting::Heads).value(names, heads),
+                t(Setting::KvHeads).value(names, kv_heads)
+            ),
+            SettingError::OddHeadDim { head_dim } => format!(
+                "{} is odd; RoPE rotates pairs of dims, use an even head dim",
+                t(Setting::HeadDim).value(names, head_dim)
+            ),
+            SettingError::BatchAxes { data, fsdp } => format!(
+                "{} and {} both split the batch, but the mesh has one batch axis; set one of \
+                 them to 1 (fsdp also shards the parameters and optimizer state, data \
+                 replicates them)",
+                t(Setting::DataParallelism).value(names, data),
+                t(Setting::FsdpParallelism).value(names, fsdp)
+            ),
+            SettingError::FsdpDim { dim, size, fsdp } => format!(
+                "{} shards the parameters' {} dim ({size}) over {fsdp} devices, which does not \
+                 divide it; use an fsdp degree that divides {size}, or {}",
+                t(Setting::FsdpParallelism).value(names, fsdp),
+                dim.name(names),
+                t(Setting::DataParallelism).value(names, fsdp)
+            ),
+            SettingError::FsdpContextDim {
+                dim,
+                size,
+                fsdp,
+                shards,
+                context,
+            } => format!(
+                "{} also shards the parameters' {} dim ({size}) over the {shards} context \
+                 devices ({}), which does not divide it; use a context degree that divides \
+                 {size}, or {}",
+                t(Setting::FsdpParallelism).value(names, fsdp),
+                dim.name(names),
+                t(Setting::ContextParallelism).value(names, context),
+                t(Setting::DataParallelism).value(names, fsdp)
+            ),
+            SettingError::ResumeAtEnd { path, step, steps } => format!(
+                "{} is at step {step}, and {}; ask for more steps",
+                t(Setting::Resume).value(names, path),
+                t(Setting::Steps).is(names, steps)
+            ),
+            SettingError::CheckpointModel { path, saved, model } => format!(
+                "checkpoint {path}: it holds the model `{saved}`, this run trains `{model}`; \
+                 resume with the {} and dims it was saved with",
+                t(Setting::Model).name(names)
+            ),
+            SettingError::CheckpointSeed { path, saved, seed } => format!(
+                "checkpoint {path}: it was saved with {}, this run has {}; the data would not \
+                 continue where it stopped, resume with {}",
+                t(Setting::Seed).value(names, saved),
+                t(Setting::Seed).value(names, seed),
+                t(Setting::Seed).value(names, saved)
+            ),
+            SettingError::NotASlice { text } => format!(
+                "`{text}` is not a TPU slice; use v5p:AxBxC (e.g. v5p:4x4x4) or v5e:AxB (e.g. \
+                 v5e:16x16)"
+            ),
+            SettingError::SliceChips {
+                fsdp,
+                context,
+                chip,
+                chips,
+            } => format!(
+                "{} x {} = {} devices, but {chip} has {chips} chips; make their product the \
+                 slice's chip count",
+                t(Setting::FsdpParallelism).value(names, fsdp),
+                t(Setting::ContextParallelism).value(names, context),
+                fsdp * context
+            ),
+            SettingError::BatchNotSplit {
+                per_device,
+                devices,
+                fsdp,
+            } => format!(
+                "{} x {devices} devices = {} sequences, which the {fsdp} fsdp shards cannot \
+                 split evenly; use a batch whose total is a multiple of {fsdp}",
+                t(Setting::PerDeviceBatchSize).value(names, per_device),
+                per_device * *devices as f64
+            ),
+            SettingError::MeshNotOnTorus {
+                fsdp,
+                context,
+                chip,
+                torus,
+            } => format!(
+                "{} x {} does not map onto whole axes of the {chip} torus {torus:?}; use a \
+                 context degree that is the product of its last axes and an fsdp degree that \
+                 is the product of the rest",
+                t(Setting::FsdpParallelism).value(names, fsdp),
+                t(Setting::ContextParallelism).value(names, context),
+            ),
+            SettingError::NotModelled { strategy } => format!(
+                "the step-time model covers ulysses, all_gather and ring; {} is not modelled",
+                names.strategy(strategy)
+            ),
+            SettingError::Blocks {
+                block_q,
+                block_kv,
+                q_len,
+                kv_len,
+                source,
+            } => format!(
+                "splash blocks {block_q}x{block_kv} for {q_len} queries x {kv_len} keys: \
+                 {source}"
+            ),
+        }
+    }
+}
+
+impl fmt::Display for SettingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe(&tessera_parallel::LibraryNames))
+    }
+}
+
+impl std::error::Error for SettingError {}
+
+/// Why training could not start or go on.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A setting or a combination of settings that cannot run (boxed: it is the largest).
+    #[error(transparent)]
+    Setting(Box<SettingError>),
+    /// The attention's context-parallel configuration (its strategy's rules), or running it.
+    #[error(transparent)]
+    ContextParallel(#[from] CpError),
+    #[error(transparent)]
+    Collective(#[from] tessera_collectives::CollectiveError),
+    /// (The message includes the cause.)
+    #[error("XLA runtime: {0}")]
+    Runtime(tessera_runtime::Error),
+    /// The platform's devices could not be had (none on this machine, too few, ...).
+    #[error(transparent)]
+    Devices(tessera_runtime::Error),
+    /// A checkpoint that cannot be written or read, or does not fit this run.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint { path: String, reason: String },
+}
+
+impl From<SettingError> for TrainError {
+    fn from(e: SettingError) -> Self {
+        TrainError::Setting(Box::new(e))
+    }
+}
+
+impl From<tessera_runtime::Error> for TrainError {
+    fn from(e: tessera_runtime::Error) -> Self {
+        TrainError::Runtime(e)
+    }
+}
+
+impl From<tessera_parallel::ConfigError> for TrainError {
+    fn from(e: tessera_parallel::ConfigError) -> Self {
+        TrainError::ContextParallel(e.into())
+    }
+}
+
+impl TrainError {
+    /// The message with the settings named as `names` names them (a command line's flags).
+    pub fn describe(&self, names: &dyn Names) -> String {
+        match self {
+            TrainError::Setting(e) => e.describe(names),
+            TrainError::ContextParallel(e) => e.describe(names),
+            other => other.to_string(),
+        }
+    }
+}
