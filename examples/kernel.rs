@@ -7,7 +7,7 @@
 //! ```
 
 use tessera::backend::{self, Backend};
-use tessera::dsl::{DType, HostArray, TargetRules};
+use tessera::dsl::{DType, HostArray, KernelRules};
 use tessera::prelude::*;
 
 /// `out = a * sigmoid(a) * b`, `BR` rows per grid step, computed in f32.
@@ -40,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|(&a, b)| a / (1.0 + (-a).exp()) * b)
         .collect();
     for backend in [Backend::Interpret, Backend::Cpu] {
-        let out = backend::run(&def, &[a.clone(), b.clone()], backend, &TargetRules::tpu())?;
+        let out = backend::run(&def, &[a.clone(), b.clone()], backend, &KernelRules::tpu())?;
         let err = out[0]
             .to_f64_vec()
             .iter()

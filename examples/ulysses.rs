@@ -10,7 +10,7 @@
 
 use tessera::collectives::axes::Context;
 use tessera::collectives::{Mesh, Program, Replicated, Split};
-use tessera::dsl::{DType, HostArray, Target};
+use tessera::dsl::{DType, HostArray, Lowering};
 use tessera::parallel::local_splash::UlyssesAttention;
 use tessera::parallel::strategy::Ulysses;
 use tessera::parallel::{ContextMesh, ContextParallel};
@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         strategy: Ulysses.into(),
         devices,
         load_balance: false,
-        target: Target::portable(),
+        target: Lowering::portable(),
     };
     let attention = UlyssesAttention::<Context>::new(&cp)?;
     let shape = [1, heads as i64, seq as i64, d as i64];

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tessera_dsl::interpret::{self, InterpretOptions};
 use tessera_dsl::{
-    ArgSpec, DeviceAxis, HostArray, Kernel, KernelDef, KernelError, Target, TargetRules,
+    ArgSpec, DeviceAxis, HostArray, Kernel, KernelDef, KernelError, KernelRules, Lowering,
 };
 use tessera_hlo::Module;
 use tessera_runtime::{Client, CompileOptions, LoadedExecutable, XlaOption};
@@ -97,7 +97,7 @@ impl Executor for Backend {
         &self,
         def: &KernelDef,
         args: &[HostArray],
-        rules: &TargetRules,
+        rules: &KernelRules,
     ) -> Result<Vec<HostArray>, SplashError> {
         run(def, args, *self, rules).map_err(|e| match e {
             RunError::Kernel(k) => SplashError::Kernel(k),
@@ -135,7 +135,7 @@ pub fn run(
     def: &KernelDef,
     args: &[HostArray],
     backend: Backend,
-    rules: &TargetRules,
+    rules: &KernelRules,
 ) -> Result<Vec<HostArray>, RunError> {
     let specs: Vec<_> = args.iter().map(ArgSpec::of).collect();
     let kernel = def.instantiate(&specs, rules)?;
@@ -181,11 +181,11 @@ fn executables() -> &'static Mutex<HashMap<String, Arc<LoadedExecutable>>> {
 }
 
 /// The one-device program `k` runs as on `platform`: the kernel alone in a module, lowered
-/// as the platform takes kernels ([`tessera_parallel::kernel_target`]): on TPU one Mosaic
+/// as the platform takes kernels ([`tessera_parallel::kernel_lowering`]): on TPU one Mosaic
 /// custom call, the program `tessera compile kernel` compiles for a topology; inline
 /// StableHLO elsewhere.
 pub fn kernel_program(k: &Kernel, platform: Platform) -> Result<Module, KernelError> {
-    tessera_parallel::kernel_target(platform, &Target::portable()).lower_module(k)
+    tessera_parallel::kernel_lowering(platform, &Lowering::portable()).lower_module(k)
 }
 
 /// The program a kernel on a device mesh runs as on `platform`: one partition per device
@@ -193,7 +193,7 @@ pub fn kernel_program(k: &Kernel, platform: Platform) -> Result<Module, KernelEr
 /// custom call per device that communicates with the others, elsewhere the SPMD lowering
 /// (remote copies as `collective_permute`s).
 pub fn kernel_spmd_program(k: &Kernel, platform: Platform) -> Result<Module, KernelError> {
-    tessera_parallel::kernel_target(platform, &Target::portable()).lower_module_spmd(k)
+    tessera_parallel::kernel_lowering(platform, &Lowering::portable()).lower_module_spmd(k)
 }
 
 /// `k` compiled for `platform`'s first device ([`kernel_program`]), on TPU with the options
@@ -288,7 +288,7 @@ pub fn run_on_devices(
     mesh: &[DeviceAxis],
     per_device: &[Vec<HostArray>],
     backend: Backend,
-    rules: &TargetRules,
+    rules: &KernelRules,
 ) -> Result<Vec<Vec<HostArray>>, RunError> {
     let first = per_device.first().map(Vec::as_slice).unwrap_or_default();
     let specs: Vec<_> = first.iter().map(ArgSpec::of).collect();

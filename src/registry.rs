@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use tessera_dsl::{
-    with_float_type, ArgSpec, DType, HostArray, KernelDef, KernelError, TargetRules,
+    with_float_type, ArgSpec, DType, HostArray, KernelDef, KernelError, KernelRules,
 };
 use tessera_splash::reference::{self as splash_reference, RefInputs};
 use tessera_splash::{
@@ -479,7 +479,7 @@ fn splash_setup(p: &Params, kernel: &str) -> Result<SplashSetup, RegistryError> 
         soft_cap,
         ..SplashOptions::default()
     };
-    let attn = SplashAttention::new(mask, dims, dtype, blocks, options, TargetRules::portable())?;
+    let attn = SplashAttention::new(mask, dims, dtype, blocks, options, KernelRules::portable())?;
     let features = Features {
         segmented: p.bool("segmented")?,
         sinks: p.bool("sinks")?,
@@ -1282,7 +1282,7 @@ mod tests {
                 }
                 let outputs = inst
                     .def()
-                    .instantiate(inst.args(), &TargetRules::tpu())
+                    .instantiate(inst.args(), &KernelRules::tpu())
                     .unwrap_or_else(|e| panic!("{} {:?}: {e}", info.name, case.params))
                     .operands
                     .iter()

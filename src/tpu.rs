@@ -3,16 +3,16 @@
 //! machine with no TPU (see `notes/tpu-aot.md`). libtpu is provisioned on first use, and the
 //! environment it needs for compile-only (`TPU_SKIP_MDS_QUERY`, ...) is set then where unset.
 //!
-//! A kernel of your own, in one call ([`TpuTarget::compile_kernel`]):
+//! A kernel of your own, in one call ([`TpuTopology::compile_kernel`]):
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use tessera::dsl::{ArgSpec, DType};
 //! use tessera::kernels::row_softmax;
-//! use tessera::tpu::TpuTarget;
+//! use tessera::tpu::TpuTopology;
 //!
 //! let args = [ArgSpec::new(DType::F32, [1024, 512])];
-//! let report = TpuTarget::parse("tpu:v5p:2x2x1")?.compile_kernel(&row_softmax::<f32, 8>(), &args)?;
+//! let report = TpuTopology::parse("tpu:v5p:2x2x1")?.compile_kernel(&row_softmax::<f32, 8>(), &args)?;
 //! println!("{}", report.to_json());
 //! # Ok(())
 //! # }
@@ -22,17 +22,17 @@
 //!
 //! ```no_run
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! use tessera::dsl::{DType, Target};
+//! use tessera::dsl::{DType, Lowering};
 //! use tessera::splash::{splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention};
-//! use tessera::tpu::TpuTarget;
+//! use tessera::tpu::TpuTopology;
 //!
 //! let dims = Dims { batch: 1, heads: 2, kv_heads: 2, q_len: 1024, kv_len: 1024,
 //!                   head_dim: 128, head_dim_v: 128 };
 //! let attn = SplashAttention::new(Mask::causal(), dims, DType::BF16,
 //!                                 BlockSizes::uniform(512, 512), Default::default(),
-//!                                 Target::tpu())?;
+//!                                 Lowering::tpu())?;
 //! let program = splash_program(&attn, Pass::Forward, Features::default())?;
-//! let report = TpuTarget::parse("tpu:v5p:2x2x1")?.compile(&program)?;
+//! let report = TpuTopology::parse("tpu:v5p:2x2x1")?.compile(&program)?;
 //! println!("{}", report.to_json());
 //! # Ok(())
 //! # }
@@ -46,7 +46,7 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 use std::time::Instant;
 
-use tessera_dsl::{ArgSpec, KernelDef, KernelError, Target};
+use tessera_dsl::{ArgSpec, KernelDef, KernelError, Lowering};
 use tessera_hlo::{DType, Module};
 use tessera_runtime::{CompileOptions, CompiledMemoryStats, Error as RuntimeError, NamedValue};
 use tessera_runtime::{Executable, Plugin, Topology};
@@ -101,7 +101,7 @@ pub enum TpuCompileError {
 
 /// A TPU topology to compile for (`tpu:v5p:2x2x1` on the command line).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TpuTarget {
+pub struct TpuTopology {
     topology: String,
 }
 
@@ -137,14 +137,14 @@ pub struct CompileReport {
     pub compile_seconds: f64,
 }
 
-impl TpuTarget {
+impl TpuTopology {
     /// Parses `tpu:TOPOLOGY` (e.g. `tpu:v5p:2x2x1`, `tpu:v5e:2x2`).
     pub fn parse(target: &str) -> Result<Self, TpuCompileError> {
         let topology = target
             .strip_prefix("tpu:")
             .filter(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || c == ':'))
             .ok_or_else(|| TpuCompileError::Target(target.to_string()))?;
-        Ok(TpuTarget {
+        Ok(TpuTopology {
             topology: topology.to_string(),
         })
     }
@@ -173,14 +173,14 @@ impl TpuTarget {
 
     /// Compiles a kernel of yours for the topology: instantiates `def` for `args` (scalar
     /// prefetch and inputs, in order) under the TPU rules, lowers it to Mosaic inside a
-    /// `tpu_custom_call` in a one-device program ([`Target::lower_module`]) and compiles that. The
+    /// `tpu_custom_call` in a one-device program ([`Lowering::lower_module`]) and compiles that. The
     /// report is the one `tessera compile kernel` prints.
     pub fn compile_kernel(
         &self,
         def: &KernelDef,
         args: &[ArgSpec],
     ) -> Result<CompileReport, TpuCompileError> {
-        let target = Target::tpu();
+        let target = Lowering::tpu();
         let kernel = def.instantiate(args, &target.rules)?;
         self.compile(&target.lower_module(&kernel)?)
     }
@@ -235,7 +235,7 @@ pub fn compile_options(module: &Module) -> Result<CompileOptions, RuntimeError> 
 }
 
 fn report(
-    target: &TpuTarget,
+    target: &TpuTopology,
     module: &Module,
     exe: &Executable,
     devices: usize,
@@ -473,11 +473,11 @@ mod tests {
     #[test]
     fn targets_parse() {
         assert_eq!(
-            TpuTarget::parse("tpu:v5p:2x2x1").unwrap().topology(),
+            TpuTopology::parse("tpu:v5p:2x2x1").unwrap().topology(),
             "v5p:2x2x1"
         );
         for bad in ["v5p:2x2x1", "tpu:", "gpu:v5p", "tpu:v5p 2x2"] {
-            let e = TpuTarget::parse(bad).unwrap_err();
+            let e = TpuTopology::parse(bad).unwrap_err();
             assert!(e.to_string().contains("expected tpu:TOPOLOGY"), "{e}");
         }
     }

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use npyz::WriterBuilder;
 
-use tessera::dsl::{DType, HostArray, TargetRules};
+use tessera::dsl::{DType, HostArray, KernelRules};
 use tessera::npy::{read_npy, write_npy};
 use tessera::reference::random;
 use tessera::splash::{BlockSizes, Dims, Inputs, Interpreter, Mask, SplashAttention};
@@ -27,7 +27,7 @@ fn bf16_attention_from_float32_and_from_bits() {
         DType::BF16,
         BlockSizes::uniform(128, 128),
         Default::default(),
-        TargetRules::tpu(),
+        KernelRules::tpu(),
     )
     .unwrap();
     let x = Inputs {

@@ -6,7 +6,7 @@
 use tessera::backend::{self, Backend};
 use tessera::dsl::axes::Context;
 use tessera::dsl::interpret::{self, InterpretOptions};
-use tessera::dsl::{mosaic, ArgSpec, DType, DeviceAxis, HostArray, KernelDef, TargetRules};
+use tessera::dsl::{mosaic, ArgSpec, DType, DeviceAxis, HostArray, KernelDef, KernelRules};
 use tessera::kernels::collective::{
     all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
 };
@@ -55,7 +55,7 @@ fn all_gather_over_four_devices_matches_its_reference_on_every_backend() {
             &ring_mesh(N),
             &per_device,
             b,
-            &TargetRules::tpu(),
+            &KernelRules::tpu(),
         )
         .unwrap_or_else(|e| panic!("{b}: {e}"));
         for (d, outs) in out.iter().enumerate() {
@@ -76,7 +76,7 @@ fn all_gather_matmul_over_four_devices_matches_its_reference_on_every_backend() 
                 &ring_mesh(N),
                 &per_device,
                 b,
-                &TargetRules::tpu(),
+                &KernelRules::tpu(),
             )
             .unwrap_or_else(|e| panic!("{b}: {e}"));
             for (d, outs) in out.iter().enumerate() {
@@ -96,7 +96,7 @@ fn mosaic_eval(
 ) -> Vec<Vec<HostArray>> {
     let specs: Vec<ArgSpec> = per_device[0].iter().map(ArgSpec::of).collect();
     let k = def
-        .instantiate_on(&specs, mesh, &TargetRules::tpu())
+        .instantiate_on(&specs, mesh, &KernelRules::tpu())
         .unwrap_or_else(|e| panic!("{e}"));
     let m = mosaic::lower(&k).unwrap_or_else(|e| panic!("{e}"));
     let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{e}\n{}", m.text));

@@ -2,7 +2,7 @@
 //! platform (`tessera::test_device!`; gpu and tpu with the `gpu-tests` and `tpu-tests`
 //! features): a context-parallel forward + backward against the f64 reference and a few
 //! train steps, each built for its platform as the CLI and the trainer build it
-//! (`tessera::parallel::kernel_target`: Mosaic custom calls on TPU).
+//! (`tessera::parallel::kernel_lowering`: Mosaic custom calls on TPU).
 //!
 //! Without chips, the programs the tpu platform runs are compiled here for a TPU topology by
 //! libtpu: the kernel program of `--backend tpu` and the context-parallel program (the train
@@ -12,11 +12,11 @@ mod common;
 
 use common::{assert_close, random};
 use tessera::backend::{kernel_program, Platform};
-use tessera::dsl::{ArgSpec, DType, Target, TargetRules};
-use tessera::parallel::{kernel_target, ContextParallel, CpInputs, Strategy};
+use tessera::dsl::{ArgSpec, DType, KernelRules, Lowering};
+use tessera::parallel::{kernel_lowering, ContextParallel, CpInputs, Strategy};
 use tessera::splash::reference::{self, RefInputs};
 use tessera::splash::{BlockSizes, Dims, Mask, SeqOffsets};
-use tessera::tpu::TpuTarget;
+use tessera::tpu::TpuTopology;
 use tessera_train::{ModelConfig, TrainConfig, Trainer};
 
 const SEQ: usize = 512;
@@ -41,7 +41,7 @@ fn ring_attention(platform: Platform) -> ContextParallel {
         strategy: Strategy::parse("ring", 2).expect("ring is a strategy"),
         devices: 2,
         load_balance: false,
-        target: kernel_target(platform, &Target::portable()),
+        target: kernel_lowering(platform, &Lowering::portable()),
     }
 }
 
@@ -118,13 +118,13 @@ fn training_lowers_the_loss(platform: Platform) {
 
 #[test]
 fn tpu_programs_compile_for_a_topology() {
-    let target = TpuTarget::parse("tpu:v5e:2x2").unwrap();
+    let target = TpuTopology::parse("tpu:v5e:2x2").unwrap();
     let args = [
         ArgSpec::new(DType::F32, [256, 512]),
         ArgSpec::new(DType::F32, [512, 256]),
     ];
     let kernel = tessera::kernels::matmul::<f32, 128, 128, 128>()
-        .instantiate(&args, &TargetRules::tpu())
+        .instantiate(&args, &KernelRules::tpu())
         .unwrap();
     let program = kernel_program(&kernel, Platform::Tpu).unwrap();
     assert_eq!(target.compile(&program).unwrap().kernels, ["matmul"]);

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 use tessera::kernels::{flash_attention, matmul};
 
 fn check_snapshot(name: &str, actual: &str) {
@@ -37,7 +37,7 @@ fn matmul_ir_text() {
                 ArgSpec::new(DType::F32, [256, 512]),
                 ArgSpec::new(DType::F32, [512, 384]),
             ],
-            &TargetRules::tpu(),
+            &KernelRules::tpu(),
         )
         .unwrap();
     check_snapshot("matmul_f32_128.ir", &k.to_text());
@@ -48,7 +48,7 @@ fn causal_flash_attention_ir_text() {
     let k = flash_attention::<half::bf16, 128, 128>(true)
         .instantiate(
             &vec![ArgSpec::new(DType::BF16, [512, 64]); 3],
-            &TargetRules::tpu(),
+            &KernelRules::tpu(),
         )
         .unwrap();
     check_snapshot("flash_attention_causal_bf16.ir", &k.to_text());

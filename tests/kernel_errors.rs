@@ -6,7 +6,7 @@ mod common;
 use common::random;
 use tessera::dsl::interpret::{run, InterpretOptions};
 use tessera::dsl::prelude::*;
-use tessera::dsl::{ArgSpec, HostArray, KernelError, ProblemKind, TargetRules};
+use tessera::dsl::{ArgSpec, HostArray, KernelError, KernelRules, ProblemKind};
 use tessera::kernels::matmul;
 
 fn f32s(shape: &[usize]) -> ArgSpec {
@@ -16,7 +16,7 @@ fn f32s(shape: &[usize]) -> ArgSpec {
 fn instantiate_err(
     def: &tessera::dsl::KernelDef,
     args: &[ArgSpec],
-    rules: &TargetRules,
+    rules: &KernelRules,
 ) -> KernelError {
     match def.instantiate(args, rules) {
         Ok(k) => panic!("expected an error, got a kernel:\n{k}"),
@@ -29,7 +29,7 @@ fn tpu_tiling_names_the_operand_and_the_fix() {
     let e = instantiate_err(
         &matmul::<f32, 8, 8, 8>(),
         &[f32s(&[16, 16]), f32s(&[16, 16])],
-        &TargetRules::tpu(),
+        &KernelRules::tpu(),
     );
     assert!(e.has(ProblemKind::Tiling), "{e}");
     let text = e.to_string();
@@ -39,7 +39,7 @@ fn tpu_tiling_names_the_operand_and_the_fix() {
     matmul::<f32, 8, 8, 8>()
         .instantiate(
             &[f32s(&[16, 16]), f32s(&[16, 16])],
-            &TargetRules::portable(),
+            &KernelRules::portable(),
         )
         .unwrap();
 }
@@ -53,11 +53,11 @@ fn bf16_needs_sixteen_sublanes() {
     let e = instantiate_err(
         &matmul::<half::bf16, 8, 128, 128>(),
         &args,
-        &TargetRules::tpu(),
+        &KernelRules::tpu(),
     );
     assert!(e.to_string().contains("multiple of 16"), "{e}");
     matmul::<half::bf16, 16, 128, 128>()
-        .instantiate(&args, &TargetRules::tpu())
+        .instantiate(&args, &KernelRules::tpu())
         .unwrap();
 }
 
@@ -66,7 +66,7 @@ fn block_must_divide_the_array() {
     let e = instantiate_err(
         &matmul::<f32, 8, 8, 8>(),
         &[f32s(&[20, 16]), f32s(&[16, 16])],
-        &TargetRules::portable(),
+        &KernelRules::portable(),
     );
     assert!(e.has(ProblemKind::Coverage), "{e}");
     assert!(
@@ -78,7 +78,7 @@ fn block_must_divide_the_array() {
 #[test]
 fn argument_mistakes_are_named() {
     let def = matmul::<f32, 8, 8, 8>();
-    let rules = TargetRules::portable();
+    let rules = KernelRules::portable();
     let e = instantiate_err(&def, &[f32s(&[16, 16])], &rules);
     assert!(e.to_string().contains("expected 2 arguments"), "{e}");
     let e = instantiate_err(
@@ -104,14 +104,14 @@ fn argument_mistakes_are_named() {
 fn vmem_budget_is_enforced_with_the_largest_buffers_named() {
     let def = matmul::<f32, 1024, 1024, 1024>();
     let args = [f32s(&[2048, 2048]), f32s(&[2048, 2048])];
-    let e = instantiate_err(&def, &args, &TargetRules::tpu());
+    let e = instantiate_err(&def, &args, &KernelRules::tpu());
     assert!(e.has(ProblemKind::Vmem), "{e}");
     let text = e.to_string();
     assert!(
         text.contains("28.00 MiB") && text.contains("16.00 MiB"),
         "{text}"
     );
-    def.instantiate(&args, &TargetRules::tpu().with_vmem_limit(32 << 20))
+    def.instantiate(&args, &KernelRules::tpu().with_vmem_limit(32 << 20))
         .unwrap();
 }
 
@@ -135,7 +135,7 @@ fn adds_mixed_dtypes(
 #[test]
 fn trace_errors_point_at_the_kernel_line_once() {
     let args = [f32s(&[16, 128]), ArgSpec::new(DType::I32, [16, 128])];
-    let e = instantiate_err(&adds_mixed_dtypes(), &args, &TargetRules::tpu());
+    let e = instantiate_err(&adds_mixed_dtypes(), &args, &KernelRules::tpu());
     assert_eq!(e.problems.len(), 1, "one mistake, one message: {e}");
     let p = &e.problems[0];
     assert_eq!(p.kind, ProblemKind::Trace);
@@ -226,7 +226,7 @@ fn writes_half(
 
 #[test]
 fn unwritten_output_blocks_are_coverage_errors() {
-    let e = instantiate_err(&writes_half(), &[f32s(&[16, 128])], &TargetRules::tpu());
+    let e = instantiate_err(&writes_half(), &[f32s(&[16, 128])], &KernelRules::tpu());
     assert!(e.has(ProblemKind::Coverage), "{e}");
     assert!(e.to_string().contains("output block [1, 0]"), "{e}");
 }
@@ -246,7 +246,7 @@ fn shifted_blocks(
 
 #[test]
 fn index_maps_out_of_bounds_are_caught_at_instantiation() {
-    let e = instantiate_err(&shifted_blocks(), &[f32s(&[32, 128])], &TargetRules::tpu());
+    let e = instantiate_err(&shifted_blocks(), &[f32s(&[32, 128])], &KernelRules::tpu());
     assert!(e.has(ProblemKind::Coverage), "{e}");
     let text = e.to_string();
     assert!(text.contains("in_specs[0] (x)"), "{text}");

@@ -3,7 +3,7 @@
 //! reference: adding a kernel to the registry adds it here.
 
 use tessera::backend::{run, Backend};
-use tessera::dsl::TargetRules;
+use tessera::dsl::KernelRules;
 use tessera::registry::KERNELS;
 
 /// Runs every case of every registered kernel on `backend`, checking each against its
@@ -18,7 +18,7 @@ fn registered_kernels_on(backend: Backend) {
                 .unwrap_or_else(|e| panic!("{}: {e}", info.name));
             let what = format!("{} {} on {backend}", info.name, instance.label());
             let inputs = instance.inputs(1).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let outputs = match run(instance.def(), &inputs, backend, &TargetRules::tpu()) {
+            let outputs = match run(instance.def(), &inputs, backend, &KernelRules::tpu()) {
                 Ok(o) => o,
                 Err(e) => {
                     failures.push(format!("{what}: {e}"));

@@ -5,7 +5,7 @@ mod common;
 
 use common::{assert_close, attention_ref, matmul_ref, random, softmax_ref};
 use tessera::dsl::interpret::{run, InterpretOptions};
-use tessera::dsl::{DType, KernelDef, TargetRules};
+use tessera::dsl::{DType, KernelDef, KernelRules};
 use tessera::kernels::{flash_attention, matmul, row_softmax};
 
 fn tpu() -> InterpretOptions {
@@ -14,7 +14,7 @@ fn tpu() -> InterpretOptions {
 
 fn portable() -> InterpretOptions {
     InterpretOptions {
-        rules: TargetRules::portable(),
+        rules: KernelRules::portable(),
         ..Default::default()
     }
 }

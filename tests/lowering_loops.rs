@@ -11,10 +11,10 @@ use common::{assert_close, random};
 use tessera::backend::{run, Backend};
 use tessera::dsl::prelude::*;
 use tessera::dsl::stablehlo::vectorised_dims;
-use tessera::dsl::{ArgSpec, HostArray, KernelDef, TargetRules};
+use tessera::dsl::{ArgSpec, HostArray, KernelDef, KernelRules};
 
 fn on(backend: Backend, def: &KernelDef, args: &[HostArray]) -> Vec<f64> {
-    run(def, args, backend, &TargetRules::tpu()).unwrap_or_else(|e| panic!("{backend}: {e}"))[0]
+    run(def, args, backend, &KernelRules::tpu()).unwrap_or_else(|e| panic!("{backend}: {e}"))[0]
         .to_f64_vec()
 }
 
@@ -186,7 +186,7 @@ fn transposed_left_products_match_batched_and_looped(backend: Backend) {
     let args = [a, b];
     for (def, batched) in [(heads_of_tn_products(), 1), (looped_tn_products(), 0)] {
         let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-        let k = def.instantiate(&specs, &TargetRules::tpu()).unwrap();
+        let k = def.instantiate(&specs, &KernelRules::tpu()).unwrap();
         assert_eq!(vectorised_dims(&k), batched, "{}", def.name());
         let got = on(backend, &def, &args);
         assert_close(&got, &want, 1e-4, &format!("{} on {backend}", def.name()));

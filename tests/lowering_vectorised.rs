@@ -8,7 +8,7 @@ use common::{assert_close, attention_ref, random};
 use tessera::backend::{run, Backend};
 use tessera::dsl::prelude::*;
 use tessera::dsl::stablehlo::vectorised_dims;
-use tessera::dsl::{ArgSpec, HostArray, KernelDef, TargetRules};
+use tessera::dsl::{ArgSpec, HostArray, KernelDef, KernelRules};
 
 /// Multi-head flash attention: the head dim is squeezed, so heads vectorise.
 #[tpu_kernel(grid = (H, S / BQ, S / BKV), dimension_semantics = (parallel, parallel, arbitrary))]
@@ -75,7 +75,7 @@ fn head_dependent(
 }
 
 fn on(backend: Backend, def: &KernelDef, args: &[HostArray]) -> Vec<f64> {
-    run(def, args, backend, &TargetRules::tpu()).unwrap_or_else(|e| panic!("{backend}: {e}"))[0]
+    run(def, args, backend, &KernelRules::tpu()).unwrap_or_else(|e| panic!("{backend}: {e}"))[0]
         .to_f64_vec()
 }
 
@@ -88,7 +88,7 @@ fn heads_vectorise_and_match_the_interpreter_and_the_reference(backend: Backend)
     let kernel = def
         .instantiate(
             &args.iter().map(ArgSpec::of).collect::<Vec<_>>(),
-            &TargetRules::tpu(),
+            &KernelRules::tpu(),
         )
         .unwrap();
     assert_eq!(
@@ -130,7 +130,7 @@ fn batched_conditions_and_loops_are_masked_per_element(backend: Backend) {
     let x = random(DType::F32, &[3, 1, 16, 128], 11);
     let def = head_dependent();
     let kernel = def
-        .instantiate(&[ArgSpec::of(&x)], &TargetRules::tpu())
+        .instantiate(&[ArgSpec::of(&x)], &KernelRules::tpu())
         .unwrap();
     assert_eq!(vectorised_dims(&kernel), 1);
     let xs = x.to_f64_vec();
@@ -151,7 +151,7 @@ fn batched_conditions_and_loops_are_masked_per_element(backend: Backend) {
 fn kernels_that_cannot_vectorise_keep_the_loop() {
     // Block size 8 on the leading parallel dim: heads are not whole blocks of one.
     let k = tessera::kernels::row_softmax::<f32, 8>()
-        .instantiate(&[ArgSpec::new(DType::F32, [64, 128])], &TargetRules::tpu())
+        .instantiate(&[ArgSpec::new(DType::F32, [64, 128])], &KernelRules::tpu())
         .unwrap();
     assert_eq!(vectorised_dims(&k), 0);
 }
@@ -185,7 +185,7 @@ fn scalar_prefetch_and_dynamic_windows_match_the_reference(backend: Backend) {
     let x = random(DType::F32, &[h, n * 64, 128], 5);
     let def = gather_and_fold();
     let kernel = def
-        .instantiate(&[ArgSpec::of(&order), ArgSpec::of(&x)], &TargetRules::tpu())
+        .instantiate(&[ArgSpec::of(&order), ArgSpec::of(&x)], &KernelRules::tpu())
         .unwrap();
     assert_eq!(
         vectorised_dims(&kernel),

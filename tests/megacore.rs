@@ -8,7 +8,7 @@ mod common;
 use common::{matmul_ref, random};
 use tessera::dsl::interpret::{run, InterpretOptions};
 use tessera::dsl::prelude::*;
-use tessera::dsl::{HostArray, KernelDef, KernelError, ProblemKind, TargetRules};
+use tessera::dsl::{HostArray, KernelDef, KernelError, KernelRules, ProblemKind};
 use tessera_mosaic_eval::{EvalError, RunOptions};
 
 /// A matmul that accumulates over `kk` in scratch with `kk` wrongly marked parallel (the
@@ -49,7 +49,7 @@ fn interpret(def: &KernelDef, args: &[HostArray], options: &InterpretOptions) ->
 
 fn megacore() -> InterpretOptions {
     InterpretOptions {
-        rules: TargetRules::tpu_megacore(),
+        rules: KernelRules::tpu_megacore(),
         ..InterpretOptions::default()
     }
 }
@@ -60,7 +60,7 @@ fn mosaic_eval(
     args: &[HostArray],
     options: &RunOptions,
 ) -> Result<Vec<HostArray>, EvalError> {
-    common::mosaic_eval(def, args, &TargetRules::tpu(), options)
+    common::mosaic_eval(def, args, &KernelRules::tpu(), options)
 }
 
 fn matmul_args() -> [HostArray; 2] {

@@ -4,7 +4,7 @@
 //! copy a `collective_permute`).
 
 use tessera::backend::{self, Backend};
-use tessera::dsl::{HostArray, TargetRules};
+use tessera::dsl::{HostArray, KernelRules};
 use tessera::kernels::memory::{
     gather_tiles, gather_tiles_reference, ring_mesh, ring_shift, ring_shift_reference, TILE_ROWS,
 };
@@ -27,7 +27,7 @@ fn gather_tiles_matches_its_reference_on_every_backend() {
             &gather_tiles(),
             &[tiles.clone(), x.clone()],
             b,
-            &TargetRules::tpu(),
+            &KernelRules::tpu(),
         )
         .unwrap_or_else(|e| panic!("{b}: {e}"));
         assert_eq!(out[0].shape(), &[order.len() * TILE_ROWS, 256], "{b}");
@@ -46,7 +46,7 @@ fn ring_shift_over_four_devices_matches_its_reference_on_every_backend() {
             &ring_mesh(4),
             &per_device,
             b,
-            &TargetRules::tpu(),
+            &KernelRules::tpu(),
         )
         .unwrap_or_else(|e| panic!("{b}: {e}"));
         assert_eq!(out.len(), 4, "{b}");
@@ -111,7 +111,7 @@ fn ring_all_gather_over_four_devices_matches_its_reference_on_every_backend() {
             &ring_mesh(4),
             &per_device,
             b,
-            &TargetRules::tpu(),
+            &KernelRules::tpu(),
         )
         .unwrap_or_else(|e| panic!("{b}: {e}"));
         for (d, outs) in out.iter().enumerate() {
@@ -131,7 +131,7 @@ fn run_mosaic_eval(
     use tessera_mosaic_eval::{Module, OutputSpec};
     let specs: Vec<ArgSpec> = per_device[0].iter().map(ArgSpec::of).collect();
     let k = def
-        .instantiate_on(&specs, mesh, &TargetRules::tpu())
+        .instantiate_on(&specs, mesh, &KernelRules::tpu())
         .unwrap_or_else(|e| panic!("{e}"));
     let m = mosaic::lower(&k).unwrap_or_else(|e| panic!("{e}"));
     let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text));

@@ -5,7 +5,7 @@
 use tessera::dsl::__private::{ArgDecl, DimSemantics, Loc, OperandRole};
 use tessera::dsl::axes::Context;
 use tessera::dsl::prelude::*;
-use tessera::dsl::{mosaic, ArgSpec, DType, Kernel, KernelDef, ProblemKind, Target, TargetRules};
+use tessera::dsl::{mosaic, ArgSpec, DType, Kernel, KernelDef, KernelRules, Lowering, ProblemKind};
 use tessera::kernels::collective::{all_gather, all_gather_matmul};
 use tessera::kernels::memory::Ring;
 use tessera::kernels::memory::{gather_tiles, ring_all_gather, ring_mesh, ring_shift};
@@ -23,9 +23,9 @@ fn compile(k: &Kernel) -> Result<(), String> {
     let topology = plugin.topology("v5p:2x2x1").expect("topology");
     let n = k.num_devices();
     let module = if n > 1 {
-        Target::tpu().lower_module_spmd(k)
+        Lowering::tpu().lower_module_spmd(k)
     } else {
-        Target::tpu().lower_module(k)
+        Lowering::tpu().lower_module(k)
     }
     .map_err(|e| e.to_string())?;
     let options = CompileOptions::manual_partitions(n).expect("partitions");
@@ -44,7 +44,7 @@ fn instantiate(def: &KernelDef, args: &[ArgSpec], devices: usize) -> std::sync::
     } else {
         vec![]
     };
-    def.instantiate_on(args, &mesh, &TargetRules::tpu())
+    def.instantiate_on(args, &mesh, &KernelRules::tpu())
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
@@ -132,7 +132,7 @@ fn copies(
     (def, spec)
 }
 
-/// Copies whose windows break the lane rule of `TargetRules::tpu()`: each is refused by the
+/// Copies whose windows break the lane rule of `KernelRules::tpu()`: each is refused by the
 /// rules with its sentence, and by libtpu when instantiated without them.
 #[test]
 fn copies_breaking_the_lane_rule_are_refused_by_the_rules_and_by_libtpu() {
@@ -173,7 +173,7 @@ fn copies_breaking_the_lane_rule_are_refused_by_the_rules_and_by_libtpu() {
     let topology = plugin.topology("v5p:2x2x1").expect("topology");
     for (def, spec) in &cases {
         let e = def
-            .instantiate(std::slice::from_ref(spec), &TargetRules::tpu())
+            .instantiate(std::slice::from_ref(spec), &KernelRules::tpu())
             .expect_err(def.name());
         assert!(e.has(ProblemKind::TpuOp), "{}: {e}", def.name());
         assert!(
@@ -182,9 +182,9 @@ fn copies_breaking_the_lane_rule_are_refused_by_the_rules_and_by_libtpu() {
             def.name()
         );
         let k = def
-            .instantiate(std::slice::from_ref(spec), &TargetRules::portable())
+            .instantiate(std::slice::from_ref(spec), &KernelRules::portable())
             .unwrap_or_else(|e| panic!("{e}"));
-        let module = Target::tpu().lower_module(&k).unwrap();
+        let module = Lowering::tpu().lower_module(&k).unwrap();
         let options = CompileOptions::manual_partitions(1).unwrap();
         let r = topology.compile(&module.to_mlir(), &options);
         assert!(r.is_err(), "libtpu compiled {}", def.name());

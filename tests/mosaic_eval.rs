@@ -14,7 +14,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use tessera::dsl::interpret::{self, InterpretOptions};
-use tessera::dsl::{DType, HostArray, KernelDef, TargetRules};
+use tessera::dsl::{DType, HostArray, KernelDef, KernelRules};
 use tessera::splash::{
     BlockSizes, Dims, Executor, Inputs, Mask, MultiHeadMask, SegmentIds, SplashAttention,
     SplashError, SplashOptions,
@@ -22,7 +22,7 @@ use tessera::splash::{
 use tessera_mosaic_eval::RunOptions;
 
 /// Runs `def` through Mosaic text and the evaluator (two cores, with the check).
-fn run_mosaic(def: &KernelDef, args: &[HostArray], rules: &TargetRules) -> Vec<HostArray> {
+fn run_mosaic(def: &KernelDef, args: &[HostArray], rules: &KernelRules) -> Vec<HostArray> {
     common::mosaic_eval(def, args, rules, &RunOptions::default())
         .unwrap_or_else(|e| panic!("{}: {e}", def.name()))
 }
@@ -63,7 +63,7 @@ fn assert_same(what: &str, got: &HostArray, want: &HostArray) -> usize {
 }
 
 /// The interpreter on two cores (v4/v5p rules), with the parallel-state check.
-fn megacore(rules: &TargetRules) -> InterpretOptions {
+fn megacore(rules: &KernelRules) -> InterpretOptions {
     InterpretOptions {
         rules: rules.clone(),
         megacore: Some(true),
@@ -72,9 +72,9 @@ fn megacore(rules: &TargetRules) -> InterpretOptions {
 }
 
 fn check(name: &str, def: KernelDef, args: &[HostArray]) -> usize {
-    let want = interpret::run(&def, args, &megacore(&TargetRules::tpu()))
+    let want = interpret::run(&def, args, &megacore(&KernelRules::tpu()))
         .unwrap_or_else(|e| panic!("{e}"));
-    let got = run_mosaic(&def, args, &TargetRules::tpu());
+    let got = run_mosaic(&def, args, &KernelRules::tpu());
     assert_eq!(got.len(), want.len());
     got.iter()
         .zip(&want)
@@ -125,7 +125,7 @@ impl Executor for BothAgree {
         &self,
         def: &KernelDef,
         args: &[HostArray],
-        rules: &TargetRules,
+        rules: &KernelRules,
     ) -> Result<Vec<HostArray>, SplashError> {
         let want = interpret::run(def, args, &megacore(rules))?;
         let got = run_mosaic(def, args, rules);
@@ -170,7 +170,7 @@ fn run_splash(exec: &BothAgree, c: &SplashCase) {
         c.dtype,
         c.blocks,
         c.options,
-        TargetRules::tpu(),
+        KernelRules::tpu(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let d = c.dims;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 mod illegal_kernels;
 
 use tessera::dsl::mosaic;
-use tessera::dsl::{ArgSpec, DType, HostArray, Kernel, KernelDef, Target, TargetRules};
+use tessera::dsl::{ArgSpec, DType, HostArray, Kernel, KernelDef, KernelRules, Lowering};
 use tessera::runtime::{CompileOptions, Plugin, Topology};
 use tessera::splash::{
     BlockSizes, Dims, Executor, Inputs, Interpreter, Mask, SegmentIds, SplashAttention,
@@ -18,9 +18,9 @@ use tessera::splash::{
 };
 
 /// A StableHLO module whose `main` is the kernel as one `tpu_custom_call`, built by the
-/// path every TPU program takes ([`Target::tpu`]).
+/// path every TPU program takes ([`Lowering::tpu`]).
 fn custom_call_module(k: &Kernel) -> Result<String, String> {
-    Target::tpu()
+    Lowering::tpu()
         .lower_module(k)
         .map(|m| m.to_mlir())
         .map_err(|e| e.to_string())
@@ -35,7 +35,7 @@ const TOPOLOGIES: [&str; 2] = ["v5p:2x2x1", "v5e:2x2"];
 /// Compiles `k`'s Mosaic module for `topology`, or returns the compiler's message.
 fn compile(topology: &Topology, def: &KernelDef, specs: &[ArgSpec]) -> Result<(), String> {
     let k = def
-        .instantiate(specs, &TargetRules::tpu())
+        .instantiate(specs, &KernelRules::tpu())
         .map_err(|e| e.to_string())?;
     let program = custom_call_module(&k)?;
     let options = CompileOptions::manual_partitions(1).expect("one partition");
@@ -92,7 +92,7 @@ impl Executor for CompileEach<'_> {
         &self,
         def: &KernelDef,
         args: &[HostArray],
-        rules: &TargetRules,
+        rules: &KernelRules,
     ) -> Result<Vec<HostArray>, SplashError> {
         let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
         for (name, t) in &self.topologies {
@@ -135,7 +135,7 @@ fn splash_case(
         dtype,
         BlockSizes::uniform(bq, bkv).with_fused_bwd(fused),
         SplashOptions::default(),
-        TargetRules::tpu(),
+        KernelRules::tpu(),
     )
     .unwrap_or_else(|e| panic!("{e}"));
     let x = |seed| HostArray::random(dtype, [b, h, s, d], seed);
@@ -199,7 +199,7 @@ fn kernels_breaking_a_tpu_rule_do_not_compile() {
     for case in illegal_kernels::all() {
         let k = case
             .def
-            .instantiate(&case.args, &TargetRules::portable())
+            .instantiate(&case.args, &KernelRules::portable())
             .unwrap_or_else(|e| panic!("{e}"));
         let program = custom_call_module(&k).unwrap_or_else(|e| panic!("{e}"));
         let options = CompileOptions::manual_partitions(1).expect("one partition");

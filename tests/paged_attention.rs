@@ -4,7 +4,7 @@
 
 use tessera::backend::{self, Backend};
 use tessera::dsl::interpret::{self, InterpretOptions};
-use tessera::dsl::{mosaic, ArgSpec, DType, HostArray, KernelDef, TargetRules};
+use tessera::dsl::{mosaic, ArgSpec, DType, HostArray, KernelDef, KernelRules};
 use tessera::kernels::paged_attention::{paged_attention, paged_attention_reference};
 use tessera_mosaic_eval::{Module, OutputSpec};
 
@@ -76,7 +76,7 @@ fn paged_attention_matches_its_reference_on_every_backend() {
         let want = paged_attention_reference(&args[0], &args[1], &args[2], &c.lengths, &args[4]);
         let tol = if c.dtype == DType::BF16 { 2e-2 } else { 1e-5 };
         for b in Backend::ALL {
-            let out = backend::run(&def(c.dtype), &args, b, &TargetRules::tpu())
+            let out = backend::run(&def(c.dtype), &args, b, &KernelRules::tpu())
                 .unwrap_or_else(|e| panic!("{b}: {e}"));
             let err = max_error(&out[0], &want);
             assert!(
@@ -97,7 +97,7 @@ fn mosaic_eval_agrees_with_the_interpreter() {
         let d = def(c.dtype);
         let want = interpret::run(&d, &args, &InterpretOptions::default()).unwrap();
         let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-        let k = d.instantiate(&specs, &TargetRules::tpu()).unwrap();
+        let k = d.instantiate(&specs, &KernelRules::tpu()).unwrap();
         let m = mosaic::lower(&k).unwrap();
         let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{e}\n{}", m.text));
         let outputs = [OutputSpec {

@@ -8,14 +8,14 @@
 mod common;
 use common::tessera;
 
-use tessera::dsl::{DType, Target};
+use tessera::dsl::{DType, Lowering};
 use tessera::hlo::Module;
 use tessera::parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera::parallel::{ContextParallel, Strategy};
 use tessera::splash::{
     splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention, SplashOptions,
 };
-use tessera::tpu::{CompileReport, TpuTarget};
+use tessera::tpu::{CompileReport, TpuTopology};
 
 fn dims(heads: usize, seq: usize) -> Dims {
     Dims {
@@ -30,7 +30,7 @@ fn dims(heads: usize, seq: usize) -> Dims {
 }
 
 fn compile(topology: &str, program: &Module) -> CompileReport {
-    let report = TpuTarget::parse(&format!("tpu:{topology}"))
+    let report = TpuTopology::parse(&format!("tpu:{topology}"))
         .unwrap()
         .compile(program)
         .unwrap_or_else(|e| panic!("{topology} `{}`: {e}", program.name()));
@@ -56,7 +56,7 @@ fn splash(
         dtype,
         blocks,
         SplashOptions::default(),
-        Target::tpu(),
+        Lowering::tpu(),
     )
     .unwrap();
     let features = Features {
@@ -155,7 +155,7 @@ fn context_parallel(strategy: Strategy) -> ContextParallel {
         strategy,
         devices: 4,
         load_balance: false,
-        target: Target::tpu(),
+        target: Lowering::tpu(),
     }
 }
 

@@ -5,10 +5,10 @@
 //! libtpu reads its dump flags once, when it loads, so this test has its own `main` (no
 //! harness): it asks for the dumps before anything loads libtpu, on the one thread there is.
 
-use tessera::dsl::{DType, Target};
+use tessera::dsl::{DType, Lowering};
 use tessera::splash::{splash_program, BlockSizes, Dims, Mask, Pass, SplashAttention};
 use tessera::tpu::cost::KernelCost;
-use tessera::tpu::TpuTarget;
+use tessera::tpu::TpuTopology;
 
 /// The cost of splash forward (bf16, causal, blocks 512) on `heads` heads of `seq` tokens.
 fn forward_cost(topology: &str, heads: usize, seq: usize) -> KernelCost {
@@ -27,11 +27,11 @@ fn forward_cost(topology: &str, heads: usize, seq: usize) -> KernelCost {
         DType::BF16,
         BlockSizes::uniform(512, 512),
         Default::default(),
-        Target::tpu(),
+        Lowering::tpu(),
     )
     .unwrap();
     let program = splash_program(&attn, Pass::Forward, Default::default()).unwrap();
-    let report = TpuTarget::parse(&format!("tpu:{topology}"))
+    let report = TpuTopology::parse(&format!("tpu:{topology}"))
         .unwrap()
         .compile(&program)
         .unwrap();

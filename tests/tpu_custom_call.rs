@@ -4,7 +4,7 @@
 
 use tessera::hlo::{DType, Module, Sharding, TensorType, TpuCustomCall};
 use tessera::runtime::{CompileOptions, Plugin};
-use tessera::tpu::{TpuCompileError, TpuTarget};
+use tessera::tpu::{TpuCompileError, TpuTopology};
 
 /// `out = 2 * x` over a grid of two `[8, 128]` f32 blocks of a `[16, 128]` array.
 const DOUBLE: &str = r#"module attributes {stable_mosaic.version = 11 : i64} {
@@ -61,7 +61,7 @@ fn a_mosaic_kernel_compiles_inside_a_manual_sharded_program() {
 fn the_compilers_message_comes_with_the_kernels_name() {
     let broken = DOUBLE.replace("arith.addf %v, %v", "arith.addi %v, %v");
     let module = program(&[("double", DOUBLE), ("broken_double", &broken)], 4);
-    let err = TpuTarget::parse("tpu:v5p:2x2x1")
+    let err = TpuTopology::parse("tpu:v5p:2x2x1")
         .unwrap()
         .compile(&module)
         .unwrap_err();

@@ -4,12 +4,12 @@
 
 mod illegal_kernels;
 
-use tessera::dsl::{ProblemKind, TargetRules};
+use tessera::dsl::{KernelRules, ProblemKind};
 
 #[test]
 fn each_tpu_rule_names_the_kernel_line_and_the_fix() {
     for case in illegal_kernels::all() {
-        let e = match case.def.instantiate(&case.args, &TargetRules::tpu()) {
+        let e = match case.def.instantiate(&case.args, &KernelRules::tpu()) {
             Ok(k) => panic!("{}: the TPU rules accepted\n{k}", case.name),
             Err(e) => e,
         };
@@ -39,7 +39,7 @@ fn each_tpu_rule_names_the_kernel_line_and_the_fix() {
             case.name
         );
         case.def
-            .instantiate(&case.args, &TargetRules::portable())
+            .instantiate(&case.args, &KernelRules::portable())
             .unwrap_or_else(|e| panic!("{}: portable rules refused: {e}", case.name));
     }
 }

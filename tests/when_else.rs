@@ -8,14 +8,14 @@ mod when_else_kernels;
 
 use common::assert_close;
 use tessera::backend::{run, Backend};
-use tessera::dsl::{ArgSpec, TargetRules};
-use tessera::tpu::TpuTarget;
+use tessera::dsl::{ArgSpec, KernelRules};
+use tessera::tpu::TpuTopology;
 
 #[test]
 fn when_else_on_interpret_and_cpu() {
     for (name, def, args, want) in when_else_kernels::cases() {
         for backend in Backend::ALL {
-            let out = run(&def, &args, backend, &TargetRules::tpu())
+            let out = run(&def, &args, backend, &KernelRules::tpu())
                 .unwrap_or_else(|e| panic!("{name} on {backend}: {e}"));
             assert_close(
                 &out[0].to_f64_vec(),
@@ -31,7 +31,7 @@ fn when_else_on_interpret_and_cpu() {
 fn the_lowerings_keep_the_else() {
     for (name, def, args, _) in when_else_kernels::cases() {
         let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-        let k = def.instantiate(&specs, &TargetRules::tpu()).unwrap();
+        let k = def.instantiate(&specs, &KernelRules::tpu()).unwrap();
         assert!(k.to_text().contains("} else {"), "{name}:\n{}", k.to_text());
         let mosaic = tessera::dsl::mosaic::lower(&k).unwrap().text;
         assert!(mosaic.contains("} else {"), "{name}:\n{mosaic}");
@@ -48,7 +48,7 @@ fn the_lowerings_keep_the_else() {
 
 #[test]
 fn when_else_compiles_for_tpu() {
-    let target = TpuTarget::parse("tpu:v5e:2x2").unwrap();
+    let target = TpuTopology::parse("tpu:v5e:2x2").unwrap();
     for (name, def, args, _) in when_else_kernels::cases() {
         let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
         let report = target

@@ -12,7 +12,7 @@ use crate::ir::{
     verify, BlockDim, BlockMapping, DType, DeviceAxis, DimSemantics, Kernel, Loc, MemorySpace,
     OperandRole, Param, RefId, SemKind, ValueType,
 };
-use crate::rules::{self, TargetRules};
+use crate::rules::{self, KernelRules};
 use crate::trace::Element;
 use crate::trace::{
     Devices, DmaSem, Hbm, HbmMut, Ref, RefMut, Scratch, Sem, Smem, TraceState, Value, Vmem,
@@ -108,7 +108,7 @@ struct CacheKey {
     absent: Vec<&'static str>,
     args: Vec<ArgSpec>,
     mesh: Vec<DeviceAxis>,
-    rules: TargetRules,
+    rules: KernelRules,
 }
 
 fn cache() -> &'static Mutex<HashMap<CacheKey, Arc<Kernel>>> {
@@ -194,7 +194,7 @@ impl KernelDef {
     pub fn instantiate(
         &self,
         args: &[ArgSpec],
-        rules: &TargetRules,
+        rules: &KernelRules,
     ) -> Result<Arc<Kernel>, KernelError> {
         self.instantiate_on(args, &[], rules)
     }
@@ -206,7 +206,7 @@ impl KernelDef {
         &self,
         args: &[ArgSpec],
         mesh: &[DeviceAxis],
-        rules: &TargetRules,
+        rules: &KernelRules,
     ) -> Result<Arc<Kernel>, KernelError> {
         let key = CacheKey {
             name: self.name,
@@ -232,7 +232,7 @@ impl KernelDef {
         &self,
         args: &[ArgSpec],
         mesh: &[DeviceAxis],
-        rules: &TargetRules,
+        rules: &KernelRules,
     ) -> Result<Kernel, KernelError> {
         let err = |problems| KernelError::new(self.name, problems);
         if args.len() != self.args.len() {

@@ -15,10 +15,10 @@ mod error;
 mod instantiate;
 pub mod interpret;
 pub mod ir;
+mod lowering;
 pub mod mosaic;
 pub mod rules;
 pub mod stablehlo;
-mod target;
 mod trace;
 
 pub use array::HostArray;
@@ -26,8 +26,8 @@ pub use compile_time::{KernelSize, LoopBounds, LoopInt};
 pub use error::{KernelError, Problem, ProblemKind};
 pub use instantiate::{ArgDecl, ArgSpec, Builder, ComptimeValue, IndexMapFn, KernelDef, Stop};
 pub use ir::{DType, DeviceAxis, DimSemantics, Kernel};
-pub use rules::TargetRules;
-pub use target::{KernelLowering, MosaicCall, Target, SCHEDULE_ATTRIBUTE};
+pub use lowering::{KernelLowering, Lowering, MosaicCall, SCHEDULE_ATTRIBUTE};
+pub use rules::KernelRules;
 pub use tessera_hlo::{axes, axis, mesh, HasAxis, MeshAxis, MeshShape};
 pub use tessera_macros::tpu_kernel;
 pub use trace::{

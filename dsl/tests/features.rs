@@ -3,7 +3,7 @@
 
 use tessera_dsl::interpret::{run, InterpretOptions};
 use tessera_dsl::prelude::*;
-use tessera_dsl::{ArgSpec, HostArray, TargetRules};
+use tessera_dsl::{ArgSpec, HostArray, KernelRules};
 
 /// Sums the rows of each block with a run-time loop over row windows.
 #[tpu_kernel(grid = (R / 64,), dimension_semantics = (parallel,))]
@@ -39,7 +39,7 @@ fn fori_loop_carries_values_and_reads_dynamic_windows() {
         }
     }
     let k = row_groups_sum()
-        .instantiate(&[ArgSpec::new(DType::F32, [128, 128])], &TargetRules::tpu())
+        .instantiate(&[ArgSpec::new(DType::F32, [128, 128])], &KernelRules::tpu())
         .unwrap();
     let text = k.to_text();
     assert!(text.contains("fori_loop"), "{text}");
@@ -122,10 +122,10 @@ fn power<const P: usize>(
 fn compile_time_parameters_specialise_the_ir() {
     let arg = [ArgSpec::new(DType::F32, [8, 128])];
     let cube = power::<3>(false)
-        .instantiate(&arg, &TargetRules::tpu())
+        .instantiate(&arg, &KernelRules::tpu())
         .unwrap();
     let square_neg = power::<2>(true)
-        .instantiate(&arg, &TargetRules::tpu())
+        .instantiate(&arg, &KernelRules::tpu())
         .unwrap();
     let count = |t: &str, op: &str| {
         t.lines()
@@ -138,7 +138,7 @@ fn compile_time_parameters_specialise_the_ir() {
     assert_eq!(count(&square_neg.to_text(), "neg"), 1);
     // Instantiation is cached by (kernel, parameters, arguments, rules).
     let again = power::<3>(false)
-        .instantiate(&arg, &TargetRules::tpu())
+        .instantiate(&arg, &KernelRules::tpu())
         .unwrap();
     assert!(std::sync::Arc::ptr_eq(&cube, &again));
     let x = HostArray::f32([8, 128], vec![2.0; 1024]).unwrap();

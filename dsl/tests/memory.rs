@@ -11,7 +11,7 @@ use tessera_dsl::axes::Context;
 use tessera_dsl::interpret::{run, run_on_devices, InterpretOptions};
 use tessera_dsl::prelude::*;
 use tessera_dsl::{
-    mesh, ArgSpec, DeviceAxis, HostArray, KernelDef, KernelError, ProblemKind, TargetRules,
+    mesh, ArgSpec, DeviceAxis, HostArray, KernelDef, KernelError, KernelRules, ProblemKind,
 };
 
 mesh!(Ring = [Context]);
@@ -140,7 +140,7 @@ fn a_remote_copy_without_the_barrier_is_a_race_with_the_receiver_entering() {
 #[test]
 fn a_multi_device_kernel_needs_its_mesh() {
     let e = ring_shift_no_barrier()
-        .instantiate(&[ArgSpec::new(DType::F32, [8, 128])], &TargetRules::tpu())
+        .instantiate(&[ArgSpec::new(DType::F32, [8, 128])], &KernelRules::tpu())
         .unwrap_err();
     assert!(
         e.to_string()
@@ -451,7 +451,7 @@ fn counts_that_do_not_balance_over_the_grid_are_found_at_instantiation() {
         },
     );
     let e = k
-        .instantiate(&[ArgSpec::new(DType::F32, [8, 128])], &TargetRules::tpu())
+        .instantiate(&[ArgSpec::new(DType::F32, [8, 128])], &KernelRules::tpu())
         .unwrap_err();
     let (kind, at, message) = only(&e);
     let l = l.lock().unwrap();
@@ -539,7 +539,7 @@ fn spmd_error(k: &KernelDef) -> String {
         .instantiate_on(
             &[ArgSpec::new(DType::F32, [8, 128])],
             &ring(4),
-            &TargetRules::tpu(),
+            &KernelRules::tpu(),
         )
         .unwrap_or_else(|e| panic!("{e}"));
     let e = tessera_dsl::stablehlo::lower_module_spmd(&kernel).unwrap_err();
@@ -570,7 +570,7 @@ fn a_ring_lowers_to_one_collective_permute_per_copy() {
         .instantiate_on(
             &[ArgSpec::new(DType::F32, [8, 128])],
             &ring(4),
-            &TargetRules::tpu(),
+            &KernelRules::tpu(),
         )
         .unwrap();
     let text = tessera_dsl::stablehlo::lower_module_spmd(&kernel)

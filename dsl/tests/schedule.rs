@@ -4,7 +4,7 @@
 
 use tessera_dsl::mosaic::{ArgValues, KernelSchedule};
 use tessera_dsl::prelude::*;
-use tessera_dsl::{ArgSpec, HostArray, TargetRules};
+use tessera_dsl::{ArgSpec, HostArray, KernelRules};
 
 /// Per head `h` and key block `j`: initialise at `j == 0`, accumulate where `kinds[h, j] == 2`,
 /// also where `kinds[h, j] == 1`, finalize at the last `j`.
@@ -36,7 +36,7 @@ fn kernel() -> std::sync::Arc<tessera_dsl::Kernel> {
         ArgSpec::new(DType::F32, [HEADS, 8, 128]),
     ];
     accumulate()
-        .instantiate(&specs, &TargetRules::tpu())
+        .instantiate(&specs, &KernelRules::tpu())
         .unwrap()
 }
 

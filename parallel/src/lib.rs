@@ -6,7 +6,7 @@
 //! ([`strategy`]). Each pass is one SPMD StableHLO program built from `tessera-collectives`
 //! with the splash kernels of `tessera-splash` inlined (Mosaic custom calls on TPU);
 //! [`ContextParallel`] builds, compiles and runs them on the devices of a
-//! [`Platform`](tessera_runtime::Platform), its kernels lowered as [`kernel_target`] says, and
+//! [`Platform`](tessera_runtime::Platform), its kernels lowered as [`kernel_lowering`] says, and
 //! [`AttentionLayer`] puts the same composition inside a model's program.
 //!
 //! This crate knows no CLI; it uses `tessera-runtime` only to compile and run its programs.
@@ -23,4 +23,4 @@ pub use context::{
     Quantity, RingAxis, Strategy, Term, TermKind, TokenLayout,
 };
 pub use context::{local_splash, strategy};
-pub use platform::kernel_target;
+pub use platform::kernel_lowering;

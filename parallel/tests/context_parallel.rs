@@ -7,7 +7,7 @@
 mod common;
 
 use common::{assert_close, random};
-use tessera_dsl::{DType, HostArray, Target};
+use tessera_dsl::{DType, HostArray, Lowering};
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::{ContextParallel, CpInputs, Strategy};
 use tessera_runtime::Platform;
@@ -44,7 +44,7 @@ fn config(
         strategy,
         devices,
         load_balance: false,
-        target: Target::portable(),
+        target: Lowering::portable(),
     }
 }
 
@@ -291,7 +291,7 @@ fn ulysses_holds_one_over_u_of_all_gathers_kv() {
             strategy,
             devices: 16,
             load_balance: false,
-            target: Target::portable(),
+            target: Lowering::portable(),
         };
         cp.stats().unwrap()
     };
@@ -342,7 +342,7 @@ fn load_balancing_evens_out_causal_work() {
             collectives_of(&cp),
             collectives_of(&ContextParallel {
                 load_balance: false,
-                target: Target::portable(),
+                target: Lowering::portable(),
                 ..cp.clone()
             }),
             "{strategy}"

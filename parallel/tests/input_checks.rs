@@ -2,7 +2,7 @@
 //! running anything: non-finite values and wrongly shaped `dout`, `out` or `lse` are named
 //! errors, and zero sizes are refused instead of dividing by zero.
 
-use tessera_dsl::{DType, HostArray, Target};
+use tessera_dsl::{DType, HostArray, Lowering};
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::{ContextParallel, CpInputs, Strategy};
 use tessera_runtime::Platform;
@@ -30,7 +30,7 @@ fn config(strategy: Strategy, d: Dims) -> ContextParallel {
         strategy,
         devices: 2,
         load_balance: false,
-        target: Target::portable(),
+        target: Lowering::portable(),
     }
 }
 

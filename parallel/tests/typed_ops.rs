@@ -9,7 +9,7 @@ mod common;
 
 use common::{assert_close, random};
 use tessera_collectives::prelude::*;
-use tessera_dsl::{DType, HostArray, Target};
+use tessera_dsl::{DType, HostArray, Lowering};
 use tessera_parallel::local_splash::{AllGatherAttention, RingAttention, UlyssesAttention};
 use tessera_parallel::strategy::{Ring, Ulysses, Usp};
 use tessera_parallel::{ContextMesh, ContextParallel, CpError, Strategy};
@@ -40,7 +40,7 @@ fn config(strategy: Strategy, devices: usize, batch: usize, seq: usize) -> Conte
         strategy,
         devices,
         load_balance: false,
-        target: Target::portable(),
+        target: Lowering::portable(),
     }
 }
 

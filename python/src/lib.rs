@@ -6,7 +6,7 @@
 //! - the kernel registry (`tessera::registry`: names, parameters, definitions);
 //! - instantiation (`KernelDef::instantiate`) under the portable rules for the StableHLO
 //!   lowering (`tessera::dsl::stablehlo::lower_module`) and the output shapes, and under the
-//!   TPU rules for the Mosaic custom call (`Target::mosaic_call`);
+//!   TPU rules for the Mosaic custom call (`Lowering::mosaic_call`);
 //! - splash attention's plans (`SplashAttention::forward_plan` / `backward_plan`): the kernel
 //!   stages with their constant tables;
 //! - the interpreter (`tessera::backend::run` with `Backend::Interpret`), tessera's reference
@@ -30,7 +30,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use tessera::backend::{self, Backend};
 use tessera::dsl::ir::OperandRole;
-use tessera::dsl::{ArgSpec, DType, HostArray, KernelDef, Target, TargetRules};
+use tessera::dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 use tessera::registry;
 use tessera::runtime::{ElementType, HostBuffer};
 use tessera::splash::{
@@ -133,7 +133,7 @@ struct PyKernel {
 impl PyKernel {
     fn new(def: KernelDef, specs: Vec<ArgSpec>, active_steps: Option<u64>) -> PyResult<Self> {
         let kernel = def
-            .instantiate(&specs, &TargetRules::portable())
+            .instantiate(&specs, &KernelRules::portable())
             .map_err(error)?;
         let ir = kernel.to_text();
         let mut h = DefaultHasher::new();
@@ -223,7 +223,7 @@ impl PyKernel {
         py: Python<'py>,
         vmem_limit_bytes: Option<usize>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let mut target = Target::tpu();
+        let mut target = Lowering::tpu();
         if let Some(bytes) = vmem_limit_bytes {
             target.rules = target.rules.with_vmem_limit(bytes);
         }
@@ -267,7 +267,7 @@ impl PyKernel {
                     &self.def,
                     &host,
                     Backend::Interpret,
-                    &TargetRules::portable(),
+                    &KernelRules::portable(),
                 )
             })
             .map_err(error)?;
@@ -460,7 +460,7 @@ fn splash_plan<'py>(
     let dtype = dtype_named(dtype)?;
     let attn = py
         .detach(|| {
-            SplashAttention::new(mask, dims, dtype, blocks, options, TargetRules::portable())
+            SplashAttention::new(mask, dims, dtype, blocks, options, KernelRules::portable())
         })
         .map_err(error)?;
     let features = Features { segmented, sinks };

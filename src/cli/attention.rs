@@ -4,11 +4,11 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Result};
 use tessera::backend::{self, Backend, Platform};
-use tessera::dsl::{DType, HostArray, Target, TargetRules};
+use tessera::dsl::{DType, HostArray, KernelRules, Lowering};
 use tessera::npy::read_npy;
 use tessera::parallel::strategy::Shards;
 use tessera::parallel::{
-    kernel_target, CollectiveStat, ContextParallel, CpInputs, Names, Strategy,
+    kernel_lowering, CollectiveStat, ContextParallel, CpInputs, Names, Strategy,
 };
 use tessera::splash::{
     default_block, splash_program, BlockAxis, BlockSizes, BlockStats, Dims, Features, Forward,
@@ -319,7 +319,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
             strategy,
             devices,
             load_balance: a.load_balance,
-            target: kernel_target(platform, &Target::portable()),
+            target: kernel_lowering(platform, &Lowering::portable()),
         };
         cp.validate().map_err(|e| anyhow!(e.describe(&FLAGS)))?;
         let x = CpInputs {
@@ -346,9 +346,9 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
     let target = match platform {
         Some(p) => {
             p.client(1)?;
-            kernel_target(p, &Target::from(TargetRules::tpu()))
+            kernel_lowering(p, &Lowering::from(KernelRules::tpu()))
         }
-        None => Target::from(TargetRules::tpu()),
+        None => Lowering::from(KernelRules::tpu()),
     };
     let attn = SplashAttention::new(mask, dims, dtype, blocks, options, target)?;
     let x = Inputs {

@@ -10,7 +10,7 @@ mod tpu_costs;
 use std::collections::HashMap;
 
 use anyhow::{bail, Context, Result};
-use tessera::dsl::{DType, HostArray, TargetRules};
+use tessera::dsl::{DType, HostArray, KernelRules};
 use tessera::hlo::Module;
 use tessera::runtime::{Buffer, Client, HostBuffer};
 use tessera::splash::{dense_program, splash_program, Features, Pass};
@@ -126,7 +126,7 @@ impl BenchArgs {
             DType::F32,
             blocks,
             SplashOptions::default(),
-            TargetRules::tpu(),
+            KernelRules::tpu(),
         )?)
     }
 }

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 use tessera::backend::Platform;
-use tessera::dsl::{DType, HostArray, Target};
+use tessera::dsl::{DType, HostArray, Lowering};
 use tessera::parallel::{ContextParallel, CpExecutable, Names, Strategy};
 use tessera::splash::{BlockSizes, Dims, Mask};
 
@@ -136,7 +136,7 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
             strategy,
             devices: a.devices,
             load_balance,
-            target: Target::portable(),
+            target: Lowering::portable(),
         };
         cp.validate().map_err(|e| anyhow!(e.describe(&Flags)))?;
         let start = Instant::now();

@@ -11,14 +11,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use tessera::dsl::{ArgSpec, DType, Target};
+use tessera::dsl::{ArgSpec, DType, Lowering};
 use tessera::hlo::Module;
 use tessera::parallel::ContextParallel;
 use tessera::registry;
 use tessera::splash::{
     splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention, SplashOptions,
 };
-use tessera::tpu::{CompileReport, TpuTarget};
+use tessera::tpu::{CompileReport, TpuTopology};
 
 use super::attention::{backward_path, AttentionFlags, Partitioning};
 use super::compile_train::{compile_train, CompileTrainArgs};
@@ -137,8 +137,8 @@ pub struct CompileAttentionArgs {
 
 /// Runs `tessera compile`.
 pub fn compile_command(a: &CompileArgs) -> Result<()> {
-    let target = TpuTarget::parse(&a.target)?;
-    let mut kernels = Target::tpu();
+    let target = TpuTopology::parse(&a.target)?;
+    let mut kernels = Lowering::tpu();
     if let Some(mib) = a.vmem_limit_mib {
         if mib == 0 {
             bail!("--vmem-limit-mib must be at least 1");
@@ -229,7 +229,7 @@ fn print_summary(program: &Module, r: &CompileReport) {
     outln!();
 }
 
-fn attention_programs(a: &CompileAttentionArgs, target: &Target) -> Result<Vec<Module>> {
+fn attention_programs(a: &CompileAttentionArgs, target: &Lowering) -> Result<Vec<Module>> {
     let dims = Dims {
         batch: a.batch,
         heads: a.heads,
@@ -308,7 +308,7 @@ fn kernel_program(
     name: &str,
     params: &[(String, String)],
     args: &[ArgSpec],
-    target: &Target,
+    target: &Lowering,
 ) -> Result<Module> {
     let info = registry::find(name)?;
     let (def, default_args) = info.build(params)?;
@@ -325,7 +325,7 @@ fn kernel_program(
 pub(super) fn kernel_module(
     def: &tessera::dsl::KernelDef,
     args: &[ArgSpec],
-    target: &Target,
+    target: &Lowering,
 ) -> Result<Module> {
     let kernel = def.instantiate(args, &target.rules)?;
     Ok(target.lower_module(&kernel)?)

@@ -9,8 +9,8 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
-use tessera::dsl::Target;
-use tessera::tpu::{CompileReport, TpuTarget};
+use tessera::dsl::Lowering;
+use tessera::tpu::{CompileReport, TpuTopology};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
 use tessera_train::{train_step_program, TrainConfig};
 
@@ -34,7 +34,7 @@ pub struct CompileTrainArgs {
 }
 
 /// The validated config of `a`, its attention kernels for `kernels` (a TPU target).
-pub fn train_config(a: &CompileTrainArgs, kernels: &Target) -> Result<TrainConfig> {
+pub fn train_config(a: &CompileTrainArgs, kernels: &Lowering) -> Result<TrainConfig> {
     let model = a.model.model().map_err(|e| anyhow!(e))?;
     let mut cfg = a.step.config(model).map_err(|e| anyhow!(e))?;
     cfg.target = kernels.clone();
@@ -45,8 +45,8 @@ pub fn train_config(a: &CompileTrainArgs, kernels: &Target) -> Result<TrainConfi
 /// Builds, checks against the topology, compiles and reports the train step of `a`.
 pub fn compile_train(
     a: &CompileTrainArgs,
-    target: &TpuTarget,
-    kernels: &Target,
+    target: &TpuTopology,
+    kernels: &Lowering,
     emit_stablehlo: Option<&Path>,
     emit_mosaic: Option<&Path>,
 ) -> Result<()> {
@@ -158,7 +158,7 @@ impl StepEstimate {
 /// errors.
 fn step_estimate(
     cfg: &TrainConfig,
-    target: &TpuTarget,
+    target: &TpuTopology,
     one: &CompileReport,
 ) -> Result<Result<StepEstimate, String>> {
     let layers = cfg.model.layers;

@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use tessera::backend::{self, Backend, Platform};
-use tessera::dsl::{DType, Target, TargetRules};
+use tessera::dsl::{DType, KernelRules, Lowering};
 use tessera::reference::{max_abs_diff, random};
 use tessera::registry::{self, Case, KernelInfo};
 
@@ -15,10 +15,10 @@ fn demo_case(info: &'static KernelInfo, case: &Case) -> Result<bool> {
     let mut all_ok = true;
     for b in Backend::ALL {
         // The first run instantiates (and on `cpu` compiles) the kernel; time the second.
-        backend::run(instance.def(), &inputs, b, &TargetRules::tpu())
+        backend::run(instance.def(), &inputs, b, &KernelRules::tpu())
             .with_context(|| format!("running {name} on {b}"))?;
         let start = std::time::Instant::now();
-        let outputs = backend::run(instance.def(), &inputs, b, &TargetRules::tpu())
+        let outputs = backend::run(instance.def(), &inputs, b, &KernelRules::tpu())
             .with_context(|| format!("running {name} on {b}"))?;
         let elapsed = start.elapsed();
         let err = instance.max_error(&inputs, &outputs)?;
@@ -79,7 +79,7 @@ fn demo_context_parallel() -> Result<bool> {
         DType::F32,
         blocks,
         SplashOptions::default(),
-        TargetRules::tpu(),
+        KernelRules::tpu(),
     )?;
     let x = Inputs {
         q: &q,
@@ -102,7 +102,7 @@ fn demo_context_parallel() -> Result<bool> {
             strategy: Strategy::parse(strategy, devices)?,
             devices,
             load_balance: false,
-            target: Target::portable(),
+            target: Lowering::portable(),
         };
         let start = std::time::Instant::now();
         let x = CpInputs {

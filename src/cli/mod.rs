@@ -33,7 +33,7 @@ pub mod train_flags;
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use tessera::backend::Backend;
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -202,10 +202,10 @@ pub fn parse_arg(s: &str) -> Result<ArgSpec, String> {
     Ok(ArgSpec::new(dtype, shape))
 }
 
-pub fn rules(name: &str) -> Result<TargetRules> {
+pub fn rules(name: &str) -> Result<KernelRules> {
     match name {
-        "tpu" => Ok(TargetRules::tpu()),
-        "portable" => Ok(TargetRules::portable()),
+        "tpu" => Ok(KernelRules::tpu()),
+        "portable" => Ok(KernelRules::portable()),
         other => bail!("unknown rules `{other}`; expected tpu or portable"),
     }
 }

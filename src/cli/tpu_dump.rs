@@ -8,7 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use tessera::dsl::mosaic::KernelSchedule;
 use tessera::tpu::cost::{read_dump_dir, tensorcores_per_chip};
-use tessera::tpu::TpuTarget;
+use tessera::tpu::TpuTopology;
 
 /// Arguments of `tessera tpu-dump-report`.
 #[derive(Args, Debug)]
@@ -28,7 +28,7 @@ pub struct TpuDumpReportArgs {
 
 /// Runs `tessera tpu-dump-report`.
 pub fn tpu_dump_report(a: &TpuDumpReportArgs) -> Result<()> {
-    let target = TpuTarget::parse(&a.target)?;
+    let target = TpuTopology::parse(&a.target)?;
     let mut schedules = Vec::new();
     for path in &a.schedules {
         let text =

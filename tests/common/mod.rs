@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use tessera::dsl::{mosaic, ArgSpec, HostArray, KernelDef, TargetRules};
+use tessera::dsl::{mosaic, ArgSpec, HostArray, KernelDef, KernelRules};
 use tessera::npy::write_npy;
 use tessera_mosaic_eval::{EvalError, Module, OutputSpec, RunOptions};
 
@@ -15,7 +15,7 @@ pub use tessera::reference::*;
 pub fn mosaic_eval(
     def: &KernelDef,
     args: &[HostArray],
-    rules: &TargetRules,
+    rules: &KernelRules,
     options: &RunOptions,
 ) -> Result<Vec<HostArray>, EvalError> {
     let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();

@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use tessera_dsl::Target;
+use tessera_dsl::Lowering;
 use tessera_hlo::DType;
 use tessera_parallel::strategy::Ulysses;
 use tessera_parallel::{ContextParallel, Strategy};
@@ -245,11 +245,11 @@ pub struct TrainConfig {
     pub weight_decay: f64,
     /// Global gradient-norm clipping threshold (`gradient_clipping_threshold`; 0: off).
     pub gradient_clipping_threshold: f64,
-    /// What the attention kernels are built for: [`Target::portable`] (inline StableHLO; the
-    /// default) or [`Target::tpu`] (Mosaic `tpu_custom_call`s, for a TPU topology). The
+    /// What the attention kernels are built for: [`Lowering::portable`] (inline StableHLO; the
+    /// default) or [`Lowering::tpu`] (Mosaic `tpu_custom_call`s, for a TPU topology). The
     /// [`crate::Trainer`] builds for its platform's devices from it
-    /// ([`tessera_parallel::kernel_target`]: Mosaic on TPU, inline elsewhere).
-    pub target: Target,
+    /// ([`tessera_parallel::kernel_lowering`]: Mosaic on TPU, inline elsewhere).
+    pub target: Lowering,
     /// Decoder layers per iteration of the layer loop (1, the default; must divide the
     /// layers). The step computes the same; the loop body holds that many layers, which is
     /// how `tessera compile train` measures what one layer costs in libtpu's cost analysis
@@ -285,7 +285,7 @@ impl TrainConfig {
             adam_eps: 1e-8,
             weight_decay: 0.1,
             gradient_clipping_threshold: 1.0,
-            target: Target::portable(),
+            target: Lowering::portable(),
             layers_per_iteration: 1,
         }
     }

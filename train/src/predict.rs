@@ -55,7 +55,7 @@
 //! pipeline bubbles of the ring's first/last step, and host overheads.
 
 use serde_json::json;
-use tessera_dsl::{DType, Target};
+use tessera_dsl::{DType, Lowering};
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses};
 use tessera_parallel::{ContextParallel, Strategy};
 use tessera_splash::{BlockSizes, Dims, Major, Mask, MaskInfo, SeqOffsets};
@@ -206,7 +206,7 @@ impl StepSetup {
             strategy: self.strategy.clone(),
             devices: self.context,
             load_balance: self.load_balance,
-            target: Target::portable(),
+            target: Lowering::portable(),
         }
     }
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use tessera_collectives::{DeviceArray, Executable, MeshArgument, Program};
 use tessera_hlo::{DType, Reducer, TensorType};
-use tessera_parallel::{kernel_target, AttentionLayer, ModelMesh};
+use tessera_parallel::{kernel_lowering, AttentionLayer, ModelMesh};
 use tessera_runtime::{Client, HostBuffer, Platform};
 
 use crate::checkpoint::{self, Checkpoint};
@@ -95,7 +95,7 @@ impl std::fmt::Debug for Trainer {
 
 impl Trainer {
     /// Validates `cfg`, gets `cfg.devices()` devices of `platform`, builds the step for them
-    /// (its kernels as [`kernel_target`] says: Mosaic custom calls on TPU) and compiles it,
+    /// (its kernels as [`kernel_lowering`] says: Mosaic custom calls on TPU) and compiles it,
     /// initialises the parameters from the seed and puts them (and zero moments) on the
     /// devices.
     pub fn new(cfg: TrainConfig, platform: Platform) -> Result<Self, TrainError> {
@@ -132,7 +132,7 @@ impl Trainer {
         tensors: Vec<Vec<f32>>,
         step: usize,
     ) -> Result<Self, TrainError> {
-        cfg.target = kernel_target(platform, &cfg.target);
+        cfg.target = kernel_lowering(platform, &cfg.target);
         let (layer, program) = train_step_program(&cfg)?;
         let specs = param_specs(&cfg.model);
         let start = Instant::now();
@@ -395,7 +395,7 @@ fn devices(cfg: &TrainConfig, platform: Platform) -> Result<Client, TrainError> 
 
 /// Validates `cfg` and builds its train step (forward, backward, gradient all-reduce,
 /// AdamW) with its attention layer, without compiling it: its kernels lowered for
-/// `cfg.target` (portable StableHLO by default; [`Target::tpu`](tessera_dsl::Target::tpu), as
+/// `cfg.target` (portable StableHLO by default; [`Lowering::tpu`](tessera_dsl::Lowering::tpu), as
 /// [`Trainer`] builds it for TPU devices and `tessera compile train` for a TPU topology).
 pub fn train_step_program(
     cfg: &TrainConfig,

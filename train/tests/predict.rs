@@ -1,7 +1,7 @@
 //! The step-time model: FLOPs, splash blocks and collective bytes against hand counts,
 //! sanity, and the origin PR's cells beside the model's predictions.
 
-use tessera_dsl::{DType, TargetRules};
+use tessera_dsl::{DType, KernelRules};
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses};
 use tessera_parallel::Strategy;
 use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets, ShardedSplash, SplashAttention};
@@ -69,7 +69,7 @@ fn matmul_and_attention_flops_match_hand_counts() {
 fn attention_blocks_match_splash_own_counts() {
     // Portable rules: the 64-blocks of the tiny sizes are below TPU lane tiling; the block
     // classification is the same.
-    let target = TargetRules::portable();
+    let target = KernelRules::portable();
     let blocks = BlockSizes::uniform(64, 64).with_fused_bwd(true);
     // Ulysses: the whole sequence, 2 heads, 4 sequences.
     let dims = |q_len, heads| Dims {

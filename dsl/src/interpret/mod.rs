@@ -14,7 +14,7 @@
 //!   order of parallel steps is allowed); the check follows the sequential order, so it reports
 //!   the same whether or not the grid is split between cores. Buffers that copies touch are
 //!   left to the copy race detector ([`dma`]);
-//! - under megacore rules ([`TargetRules::megacore`], v4 and v5p) the leading `parallel` grid
+//! - under megacore rules ([`KernelRules::megacore`], v4 and v5p) the leading `parallel` grid
 //!   dims are split between two simulated cores, each with its own scratch and output buffers
 //!   (the first core runs the first half of those dims' iterations, the second the rest;
 //!   buffers that copies touch stay shared);
@@ -35,7 +35,7 @@ use crate::ir::{
     DType, DeviceAxis, DimSemantics, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole,
     RefId, Region, Slice, ValueId,
 };
-use crate::rules::TargetRules;
+use crate::rules::KernelRules;
 pub(crate) use tensor::garbage_literal;
 use tensor::{for_each_index, Data, Tensor};
 
@@ -45,7 +45,7 @@ pub struct InterpretOptions {
     /// Run `parallel` grid dims in an order shuffled with this seed (race detection).
     pub shuffle_parallel: Option<u64>,
     /// The rules the kernel is instantiated under (TPU rules by default).
-    pub rules: TargetRules,
+    pub rules: KernelRules,
     /// Land each asynchronous copy at a random operation (seeded) between its start and the
     /// wait that needs it, instead of at that wait.
     pub copy_landing: Option<u64>,
@@ -53,7 +53,7 @@ pub struct InterpretOptions {
     /// instead of round robin.
     pub schedule_seed: Option<u64>,
     /// Split the leading parallel grid dims between two cores; `None`: as the rules say
-    /// ([`TargetRules::megacore`]).
+    /// ([`KernelRules::megacore`]).
     pub megacore: Option<bool>,
     /// Let loads read what steps of other parallel coordinates stored instead of refusing
     /// the kernel (to see what a chip would compute: with megacore, the second core reads

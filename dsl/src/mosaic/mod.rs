@@ -14,7 +14,7 @@
 //!
 //! One rule per IR op, in an exhaustive `match`: a new op is a build error here until it has
 //! its lowering. What Mosaic accepts inside a kernel is checked before lowering, when a kernel
-//! is instantiated under [`TargetRules::tpu`](crate::TargetRules::tpu) (see
+//! is instantiated under [`KernelRules::tpu`](crate::KernelRules::tpu) (see
 //! [`rules`](crate::rules)).
 
 mod cost;
@@ -85,7 +85,7 @@ pub const MAX_VMEM_LIMIT_BYTES: usize = 64 << 20;
 
 /// Lowers an instantiated kernel to a Mosaic module.
 ///
-/// The kernel should have been instantiated under [`TargetRules::tpu`](crate::TargetRules::tpu):
+/// The kernel should have been instantiated under [`KernelRules::tpu`](crate::KernelRules::tpu):
 /// those rules are what make the module compile; a kernel instantiated under other rules
 /// lowers all the same but libtpu may refuse it.
 pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {

@@ -17,7 +17,7 @@ pub const DEFAULT_VMEM_LIMIT_BYTES: usize = 16 << 20;
 
 /// What a target requires of a kernel's blocks.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct TargetRules {
+pub struct KernelRules {
     pub name: &'static str,
     /// Enforce TPU (sublane, lane) tiling of the last two block dims.
     pub tpu_tiling: bool,
@@ -31,17 +31,17 @@ pub struct TargetRules {
     pub megacore: bool,
 }
 
-impl Default for TargetRules {
+impl Default for KernelRules {
     fn default() -> Self {
-        TargetRules::tpu()
+        KernelRules::tpu()
     }
 }
 
-impl TargetRules {
+impl KernelRules {
     /// The rules Mosaic enforces on TPU, with v5e's default scoped VMEM budget: block
     /// tiling, the VMEM budget, and what Mosaic accepts inside a kernel body.
     pub fn tpu() -> Self {
-        TargetRules {
+        KernelRules {
             name: "tpu",
             tpu_tiling: true,
             vmem_limit_bytes: Some(DEFAULT_VMEM_LIMIT_BYTES),
@@ -51,18 +51,18 @@ impl TargetRules {
     }
 
     /// The TPU rules of a chip whose two TensorCores split the parallel grid dims of a
-    /// kernel (v4, v5p; see [`TargetRules::megacore`]).
+    /// kernel (v4, v5p; see [`KernelRules::megacore`]).
     pub fn tpu_megacore() -> Self {
-        TargetRules {
+        KernelRules {
             name: "tpu-megacore",
             megacore: true,
-            ..TargetRules::tpu()
+            ..KernelRules::tpu()
         }
     }
 
     /// No tiling or VMEM rules: for StableHLO backends that have no such constraints.
     pub fn portable() -> Self {
-        TargetRules {
+        KernelRules {
             name: "portable",
             tpu_tiling: false,
             vmem_limit_bytes: None,
@@ -89,7 +89,7 @@ pub fn tpu_tile(dtype: DType) -> (usize, usize) {
 
 /// Checks block tiling, exact coverage, the VMEM budget and (for TPU) the ops of the body;
 /// returns every problem found.
-pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
+pub fn check(k: &Kernel, rules: &KernelRules) -> Vec<Problem> {
     let mut problems = Vec::new();
     if rules.mosaic_ops {
         problems.extend(mosaic_ops::check(k));
@@ -132,7 +132,7 @@ pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
                         message: format!(
                             "block dim {d} is {size} but on TPU the {kind} dim of a {} block must be \
                              a multiple of {mult} or equal the array dim ({n}); use a block of {} \
-                             or {n} (or TargetRules::portable() for non-TPU backends)",
+                             or {n} (or KernelRules::portable() for non-TPU backends)",
                             o.dtype,
                             round_up(size.max(1), mult)
                         ),
@@ -158,7 +158,7 @@ pub fn check(k: &Kernel, rules: &TargetRules) -> Vec<Problem> {
                 message: format!(
                     "blocks and scratch need {} of VMEM (inputs/outputs double-buffered) but the \
                      target allows {}; largest: {}; use smaller blocks or raise the limit \
-                     (TargetRules::with_vmem_limit)",
+                     (KernelRules::with_vmem_limit)",
                     human_bytes(total),
                     human_bytes(limit),
                     top.join(", ")

@@ -5,9 +5,9 @@
 
 use rmsnorm::{rms_norm, rms_norm_ref};
 use tessera::backend::{run, Backend};
-use tessera::dsl::{ArgSpec, DType, HostArray, TargetRules};
+use tessera::dsl::{ArgSpec, DType, HostArray, KernelRules};
 use tessera::reference::max_abs_diff;
-use tessera::tpu::TpuTarget;
+use tessera::tpu::TpuTopology;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (rows, cols) = (256, 512);
@@ -16,13 +16,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let want = rms_norm_ref(&x.to_f64_vec(), Some(&weight.to_f64_vec()), rows, cols);
     for backend in [Backend::Interpret, Backend::Cpu] {
         let inputs = [x.clone(), weight.clone()];
-        let out = run(&rms_norm::<f32, 8>(), &inputs, backend, &TargetRules::tpu())?;
+        let out = run(&rms_norm::<f32, 8>(), &inputs, backend, &KernelRules::tpu())?;
         let (err, _) = max_abs_diff(&out[0].to_f64_vec(), &want);
         println!("{backend}: rms_norm {rows}x{cols} f32, max |error| {err:.1e}");
     }
     // One call: instantiate, lower to a Mosaic custom call, compile for the topology.
     let args = [ArgSpec::of(&x), ArgSpec::of(&weight)];
-    let report = TpuTarget::parse("tpu:v5p:2x2x1")?.compile_kernel(&rms_norm::<f32, 8>(), &args)?;
+    let report =
+        TpuTopology::parse("tpu:v5p:2x2x1")?.compile_kernel(&rms_norm::<f32, 8>(), &args)?;
     println!("{}", report.to_json());
     Ok(())
 }

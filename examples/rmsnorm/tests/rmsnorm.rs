@@ -5,7 +5,7 @@
 
 use rmsnorm::{rms_norm, rms_norm_ref};
 use tessera::backend::{run, Backend};
-use tessera::dsl::{DType, HostArray, KernelDef, TargetRules};
+use tessera::dsl::{DType, HostArray, KernelDef, KernelRules};
 use tessera::reference::max_abs_diff;
 
 fn check(def: KernelDef, dtype: DType, with_weight: bool, tol: f64) {
@@ -23,7 +23,7 @@ fn check(def: KernelDef, dtype: DType, with_weight: bool, tol: f64) {
     };
     let want = rms_norm_ref(&x.to_f64_vec(), w.as_deref(), rows, cols);
     for backend in [Backend::Interpret, Backend::Cpu] {
-        let out = run(&def, &inputs, backend, &TargetRules::tpu()).unwrap();
+        let out = run(&def, &inputs, backend, &KernelRules::tpu()).unwrap();
         assert_eq!(out[0].dtype(), dtype);
         let (err, at) = max_abs_diff(&out[0].to_f64_vec(), &want);
         assert!(

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use tessera_dsl::interpret::{self, InterpretOptions};
-use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray, KernelDef, Target, TargetRules};
+use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 
 use crate::block_sizes::{default_block, BlockAxis, BlockSizes};
 use crate::error::SplashError;
@@ -314,7 +314,7 @@ pub struct Stage {
     pub def: KernelDef,
     pub args: Vec<StageArg>,
     pub outputs: Vec<Tensor>,
-    pub target: Target,
+    pub target: Lowering,
     /// The grid steps that do work, where the mask says (the blocks it computes; a skipped
     /// block's step does nothing): the Mosaic call's cost estimate counts these.
     pub active_steps: Option<u64>,
@@ -333,7 +333,7 @@ pub trait Executor {
         &self,
         def: &KernelDef,
         args: &[HostArray],
-        rules: &TargetRules,
+        rules: &KernelRules,
     ) -> Result<Vec<HostArray>, SplashError>;
 }
 
@@ -346,7 +346,7 @@ impl Executor for Interpreter {
         &self,
         def: &KernelDef,
         args: &[HostArray],
-        rules: &TargetRules,
+        rules: &KernelRules,
     ) -> Result<Vec<HostArray>, SplashError> {
         let options = InterpretOptions {
             rules: rules.clone(),
@@ -366,7 +366,7 @@ pub struct SplashAttention {
     block_sizes: BlockSizes,
     options: SplashOptions,
     scale: f32,
-    target: Target,
+    target: Lowering,
     fwd_info: MaskInfo,
     dq_info: Option<MaskInfo>,
     dkv_info: MaskInfo,
@@ -375,15 +375,15 @@ pub struct SplashAttention {
 impl SplashAttention {
     /// Validates everything and builds the forward, dQ and dK/dV tables. `dtype` is the
     /// element type of q, k, v (f32 or bf16); `target` the hardware rules the kernels are
-    /// checked against (`TargetRules::tpu()` keeps them valid for TPU; kernels lowered
-    /// inline) or a whole [`Target`] (`Target::tpu()`: kernels become Mosaic custom calls).
+    /// checked against (`KernelRules::tpu()` keeps them valid for TPU; kernels lowered
+    /// inline) or a whole [`Lowering`] (`Lowering::tpu()`: kernels become Mosaic custom calls).
     pub fn new(
         mask: impl Into<MultiHeadMask>,
         dims: Dims,
         dtype: DType,
         block_sizes: BlockSizes,
         options: SplashOptions,
-        target: impl Into<Target>,
+        target: impl Into<Lowering>,
     ) -> Result<Self, SplashError> {
         let mask = mask.into();
         let target = target.into();
@@ -452,7 +452,7 @@ impl SplashAttention {
             dims.q_len,
             dims.kv_len,
             dtype,
-            &TargetRules::portable(),
+            &KernelRules::portable(),
             false,
         )?;
         let fwd_info = info(b.block_q, b.block_kv, Major::Q, true)?;
@@ -507,12 +507,12 @@ impl SplashAttention {
         self.scale
     }
 
-    pub fn rules(&self) -> &TargetRules {
+    pub fn rules(&self) -> &KernelRules {
         &self.target.rules
     }
 
     /// The target the kernels are checked against and lowered for.
-    pub fn target(&self) -> &Target {
+    pub fn target(&self) -> &Lowering {
         &self.target
     }
 
@@ -818,7 +818,7 @@ impl SplashAttention {
 pub fn run_plan(
     stages: &[Stage],
     exec: &dyn Executor,
-    rules: &TargetRules,
+    rules: &KernelRules,
     env: &mut HashMap<Tensor, HostArray>,
 ) -> Result<(), SplashError> {
     for stage in stages {

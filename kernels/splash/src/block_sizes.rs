@@ -1,7 +1,7 @@
 //! Block sizes of the forward and backward kernels, and their validation.
 
 use tessera_dsl::rules::tpu_tile;
-use tessera_dsl::{DType, TargetRules};
+use tessera_dsl::{DType, KernelRules};
 
 use crate::error::SplashError;
 
@@ -109,7 +109,7 @@ impl BlockSizes {
         q_len: usize,
         kv_len: usize,
         dtype: DType,
-        rules: &TargetRules,
+        rules: &KernelRules,
         dense_mask: bool,
     ) -> Result<(), SplashError> {
         let mut q_blocks = vec![("block_q", self.block_q), ("block_q_dkv", self.block_q_dkv)];
@@ -221,7 +221,7 @@ fn tiled(
     };
     Some(format!(
         "= {b}, which is neither a multiple of {mult} ({kind} tiling of {why} on TPU) nor \
-         {full}; use {} (or TargetRules::portable() for non-TPU backends)",
+         {full}; use {} (or KernelRules::portable() for non-TPU backends)",
         (b.div_ceil(mult) * mult).min(full)
     ))
 }
@@ -242,7 +242,7 @@ mod tests {
     fn defaults_validate_for_typical_sequences() {
         for s in [128, 256, 4096] {
             BlockSizes::default()
-                .validate(s, s, DType::F32, &TargetRules::tpu(), true)
+                .validate(s, s, DType::F32, &KernelRules::tpu(), true)
                 .unwrap();
         }
     }
@@ -251,7 +251,7 @@ mod tests {
     fn errors_name_the_block_and_the_fix() {
         let mut b = BlockSizes::uniform(96, 128);
         let e = b
-            .validate(256, 256, DType::F32, &TargetRules::tpu(), false)
+            .validate(256, 256, DType::F32, &KernelRules::tpu(), false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -261,7 +261,7 @@ mod tests {
         b = BlockSizes::uniform(64, 256);
         b.block_kv_compute = 96;
         let e = b
-            .validate(256, 256, DType::F32, &TargetRules::tpu(), false)
+            .validate(256, 256, DType::F32, &KernelRules::tpu(), false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -269,7 +269,7 @@ mod tests {
             "{e}"
         );
         let e = BlockSizes::uniform(64, 64)
-            .validate(256, 256, DType::F32, &TargetRules::tpu(), false)
+            .validate(256, 256, DType::F32, &KernelRules::tpu(), false)
             .unwrap_err()
             .to_string();
         assert!(
@@ -280,11 +280,11 @@ mod tests {
         );
         // Portable rules only need divisibility.
         BlockSizes::uniform(64, 64)
-            .validate(256, 256, DType::F32, &TargetRules::portable(), false)
+            .validate(256, 256, DType::F32, &KernelRules::portable(), false)
             .unwrap();
         // Dense masks need 32-row int8 tiles.
         let e = BlockSizes::uniform(16, 128)
-            .validate(256, 256, DType::F32, &TargetRules::tpu(), true)
+            .validate(256, 256, DType::F32, &KernelRules::tpu(), true)
             .unwrap_err()
             .to_string();
         assert!(e.contains("= 16, which is neither a multiple of 32"), "{e}");
@@ -292,7 +292,7 @@ mod tests {
         let mut fused = BlockSizes::uniform(128, 128).with_fused_bwd(true);
         fused.block_q_dq = 7;
         fused
-            .validate(256, 256, DType::F32, &TargetRules::tpu(), false)
+            .validate(256, 256, DType::F32, &KernelRules::tpu(), false)
             .unwrap();
     }
 }

@@ -8,14 +8,14 @@
 //! PJRT backend, and (through Mosaic) on TPU.
 //!
 //! ```
-//! use tessera_dsl::{DType, HostArray, TargetRules};
+//! use tessera_dsl::{DType, HostArray, KernelRules};
 //! use tessera_splash::{BlockSizes, Dims, Inputs, Interpreter, Mask, SplashAttention};
 //!
 //! let dims = Dims { batch: 1, heads: 2, kv_heads: 1, q_len: 256, kv_len: 256,
 //!                   head_dim: 64, head_dim_v: 64 };
 //! let attn = SplashAttention::new(Mask::causal(), dims, DType::F32,
 //!                                 BlockSizes::uniform(128, 128), Default::default(),
-//!                                 TargetRules::tpu())?;
+//!                                 KernelRules::tpu())?;
 //! // Causal: 3 of the 4 key blocks of each head are computed, 1 is skipped.
 //! assert_eq!((attn.stats().computed(), attn.stats().empty), (6, 2));
 //! let q = HostArray::zeros(DType::F32, [1, 2, 256, 64]);

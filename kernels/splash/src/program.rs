@@ -24,7 +24,7 @@ type Result<T, E = SplashError> = std::result::Result<T, E>;
 
 /// Lowers `stages` into the function `f` is building, each kernel for its stage's target
 /// (inline StableHLO loops, or a Mosaic `tpu_custom_call` for
-/// [`Target::tpu`](tessera_dsl::Target::tpu)). `env` holds
+/// [`Lowering::tpu`](tessera_dsl::Lowering::tpu)). `env` holds
 /// the program values of the tensors the stages read (inputs) and receives those they
 /// produce. Constant arguments (tables, placeholders) become program constants.
 pub fn lower_stages(

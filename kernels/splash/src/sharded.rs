@@ -11,7 +11,7 @@
 //! become [`StageArg::PerShard`], which the SPMD lowering stacks into one constant and slices
 //! by the device's shard index.
 
-use tessera_dsl::{DType, Target};
+use tessera_dsl::{DType, Lowering};
 
 use crate::attention::{Dims, Features, SplashAttention, SplashOptions, Stage, StageArg};
 use crate::block_sizes::BlockSizes;
@@ -34,7 +34,7 @@ impl ShardedSplash {
         dtype: DType,
         block_sizes: BlockSizes,
         options: SplashOptions,
-        target: impl Into<Target>,
+        target: impl Into<Lowering>,
         offsets: &[SeqOffsets],
     ) -> Result<Self, SplashError> {
         let target = target.into();
@@ -175,7 +175,7 @@ mod tests {
             DType::F32,
             BlockSizes::uniform(128, 128),
             SplashOptions::default(),
-            Target::portable(),
+            Lowering::portable(),
             &offsets,
         )
         .unwrap();

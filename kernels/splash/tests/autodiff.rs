@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use tessera_dsl::{DType, HostArray, TargetRules};
+use tessera_dsl::{DType, HostArray, KernelRules};
 use tessera_hlo::{Module, TensorType};
 use tessera_runtime::{Client, CompileOptions};
 use tessera_splash::reference::{self, RefInputs};
@@ -38,7 +38,7 @@ fn attention(mask: Mask, fused: bool) -> SplashAttention {
             soft_cap: Some(4.0),
             ..SplashOptions::default()
         },
-        TargetRules::portable(),
+        KernelRules::portable(),
     )
     .unwrap()
 }

@@ -1,7 +1,7 @@
 //! The splash kernels on the interpreter against the f64 reference (`tests/backends.rs` runs
 //! the full matrix on the interpreter and the XLA CPU plugin).
 
-use tessera_dsl::{DType, HostArray, TargetRules};
+use tessera_dsl::{DType, HostArray, KernelRules};
 use tessera_splash::reference::{self, RefInputs};
 use tessera_splash::{
     BlockSizes, Dims, Inputs, Interpreter, Mask, MultiHeadMask, SegmentIds, SplashAttention,
@@ -69,7 +69,7 @@ fn forward_and_both_backwards_match_the_reference() {
             DType::F32,
             BlockSizes::uniform(32, 128).with_fused_bwd(fused),
             options,
-            TargetRules::tpu(),
+            KernelRules::tpu(),
         )
         .unwrap();
         let r = RefInputs {
@@ -137,7 +137,7 @@ fn bf16_inputs_and_traced_dead_paths() {
         DType::BF16,
         BlockSizes::uniform(32, 128).with_fused_bwd(true),
         options,
-        TargetRules::tpu(),
+        KernelRules::tpu(),
     )
     .unwrap();
     let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());

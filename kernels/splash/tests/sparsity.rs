@@ -2,7 +2,7 @@
 //! computes about half the key blocks of a full mask, local windows far fewer, and the
 //! tables walk only non-empty blocks.
 
-use tessera_dsl::{DType, TargetRules};
+use tessera_dsl::{DType, KernelRules};
 use tessera_splash::{BlockSizes, Dims, Mask, SplashAttention};
 
 fn attention(mask: Mask, block: usize) -> SplashAttention {
@@ -21,7 +21,7 @@ fn attention(mask: Mask, block: usize) -> SplashAttention {
         DType::F32,
         BlockSizes::uniform(block, block).with_fused_bwd(true),
         Default::default(),
-        TargetRules::tpu(),
+        KernelRules::tpu(),
     )
     .unwrap()
 }
@@ -62,7 +62,7 @@ fn local_windows_shrink_every_kernel_grid() {
         DType::F32,
         BlockSizes::uniform(512, 512),
         Default::default(),
-        TargetRules::tpu(),
+        KernelRules::tpu(),
     )
     .unwrap();
     assert_eq!(sep.dkv_mask_info().width, 2);
@@ -86,7 +86,7 @@ fn custom_call_flops(text: &str) -> Vec<u64> {
 #[test]
 fn mosaic_cost_estimates_count_each_computed_block_once() {
     use std::collections::HashMap;
-    use tessera_dsl::Target;
+    use tessera_dsl::Lowering;
     use tessera_hlo::{Module, TensorType};
     use tessera_splash::{lower_stages, Features, Tensor};
 
@@ -110,7 +110,7 @@ fn mosaic_cost_estimates_count_each_computed_block_once() {
             DType::BF16,
             BlockSizes::uniform(128, 128),
             Default::default(),
-            Target::tpu(),
+            Lowering::tpu(),
         )
         .unwrap();
         let plan = a.forward_plan(Features::default());

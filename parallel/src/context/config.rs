@@ -5,7 +5,7 @@
 //! lengths.
 
 use tessera_collectives::Mesh;
-use tessera_dsl::{DType, Target};
+use tessera_dsl::{DType, Lowering};
 use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets, ShardedSplash, SplashOptions};
 
 use super::error::{Block, ConfigError, CpError, Quantity};
@@ -32,10 +32,10 @@ pub struct ContextParallel {
     /// device has the same work. The arrays stay in natural order for the caller; the
     /// programs take them in zigzag order.
     pub load_balance: bool,
-    /// What the kernels are lowered for: [`Target::portable`] (inline StableHLO, runs on the
-    /// CPU plugin) or [`Target::tpu`] (Mosaic custom calls inside the manual-sharded program,
+    /// What the kernels are lowered for: [`Lowering::portable`] (inline StableHLO, runs on the
+    /// CPU plugin) or [`Lowering::tpu`] (Mosaic custom calls inside the manual-sharded program,
     /// compile-only for a TPU topology).
-    pub target: Target,
+    pub target: Lowering,
 }
 
 /// The natural chunk that part `part` of shard `shard` holds, of `ring` shards: with one

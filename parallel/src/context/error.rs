@@ -431,7 +431,7 @@ pub enum CpError {
     /// A program with Mosaic kernels compiled for a platform that does not run them.
     #[error(
         "the program's kernels ({}) are Mosaic custom calls, which only TPU devices run; \
-         build it for {platform} with tessera_parallel::kernel_target",
+         build it for {platform} with tessera_parallel::kernel_lowering",
         kernels.join(", ")
     )]
     MosaicOffTpu {

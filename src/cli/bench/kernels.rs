@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use anyhow::Result;
-use tessera::dsl::{DType, TargetRules};
+use tessera::dsl::{DType, KernelRules};
 use tessera::hlo::{Module, TensorType};
 use tessera::registry::{self, Instance};
 use tessera::runtime::{Client, HostBuffer};
@@ -129,7 +129,7 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
             DType::F32,
             BlockSizes::uniform(a.block, a.block),
             SplashOptions::default(),
-            TargetRules::tpu(),
+            KernelRules::tpu(),
         )?;
         let pairs = attn.visible_pairs();
         let inputs = super::bench_inputs(dims);
@@ -209,7 +209,7 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
 /// random data on the device.
 fn instance_program(client: &Client, instance: &Instance) -> Result<Timed> {
     let def = instance.def();
-    let k = def.instantiate(instance.args(), &TargetRules::tpu())?;
+    let k = def.instantiate(instance.args(), &KernelRules::tpu())?;
     let mut module = Module::new(format!("bench_{}", def.name()));
     let mut f = module.func("main");
     let arrays = instance.random_inputs(11);

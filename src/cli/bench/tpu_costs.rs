@@ -5,19 +5,19 @@
 //! (forward + backward, fused and separate), so their block tables are known.
 
 use anyhow::{bail, Result};
-use tessera::dsl::{DType, Target};
+use tessera::dsl::{DType, Lowering};
 use tessera::hlo::Module;
 use tessera::registry;
 use tessera::splash::{splash_program, BlockSizes, Dims, Mask, Pass, SplashAttention};
 use tessera::tpu::cost::KernelCost;
-use tessera::tpu::TpuTarget;
+use tessera::tpu::TpuTopology;
 
 use super::kernels::KernelsArgs;
 
 /// Compiles every registered kernel for `target` and prints its cost.
 pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
-    let tpu = TpuTarget::parse(target)?;
-    let kernels = Target::tpu();
+    let tpu = TpuTopology::parse(target)?;
+    let kernels = Lowering::tpu();
     let s = a.seq;
     let dtype = DType::BF16;
     let mut programs: Vec<(String, Module)> = Vec::new();

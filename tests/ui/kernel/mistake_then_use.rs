@@ -1,5 +1,5 @@
 // One mistake, one error: the kernel's function still exists for its callers.
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 use tessera::prelude::*;
 
 #[tpu_kernel(grid = (M / BM,), dimension_semantics = (parallel, parallel))]
@@ -17,6 +17,6 @@ fn copy<const BM: usize>(
 
 fn main() {
     let def = copy::<8>(2);
-    let kernel = def.instantiate(&[ArgSpec::new(DType::F32, [64, 128])], &TargetRules::tpu());
+    let kernel = def.instantiate(&[ArgSpec::new(DType::F32, [64, 128])], &KernelRules::tpu());
     assert!(kernel.is_ok());
 }

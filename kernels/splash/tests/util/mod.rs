@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use tessera_dsl::interpret::{self, InterpretOptions};
-use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, TargetRules};
+use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules};
 use tessera_runtime::{Client, CompileOptions};
 use tessera_splash::reference::{self, RefInputs};
 use tessera_splash::{
@@ -26,7 +26,7 @@ impl Executor for CpuPlugin {
         &self,
         def: &KernelDef,
         args: &[HostArray],
-        rules: &TargetRules,
+        rules: &KernelRules,
     ) -> Result<Vec<HostArray>, SplashError> {
         let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
         let kernel = def.instantiate(&specs, rules)?;
@@ -107,7 +107,7 @@ impl Executor for ShuffledInterpreter {
         &self,
         def: &KernelDef,
         args: &[HostArray],
-        rules: &TargetRules,
+        rules: &KernelRules,
     ) -> Result<Vec<HostArray>, SplashError> {
         let options = InterpretOptions {
             rules: rules.clone(),
@@ -158,7 +158,7 @@ pub fn check(case: &Case, exec: &dyn Executor, what: &str) -> Errors {
         DType::F32,
         case.blocks,
         case.options,
-        TargetRules::tpu(),
+        KernelRules::tpu(),
     )
     .unwrap_or_else(|e| panic!("{}: {e}", case.name));
     let q = random(DType::F32, &[d.batch, d.heads, d.q_len, d.head_dim], 11);

@@ -38,7 +38,7 @@
 //! use tessera_parallel::strategy::Ulysses;
 //! use tessera_parallel::{ContextMesh, ContextParallel};
 //! use tessera_splash::{BlockSizes, Dims, Mask};
-//! use tessera_dsl::Target;
+//! use tessera_dsl::Lowering;
 //!
 //! /// `[B, H, S/U, D]`: the sequence split over `context`.
 //! type SeqSharded = (Replicated, Replicated, Split<Context>, Replicated);
@@ -54,7 +54,7 @@
 //!     strategy: Ulysses.into(),
 //!     devices: 2,
 //!     load_balance: false,
-//!     target: Target::portable(),
+//!     target: Lowering::portable(),
 //! };
 //! let attention = UlyssesAttention::<Context>::new(&cp)?;
 //! let mesh = Mesh::<ContextMesh>::new([2])?;

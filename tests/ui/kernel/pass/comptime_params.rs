@@ -1,5 +1,5 @@
 // `#[comptime]` parameters specialise the kernel: a Rust `if` picks code, a Rust `for` unrolls.
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 use tessera::prelude::*;
 
 #[tpu_kernel(grid = (1,))]
@@ -23,10 +23,10 @@ fn power(
 fn main() {
     let args = [ArgSpec::new(DType::F32, [8, 128])];
     let cube = power(3, false)
-        .instantiate(&args, &TargetRules::tpu())
+        .instantiate(&args, &KernelRules::tpu())
         .unwrap();
     let square = power(2, true)
-        .instantiate(&args, &TargetRules::tpu())
+        .instantiate(&args, &KernelRules::tpu())
         .unwrap();
     let muls = |k: &tessera::dsl::Kernel| k.to_text().matches("= mul ").count();
     assert_eq!(muls(&cube), 2);

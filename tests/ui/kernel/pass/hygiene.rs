@@ -1,5 +1,5 @@
 // Generated names never clash with the user's: parameters and shape names may look like them.
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 use tessera::prelude::*;
 
 #[tpu_kernel(grid = (__g / 8,), name = "hygienic")]
@@ -17,6 +17,6 @@ fn hygiene(
 
 fn main() {
     let args = [ArgSpec::new(DType::F32, [16, 128])];
-    let k = hygiene(2).instantiate(&args, &TargetRules::tpu()).unwrap();
+    let k = hygiene(2).instantiate(&args, &KernelRules::tpu()).unwrap();
     assert_eq!(k.name, "hygienic");
 }

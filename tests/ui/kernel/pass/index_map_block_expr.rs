@@ -1,5 +1,5 @@
 // An index map may compute its result in a block; literal indices are Rust integers.
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 use tessera::prelude::*;
 
 #[tpu_kernel(grid = (M / 8, 2), dimension_semantics = (parallel, parallel))]
@@ -24,7 +24,7 @@ fn copy_halves(
 fn main() {
     let args = [ArgSpec::new(DType::F32, [64, 256])];
     let k = copy_halves()
-        .instantiate(&args, &TargetRules::tpu())
+        .instantiate(&args, &KernelRules::tpu())
         .unwrap();
     assert_eq!(k.grid, [8, 2]);
 }

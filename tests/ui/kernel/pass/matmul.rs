@@ -1,5 +1,5 @@
 // A tiled matmul with an f32 accumulator in scratch, generic over the input element type.
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 use tessera::prelude::*;
 
 #[tpu_kernel(grid = (M / BM, N / BN, K / BK), dimension_semantics = (parallel, parallel, arbitrary))]
@@ -28,7 +28,7 @@ fn main() {
         ArgSpec::new(DType::F32, [512, 384]),
     ];
     let k = matmul::<f32, 128, 128, 128>()
-        .instantiate(&f32_args, &TargetRules::tpu())
+        .instantiate(&f32_args, &KernelRules::tpu())
         .unwrap();
     assert_eq!(k.grid, [2, 3, 4]);
     let bf16_args = [
@@ -36,6 +36,6 @@ fn main() {
         ArgSpec::new(DType::BF16, [512, 384]),
     ];
     matmul::<bf16, 128, 128, 256>()
-        .instantiate(&bf16_args, &TargetRules::tpu())
+        .instantiate(&bf16_args, &KernelRules::tpu())
         .unwrap();
 }

@@ -1,5 +1,5 @@
 // A rank-1 grid may be written as a 1-tuple or as a bare expression.
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 use tessera::prelude::*;
 
 #[tpu_kernel(grid = (N / B,), dimension_semantics = (parallel,))]
@@ -29,10 +29,10 @@ fn double_bare<const B: usize>(
 fn main() {
     let args = [ArgSpec::new(DType::F32, [1024])];
     let a = double_tuple::<256>()
-        .instantiate(&args, &TargetRules::portable())
+        .instantiate(&args, &KernelRules::portable())
         .unwrap();
     let b = double_bare::<256>()
-        .instantiate(&args, &TargetRules::portable())
+        .instantiate(&args, &KernelRules::portable())
         .unwrap();
     assert_eq!(a.grid, [4]);
     assert_eq!(b.grid, [4]);

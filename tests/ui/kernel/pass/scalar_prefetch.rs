@@ -1,5 +1,5 @@
 // Scalar prefetch comes first; index maps read it to pick blocks at run time.
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 use tessera::prelude::*;
 
 #[tpu_kernel(grid = (N,), dimension_semantics = (arbitrary,))]
@@ -21,7 +21,7 @@ fn main() {
         ArgSpec::new(DType::F32, [32, 128]),
     ];
     let k = gather_rows()
-        .instantiate(&args, &TargetRules::tpu())
+        .instantiate(&args, &KernelRules::tpu())
         .unwrap();
     assert_eq!(k.grid, [4]);
 }

@@ -1,5 +1,5 @@
 // `None` squeezes a block dim: the body sees the block without it.
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 use tessera::prelude::*;
 
 #[tpu_kernel(grid = (H, S / BS), dimension_semantics = (parallel, parallel))]
@@ -18,7 +18,7 @@ fn per_head_scale<const BS: usize>(
 fn main() {
     let args = [ArgSpec::new(DType::F32, [4, 256, 128])];
     let k = per_head_scale::<64>()
-        .instantiate(&args, &TargetRules::tpu())
+        .instantiate(&args, &KernelRules::tpu())
         .unwrap();
     assert_eq!(k.grid, [4, 4]);
 }

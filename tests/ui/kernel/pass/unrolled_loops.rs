@@ -1,6 +1,6 @@
 // `for` loops over Rust integer ranges unroll while the body is traced; bounds written as bare
 // literals take their type from the body (here `usize`, from `ds`), inclusive ranges too.
-use tessera::dsl::{ArgSpec, DType, TargetRules};
+use tessera::dsl::{ArgSpec, DType, KernelRules};
 use tessera::prelude::*;
 
 #[tpu_kernel(grid = (1,))]
@@ -17,7 +17,7 @@ fn sum_rows(#[shape(32, 128)] x: Ref<f32>, #[shape(8, 128)] out: RefMut<f32>) {
 
 fn main() {
     let kernel = sum_rows()
-        .instantiate(&[ArgSpec::new(DType::F32, [32, 128])], &TargetRules::tpu())
+        .instantiate(&[ArgSpec::new(DType::F32, [32, 128])], &KernelRules::tpu())
         .unwrap();
     let text = kernel.to_text();
     assert_eq!(text.matches("= add ").count(), 3, "{text}");

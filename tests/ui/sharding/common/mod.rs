@@ -1,7 +1,7 @@
 //! The context-parallel configuration the `tessera_parallel::local_splash` cases build their
 //! kernels from: 4 heads of 64 over a causal sequence of 256, on 2 devices.
 
-use tessera_dsl::{DType, Target};
+use tessera_dsl::{DType, Lowering};
 use tessera_parallel::{ContextParallel, Strategy};
 use tessera_splash::{BlockSizes, Dims, Mask};
 
@@ -26,6 +26,6 @@ pub fn config(strategy: impl Into<Strategy>) -> ContextParallel {
         strategy: strategy.into(),
         devices: 2,
         load_balance: false,
-        target: Target::portable(),
+        target: Lowering::portable(),
     }
 }

@@ -1,10 +1,10 @@
-//! Targets: the rules a kernel is checked against and how it becomes part of a StableHLO
+//! Lowerings: the rules a kernel is checked against and how it becomes part of a StableHLO
 //! program.
 //!
-//! - [`Target::portable`] (and any rules with [`KernelLowering::Inline`]): the kernel is
+//! - [`Lowering::portable`] (and any rules with [`KernelLowering::Inline`]): the kernel is
 //!   expanded into plain StableHLO ([`crate::stablehlo::lower_into`]), so the program runs on
 //!   any PJRT backend (the XLA CPU plugin here).
-//! - [`Target::tpu`]: the kernel is lowered to Mosaic ([`crate::mosaic::lower`]) and called
+//! - [`Lowering::tpu`]: the kernel is lowered to Mosaic ([`crate::mosaic::lower`]) and called
 //!   through one `stablehlo.custom_call @tpu_custom_call`, which the TPU compiler (libtpu)
 //!   compiles; the TPU rules are checked first, so what tessera can know (tiling, VMEM,
 //!   dtypes) is refused before the compiler sees the kernel.
@@ -14,7 +14,7 @@ use tessera_hlo::{self as hlo, FuncBuilder, HloError, TensorType, TpuCustomCall}
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{Kernel, Loc, OperandRole};
 use crate::mosaic::{ArgValues, KernelSchedule};
-use crate::rules::TargetRules;
+use crate::rules::KernelRules;
 
 /// The frontend attribute of a Mosaic call holding its [`KernelSchedule`] as JSON.
 pub const SCHEDULE_ATTRIBUTE: &str = "tessera_schedule";
@@ -29,58 +29,59 @@ pub enum KernelLowering {
     Mosaic,
 }
 
-/// Where kernels are compiled for: the rules they are checked against and how they lower.
+/// How a program's kernels are built: the rules they are checked against, and whether they
+/// enter the program inline or as Mosaic custom calls.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Target {
-    pub rules: TargetRules,
-    pub lowering: KernelLowering,
+pub struct Lowering {
+    pub rules: KernelRules,
+    pub kernels: KernelLowering,
 }
 
-impl Target {
+impl Lowering {
     /// Portable StableHLO: no TPU rules, kernels inlined.
     pub fn portable() -> Self {
-        Target {
-            rules: TargetRules::portable(),
-            lowering: KernelLowering::Inline,
+        Lowering {
+            rules: KernelRules::portable(),
+            kernels: KernelLowering::Inline,
         }
     }
 
     /// TPU: the TPU rules, kernels as Mosaic custom calls.
     pub fn tpu() -> Self {
-        Target {
-            rules: TargetRules::tpu(),
-            lowering: KernelLowering::Mosaic,
+        Lowering {
+            rules: KernelRules::tpu(),
+            kernels: KernelLowering::Mosaic,
         }
     }
 
     /// Kernels inlined, checked against `rules` (e.g. the TPU rules on the CPU backend, so a
     /// kernel tested here stays valid for TPU).
-    pub fn inline(rules: TargetRules) -> Self {
-        Target {
+    pub fn inline(rules: KernelRules) -> Self {
+        Lowering {
             rules,
-            lowering: KernelLowering::Inline,
+            kernels: KernelLowering::Inline,
         }
     }
 
     /// Whether kernels become `tpu_custom_call`s.
     pub fn is_tpu(&self) -> bool {
-        self.lowering == KernelLowering::Mosaic
+        self.kernels == KernelLowering::Mosaic
     }
 
     /// The instantiated kernel `k` alone in a module: `@main` takes its arguments (scalar
     /// prefetch and inputs, in order) and returns its outputs, the kernel lowered as
-    /// [`Target::lower_into`] lowers it (for [`Target::tpu`], one `tpu_custom_call`).
+    /// [`Lowering::lower_into`] lowers it (for [`Lowering::tpu`], one `tpu_custom_call`).
     pub fn lower_module(&self, k: &Kernel) -> Result<hlo::Module, KernelError> {
         crate::stablehlo::module_with(k, |k, f, args| self.lower_into(k, f, args))
     }
 
     /// The instantiated kernel `k`, which runs on a device mesh, alone in a manually
     /// partitioned module of one partition per device: `@main` takes and returns each
-    /// device's arrays (for [`Target::tpu`], one `tpu_custom_call` per device, which
+    /// device's arrays (for [`Lowering::tpu`], one `tpu_custom_call` per device, which
     /// communicates with the others; inline, the SPMD lowering of
     /// [`crate::stablehlo::lower_into_spmd`]).
     pub fn lower_module_spmd(&self, k: &Kernel) -> Result<hlo::Module, KernelError> {
-        crate::stablehlo::module_spmd_with(k, |k, f, args| match self.lowering {
+        crate::stablehlo::module_spmd_with(k, |k, f, args| match self.kernels {
             KernelLowering::Inline => crate::stablehlo::lower_into_spmd(k, f, args),
             KernelLowering::Mosaic => self.custom_call(k, f, args, None, &[]),
         })
@@ -98,7 +99,7 @@ impl Target {
         self.lower_into_with_work(k, f, args, None)
     }
 
-    /// [`Target::lower_into`], where the caller knows how many grid steps do work (e.g.
+    /// [`Lowering::lower_into`], where the caller knows how many grid steps do work (e.g.
     /// splash, from its block tables: the steps of skipped blocks do nothing): the Mosaic
     /// call's cost estimate counts the work of `active_grid_steps` steps instead of every
     /// step. Inline lowering ignores it.
@@ -112,7 +113,7 @@ impl Target {
         self.lower_into_known(k, f, args, active_grid_steps, &[])
     }
 
-    /// [`Target::lower_into_with_work`], where the caller also knows the host values of some
+    /// [`Lowering::lower_into_with_work`], where the caller also knows the host values of some
     /// arguments (`known`, aligned with `args`; splash's block tables): a Mosaic call carries
     /// its [`KernelSchedule`] (how often each top-level `when` runs), evaluated with those
     /// values, in its `tessera_schedule` frontend attribute, which reading the compiled
@@ -125,7 +126,7 @@ impl Target {
         active_grid_steps: Option<u64>,
         known: &[ArgValues<'_>],
     ) -> Result<Vec<hlo::Value>, KernelError> {
-        match self.lowering {
+        match self.kernels {
             KernelLowering::Inline => crate::stablehlo::lower_into(k, f, args),
             KernelLowering::Mosaic => self.custom_call(k, f, args, active_grid_steps, known),
         }
@@ -133,9 +134,9 @@ impl Target {
 
     /// What the `tpu_custom_call` of the instantiated kernel `k` is made of: the Mosaic
     /// module with the custom call's config (cost estimate, scoped VMEM limit), the order of
-    /// its operands and its result types. [`Target::lower_into`] emits exactly this call;
+    /// its operands and its result types. [`Lowering::lower_into`] emits exactly this call;
     /// tools that build the call themselves (the `tessera-jax` package's TPU lowering rule)
-    /// take it from here. `active_grid_steps` and `known` as in [`Target::lower_into_known`].
+    /// take it from here. `active_grid_steps` and `known` as in [`Lowering::lower_into_known`].
     pub fn mosaic_call(
         &self,
         k: &Kernel,
@@ -231,7 +232,7 @@ impl Target {
     }
 }
 
-/// A kernel's `tpu_custom_call`, as [`Target::mosaic_call`] builds it.
+/// A kernel's `tpu_custom_call`, as [`Lowering::mosaic_call`] builds it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MosaicCall {
     /// The Mosaic module, kernel name and custom-call config
@@ -244,16 +245,16 @@ pub struct MosaicCall {
     pub results: Vec<TensorType>,
 }
 
-impl Default for Target {
+impl Default for Lowering {
     fn default() -> Self {
-        Target::inline(TargetRules::default())
+        Lowering::inline(KernelRules::default())
     }
 }
 
-impl From<TargetRules> for Target {
+impl From<KernelRules> for Lowering {
     /// Kernels inlined, checked against these rules.
-    fn from(rules: TargetRules) -> Self {
-        Target::inline(rules)
+    fn from(rules: KernelRules) -> Self {
+        Lowering::inline(rules)
     }
 }
 
