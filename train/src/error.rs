@@ -41,6 +41,9 @@ pub enum Setting {
     Resume,
     /// The seed of the initialisation and the data.
     Seed,
+    /// The all-gather matmul in place of fsdp's gathered weight matmuls
+    /// (`collective_matmul`).
+    CollectiveMatmul,
 }
 
 impl Setting {
@@ -75,6 +78,7 @@ impl Setting {
             Setting::HeadDim => Quantity::HeadDim.term(),
             Setting::MlpDim => named("mlp_dim", "mlp_dim"),
             Setting::Seed => named("seed", "seed"),
+            Setting::CollectiveMatmul => named("collective_matmul", "collective_matmul"),
             Setting::Resume => Term {
                 key: "resume",
                 words: "checkpoint",
@@ -169,6 +173,9 @@ pub enum SettingError {
         chip: String,
         torus: Vec<usize>,
     },
+    /// The all-gather matmul asked for without fsdp: there is no gathered weight to
+    /// replace.
+    CollectiveMatmulWithoutFsdp { fsdp: usize },
     /// A strategy the step-time model does not model.
     NotModelled { strategy: Strategy },
     /// splash's block tables refused the blocks the step-time model counts.
@@ -311,6 +318,13 @@ impl SettingError {
                  is the product of the rest",
                 t(Setting::FsdpParallelism).value(names, fsdp),
                 t(Setting::ContextParallelism).value(names, context),
+            ),
+            SettingError::CollectiveMatmulWithoutFsdp { fsdp } => format!(
+                "{} replaces the matmuls of fsdp's all-gathered weights, but {}; leave it out, \
+                 or shard the weights ({} above 1)",
+                t(Setting::CollectiveMatmul).name(names),
+                t(Setting::FsdpParallelism).is(names, fsdp),
+                t(Setting::FsdpParallelism).name(names),
             ),
             SettingError::NotModelled { strategy } => format!(
                 "the step-time model covers ulysses, all_gather and ring; {} is not modelled",
