@@ -468,6 +468,39 @@ impl TrainConfig {
                 context: self.ici_context_parallelism,
             });
         }
+        if self.collective_matmul && self.target.is_tpu() {
+            // The layers' matrices `[rows, columns]`: each device's rows over fsdp, and the
+            // columns, in 128-lane tiles.
+            let rows = [
+                (one(Setting::DModel), m.d_model),
+                (
+                    width(Setting::Heads, Setting::HeadDim),
+                    m.heads * m.head_dim,
+                ),
+                (one(Setting::MlpDim), m.mlp_dim),
+            ];
+            let columns = [
+                (
+                    width(Setting::Heads, Setting::HeadDim),
+                    m.heads * m.head_dim,
+                ),
+                (
+                    width(Setting::KvHeads, Setting::HeadDim),
+                    m.kv_heads * m.head_dim,
+                ),
+                (one(Setting::DModel), m.d_model),
+                (one(Setting::MlpDim), m.mlp_dim),
+            ];
+            let tiles = rows
+                .iter()
+                .map(|&(dim, size)| (dim, size, fsdp))
+                .chain(columns.iter().map(|&(dim, size)| (dim, size, 1)));
+            for (dim, size, shards) in tiles {
+                if (size / shards) % 128 != 0 {
+                    return Err(SettingError::CollectiveMatmulTiles { dim, size, shards });
+                }
+            }
+        }
         Ok(())
     }
 

@@ -176,6 +176,14 @@ pub enum SettingError {
     /// The all-gather matmul asked for without fsdp: there is no gathered weight to
     /// replace.
     CollectiveMatmulWithoutFsdp { fsdp: usize },
+    /// The all-gather matmul's Mosaic kernel (TPU) copies weight shards in whole 128-lane
+    /// tiles: a weight dim `size` split over `shards` devices (its rows over fsdp, `shards`
+    /// 1 for its columns) that leaves a device no multiple of 128.
+    CollectiveMatmulTiles {
+        dim: WeightDim,
+        size: usize,
+        shards: usize,
+    },
     /// A strategy the step-time model does not model.
     NotModelled { strategy: Strategy },
     /// splash's block tables refused the blocks the step-time model counts.
@@ -326,6 +334,26 @@ impl SettingError {
                 t(Setting::FsdpParallelism).is(names, fsdp),
                 t(Setting::FsdpParallelism).name(names),
             ),
+            SettingError::CollectiveMatmulTiles { dim, size, shards } => {
+                let part = if *shards == 1 {
+                    format!(
+                        "the {} columns ({size}) are not a multiple of 128",
+                        dim.name(names)
+                    )
+                } else {
+                    format!(
+                        "the {} rows ({size}) over {shards} fsdp devices are {} a device, not \
+                         a multiple of 128",
+                        dim.name(names),
+                        size / shards
+                    )
+                };
+                format!(
+                    "{} on TPU copies the weight shards in whole 128-lane tiles, but {part}; use \
+                     dims whose shards are multiples of 128, or leave it out",
+                    t(Setting::CollectiveMatmul).name(names)
+                )
+            }
             SettingError::NotModelled { strategy } => format!(
                 "the step-time model covers ulysses, all_gather and ring; {} is not modelled",
                 names.strategy(strategy)
