@@ -16,7 +16,10 @@
 //!    context-parallel attention
 //!    ([`AttentionLayer::forward`]: the strategy's collectives and splash kernels), the output
 //!    projection and residual, RMSNorm, SwiGLU MLP and residual; final RMSNorm, LM head,
-//!    softmax cross-entropy summed over the device's tokens. The program's size and compile
+//!    softmax cross-entropy summed over the device's tokens. With
+//!    [`TrainConfig::collective_matmul`] the layer's matrices are gathered over `context` only
+//!    and each of its seven weight matmuls is the all-gather matmul kernel over the batch
+//!    axis, a custom-VJP unit (`collective_matmul.rs`). The program's size and compile
 //!    time do not grow with the number of layers.
 //! 2. **Backward.** Reverse-mode autodiff of that forward ([`Spmd::vjp`], `tessera_hlo`'s
 //!    VJP rules): through the attention, the splash calls are custom-VJP units running splash's
@@ -208,11 +211,19 @@ impl StackedWeights for StackedMatrix {
         row: &DTensor<'_, ModelMesh, Self::Row>,
         dtype: DType,
     ) -> Result<Value, CollectiveError> {
-        if row.dtype()? == dtype {
-            Ok(row.value())
-        } else {
-            Ok(row.convert(dtype)?.value())
-        }
+        Ok(in_dtype(row, dtype)?.value())
+    }
+}
+
+/// `row` in `dtype` (itself when it already is).
+fn in_dtype<'p, S>(
+    row: &DTensor<'p, ModelMesh, S>,
+    dtype: DType,
+) -> Result<DTensor<'p, ModelMesh, S>, CollectiveError> {
+    if row.dtype()? == dtype {
+        Ok(row.clone())
+    } else {
+        row.convert(dtype)
     }
 }
 
@@ -233,17 +244,10 @@ impl StackedWeights for FsdpStackedMatrix {
         row: &DTensor<'_, ModelMesh, Self::Row>,
         dtype: DType,
     ) -> Result<Value, CollectiveError> {
-        let gather = |row: &DTensor<'_, ModelMesh, Self::Row>| {
-            Ok(row
-                .all_gather::<Data, 0>()?
-                .all_gather::<Context, 1>()?
-                .value())
-        };
-        if row.dtype()? == dtype {
-            gather(row)
-        } else {
-            gather(&row.convert(dtype)?)
-        }
+        Ok(in_dtype(row, dtype)?
+            .all_gather::<Data, 0>()?
+            .all_gather::<Context, 1>()?
+            .value())
     }
 
     /// The cast, then the all-gather over the context axis only: the rows stay split over
@@ -252,13 +256,7 @@ impl StackedWeights for FsdpStackedMatrix {
         row: &DTensor<'_, ModelMesh, Self::Row>,
         dtype: DType,
     ) -> Result<Value, CollectiveError> {
-        let gather =
-            |row: &DTensor<'_, ModelMesh, Self::Row>| Ok(row.all_gather::<Context, 1>()?.value());
-        if row.dtype()? == dtype {
-            gather(row)
-        } else {
-            gather(&row.convert(dtype)?)
-        }
+        Ok(in_dtype(row, dtype)?.all_gather::<Context, 1>()?.value())
     }
 }
 

@@ -111,11 +111,8 @@ fn the_step_runs_the_kernel_in_place_of_the_weight_gathers() {
     assert_eq!(fused.2, plain.2);
 }
 
-/// fsdp 2 x context 2: the weights' columns are split over the context axis too, gathered
-/// (plainly) before the kernel gathers the rows over the batch axis.
-#[test]
-fn fsdp_2_by_context_2_trains_like_the_gathered_matmuls() {
-    let _serial = serial();
+/// fsdp 2 x context 2 with a small model: every weight dim splits evenly over both axes.
+fn micro_fsdp_2_by_context_2() -> TrainConfig {
     let model = ModelConfig {
         vocab: 32,
         d_model: 32,
@@ -134,7 +131,43 @@ fn fsdp_2_by_context_2_trains_like_the_gathered_matmuls() {
     cfg.warmup_steps = 1;
     cfg.learning_rate = 1e-2;
     cfg.seed = 3;
-    trains_like_the_gathered_matmuls(cfg.with_default_blocks(), 5, "fsdp 2 x context 2");
+    cfg.with_default_blocks()
+}
+
+/// fsdp 2 x context 2: the weights' columns are split over the context axis too, gathered
+/// (plainly) before the kernel gathers the rows over the batch axis.
+#[test]
+fn fsdp_2_by_context_2_trains_like_the_gathered_matmuls() {
+    let _serial = serial();
+    let cfg = micro_fsdp_2_by_context_2();
+    trains_like_the_gathered_matmuls(cfg, 5, "fsdp 2 x context 2");
+}
+
+/// bf16 compute: the kernel multiplies bf16 shards and accumulates in f32 like the dot, but
+/// adds the shards' products in another order, so the losses agree to bf16's precision, not
+/// to the bit; the loss falls.
+#[test]
+fn bf16_with_the_collective_matmul_tracks_the_gathered_matmuls() {
+    let _serial = serial();
+    let mut cfg = micro_fsdp_2_by_context_2();
+    cfg.dtype = tessera_hlo::DType::BF16;
+    let steps = 5;
+    let plain = run(cfg.clone(), steps);
+    let fused = run(
+        TrainConfig {
+            collective_matmul: true,
+            ..cfg
+        },
+        steps,
+    );
+    let diff = fused
+        .iter()
+        .zip(&plain)
+        .map(|(a, b)| (a.loss - b.loss).abs())
+        .fold(0.0, f64::max);
+    eprintln!("bf16, fsdp 2 x context 2: max |loss difference| = {diff:.2e} over {steps} steps");
+    assert!(diff <= 2e-2, "{fused:?} vs {plain:?}");
+    assert!(fused[steps - 1].loss < fused[0].loss, "{fused:?}");
 }
 
 /// The flag names of a command line (what `--collective-matmul` and the fsdp flag are
