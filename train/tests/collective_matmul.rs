@@ -166,7 +166,7 @@ fn bf16_with_the_collective_matmul_tracks_the_gathered_matmuls() {
         .map(|(a, b)| (a.loss - b.loss).abs())
         .fold(0.0, f64::max);
     eprintln!("bf16, fsdp 2 x context 2: max |loss difference| = {diff:.2e} over {steps} steps");
-    assert!(diff <= 2e-2, "{fused:?} vs {plain:?}");
+    assert!(diff <= 2e-3, "{fused:?} vs {plain:?}");
     assert!(fused[steps - 1].loss < fused[0].loss, "{fused:?}");
 }
 
