@@ -81,10 +81,25 @@ impl Lowering {
     /// communicates with the others; inline, the SPMD lowering of
     /// [`crate::stablehlo::lower_into_spmd`]).
     pub fn lower_module_spmd(&self, k: &Kernel) -> Result<hlo::Module, KernelError> {
-        crate::stablehlo::module_spmd_with(k, |k, f, args| match self.kernels {
+        crate::stablehlo::module_spmd_with(k, |k, f, args| self.lower_into_spmd(k, f, args))
+    }
+
+    /// Lowers the instantiated kernel `k`, which runs on a device mesh, into the manually
+    /// partitioned function `f` is building (one partition per device of `k`'s mesh, e.g. a
+    /// model's SPMD step), applied to this device's `args`; returns its output arrays. Inline,
+    /// [`crate::stablehlo::lower_into_spmd`] (remote copies as `collective_permute`s); for
+    /// [`Lowering::tpu`], one `tpu_custom_call` per device, which communicates with the
+    /// others.
+    pub fn lower_into_spmd(
+        &self,
+        k: &Kernel,
+        f: &mut FuncBuilder<'_>,
+        args: &[hlo::Value],
+    ) -> Result<Vec<hlo::Value>, KernelError> {
+        match self.kernels {
             KernelLowering::Inline => crate::stablehlo::lower_into_spmd(k, f, args),
             KernelLowering::Mosaic => self.custom_call(k, f, args, None, &[]),
-        })
+        }
     }
 
     /// Lowers the instantiated kernel `k` into the function `f` is building, applied to

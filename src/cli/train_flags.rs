@@ -98,6 +98,11 @@ pub struct StepFlags {
     /// loss in f32).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
+    /// With fsdp: run each layer's weight matmuls (q/k/v/o projections and the MLP) as an
+    /// all-gather matmul kernel, whose remote copy of the next weight shard overlaps the
+    /// matmul of the current one, instead of all-gathering the weight before a dot.
+    #[arg(long)]
+    pub collective_matmul: bool,
 }
 
 impl StepFlags {
@@ -122,6 +127,7 @@ impl StepFlags {
         cfg.ici_fsdp_parallelism = self.ici_fsdp_parallelism;
         cfg.strategy = strategy;
         cfg.load_balance = self.context_parallel_load_balance;
+        cfg.collective_matmul = self.collective_matmul;
         let mut cfg = cfg.with_default_blocks();
         let blocks = [
             (&mut cfg.sa_block_q, self.sa_block_q),
@@ -171,6 +177,7 @@ impl Names for MaxTextFlags {
             "dtype" => "--dtype",
             "seed" => "--seed",
             "resume" => "--resume",
+            "collective_matmul" => "--collective-matmul",
             _ => return None,
         })
     }
@@ -287,6 +294,12 @@ mod tests {
                     c.ici_data_parallelism = 2;
                 }),
                 "--ici-data-parallelism 2 and --ici-fsdp-parallelism 2 both split the batch",
+            ),
+            (
+                Box::new(|c| c.collective_matmul = true),
+                "--collective-matmul replaces the matmuls of fsdp's all-gathered weights, but \
+                 --ici-fsdp-parallelism is 1; leave it out, or shard the weights \
+                 (--ici-fsdp-parallelism above 1)",
             ),
             (
                 Box::new(|c| c.sa_block_kv_dkv = 0),

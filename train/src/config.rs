@@ -255,6 +255,11 @@ pub struct TrainConfig {
     /// how `tessera compile train` measures what one layer costs in libtpu's cost analysis
     /// (which counts a loop body once).
     pub layers_per_iteration: usize,
+    /// With fsdp: each layer's weight matmuls run the all-gather matmul kernel
+    /// (`tessera_parallel::collective_kernels::all_gather_matmul`: the remote copy of the
+    /// next weight shard overlaps the matmul of the current one) instead of an all-gather of
+    /// the weight and a dot (`collective_matmul`; off by default). Refused without fsdp.
+    pub collective_matmul: bool,
 }
 
 impl TrainConfig {
@@ -287,6 +292,7 @@ impl TrainConfig {
             gradient_clipping_threshold: 1.0,
             target: Lowering::portable(),
             layers_per_iteration: 1,
+            collective_matmul: false,
         }
     }
 
@@ -408,7 +414,8 @@ impl TrainConfig {
 }
 
 impl TrainConfig {
-    /// The batch axis is either data or fsdp, and fsdp splits every model dim it shards
+    /// The batch axis is either data or fsdp (the all-gather matmul needs fsdp), and fsdp
+    /// splits every model dim it shards
     /// ([`crate::model::ParamSpec::fsdp_dim`] over the batch axis,
     /// [`crate::model::ParamSpec::context_dim`] over the context axis) evenly.
     fn check_fsdp(&self) -> Result<(), SettingError> {
@@ -417,6 +424,9 @@ impl TrainConfig {
             return Err(SettingError::BatchAxes { data, fsdp });
         }
         if fsdp == 1 {
+            if self.collective_matmul {
+                return Err(SettingError::CollectiveMatmulWithoutFsdp { fsdp });
+            }
             return Ok(());
         }
         let m = &self.model;
@@ -457,6 +467,39 @@ impl TrainConfig {
                 shards,
                 context: self.ici_context_parallelism,
             });
+        }
+        if self.collective_matmul && self.target.is_tpu() {
+            // The layers' matrices `[rows, columns]`: each device's rows over fsdp, and the
+            // columns, in 128-lane tiles.
+            let rows = [
+                (one(Setting::DModel), m.d_model),
+                (
+                    width(Setting::Heads, Setting::HeadDim),
+                    m.heads * m.head_dim,
+                ),
+                (one(Setting::MlpDim), m.mlp_dim),
+            ];
+            let columns = [
+                (
+                    width(Setting::Heads, Setting::HeadDim),
+                    m.heads * m.head_dim,
+                ),
+                (
+                    width(Setting::KvHeads, Setting::HeadDim),
+                    m.kv_heads * m.head_dim,
+                ),
+                (one(Setting::DModel), m.d_model),
+                (one(Setting::MlpDim), m.mlp_dim),
+            ];
+            let tiles = rows
+                .iter()
+                .map(|&(dim, size)| (dim, size, fsdp))
+                .chain(columns.iter().map(|&(dim, size)| (dim, size, 1)));
+            for (dim, size, shards) in tiles {
+                if (size / shards) % 128 != 0 {
+                    return Err(SettingError::CollectiveMatmulTiles { dim, size, shards });
+                }
+            }
         }
         Ok(())
     }

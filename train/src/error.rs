@@ -41,6 +41,9 @@ pub enum Setting {
     Resume,
     /// The seed of the initialisation and the data.
     Seed,
+    /// The all-gather matmul in place of fsdp's gathered weight matmuls
+    /// (`collective_matmul`).
+    CollectiveMatmul,
 }
 
 impl Setting {
@@ -75,6 +78,7 @@ impl Setting {
             Setting::HeadDim => Quantity::HeadDim.term(),
             Setting::MlpDim => named("mlp_dim", "mlp_dim"),
             Setting::Seed => named("seed", "seed"),
+            Setting::CollectiveMatmul => named("collective_matmul", "collective_matmul"),
             Setting::Resume => Term {
                 key: "resume",
                 words: "checkpoint",
@@ -168,6 +172,17 @@ pub enum SettingError {
         context: usize,
         chip: String,
         torus: Vec<usize>,
+    },
+    /// The all-gather matmul asked for without fsdp: there is no gathered weight to
+    /// replace.
+    CollectiveMatmulWithoutFsdp { fsdp: usize },
+    /// The all-gather matmul's Mosaic kernel (TPU) copies weight shards in whole 128-lane
+    /// tiles: a weight dim `size` split over `shards` devices (its rows over fsdp, `shards`
+    /// 1 for its columns) that leaves a device no multiple of 128.
+    CollectiveMatmulTiles {
+        dim: WeightDim,
+        size: usize,
+        shards: usize,
     },
     /// A strategy the step-time model does not model.
     NotModelled { strategy: Strategy },
@@ -312,6 +327,33 @@ impl SettingError {
                 t(Setting::FsdpParallelism).value(names, fsdp),
                 t(Setting::ContextParallelism).value(names, context),
             ),
+            SettingError::CollectiveMatmulWithoutFsdp { fsdp } => format!(
+                "{} replaces the matmuls of fsdp's all-gathered weights, but {}; leave it out, \
+                 or shard the weights ({} above 1)",
+                t(Setting::CollectiveMatmul).name(names),
+                t(Setting::FsdpParallelism).is(names, fsdp),
+                t(Setting::FsdpParallelism).name(names),
+            ),
+            SettingError::CollectiveMatmulTiles { dim, size, shards } => {
+                let part = if *shards == 1 {
+                    format!(
+                        "the {} columns ({size}) are not a multiple of 128",
+                        dim.name(names)
+                    )
+                } else {
+                    format!(
+                        "the {} rows ({size}) over {shards} fsdp devices are {} a device, not \
+                         a multiple of 128",
+                        dim.name(names),
+                        size / shards
+                    )
+                };
+                format!(
+                    "{} on TPU copies the weight shards in whole 128-lane tiles, but {part}; use \
+                     dims whose shards are multiples of 128, or leave it out",
+                    t(Setting::CollectiveMatmul).name(names)
+                )
+            }
             SettingError::NotModelled { strategy } => format!(
                 "the step-time model covers ulysses, all_gather and ring; {} is not modelled",
                 names.strategy(strategy)

@@ -22,6 +22,7 @@
 //! This crate has no CLI; `examples/train.rs` is the command line over it.
 
 pub mod checkpoint;
+mod collective_matmul;
 mod config;
 pub mod data;
 mod error;

@@ -16,7 +16,10 @@
 //!    context-parallel attention
 //!    ([`AttentionLayer::forward`]: the strategy's collectives and splash kernels), the output
 //!    projection and residual, RMSNorm, SwiGLU MLP and residual; final RMSNorm, LM head,
-//!    softmax cross-entropy summed over the device's tokens. The program's size and compile
+//!    softmax cross-entropy summed over the device's tokens. With
+//!    [`TrainConfig::collective_matmul`] the layer's matrices are gathered over `context` only
+//!    and each of its seven weight matmuls is the all-gather matmul kernel over the batch
+//!    axis, a custom-VJP unit (`collective_matmul.rs`). The program's size and compile
 //!    time do not grow with the number of layers.
 //! 2. **Backward.** Reverse-mode autodiff of that forward ([`Spmd::vjp`], `tessera_hlo`'s
 //!    VJP rules): through the attention, the splash calls are custom-VJP units running splash's
@@ -40,6 +43,9 @@ use tessera_collectives::{
 use tessera_hlo::{DType, FuncBuilder, Grouping, HostArray, Reducer, TensorType, UnaryOp, Value};
 use tessera_parallel::{AttentionLayer, ModelMesh, RingAxis, TokenLayout};
 
+use tessera_dsl::Lowering;
+
+use crate::collective_matmul::CollectiveMatmul;
 use crate::config::{ModelConfig, TrainConfig};
 use crate::TrainError;
 
@@ -189,6 +195,15 @@ trait StackedWeights: Unstack<ModelMesh> {
         row: &DTensor<'_, ModelMesh, Self::Row>,
         dtype: DType,
     ) -> Result<Value, CollectiveError>;
+
+    /// Layer `i`'s matrix in `dtype` as the all-gather matmul takes it: this device's rows
+    /// (its block over the batch axis), every column. Only fsdp splits the rows.
+    fn rows(
+        row: &DTensor<'_, ModelMesh, Self::Row>,
+        dtype: DType,
+    ) -> Result<Value, CollectiveError> {
+        Self::whole(row, dtype)
+    }
 }
 
 impl StackedWeights for StackedMatrix {
@@ -196,11 +211,19 @@ impl StackedWeights for StackedMatrix {
         row: &DTensor<'_, ModelMesh, Self::Row>,
         dtype: DType,
     ) -> Result<Value, CollectiveError> {
-        if row.dtype()? == dtype {
-            Ok(row.value())
-        } else {
-            Ok(row.convert(dtype)?.value())
-        }
+        Ok(in_dtype(row, dtype)?.value())
+    }
+}
+
+/// `row` in `dtype` (itself when it already is).
+fn in_dtype<'p, S>(
+    row: &DTensor<'p, ModelMesh, S>,
+    dtype: DType,
+) -> Result<DTensor<'p, ModelMesh, S>, CollectiveError> {
+    if row.dtype()? == dtype {
+        Ok(row.clone())
+    } else {
+        row.convert(dtype)
     }
 }
 
@@ -221,17 +244,19 @@ impl StackedWeights for FsdpStackedMatrix {
         row: &DTensor<'_, ModelMesh, Self::Row>,
         dtype: DType,
     ) -> Result<Value, CollectiveError> {
-        let gather = |row: &DTensor<'_, ModelMesh, Self::Row>| {
-            Ok(row
-                .all_gather::<Data, 0>()?
-                .all_gather::<Context, 1>()?
-                .value())
-        };
-        if row.dtype()? == dtype {
-            gather(row)
-        } else {
-            gather(&row.convert(dtype)?)
-        }
+        Ok(in_dtype(row, dtype)?
+            .all_gather::<Data, 0>()?
+            .all_gather::<Context, 1>()?
+            .value())
+    }
+
+    /// The cast, then the all-gather over the context axis only: the rows stay split over
+    /// the batch axis, which the all-gather matmul gathers itself.
+    fn rows(
+        row: &DTensor<'_, ModelMesh, Self::Row>,
+        dtype: DType,
+    ) -> Result<Value, CollectiveError> {
+        Ok(in_dtype(row, dtype)?.all_gather::<Context, 1>()?.value())
     }
 }
 
@@ -441,6 +466,9 @@ struct Model<'a> {
     dtype: DType,
     /// [`TrainConfig::layers_per_iteration`].
     layers_per_iteration: usize,
+    /// With [`TrainConfig::collective_matmul`], the kernels' lowering: the layers' weight
+    /// matmuls run the all-gather matmul.
+    collective_matmul: Option<&'a Lowering>,
 }
 
 impl<'a> Model<'a> {
@@ -464,6 +492,7 @@ impl<'a> Model<'a> {
             fsdp: cfg.fsdp(),
             dtype: cfg.dtype,
             layers_per_iteration: cfg.layers_per_iteration,
+            collective_matmul: (cfg.fsdp() && cfg.collective_matmul).then_some(&cfg.target),
         }
     }
 
@@ -563,19 +592,33 @@ impl<'a> Model<'a> {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let x = p.scan(self.m.layers / k, x0, &groups, |p, _i, mut x, groups| {
+            // With the all-gather matmul, each matrix enters its matmul as this device's
+            // rows; otherwise whole.
+            let collective = self.collective_matmul.map(|l| CollectiveMatmul::new(p, l));
+            let matrix = |row: &DTensor<'_, ModelMesh, W::Row>| {
+                if collective.is_some() {
+                    W::rows(row, self.dtype)
+                } else {
+                    W::whole(row, self.dtype)
+                }
+            };
             for (vectors, matrices) in groups {
                 let w = LayerParams {
                     attention_norm: vectors[0].value(),
                     mlp_norm: vectors[1].value(),
-                    wq: W::whole(&matrices[0], self.dtype)?,
-                    wk: W::whole(&matrices[1], self.dtype)?,
-                    wv: W::whole(&matrices[2], self.dtype)?,
-                    wo: W::whole(&matrices[3], self.dtype)?,
-                    w1: W::whole(&matrices[4], self.dtype)?,
-                    w3: W::whole(&matrices[5], self.dtype)?,
-                    w2: W::whole(&matrices[6], self.dtype)?,
+                    wq: matrix(&matrices[0])?,
+                    wk: matrix(&matrices[1])?,
+                    wv: matrix(&matrices[2])?,
+                    wo: matrix(&matrices[3])?,
+                    w1: matrix(&matrices[4])?,
+                    w3: matrix(&matrices[5])?,
+                    w2: matrix(&matrices[6])?,
                 };
-                let y = self.layer(p, x.value(), &w, cos, sin)?;
+                let mm = Matmul {
+                    dtype: self.dtype,
+                    collective: collective.as_ref(),
+                };
+                let y = self.layer(p, x.value(), &w, mm, cos, sin)?;
                 x = p.declare::<TokenRows, Invariant>(y)?;
             }
             Ok(x)
@@ -583,13 +626,14 @@ impl<'a> Model<'a> {
         Ok(x.value())
     }
 
-    /// One decoder layer on the token rows `x` with the weights `w` (one layer's), built on
-    /// `p` (the layer loop's body).
+    /// One decoder layer on the token rows `x` with the weights `w` (one layer's) and their
+    /// matmul `mm`, built on `p` (the layer loop's body).
     fn layer(
         &self,
         p: &Spmd<'_, ModelMesh>,
         x: Value,
         w: &LayerParams,
+        mm: Matmul<'_>,
         cos: Value,
         sin: Value,
     ) -> Result<Value, CollectiveError> {
@@ -598,9 +642,9 @@ impl<'a> Model<'a> {
             let x = cast(f, x, DType::F32)?;
             let (h, _) = rms_norm(f, x, w.attention_norm, m.norm_eps)?;
             let h = cast(f, h, self.dtype)?;
-            let q = f.matmul(h, w.wq, self.dtype)?;
-            let k = f.matmul(h, w.wk, self.dtype)?;
-            let v = f.matmul(h, w.wv, self.dtype)?;
+            let q = mm.apply(f, h, w.wq)?;
+            let k = mm.apply(f, h, w.wk)?;
+            let v = mm.apply(f, h, w.wv)?;
             let q = rope(f, q, m.heads, cos, sin)?;
             let k = rope(f, k, m.kv_heads, cos, sin)?;
             Ok((
@@ -612,20 +656,37 @@ impl<'a> Model<'a> {
         let (out, _lse) = self.layer.forward(p, q, k, v)?;
         p.with_builder(|f| {
             let out = from_heads(f, out)?;
-            let proj = f.matmul(out, w.wo, self.dtype)?;
+            let proj = mm.apply(f, out, w.wo)?;
             // The residual stream is in the compute dtype (MaxText's activation dtype), so
             // the layer loop saves each layer's input in it; the norms compute in f32.
             let x1 = f.add(x, proj)?;
             let x1_f32 = cast(f, x1, DType::F32)?;
             let (h2, _) = rms_norm(f, x1_f32, w.mlp_norm, m.norm_eps)?;
             let h2 = cast(f, h2, self.dtype)?;
-            let a = f.matmul(h2, w.w1, self.dtype)?;
-            let c = f.matmul(h2, w.w3, self.dtype)?;
+            let a = mm.apply(f, h2, w.w1)?;
+            let c = mm.apply(f, h2, w.w3)?;
             let act = silu(f, a)?;
             let gated = f.mul(act, c)?;
-            let down = f.matmul(gated, w.w2, self.dtype)?;
+            let down = mm.apply(f, gated, w.w2)?;
             Ok(f.add(x1, down)?)
         })
+    }
+}
+
+/// How a layer multiplies its activations by a weight matrix: a dot with the whole matrix
+/// in the compute dtype, or the all-gather matmul of this device's rows of it.
+#[derive(Debug, Clone, Copy)]
+struct Matmul<'c> {
+    dtype: DType,
+    collective: Option<&'c CollectiveMatmul>,
+}
+
+impl Matmul<'_> {
+    fn apply(&self, f: &mut FuncBuilder<'_>, x: Value, w: Value) -> Result<Value, CollectiveError> {
+        match self.collective {
+            Some(c) => c.apply(f, x, w),
+            None => Ok(f.matmul(x, w, self.dtype)?),
+        }
     }
 }
 
