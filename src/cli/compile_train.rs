@@ -14,7 +14,7 @@ use tessera::tpu::{CompileReport, TpuTopology};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
 use tessera_train::{train_step_program, TrainConfig};
 
-use super::train_flags::{flag_error, ModelFlags, StepFlags};
+use super::train_flags::{flag_error, ModelFlags, StepDefaults, StepFlags};
 
 /// Arguments of `tessera compile train` (MaxText's flag names).
 #[derive(Args, Debug)]
@@ -33,13 +33,38 @@ pub struct CompileTrainArgs {
     pub no_step_estimate: bool,
 }
 
-/// The validated config of `a`, its attention kernels for `kernels` (a TPU target).
+/// The validated config of `a`, its attention kernels for `kernels` (a TPU target), with
+/// MaxText's defaults for what the flags leave unset ([`StepDefaults::MAXTEXT`]: bf16 compute,
+/// load balancing for the strategies that balance).
 pub fn train_config(a: &CompileTrainArgs, kernels: &Lowering) -> Result<TrainConfig> {
     let model = a.model.model().map_err(|e| anyhow!(e))?;
-    let mut cfg = a.step.config(model).map_err(|e| anyhow!(e))?;
+    let mut cfg = a
+        .step
+        .config_with(model, StepDefaults::MAXTEXT, None)
+        .map_err(|e| anyhow!(e))?;
     cfg.target = kernels.clone();
     cfg.validate().map_err(|e| anyhow!(flag_error(&e)))?;
     Ok(cfg)
+}
+
+/// What the step took from MaxText's defaults because its flags were not given, one phrase
+/// each (empty when every such flag was given).
+fn chosen_defaults(a: &StepFlags, cfg: &TrainConfig) -> Vec<String> {
+    let mut chosen = Vec::new();
+    if a.dtype.is_none() {
+        chosen.push(format!(
+            "compute dtype {} (MaxText's default; --dtype f32 for f32)",
+            cfg.dtype.name()
+        ));
+    }
+    if a.context_parallel_load_balance.is_none() && cfg.strategy.load_balances() {
+        chosen.push(
+            "load balancing on (MaxText's default; --context-parallel-load-balance=false to \
+             turn it off)"
+                .into(),
+        );
+    }
+    chosen
 }
 
 /// Builds, checks against the topology, compiles and reports the train step of `a`.
@@ -101,6 +126,10 @@ pub fn compile_train(
     } else {
         step_estimate(&cfg, target, &report)?
     };
+    let chosen = chosen_defaults(&a.step, &cfg);
+    if !chosen.is_empty() {
+        outln!("defaults chosen: {}", chosen.join("; "));
+    }
     print_human(
         &cfg,
         &report,
@@ -112,6 +141,14 @@ pub fn compile_train(
     print_estimate(&estimate);
     let mut json = report_json(&cfg, &report, &collectives, chip.as_ref(), &prediction);
     json.insert("state_bytes_per_device".into(), json!(state_bytes));
+    json.insert("dtype".into(), json!(cfg.dtype.name()));
+    json.insert("load_balance".into(), json!(cfg.load_balance));
+    json.insert(
+        "per_device_batch_size".into(),
+        json!(cfg.per_device_batch_size),
+    );
+    json.insert("global_batch".into(), json!(cfg.global_batch()));
+    json.insert("defaults_chosen".into(), json!(chosen));
     json.insert(
         "compiler_step_estimate".into(),
         match &estimate {
@@ -232,7 +269,7 @@ fn predict(cfg: &TrainConfig, chip: Option<&Chip>) -> Result<StepPrediction, Str
     let setup = StepSetup {
         model: cfg.model,
         seq_len: cfg.max_target_length,
-        per_device_batch: cfg.per_device_batch_size as f64,
+        per_device_batch: cfg.per_device_batch_size,
         fsdp: cfg.batch_shards(),
         context: cfg.ici_context_parallelism,
         strategy: cfg.strategy.clone(),
@@ -266,13 +303,15 @@ fn print_human(
 ) {
     let m = &cfg.model;
     outln!(
-        "train step: {} layers, {:.1} M parameters; {} tokens x {} sequences per device; \
-         data {} x context {} ({}{}); splash blocks q {} kv {} q_dkv {} kv_dkv {}",
+        "train step: {} layers, {:.1} M parameters, {}; {} tokens x {} sequences per device \
+         ({} a step); batch {} x context {} ({}{}); splash blocks q {} kv {} q_dkv {} kv_dkv {}",
         m.layers,
         m.num_params() as f64 / 1e6,
+        cfg.dtype.name(),
         cfg.max_target_length,
         cfg.per_device_batch_size,
-        cfg.ici_data_parallelism,
+        cfg.global_batch(),
+        cfg.batch_shards(),
         cfg.ici_context_parallelism,
         cfg.strategy.maxtext_name(),
         if cfg.load_balance {
