@@ -15,6 +15,7 @@ use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, Ste
 use tessera_train::{train_step_program, TrainConfig};
 
 use super::train_flags::{flag_error, ModelFlags, StepDefaults, StepFlags};
+use super::tune::tune_attention;
 
 /// Arguments of `tessera compile train` (MaxText's flag names).
 #[derive(Args, Debug)]
@@ -35,16 +36,65 @@ pub struct CompileTrainArgs {
 
 /// The validated config of `a`, its attention kernels for `kernels` (a TPU target), with
 /// MaxText's defaults for what the flags leave unset ([`StepDefaults::MAXTEXT`]: bf16 compute,
-/// load balancing for the strategies that balance).
-pub fn train_config(a: &CompileTrainArgs, kernels: &Lowering) -> Result<TrainConfig> {
+/// load balancing for the strategies that balance), and the `auto` blocks chosen by `tessera
+/// tune`'s search for `target` ([`auto_blocks`]); with what that search chose, when it ran.
+pub fn train_config(
+    a: &CompileTrainArgs,
+    target: &TpuTopology,
+    kernels: &Lowering,
+) -> Result<(TrainConfig, Option<String>)> {
     let model = a.model.model().map_err(|e| anyhow!(e))?;
+    let mut note = None;
+    let mut search = |cfg: &TrainConfig| {
+        let (blocks, said) = auto_blocks(cfg, target, kernels)?;
+        note = Some(said);
+        Ok(blocks)
+    };
     let mut cfg = a
         .step
-        .config_with(model, StepDefaults::MAXTEXT, None)
+        .config_with(model, StepDefaults::MAXTEXT, Some(&mut search))
         .map_err(|e| anyhow!(e))?;
     cfg.target = kernels.clone();
     cfg.validate().map_err(|e| anyhow!(flag_error(&e)))?;
-    Ok(cfg)
+    Ok((cfg, note))
+}
+
+/// The splash blocks `tessera tune` picks for the attention each device of `cfg` runs (the
+/// strategy's local dims: its sequences, heads and lengths per kernel call, causal), as
+/// `[q, kv, q_dkv, kv_dkv]`, and a sentence saying so. A ring's or all-gather's calls at
+/// offsets are tuned as one causal call of their lengths (their masks differ by offset).
+fn auto_blocks(
+    cfg: &TrainConfig,
+    target: &TpuTopology,
+    kernels: &Lowering,
+) -> std::result::Result<([usize; 4], String), String> {
+    let mut c = cfg.clone();
+    c.target = kernels.clone();
+    c.validate().map_err(|e| flag_error(&e))?;
+    let local = c.context_parallel().local_dims();
+    let fused = c.block_sizes().use_fused_bwd_kernel;
+    let (t, blocks) = tune_attention(target, kernels, local, c.dtype, fused, (128, 2048), false)
+        .map_err(|e| format!("--sa-block-* auto: {e:#}"))?;
+    let (f, b) = (blocks[t.best_fwd], blocks[t.best_bwd]);
+    let said = format!(
+        "auto blocks (tessera tune, libtpu's cycles per core of the attention each device \
+         runs: B={} H={} KV={} Q={} K={} D={}, causal): forward {}x{}, backward {}x{} of {} \
+         candidates ({} compiled now, the rest cached); the flags given explicitly keep their \
+         values",
+        local.batch,
+        local.heads,
+        local.kv_heads,
+        local.q_len,
+        local.kv_len,
+        local.head_dim,
+        f.0,
+        f.1,
+        b.0,
+        b.1,
+        t.rows.len(),
+        t.compiled
+    );
+    Ok(([f.0, f.1, b.0, b.1], said))
 }
 
 /// What the step took from MaxText's defaults because its flags were not given, one phrase
@@ -75,7 +125,10 @@ pub fn compile_train(
     emit_stablehlo: Option<&Path>,
     emit_mosaic: Option<&Path>,
 ) -> Result<()> {
-    let cfg = train_config(a, kernels)?;
+    let (cfg, auto_note) = train_config(a, target, kernels)?;
+    if let Some(note) = &auto_note {
+        outln!("{note}");
+    }
     let devices = target.device_count()?;
     if cfg.devices() != devices {
         let (flag, degree) = if cfg.fsdp() {

@@ -157,6 +157,18 @@ impl StepDefaults {
 pub type AutoBlocks<'a> = &'a mut dyn FnMut(&TrainConfig) -> Result<[usize; 4], String>;
 
 impl StepFlags {
+    /// Whether a block flag is `auto`.
+    #[allow(dead_code)] // used by the tessera binary, not by examples/train.rs
+    pub fn has_auto_blocks(&self) -> bool {
+        [
+            self.sa_block_q,
+            self.sa_block_kv,
+            self.sa_block_q_dkv,
+            self.sa_block_kv_dkv,
+        ]
+        .contains(&Some(BlockFlag::Auto))
+    }
+
     /// `model` trained as these flags say (the other settings at the train example's
     /// defaults, [`StepDefaults::EXAMPLE`]; `auto` blocks at splash's default rule), not yet
     /// validated.
