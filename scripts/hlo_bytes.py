@@ -8,7 +8,11 @@ branches; fused computations, reducers and async wrappers are inside their calle
 accessed are counted as XLA's HloCostAnalysis counts them for most ops: every operand read
 whole plus the output written, at the sizes of their layouts (TPU tiles, e.g. `T(8,128)`, pad
 the two minor-most dims). Ops that move nothing (parameter, constant, tuple,
-get-tuple-element, bitcast, while/call/conditional themselves, ...) count 0. A while body is
+get-tuple-element, bitcast, while/call/conditional themselves, ...) count 0; an async pair
+(`collective-permute-start`/`-done`, ...) counts at its start; a dynamic-update-slice (or a
+fusion whose root is one) updates in place: it counts its other operands read and written,
+not the buffer it updates. Still counted whole: a fusion's operand it only slices (XLA's
+analysis counts the slice), so the layer loop's reads of its saved stack are overcounted. A while body is
 counted once, as libtpu's cost analysis counts it, and again times its trip count (the
 `known_trip_count` XLA records, else `--trips N`: tessera's layer loop runs `layers /
 layers_per_iteration` times, which the dump does not say).
@@ -25,7 +29,8 @@ from collections import defaultdict
 BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
          "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
          "f8e4m3fn": 1, "f8e5m2": 1, "s4": 1, "u4": 1, "token": 0}
-FREE = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "call",
+FREE = {"collective-permute-done", "all-gather-done", "all-reduce-done", "copy-done",
+        "parameter", "constant", "tuple", "get-tuple-element", "bitcast", "while", "call",
         "conditional", "after-all", "partition-id", "replica-id", "opt-barrier",
         "add-dependency", "iota"}
 ARRAY = re.compile(r"\b([a-z][a-z0-9]*)\[([0-9,]*)\](\{[^}]*\})?")
@@ -168,16 +173,22 @@ def main():
         for name, type_text, opcode, operands, attrs in insts:
             if opcode in FREE:
                 continue
-            reads = sum(shape_bytes(shapes.get(o, "")) for o in
-                        re.findall(r"%([\w.\-]+)", operands))
-            if reads == 0 and operands:
-                reads = shape_bytes(operands)  # operands printed with their types
-            b = reads + shape_bytes(type_text)
+            sizes = [shape_bytes(shapes.get(o, "")) for o in
+                     re.findall(r"%([\w.\-]+)", operands)]
+            if sum(sizes) == 0 and operands:
+                sizes = [shape_bytes(operands)]  # operands printed with their types
+            written = shape_bytes(type_text)
+            root = opcode
+            if opcode == "fusion":
+                callee = re.search(r"calls=%?([\w.\-]+)", attrs)
+                root = fused_root.get(callee.group(1), "?") if callee else "?"
+            if root == "dynamic-update-slice" and written in sizes:
+                sizes.remove(written)  # the buffer updated in place
+                written = sum(sizes)
+            b = sum(sizes) + written
             label = opcode
             if opcode == "fusion":
                 kind = re.search(r"kind=(\w+)", attrs)
-                callee = re.search(r"calls=%?([\w.\-]+)", attrs)
-                root = fused_root.get(callee.group(1), "?") if callee else "?"
                 label = f"fusion {kind.group(1) if kind else '?'} -> {root}"
             elif opcode == "custom-call":
                 target = re.search(r'custom_call_target="([^"]+)"', attrs)

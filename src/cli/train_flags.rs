@@ -284,10 +284,147 @@ pub fn flag_error(e: &TrainError) -> String {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+    use tessera::dsl::DType;
     use tessera::parallel::strategy::Usp;
     use tessera_train::{ModelConfig, TrainConfig};
 
-    use super::flag_error;
+    use super::{flag_error, BlockFlag, StepDefaults, StepFlags};
+
+    /// The step flags alone, parsed as a command line.
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        step: StepFlags,
+    }
+
+    fn parse(args: &[&str]) -> Result<StepFlags, String> {
+        let mut all = vec!["tessera"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all)
+            .map(|c| c.step)
+            .map_err(|e| e.to_string())
+    }
+
+    /// MaxText's fractional batch sizes parse (they were refused as "invalid digit"), and a
+    /// word does not.
+    #[test]
+    fn fractional_batch_sizes_parse() {
+        for (text, value) in [("0.015625", 0.015625), ("0.25", 0.25), ("2", 2.0)] {
+            let flags = parse(&["--per-device-batch-size", text]).unwrap();
+            assert_eq!(flags.per_device_batch_size, value);
+        }
+        let e = parse(&["--per-device-batch-size", "half"]).unwrap_err();
+        assert!(e.contains("--per-device-batch-size"), "{e}");
+        // One sequence on 64 chips: llama3-8b's USP configuration, context 64 over every chip.
+        let flags = parse(&[
+            "--per-device-batch-size",
+            "0.015625",
+            "--ici-context-parallelism",
+            "64",
+            "--context-parallel-strategy",
+            "usp:16x4",
+            "--max-target-length",
+            "65536",
+        ])
+        .unwrap();
+        let cfg = flags.config(ModelConfig::llama3_1_8b()).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!((cfg.global_batch(), cfg.sequences_per_shard()), (1, 1));
+    }
+
+    /// Without --dtype and --context-parallel-load-balance, a TPU compile takes MaxText's
+    /// defaults (bf16; balanced where the strategy balances), the example its own (f32, not
+    /// balanced); `=false` turns balancing off.
+    #[test]
+    fn defaults_depend_on_who_runs_the_step() {
+        let model = ModelConfig::tiny();
+        let ring = parse(&["--context-parallel-strategy", "ring"]).unwrap();
+        let maxtext = ring
+            .config_with(model, StepDefaults::MAXTEXT, None)
+            .unwrap();
+        assert_eq!((maxtext.dtype, maxtext.load_balance), (DType::BF16, true));
+        let example = ring.config(model).unwrap();
+        assert_eq!((example.dtype, example.load_balance), (DType::F32, false));
+        let ulysses = parse(&[]).unwrap();
+        let cfg = ulysses
+            .config_with(model, StepDefaults::MAXTEXT, None)
+            .unwrap();
+        assert!(!cfg.load_balance, "ulysses does not balance");
+        let off = parse(&[
+            "--context-parallel-strategy",
+            "ring",
+            "--context-parallel-load-balance=false",
+            "--dtype",
+            "f32",
+        ])
+        .unwrap();
+        let cfg = off.config_with(model, StepDefaults::MAXTEXT, None).unwrap();
+        assert_eq!((cfg.dtype, cfg.load_balance), (DType::F32, false));
+        let on = parse(&[
+            "--context-parallel-strategy",
+            "ring",
+            "--context-parallel-load-balance",
+        ])
+        .unwrap();
+        assert!(on.config(model).unwrap().load_balance);
+    }
+
+    /// `auto` blocks are asked of the search once; explicit blocks keep their values; without
+    /// a search `auto` keeps splash's default rule.
+    #[test]
+    fn auto_blocks_ask_the_search() {
+        let flags = parse(&[
+            "--sa-block-q",
+            "auto",
+            "--sa-block-kv",
+            "auto",
+            "--sa-block-q-dkv",
+            "64",
+        ])
+        .unwrap();
+        assert_eq!(flags.sa_block_q, Some(BlockFlag::Auto));
+        assert!(flags.has_auto_blocks());
+        let mut asked = 0;
+        let mut search = |_: &TrainConfig| {
+            asked += 1;
+            Ok([32, 16, 8, 4])
+        };
+        let cfg = flags
+            .config_with(
+                ModelConfig::tiny(),
+                StepDefaults::MAXTEXT,
+                Some(&mut search),
+            )
+            .unwrap();
+        assert_eq!(asked, 1);
+        let default = parse(&[]).unwrap().config(ModelConfig::tiny()).unwrap();
+        assert_eq!(
+            [
+                cfg.sa_block_q,
+                cfg.sa_block_kv,
+                cfg.sa_block_q_dkv,
+                cfg.sa_block_kv_dkv
+            ],
+            [32, 16, 64, default.sa_block_kv_dkv]
+        );
+        let without = flags.config(ModelConfig::tiny()).unwrap();
+        assert_eq!(without.sa_block_q, default.sa_block_q);
+        let e = parse(&["--sa-block-q", "big"]).unwrap_err();
+        assert!(
+            e.contains("`big` is not a block size; use a number of rows, or auto"),
+            "{e}"
+        );
+        let mut failing = |_: &TrainConfig| Err("no candidate".to_string());
+        let e = flags
+            .config_with(
+                ModelConfig::tiny(),
+                StepDefaults::MAXTEXT,
+                Some(&mut failing),
+            )
+            .unwrap_err();
+        assert_eq!(e, "no candidate");
+    }
 
     /// A valid configuration: 4 heads of 8 (2 KV heads), 64 tokens on 4 context devices,
     /// blocks 16.

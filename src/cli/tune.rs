@@ -446,8 +446,15 @@ pub fn tune(a: &TuneArgs) -> Result<()> {
                 head_dim: s.head_dim,
                 head_dim_v: s.head_dim,
             };
-            let (t, blocks) =
-                tune_attention(&tpu, &kernels, dims, s.dtype, s.fused_bwd, range, a.no_cache)?;
+            let (t, blocks) = tune_attention(
+                &tpu,
+                &kernels,
+                dims,
+                s.dtype,
+                s.fused_bwd,
+                range,
+                a.no_cache,
+            )?;
             outln!(
                 "splash attention (causal) {} B={} H={} KV={} Q={} K={} D={} on {}: {} \
                  candidates the TPU rules allow, {} compiled now (the rest cached), cycles per \
@@ -520,7 +527,11 @@ pub fn tune(a: &TuneArgs) -> Result<()> {
             outln!(
                 "{name} ({}) on {}: {} candidates of {} the TPU rules allow, {} compiled now \
                  (the rest cached), cycles per TensorCore from libtpu's bundles",
-                if fixed.is_empty() { "defaults".into() } else { fixed.join(" ") },
+                if fixed.is_empty() {
+                    "defaults".into()
+                } else {
+                    fixed.join(" ")
+                },
                 tpu.topology(),
                 t.rows.len(),
                 tuned.join(", "),
@@ -596,4 +607,122 @@ pub fn kernel_candidates(
         break;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera::dsl::{DType, Lowering};
+    use tessera::splash::{BlockSizes, Dims, Mask, SplashAttention};
+
+    use super::{attention_candidates, block_ladder, kernel_candidates};
+
+    fn dims(q_len: usize, kv_len: usize) -> Dims {
+        Dims {
+            batch: 1,
+            heads: 2,
+            kv_heads: 2,
+            q_len,
+            kv_len,
+            head_dim: 128,
+            head_dim_v: 128,
+        }
+    }
+
+    #[test]
+    fn the_ladder_is_the_powers_of_two_that_divide() {
+        assert_eq!(block_ladder(1024, 128, 2048), [128, 256, 512, 1024]);
+        assert_eq!(block_ladder(768, 128, 2048), [128, 256]);
+        assert_eq!(block_ladder(4096, 100, 1000), [128, 256, 512]);
+        assert!(block_ladder(96, 128, 2048).is_empty());
+    }
+
+    /// The candidates are exactly the ladder's pairs that splash accepts under the TPU rules,
+    /// and a smaller VMEM budget removes the large blocks (their kernels need more).
+    #[test]
+    fn candidates_are_the_blocks_the_tpu_rules_allow() {
+        let tpu = Lowering::tpu();
+        let d = dims(1024, 2048);
+        let found: Vec<(usize, usize)> =
+            attention_candidates(d, DType::BF16, false, &tpu, (128, 2048))
+                .into_iter()
+                .map(|(b, _)| b)
+                .collect();
+        let mut expected = Vec::new();
+        for bq in [128, 256, 512, 1024] {
+            for bkv in [128, 256, 512, 1024, 2048] {
+                let ok = SplashAttention::new(
+                    Mask::causal(),
+                    d,
+                    DType::BF16,
+                    BlockSizes::uniform(bq, bkv),
+                    Default::default(),
+                    tpu.clone(),
+                )
+                .is_ok();
+                if ok {
+                    expected.push((bq, bkv));
+                }
+            }
+        }
+        let (q, kv): (Vec<usize>, Vec<usize>) = found.iter().copied().unzip();
+        assert!(
+            q.iter().all(|b| [128, 256, 512, 1024].contains(b)),
+            "{found:?}"
+        );
+        assert!(kv.iter().all(|b| 2048 % b == 0), "{found:?}");
+        // Within 16 MiB every pair the shape rules accept also fits.
+        assert_eq!(found, expected);
+        let mut small = Lowering::tpu();
+        small.rules = small.rules.with_vmem_limit(1 << 20);
+        let fit: Vec<(usize, usize)> =
+            attention_candidates(d, DType::BF16, false, &small, (128, 2048))
+                .into_iter()
+                .map(|(b, _)| b)
+                .collect();
+        assert!(!fit.is_empty() && fit.len() < found.len(), "{fit:?}");
+        assert!(fit.iter().all(|c| found.contains(c)));
+        assert!(!fit.contains(&(1024, 2048)), "{fit:?}");
+    }
+
+    /// The matmul kernel's block parameters: every combination that divides the sizes.
+    #[test]
+    fn matmul_candidates_divide_the_sizes() {
+        let info = tessera::registry::find("matmul").unwrap();
+        let fixed: Vec<(String, String)> =
+            [("M", "256"), ("N", "512"), ("K", "256"), ("dtype", "bf16")]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        let found: Vec<String> = kernel_candidates(
+            info,
+            &fixed,
+            &["BM", "BN", "BK"],
+            (128, 1024),
+            &Lowering::tpu(),
+        )
+        .unwrap()
+        .into_iter()
+        .map(|(label, _)| label)
+        .collect();
+        assert!(
+            found.contains(&"BM=256 BN=512 BK=256".to_string()),
+            "{found:?}"
+        );
+        assert!(
+            found.contains(&"BM=128 BN=128 BK=128".to_string()),
+            "{found:?}"
+        );
+        assert!(
+            !found
+                .iter()
+                .any(|l| l.contains("BM=512") || l.contains("BN=1024")),
+            "{found:?}"
+        );
+        assert_eq!(found.len(), 2 * 3 * 2, "{found:?}");
+        let e = kernel_candidates(info, &fixed, &["M"], (128, 1024), &Lowering::tpu()).unwrap_err();
+        assert!(
+            e.to_string().contains("not a compile-time parameter"),
+            "{e}"
+        );
+    }
 }
