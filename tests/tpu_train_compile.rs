@@ -384,8 +384,9 @@ fn auto_blocks_are_chosen_by_the_tuner() {
         .lines()
         .find(|l| l.starts_with("auto blocks (tessera tune"))
         .unwrap_or_else(|| panic!("{stdout}"));
-    // Ulysses on 4 devices: each device attends the whole 256 tokens with 2 of the 8 heads.
-    assert!(line.contains("B=1 H=2 KV=1 Q=256 K=256 D=16"), "{line}");
+    // Ulysses on 4 devices: each device attends the whole 256 tokens of the 4 sequences of
+    // its batch shard with 2 of the 8 heads.
+    assert!(line.contains("B=4 H=2 KV=1 Q=256 K=256 D=16"), "{line}");
     let blocks = stdout
         .lines()
         .find(|l| l.starts_with("train step:"))
