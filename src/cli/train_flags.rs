@@ -147,6 +147,7 @@ impl StepDefaults {
     };
     /// MaxText's (`dtype: bfloat16`, `context_parallel_load_balance: True`), what a TPU
     /// compile of the step uses.
+    #[allow(dead_code)] // used by the tessera binary, not by examples/train.rs
     pub const MAXTEXT: StepDefaults = StepDefaults {
         dtype: DType::BF16,
         load_balance: true,
