@@ -15,7 +15,7 @@ use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, Ste
 use tessera_train::{train_step_program, TrainConfig};
 
 use super::train_flags::{flag_error, ModelFlags, StepDefaults, StepFlags};
-use super::tune::tune_attention;
+use super::tune::{causal_name, tune_attention, AttentionCase};
 
 /// Arguments of `tessera compile train` (MaxText's flag names).
 #[derive(Args, Debug)]
@@ -60,9 +60,10 @@ pub fn train_config(
 }
 
 /// The splash blocks `tessera tune` picks for the attention each device of `cfg` runs (the
-/// strategy's local dims: its sequences, heads and lengths per kernel call, causal), as
-/// `[q, kv, q_dkv, kv_dkv]`, and a sentence saying so. A ring's or all-gather's calls at
-/// offsets are tuned as one causal call of their lengths (their masks differ by offset).
+/// strategy's local dims: its sequences, heads and lengths per kernel call), as `[q, kv,
+/// q_dkv, kv_dkv]`, and a sentence saying so. The calls of a ring or an all-gather differ by
+/// where their queries and keys sit; the search compiles the busiest, the one whose queries
+/// sit furthest after its keys (its causal offset), for every call.
 fn auto_blocks(
     cfg: &TrainConfig,
     target: &TpuTopology,
@@ -71,14 +72,29 @@ fn auto_blocks(
     let mut c = cfg.clone();
     c.target = kernels.clone();
     c.validate().map_err(|e| flag_error(&e))?;
-    let local = c.context_parallel().local_dims();
-    let fused = c.block_sizes().use_fused_bwd_kernel;
-    let (t, blocks) = tune_attention(target, kernels, local, c.dtype, fused, (128, 2048), false)
+    let cp = c.context_parallel();
+    let local = cp.local_dims();
+    let offset = cp
+        .kernel_calls()
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|o| o.q as i64 - o.kv as i64)
+        .max()
+        .unwrap_or(0)
+        .max(0);
+    let case = AttentionCase {
+        dims: local,
+        offset,
+        dtype: c.dtype,
+        fused: c.block_sizes().use_fused_bwd_kernel,
+    };
+    let (t, blocks) = tune_attention(target, kernels, case, (128, 2048), false)
         .map_err(|e| format!("--sa-block-* auto: {e:#}"))?;
     let (f, b) = (blocks[t.best_fwd], blocks[t.best_bwd]);
     let said = format!(
         "auto blocks (tessera tune, libtpu's cycles per core of the attention each device \
-         runs: B={} H={} KV={} Q={} K={} D={}, causal): forward {}x{}, backward {}x{} of {} \
+         runs: B={} H={} KV={} Q={} K={} D={}, {}): forward {}x{}, backward {}x{} of {} \
          candidates ({} compiled now, the rest cached); the flags given explicitly keep their \
          values",
         local.batch,
@@ -87,6 +103,7 @@ fn auto_blocks(
         local.q_len,
         local.kv_len,
         local.head_dim,
+        causal_name(offset),
         f.0,
         f.1,
         b.0,

@@ -90,6 +90,10 @@ pub struct AttentionShape {
     /// Tune the fused backward kernel (dq, dk, dv in one) instead of the dq and dkv kernels.
     #[arg(long)]
     pub fused_bwd: bool,
+    /// The causal mask's offset: queries see this many keys ahead (a call whose queries sit
+    /// after its keys, e.g. an all-gather shard's: its key length minus its query length).
+    #[arg(long, default_value_t = 0)]
+    pub causal_offset: i64,
 }
 
 /// The block sizes a search tries on one axis: the powers of two from `min` to `max` that
@@ -106,17 +110,40 @@ pub fn block_ladder(len: usize, min: usize, max: usize) -> Vec<usize> {
     out
 }
 
-/// Splash's causal attention of `dims` at forward and backward blocks `(bq, bkv)`, or why the
-/// TPU rules refuse it (tiling, or the VMEM one of its kernels needs over `kernels`' limit).
+/// What a tune compiles: splash's causal attention of `dims` (`offset`: the queries see
+/// `offset` keys ahead, JAX's `CausalMask(offset)`: a call whose queries sit after its keys),
+/// its dtype and its backward kernels.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionCase {
+    pub dims: Dims,
+    pub offset: i64,
+    pub dtype: DType,
+    pub fused: bool,
+}
+
+/// `causal`, or `causal(offset=N)`.
+pub fn causal_name(offset: i64) -> String {
+    match offset {
+        0 => "causal".into(),
+        n => format!("causal(offset={n})"),
+    }
+}
+
+/// Splash's attention of `case` at forward and backward blocks `(bq, bkv)`, or why the TPU
+/// rules refuse it (tiling, or the VMEM one of its kernels needs over `kernels`' limit).
 fn splash_candidate(
-    dims: Dims,
-    dtype: DType,
-    fused: bool,
+    case: AttentionCase,
     kernels: &Lowering,
     (bq, bkv): (usize, usize),
 ) -> Result<tessera::hlo::Module> {
+    let AttentionCase {
+        dims,
+        offset,
+        dtype,
+        fused,
+    } = case;
     let attn = SplashAttention::new(
-        Mask::causal(),
+        Mask::Causal { offset },
         dims,
         dtype,
         BlockSizes::uniform(bq, bkv).with_fused_bwd(fused),
@@ -130,19 +157,17 @@ fn splash_candidate(
     )?)
 }
 
-/// Every `(bq, bkv)` the TPU rules of `kernels` allow for `dims` (tiling and VMEM), among the
+/// Every `(bq, bkv)` the TPU rules of `kernels` allow for `case` (tiling and VMEM), among the
 /// powers of two from `min` to `max` that divide the lengths, and the programs to compile.
 pub fn attention_candidates(
-    dims: Dims,
-    dtype: DType,
-    fused: bool,
+    case: AttentionCase,
     kernels: &Lowering,
     (min, max): (usize, usize),
 ) -> Vec<((usize, usize), tessera::hlo::Module)> {
     let mut out = Vec::new();
-    for bq in block_ladder(dims.q_len, min, max) {
-        for bkv in block_ladder(dims.kv_len, min, max) {
-            if let Ok(program) = splash_candidate(dims, dtype, fused, kernels, (bq, bkv)) {
+    for bq in block_ladder(case.dims.q_len, min, max) {
+        for bkv in block_ladder(case.dims.kv_len, min, max) {
+            if let Ok(program) = splash_candidate(case, kernels, (bq, bkv)) {
                 out.push(((bq, bkv), program));
             }
         }
@@ -348,19 +373,23 @@ fn rank(rows: Vec<Measured>, compiled: usize, what: &str) -> Result<Tuned> {
     })
 }
 
-/// The best splash blocks for `dims` on `tpu` (see the module docs): forward `(bq, bkv)` and
+/// The best splash blocks for `case` on `tpu` (see the module docs): forward `(bq, bkv)` and
 /// backward `(bq_dkv, bkv_dkv)` among [`attention_candidates`].
 pub fn tune_attention(
     tpu: &TpuTopology,
     kernels: &Lowering,
-    dims: Dims,
-    dtype: DType,
-    fused: bool,
+    case: AttentionCase,
     range: (usize, usize),
     fresh: bool,
 ) -> Result<(Tuned, Vec<(usize, usize)>)> {
+    let AttentionCase {
+        dims,
+        offset,
+        dtype,
+        fused,
+    } = case;
     let key = format!(
-        "splash_causal_{}_B{}_H{}_KV{}_Q{}_K{}_D{}_{}_{}_vmem{}",
+        "splash_causal{offset}_{}_B{}_H{}_KV{}_Q{}_K{}_D{}_{}_{}_vmem{}",
         if fused { "fused" } else { "dq_dkv" },
         dims.batch,
         dims.heads,
@@ -373,7 +402,7 @@ pub fn tune_attention(
         kernels.rules.vmem_limit_bytes.unwrap_or(0)
     );
     let mut cache = TuneCache::open(&key, fresh)?;
-    let candidates = attention_candidates(dims, dtype, fused, kernels, range);
+    let candidates = attention_candidates(case, kernels, range);
     let blocks: Vec<(usize, usize)> = candidates.iter().map(|(b, _)| *b).collect();
     let labelled = candidates
         .into_iter()
@@ -446,19 +475,18 @@ pub fn tune(a: &TuneArgs) -> Result<()> {
                 head_dim: s.head_dim,
                 head_dim_v: s.head_dim,
             };
-            let (t, blocks) = tune_attention(
-                &tpu,
-                &kernels,
+            let case = AttentionCase {
                 dims,
-                s.dtype,
-                s.fused_bwd,
-                range,
-                a.no_cache,
-            )?;
+                offset: s.causal_offset,
+                dtype: s.dtype,
+                fused: s.fused_bwd,
+            };
+            let (t, blocks) = tune_attention(&tpu, &kernels, case, range, a.no_cache)?;
             outln!(
-                "splash attention (causal) {} B={} H={} KV={} Q={} K={} D={} on {}: {} \
+                "splash attention ({}) {} B={} H={} KV={} Q={} K={} D={} on {}: {} \
                  candidates the TPU rules allow, {} compiled now (the rest cached), cycles per \
                  TensorCore from libtpu's bundles",
+                causal_name(s.causal_offset),
                 s.dtype.name(),
                 dims.batch,
                 dims.heads,
@@ -614,7 +642,7 @@ mod tests {
     use tessera::dsl::{DType, Lowering};
     use tessera::splash::{BlockSizes, Dims, Mask, SplashAttention};
 
-    use super::{attention_candidates, block_ladder, kernel_candidates};
+    use super::{attention_candidates, block_ladder, kernel_candidates, AttentionCase};
 
     fn dims(q_len: usize, kv_len: usize) -> Dims {
         Dims {
@@ -642,16 +670,21 @@ mod tests {
     fn candidates_are_the_blocks_the_tpu_rules_allow() {
         let tpu = Lowering::tpu();
         let d = dims(1024, 2048);
-        let found: Vec<(usize, usize)> =
-            attention_candidates(d, DType::BF16, false, &tpu, (128, 2048))
-                .into_iter()
-                .map(|(b, _)| b)
-                .collect();
+        let case = AttentionCase {
+            dims: d,
+            offset: 1024,
+            dtype: DType::BF16,
+            fused: false,
+        };
+        let found: Vec<(usize, usize)> = attention_candidates(case, &tpu, (128, 2048))
+            .into_iter()
+            .map(|(b, _)| b)
+            .collect();
         let mut expected = Vec::new();
         for bq in [128, 256, 512, 1024] {
             for bkv in [128, 256, 512, 1024, 2048] {
                 let ok = SplashAttention::new(
-                    Mask::causal(),
+                    Mask::Causal { offset: 1024 },
                     d,
                     DType::BF16,
                     BlockSizes::uniform(bq, bkv),
@@ -674,11 +707,10 @@ mod tests {
         assert_eq!(found, expected);
         let mut small = Lowering::tpu();
         small.rules = small.rules.with_vmem_limit(1 << 20);
-        let fit: Vec<(usize, usize)> =
-            attention_candidates(d, DType::BF16, false, &small, (128, 2048))
-                .into_iter()
-                .map(|(b, _)| b)
-                .collect();
+        let fit: Vec<(usize, usize)> = attention_candidates(case, &small, (128, 2048))
+            .into_iter()
+            .map(|(b, _)| b)
+            .collect();
         assert!(!fit.is_empty() && fit.len() < found.len(), "{fit:?}");
         assert!(fit.iter().all(|c| found.contains(c)));
         assert!(!fit.contains(&(1024, 2048)), "{fit:?}");
