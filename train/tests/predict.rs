@@ -400,3 +400,39 @@ fn usp_is_ring_after_ulysses() {
         "{e}"
     );
 }
+
+/// The USP runs the model will be held against: llama3.1-8b on v5p-128 (4x4x4), context 64
+/// over every chip, global batch 1 (`per_device_batch_size` 1/64), bf16, 64K to 256K tokens;
+/// printed (`-- --nocapture`) for both ways of putting USP's degrees on whole torus axes.
+#[test]
+fn usp_predictions_for_one_sequence_on_64_chips() {
+    let chip = Chip::v5p([4, 4, 4]);
+    for seq in [65_536, 131_072, 262_144] {
+        for (ulysses, ring) in [(16, 4), (4, 16)] {
+            let setup = StepSetup {
+                model: ModelConfig::llama3_1_8b(),
+                seq_len: seq,
+                per_device_batch: 1.0 / 64.0,
+                fsdp: 1,
+                context: 64,
+                strategy: Strategy::from(Usp { ulysses, ring }),
+                load_balance: false,
+                blocks: BlockSizes::uniform(1024, 1024).with_fused_bwd(true),
+                remat_attention: true,
+            };
+            let p = predict(&setup, &chip);
+            let b = &p.breakdown;
+            eprintln!(
+                "usp:{ulysses}x{ring} S={seq}: {:.3} s, MFU {:.1}% (matmuls {:.3} s, attention \
+                 {:.3} s, context collectives {:.3} s)",
+                p.predicted_step_s,
+                100.0 * p.predicted_mfu,
+                b.compute_matmul_s,
+                b.compute_attention_s,
+                b.context_collectives_s
+            );
+            assert!(p.predicted_step_s > 0.0 && p.predicted_mfu < 1.0);
+            assert!(b.context_collectives_s > 0.0);
+        }
+    }
+}
