@@ -15,7 +15,7 @@ fn main() -> ExitCode {
     // Still one thread. libtpu loaded to compile for a topology (`tessera compile`) reads
     // these when it loads; the other commands leave the environment as it is, for libtpu's
     // client on a TPU VM (`--backend tpu`) reads the VM's own.
-    if matches!(cli.command, Command::Compile(_)) {
+    if matches!(cli.command, Command::Compile(_) | Command::Tune(_)) {
         tessera::runtime::provision::set_libtpu_compile_only_env();
     }
     // Still one thread, and no plugin loaded yet.
@@ -52,6 +52,7 @@ fn main() -> ExitCode {
         Command::Attention(args) => cli::attention::attention_command(&args).map(|()| true),
         Command::Compile(args) => cli::compile::compile_command(&args).map(|()| true),
         Command::Bench { what } => cli::bench::bench(&what).map(|()| true),
+        Command::Tune(args) => cli::tune::tune(&args).map(|()| true),
         Command::TpuDumpReport(args) => cli::tpu_dump::tpu_dump_report(&args).map(|()| true),
     };
     match result {

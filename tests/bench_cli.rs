@@ -69,6 +69,16 @@ fn bench_kernels_measures_every_registered_kernel_against_the_peak() {
     for peak in ["matmul_peak_gflops", "matmul_peak_bf16_gflops"] {
         assert!(number(json, peak) > 0.0, "{peak} in {json}");
     }
+    // The peak runs before and after the work in every repetition; its slowest run over its
+    // best is the spread (at least 1), printed with both.
+    for spread in ["matmul_peak_spread", "matmul_peak_bf16_spread"] {
+        assert!(number(json, spread) >= 1.0, "{spread} in {json}");
+    }
+    assert!(
+        out.contains("the peak, xla dot f32: best")
+            && out.contains("runs before and after the work"),
+        "{out}"
+    );
     for k in KERNELS {
         let entry = format!("\"{}\":{{", k.name);
         let at = json
@@ -119,6 +129,7 @@ fn bench_attention_reports_fractions_of_the_peak_and_a_profile() {
         assert!(number(json, key) >= 0.0, "{key} in {json}");
     }
     assert!(number(json, "fwd_fraction_of_peak") > 0.0);
+    assert!(number(json, "matmul_peak_spread") >= 1.0, "{json}");
     // The profile times every kernel call of forward + backward (fused backward).
     for call in [
         "splash_fwd",

@@ -289,3 +289,118 @@ fn llama2_7b_two_layers_compile_for_v5p_4x4x4() {
     assert!(report["optimal_seconds"].as_f64().is_some_and(|s| s > 0.0));
     assert!(report["predicted_step_s"].as_f64().is_some_and(|s| s > 0.0));
 }
+
+/// MaxText's fractional `--per-device-batch-size`: 0.25 on 4 context devices is one sequence
+/// a step, split over the context axis, here with USP (Ulysses 2 x ring 2), whose step-time
+/// prediction is printed; the unset flags take MaxText's defaults (bf16), said so.
+#[test]
+fn a_fractional_batch_compiles_with_usp_and_its_prediction() {
+    let (report, stdout) = compiled(
+        "v5p:2x2x1",
+        &[
+            "--model",
+            "tiny",
+            "--ici-context-parallelism",
+            "4",
+            "--per-device-batch-size",
+            "0.25",
+            "--context-parallel-strategy",
+            "usp:2x2",
+            "--no-step-estimate",
+        ],
+    );
+    assert_eq!(int(&report, "global_batch"), 1, "{report}");
+    assert_eq!(report["per_device_batch_size"].as_f64(), Some(0.25));
+    assert_eq!(report["dtype"], "bf16", "{report}");
+    assert!(
+        stdout.contains("defaults chosen: compute dtype bf16 (MaxText's default"),
+        "{stdout}"
+    );
+    assert!(
+        report["predicted_step_s"].as_f64().is_some_and(|s| s > 0.0),
+        "{report}"
+    );
+    assert!(report["breakdown"]["context_collectives_s"].as_f64() > Some(0.0));
+    assert!(stdout.contains("predicted (step-time model"), "{stdout}");
+}
+
+/// Fractions the context axis does not cover are refused before compiling, in one sentence
+/// naming the flags; ring takes MaxText's load balancing unless told otherwise.
+#[test]
+fn fractional_batches_the_context_does_not_cover_are_refused() {
+    let (ok, _, stderr) = compile_train(
+        "v5p:2x2x1",
+        &[
+            "--ici-context-parallelism",
+            "2",
+            "--ici-data-parallelism",
+            "2",
+            "--per-device-batch-size",
+            "0.25",
+        ],
+    );
+    assert!(!ok);
+    assert!(
+        stderr.contains(
+            "--per-device-batch-size 0.25 x --ici-context-parallelism 2 gives each of the 2 \
+             batch shards 0.5 sequences; the context devices split one sequence, but a batch \
+             shard needs whole sequences: use a multiple of 0.5"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    let (ok, _, stderr) = compile_train("v5p:2x2x1", &["--per-device-batch-size", "one"]);
+    assert!(
+        !ok && stderr.contains("--per-device-batch-size"),
+        "{stderr}"
+    );
+}
+
+/// `--sa-block-q auto` (and the other block flags) ask `tessera tune`'s search: the blocks it
+/// chose are printed and compiled; a block given explicitly keeps its value.
+#[test]
+fn auto_blocks_are_chosen_by_the_tuner() {
+    let (report, stdout) = compiled(
+        "v5p:2x2x1",
+        &[
+            "--model",
+            "tiny",
+            "--layers",
+            "2",
+            "--ici-context-parallelism",
+            "4",
+            "--sa-block-q",
+            "auto",
+            "--sa-block-kv",
+            "auto",
+            "--sa-block-q-dkv",
+            "auto",
+            "--sa-block-kv-dkv",
+            "128",
+            "--no-step-estimate",
+        ],
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with("auto blocks (tessera tune"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    // Ulysses on 4 devices: each device attends the whole 256 tokens of the 4 sequences of
+    // its batch shard with 2 of the 8 heads.
+    assert!(line.contains("B=4 H=2 KV=1 Q=256 K=256 D=16"), "{line}");
+    let blocks = stdout
+        .lines()
+        .find(|l| l.starts_with("train step:"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    assert!(blocks.contains("kv_dkv 128"), "{blocks}");
+    for b in ["q ", "kv ", "q_dkv "] {
+        let value: usize = blocks
+            .split("splash blocks ")
+            .nth(1)
+            .and_then(|rest| rest.split(b).nth(1))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{b}: {blocks}"));
+        assert!([128, 256].contains(&value), "{b}{value}: {blocks}");
+    }
+    assert!(report["kernels"].as_array().is_some_and(|k| !k.is_empty()));
+}

@@ -16,7 +16,7 @@ use tessera::runtime::{Buffer, Client, HostBuffer};
 use tessera::splash::{dense_program, splash_program, Features, Pass};
 use tessera::splash::{BlockSizes, Dims, Mask, SplashAttention, SplashOptions};
 
-use timing::{peak_program, time_all, Timed};
+use timing::{peak_program, peak_spread_line, time_all, Timed};
 
 /// What `tessera bench` measures.
 #[derive(clap::Subcommand, Debug)]
@@ -349,6 +349,9 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
          GFLOP/s",
         n = args.peak_size
     );
+    for p in &programs[VARIANTS.len()..] {
+        outln!("the peak, {}", peak_spread_line(p));
+    }
     let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
     outln!(
         "{:<14} {:>10} {:>10} {:>10} {:>9} {:>15}",
@@ -387,7 +390,9 @@ pub fn bench_command(args: &BenchArgs) -> Result<()> {
     }
     summary.push(format!(
         "\"matmul_peak_gflops\":{peak:.2},\"matmul_peak_bf16_gflops\":{peak_bf16:.2},\
-         \"fwd_fraction_of_peak\":{:.4},\"fwdbwd_fraction_of_peak\":{:.4}",
+         \"matmul_peak_spread\":{:.3},\"fwd_fraction_of_peak\":{:.4},\
+         \"fwdbwd_fraction_of_peak\":{:.4}",
+        programs[VARIANTS.len()].spread(),
         programs[0].gflops() / peak,
         programs[2].gflops() / peak
     ));

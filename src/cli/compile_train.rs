@@ -14,7 +14,8 @@ use tessera::tpu::{CompileReport, TpuTopology};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
 use tessera_train::{train_step_program, TrainConfig};
 
-use super::train_flags::{flag_error, ModelFlags, StepFlags};
+use super::train_flags::{flag_error, ModelFlags, StepDefaults, StepFlags};
+use super::tune::{causal_name, tune_attention, AttentionCase};
 
 /// Arguments of `tessera compile train` (MaxText's flag names).
 #[derive(Args, Debug)]
@@ -33,13 +34,104 @@ pub struct CompileTrainArgs {
     pub no_step_estimate: bool,
 }
 
-/// The validated config of `a`, its attention kernels for `kernels` (a TPU target).
-pub fn train_config(a: &CompileTrainArgs, kernels: &Lowering) -> Result<TrainConfig> {
+/// The validated config of `a`, its attention kernels for `kernels` (a TPU target), with
+/// MaxText's defaults for what the flags leave unset ([`StepDefaults::MAXTEXT`]: bf16 compute,
+/// load balancing for the strategies that balance), and the `auto` blocks chosen by `tessera
+/// tune`'s search for `target` ([`auto_blocks`]); with what that search chose, when it ran.
+pub fn train_config(
+    a: &CompileTrainArgs,
+    target: &TpuTopology,
+    kernels: &Lowering,
+) -> Result<(TrainConfig, Option<String>)> {
     let model = a.model.model().map_err(|e| anyhow!(e))?;
-    let mut cfg = a.step.config(model).map_err(|e| anyhow!(e))?;
+    let mut note = None;
+    let mut search = |cfg: &TrainConfig| {
+        let (blocks, said) = auto_blocks(cfg, target, kernels)?;
+        note = Some(said);
+        Ok(blocks)
+    };
+    let mut cfg = a
+        .step
+        .config_with(model, StepDefaults::MAXTEXT, Some(&mut search))
+        .map_err(|e| anyhow!(e))?;
     cfg.target = kernels.clone();
     cfg.validate().map_err(|e| anyhow!(flag_error(&e)))?;
-    Ok(cfg)
+    Ok((cfg, note))
+}
+
+/// The splash blocks `tessera tune` picks for the attention each device of `cfg` runs (the
+/// strategy's local dims: its sequences, heads and lengths per kernel call), as `[q, kv,
+/// q_dkv, kv_dkv]`, and a sentence saying so. The calls of a ring or an all-gather differ by
+/// where their queries and keys sit; the search compiles the busiest, the one whose queries
+/// sit furthest after its keys (its causal offset), for every call.
+fn auto_blocks(
+    cfg: &TrainConfig,
+    target: &TpuTopology,
+    kernels: &Lowering,
+) -> std::result::Result<([usize; 4], String), String> {
+    let mut c = cfg.clone();
+    c.target = kernels.clone();
+    c.validate().map_err(|e| flag_error(&e))?;
+    let cp = c.context_parallel();
+    let local = cp.local_dims();
+    let offset = cp
+        .kernel_calls()
+        .iter()
+        .flatten()
+        .flatten()
+        .map(|o| o.q as i64 - o.kv as i64)
+        .max()
+        .unwrap_or(0)
+        .max(0);
+    let case = AttentionCase {
+        dims: local,
+        offset,
+        dtype: c.dtype,
+        fused: c.block_sizes().use_fused_bwd_kernel,
+    };
+    let (t, blocks) = tune_attention(target, kernels, case, (128, 2048), false)
+        .map_err(|e| format!("--sa-block-* auto: {e:#}"))?;
+    let (f, b) = (blocks[t.best_fwd], blocks[t.best_bwd]);
+    let said = format!(
+        "auto blocks (tessera tune, libtpu's cycles per core of the attention each device \
+         runs: B={} H={} KV={} Q={} K={} D={}, {}): forward {}x{}, backward {}x{} of {} \
+         candidates ({} compiled now, the rest cached); the flags given explicitly keep their \
+         values",
+        local.batch,
+        local.heads,
+        local.kv_heads,
+        local.q_len,
+        local.kv_len,
+        local.head_dim,
+        causal_name(offset),
+        f.0,
+        f.1,
+        b.0,
+        b.1,
+        t.rows.len(),
+        t.compiled
+    );
+    Ok(([f.0, f.1, b.0, b.1], said))
+}
+
+/// What the step took from MaxText's defaults because its flags were not given, one phrase
+/// each (empty when every such flag was given).
+fn chosen_defaults(a: &StepFlags, cfg: &TrainConfig) -> Vec<String> {
+    let mut chosen = Vec::new();
+    if a.dtype.is_none() {
+        chosen.push(format!(
+            "compute dtype {} (MaxText's default; --dtype f32 for f32)",
+            cfg.dtype.name()
+        ));
+    }
+    if a.context_parallel_load_balance.is_none() && cfg.strategy.load_balances() {
+        chosen.push(
+            "load balancing on (MaxText's default; --context-parallel-load-balance=false to \
+             turn it off)"
+                .into(),
+        );
+    }
+    chosen
 }
 
 /// Builds, checks against the topology, compiles and reports the train step of `a`.
@@ -50,7 +142,10 @@ pub fn compile_train(
     emit_stablehlo: Option<&Path>,
     emit_mosaic: Option<&Path>,
 ) -> Result<()> {
-    let cfg = train_config(a, kernels)?;
+    let (cfg, auto_note) = train_config(a, target, kernels)?;
+    if let Some(note) = &auto_note {
+        outln!("{note}");
+    }
     let devices = target.device_count()?;
     if cfg.devices() != devices {
         let (flag, degree) = if cfg.fsdp() {
@@ -101,6 +196,10 @@ pub fn compile_train(
     } else {
         step_estimate(&cfg, target, &report)?
     };
+    let chosen = chosen_defaults(&a.step, &cfg);
+    if !chosen.is_empty() {
+        outln!("defaults chosen: {}", chosen.join("; "));
+    }
     print_human(
         &cfg,
         &report,
@@ -112,6 +211,14 @@ pub fn compile_train(
     print_estimate(&estimate);
     let mut json = report_json(&cfg, &report, &collectives, chip.as_ref(), &prediction);
     json.insert("state_bytes_per_device".into(), json!(state_bytes));
+    json.insert("dtype".into(), json!(cfg.dtype.name()));
+    json.insert("load_balance".into(), json!(cfg.load_balance));
+    json.insert(
+        "per_device_batch_size".into(),
+        json!(cfg.per_device_batch_size),
+    );
+    json.insert("global_batch".into(), json!(cfg.global_batch()));
+    json.insert("defaults_chosen".into(), json!(chosen));
     json.insert(
         "compiler_step_estimate".into(),
         match &estimate {
@@ -232,7 +339,7 @@ fn predict(cfg: &TrainConfig, chip: Option<&Chip>) -> Result<StepPrediction, Str
     let setup = StepSetup {
         model: cfg.model,
         seq_len: cfg.max_target_length,
-        per_device_batch: cfg.per_device_batch_size as f64,
+        per_device_batch: cfg.per_device_batch_size,
         fsdp: cfg.batch_shards(),
         context: cfg.ici_context_parallelism,
         strategy: cfg.strategy.clone(),
@@ -266,13 +373,15 @@ fn print_human(
 ) {
     let m = &cfg.model;
     outln!(
-        "train step: {} layers, {:.1} M parameters; {} tokens x {} sequences per device; \
-         data {} x context {} ({}{}); splash blocks q {} kv {} q_dkv {} kv_dkv {}",
+        "train step: {} layers, {:.1} M parameters, {}; {} tokens x {} sequences per device \
+         ({} a step); batch {} x context {} ({}{}); splash blocks q {} kv {} q_dkv {} kv_dkv {}",
         m.layers,
         m.num_params() as f64 / 1e6,
+        cfg.dtype.name(),
         cfg.max_target_length,
         cfg.per_device_batch_size,
-        cfg.ici_data_parallelism,
+        cfg.global_batch(),
+        cfg.batch_shards(),
         cfg.ici_context_parallelism,
         cfg.strategy.maxtext_name(),
         if cfg.load_balance {

@@ -29,6 +29,7 @@ pub mod kernel;
 mod outputs;
 pub mod tpu_dump;
 pub mod train_flags;
+pub mod tune;
 
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
@@ -114,6 +115,10 @@ pub enum Command {
     /// The cost of every Mosaic kernel in a directory of libtpu's dumps (a peer's compile,
     /// e.g. JAX's), read as `tessera compile` reads its own kernels.
     TpuDumpReport(tpu_dump::TpuDumpReportArgs),
+    /// Block sizes chosen without hardware: every candidate the TPU rules allow compiled by
+    /// libtpu and ranked by its cycles per TensorCore (splash attention, or a registered
+    /// kernel's block parameters); cached per kernel, shape, dtype, chip and libtpu.
+    Tune(Box<tune::TuneArgs>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]

@@ -61,8 +61,13 @@ impl super::Command {
     pub fn reads_kernel_costs(&self) -> bool {
         match self {
             // The train step's report does not list its kernels' costs (yet): its compiles
-            // skip the dumps of its many fusions.
-            super::Command::Compile(c) => !matches!(c.what, super::compile::CompileWhat::Train(_)),
+            // skip the dumps of its many fusions, unless `auto` blocks ask `tessera tune`'s
+            // search (which reads them).
+            super::Command::Compile(c) => match &c.what {
+                super::compile::CompileWhat::Train(t) => t.step.has_auto_blocks(),
+                _ => true,
+            },
+            super::Command::Tune(_) => true,
             super::Command::Bench {
                 what: super::bench::BenchCommand::Kernels(a),
             } => a.target.is_some(),

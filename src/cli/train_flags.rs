@@ -61,9 +61,11 @@ pub struct StepFlags {
     /// Tokens per sequence (default: the preset's, 256 for tiny).
     #[arg(long)]
     pub max_target_length: Option<usize>,
-    /// Sequences per device; the global batch is this times the devices.
-    #[arg(long, default_value_t = 1)]
-    pub per_device_batch_size: usize,
+    /// Sequences per device; the global batch is this times the devices. May be a fraction,
+    /// as MaxText's (0.015625: one sequence on 64 chips), when the context axis covers it:
+    /// this times --ici-context-parallelism must be a whole number of sequences.
+    #[arg(long, default_value_t = 1.0)]
+    pub per_device_batch_size: f64,
     /// Devices on the context axis (each sequence is split over them).
     #[arg(long, default_value_t = 4)]
     pub ici_context_parallelism: usize,
@@ -80,24 +82,30 @@ pub struct StepFlags {
     /// ulysses, all_gather, ring, or usp[:UxR] (Ulysses degree x ring degree).
     #[arg(long, default_value = "ulysses")]
     pub context_parallel_strategy: String,
-    /// Causal load balancing (zigzag) for all_gather and ring.
+    /// Causal load balancing (zigzag) for all_gather and ring: `--context-parallel-load-balance`
+    /// (or `=true`) turns it on, `=false` off. Default: `tessera compile --target tpu:..
+    /// train` balances as MaxText does (on for all_gather and ring); the train example
+    /// does not.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub context_parallel_load_balance: Option<bool>,
+    /// Splash block sizes, or `auto` (default: what each attention call holds up to 512,
+    /// else its largest divisor up to 512 that tiles on a TPU). `auto` asks `tessera tune`'s
+    /// search for a TPU target (libtpu's cycles of each candidate), splash's default rule
+    /// elsewhere.
     #[arg(long)]
-    pub context_parallel_load_balance: bool,
-    /// Splash block sizes (default: what each attention call holds up to 512, else its
-    /// largest divisor up to 512 that tiles on a TPU).
+    pub sa_block_q: Option<BlockFlag>,
     #[arg(long)]
-    pub sa_block_q: Option<usize>,
+    pub sa_block_kv: Option<BlockFlag>,
     #[arg(long)]
-    pub sa_block_kv: Option<usize>,
+    pub sa_block_q_dkv: Option<BlockFlag>,
     #[arg(long)]
-    pub sa_block_q_dkv: Option<usize>,
-    #[arg(long)]
-    pub sa_block_kv_dkv: Option<usize>,
+    pub sa_block_kv_dkv: Option<BlockFlag>,
     /// Compute dtype (MaxText's `dtype`): f32, or bf16 for the matmuls, activations, weight
     /// gathers and attention (parameters and AdamW moments stay f32; norms, softmax and the
-    /// loss in f32).
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    /// loss in f32). Default: bf16 for `tessera compile --target tpu:.. train` (MaxText's),
+    /// f32 for the train example.
+    #[arg(long)]
+    pub dtype: Option<String>,
     /// With fsdp: run each layer's weight matmuls (q/k/v/o projections and the MLP) as an
     /// all-gather matmul kernel, whose remote copy of the next weight shard overlaps the
     /// matmul of the current one, instead of all-gathering the weight before a dot.
@@ -105,19 +113,97 @@ pub struct StepFlags {
     pub collective_matmul: bool,
 }
 
+/// A splash block flag: a size, or `auto` (chosen by a search, see [`StepFlags::config_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockFlag {
+    Auto,
+    Size(usize),
+}
+
+impl std::str::FromStr for BlockFlag {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(BlockFlag::Auto);
+        }
+        s.parse()
+            .map(BlockFlag::Size)
+            .map_err(|_| format!("`{s}` is not a block size; use a number of rows, or auto"))
+    }
+}
+
+/// The defaults of the settings that depend on who runs the step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepDefaults {
+    /// The compute dtype without `--dtype`.
+    pub dtype: DType,
+    /// Whether a strategy that load-balances does so without
+    /// `--context-parallel-load-balance`.
+    pub load_balance: bool,
+}
+
+impl StepDefaults {
+    /// The train example on this machine's devices: f32, no load balancing.
+    #[allow(dead_code)] // used by examples/train.rs, which includes this file
+    pub const EXAMPLE: StepDefaults = StepDefaults {
+        dtype: DType::F32,
+        load_balance: false,
+    };
+    /// MaxText's (`dtype: bfloat16`, `context_parallel_load_balance: True`), what a TPU
+    /// compile of the step uses.
+    #[allow(dead_code)] // used by the tessera binary, not by examples/train.rs
+    pub const MAXTEXT: StepDefaults = StepDefaults {
+        dtype: DType::BF16,
+        load_balance: true,
+    };
+}
+
+/// The four splash blocks, `[q, kv, q_dkv, kv_dkv]`, a search chose for a config.
+pub type AutoBlocks<'a> = &'a mut dyn FnMut(&TrainConfig) -> Result<[usize; 4], String>;
+
 impl StepFlags {
-    /// `model` trained as these flags say (the other settings at their defaults), not yet
+    /// Whether a block flag is `auto`.
+    #[allow(dead_code)] // used by the tessera binary, not by examples/train.rs
+    pub fn has_auto_blocks(&self) -> bool {
+        [
+            self.sa_block_q,
+            self.sa_block_kv,
+            self.sa_block_q_dkv,
+            self.sa_block_kv_dkv,
+        ]
+        .contains(&Some(BlockFlag::Auto))
+    }
+
+    /// `model` trained as these flags say (the other settings at the train example's
+    /// defaults, [`StepDefaults::EXAMPLE`]; `auto` blocks at splash's default rule), not yet
     /// validated.
+    #[allow(dead_code)] // used by examples/train.rs, which includes this file
     pub fn config(&self, model: ModelConfig) -> Result<TrainConfig, String> {
+        self.config_with(model, StepDefaults::EXAMPLE, None)
+    }
+
+    /// [`StepFlags::config`] with `defaults` for the unset flags, and the `auto` blocks
+    /// asked of `auto` (once, with the config whose other blocks are splash's defaults);
+    /// without it they keep splash's default rule.
+    pub fn config_with(
+        &self,
+        model: ModelConfig,
+        defaults: StepDefaults,
+        auto: Option<AutoBlocks<'_>>,
+    ) -> Result<TrainConfig, String> {
         let cp = self.ici_context_parallelism;
         let strategy = Strategy::parse(&self.context_parallel_strategy, cp)
             .map_err(|e| e.describe(&MaxTextFlags))?;
-        let dtype = DType::compute_from_name(&self.dtype).ok_or_else(|| {
-            format!(
-                "--dtype {} is not a compute dtype of the train step; use f32 or bf16",
-                self.dtype
-            )
-        })?;
+        let dtype = match &self.dtype {
+            None => defaults.dtype,
+            Some(name) => DType::compute_from_name(name).ok_or_else(|| {
+                format!("--dtype {name} is not a compute dtype of the train step; use f32 or bf16")
+            })?,
+        };
+        let load_balance = self
+            .context_parallel_load_balance
+            .unwrap_or(defaults.load_balance && strategy.load_balances());
         let mut cfg = TrainConfig::new(model);
         cfg.dtype = dtype;
         cfg.max_target_length = self.max_target_length.unwrap_or(model.default_seq());
@@ -126,18 +212,30 @@ impl StepFlags {
         cfg.ici_data_parallelism = self.ici_data_parallelism;
         cfg.ici_fsdp_parallelism = self.ici_fsdp_parallelism;
         cfg.strategy = strategy;
-        cfg.load_balance = self.context_parallel_load_balance;
+        cfg.load_balance = load_balance;
         cfg.collective_matmul = self.collective_matmul;
         let mut cfg = cfg.with_default_blocks();
-        let blocks = [
-            (&mut cfg.sa_block_q, self.sa_block_q),
-            (&mut cfg.sa_block_kv, self.sa_block_kv),
-            (&mut cfg.sa_block_q_dkv, self.sa_block_q_dkv),
-            (&mut cfg.sa_block_kv_dkv, self.sa_block_kv_dkv),
+        let flags = [
+            self.sa_block_q,
+            self.sa_block_kv,
+            self.sa_block_q_dkv,
+            self.sa_block_kv_dkv,
         ];
-        for (block, flag) in blocks {
-            if let Some(b) = flag {
-                *block = b;
+        let picked = match auto {
+            Some(search) if flags.contains(&Some(BlockFlag::Auto)) => Some(search(&cfg)?),
+            _ => None,
+        };
+        let blocks = [
+            &mut cfg.sa_block_q,
+            &mut cfg.sa_block_kv,
+            &mut cfg.sa_block_q_dkv,
+            &mut cfg.sa_block_kv_dkv,
+        ];
+        for (i, (block, flag)) in blocks.into_iter().zip(flags).enumerate() {
+            match (flag, picked) {
+                (Some(BlockFlag::Size(b)), _) => *block = b,
+                (Some(BlockFlag::Auto), Some(p)) => *block = p[i],
+                _ => {}
             }
         }
         Ok(cfg)
@@ -194,10 +292,147 @@ pub fn flag_error(e: &TrainError) -> String {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+    use tessera::dsl::DType;
     use tessera::parallel::strategy::Usp;
     use tessera_train::{ModelConfig, TrainConfig};
 
-    use super::flag_error;
+    use super::{flag_error, BlockFlag, StepDefaults, StepFlags};
+
+    /// The step flags alone, parsed as a command line.
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        step: StepFlags,
+    }
+
+    fn parse(args: &[&str]) -> Result<StepFlags, String> {
+        let mut all = vec!["tessera"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all)
+            .map(|c| c.step)
+            .map_err(|e| e.to_string())
+    }
+
+    /// MaxText's fractional batch sizes parse (they were refused as "invalid digit"), and a
+    /// word does not.
+    #[test]
+    fn fractional_batch_sizes_parse() {
+        for (text, value) in [("0.015625", 0.015625), ("0.25", 0.25), ("2", 2.0)] {
+            let flags = parse(&["--per-device-batch-size", text]).unwrap();
+            assert_eq!(flags.per_device_batch_size, value);
+        }
+        let e = parse(&["--per-device-batch-size", "half"]).unwrap_err();
+        assert!(e.contains("--per-device-batch-size"), "{e}");
+        // One sequence on 64 chips: llama3-8b's USP configuration, context 64 over every chip.
+        let flags = parse(&[
+            "--per-device-batch-size",
+            "0.015625",
+            "--ici-context-parallelism",
+            "64",
+            "--context-parallel-strategy",
+            "usp:16x4",
+            "--max-target-length",
+            "65536",
+        ])
+        .unwrap();
+        let cfg = flags.config(ModelConfig::llama3_1_8b()).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!((cfg.global_batch(), cfg.sequences_per_shard()), (1, 1));
+    }
+
+    /// Without --dtype and --context-parallel-load-balance, a TPU compile takes MaxText's
+    /// defaults (bf16; balanced where the strategy balances), the example its own (f32, not
+    /// balanced); `=false` turns balancing off.
+    #[test]
+    fn defaults_depend_on_who_runs_the_step() {
+        let model = ModelConfig::tiny();
+        let ring = parse(&["--context-parallel-strategy", "ring"]).unwrap();
+        let maxtext = ring
+            .config_with(model, StepDefaults::MAXTEXT, None)
+            .unwrap();
+        assert_eq!((maxtext.dtype, maxtext.load_balance), (DType::BF16, true));
+        let example = ring.config(model).unwrap();
+        assert_eq!((example.dtype, example.load_balance), (DType::F32, false));
+        let ulysses = parse(&[]).unwrap();
+        let cfg = ulysses
+            .config_with(model, StepDefaults::MAXTEXT, None)
+            .unwrap();
+        assert!(!cfg.load_balance, "ulysses does not balance");
+        let off = parse(&[
+            "--context-parallel-strategy",
+            "ring",
+            "--context-parallel-load-balance=false",
+            "--dtype",
+            "f32",
+        ])
+        .unwrap();
+        let cfg = off.config_with(model, StepDefaults::MAXTEXT, None).unwrap();
+        assert_eq!((cfg.dtype, cfg.load_balance), (DType::F32, false));
+        let on = parse(&[
+            "--context-parallel-strategy",
+            "ring",
+            "--context-parallel-load-balance",
+        ])
+        .unwrap();
+        assert!(on.config(model).unwrap().load_balance);
+    }
+
+    /// `auto` blocks are asked of the search once; explicit blocks keep their values; without
+    /// a search `auto` keeps splash's default rule.
+    #[test]
+    fn auto_blocks_ask_the_search() {
+        let flags = parse(&[
+            "--sa-block-q",
+            "auto",
+            "--sa-block-kv",
+            "auto",
+            "--sa-block-q-dkv",
+            "64",
+        ])
+        .unwrap();
+        assert_eq!(flags.sa_block_q, Some(BlockFlag::Auto));
+        assert!(flags.has_auto_blocks());
+        let mut asked = 0;
+        let mut search = |_: &TrainConfig| {
+            asked += 1;
+            Ok([32, 16, 8, 4])
+        };
+        let cfg = flags
+            .config_with(
+                ModelConfig::tiny(),
+                StepDefaults::MAXTEXT,
+                Some(&mut search),
+            )
+            .unwrap();
+        assert_eq!(asked, 1);
+        let default = parse(&[]).unwrap().config(ModelConfig::tiny()).unwrap();
+        assert_eq!(
+            [
+                cfg.sa_block_q,
+                cfg.sa_block_kv,
+                cfg.sa_block_q_dkv,
+                cfg.sa_block_kv_dkv
+            ],
+            [32, 16, 64, default.sa_block_kv_dkv]
+        );
+        let without = flags.config(ModelConfig::tiny()).unwrap();
+        assert_eq!(without.sa_block_q, default.sa_block_q);
+        let e = parse(&["--sa-block-q", "big"]).unwrap_err();
+        assert!(
+            e.contains("`big` is not a block size; use a number of rows, or auto"),
+            "{e}"
+        );
+        let mut failing = |_: &TrainConfig| Err("no candidate".to_string());
+        let e = flags
+            .config_with(
+                ModelConfig::tiny(),
+                StepDefaults::MAXTEXT,
+                Some(&mut failing),
+            )
+            .unwrap_err();
+        assert_eq!(e, "no candidate");
+    }
 
     /// A valid configuration: 4 heads of 8 (2 KV heads), 64 tokens on 4 context devices,
     /// blocks 16.

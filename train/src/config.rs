@@ -203,8 +203,12 @@ pub struct TrainConfig {
     /// Tokens per sequence (`max_target_length`).
     pub max_target_length: usize,
     /// Sequences per device (`per_device_batch_size`): the global batch is this times the
-    /// devices, split over `data`; each sequence is split over `context`.
-    pub per_device_batch_size: usize,
+    /// devices, split over the batch axis (data or fsdp); each sequence is split over
+    /// `context`. It may be fractional, as MaxText's (0.015625: one sequence on 64 chips),
+    /// when the context axis covers it: each batch shard gets `per_device_batch_size x
+    /// ici_context_parallelism` sequences, which must be a whole number
+    /// ([`TrainConfig::sequences_per_shard`]).
+    pub per_device_batch_size: f64,
     /// Devices on the context axis (`ici_context_parallelism`).
     pub ici_context_parallelism: usize,
     /// Devices on the batch axis as pure data parallelism (`ici_data_parallelism`):
@@ -270,7 +274,7 @@ impl TrainConfig {
             model,
             steps: 100,
             max_target_length: model.default_seq(),
-            per_device_batch_size: 1,
+            per_device_batch_size: 1.0,
             ici_context_parallelism: 4,
             ici_data_parallelism: 1,
             ici_fsdp_parallelism: 1,
@@ -315,7 +319,7 @@ impl TrainConfig {
         let m = &self.model;
         ContextParallel {
             dims: Dims {
-                batch: self.per_device_batch_size * self.ici_context_parallelism,
+                batch: self.sequences_per_shard(),
                 heads: m.heads,
                 kv_heads: m.kv_heads,
                 q_len: self.max_target_length,
@@ -349,9 +353,18 @@ impl TrainConfig {
         self.batch_shards() * self.ici_context_parallelism
     }
 
-    /// Sequences per step (the global batch).
+    /// Sequences per batch shard (per data or fsdp shard): `per_device_batch_size x
+    /// ici_context_parallelism`, rounded to the nearest whole number (which
+    /// [`TrainConfig::validate`] requires it to be, [`whole_sequences`]).
+    pub fn sequences_per_shard(&self) -> usize {
+        sequences(self.per_device_batch_size, self.ici_context_parallelism)
+            .round()
+            .max(0.0) as usize
+    }
+
+    /// Sequences per step (the global batch): the sequences of every batch shard.
     pub fn global_batch(&self) -> usize {
-        self.per_device_batch_size * self.devices()
+        self.sequences_per_shard() * self.batch_shards()
     }
 
     /// Tokens per step.
@@ -381,7 +394,6 @@ impl TrainConfig {
         self.model.check()?;
         let counts = [
             (Setting::Steps, self.steps),
-            (Setting::PerDeviceBatchSize, self.per_device_batch_size),
             (Setting::ContextParallelism, self.ici_context_parallelism),
             (Setting::DataParallelism, self.ici_data_parallelism),
             (Setting::FsdpParallelism, self.ici_fsdp_parallelism),
@@ -396,6 +408,11 @@ impl TrainConfig {
             }
             .into());
         }
+        whole_sequences(
+            self.per_device_batch_size,
+            self.ici_context_parallelism,
+            self.batch_shards(),
+        )?;
         let per = self.layers_per_iteration;
         if per == 0 || self.model.layers % per != 0 {
             return Err(SettingError::LayersPerIteration {
@@ -411,6 +428,40 @@ impl TrainConfig {
         self.context_parallel().check()?;
         Ok(())
     }
+}
+
+/// `per_device_batch_size x context` as a number (the sequences of one batch shard).
+fn sequences(per_device_batch_size: f64, context: usize) -> f64 {
+    per_device_batch_size * context as f64
+}
+
+/// The sequences each batch shard trains on: `per_device_batch_size x context`, which must be
+/// a positive whole number. A fraction of a sequence per device is fine as long as the
+/// context axis (which splits one sequence over its `context` devices, the ring's included)
+/// covers it; the batch shards (data or fsdp, `batch_shards` of them) each need whole
+/// sequences. A product within `1e-9` of a whole number is that number (MaxText's values are
+/// decimal fractions such as `0.015625`).
+pub fn whole_sequences(
+    per_device_batch_size: f64,
+    context: usize,
+    batch_shards: usize,
+) -> Result<usize, SettingError> {
+    if !(per_device_batch_size.is_finite() && per_device_batch_size > 0.0) {
+        return Err(SettingError::NotPositive {
+            setting: Setting::PerDeviceBatchSize,
+            value: per_device_batch_size,
+        });
+    }
+    let per_shard = sequences(per_device_batch_size, context);
+    let whole = per_shard.round();
+    if whole < 1.0 || (per_shard - whole).abs() > 1e-9 * whole.max(1.0) {
+        return Err(SettingError::PartialSequences {
+            per_device: per_device_batch_size,
+            context,
+            batch_shards,
+        });
+    }
+    Ok(whole as usize)
 }
 
 impl TrainConfig {

@@ -160,11 +160,13 @@ pub enum SettingError {
         chip: String,
         chips: usize,
     },
-    /// The sequences of a step do not split over the fsdp shards.
-    BatchNotSplit {
+    /// `per_device_batch_size x context` is not a positive whole number of sequences: the
+    /// context axis splits one sequence, but each of the `batch_shards` data (or fsdp) shards
+    /// needs whole sequences.
+    PartialSequences {
         per_device: f64,
-        devices: usize,
-        fsdp: usize,
+        context: usize,
+        batch_shards: usize,
     },
     /// fsdp x context is not whole axes of the torus.
     MeshNotOnTorus {
@@ -183,6 +185,14 @@ pub enum SettingError {
         dim: WeightDim,
         size: usize,
         shards: usize,
+    },
+    /// USP's Ulysses and ring degrees are not whole axes of the torus (the ring takes the
+    /// last axes, Ulysses the ones before them).
+    UspNotOnTorus {
+        ulysses: usize,
+        ring: usize,
+        chip: String,
+        torus: Vec<usize>,
     },
     /// A strategy the step-time model does not model.
     NotModelled { strategy: Strategy },
@@ -305,15 +315,18 @@ impl SettingError {
                 t(Setting::ContextParallelism).value(names, context),
                 fsdp * context
             ),
-            SettingError::BatchNotSplit {
+            SettingError::PartialSequences {
                 per_device,
-                devices,
-                fsdp,
+                context,
+                batch_shards,
             } => format!(
-                "{} x {devices} devices = {} sequences, which the {fsdp} fsdp shards cannot \
-                 split evenly; use a batch whose total is a multiple of {fsdp}",
+                "{} x {} gives each of the {batch_shards} batch shards {} sequences; the \
+                 context devices split one sequence, but a batch shard needs whole sequences: \
+                 use a multiple of {} (1 / the context degree)",
                 t(Setting::PerDeviceBatchSize).value(names, per_device),
-                per_device * *devices as f64
+                t(Setting::ContextParallelism).value(names, context),
+                short(per_device * *context as f64),
+                short(1.0 / *context as f64),
             ),
             SettingError::MeshNotOnTorus {
                 fsdp,
@@ -354,8 +367,20 @@ impl SettingError {
                     t(Setting::CollectiveMatmul).name(names)
                 )
             }
+            SettingError::UspNotOnTorus {
+                ulysses,
+                ring,
+                chip,
+                torus,
+            } => format!(
+                "usp:{ulysses}x{ring} does not map onto whole axes of the {chip} torus {torus:?} \
+                 (the ring takes its last axes, Ulysses the ones before them); use a ring \
+                 degree that is the product of its last axes and a Ulysses degree that is the \
+                 product of the axes before them"
+            ),
             SettingError::NotModelled { strategy } => format!(
-                "the step-time model covers ulysses, all_gather and ring; {} is not modelled",
+                "the step-time model covers ulysses, all_gather, ring and usp; {} is not \
+                 modelled",
                 names.strategy(strategy)
             ),
             SettingError::Blocks {
@@ -369,6 +394,18 @@ impl SettingError {
                  {source}"
             ),
         }
+    }
+}
+
+/// A number with at most 6 decimals, trailing zeros dropped (`0.4`, not
+/// `0.30000000000000004` or `0.400000`).
+fn short(x: f64) -> String {
+    let s = format!("{x:.6}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s.is_empty() || s == "-" {
+        "0".into()
+    } else {
+        s.to_string()
     }
 }
 

@@ -487,7 +487,7 @@ impl<'a> Model<'a> {
             layers,
             final_norm: params[params.len() - 2],
             lm_head: params[params.len() - 1],
-            b: (cfg.per_device_batch_size * cp) as i64,
+            b: cfg.sequences_per_shard() as i64,
             s: (cfg.max_target_length / cp) as i64,
             fsdp: cfg.fsdp(),
             dtype: cfg.dtype,

@@ -21,8 +21,9 @@
 //!   a device's shard is chunks `c` and `2 cp - 1 - c` of `2 cp`. What each device holds and
 //!   where each of its kernel calls attends are the strategy's own rules
 //!   ([`StepSetup::context_parallel`]: `local_dims`, `kernel_calls`), which also validate the
-//!   setup; the collectives below are modelled per strategy (ulysses, all-gather, ring; the
-//!   others are "not modelled").
+//!   setup; the collectives below are modelled per strategy (ulysses, all-gather, ring, USP;
+//!   the others are "not modelled"). USP (`usp:UxR`) is ring attention over `R` devices on
+//!   chunks of `S / R` tokens with `H / U` heads, after the Ulysses all-to-alls over `U`.
 //! * **Compute time** = FLOPs / (peak x [`Efficiency`]): one efficiency for matmuls and one
 //!   for attention blocks (both [`Efficiency::CALIBRATED`], see there).
 //! * **Collectives**, each `bytes / bandwidth` where the bandwidth is the links the
@@ -33,6 +34,9 @@
 //!   - all-to-all: `sum over destinations of (bytes / n x torus hops) / (links x link_bw)`
 //!     (uniform load over the links);
 //!   - collective permute to the ring neighbour: `bytes / link_bw` (one link, one direction);
+//!   - USP: its ring takes the last torus axes, its Ulysses all-to-alls the context axes
+//!     before them (each whole axes); the all-to-alls are exposed as Ulysses' are (q, out,
+//!     dout, dq; k's and v's behind the projections), the ring permutes as ring's;
 //!   - fsdp: the weights are sharded over fsdp x context (MaxText's `embed` axis rule names
 //!     both), so the per-layer bf16 weight all-gather (forward, and again for the backward)
 //!     and the fp32 gradient reduce-scatter run over the whole slice.
@@ -56,10 +60,11 @@
 
 use serde_json::json;
 use tessera_dsl::{DType, Lowering};
-use tessera_parallel::strategy::{AllGather, Ring, Ulysses};
+use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::{ContextParallel, Strategy};
 use tessera_splash::{BlockSizes, Dims, Major, Mask, MaskInfo, SeqOffsets};
 
+use crate::config::whole_sequences;
 use crate::error::{Setting, SettingError};
 use crate::flops::model_flops;
 use crate::{ModelConfig, TrainError};
@@ -349,33 +354,42 @@ impl Axes {
     }
 }
 
+/// Maps mesh axes of `sizes` (slowest first) onto the torus: the last group takes the last
+/// torus axes (MaxText's context axis is the faster-varying one; USP's ring axis is the
+/// fastest), the one before it the axes before those, and so on; each group must be whole
+/// axes and all of them the whole torus.
+fn torus_groups(chip: &Chip, sizes: &[usize]) -> Option<Vec<Axes>> {
+    let mut end = chip.torus.len();
+    let mut groups = Vec::with_capacity(sizes.len());
+    for (g, &size) in sizes.iter().enumerate().rev() {
+        let mut start = end;
+        let mut product = 1;
+        // The first group takes every axis left (some of length 1 perhaps).
+        while product < size || (g == 0 && start > 0) {
+            if start == 0 {
+                return None;
+            }
+            start -= 1;
+            product *= chip.torus[start];
+        }
+        if product != size {
+            return None;
+        }
+        groups.push(Axes {
+            dims: chip.torus[start..end].to_vec(),
+            wrap: chip.wraparound,
+        });
+        end = start;
+    }
+    groups.reverse();
+    Some(groups)
+}
+
 /// Maps `fsdp x context` onto the torus: context takes the last torus axes (MaxText's
 /// context axis is the faster-varying one), fsdp the rest; each must be whole axes.
 fn mesh_axes(chip: &Chip, fsdp: usize, context: usize) -> Result<(Axes, Axes), TrainError> {
-    let mut split = None;
-    let mut tail = 1;
-    for i in (0..=chip.torus.len()).rev() {
-        if tail == context {
-            split = Some(i);
-            break;
-        }
-        if i == 0 {
-            break;
-        }
-        tail *= chip.torus[i - 1];
-    }
-    let head: usize = split.map(|i| chip.torus[..i].iter().product()).unwrap_or(0);
-    match split {
-        Some(i) if head == fsdp => Ok((
-            Axes {
-                dims: chip.torus[..i].to_vec(),
-                wrap: chip.wraparound,
-            },
-            Axes {
-                dims: chip.torus[i..].to_vec(),
-                wrap: chip.wraparound,
-            },
-        )),
+    match torus_groups(chip, &[fsdp, context]).as_deref() {
+        Some([f, c]) => Ok((f.clone(), c.clone())),
         _ => Err(SettingError::MeshNotOnTorus {
             fsdp,
             context,
@@ -444,19 +458,30 @@ fn step_blocks(
 enum Modelled {
     Ulysses,
     AllGather,
-    Ring,
+    /// Ring attention over `ring` devices after a Ulysses all-to-all over `ulysses` (plain
+    /// ring: `ulysses` 1; USP: both).
+    Ring {
+        ulysses: usize,
+        ring: usize,
+    },
 }
 
 impl Modelled {
-    fn of(s: &Strategy) -> Option<Self> {
+    fn of(s: &Strategy, context: usize) -> Option<Self> {
         if s.is::<Ulysses>() {
             Some(Modelled::Ulysses)
         } else if s.is::<AllGather>() {
             Some(Modelled::AllGather)
         } else if s.is::<Ring>() {
-            Some(Modelled::Ring)
+            Some(Modelled::Ring {
+                ulysses: 1,
+                ring: context,
+            })
         } else {
-            None
+            s.downcast_ref::<Usp>().map(|u| Modelled::Ring {
+                ulysses: u.ulysses,
+                ring: u.ring,
+            })
         }
     }
 }
@@ -495,25 +520,38 @@ pub fn predict_step(
         dims: chip.torus.clone(),
         wrap: chip.wraparound,
     };
-    let sequences = s.per_device_batch * devices as f64;
-    if !(sequences >= 1.0 && sequences.fract() == 0.0 && sequences as usize % s.fsdp == 0) {
-        return Err(SettingError::BatchNotSplit {
-            per_device: s.per_device_batch,
-            devices,
-            fsdp: s.fsdp,
-        }
-        .into());
-    }
-    let seqs_per_device = sequences as usize / s.fsdp;
+    // Each fsdp shard's whole sequences (a fraction of a sequence per device is split over
+    // the context axis).
+    let seqs_per_device = whole_sequences(s.per_device_batch, cp, s.fsdp)?;
+    let sequences = (seqs_per_device * s.fsdp) as f64;
     // The strategy's own rules: what divides what, what each device holds, where each
     // kernel call attends.
     let attention = s.context_parallel();
     attention.check()?;
-    let Some(modelled) = Modelled::of(&s.strategy) else {
+    let Some(modelled) = Modelled::of(&s.strategy, cp) else {
         return Err(SettingError::NotModelled {
             strategy: s.strategy.clone(),
         }
         .into());
+    };
+    // USP's Ulysses all-to-alls run over its Ulysses axes (the context axes before the
+    // ring's, which are the last torus axes).
+    let ulysses_axes = match modelled {
+        Modelled::Ring { ulysses, ring } if ulysses > 1 => {
+            match torus_groups(chip, &[s.fsdp, ulysses, ring]).as_deref() {
+                Some([_, u, _]) => Some(u.clone()),
+                _ => {
+                    return Err(SettingError::UspNotOnTorus {
+                        ulysses,
+                        ring,
+                        chip: chip.name.clone(),
+                        torus: chip.torus.clone(),
+                    }
+                    .into())
+                }
+            }
+        }
+        _ => None,
     };
     let local = attention.local_dims();
     let (heads_local, kv_heads_local) = (local.heads, local.kv_heads);
@@ -548,25 +586,39 @@ pub fn predict_step(
         let h = heads_local * seqs_per_device;
         (blocks.0 * h, blocks.1 * h)
     };
-    let kv_shard_bytes = (seqs_per_device * s.seq_len / cp * kv_heads_local * hd) as f64 * BF16;
+    // The K (or V) each device holds for the ring steps or the all-gather: its tokens (a
+    // ring chunk of `S / ring`: `S / cp` for ring and all-gather, a whole USP ring chunk after
+    // the all-to-all) for the KV heads it keeps.
+    let ring_devices = match modelled {
+        Modelled::Ring { ring, .. } => ring,
+        _ => cp,
+    };
+    let kv_shard_bytes =
+        (seqs_per_device * s.seq_len / ring_devices * kv_heads_local * hd) as f64 * BF16;
+    // The Ulysses all-to-alls of a layer (Ulysses; USP's over its Ulysses axes): their bytes
+    // and exposed seconds. Local inputs: q and out with all heads, k and v with the KV heads
+    // (replicated when fewer than the Ulysses degree), each [seqs, S / cp, heads, D].
+    // Forward q, k, v, out; remat q, k, v; backward dout, dq, dk, dv. Those of q, out, dout
+    // and dq are exposed; k's and v's (dk's and dv's) run behind the q side.
+    let ulysses_all_to_alls = |axes: &Axes| {
+        let tokens_local = seqs_per_device * s.seq_len / cp;
+        let q_bytes = (tokens_local * m.heads * hd) as f64 * BF16;
+        let kv_bytes = (tokens_local * m.kv_heads * attention.kv_replication() * hd) as f64 * BF16;
+        let qkv = q_bytes + 2.0 * kv_bytes;
+        let remat = if s.remat_attention { 1.0 } else { 0.0 };
+        let bytes = qkv + q_bytes + remat * qkv + q_bytes + qkv;
+        let q_s = axes.all_to_all_s(q_bytes, link);
+        let kv_s = axes.all_to_all_s(2.0 * kv_bytes, link);
+        let layer_s = (4.0 + remat) * q_s
+            + (1.0 + remat) * exposed(kv_s, behind_fwd)
+            + exposed(kv_s, behind_bwd);
+        (bytes, layer_s)
+    };
     let (blocks_fwd, blocks_bwd, attn_layer_s, context_layer_s, context_bytes) = match modelled {
         Modelled::Ulysses => {
             let (f, bw) = per_seq(step_blocks(b, &calls[0], 0, lens)?);
             let attn = (fwd_passes * f as f64 * fwd_block + bw as f64 * bwd_block) / attn_rate;
-            // Local inputs of the all-to-alls: q and out with all heads, k and v with the KV
-            // heads, each [seqs, S / cp, heads, D].
-            let q_bytes = (seqs_per_device * s.seq_len / cp * m.heads * hd) as f64 * BF16;
-            let kv_bytes = (seqs_per_device * s.seq_len / cp * m.kv_heads * hd) as f64 * BF16;
-            let qkv = q_bytes + 2.0 * kv_bytes;
-            // Forward q, k, v, out; remat q, k, v; backward dout, dq, dk, dv. Those of q, out,
-            // dout and dq are exposed; k's and v's (dk's and dv's) run behind the q side.
-            let remat = if s.remat_attention { 1.0 } else { 0.0 };
-            let bytes = qkv + q_bytes + remat * qkv + q_bytes + qkv;
-            let q_s = cp_axes.all_to_all_s(q_bytes, link);
-            let kv_s = cp_axes.all_to_all_s(2.0 * kv_bytes, link);
-            let layer_s = (4.0 + remat) * q_s
-                + (1.0 + remat) * exposed(kv_s, behind_fwd)
-                + exposed(kv_s, behind_bwd);
+            let (bytes, layer_s) = ulysses_all_to_alls(&cp_axes);
             (f, bw, attn, layer_s, bytes)
         }
         Modelled::AllGather => {
@@ -590,9 +642,9 @@ pub fn predict_step(
                 (fwd_passes + 1.0) * full,
             )
         }
-        Modelled::Ring => {
+        Modelled::Ring { ring, .. } => {
             // Forward steps move K and V; backward steps move K, V, dK and dV.
-            let kv_permute = if cp > 1 {
+            let kv_permute = if ring > 1 {
                 2.0 * kv_shard_bytes / link
             } else {
                 0.0
@@ -601,7 +653,7 @@ pub fn predict_step(
             let (mut fwd_blocks, mut bwd_blocks) = (0, 0);
             for (t, calls) in calls.iter().enumerate() {
                 let mut step = (0, 0);
-                for c in 0..cp {
+                for c in 0..ring {
                     let (f, bw) = per_seq(step_blocks(b, calls, c, lens)?);
                     step = (step.0.max(f), step.1.max(bw));
                 }
@@ -611,13 +663,19 @@ pub fn predict_step(
                 let bw = step.1 as f64 * bwd_block / attn_rate;
                 fwd_s += f;
                 bwd_s += bw;
-                if t + 1 < cp {
+                if t + 1 < ring {
                     exposed +=
                         fwd_passes * (kv_permute - f).max(0.0) + (2.0 * kv_permute - bw).max(0.0);
                 }
             }
-            let permutes = cp.saturating_sub(1) as f64;
-            let bytes = permutes * 2.0 * kv_shard_bytes * (fwd_passes + 2.0);
+            let permutes = ring.saturating_sub(1) as f64;
+            let mut bytes = permutes * 2.0 * kv_shard_bytes * (fwd_passes + 2.0);
+            // USP: the Ulysses all-to-alls around the ring.
+            if let Some(axes) = &ulysses_axes {
+                let (a2a_bytes, a2a_s) = ulysses_all_to_alls(axes);
+                bytes += a2a_bytes;
+                exposed += a2a_s;
+            }
             (
                 fwd_blocks,
                 bwd_blocks,

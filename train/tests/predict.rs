@@ -2,7 +2,7 @@
 //! sanity, and the origin PR's cells beside the model's predictions.
 
 use tessera_dsl::{DType, KernelRules};
-use tessera_parallel::strategy::{AllGather, Ring, Ulysses};
+use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::Strategy;
 use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets, ShardedSplash, SplashAttention};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
@@ -344,6 +344,95 @@ fn origin_pr_cells_beside_the_model() {
                 p.to_json()
             );
             assert!((100.0 * p.predicted_mfu - mfu).abs() < 10.0);
+        }
+    }
+}
+
+/// USP is ring attention over its ring axis after Ulysses' all-to-alls over its Ulysses
+/// axis: with one of the degrees 1 it predicts exactly the other strategy; with both above 1
+/// its collectives are the ring's permutes (on chunks of `S / R` with `H / U` heads) plus the
+/// all-to-alls.
+#[test]
+fn usp_is_ring_after_ulysses() {
+    let chip = small_chip(vec![2, 2, 2]);
+    let setup = |strategy: Strategy| StepSetup {
+        context: 4,
+        ..tiny(strategy)
+    };
+    let usp = |ulysses, ring| Strategy::from(Usp { ulysses, ring });
+    let ring = predict(&setup(Strategy::from(Ring)), &chip);
+    assert_eq!(predict(&setup(usp(1, 4)), &chip), ring);
+    let ulysses = predict(&setup(Strategy::from(Ulysses)), &chip);
+    assert_eq!(predict(&setup(usp(4, 1)), &chip), ulysses);
+    let both = predict(&setup(usp(2, 2)), &chip);
+    // 4 sequences per fsdp shard, 256 tokens, tiny's 4 KV heads of 16 dims: the ring moves
+    // K and V chunks of 128 tokens with 2 KV heads, once per remat forward pass and forward,
+    // twice (with dK, dV) in the backward, over 1 permute.
+    let kv_chunk = (4 * 128 * 2 * 16) as f64 * 2.0;
+    let ring_bytes = 2.0 * kv_chunk * 4.0;
+    // The all-to-alls' local inputs: 64 tokens per device, q and out with 8 heads, k and v
+    // with 4: forward q k v out, remat q k v, backward dout dq dk dv.
+    let q = (4 * 64 * 8 * 16) as f64 * 2.0;
+    let kv = (4 * 64 * 4 * 16) as f64 * 2.0;
+    let qkv = q + 2.0 * kv;
+    let a2a_bytes = 3.0 * qkv + 2.0 * q;
+    assert_eq!(both.counts.context_bytes_per_layer, ring_bytes + a2a_bytes);
+    assert!(both.breakdown.context_collectives_s > 0.0);
+    // Its attention is ring's over 2 devices on 4 of the 8 heads: half the heads of a ring
+    // over the same 2-device chunks.
+    assert!(both.counts.attention_flops > 0.0);
+    let e = predict_step(&setup(usp(4, 1)), &small_chip(vec![8, 1]), EFF);
+    assert!(e.is_err());
+    let e = predict_step(
+        &StepSetup {
+            fsdp: 1,
+            context: 8,
+            per_device_batch: 0.5,
+            ..tiny(usp(4, 2))
+        },
+        &small_chip(vec![2, 4]),
+        EFF,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("usp:4x2 does not map onto whole axes of the"),
+        "{e}"
+    );
+}
+
+/// The USP runs the model will be held against: llama3.1-8b on v5p-128 (4x4x4), context 64
+/// over every chip, global batch 1 (`per_device_batch_size` 1/64), bf16, 64K to 256K tokens;
+/// printed (`-- --nocapture`) for both ways of putting USP's degrees on whole torus axes.
+#[test]
+fn usp_predictions_for_one_sequence_on_64_chips() {
+    let chip = Chip::v5p([4, 4, 4]);
+    for seq in [65_536, 131_072, 262_144] {
+        for (ulysses, ring) in [(16, 4), (4, 16)] {
+            let setup = StepSetup {
+                model: ModelConfig::llama3_1_8b(),
+                seq_len: seq,
+                per_device_batch: 1.0 / 64.0,
+                fsdp: 1,
+                context: 64,
+                strategy: Strategy::from(Usp { ulysses, ring }),
+                load_balance: false,
+                blocks: BlockSizes::uniform(1024, 1024).with_fused_bwd(true),
+                remat_attention: true,
+            };
+            let p = predict(&setup, &chip);
+            let b = &p.breakdown;
+            eprintln!(
+                "usp:{ulysses}x{ring} S={seq}: {:.3} s, MFU {:.1}% (matmuls {:.3} s, attention \
+                 {:.3} s, context collectives {:.3} s)",
+                p.predicted_step_s,
+                100.0 * p.predicted_mfu,
+                b.compute_matmul_s,
+                b.compute_attention_s,
+                b.context_collectives_s
+            );
+            assert!(p.predicted_step_s > 0.0 && p.predicted_mfu < 1.0);
+            assert!(b.context_collectives_s > 0.0);
         }
     }
 }

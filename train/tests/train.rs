@@ -101,7 +101,7 @@ fn every_strategy_trains_to_the_same_losses_as_all_gather() {
     // collectives.
     let mut single = micro();
     single.ici_context_parallelism = 1;
-    single.per_device_batch_size = 4;
+    single.per_device_batch_size = 4.0;
     cases.push(("one device", single));
     for (name, cfg) in cases {
         let got = losses(&run(cfg, steps));
@@ -263,6 +263,77 @@ fn fsdp_shards_the_state_and_resumes_exactly() {
     let mut resumed = Trainer::resume(cfg.clone(), &path, Platform::Cpu).unwrap();
     assert_eq!(resumed.state_on_host().unwrap(), saved);
     assert_continues(&mut resumed, &uninterrupted[3..]);
+}
+
+/// MaxText's fractional `per_device_batch_size`: 0.25 on 4 context devices is one sequence a
+/// step, split over the context axis; it trains as that one sequence does on one device.
+#[test]
+fn a_fractional_per_device_batch_trains_one_sequence_over_the_context_axis() {
+    let _serial = serial();
+    let mut split = micro();
+    split.per_device_batch_size = 0.25;
+    split.validate().unwrap();
+    assert_eq!((split.global_batch(), split.sequences_per_shard()), (1, 1));
+    let mut single = micro();
+    single.ici_context_parallelism = 1;
+    single.per_device_batch_size = 1.0;
+    assert_eq!(single.global_batch(), 1);
+    let (got, expected) = (losses(&run(split, 2)), losses(&run(single, 2)));
+    let diff = max_diff(&got, &expected);
+    assert!(diff <= 1e-3, "{got:?} vs one device {expected:?}");
+}
+
+/// A fraction of a sequence per device is accepted when the context axis covers it (each
+/// batch shard gets whole sequences), refused otherwise with one sentence.
+#[test]
+fn fractional_batches_are_accepted_only_in_whole_sequences_per_shard() {
+    let accepted: [(f64, usize, usize, usize); 4] = [
+        // (per device, data, context, global batch)
+        (0.25, 1, 4, 1),
+        (0.5, 2, 2, 2),
+        (0.75, 1, 4, 3),
+        (2.0, 2, 2, 8),
+    ];
+    for (per_device, data, context, global) in accepted {
+        let mut cfg = micro();
+        cfg.per_device_batch_size = per_device;
+        cfg.ici_data_parallelism = data;
+        cfg.ici_context_parallelism = context;
+        cfg.validate()
+            .unwrap_or_else(|e| panic!("{per_device} on {data}x{context}: {e}"));
+        assert_eq!(
+            cfg.global_batch(),
+            global,
+            "{per_device} on {data}x{context}"
+        );
+    }
+    let refused: [(f64, usize, usize, &str); 4] = [
+        (
+            0.1,
+            1,
+            4,
+            "per_device_batch_size = 0.1 x the context degree 4 gives each of the 1 batch \
+             shards 0.4 sequences; the context devices split one sequence, but a batch shard \
+             needs whole sequences: use a multiple of 0.25 (1 / the context degree)",
+        ),
+        (0.25, 2, 2, "each of the 2 batch shards 0.5 sequences"),
+        (
+            0.0,
+            1,
+            4,
+            "per_device_batch_size = 0 is not a positive number",
+        ),
+        (f64::NAN, 1, 4, "is not a positive number"),
+    ];
+    for (per_device, data, context, expected) in refused {
+        let mut cfg = micro();
+        cfg.per_device_batch_size = per_device;
+        cfg.ici_data_parallelism = data;
+        cfg.ici_context_parallelism = context;
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains(expected), "{err}\n  expected: {expected}");
+        assert!(!err.contains('\n'), "one sentence: {err}");
+    }
 }
 
 /// A change to a valid configuration.

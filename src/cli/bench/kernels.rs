@@ -14,7 +14,7 @@ use tessera::splash::{
     dense_program, BlockSizes, Dims, Mask, Pass, SplashAttention, SplashOptions,
 };
 
-use super::timing::{peak_program, time_all, Timed};
+use super::timing::{peak_program, peak_spread_line, time_all, Timed};
 
 /// Arguments of `tessera bench kernels`.
 #[derive(clap::Args, Debug, Clone)]
@@ -163,6 +163,9 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
          interleaved, one process)",
         a.reps
     );
+    for p in &programs[..2] {
+        outln!("the peak, {}", peak_spread_line(p));
+    }
     let width = rows.iter().map(|r| r.config.len()).max().unwrap_or(0);
     outln!(
         "{:<24} {:<width$} {:>9} {:>9} {:>6} {:>9} {:>8}",
@@ -196,9 +199,12 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
         ));
     }
     outln!(
-        "{{\"matmul_peak_gflops\":{:.2},\"matmul_peak_bf16_gflops\":{:.2},{}}}",
+        "{{\"matmul_peak_gflops\":{:.2},\"matmul_peak_bf16_gflops\":{:.2},\
+         \"matmul_peak_spread\":{:.3},\"matmul_peak_bf16_spread\":{:.3},{}}}",
         peak[&DType::F32],
         peak[&DType::BF16],
+        programs[0].spread(),
+        programs[1].spread(),
         json.join(",")
     );
     Ok(())

@@ -2,7 +2,9 @@
 //! device, then all run in turn, repetition after repetition (interleaved, so a change in the
 //! machine's load hits every program alike), after one warm-up run; the best time counts.
 //! XLA's own large square dot runs among them: the machine's matmul peak, measured under the
-//! same conditions as the kernels it is compared with.
+//! same conditions as the kernels it is compared with. It brackets the work: in every
+//! repetition it runs before and after the other programs, and every timed run is kept, so
+//! the report can say how far the peak moved while the work ran ([`Timed::spread`]).
 
 use std::time::Instant;
 
@@ -26,6 +28,10 @@ pub struct Timed {
     /// memory that program released: measured +50% for XLA's 2048^3 dot after dense
     /// attention's 1.6 GB).
     pub runs_per_rep: usize,
+    /// Runs before and after the other programs in every repetition (the matmul peak).
+    pub bracket: bool,
+    /// Seconds of every timed run.
+    pub times: Vec<f64>,
     exe: LoadedExecutable,
     inputs: Vec<Buffer>,
 }
@@ -56,6 +62,8 @@ impl Timed {
             best_s: f64::INFINITY,
             best_cpu_s: f64::NAN,
             runs_per_rep: 1,
+            bracket: false,
+            times: Vec::new(),
             exe,
             inputs,
         })
@@ -79,28 +87,68 @@ impl Timed {
     pub fn gflops(&self) -> f64 {
         self.flops / self.best_s / 1e9
     }
+
+    /// The slowest timed run over the best: how far the program's speed moved during the
+    /// timing (1 when it held still; NaN before [`time_all`]).
+    pub fn spread(&self) -> f64 {
+        let worst = self.times.iter().copied().fold(f64::NAN, f64::max);
+        worst / self.best_s
+    }
+
+    /// GFLOP/s of the slowest timed run.
+    pub fn worst_gflops(&self) -> f64 {
+        self.gflops() / self.spread()
+    }
+
+    /// Runs `runs_per_rep` times, keeping the times when `timed`; returns the outputs of
+    /// the last run.
+    fn run_rep(&mut self, timed: bool) -> Result<Vec<Buffer>> {
+        let mut outputs = Vec::new();
+        for _ in 0..self.runs_per_rep {
+            let (secs, cpu, outs) = self.run()?;
+            if timed {
+                self.times.push(secs);
+                if secs < self.best_s {
+                    self.best_s = secs;
+                    self.best_cpu_s = cpu;
+                }
+            }
+            outputs = outs;
+        }
+        Ok(outputs)
+    }
 }
 
-/// Runs every program `reps + 1` times, interleaved (run 0 warms up); sets each best time
+/// Runs every program `reps + 1` times, interleaved (run 0 warms up), the bracketing ones
+/// ([`Timed::bracket`]) before and after the others in every repetition; sets each best time
 /// and returns each program's outputs of its last run.
 pub fn time_all(programs: &mut [Timed], reps: usize) -> Result<Vec<Vec<Buffer>>> {
-    let mut last = Vec::new();
+    let mut last: Vec<Vec<Buffer>> = programs.iter().map(|_| Vec::new()).collect();
+    let order: Vec<usize> = {
+        let (around, work): (Vec<usize>, Vec<usize>) =
+            (0..programs.len()).partition(|&i| programs[i].bracket);
+        around.iter().chain(&work).chain(&around).copied().collect()
+    };
     for rep in 0..=reps {
-        last.clear();
-        for p in programs.iter_mut() {
-            let mut outputs = Vec::new();
-            for _ in 0..p.runs_per_rep {
-                let (secs, cpu, outs) = p.run()?;
-                if rep > 0 && secs < p.best_s {
-                    p.best_s = secs;
-                    p.best_cpu_s = cpu;
-                }
-                outputs = outs;
-            }
-            last.push(outputs);
+        for &i in &order {
+            last[i] = programs[i].run_rep(rep > 0)?;
         }
     }
     Ok(last)
+}
+
+/// One line on how far the peak `p` moved while the work ran (its runs before and after the
+/// work, every repetition).
+pub fn peak_spread_line(p: &Timed) -> String {
+    format!(
+        "{}: best {:.1} GFLOP/s, slowest {:.1} GFLOP/s over {} runs before and after the work \
+         (spread {:.2}x)",
+        p.name,
+        p.gflops(),
+        p.worst_gflops(),
+        p.times.len(),
+        p.spread()
+    )
 }
 
 /// XLA's matmul peak for `dtype`: its own `n x n x n` dot, ready to time.
@@ -118,6 +166,7 @@ pub fn peak_program(client: &Client, n: usize, dtype: DType) -> Result<Timed> {
     )?;
     // Short: run twice per repetition, so one run follows a run of itself.
     p.runs_per_rep = 2;
+    p.bracket = true;
     Ok(p)
 }
 
