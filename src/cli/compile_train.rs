@@ -4,7 +4,6 @@
 //! (`tessera_train::predict`).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -14,6 +13,8 @@ use tessera::tpu::{CompileReport, TpuTopology};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
 use tessera_train::{train_step_program, TrainConfig};
 
+use super::compile::{compile_and_commit, stage_emits, CompileArgs};
+use super::outputs::Outputs;
 use super::train_flags::{flag_error, ModelFlags, StepFlags};
 
 /// Arguments of `tessera compile train` (MaxText's flag names).
@@ -33,11 +34,25 @@ pub struct CompileTrainArgs {
     pub no_step_estimate: bool,
 }
 
-/// The validated config of `a`, its attention kernels for `kernels` (a TPU target).
-pub fn train_config(a: &CompileTrainArgs, kernels: &Lowering) -> Result<TrainConfig> {
+/// The validated config of `a`, its attention kernels for `kernels` (a TPU target),
+/// refused before anything is built when one device of it cannot fit a chip of `target`'s
+/// HBM ([`tessera_train::memory::check_fits`]).
+pub fn train_config(
+    a: &CompileTrainArgs,
+    kernels: &Lowering,
+    target: &TpuTopology,
+) -> Result<TrainConfig> {
     let model = a.model.model().map_err(|e| anyhow!(e))?;
     let mut cfg = a.step.config(model).map_err(|e| anyhow!(e))?;
     cfg.target = kernels.clone();
+    let chip = target.chip();
+    tessera_train::memory::check_fits(
+        &cfg,
+        1,
+        chip.hbm_bytes as f64,
+        &format!("one {} chip's HBM", chip.name),
+    )
+    .map_err(|e| anyhow!(e.describe(&super::train_flags::MaxTextFlags)))?;
     cfg.validate().map_err(|e| anyhow!(flag_error(&e)))?;
     Ok(cfg)
 }
@@ -47,10 +62,10 @@ pub fn compile_train(
     a: &CompileTrainArgs,
     target: &TpuTopology,
     kernels: &Lowering,
-    emit_stablehlo: Option<&Path>,
-    emit_mosaic: Option<&Path>,
+    args: &CompileArgs,
+    mut outputs: Outputs,
 ) -> Result<()> {
-    let cfg = train_config(a, kernels)?;
+    let cfg = train_config(a, kernels, target)?;
     let devices = target.device_count()?;
     if cfg.devices() != devices {
         let (flag, degree) = if cfg.fsdp() {
@@ -67,14 +82,8 @@ pub fn compile_train(
         );
     }
     let (_, program) = train_step_program(&cfg).map_err(|e| anyhow!(flag_error(&e)))?;
-    if let Some(path) = emit_stablehlo {
-        std::fs::write(path, program.to_mlir())
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(dir) = emit_mosaic {
-        super::compile::emit_mosaic(dir, program.module())?;
-    }
-    let report = target.compile(program.module())?;
+    stage_emits(args, &mut outputs, program.module())?;
+    let report = compile_and_commit(target, program.module(), outputs)?;
     let mut collectives = collective_bytes(program.collectives());
     // The gradients (and the loss) are summed in f32 all-reduces that the step builds outside
     // the typed collectives, so they are not in their list. A gradient held whole on every
