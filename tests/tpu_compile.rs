@@ -232,6 +232,8 @@ fn a_tpu_program_does_not_run_on_the_cpu() {
 #[test]
 fn cli_compiles_attention_and_prints_json_last() {
     let dir = std::env::temp_dir().join(format!("tessera-compile-{}", std::process::id()));
+    // An output's directory must exist (the Mosaic one is created, its parent must exist).
+    std::fs::create_dir_all(&dir).unwrap();
     let hlo = dir.join("fwd.mlir");
     let (ok, stdout, stderr) = tessera(&[
         "compile",
