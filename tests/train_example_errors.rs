@@ -4,27 +4,13 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{assert_refused, Dir};
+use common::{assert_refused, train_example, Dir};
 use tessera_train::checkpoint::{self, Checkpoint, Schedule};
 use tessera_train::model::param_specs;
 use tessera_train::{ModelConfig, TrainConfig};
-
-/// The train example's binary, which `cargo test` builds with the tests (beside them in
-/// `target/<profile>/examples`).
-fn train_example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(Path::parent).unwrap();
-    let path = profile.join("examples").join("train");
-    assert!(
-        path.is_file(),
-        "{} is not built; `cargo test` builds it (or `cargo build --example train`)",
-        path.display()
-    );
-    path
-}
 
 /// Runs the example in `dir` with `args` (on cpu, the default).
 fn train(dir: &Dir, args: &[&str]) -> Output {
@@ -41,29 +27,25 @@ fn train(dir: &Dir, args: &[&str]) -> Output {
 /// before, with the same contents.
 #[track_caller]
 fn refused(dir: &Dir, args: &[&str], want: &str) {
-    let before: Vec<(String, Vec<u8>)> = dir
-        .files()
-        .into_iter()
-        .map(|f| {
-            let bytes = std::fs::read(dir.0.join(&f)).unwrap_or_default();
-            (f, bytes)
-        })
-        .collect();
+    let before = contents(dir);
     let out = train(dir, args);
     assert_refused(&format!("{args:?}"), &out, want);
-    let after: Vec<(String, Vec<u8>)> = dir
-        .files()
-        .into_iter()
-        .map(|f| {
-            let bytes = std::fs::read(dir.0.join(&f)).unwrap_or_default();
-            (f, bytes)
-        })
-        .collect();
     assert!(
-        before == after,
+        contents(dir) == before,
         "{args:?} changed the files: {:?}",
         dir.files()
     );
+}
+
+/// Every file of `dir` with its bytes.
+fn contents(dir: &Dir) -> Vec<(String, Vec<u8>)> {
+    dir.files()
+        .into_iter()
+        .map(|f| {
+            let bytes = std::fs::read(dir.0.join(&f)).unwrap_or_default();
+            (f, bytes)
+        })
+        .collect()
 }
 
 /// The example's run with `--steps steps` and its other defaults (tiny, seed 0).

@@ -134,6 +134,25 @@ pub struct Outputs {
     staged: Vec<Staged>,
 }
 
+/// The directory `path` (named by `label`) goes in, canonicalised; it must exist.
+fn parent(label: &str, path: &Path) -> Result<PathBuf> {
+    let shown = path.display();
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("{label} {shown}: {} is not a directory", dir.display()),
+        Err(_) => bail!(
+            "{label} {shown}: the directory {} does not exist; create it first",
+            dir.display()
+        ),
+    }
+    dir.canonicalize()
+        .with_context(|| format!("{label} {shown}: cannot resolve {}", dir.display()))
+}
+
 /// Where the directory output `path` would be: its parent canonicalised, and its name.
 fn dir_identity(label: &str, path: &Path) -> Result<(PathBuf, PathBuf)> {
     let shown = path.display();
@@ -153,22 +172,7 @@ fn dir_identity(label: &str, path: &Path) -> Result<(PathBuf, PathBuf)> {
     let Some(name) = path.file_name() else {
         bail!("{label} {shown} names no directory; give a directory path");
     };
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => bail!("{label} {shown}: {} is not a directory", dir.display()),
-        Err(_) => bail!(
-            "{label} {shown}: the directory {} does not exist; create it first",
-            dir.display()
-        ),
-    }
-    let dir = dir
-        .canonicalize()
-        .with_context(|| format!("{label} {shown}: cannot resolve {}", dir.display()))?;
-    Ok((dir, PathBuf::from(name)))
+    Ok((parent(label, path)?, PathBuf::from(name)))
 }
 
 /// Where `path` would be, independent of how it is spelled: its directory canonicalised,
@@ -192,22 +196,7 @@ fn identity(label: &str, path: &Path) -> Result<(PathBuf, PathBuf)> {
         }
         _ => {}
     }
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    match std::fs::metadata(dir) {
-        Ok(m) if m.is_dir() => {}
-        Ok(_) => bail!("{label} {shown}: {} is not a directory", dir.display()),
-        Err(_) => bail!(
-            "{label} {shown}: the directory {} does not exist; create it first",
-            dir.display()
-        ),
-    }
-    let dir = dir
-        .canonicalize()
-        .with_context(|| format!("{label} {shown}: cannot resolve {}", dir.display()))?;
-    Ok((dir, PathBuf::from(name)))
+    Ok((parent(label, path)?, PathBuf::from(name)))
 }
 
 impl Outputs {

@@ -137,3 +137,17 @@ pub fn assert_refused(what: &str, out: &Output, want: &str) {
     assert!(lines[0].starts_with("error: "), "{what}: {stderr}");
     assert!(stderr.contains(want), "{what}: want `{want}` in\n{stderr}");
 }
+
+/// The train example's binary, which `cargo test` builds with the tests (beside them in
+/// `target/<profile>/examples`).
+pub fn train_example() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(Path::parent).unwrap();
+    let path = profile.join("examples").join("train");
+    assert!(
+        path.is_file(),
+        "{} is not built; `cargo test` builds it (or `cargo build --example train`)",
+        path.display()
+    );
+    path
+}

@@ -4,37 +4,15 @@
 //! a non-finite loss or gradient norm stops training naming the step; the memory estimate
 //! refuses what cannot fit, in arithmetic that cannot overflow.
 
+mod common;
+
+use common::micro;
 use tessera_parallel::LibraryNames;
 use tessera_runtime::Platform;
 use tessera_train::checkpoint::{self, saved_step, Checkpoint, Schedule};
 use tessera_train::memory::{check_fits, estimate};
 use tessera_train::model::param_specs;
-use tessera_train::{ModelConfig, Setting, SettingError, TrainConfig, TrainError, Trainer};
-
-fn micro() -> TrainConfig {
-    let model = ModelConfig {
-        vocab: 32,
-        d_model: 32,
-        layers: 1,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 8,
-        mlp_dim: 64,
-        rope_theta: 10_000.0,
-        norm_eps: 1e-6,
-    };
-    let mut cfg = TrainConfig::new(model);
-    cfg.steps = 5;
-    cfg.max_target_length = 64;
-    cfg.sa_block_q = 16;
-    cfg.sa_block_kv = 16;
-    cfg.sa_block_q_dkv = 16;
-    cfg.sa_block_kv_dkv = 16;
-    cfg.warmup_steps = 1;
-    cfg.learning_rate = 1e-2;
-    cfg.seed = 3;
-    cfg
-}
+use tessera_train::{Setting, SettingError, TrainConfig, TrainError, Trainer};
 
 /// A checkpoint of `cfg` at step 2 whose tensors are `value` everywhere.
 fn checkpoint_of(cfg: &TrainConfig, value: f32) -> Checkpoint {
