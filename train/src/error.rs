@@ -452,8 +452,8 @@ pub enum TrainError {
     /// A step gave a loss or gradient norm that is not a finite number; training stops (the
     /// state after it is not worth keeping).
     #[error(
-        "step {step} gave a non-finite {what} ({value}); training stopped there, with nothing \
-         saved from this run: lower the learning rate, or resume from an earlier checkpoint"
+        "step {step} gave a non-finite {what} ({value}), so training stops there; lower the \
+         learning rate, or resume from an earlier checkpoint"
     )]
     NonFinite {
         step: usize,
