@@ -13,9 +13,14 @@
 //! peak (`--peak-tflops` per device; on cpu by default the machine's measured f32 matmul peak
 //! shared by the devices, elsewhere no MFU without it); `--log-json PATH` writes one JSON
 //! object per step, and the loss curve is drawn as an SVG beside the log at the end.
+//!
+//! Its outputs (`--save`, `--log-json`, `--plot`, `--dump-hlo`) go through the CLI's output
+//! layer (`src/cli/outputs.rs`): every path is checked before anything is built (a missing
+//! directory, a directory, a device or other special file, two outputs or an output and
+//! `--resume` naming one file are refused), each is written to a temporary file beside it,
+//! and all are renamed into place only when the whole run succeeded, so a failing run
+//! (a bad setting, a non-finite loss) leaves no file behind.
 
-use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::Parser;
@@ -29,6 +34,13 @@ use tessera_train::{StepMetrics, TrainConfig, Trainer};
 #[path = "../src/cli/train_flags.rs"]
 mod train_flags;
 use train_flags::{flag_error, ModelFlags, StepFlags};
+// The CLI's output layer; the example uses part of it.
+#[path = "../src/cli/outputs.rs"]
+#[allow(dead_code)]
+mod outputs;
+use outputs::Outputs;
+use tessera_train::checkpoint::saved_step;
+use tessera_train::{SettingError, TrainError};
 
 /// Train a small Llama-style model with context-parallel splash attention (MaxText's flags).
 #[derive(Parser, Debug)]
@@ -89,65 +101,140 @@ fn main() {
     }
 }
 
-fn config(a: &Args) -> Result<TrainConfig, String> {
+/// The run's settings, refused (before anything is built or allocated) when they do not fit
+/// this machine's memory (on cpu; [`check_memory`]) or do not validate.
+fn config(a: &Args, platform: Platform) -> Result<TrainConfig, String> {
     let mut cfg = a.step.config(a.model.model()?)?;
     cfg.steps = a.steps;
     cfg.learning_rate = a.learning_rate;
     cfg.warmup_steps = a.warmup_steps;
     cfg.seed = a.seed;
+    // Before validating: the estimate cannot overflow, and what it lets through has dims
+    // whose products fit.
+    check_memory(&cfg, platform)?;
     cfg.validate().map_err(|e| flag_error(&e))?;
     Ok(cfg)
 }
 
-/// Refuses a model whose training state cannot fit this machine's memory before anything
-/// is allocated: every CPU device holds the f32 parameters, their gradients and both AdamW
-/// moments (16 bytes a parameter). Where `/proc/meminfo` cannot be read, or the devices are
-/// not the CPU's, nothing is checked.
-fn check_memory(a: &Args, cfg: &TrainConfig, platform: Platform) -> Result<(), String> {
+/// Refuses a run that cannot fit this machine's memory before anything is allocated: every
+/// CPU device holds its training state and its tokens' activations
+/// ([`tessera_train::memory::check_fits`]), all in this machine's memory. Where
+/// `/proc/meminfo` cannot be read, or the devices are not the CPU's, nothing is checked.
+fn check_memory(cfg: &TrainConfig, platform: Platform) -> Result<(), String> {
     if platform != Platform::Cpu {
         return Ok(());
     }
     let Some(available) = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
         m.lines()
             .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kib| kib * 1024)
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+            .map(|kib| kib * 1024.0)
     }) else {
         return Ok(());
     };
-    // With fsdp each device holds 1/F of the state (all but the norm scales).
-    let needed =
-        16 * cfg.model.num_params() as u64 * cfg.devices() as u64 / cfg.ici_fsdp_parallelism as u64;
-    if needed > available {
-        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        return Err(format!(
-            "--model {} needs {:.1} GiB for the parameters, gradients and AdamW moments on {} \
-             CPU devices, but this machine has {:.1} GiB available; train tiny or small here, \
-             or compile the step for a TPU slice with `tessera compile --target tpu:...`",
-            a.model.model,
-            gib(needed),
-            cfg.devices(),
-            gib(available)
-        ));
+    // The device count, in f64 too: its factors are not validated yet.
+    let devices = cfg.ici_context_parallelism as f64
+        * cfg.ici_data_parallelism as f64
+        * cfg.ici_fsdp_parallelism as f64;
+    let devices = if devices.is_finite() && devices <= 1e6 {
+        devices as usize
+    } else {
+        usize::MAX
+    };
+    tessera_train::memory::check_fits(cfg, devices, available, "this machine (available memory)")
+        .map(|_| ())
+        .map_err(|e| e.describe(&train_flags::MaxTextFlags))
+}
+
+/// The step to stop at: `--stop-at` (in `1..=--steps`) or `--steps`.
+fn stop_step(a: &Args) -> Result<usize, String> {
+    match a.stop_at {
+        None => Ok(a.steps),
+        Some(stop_at) if (1..=a.steps).contains(&stop_at) => Ok(stop_at),
+        Some(stop_at) => Err(flag_error(&TrainError::from(SettingError::StopAt {
+            stop_at,
+            steps: a.steps,
+        }))),
     }
-    Ok(())
+}
+
+/// Refuses a resume that would train nothing: a checkpoint at or past `--steps` or the step
+/// to stop at (read from its header, before anything is built).
+fn check_resume(a: &Args, stop: usize) -> Result<(), String> {
+    let Some(path) = &a.resume else {
+        return Ok(());
+    };
+    let step = saved_step(path).map_err(|e| flag_error(&e))?;
+    let shown = path.display().to_string();
+    let e = if step >= a.steps {
+        SettingError::ResumeAtEnd {
+            path: shown,
+            step,
+            steps: a.steps,
+        }
+    } else if step >= stop {
+        SettingError::ResumePastStop {
+            path: shown,
+            step,
+            stop_at: stop,
+        }
+    } else {
+        return Ok(());
+    };
+    Err(flag_error(&e.into()))
+}
+
+/// The run's outputs, checked and staged (see the module docs).
+fn outputs(a: &Args, plot: &Path) -> Result<Outputs, String> {
+    let mut files: Vec<(&str, &Path)> = vec![("--plot", plot)];
+    for (flag, path) in [
+        ("--save", &a.save),
+        ("--log-json", &a.log_json),
+        ("--dump-hlo", &a.dump_hlo),
+    ] {
+        if let Some(p) = path {
+            files.push((flag, p));
+        }
+    }
+    let inputs: Vec<(&str, &Path)> = a.resume.iter().map(|p| ("--resume", p.as_path())).collect();
+    Outputs::prepare(&files, &inputs).map_err(|e| format!("{e:#}"))
+}
+
+/// One step's JSON line (a non-finite number, which JSON cannot hold, as null).
+fn json_line(m: &StepMetrics, tflops: f64, mfu: Option<f64>) -> String {
+    serde_json::json!({
+        "step": m.step,
+        "loss": m.loss,
+        "step_time_s": m.step_time_s,
+        "tokens_per_s": m.tokens_per_s,
+        "tflops_per_device": tflops,
+        "mfu": mfu,
+        "grad_norm": m.grad_norm,
+        "learning_rate": m.learning_rate,
+    })
+    .to_string()
 }
 
 fn run(a: &Args) -> Result<(), String> {
-    let cfg = config(a)?;
-    let stop = a.stop_at.unwrap_or(cfg.steps).min(cfg.steps);
-    if let Some(p) = a.peak_tflops.filter(|p| !(p.is_finite() && *p > 0.0)) {
-        return Err(format!("--peak-tflops {p} is not a positive number"));
-    }
-    let devices = cfg.devices();
     let platform = a.backend.platform().ok_or_else(|| {
         "--backend interpret runs kernels alone; the train step is one SPMD program: use \
          --backend cpu, gpu or tpu"
             .to_string()
     })?;
+    let cfg = config(a, platform)?;
+    let stop = stop_step(a)?;
+    if let Some(p) = a.peak_tflops.filter(|p| !(p.is_finite() && *p > 0.0)) {
+        return Err(format!("--peak-tflops {p} is not a positive number"));
+    }
+    let plot = a.plot.clone().unwrap_or_else(|| match &a.log_json {
+        Some(log) => log.with_extension("svg"),
+        None => PathBuf::from("train_loss.svg"),
+    });
+    let mut outputs = outputs(a, &plot)?;
+    check_resume(a, stop)?;
+    let devices = cfg.devices();
     // The devices first: a platform this machine lacks is refused before anything is built.
     platform.client(devices).map_err(|e| e.to_string())?;
-    check_memory(a, &cfg, platform)?;
     println!(
         "model {} ({} parameters), {} {} devices = {} {} x context {}, {}{}, global batch {} \
          x {} tokens, splash blocks q {} kv {}",
@@ -181,10 +268,10 @@ fn run(a: &Args) -> Result<(), String> {
         trainer.step_count(),
         trainer.state_bytes_per_device() as f64 / (1u64 << 20) as f64
     );
-    if let Some(path) = &a.dump_hlo {
-        std::fs::write(path, trainer.program_text())
-            .map_err(|e| format!("--dump-hlo {}: {e}", path.display()))?;
-    }
+    let failed = |e: anyhow::Error| format!("{e:#}");
+    outputs
+        .write_text_if("--dump-hlo", &trainer.program_text())
+        .map_err(failed)?;
     // Per device; none (no MFU) for devices other than this machine's CPU unless given.
     let peak_per_device = match a.peak_tflops {
         Some(t) => Some(t * 1e12),
@@ -204,12 +291,7 @@ fn run(a: &Args) -> Result<(), String> {
         None => "n/a (no --peak-tflops)".to_string(),
     };
     let flops = model_flops_per_step(&cfg);
-    let mut log = match &a.log_json {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::File::create(p).map_err(|e| format!("--log-json {}: {e}", p.display()))?,
-        )),
-        None => None,
-    };
+    let mut log = String::new();
     let first = trainer.step_count();
     let bar = ProgressBar::new((stop - first.min(stop)) as u64);
     bar.set_style(
@@ -220,7 +302,7 @@ fn run(a: &Args) -> Result<(), String> {
     );
     let mut history: Vec<StepMetrics> = Vec::new();
     while trainer.step_count() < stop {
-        let m = trainer.train_step().map_err(|e| e.to_string())?;
+        let m = trainer.train_step().map_err(|e| flag_error(&e))?;
         let tflops = flops / m.step_time_s / devices as f64 / 1e12;
         let mfu = peak_per_device.map(|p| tflops * 1e12 / p);
         let line = format!(
@@ -243,29 +325,12 @@ fn run(a: &Args) -> Result<(), String> {
         }
         bar.inc(1);
         bar.set_message(format!("loss {:.3}", m.loss));
-        if let Some(log) = &mut log {
-            let mut obj = String::new();
-            let _ = write!(
-                obj,
-                "{{\"step\":{},\"loss\":{},\"step_time_s\":{},\"tokens_per_s\":{},\
-                 \"tflops_per_device\":{},\"mfu\":{},\"grad_norm\":{},\"learning_rate\":{}}}",
-                m.step,
-                m.loss,
-                m.step_time_s,
-                m.tokens_per_s,
-                tflops,
-                mfu.map_or("null".to_string(), |m| m.to_string()),
-                m.grad_norm,
-                m.learning_rate
-            );
-            writeln!(log, "{obj}").map_err(|e| format!("--log-json: {e}"))?;
-        }
+        log.push_str(&json_line(&m, tflops, mfu));
+        log.push('\n');
         history.push(m);
     }
     bar.finish_and_clear();
-    if let Some(mut log) = log {
-        log.flush().map_err(|e| format!("--log-json: {e}"))?;
-    }
+    outputs.write_text_if("--log-json", &log).map_err(failed)?;
     if let (Some(f), Some(l)) = (history.first(), history.last()) {
         let times: Vec<f64> = history.iter().skip(1).map(|m| m.step_time_s).collect();
         let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
@@ -281,18 +346,16 @@ fn run(a: &Args) -> Result<(), String> {
             mean
         );
     }
-    if let Some(path) = &a.save {
-        trainer.save(path).map_err(|e| e.to_string())?;
-        println!("saved step {} to {}", trainer.step_count(), path.display());
+    if a.save.is_some() {
+        outputs
+            .write_with("--save", |temp| Ok(trainer.save(temp)?))
+            .map_err(failed)?;
     }
-    if !history.is_empty() {
-        let plot = a.plot.clone().unwrap_or_else(|| match &a.log_json {
-            Some(log) => log.with_extension("svg"),
-            None => PathBuf::from("train_loss.svg"),
-        });
-        draw_loss(&plot, &history, &cfg)?;
-        println!("loss curve: {}", plot.display());
-    }
+    outputs
+        .write_with("--plot", |temp| {
+            draw_loss(temp, &history, &cfg).map_err(|e| anyhow::anyhow!("--plot {e}"))
+        })
+        .map_err(failed)?;
     if a.bench {
         let t = trainer.time_split(3).map_err(|e| e.to_string())?;
         let tflops = flops / t.step_s / devices as f64 / 1e12;
@@ -316,16 +379,23 @@ fn run(a: &Args) -> Result<(), String> {
             ))
         );
     }
+    outputs.commit().map_err(failed)?;
+    if let Some(path) = &a.save {
+        println!("saved step {} to {}", trainer.step_count(), path.display());
+    }
+    println!("loss curve: {}", plot.display());
     Ok(())
 }
 
 /// The loss per step as an SVG line chart.
 fn draw_loss(path: &Path, history: &[StepMetrics], cfg: &TrainConfig) -> Result<(), String> {
-    let err = |e: &dyn std::fmt::Display| format!("plotting {}: {e}", path.display());
+    let err = |e: &dyn std::fmt::Display| format!("plotting: {e}");
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    let (Some(first), Some(last)) = (history.first(), history.last()) else {
+        return Err("no steps to plot".into());
+    };
+    let (first, last) = (first.step as f64, last.step as f64);
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let first = history[0].step as f64;
-    let last = history[history.len() - 1].step as f64;
     let max = history.iter().map(|m| m.loss).fold(0.0, f64::max) * 1.05;
     let mut chart = ChartBuilder::on(&root)
         .caption(

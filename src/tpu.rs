@@ -54,6 +54,62 @@ use tessera_runtime::{Executable, Plugin, Topology};
 /// Topologies libtpu is known to accept, for messages.
 pub const KNOWN_TOPOLOGIES: &str = "v5p:2x2x1, v5p:2x2x2, v5e:2x2, v6e:2x2, v4:2x2x1";
 
+/// A TPU chip family: the slices it comes in and the memories of its chips. The slice
+/// limits are Cloud TPU's (the largest slice of each family: v4 16x16x16 of a 4096-chip pod,
+/// v5p 16x16x24, v5e and v6e 16x16 of a 256-chip pod, on a 2-D torus); VMEM per TensorCore
+/// (what one kernel has) and HBM per chip are JAX's `pltpu.get_tpu_info` figures. libtpu is
+/// handed nothing outside them (it crashes on some, e.g. `v5p:1024x1024x1024`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChipFamily {
+    /// `v4`, `v5p`, `v5e`, `v6e`.
+    pub name: &'static str,
+    /// Dims of its torus (3 or 2).
+    pub dims: usize,
+    /// The largest extent of one dim, and the most chips, of a slice.
+    pub max_dim: usize,
+    pub max_chips: usize,
+    /// VMEM of one TensorCore, bytes.
+    pub vmem_bytes: usize,
+    /// HBM of one chip, bytes.
+    pub hbm_bytes: u64,
+}
+
+/// The families `tessera compile` targets.
+pub const CHIP_FAMILIES: [ChipFamily; 4] = [
+    ChipFamily {
+        name: "v4",
+        dims: 3,
+        max_dim: 16,
+        max_chips: 4096,
+        vmem_bytes: 16 << 20,
+        hbm_bytes: 34_400_000_000,
+    },
+    ChipFamily {
+        name: "v5p",
+        dims: 3,
+        max_dim: 24,
+        max_chips: 6144,
+        vmem_bytes: 64 << 20,
+        hbm_bytes: 103_000_000_000,
+    },
+    ChipFamily {
+        name: "v5e",
+        dims: 2,
+        max_dim: 16,
+        max_chips: 256,
+        vmem_bytes: 128 << 20,
+        hbm_bytes: 17_200_000_000,
+    },
+    ChipFamily {
+        name: "v6e",
+        dims: 2,
+        max_dim: 16,
+        max_chips: 256,
+        vmem_bytes: 128 << 20,
+        hbm_bytes: 34_400_000_000,
+    },
+];
+
 /// Why a program did not compile for TPU.
 #[derive(Debug, thiserror::Error)]
 pub enum TpuCompileError {
@@ -63,6 +119,29 @@ pub enum TpuCompileError {
          {KNOWN_TOPOLOGIES})"
     )]
     Target(String),
+    /// Not a chip family tessera knows the slices of.
+    #[error(
+        "`{family}` is not a TPU chip family tessera compiles for; use v4, v5p, v5e or v6e \
+         (e.g. tpu:v5p:2x2x1)"
+    )]
+    Family { family: String },
+    /// A slice its chip family does not come in.
+    #[error(
+        "{} is not a slice of {}: {} slices are {}-D tori of at most {} chips, each dim at \
+         most {} (e.g. {}:{})",
+        topology,
+        family.name,
+        family.name,
+        family.dims,
+        family.max_chips,
+        family.max_dim,
+        family.name,
+        if family.dims == 3 { "2x2x1" } else { "2x2" }
+    )]
+    Slice {
+        topology: String,
+        family: ChipFamily,
+    },
     /// libtpu could not be provisioned or loaded.
     #[error("cannot load the TPU compiler (libtpu): {0}")]
     Libtpu(RuntimeError),
@@ -138,15 +217,51 @@ pub struct CompileReport {
 }
 
 impl TpuTopology {
-    /// Parses `tpu:TOPOLOGY` (e.g. `tpu:v5p:2x2x1`, `tpu:v5e:2x2`).
+    /// Parses `tpu:FAMILY:AxBxC` (e.g. `tpu:v5p:2x2x1`, `tpu:v5e:2x2`) and checks it against
+    /// what its chip family comes in ([`CHIP_FAMILIES`]): the number of dims, each dim's
+    /// extent and the chips of the slice.
     pub fn parse(target: &str) -> Result<Self, TpuCompileError> {
         let topology = target
             .strip_prefix("tpu:")
             .filter(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || c == ':'))
             .ok_or_else(|| TpuCompileError::Target(target.to_string()))?;
+        let (family, shape) = topology
+            .split_once(':')
+            .ok_or_else(|| TpuCompileError::Target(target.to_string()))?;
+        let chip = CHIP_FAMILIES
+            .iter()
+            .find(|f| f.name == family)
+            .ok_or_else(|| TpuCompileError::Family {
+                family: family.to_string(),
+            })?;
+        let dims: Vec<usize> = shape
+            .split('x')
+            .map(|d| d.parse::<usize>().ok().filter(|&d| d > 0))
+            .collect::<Option<_>>()
+            .ok_or_else(|| TpuCompileError::Target(target.to_string()))?;
+        let chips = dims
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .filter(|&n| n <= chip.max_chips);
+        if dims.len() != chip.dims || dims.iter().any(|&d| d > chip.max_dim) || chips.is_none() {
+            return Err(TpuCompileError::Slice {
+                topology: topology.to_string(),
+                family: *chip,
+            });
+        }
         Ok(TpuTopology {
             topology: topology.to_string(),
         })
+    }
+
+    /// The topology's chip family.
+    pub fn chip(&self) -> ChipFamily {
+        let family = self.topology.split(':').next().unwrap_or_default();
+        // `parse` only makes topologies of a known family.
+        *CHIP_FAMILIES
+            .iter()
+            .find(|f| f.name == family)
+            .unwrap_or(&CHIP_FAMILIES[1])
     }
 
     /// The topology name libtpu gets, e.g. `v5p:2x2x1`.

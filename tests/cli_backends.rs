@@ -8,30 +8,16 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{assert_one_line_error, Dir};
+use common::{assert_one_line_error, train_example, Dir};
 use tessera::dsl::DType;
 use tessera::reference::random;
 
 const NO_TPU: &str = "error: no TPU chips found on this machine (no TPU among the PCI devices \
                       in /sys/bus/pci/devices); the tpu backend runs on a TPU VM";
 const NO_GPU: &str = "error: the gpu backend needs a CUDA PJRT plugin";
-
-/// The train example's binary, which `cargo test` builds with the tests (beside them in
-/// `target/<profile>/examples`).
-fn train_example() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile = exe.parent().and_then(Path::parent).unwrap();
-    let path = profile.join("examples").join("train");
-    assert!(
-        path.is_file(),
-        "{} is not built; `cargo test` builds it (or `cargo build --example train`)",
-        path.display()
-    );
-    path
-}
 
 /// `program` with `args`, without the environment that chooses a GPU plugin or processes.
 fn run(program: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {

@@ -105,11 +105,11 @@ fn attention_checks_every_input_and_output_before_computing() {
         (strings(&["--lse", "/dev/null"]), "is not a regular file"),
         (grads(&f.dout, &dir_slash, &dk, &dv), "names a directory"),
         (grads(&f.dout, &missing_dir, &dk, &dv), "does not exist"),
-        (strings(&["--lse", &out]), "name the same file"),
+        (strings(&["--lse", &out]), "name the same path"),
         (
             // The same file spelled another way.
             strings(&["--lse", &format!("{}/./out.npy", d.0.display())]),
-            "name the same file",
+            "name the same path",
         ),
         (grads(&f.dout, &dq, &dk, &dk), "--dk"),
         (strings(&["--lse", &f.q]), "is also the input --q"),

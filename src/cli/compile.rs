@@ -18,10 +18,11 @@ use tessera::registry;
 use tessera::splash::{
     splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention, SplashOptions,
 };
-use tessera::tpu::{CompileReport, TpuTopology};
+use tessera::tpu::{CompileReport, TpuCompileError, TpuTopology};
 
-use super::attention::{backward_path, AttentionFlags, Partitioning};
+use super::attention::{AttentionFlags, Partitioning};
 use super::compile_train::{compile_train, CompileTrainArgs};
+use super::outputs::{Kind, Outputs};
 use super::{parse_arg, parse_param};
 
 /// Arguments of `tessera compile`.
@@ -30,12 +31,12 @@ pub struct CompileArgs {
     /// The TPU topology to compile for: tpu:v5p:2x2x1, tpu:v5e:2x2, tpu:v6e:2x2, ...
     #[arg(long, global = true, default_value = "tpu:v5p:2x2x1")]
     pub target: String,
-    /// Write each Mosaic kernel's module to DIR/KERNEL.mlir (before compiling, so a program
-    /// the compiler rejects can be read).
+    /// Write each Mosaic kernel's module to DIR/KERNEL.mlir (DIR is created; its parent must
+    /// exist). Written when the compile succeeds, and also when the compiler rejects the
+    /// program, so what it rejected can be read.
     #[arg(long, global = true, value_name = "DIR")]
     pub emit_mosaic: Option<PathBuf>,
-    /// Write the StableHLO program to FILE before compiling it (with --strategy and --pass
-    /// both, the backward's to FILE with `.bwd` before its extension).
+    /// Write the StableHLO program to FILE (written as --emit-mosaic is).
     #[arg(long, global = true, value_name = "FILE")]
     pub emit_stablehlo: Option<PathBuf>,
     /// The scoped VMEM budget every kernel is checked against and compiled with, in MiB
@@ -135,66 +136,98 @@ pub struct CompileAttentionArgs {
     pub load_balance: bool,
 }
 
+/// The VMEM budget `count` units of `unit` bytes (`flag` named it), checked against what
+/// `target`'s chip has, without overflow.
+fn vmem_limit(flag: &str, count: usize, unit: usize, target: &TpuTopology) -> Result<usize> {
+    if count == 0 {
+        bail!("{flag} must be at least 1");
+    }
+    let chip = target.chip();
+    match count.checked_mul(unit) {
+        Some(bytes) if bytes <= chip.vmem_bytes => Ok(bytes),
+        _ => bail!(
+            "{flag} {count} is more than the {} MiB of VMEM a {} TensorCore has; give at \
+             most {}",
+            chip.vmem_bytes >> 20,
+            chip.name,
+            chip.vmem_bytes / unit
+        ),
+    }
+}
+
+/// The emit outputs of `a`, checked (see `super::outputs`) before anything is built.
+fn emit_outputs(a: &CompileArgs) -> Result<Outputs> {
+    let mut outputs: Vec<(&str, &Path, Kind)> = Vec::new();
+    if let Some(dir) = &a.emit_mosaic {
+        outputs.push(("--emit-mosaic", dir, Kind::Dir));
+    }
+    if let Some(file) = &a.emit_stablehlo {
+        outputs.push(("--emit-stablehlo", file, Kind::File));
+    }
+    Outputs::prepare_kinds(&outputs, &[])
+}
+
+/// Stages `program`'s emitted forms in `outputs` (those `a` asks for).
+pub(super) fn stage_emits(a: &CompileArgs, outputs: &mut Outputs, program: &Module) -> Result<()> {
+    if a.emit_mosaic.is_some() {
+        outputs.write_with("--emit-mosaic", |dir| emit_mosaic(dir, program))?;
+    }
+    outputs.write_text_if("--emit-stablehlo", &program.to_mlir())
+}
+
+/// Compiles `program` for `target`; the emitted files are put in place when it compiles,
+/// and also when the compiler rejects it (so what it rejected can be read).
+pub(super) fn compile_and_commit(
+    target: &TpuTopology,
+    program: &Module,
+    outputs: Outputs,
+) -> Result<CompileReport> {
+    match target.compile(program) {
+        Ok(report) => {
+            outputs.commit()?;
+            Ok(report)
+        }
+        Err(e @ TpuCompileError::Compiler { .. }) => {
+            outputs.commit()?;
+            Err(e.into())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Runs `tessera compile`.
 pub fn compile_command(a: &CompileArgs) -> Result<()> {
     let target = TpuTopology::parse(&a.target)?;
     let mut kernels = Lowering::tpu();
     if let Some(mib) = a.vmem_limit_mib {
-        if mib == 0 {
-            bail!("--vmem-limit-mib must be at least 1");
-        }
-        kernels.rules = kernels.rules.with_vmem_limit(mib << 20);
+        let bytes = vmem_limit("--vmem-limit-mib", mib, 1 << 20, &target)?;
+        kernels.rules = kernels.rules.with_vmem_limit(bytes);
     }
-    let programs = match &a.what {
-        CompileWhat::Train(t) => {
-            match (t.vmem_limit_kib, a.vmem_limit_mib) {
-                (Some(_), Some(_)) => {
-                    bail!(
-                        "--vmem-limit-kib and --vmem-limit-mib both set the VMEM budget; give one"
-                    )
-                }
-                (Some(0), None) => bail!("--vmem-limit-kib must be at least 1"),
-                (Some(kib), None) => kernels.rules = kernels.rules.with_vmem_limit(kib << 10),
-                (None, _) => {}
+    if let CompileWhat::Train(t) = &a.what {
+        match (t.vmem_limit_kib, a.vmem_limit_mib) {
+            (Some(_), Some(_)) => {
+                bail!("--vmem-limit-kib and --vmem-limit-mib both set the VMEM budget; give one")
             }
-            return compile_train(
-                t,
-                &target,
-                &kernels,
-                a.emit_stablehlo.as_deref(),
-                a.emit_mosaic.as_deref(),
-            );
+            (Some(kib), None) => {
+                let bytes = vmem_limit("--vmem-limit-kib", kib, 1 << 10, &target)?;
+                kernels.rules = kernels.rules.with_vmem_limit(bytes);
+            }
+            (None, _) => {}
         }
-        CompileWhat::Attention(x) => attention_programs(x, &kernels)?,
-        CompileWhat::Kernel { name, params, args } => {
-            vec![kernel_program(name, params, args, &kernels)?]
-        }
+    }
+    let mut outputs = emit_outputs(a)?;
+    let program = match &a.what {
+        CompileWhat::Train(t) => return compile_train(t, &target, &kernels, a, outputs),
+        CompileWhat::Attention(x) => attention_program(x, &kernels)?,
+        CompileWhat::Kernel { name, params, args } => kernel_program(name, params, args, &kernels)?,
     };
-    for (i, program) in programs.iter().enumerate() {
-        if let Some(dir) = &a.emit_mosaic {
-            emit_mosaic(dir, program)?;
-        }
-        if let Some(path) = &a.emit_stablehlo {
-            let path = if i == 0 {
-                path.clone()
-            } else {
-                backward_path(path)
-            };
-            write_text(&path, &program.to_mlir())?;
-        }
+    stage_emits(a, &mut outputs, &program)?;
+    let report = compile_and_commit(&target, &program, outputs)?;
+    print_summary(&program, &report);
+    for c in report.kernel_costs.iter().flatten() {
+        outln!("{}", c.table());
     }
-    let mut reports = Vec::new();
-    for program in &programs {
-        let report = target.compile(program)?;
-        print_summary(program, &report);
-        for c in report.kernel_costs.iter().flatten() {
-            outln!("{}", c.table());
-        }
-        reports.push(report);
-    }
-    for r in &reports {
-        outln!("{}", r.to_json());
-    }
+    outln!("{}", report.to_json());
     Ok(())
 }
 
@@ -229,7 +262,7 @@ fn print_summary(program: &Module, r: &CompileReport) {
     outln!();
 }
 
-fn attention_programs(a: &CompileAttentionArgs, target: &Lowering) -> Result<Vec<Module>> {
+fn attention_program(a: &CompileAttentionArgs, target: &Lowering) -> Result<Module> {
     let dims = Dims {
         batch: a.batch,
         heads: a.heads,
@@ -279,7 +312,7 @@ fn attention_programs(a: &CompileAttentionArgs, target: &Lowering) -> Result<Vec
             PassArg::Backward => Pass::Backward,
             PassArg::Both => Pass::ForwardBackward,
         };
-        return Ok(vec![splash_program(&attn, pass, features)?]);
+        return Ok(splash_program(&attn, pass, features)?);
     };
     let cp = ContextParallel {
         dims,
@@ -299,7 +332,7 @@ fn attention_programs(a: &CompileAttentionArgs, target: &Lowering) -> Result<Vec
         PassArg::Forward => cp.forward_program(a.segment_ids)?,
         PassArg::Backward | PassArg::Both => cp.forward_backward_program(a.segment_ids)?,
     };
-    Ok(vec![program.module().clone()])
+    Ok(program.module().clone())
 }
 
 /// A registered kernel instantiated under the TPU rules, as the only op of a one-device
@@ -333,8 +366,7 @@ pub(super) fn kernel_module(
 
 /// Writes every Mosaic kernel of `program` to `dir/KERNEL.mlir` (`KERNEL.N.mlir` for further
 /// kernels of one name).
-pub(super) fn emit_mosaic(dir: &Path, program: &Module) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+fn emit_mosaic(dir: &Path, program: &Module) -> Result<()> {
     let mut written: Vec<String> = Vec::new();
     for (name, text) in program.tpu_kernel_bodies()? {
         let stem: String = name
@@ -353,7 +385,8 @@ pub(super) fn emit_mosaic(dir: &Path, program: &Module) -> Result<()> {
             file = format!("{stem}.{n}.mlir");
             n += 1;
         }
-        write_text(&dir.join(&file), &text)?;
+        let path = dir.join(&file);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
         written.push(file);
     }
     if written.is_empty() {
@@ -363,8 +396,4 @@ pub(super) fn emit_mosaic(dir: &Path, program: &Module) -> Result<()> {
         );
     }
     Ok(())
-}
-
-fn write_text(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }

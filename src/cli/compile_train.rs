@@ -4,7 +4,6 @@
 //! (`tessera_train::predict`).
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
@@ -14,6 +13,8 @@ use tessera::tpu::{CompileReport, TpuTopology};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
 use tessera_train::{train_step_program, TrainConfig};
 
+use super::compile::{compile_and_commit, stage_emits, CompileArgs};
+use super::outputs::Outputs;
 use super::train_flags::{flag_error, ModelFlags, StepDefaults, StepFlags};
 use super::tune::{causal_name, tune_attention, AttentionCase};
 
@@ -38,6 +39,8 @@ pub struct CompileTrainArgs {
 /// MaxText's defaults for what the flags leave unset ([`StepDefaults::MAXTEXT`]: bf16 compute,
 /// load balancing for the strategies that balance), and the `auto` blocks chosen by `tessera
 /// tune`'s search for `target` ([`auto_blocks`]); with what that search chose, when it ran.
+/// Refused before anything is built when one device of it cannot fit a chip of `target`'s
+/// HBM ([`tessera_train::memory::check_fits`]).
 pub fn train_config(
     a: &CompileTrainArgs,
     target: &TpuTopology,
@@ -55,6 +58,14 @@ pub fn train_config(
         .config_with(model, StepDefaults::MAXTEXT, Some(&mut search))
         .map_err(|e| anyhow!(e))?;
     cfg.target = kernels.clone();
+    let chip = target.chip();
+    tessera_train::memory::check_fits(
+        &cfg,
+        1,
+        chip.hbm_bytes as f64,
+        &format!("one {} chip's HBM", chip.name),
+    )
+    .map_err(|e| anyhow!(e.describe(&super::train_flags::MaxTextFlags)))?;
     cfg.validate().map_err(|e| anyhow!(flag_error(&e)))?;
     Ok((cfg, note))
 }
@@ -139,8 +150,8 @@ pub fn compile_train(
     a: &CompileTrainArgs,
     target: &TpuTopology,
     kernels: &Lowering,
-    emit_stablehlo: Option<&Path>,
-    emit_mosaic: Option<&Path>,
+    args: &CompileArgs,
+    mut outputs: Outputs,
 ) -> Result<()> {
     let (cfg, auto_note) = train_config(a, target, kernels)?;
     if let Some(note) = &auto_note {
@@ -162,14 +173,8 @@ pub fn compile_train(
         );
     }
     let (_, program) = train_step_program(&cfg).map_err(|e| anyhow!(flag_error(&e)))?;
-    if let Some(path) = emit_stablehlo {
-        std::fs::write(path, program.to_mlir())
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(dir) = emit_mosaic {
-        super::compile::emit_mosaic(dir, program.module())?;
-    }
-    let report = target.compile(program.module())?;
+    stage_emits(args, &mut outputs, program.module())?;
+    let report = compile_and_commit(target, program.module(), outputs)?;
     let mut collectives = collective_bytes(program.collectives());
     // The gradients (and the loss) are summed in f32 all-reduces that the step builds outside
     // the typed collectives, so they are not in their list. A gradient held whole on every

@@ -145,6 +145,12 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) {
 pub fn report_parse_error(e: clap::Error) -> std::process::ExitCode {
     use clap::error::ErrorKind;
     let code = u8::try_from(e.exit_code()).unwrap_or(2);
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        if let Some(text) = missing_subcommand(&e.render().to_string()) {
+            eprint!("{text}");
+            return std::process::ExitCode::from(code);
+        }
+    }
     if matches!(
         e.kind(),
         ErrorKind::DisplayHelp
@@ -170,6 +176,36 @@ pub fn report_parse_error(e: clap::Error) -> std::process::ExitCode {
     }
     eprintln!("{line} (see --help)");
     std::process::ExitCode::from(code)
+}
+
+/// For a command given without its subcommand (`tessera compile`), one sentence and the
+/// subcommands, from the help clap would print: `error: tessera compile needs a subcommand:`
+/// then one line per subcommand.
+fn missing_subcommand(help: &str) -> Option<String> {
+    let usage = help.lines().find_map(|l| l.strip_prefix("Usage: "))?;
+    let command: Vec<&str> = usage
+        .split_whitespace()
+        .take_while(|w| !w.starts_with('[') && !w.starts_with('<'))
+        .collect();
+    let subcommands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| l.trim() != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter(|l| l.split_whitespace().next() != Some("help"))
+        .collect();
+    if subcommands.is_empty() {
+        return None;
+    }
+    let mut text = format!(
+        "error: `{}` needs a subcommand, one of (see --help):\n",
+        command.join(" ")
+    );
+    for line in subcommands {
+        text.push_str(line);
+        text.push('\n');
+    }
+    Some(text)
 }
 
 /// A count or size that must be at least 1.

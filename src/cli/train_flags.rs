@@ -272,6 +272,8 @@ impl Names for MaxTextFlags {
             "block_kv_dkv" | "block_kv_dq" => "--sa-block-kv-dkv",
             "steps" => "--steps",
             "learning_rate" => "--learning-rate",
+            "warmup_steps" => "--warmup-steps",
+            "stop_at" => "--stop-at",
             "dtype" => "--dtype",
             "seed" => "--seed",
             "resume" => "--resume",

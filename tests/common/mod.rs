@@ -114,3 +114,40 @@ pub fn assert_one_line_error(args: &[String], out: &Output, want: &str) {
         lines[0]
     );
 }
+
+/// Asserts `out` is a refusal as a user should see one: an exit status from 1 to 123 (not a
+/// signal, not a timeout's), no panic or backtrace, at most 6 lines on stderr, the first
+/// `error: ...` and the whole containing `want`.
+pub fn assert_refused(what: &str, out: &Output, want: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let code = out.status.code();
+    assert!(
+        matches!(code, Some(1..=123)),
+        "{what}: exit {code:?}\n{stderr}"
+    );
+    for bad in ["panicked", "backtrace", "RUST_BACKTRACE"] {
+        assert!(!stderr.contains(bad), "{what}: {stderr}");
+    }
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert!(
+        (1..=6).contains(&lines.len()),
+        "{what}: {} lines\n{stderr}",
+        lines.len()
+    );
+    assert!(lines[0].starts_with("error: "), "{what}: {stderr}");
+    assert!(stderr.contains(want), "{what}: want `{want}` in\n{stderr}");
+}
+
+/// The train example's binary, which `cargo test` builds with the tests (beside them in
+/// `target/<profile>/examples`).
+pub fn train_example() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile = exe.parent().and_then(Path::parent).unwrap();
+    let path = profile.join("examples").join("train");
+    assert!(
+        path.is_file(),
+        "{} is not built; `cargo test` builds it (or `cargo build --example train`)",
+        path.display()
+    );
+    path
+}

@@ -1,6 +1,7 @@
 //! Checkpoints as safetensors: every parameter under its name, AdamW's moments as
-//! `adam_mu.NAME` and `adam_nu.NAME` (all f32), and in the metadata the step, the seed and
-//! the model's dims, which a resume checks against its own run.
+//! `adam_mu.NAME` and `adam_nu.NAME` (all f32), and in the metadata the step, the seed, the
+//! model's dims and the learning-rate schedule ([`Schedule`]), which a resume checks against
+//! its own run; a checkpoint holding a non-finite number is refused.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -9,7 +10,56 @@ use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
 use crate::model::ParamSpec;
-use crate::{ModelConfig, SettingError, TrainError};
+use crate::{Setting, SettingError, TrainConfig, TrainError};
+
+/// The learning-rate schedule of a run ([`crate::learning_rate`]): a resume must have the
+/// same one, or its learning rates would jump mid-run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Schedule {
+    /// Steps the cosine spans.
+    pub steps: usize,
+    /// Linear warmup steps.
+    pub warmup_steps: usize,
+    /// The peak learning rate.
+    pub learning_rate: f64,
+    /// The final learning rate as a fraction of the peak.
+    pub final_lr_fraction: f64,
+}
+
+impl Schedule {
+    /// The schedule of `cfg`.
+    pub fn of(cfg: &TrainConfig) -> Self {
+        Schedule {
+            steps: cfg.steps,
+            warmup_steps: cfg.warmup_steps,
+            learning_rate: cfg.learning_rate,
+            final_lr_fraction: cfg.final_lr_fraction,
+        }
+    }
+
+    /// Each setting as the metadata key it is stored under and its value's text (Rust's
+    /// shortest round-trip form for the rates).
+    fn entries(&self) -> [(Setting, &'static str, String); 4] {
+        [
+            (Setting::Steps, "steps", self.steps.to_string()),
+            (
+                Setting::WarmupSteps,
+                "warmup_steps",
+                self.warmup_steps.to_string(),
+            ),
+            (
+                Setting::LearningRate,
+                "learning_rate",
+                self.learning_rate.to_string(),
+            ),
+            (
+                Setting::FinalLrFraction,
+                "final_lr_fraction",
+                self.final_lr_fraction.to_string(),
+            ),
+        ]
+    }
+}
 
 /// What a checkpoint holds.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,6 +70,8 @@ pub struct Checkpoint {
     pub seed: u64,
     /// The model's dims, as `ModelConfig`'s display.
     pub model: String,
+    /// The learning-rate schedule it was trained with.
+    pub schedule: Schedule,
     /// Parameters, then `mu`, then `nu`, each in [`crate::model::param_specs`] order.
     pub tensors: Vec<Vec<f32>>,
 }
@@ -38,9 +90,20 @@ fn names(specs: &[ParamSpec]) -> Vec<String> {
     base.chain(mu).chain(nu).collect()
 }
 
-/// Writes `ck` for the parameters `specs` to `path` (through a temporary file beside it, so
-/// a crash leaves the old checkpoint whole).
+/// Writes `ck` for the parameters `specs` to `path` (through a temporary file beside it,
+/// renamed over `path` once whole, so a crash leaves the old checkpoint whole and no
+/// temporary file). Refuses a `path` that exists and is not a regular file (a directory, a
+/// device such as `/dev/null`, a pipe): renaming over it would replace it.
 pub fn save(path: &Path, specs: &[ParamSpec], ck: &Checkpoint) -> Result<(), TrainError> {
+    if let Ok(m) = std::fs::metadata(path) {
+        if !m.is_file() {
+            return Err(err(
+                path,
+                "it exists and is not a regular file (a directory, a device or a pipe); save \
+                 to a file path",
+            ));
+        }
+    }
     let names = names(specs);
     let shapes = specs
         .iter()
@@ -62,27 +125,64 @@ pub fn save(path: &Path, specs: &[ParamSpec], ck: &Checkpoint) -> Result<(), Tra
                 .map_err(|e| err(path, e.to_string()))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let metadata = HashMap::from([
+    let mut metadata = HashMap::from([
         ("format".to_string(), "tessera-train".to_string()),
         ("step".to_string(), ck.step.to_string()),
         ("seed".to_string(), ck.seed.to_string()),
         ("model".to_string(), ck.model.clone()),
     ]);
+    for (_, key, value) in ck.schedule.entries() {
+        metadata.insert(key.to_string(), value);
+    }
     let data =
         safetensors::serialize(views, Some(metadata)).map_err(|e| err(path, e.to_string()))?;
-    let tmp = path.with_extension("safetensors.tmp");
-    std::fs::write(&tmp, data).map_err(|e| err(path, format!("cannot write: {e}")))?;
-    std::fs::rename(&tmp, path).map_err(|e| err(path, format!("cannot write: {e}")))
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let cannot = |e: std::io::Error| err(path, format!("cannot write: {e}"));
+    // Removed when dropped, so a failed write leaves nothing behind.
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".checkpoint.").suffix(".tmp");
+    // Temporary files are private (0600); the checkpoint gets what a plain create gives
+    // (0666 less the umask).
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let mut tmp = builder.tempfile_in(dir).map_err(cannot)?;
+    std::io::Write::write_all(&mut tmp, &data).map_err(cannot)?;
+    tmp.persist(path).map_err(|e| cannot(e.error))?;
+    Ok(())
 }
 
-/// Reads a checkpoint of the model `model` (parameters `specs`) with the run's `seed`;
-/// fails with what differs when it was written by another model or seed.
-pub fn load(
-    path: &Path,
-    specs: &[ParamSpec],
-    model: &ModelConfig,
-    seed: u64,
-) -> Result<Checkpoint, TrainError> {
+/// The step a checkpoint was saved at, read from its header alone (so a run can refuse a
+/// resume that would train nothing before it builds anything).
+pub fn saved_step(path: &Path) -> Result<usize, TrainError> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
+    let not = |why: String| err(path, format!("not a safetensors file ({why})"));
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| not(e.to_string()))?;
+    let len = u64::from_le_bytes(len);
+    // safetensors' own limit on a header.
+    if len > 100_000_000 {
+        return Err(not(format!("a header of {len} bytes")));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header)
+        .map_err(|e| not(e.to_string()))?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| not(e.to_string()))?;
+    header["__metadata__"]["step"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| err(path, "not a tessera-train checkpoint (no step metadata)"))
+}
+
+/// Reads a checkpoint of `cfg`'s model (parameters `specs`) for a run of `cfg`; fails with
+/// what differs when it was written by another model, seed or schedule, and when it holds a
+/// number that is not finite.
+pub fn load(path: &Path, specs: &[ParamSpec], cfg: &TrainConfig) -> Result<Checkpoint, TrainError> {
+    let (model, seed) = (&cfg.model, cfg.seed);
     let data = std::fs::read(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
     let (_, meta) = SafeTensors::read_metadata(&data)
         .map_err(|e| err(path, format!("not a safetensors file ({e})")))?;
@@ -116,6 +216,19 @@ pub fn load(
         }
         .into());
     }
+    let schedule = Schedule::of(cfg);
+    for (setting, key, run) in schedule.entries() {
+        let saved = get(key)?;
+        if saved != run {
+            return Err(SettingError::CheckpointSchedule {
+                path: path.display().to_string(),
+                setting,
+                saved,
+                run,
+            }
+            .into());
+        }
+    }
     let step: usize = get("step")?.parse().map_err(|_| err(path, "bad step"))?;
     let st = SafeTensors::deserialize(&data).map_err(|e| err(path, e.to_string()))?;
     let shapes = specs.iter().chain(specs).chain(specs).map(|s| &s.shape);
@@ -136,16 +249,28 @@ pub fn load(
                     ),
                 ));
             }
-            Ok(t.data()
+            let values: Vec<f32> = t
+                .data()
                 .chunks_exact(4)
                 .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect())
+                .collect();
+            if let Some(bad) = values.iter().find(|x| !x.is_finite()) {
+                return Err(err(
+                    path,
+                    format!(
+                        "`{name}` holds {bad}, not a finite number; resume from an earlier \
+                         checkpoint"
+                    ),
+                ));
+            }
+            Ok(values)
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Checkpoint {
         step,
         seed,
         model: saved_model,
+        schedule,
         tensors,
     })
 }

@@ -44,6 +44,12 @@ pub enum Setting {
     /// The all-gather matmul in place of fsdp's gathered weight matmuls
     /// (`collective_matmul`).
     CollectiveMatmul,
+    /// Linear warmup steps of the schedule.
+    WarmupSteps,
+    /// The schedule's final learning rate as a fraction of the peak.
+    FinalLrFraction,
+    /// The step a run stops at (the schedule still spans `steps`).
+    StopAt,
 }
 
 impl Setting {
@@ -79,6 +85,9 @@ impl Setting {
             Setting::MlpDim => named("mlp_dim", "mlp_dim"),
             Setting::Seed => named("seed", "seed"),
             Setting::CollectiveMatmul => named("collective_matmul", "collective_matmul"),
+            Setting::WarmupSteps => named("warmup_steps", "warmup_steps"),
+            Setting::FinalLrFraction => named("final_lr_fraction", "final_lr_fraction"),
+            Setting::StopAt => named("stop_at", "stop_at"),
             Setting::Resume => Term {
                 key: "resume",
                 words: "checkpoint",
@@ -151,6 +160,34 @@ pub enum SettingError {
     },
     /// A checkpoint of another seed: the data would not continue where it stopped.
     CheckpointSeed { path: String, saved: u64, seed: u64 },
+    /// A checkpoint saved with another learning-rate schedule (`setting`: steps, warmup
+    /// steps, learning rate or final fraction; values as written in the checkpoint).
+    CheckpointSchedule {
+        path: String,
+        setting: Setting,
+        saved: String,
+        run: String,
+    },
+    /// The step to stop at is not in `1..=steps`.
+    StopAt { stop_at: usize, steps: usize },
+    /// The checkpoint resumed from is already at or past the step to stop at.
+    ResumePastStop {
+        path: String,
+        step: usize,
+        stop_at: usize,
+    },
+    /// The step does not fit in memory (`needed` = `state` + `activations`, bytes of
+    /// `devices` devices together; `place` holds `available` bytes).
+    Memory {
+        needed: f64,
+        state: f64,
+        activations: f64,
+        devices: usize,
+        available: f64,
+        place: String,
+        per_device_batch_size: f64,
+        seq_len: usize,
+    },
     /// Not a TPU slice the step-time model knows.
     NotASlice { text: String },
     /// The mesh's devices are not the slice's chips.
@@ -299,6 +336,60 @@ impl SettingError {
                 t(Setting::Seed).value(names, seed),
                 t(Setting::Seed).value(names, saved)
             ),
+            SettingError::CheckpointSchedule {
+                path,
+                setting,
+                saved,
+                run,
+            } => format!(
+                "checkpoint {path}: it was saved with {}, this run has {}; the learning-rate \
+                 schedule would change mid-run, resume with {}",
+                t(*setting).value(names, saved),
+                t(*setting).value(names, run),
+                t(*setting).value(names, saved)
+            ),
+            SettingError::StopAt { stop_at, steps } => format!(
+                "{} is outside 1..={steps} ({}); stop at a step the run has",
+                t(Setting::StopAt).value(names, stop_at),
+                t(Setting::Steps).value(names, steps)
+            ),
+            SettingError::ResumePastStop {
+                path,
+                step,
+                stop_at,
+            } => format!(
+                "{} is at step {step}, at or past {}; nothing would be trained, stop at a \
+                 later step",
+                t(Setting::Resume).value(names, path),
+                t(Setting::StopAt).value(names, stop_at)
+            ),
+            SettingError::Memory {
+                needed,
+                state,
+                activations,
+                devices,
+                available,
+                place,
+                per_device_batch_size,
+                seq_len,
+            } => {
+                let gib = |b: &f64| match b / (1u64 << 30) as f64 {
+                    g if g < 1e6 => format!("{g:.1} GiB"),
+                    g => format!("{g:.1e} GiB"),
+                };
+                format!(
+                    "the train step needs about {} on {devices} device{} (state {} + \
+                     activations {} for {per_device_batch_size} x {seq_len} tokens a device), \
+                     but {place} has {}; lower {} or {}, or the model's dims",
+                    gib(needed),
+                    if *devices == 1 { "" } else { "s" },
+                    gib(state),
+                    gib(activations),
+                    gib(available),
+                    t(Setting::PerDeviceBatchSize).name(names),
+                    t(Setting::SeqLen).name(names)
+                )
+            }
             SettingError::NotASlice { text } => format!(
                 "`{text}` is not a TPU slice; use v5p:AxBxC (e.g. v5p:4x4x4) or v5e:AxB (e.g. \
                  v5e:16x16)"
@@ -437,6 +528,17 @@ pub enum TrainError {
     /// A checkpoint that cannot be written or read, or does not fit this run.
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: String, reason: String },
+    /// A step gave a loss or gradient norm that is not a finite number; training stops (the
+    /// state after it is not worth keeping).
+    #[error(
+        "step {step} gave a non-finite {what} ({value}), so training stops there; lower the \
+         learning rate, or resume from an earlier checkpoint"
+    )]
+    NonFinite {
+        step: usize,
+        what: &'static str,
+        value: f64,
+    },
 }
 
 impl From<SettingError> for TrainError {

@@ -27,6 +27,7 @@ mod config;
 pub mod data;
 mod error;
 pub mod flops;
+pub mod memory;
 pub mod model;
 pub mod predict;
 mod trainer;

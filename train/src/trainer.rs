@@ -113,7 +113,7 @@ impl Trainer {
     pub fn resume(cfg: TrainConfig, path: &Path, platform: Platform) -> Result<Self, TrainError> {
         let client = devices(&cfg, platform)?;
         let specs = param_specs(&cfg.model);
-        let ck = checkpoint::load(path, &specs, &cfg.model, cfg.seed)?;
+        let ck = checkpoint::load(path, &specs, &cfg)?;
         if ck.step >= cfg.steps {
             return Err(SettingError::ResumeAtEnd {
                 path: path.display().to_string(),
@@ -230,6 +230,15 @@ impl Trainer {
         let loss = scalar(&self.exe, 3 * n, &rest[0])?;
         let grad_norm = scalar(&self.exe, 3 * n + 1, &rest[1])?;
         self.step += 1;
+        for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
+            if !value.is_finite() {
+                return Err(TrainError::NonFinite {
+                    step: self.step,
+                    what,
+                    value,
+                });
+            }
+        }
         let step_time_s = start.elapsed().as_secs_f64();
         Ok(StepMetrics {
             step: self.step,
@@ -277,6 +286,7 @@ impl Trainer {
             step: self.step,
             seed: self.cfg.seed,
             model: self.cfg.model.to_string(),
+            schedule: checkpoint::Schedule::of(&self.cfg),
             tensors: self.state_on_host()?,
         };
         checkpoint::save(path, &self.specs, &ck)

@@ -2,35 +2,13 @@
 //! strategies agree on the loss step by step (MaxText's check: ulysses against all_gather on
 //! the same data and init), the loss falls, and a run saved and resumed continues exactly.
 
+mod common;
+
+use common::micro;
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::Strategy;
 use tessera_runtime::Platform;
-use tessera_train::{ModelConfig, StepMetrics, TrainConfig, Trainer};
-
-fn micro() -> TrainConfig {
-    let model = ModelConfig {
-        vocab: 32,
-        d_model: 32,
-        layers: 1,
-        heads: 4,
-        kv_heads: 2,
-        head_dim: 8,
-        mlp_dim: 64,
-        rope_theta: 10_000.0,
-        norm_eps: 1e-6,
-    };
-    let mut cfg = TrainConfig::new(model);
-    cfg.steps = 5;
-    cfg.max_target_length = 64;
-    cfg.sa_block_q = 16;
-    cfg.sa_block_kv = 16;
-    cfg.sa_block_q_dkv = 16;
-    cfg.sa_block_kv_dkv = 16;
-    cfg.warmup_steps = 1;
-    cfg.learning_rate = 1e-2;
-    cfg.seed = 3;
-    cfg
-}
+use tessera_train::{StepMetrics, TrainConfig, Trainer};
 
 /// The tests that train run one at a time: each already uses every core (4 devices).
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
