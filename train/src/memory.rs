@@ -56,7 +56,7 @@ pub fn estimate(cfg: &TrainConfig) -> MemoryEstimate {
         1.0
     };
     let state_bytes = 16.0 * param_count(cfg) / shards;
-    let tokens = cfg.per_device_batch_size as f64 * cfg.max_target_length as f64;
+    let tokens = cfg.per_device_batch_size * cfg.max_target_length as f64;
     let act = cfg.dtype.size_bytes() as f64;
     let saved = l * d * act;
     let layer = 2.0 * 4.0 * (6.0 * d + 2.0 * (h + 2.0 * kv) * hd + 3.0 * f);
