@@ -1,8 +1,10 @@
 //! Every registered kernel (`tessera::registry::KERNELS`), at each of its cases, on the
 //! interpreter and on the PJRT CPU backend (StableHLO through XLA), against its f64
-//! reference: adding a kernel to the registry adds it here.
+//! reference: adding a kernel to the registry adds it here. A kernel on a device mesh runs
+//! on that many devices (interleaved interpreter instances; one SPMD program on as many CPU
+//! devices) with each device's outputs checked.
 
-use tessera::backend::{run, Backend};
+use tessera::backend::Backend;
 use tessera::dsl::KernelRules;
 use tessera::registry::KERNELS;
 
@@ -16,9 +18,14 @@ fn registered_kernels_on(backend: Backend) {
             let instance = info
                 .instance(&case.given())
                 .unwrap_or_else(|e| panic!("{}: {e}", info.name));
-            let what = format!("{} {} on {backend}", info.name, instance.label());
+            let what = format!(
+                "{} {} on {backend} x{}",
+                info.name,
+                instance.label(),
+                instance.devices()
+            );
             let inputs = instance.inputs(1).unwrap_or_else(|e| panic!("{what}: {e}"));
-            let outputs = match run(instance.def(), &inputs, backend, &KernelRules::tpu()) {
+            let outputs = match instance.run(&inputs, backend, &KernelRules::tpu()) {
                 Ok(o) => o,
                 Err(e) => {
                     failures.push(format!("{what}: {e}"));

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use tessera::dsl::{mosaic, ArgSpec, HostArray, KernelDef, KernelRules};
+use tessera::dsl::{mosaic, ArgSpec, HostArray, Kernel, KernelDef, KernelRules};
 use tessera::npy::write_npy;
 use tessera_mosaic_eval::{EvalError, Module, OutputSpec, RunOptions};
 
@@ -33,6 +33,31 @@ pub fn mosaic_eval(
         })
         .collect();
     module.run_with(args, &outputs, options)
+}
+
+/// Lowers the instantiated kernel `k` to Mosaic text and runs the text with mosaic-eval on
+/// `k`'s devices (`per_device[d]`: device `d`'s arguments in declaration order; one list for
+/// a one-device kernel), each device on two cores with the parallel-state check; returns
+/// each device's outputs.
+pub fn mosaic_eval_on_devices(
+    k: &Kernel,
+    per_device: &[Vec<HostArray>],
+) -> Result<Vec<Vec<HostArray>>, EvalError> {
+    let m = mosaic::lower(k).unwrap_or_else(|e| panic!("{e}"));
+    let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text));
+    let outputs: Vec<OutputSpec> = m
+        .results
+        .iter()
+        .map(|r| OutputSpec {
+            dtype: r.dtype,
+            shape: r.shape.clone(),
+        })
+        .collect();
+    let args: Vec<Vec<HostArray>> = per_device
+        .iter()
+        .map(|a| mosaic::call_order(k, a))
+        .collect();
+    module.run_on_devices(&args, &outputs)
 }
 
 /// Asserts `got` is within `tol` of `want` everywhere (NaN fails).
