@@ -18,8 +18,8 @@ fn ty(spec: &ArgSpec) -> TensorType {
 }
 
 /// Paged attention as XLA computes it densely: every sequence's pages gathered out of the
-/// pools into `[B, KVH, pages_per_seq * page_size, D]` (one dynamic slice per page, in a
-/// loop), then attention of each query head group over them with the positions past the
+/// pools into `[B, KVH, pages_per_seq * page_size, D]` (one dynamic slice per page table
+/// entry, concatenated), then attention of each query head group over them with the positions past the
 /// sequence's length masked; f32 arithmetic, output in the input dtype. Arguments as the
 /// kernel's: `q, k_pages, v_pages, lengths, page_indices`.
 pub fn paged_attention(args: &[ArgSpec]) -> Result<Module, HloError> {
@@ -40,36 +40,31 @@ pub fn paged_attention(args: &[ArgSpec]) -> Result<Module, HloError> {
     let [q, k_pages, v_pages, lengths, table] = values[..] else {
         unreachable!("five arguments")
     };
-    let gathered = TensorType::new(vec![b, kvh, per_seq, page, d], dtype);
+    // Every page table entry a dynamic slice of each pool, concatenated: the gather XLA's
+    // gather expander produces, fused by XLA into one loop over the output.
     let zero = f.scalar(0.0, DType::I32)?;
-    let init = [
-        f.splat(0.0, gathered.clone())?,
-        f.splat(0.0, gathered)?,
-        k_pages,
-        v_pages,
-        table,
-    ];
-    let (lower, upper) = (zero, f.scalar((b * per_seq) as f64, DType::I32)?);
-    let out = f.fori_loop::<HloError, _>(lower, upper, &init, |f, i, c| {
-        let per = f.scalar(per_seq as f64, DType::I32)?;
-        let (s, j) = (f.div(i, per)?, f.rem(i, per)?);
-        let zero = f.scalar(0.0, DType::I32)?;
-        let entry = f.dynamic_slice(c[4], &[s, j], &[1, 1])?;
-        let entry = f.reshape(entry, &[])?;
-        let mut next = Vec::new();
-        for (buf, pool) in [(c[0], c[2]), (c[1], c[3])] {
-            let p = f.dynamic_slice(pool, &[zero, entry, zero, zero], &[kvh, 1, page, d])?;
-            let p = f.reshape(p, &[1, kvh, 1, page, d])?;
-            next.push(f.dynamic_update_slice(buf, p, &[s, zero, j, zero, zero])?);
+    let mut gathered = Vec::new();
+    for pool in [k_pages, v_pages] {
+        let mut seqs = Vec::new();
+        for s in 0..b {
+            let mut pages = Vec::new();
+            for j in 0..per_seq {
+                let entry = f.slice(table, &[s, j], &[s + 1, j + 1])?;
+                let entry = f.reshape(entry, &[])?;
+                pages.push(f.dynamic_slice(
+                    pool,
+                    &[zero, entry, zero, zero],
+                    &[kvh, 1, page, d],
+                )?);
+            }
+            let seq = f.concatenate(&pages, 1)?;
+            seqs.push(f.reshape(seq, &[1, kvh, t, d])?);
         }
-        next.extend_from_slice(&c[2..]);
-        Ok(next)
-    })?;
-    let kv = |f: &mut FuncBuilder<'_>, x: Value| -> Result<Value, HloError> {
-        let x = f.reshape(x, &[b, kvh, t, d])?;
-        f.convert(x, DType::F32)
-    };
-    let (keys, vals) = (kv(&mut f, out[0])?, kv(&mut f, out[1])?);
+        gathered.push(f.concatenate(&seqs, 0)?);
+    }
+    let kv =
+        |f: &mut FuncBuilder<'_>, x: Value| -> Result<Value, HloError> { f.convert(x, DType::F32) };
+    let (keys, vals) = (kv(&mut f, gathered[0])?, kv(&mut f, gathered[1])?);
     let q = f.reshape(q, &[b, kvh, group, d])?;
     let q = f.convert(q, DType::F32)?;
     // [B, KVH, G, T]
@@ -79,7 +74,10 @@ pub fn paged_attention(args: &[ArgSpec]) -> Result<Module, HloError> {
     let pos = f.iota(TensorType::new(scores.to_vec(), DType::I32), 3)?;
     let len = f.broadcast_in_dim(lengths, &scores, &[0])?;
     let visible = f.lt(pos, len)?;
-    let masked = f.splat(f64::from(MASK_VALUE), TensorType::new(scores.to_vec(), DType::F32))?;
+    let masked = f.splat(
+        f64::from(MASK_VALUE),
+        TensorType::new(scores.to_vec(), DType::F32),
+    )?;
     let s = f.select(visible, s, masked)?;
     let max = f.reduce(s, &[3], Reducer::Max)?;
     let max = f.broadcast_in_dim(max, &scores, &[0, 1, 2])?;
@@ -96,7 +94,13 @@ pub fn paged_attention(args: &[ArgSpec]) -> Result<Module, HloError> {
     let sum = f.max(sum, tiny)?;
     let sum = f.broadcast_in_dim(sum, &scores, &[0, 1, 2])?;
     let p = f.div(p, sum)?;
-    let o = f.dot_general(p, vals, &DotDims::new([0, 1], [0, 1], [3], [2]), DType::F32, None)?;
+    let o = f.dot_general(
+        p,
+        vals,
+        &DotDims::new([0, 1], [0, 1], [3], [2]),
+        DType::F32,
+        None,
+    )?;
     let o = f.reshape(o, &[b, h, d])?;
     let o = f.convert(o, dtype)?;
     f.finish(&[o])?;

@@ -9,9 +9,7 @@ use std::time::Instant;
 use anyhow::Result;
 use tessera::dsl::{ArgSpec, DType};
 use tessera::hlo::Module;
-use tessera::runtime::{
-    Buffer, Client, CompileOptions, HostBuffer, LoadedExecutable, XlaOption,
-};
+use tessera::runtime::{Buffer, Client, CompileOptions, HostBuffer, LoadedExecutable, XlaOption};
 
 /// One program with its device inputs and the work one run does.
 pub struct Timed {
