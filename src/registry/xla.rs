@@ -18,8 +18,8 @@ fn ty(spec: &ArgSpec) -> TensorType {
 }
 
 /// Paged attention as XLA computes it densely: every sequence's pages gathered out of the
-/// pools into `[B, KVH, pages_per_seq * page_size, D]` (one dynamic slice per page table
-/// entry, concatenated), then attention of each query head group over them with the positions past the
+/// pools into `[B, KVH, pages_per_seq * page_size, D]` (a loop over the page table's columns,
+/// one dynamic slice per entry), then attention of each query head group over them with the positions past the
 /// sequence's length masked; f32 arithmetic, output in the input dtype. Arguments as the
 /// kernel's: `q, k_pages, v_pages, lengths, page_indices`.
 pub fn paged_attention(args: &[ArgSpec]) -> Result<Module, HloError> {
@@ -40,31 +40,41 @@ pub fn paged_attention(args: &[ArgSpec]) -> Result<Module, HloError> {
     let [q, k_pages, v_pages, lengths, table] = values[..] else {
         unreachable!("five arguments")
     };
-    // Every page table entry a dynamic slice of each pool, concatenated: the gather XLA's
-    // gather expander produces, fused by XLA into one loop over the output.
-    let zero = f.scalar(0.0, DType::I32)?;
-    let mut gathered = Vec::new();
-    for pool in [k_pages, v_pages] {
-        let mut seqs = Vec::new();
-        for s in 0..b {
+    // A loop over the page table's columns: at column `j`, every sequence's page `j` sliced
+    // out of each pool (a dynamic slice per sequence) and stored at its place.
+    let gathered = TensorType::new(vec![b, kvh, per_seq, page, d], dtype);
+    let init = [
+        f.splat(0.0, gathered.clone())?,
+        f.splat(0.0, gathered)?,
+        k_pages,
+        v_pages,
+        table,
+    ];
+    let lower = f.scalar(0.0, DType::I32)?;
+    let upper = f.scalar(per_seq as f64, DType::I32)?;
+    let out = f.fori_loop::<HloError, _>(lower, upper, &init, |f, j, c| {
+        let zero = f.scalar(0.0, DType::I32)?;
+        let mut next = Vec::new();
+        for (buf, pool) in [(c[0], c[2]), (c[1], c[3])] {
             let mut pages = Vec::new();
-            for j in 0..per_seq {
-                let entry = f.slice(table, &[s, j], &[s + 1, j + 1])?;
+            for s in 0..b {
+                let row = f.scalar(s as f64, DType::I32)?;
+                let entry = f.dynamic_slice(c[4], &[row, j], &[1, 1])?;
                 let entry = f.reshape(entry, &[])?;
-                pages.push(f.dynamic_slice(
-                    pool,
-                    &[zero, entry, zero, zero],
-                    &[kvh, 1, page, d],
-                )?);
+                let p = f.dynamic_slice(pool, &[zero, entry, zero, zero], &[kvh, 1, page, d])?;
+                pages.push(f.reshape(p, &[1, kvh, 1, page, d])?);
             }
-            let seq = f.concatenate(&pages, 1)?;
-            seqs.push(f.reshape(seq, &[1, kvh, t, d])?);
+            let column = f.concatenate(&pages, 0)?;
+            next.push(f.dynamic_update_slice(buf, column, &[zero, zero, j, zero, zero])?);
         }
-        gathered.push(f.concatenate(&seqs, 0)?);
-    }
-    let kv =
-        |f: &mut FuncBuilder<'_>, x: Value| -> Result<Value, HloError> { f.convert(x, DType::F32) };
-    let (keys, vals) = (kv(&mut f, gathered[0])?, kv(&mut f, gathered[1])?);
+        next.extend_from_slice(&c[2..]);
+        Ok(next)
+    })?;
+    let kv = |f: &mut FuncBuilder<'_>, x: Value| -> Result<Value, HloError> {
+        let x = f.reshape(x, &[b, kvh, t, d])?;
+        f.convert(x, DType::F32)
+    };
+    let (keys, vals) = (kv(&mut f, out[0])?, kv(&mut f, out[1])?);
     let q = f.reshape(q, &[b, kvh, group, d])?;
     let q = f.convert(q, DType::F32)?;
     // [B, KVH, G, T]
