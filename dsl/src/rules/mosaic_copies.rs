@@ -86,33 +86,31 @@ impl Copies<'_> {
     fn region(&mut self, r: &Region) {
         for inst in &r.insts {
             self.learn(inst);
-            match &inst.op {
-                Op::DmaStart {
-                    src,
-                    dst,
-                    sem,
-                    remote,
-                } => {
-                    self.window(inst, src);
-                    self.window(inst, dst);
-                    if self.sends.may_be_send(sem) {
-                        let name = &self.k.operand(sem.sem).name;
-                        let what = if remote.is_some() {
-                            "receive"
-                        } else {
-                            "local copy"
-                        };
-                        self.problem(
-                            inst,
-                            format!(
-                                "the {what} semaphore `{name}` may be one that remote copies \
-                                 count their sends on; Mosaic waits sends and arrivals \
-                                 differently, so give the sends DMA semaphores of their own"
-                            ),
-                        );
-                    }
+            if let Op::DmaStart {
+                src,
+                dst,
+                sem,
+                remote,
+            } = &inst.op
+            {
+                self.window(inst, src);
+                self.window(inst, dst);
+                if self.sends.may_be_send(sem) {
+                    let name = &self.k.operand(sem.sem).name;
+                    let what = if remote.is_some() {
+                        "receive"
+                    } else {
+                        "local copy"
+                    };
+                    self.problem(
+                        inst,
+                        format!(
+                            "the {what} semaphore `{name}` may be one that remote copies \
+                             count their sends on; Mosaic waits sends and arrivals \
+                             differently, so give the sends DMA semaphores of their own"
+                        ),
+                    );
                 }
-                _ => {}
             }
             for nested in inst.op.regions() {
                 self.region(nested);
