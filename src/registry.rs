@@ -10,7 +10,15 @@
 //!   for ([`Instance::inputs`]; splash's backward kernels get the forward's residuals);
 //! - its floating-point operations per call ([`Instance::flops`]);
 //! - the parameter sets it is checked at ([`KernelInfo::cases`], each with the largest error
-//!   allowed against the reference) and timed at ([`KernelInfo::bench`]).
+//!   allowed against the reference) and timed at ([`KernelInfo::bench`]);
+//! - where it has one, XLA's own program for the same computation ([`Instance::xla_program`],
+//!   `tessera bench kernels`' baseline).
+//!
+//! A kernel may run on a device mesh (the collectives: [`KernelInfo::on_mesh`]): its build
+//! gives the mesh ([`Instance::mesh`]), each device has its own arguments and outputs, and its
+//! reference computes every device's outputs from every device's arguments. [`Instance`] is
+//! per device throughout (a one-device kernel has one argument list), and
+//! [`Instance::run`] runs either kind, so every consumer has one code path.
 //!
 //! Two kinds of parameter: compile-time ones (block sizes, dtype, mask, flags), which change
 //! the kernel, and sizes, which only set the default arguments (`tessera ir` instantiates
