@@ -31,16 +31,8 @@ B, H, KVH, D, PAGE, PER_SEQ, PER_BLOCK = 8, 32, 8, 128, 16, 128, 8
 ROWS = 1024
 
 
-def tessera_bin():
-    return os.environ.get("TESSERA", os.path.join(ROOT, "target", "release", "tessera"))
-
-
-def compile_only_env():
-    env = dict(os.environ)
-    for k, v in [("TPU_SKIP_MDS_QUERY", "1"), ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),
-                 ("TPU_WORKER_HOSTNAMES", "localhost"), ("TPU_ACCELERATOR_TYPE", "v5p-8")]:
-        env.setdefault(k, v)
-    return env
+# The tessera binary and libtpu's compile-only environment, as splash's script has them.
+from splash_cost import compile_only_env, tessera_bin  # noqa: E402
 
 
 def worker(out_dir, which):

@@ -586,15 +586,27 @@ fn build_all_gather(p: &Params, _name: &str) -> Result<Built, RegistryError> {
     ))
 }
 
+/// Argument `i` of every device (checking each device has `expected` arguments).
+fn device_shards(
+    name: &str,
+    x: &[Vec<HostArray>],
+    expected: usize,
+    i: usize,
+) -> Result<Vec<HostArray>, RegistryError> {
+    x.iter()
+        .map(|device| {
+            expect_inputs(name, device, expected)?;
+            Ok(device[i].clone())
+        })
+        .collect()
+}
+
 fn all_gather_mesh_reference(
     _: &Params,
     name: &str,
     x: &[Vec<HostArray>],
 ) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
-    for device in x {
-        expect_inputs(name, device, 1)?;
-    }
-    let shards: Vec<HostArray> = x.iter().map(|d| d[0].clone()).collect();
+    let shards = device_shards(name, x, 1, 0)?;
     let gathered = all_gather_reference(&shards).to_f64_vec();
     Ok(vec![vec![gathered]; x.len()])
 }
@@ -622,10 +634,7 @@ fn all_gather_matmul_mesh_reference(
     name: &str,
     x: &[Vec<HostArray>],
 ) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
-    for device in x {
-        expect_inputs(name, device, 2)?;
-    }
-    let shards: Vec<HostArray> = x.iter().map(|d| d[1].clone()).collect();
+    let shards = device_shards(name, x, 2, 1)?;
     Ok(x.iter()
         .map(|d| vec![all_gather_matmul_reference(&d[0], &shards)])
         .collect())
