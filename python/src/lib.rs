@@ -131,6 +131,9 @@ struct PyKernel {
     /// Grid steps that do work (splash: from its block tables), for the Mosaic cost estimate.
     active_steps: Option<u64>,
     hash: u64,
+    /// Why the TPU rules refuse the plan the kernel belongs to (splash's block sizes), where
+    /// they do: its TPU lowering raises this instead of building a call.
+    tpu_refusal: Option<String>,
 }
 
 impl PyKernel {
@@ -148,6 +151,7 @@ impl PyKernel {
             ir,
             active_steps,
             hash: h.finish(),
+            tpu_refusal: None,
         })
     }
 
@@ -226,6 +230,9 @@ impl PyKernel {
         py: Python<'py>,
         vmem_limit_bytes: Option<usize>,
     ) -> PyResult<Bound<'py, PyDict>> {
+        if let Some(refusal) = &self.tpu_refusal {
+            return Err(error(refusal));
+        }
         let mut target = Lowering::tpu();
         if let Some(bytes) = vmem_limit_bytes {
             target.rules = target.rules.with_vmem_limit(bytes);
@@ -384,7 +391,12 @@ fn tensor_name(t: Tensor) -> &'static str {
     }
 }
 
-fn py_stage(py: Python<'_>, attn: &SplashAttention, stage: Stage) -> PyResult<PyStage> {
+fn py_stage(
+    py: Python<'_>,
+    attn: &SplashAttention,
+    stage: Stage,
+    tpu_refusal: &Option<String>,
+) -> PyResult<PyStage> {
     let specs = stage_specs(&stage, |t| attn.tensor_spec(t));
     let args = PyList::empty(py);
     for a in &stage.args {
@@ -400,7 +412,10 @@ fn py_stage(py: Python<'_>, attn: &SplashAttention, stage: Stage) -> PyResult<Py
             }
         }
     }
-    let kernel = PyKernel::new(stage.def, specs, stage.active_steps)?;
+    let kernel = PyKernel {
+        tpu_refusal: tpu_refusal.clone(),
+        ..PyKernel::new(stage.def, specs, stage.active_steps)?
+    };
     Ok(PyStage {
         kernel: Py::new(py, kernel)?,
         args: args.unbind(),
@@ -468,6 +483,18 @@ fn splash_plan<'py>(
         ..SplashOptions::default()
     };
     let dtype = dtype_named(dtype)?;
+    // Planned under the portable rules (the plan serves every platform); what the TPU rules
+    // refuse (e.g. key blocks that are not whole lane tiles) stops the TPU lowering only.
+    let tpu_refusal = SplashAttention::new(
+        mask.clone(),
+        dims,
+        dtype,
+        blocks,
+        options,
+        KernelRules::tpu(),
+    )
+    .err()
+    .map(|e| e.to_string());
     let attn = py
         .detach(|| {
             SplashAttention::new(mask, dims, dtype, blocks, options, KernelRules::portable())
@@ -477,11 +504,11 @@ fn splash_plan<'py>(
     let plan = PyDict::new(py);
     let forward = PyList::empty(py);
     for stage in attn.forward_plan(features) {
-        forward.append(py_stage(py, &attn, stage)?)?;
+        forward.append(py_stage(py, &attn, stage, &tpu_refusal)?)?;
     }
     let backward = PyList::empty(py);
     for stage in attn.backward_plan(features) {
-        backward.append(py_stage(py, &attn, stage)?)?;
+        backward.append(py_stage(py, &attn, stage, &tpu_refusal)?)?;
     }
     plan.set_item("forward", forward)?;
     plan.set_item("backward", backward)?;
