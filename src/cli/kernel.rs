@@ -42,15 +42,14 @@ pub fn print_ir(
     let k = instance
         .def()
         .instantiate_on(&args, instance.mesh(), &rules(rules_name)?)?;
-    // A kernel on a mesh: one partition per device, remote copies as collective_permutes.
-    let module = if k.num_devices() > 1 {
-        tessera::dsl::stablehlo::lower_module_spmd(&k)
-    } else {
-        tessera::dsl::stablehlo::lower_module(&k)
-    };
     match emit {
         Emit::Ir => out!("{k}"),
-        Emit::Stablehlo => out!("{}", module?.to_mlir()),
+        // A kernel on a mesh: one partition per device, remote copies as collective_permutes.
+        Emit::Stablehlo if k.num_devices() > 1 => out!(
+            "{}",
+            tessera::dsl::stablehlo::lower_module_spmd(&k)?.to_mlir()
+        ),
+        Emit::Stablehlo => out!("{}", tessera::dsl::stablehlo::lower_module(&k)?.to_mlir()),
     }
     Ok(())
 }
