@@ -132,7 +132,10 @@ fn mosaic_eval_agrees_with_the_interpreter() {
     let tiles = HostArray::i32([7], vec![9, 0, 15, 15, 4, 2, 11]).unwrap();
     let args = vec![tiles, x];
     let want = interpret::run(&gather_tiles(), &args, &InterpretOptions::default()).unwrap();
-    assert_eq!(common::mosaic_eval_on_mesh(&gather_tiles(), &[], &[args])[0], want);
+    assert_eq!(
+        common::mosaic_eval_on_mesh(&gather_tiles(), &[], &[args])[0],
+        want
+    );
     let per_device: Vec<Vec<HostArray>> = (0..4).map(|d| vec![array(8, 128, d)]).collect();
     for def in [ring_shift(), ring_all_gather()] {
         let want = interpret::run_on_devices(
