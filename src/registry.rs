@@ -10,7 +10,15 @@
 //!   for ([`Instance::inputs`]; splash's backward kernels get the forward's residuals);
 //! - its floating-point operations per call ([`Instance::flops`]);
 //! - the parameter sets it is checked at ([`KernelInfo::cases`], each with the largest error
-//!   allowed against the reference) and timed at ([`KernelInfo::bench`]).
+//!   allowed against the reference) and timed at ([`KernelInfo::bench`]);
+//! - where it has one, XLA's own program for the same computation ([`Instance::xla_program`],
+//!   `tessera bench kernels`' baseline).
+//!
+//! A kernel may run on a device mesh (the collectives: [`KernelInfo::on_mesh`]): its build
+//! gives the mesh ([`Instance::mesh`]), each device has its own arguments and outputs, and its
+//! reference computes every device's outputs from every device's arguments. [`Instance`] is
+//! per device throughout (a one-device kernel has one argument list), and
+//! [`Instance::run`] runs either kind, so every consumer has one code path.
 //!
 //! Two kinds of parameter: compile-time ones (block sizes, dtype, mask, flags), which change
 //! the kernel, and sizes, which only set the default arguments (`tessera ir` instantiates
@@ -23,10 +31,16 @@
 //! forward or backward plan that runs the kernel (so the block-sparsity tables are the real
 //! ones).
 
+mod xla;
+
 use std::collections::{BTreeMap, HashMap};
 
+use std::sync::Arc;
+
+use tessera_dsl::axes::Context;
 use tessera_dsl::{
-    with_float_type, ArgSpec, DType, HostArray, KernelDef, KernelError, KernelRules,
+    with_float_type, ArgSpec, DType, DeviceAxis, HostArray, Kernel, KernelDef, KernelError,
+    KernelRules,
 };
 use tessera_splash::reference::{self as splash_reference, RefInputs};
 use tessera_splash::{
@@ -34,7 +48,13 @@ use tessera_splash::{
     Stage, StageArg, Tensor,
 };
 
-use crate::kernels::{flash_attention, matmul, row_softmax};
+use crate::backend::{self, Backend, RunError};
+use crate::kernels::collective::{
+    all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
+};
+use crate::kernels::memory::{ring_mesh, Ring};
+use crate::kernels::paged_attention::paged_attention_reference;
+use crate::kernels::{flash_attention, matmul, paged_attention, row_softmax};
 use crate::reference::{attention_ref, matmul_ref, max_abs_diff, softmax_ref};
 
 /// The block sizes the CLI can instantiate (each one a monomorphised kernel).
@@ -42,7 +62,7 @@ pub const BLOCK_SIZES: [usize; 7] = [8, 16, 32, 64, 128, 256, 512];
 
 /// The sizes `tessera bench kernels` sets from its flags (`--matmul-size`, `--seq`, ...): a
 /// bench parameter written `{name}` takes the value of the flag of that name.
-pub const BENCH_KNOBS: [&str; 8] = [
+pub const BENCH_KNOBS: [&str; 10] = [
     "matmul_size",
     "matmul_block",
     "seq",
@@ -51,6 +71,8 @@ pub const BENCH_KNOBS: [&str; 8] = [
     "block",
     "flash_block",
     "softmax_block",
+    "kv_pages",
+    "collective_size",
 ];
 
 /// A parameter of a built-in kernel.
@@ -170,30 +192,60 @@ pub enum RegistryError {
     #[error(transparent)]
     Splash(#[from] SplashError),
     #[error(transparent)]
+    Hlo(#[from] tessera_hlo::HloError),
+    #[error(transparent)]
     Kernel(#[from] KernelError),
 }
 
-/// A kernel definition, its default arguments and the values of the arguments the parameters
-/// fix (by position; `None` for data).
+/// A kernel definition, its default arguments (each device's, for a kernel on a mesh), the
+/// values of the arguments the parameters fix (by position; `None` for data) and the device
+/// mesh it runs on (empty: one device).
 #[derive(Debug, Clone)]
 pub struct Built {
     pub def: KernelDef,
     pub args: Vec<ArgSpec>,
     pub fixed: Vec<Option<HostArray>>,
+    pub mesh: Vec<DeviceAxis>,
 }
 
 impl Built {
-    /// A kernel whose arguments are all data.
+    /// A one-device kernel whose arguments are all data.
     fn data(def: KernelDef, args: Vec<ArgSpec>) -> Self {
+        Self::on_mesh(def, args, Vec::new())
+    }
+
+    /// A kernel on the device mesh `mesh` whose arguments are all data.
+    fn on_mesh(def: KernelDef, args: Vec<ArgSpec>, mesh: Vec<DeviceAxis>) -> Self {
         let fixed = vec![None; args.len()];
-        Built { def, args, fixed }
+        Built {
+            def,
+            args,
+            fixed,
+            mesh,
+        }
     }
 }
 
 type BuildFn = fn(&Params, &str) -> Result<Built, RegistryError>;
 type ReferenceFn = fn(&Params, &str, &[HostArray]) -> Result<Vec<Vec<f64>>, RegistryError>;
+/// Every device's outputs from every device's arguments.
+type MeshReferenceFn =
+    fn(&Params, &str, &[Vec<HostArray>]) -> Result<Vec<Vec<Vec<f64>>>, RegistryError>;
+
+/// A kernel's f64 reference, written separately from the kernel.
+#[derive(Debug, Clone, Copy)]
+enum Reference {
+    /// A one-device kernel's outputs from its arguments.
+    Local(ReferenceFn),
+    /// A kernel on a device mesh: every device's outputs from every device's arguments (an
+    /// all-gather's output holds the others' inputs).
+    Mesh(MeshReferenceFn),
+}
 type FlopsFn = fn(&Params, &str) -> Result<f64, RegistryError>;
 type InputsFn = fn(&Params, &str, u64) -> Result<Vec<HostArray>, RegistryError>;
+/// XLA's own program for what the kernel computes, from each device's argument specs and
+/// the number of devices (one partition per device where more than one).
+type XlaFn = fn(&[ArgSpec], usize) -> Result<tessera_hlo::Module, tessera_hlo::HloError>;
 
 /// A parameter set a kernel is checked at, and the largest absolute error allowed against
 /// its f64 reference (over every output).
@@ -227,13 +279,17 @@ pub struct KernelInfo {
     /// kernel).
     build: BuildFn,
     /// The kernel's outputs computed in f64 from its arguments, written separately from the
-    /// kernel.
-    reference: ReferenceFn,
-    /// Floating-point operations of one call.
+    /// kernel; a [`Reference::Mesh`] one for a kernel that runs on a device mesh.
+    reference: Reference,
+    /// Floating-point operations of one call (on every device together; 0 for a kernel that
+    /// only moves data).
     flops: FlopsFn,
     /// Arguments whose values the reference is exact for, where random data is not (splash's
     /// residuals); `None`: random data.
     inputs: Option<InputsFn>,
+    /// XLA's own program for the same computation on the same arguments, written with the
+    /// ordinary ops an XLA user writes: `tessera bench kernels` times it beside the kernel.
+    xla: Option<XlaFn>,
     /// Where `tessera demo`, the backend tests and the Mosaic tests check the kernel.
     pub cases: &'static [Case],
     /// Where `tessera bench kernels` times it: one row per set (sets differ by dtype); a
@@ -439,6 +495,166 @@ fn flash_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
     Ok(4.0 * p.usize("D")? as f64 * pairs as f64)
 }
 
+/// The pages in paged attention's pool: `P`, or with `P=all` every sequence's own
+/// (`B * pages_per_seq`).
+fn paged_pool(p: &Params) -> Result<usize, RegistryError> {
+    if p.0["P"] == "all" {
+        Ok(p.usize("B")? * p.usize("pages_per_seq")?)
+    } else {
+        p.usize("P")
+    }
+}
+
+/// The lengths and page table of paged attention's default arguments: sequence `b` holds
+/// `max - (b * max) / B - 3 (b % 2)` tokens (clamped at 0; `max = pages_per_seq * page_size`:
+/// full, partial and, for large `b`, short sequences), entry `j` of its table is page
+/// `(b * pages_per_seq + 7 j mod pages_per_seq) mod P` (distinct pages, out of order, where
+/// 7 does not divide `pages_per_seq` and the pool holds them all).
+fn paged_tables(p: &Params) -> Result<(HostArray, HostArray), RegistryError> {
+    let (b, pages, per_seq) = (p.usize("B")?, paged_pool(p)?, p.usize("pages_per_seq")?);
+    let max = per_seq * p.usize("page_size")?;
+    let lengths = (0..b)
+        .map(|i| (max - i * max / b).saturating_sub(3 * (i % 2)) as i32)
+        .collect();
+    let table = (0..b * per_seq)
+        .map(|i| (((i / per_seq) * per_seq + (7 * (i % per_seq)) % per_seq) % pages) as i32)
+        .collect();
+    Ok((
+        HostArray::i32([b], lengths).expect("one length per sequence"),
+        HostArray::i32([b, per_seq], table).expect("one page per entry"),
+    ))
+}
+
+fn build_paged(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    let (dtype, per_block) = (p.dtype()?, p.usize("pages_per_block")?);
+    let [b, h, kvh, d] = ["B", "H", "KVH", "D"].map(|n| p.usize(n));
+    let (b, h, kvh, d) = (b?, h?, kvh?, d?);
+    let (pages, page_size, per_seq) = (
+        p.usize("P")?,
+        p.usize("page_size")?,
+        p.usize("pages_per_seq")?,
+    );
+    let def = with_float_type!(dtype, T => paged_attention::<T>(per_block));
+    let (lengths, table) = paged_tables(p)?;
+    Ok(Built {
+        def,
+        args: vec![
+            ArgSpec::new(dtype, [b, h, d]),
+            ArgSpec::new(dtype, [kvh, pages, page_size, d]),
+            ArgSpec::new(dtype, [kvh, pages, page_size, d]),
+            ArgSpec::new(DType::I32, [b]),
+            ArgSpec::new(DType::I32, [b, per_seq]),
+        ],
+        fixed: vec![None, None, None, Some(lengths), Some(table)],
+        mesh: Vec::new(),
+    })
+}
+
+fn paged_reference(
+    _: &Params,
+    name: &str,
+    x: &[HostArray],
+) -> Result<Vec<Vec<f64>>, RegistryError> {
+    expect_inputs(name, x, 5)?;
+    let lengths: Vec<i32> = x[3].to_f64_vec().iter().map(|&l| l as i32).collect();
+    Ok(vec![paged_attention_reference(
+        &x[0], &x[1], &x[2], &lengths, &x[4],
+    )])
+}
+
+fn paged_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
+    // q k^T and p v over each sequence's tokens: two D-long dot products per token and head.
+    let (lengths, _) = paged_tables(p)?;
+    let tokens: f64 = lengths.to_f64_vec().iter().sum();
+    Ok(4.0 * (p.usize("H")? * p.usize("D")?) as f64 * tokens)
+}
+
+/// The ring of `devices` devices (the `context` axis) the collective kernels run on.
+fn ring(p: &Params) -> Result<Vec<DeviceAxis>, RegistryError> {
+    Ok(ring_mesh(p.usize("devices")?))
+}
+
+fn build_all_gather(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    if p.dtype()? != DType::F32 {
+        return Err(p.bad("dtype", "f32 (the all-gather moves f32 arrays)"));
+    }
+    let spec = ArgSpec::new(DType::F32, [p.usize("S")?, p.usize("C")?]);
+    Ok(Built::on_mesh(
+        all_gather::<Ring, Context>(),
+        vec![spec],
+        ring(p)?,
+    ))
+}
+
+/// Argument `i` of every device (checking each device has `expected` arguments).
+fn device_shards(
+    name: &str,
+    x: &[Vec<HostArray>],
+    expected: usize,
+    i: usize,
+) -> Result<Vec<HostArray>, RegistryError> {
+    x.iter()
+        .map(|device| {
+            expect_inputs(name, device, expected)?;
+            Ok(device[i].clone())
+        })
+        .collect()
+}
+
+fn all_gather_mesh_reference(
+    _: &Params,
+    name: &str,
+    x: &[Vec<HostArray>],
+) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+    let shards = device_shards(name, x, 1, 0)?;
+    let gathered = all_gather_reference(&shards).to_f64_vec();
+    Ok(vec![vec![gathered]; x.len()])
+}
+
+fn build_all_gather_matmul(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    let (dtype, n) = (p.dtype()?, p.usize("devices")?);
+    let (bt, bf) = (p.usize("BT")?, p.usize("BF")?);
+    let (t, k, f) = (p.usize("T")?, p.usize("K")?, p.usize("F")?);
+    if k % n != 0 {
+        return Err(p.bad(
+            "K",
+            "a multiple of `devices` (each device holds K / devices rows of w)",
+        ));
+    }
+    let def = with_float_type!(dtype, T => all_gather_matmul::<T, Ring, Context>(bt, bf));
+    Ok(Built::on_mesh(
+        def,
+        vec![ArgSpec::new(dtype, [t, k]), ArgSpec::new(dtype, [k / n, f])],
+        ring(p)?,
+    ))
+}
+
+fn all_gather_matmul_mesh_reference(
+    _: &Params,
+    name: &str,
+    x: &[Vec<HostArray>],
+) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+    let shards = device_shards(name, x, 2, 1)?;
+    Ok(x.iter()
+        .map(|d| vec![all_gather_matmul_reference(&d[0], &shards)])
+        .collect())
+}
+
+fn all_gather_matmul_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
+    let per_device = 2.0 * (p.usize("T")? * p.usize("K")? * p.usize("F")?) as f64;
+    Ok(per_device * p.usize("devices")? as f64)
+}
+
+fn no_flops(_: &Params, _: &str) -> Result<f64, RegistryError> {
+    Ok(0.0)
+}
+
+const DEVICES: ParamInfo = ParamInfo::compile_time(
+    "devices",
+    "4",
+    "devices of the ring (the mesh's `context` axis) the kernel runs on",
+);
+
 /// A splash kernel as its plan runs it: the attention configured from the parameters, the
 /// features it uses and the stage that runs `kernel`.
 struct SplashSetup {
@@ -512,6 +728,7 @@ fn build_splash(p: &Params, kernel: &str) -> Result<Built, RegistryError> {
         def: stage.def,
         args,
         fixed,
+        mesh: Vec::new(),
     })
 }
 
@@ -784,9 +1001,10 @@ const fn splash_kernel(name: &'static str, summary: &'static str) -> KernelInfo 
         summary,
         params: SPLASH_PARAMS,
         build: build_splash,
-        reference: splash_reference_of,
+        reference: Reference::Local(splash_reference_of),
         flops: splash_flops,
         inputs: Some(splash_inputs),
+        xla: None,
         cases: SPLASH_CASES,
         bench: SPLASH_BENCH,
     }
@@ -900,9 +1118,10 @@ pub const KERNELS: &[KernelInfo] = &[
             ParamInfo::size("K", "512", "columns of x, rows of y", &[("x", 1), ("y", 0)]),
         ],
         build: build_matmul,
-        reference: matmul_reference,
+        reference: Reference::Local(matmul_reference),
         flops: matmul_flops,
         inputs: None,
+        xla: None,
         // f32 accumulation of K products of magnitude <= 1.
         cases: &[
             Case {
@@ -949,9 +1168,10 @@ pub const KERNELS: &[KernelInfo] = &[
             ParamInfo::size("C", "128", "columns", &[("x", 1)]),
         ],
         build: build_softmax,
-        reference: softmax_reference,
+        reference: Reference::Local(softmax_reference),
         flops: softmax_flops,
         inputs: None,
+        xla: None,
         cases: &[
             Case {
                 params: &[("dtype", "f32"), ("C", "256")],
@@ -990,9 +1210,10 @@ pub const KERNELS: &[KernelInfo] = &[
             ParamInfo::size("D", "64", "head dim", &[("q", 1), ("k", 1), ("v", 1)]),
         ],
         build: build_flash,
-        reference: flash_reference,
+        reference: Reference::Local(flash_reference),
         flops: flash_flops,
         inputs: None,
+        xla: None,
         cases: &[
             Case {
                 params: &[("BQ", "64"), ("S", "256")],
@@ -1025,6 +1246,177 @@ pub const KERNELS: &[KernelInfo] = &[
             ("S", "{seq}"),
             ("D", "{head_dim}"),
         ]],
+    },
+    KernelInfo {
+        name: "paged_attention",
+        summary: "decode attention over KV pages in HBM found through a page table (JAX's \
+                  paged_attention), pages double-buffered into VMEM",
+        params: &[
+            ParamInfo::compile_time("pages_per_block", "4", "pages per copy block"),
+            DTYPE,
+            ParamInfo::size(
+                "B",
+                "4",
+                "sequences",
+                &[("q", 0), ("lengths", 0), ("page_indices", 0)],
+            ),
+            ParamInfo::size("H", "8", "query heads", &[("q", 1)]),
+            ParamInfo::size(
+                "KVH",
+                "2",
+                "key/value heads (divides H)",
+                &[("k_pages", 0), ("v_pages", 0)],
+            ),
+            ParamInfo::size(
+                "P",
+                "64",
+                "pages in the pool",
+                &[("k_pages", 1), ("v_pages", 1)],
+            ),
+            ParamInfo::size(
+                "page_size",
+                "16",
+                "tokens per page",
+                &[("k_pages", 2), ("v_pages", 2)],
+            ),
+            ParamInfo::size(
+                "pages_per_seq",
+                "8",
+                "page table entries per sequence",
+                &[("page_indices", 1)],
+            ),
+            ParamInfo::size(
+                "D",
+                "128",
+                "head dim",
+                &[("q", 2), ("k_pages", 3), ("v_pages", 3)],
+            ),
+        ],
+        build: build_paged,
+        reference: Reference::Local(paged_reference),
+        flops: paged_flops,
+        inputs: None,
+        xla: Some(|args, _| xla::paged_attention(args)),
+        cases: &[
+            Case {
+                params: &[("dtype", "f32")],
+                tol: 1e-5,
+            },
+            // MHA, one page per block.
+            Case {
+                params: &[("dtype", "f32"), ("KVH", "8"), ("pages_per_block", "1")],
+                tol: 1e-5,
+            },
+            // Outputs rounded to bf16 (|out| <= 1).
+            Case {
+                params: &[("dtype", "bf16"), ("B", "3")],
+                tol: 1e-2,
+            },
+        ],
+        bench: &[
+            &[
+                ("dtype", "f32"),
+                ("pages_per_block", "8"),
+                ("B", "8"),
+                ("H", "32"),
+                ("KVH", "8"),
+                ("pages_per_seq", "{kv_pages}"),
+            ],
+            &[
+                ("dtype", "bf16"),
+                ("pages_per_block", "8"),
+                ("B", "8"),
+                ("H", "32"),
+                ("KVH", "8"),
+                ("pages_per_seq", "{kv_pages}"),
+            ],
+        ],
+    },
+    KernelInfo {
+        name: "all_gather",
+        summary: "all-gather of x[S,C] over a ring of devices with remote copies, halves \
+                  travelling both ways (JAX's all_gather); runs on `devices` devices",
+        params: &[
+            DEVICES,
+            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            ParamInfo::size("S", "16", "rows per device (even)", &[("x", 0)]),
+            ParamInfo::size("C", "128", "columns", &[("x", 1)]),
+        ],
+        build: build_all_gather,
+        reference: Reference::Mesh(all_gather_mesh_reference),
+        flops: no_flops,
+        inputs: None,
+        xla: Some(xla::all_gather),
+        // A copy: exact.
+        cases: &[
+            Case {
+                params: &[],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("devices", "2"), ("S", "32"), ("C", "256")],
+                tol: 1e-30,
+            },
+        ],
+        bench: &[&[("S", "{collective_size}"), ("C", "{collective_size}")]],
+    },
+    KernelInfo {
+        name: "all_gather_matmul",
+        summary: "x[T,K] @ all_gather(w[K/devices,F]) over a ring of devices, each shard's \
+                  remote copy overlapping the matmul of the one before (collective matmul)",
+        params: &[
+            ParamInfo::compile_time("BT", "16", "rows of x per block"),
+            ParamInfo::compile_time("BF", "128", "columns of w per block"),
+            DTYPE,
+            DEVICES,
+            ParamInfo::size("T", "32", "rows of x", &[("x", 0)]),
+            ParamInfo::size(
+                "K",
+                "512",
+                "columns of x; w's rows on all devices together",
+                &[("x", 1)],
+            ),
+            ParamInfo::size("F", "256", "columns of w", &[("w", 1)]),
+        ],
+        build: build_all_gather_matmul,
+        reference: Reference::Mesh(all_gather_matmul_mesh_reference),
+        flops: all_gather_matmul_flops,
+        inputs: None,
+        xla: Some(xla::all_gather_matmul),
+        cases: &[
+            // f32 accumulation of K products of magnitude <= 1.
+            Case {
+                params: &[("dtype", "f32")],
+                tol: 1e-4,
+            },
+            Case {
+                params: &[("dtype", "f32"), ("devices", "2"), ("BF", "256")],
+                tol: 1e-4,
+            },
+            // Outputs (|out| < 32 here) rounded to bf16.
+            Case {
+                params: &[("dtype", "bf16")],
+                tol: 0.125,
+            },
+        ],
+        bench: &[
+            &[
+                ("dtype", "f32"),
+                ("BT", "256"),
+                ("BF", "256"),
+                ("T", "{collective_size}"),
+                ("K", "{collective_size}"),
+                ("F", "{collective_size}"),
+            ],
+            &[
+                ("dtype", "bf16"),
+                ("BT", "256"),
+                ("BF", "256"),
+                ("T", "{collective_size}"),
+                ("K", "{collective_size}"),
+                ("F", "{collective_size}"),
+            ],
+        ],
     },
     splash_kernel(
         "splash_fwd",
@@ -1064,6 +1456,12 @@ pub fn find(name: &str) -> Result<&'static KernelInfo, RegistryError> {
 }
 
 impl KernelInfo {
+    /// Whether the kernel runs on a device mesh (each device with its own arguments and
+    /// outputs; [`Instance::mesh`]) rather than on one device.
+    pub fn on_mesh(&self) -> bool {
+        matches!(self.reference, Reference::Mesh(_))
+    }
+
     /// Fills defaults and checks names.
     fn params_of(&self, given: &[(String, String)]) -> Result<Params, RegistryError> {
         let mut params = Params::default();
@@ -1193,19 +1591,40 @@ impl Instance {
         self.params.dtype()
     }
 
-    /// Arguments for the default specs whose values the reference is exact for (splash's
-    /// backward kernels get a forward's residuals); the arguments the parameters fix keep
-    /// their values. Deterministic in `seed`.
-    pub fn inputs(&self, seed: u64) -> Result<Vec<HostArray>, RegistryError> {
-        match self.info.inputs {
-            Some(f) => f(&self.params, self.info.name, seed),
-            None => Ok(self.random_inputs(seed)),
-        }
+    /// The device mesh the kernel runs on: its axes with their sizes (empty: one device).
+    pub fn mesh(&self) -> &[DeviceAxis] {
+        &self.built.mesh
     }
-
-    /// Random arguments for the default specs (floats uniform in [-1, 1), integers 0); the
-    /// arguments the parameters fix keep their values. For timing.
-    pub fn random_inputs(&self, seed: u64) -> Vec<HostArray> {
+    /// The devices one call runs on (1 for a one-device kernel).
+    pub fn devices(&self) -> usize {
+        self.built.mesh.iter().map(|a| a.size).product()
+    }
+    /// The kernel instantiated for its default arguments on its mesh under `rules`.
+    pub fn instantiate(&self, rules: &KernelRules) -> Result<Arc<Kernel>, KernelError> {
+        self.built
+            .def
+            .instantiate_on(&self.built.args, &self.built.mesh, rules)
+    }
+    /// Each device's arguments for the default specs (one list for a one-device kernel) whose
+    /// values the reference is exact for (splash's backward kernels get a forward's
+    /// residuals); the arguments the parameters fix keep their values. Deterministic in
+    /// `seed`; the devices' data differ.
+    pub fn inputs(&self, seed: u64) -> Result<Vec<Vec<HostArray>>, RegistryError> {
+        (0..self.devices() as u64)
+            .map(|d| match self.info.inputs {
+                Some(f) => f(&self.params, self.info.name, seed + 1000 * d),
+                None => Ok(self.device_random_inputs(seed + 1000 * d)),
+            })
+            .collect()
+    }
+    /// Each device's random arguments for the default specs (floats uniform in [-1, 1),
+    /// integers 0); the arguments the parameters fix keep their values. For timing.
+    pub fn random_inputs(&self, seed: u64) -> Vec<Vec<HostArray>> {
+        (0..self.devices() as u64)
+            .map(|d| self.device_random_inputs(seed + 1000 * d))
+            .collect()
+    }
+    fn device_random_inputs(&self, seed: u64) -> Vec<HostArray> {
         self.built
             .args
             .iter()
@@ -1220,40 +1639,72 @@ impl Instance {
             })
             .collect()
     }
-
     /// Whether argument `i` is fixed by the parameters (a table) rather than data.
     pub fn is_fixed(&self, i: usize) -> bool {
         self.built.fixed.get(i).is_some_and(Option::is_some)
     }
-
-    /// The kernel's outputs for `inputs`, computed in f64 by its reference.
-    pub fn reference(&self, inputs: &[HostArray]) -> Result<Vec<Vec<f64>>, RegistryError> {
-        (self.info.reference)(&self.params, self.info.name, inputs)
+    /// Each device's outputs for `inputs` (each device's arguments), computed in f64 by the
+    /// reference.
+    pub fn reference(
+        &self,
+        inputs: &[Vec<HostArray>],
+    ) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+        match self.info.reference {
+            Reference::Local(f) => inputs
+                .iter()
+                .map(|x| f(&self.params, self.info.name, x))
+                .collect(),
+            Reference::Mesh(f) => f(&self.params, self.info.name, inputs),
+        }
     }
-
-    /// Floating-point operations of one call at the default arguments.
+    /// XLA's own program computing what the kernel does, on the same arguments (each
+    /// device's, in a program of one partition per device for a kernel on a mesh); `None`
+    /// where the registry has none.
+    pub fn xla_program(&self) -> Option<Result<tessera_hlo::Module, RegistryError>> {
+        let f = self.info.xla?;
+        Some(f(&self.built.args, self.devices()).map_err(RegistryError::from))
+    }
+    /// Floating-point operations of one call at the default arguments, on every device
+    /// together (0 for a kernel that only moves data).
     pub fn flops(&self) -> Result<f64, RegistryError> {
         (self.info.flops)(&self.params, self.info.name)
     }
-
-    /// The largest absolute difference between `outputs` (of a run on `inputs`) and the
-    /// reference, over every output (NaN counts as the largest).
+    /// Runs the kernel on `backend` under `rules`: `inputs[d]` are device `d`'s arguments;
+    /// returns each device's outputs. A one-device kernel runs as
+    /// [`backend::run`], a kernel on a mesh as [`backend::run_on_devices`].
+    pub fn run(
+        &self,
+        inputs: &[Vec<HostArray>],
+        backend: Backend,
+        rules: &KernelRules,
+    ) -> Result<Vec<Vec<HostArray>>, RunError> {
+        match (self.built.mesh.is_empty(), inputs) {
+            (true, [one]) => Ok(vec![backend::run(&self.built.def, one, backend, rules)?]),
+            _ => backend::run_on_devices(&self.built.def, &self.built.mesh, inputs, backend, rules),
+        }
+    }
+    /// The largest absolute difference between `outputs` (each device's, of a run on
+    /// `inputs`) and the reference, over every device and output (NaN counts as the
+    /// largest).
     pub fn max_error(
         &self,
-        inputs: &[HostArray],
-        outputs: &[HostArray],
+        inputs: &[Vec<HostArray>],
+        outputs: &[Vec<HostArray>],
     ) -> Result<f64, RegistryError> {
         let want = self.reference(inputs)?;
-        if want.len() != outputs.len() {
+        let count = |o: &[Vec<_>]| o.iter().map(Vec::len).collect::<Vec<_>>();
+        let got_counts: Vec<usize> = outputs.iter().map(Vec::len).collect();
+        if count(&want) != got_counts {
             return Err(RegistryError::Arguments {
                 kernel: self.info.name.to_string(),
-                expected: want.len(),
-                got: outputs.len(),
+                expected: want.iter().map(Vec::len).sum(),
+                got: got_counts.iter().sum(),
             });
         }
         Ok(outputs
             .iter()
-            .zip(&want)
+            .flatten()
+            .zip(want.iter().flatten())
             .map(|(got, want)| max_abs_diff(&got.to_f64_vec(), want).0)
             .fold(0.0, |a: f64, b| if b.is_nan() || b > a { b } else { a }))
     }
@@ -1276,27 +1727,28 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{} {:?}: {e}", info.name, case.params));
                 assert!(case.tol > 0.0);
                 let inputs = inst.inputs(1).unwrap();
-                assert_eq!(inputs.len(), inst.args().len(), "{}", info.name);
-                for (a, spec) in inputs.iter().zip(inst.args()) {
-                    assert_eq!(&ArgSpec::of(a), spec, "{}", info.name);
+                assert_eq!(inputs.len(), inst.devices(), "{}", info.name);
+                assert_eq!(info.on_mesh(), !inst.mesh().is_empty(), "{}", info.name);
+                for device in &inputs {
+                    assert_eq!(device.len(), inst.args().len(), "{}", info.name);
+                    for (a, spec) in device.iter().zip(inst.args()) {
+                        assert_eq!(&ArgSpec::of(a), spec, "{}", info.name);
+                    }
                 }
                 let outputs = inst
-                    .def()
-                    .instantiate(inst.args(), &KernelRules::tpu())
+                    .instantiate(&KernelRules::tpu())
                     .unwrap_or_else(|e| panic!("{} {:?}: {e}", info.name, case.params))
                     .operands
                     .iter()
                     .filter(|o| o.role == tessera_dsl::ir::OperandRole::Output)
                     .map(|o| o.array_shape.iter().product::<usize>())
                     .collect::<Vec<_>>();
-                let want: Vec<usize> = inst
-                    .reference(&inputs)
-                    .unwrap()
-                    .iter()
-                    .map(Vec::len)
-                    .collect();
-                assert_eq!(want, outputs, "{} {:?}", info.name, case.params);
-                assert!(inst.flops().unwrap() > 0.0, "{}", info.name);
+                for want in inst.reference(&inputs).unwrap() {
+                    let want: Vec<usize> = want.iter().map(Vec::len).collect();
+                    assert_eq!(want, outputs, "{} {:?}", info.name, case.params);
+                }
+                // 0: a kernel that only moves data.
+                assert!(inst.flops().unwrap() >= 0.0, "{}", info.name);
             }
             for set in info.bench {
                 // Small values for every knob: the sets resolve and build.
@@ -1305,6 +1757,7 @@ mod tests {
                         match name {
                             "heads" => "2",
                             "head_dim" => "64",
+                            "collective_size" => "512",
                             _ => "128",
                         }
                         .to_string()

@@ -1,5 +1,6 @@
 //! `tessera bench kernels` and `tessera bench attention` at small sizes: every registered
-//! kernel is measured against XLA's own dot, the JSON line comes last with the fields the
+//! kernel is measured against XLA's own dot (and against XLA's own program for the same
+//! computation where the registry has one), the JSON line comes last with the fields the
 //! bench promises, and `--profile` times every kernel call.
 
 use std::process::Command;
@@ -62,6 +63,10 @@ fn bench_kernels_measures_every_registered_kernel_against_the_peak() {
         "64",
         "--softmax-block",
         "8",
+        "--kv-pages",
+        "8",
+        "--collective-size",
+        "512",
         "--reps",
         "1",
     ]);
@@ -79,15 +84,31 @@ fn bench_kernels_measures_every_registered_kernel_against_the_peak() {
             && out.contains("runs before and after the work"),
         "{out}"
     );
-    for k in KERNELS {
-        let entry = format!("\"{}\":{{", k.name);
+    // One entry's fields, `{...}`.
+    let entry = |name: &str| -> &str {
+        let key = format!("\"{name}\":{{");
         let at = json
-            .find(&entry)
-            .unwrap_or_else(|| panic!("kernel `{}` missing from {json}", k.name));
-        let fields = &json[at..];
-        assert!(number(fields, "gflops") > 0.0, "{}: {fields}", k.name);
-        assert!(number(fields, "fraction_of_peak") > 0.0, "{}", k.name);
+            .find(&key)
+            .unwrap_or_else(|| panic!("`{name}` missing from {json}"));
+        let fields = &json[at + key.len()..];
+        &fields[..fields.find('}').expect("a closing brace")]
+    };
+    for k in KERNELS {
+        let fields = entry(k.name);
+        assert!(number(fields, "best_s") > 0.0, "{}: {fields}", k.name);
+        // The all-gather only moves data: no GFLOP/s.
+        if k.name != "all_gather" {
+            assert!(number(fields, "gflops") > 0.0, "{}: {fields}", k.name);
+            assert!(number(fields, "fraction_of_peak") > 0.0, "{}", k.name);
+        }
     }
+    // XLA's own program beside the kernels the registry has one for, timed in the same run,
+    // and the kernel's time over it.
+    for k in ["paged_attention", "all_gather", "all_gather_matmul"] {
+        assert!(number(entry(k), "over_xla") > 0.0, "{k}: {json}");
+        assert!(number(entry(&format!("xla_{k}")), "best_s") > 0.0, "{k}");
+    }
+    assert!(out.contains("x XLA's time"), "{out}");
     for dense in ["dense_attention_fwd", "dense_attention_fwdbwd"] {
         assert!(
             json.contains(&format!("\"{dense}\":{{")),

@@ -3,15 +3,16 @@
 //! interpreter (4 interleaved devices) and on 4 CPU devices (one SPMD program); the Mosaic
 //! lowering run by the evaluator on 4 devices equals the interpreter bit for bit.
 
+mod common;
+
 use tessera::backend::{self, Backend};
 use tessera::dsl::axes::Context;
 use tessera::dsl::interpret::{self, InterpretOptions};
-use tessera::dsl::{mosaic, ArgSpec, DType, DeviceAxis, HostArray, KernelDef, KernelRules};
+use tessera::dsl::{DType, HostArray, KernelDef, KernelRules};
 use tessera::kernels::collective::{
     all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
 };
 use tessera::kernels::memory::{ring_mesh, Ring};
-use tessera_mosaic_eval::{Module, OutputSpec};
 
 const N: usize = 4;
 
@@ -88,35 +89,6 @@ fn all_gather_matmul_over_four_devices_matches_its_reference_on_every_backend() 
     }
 }
 
-/// The kernel's Mosaic text run by the evaluator on the mesh's devices.
-fn mosaic_eval(
-    def: &KernelDef,
-    mesh: &[DeviceAxis],
-    per_device: &[Vec<HostArray>],
-) -> Vec<Vec<HostArray>> {
-    let specs: Vec<ArgSpec> = per_device[0].iter().map(ArgSpec::of).collect();
-    let k = def
-        .instantiate_on(&specs, mesh, &KernelRules::tpu())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let m = mosaic::lower(&k).unwrap_or_else(|e| panic!("{e}"));
-    let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{e}\n{}", m.text));
-    let outputs: Vec<OutputSpec> = m
-        .results
-        .iter()
-        .map(|r| OutputSpec {
-            dtype: r.dtype,
-            shape: r.shape.clone(),
-        })
-        .collect();
-    let args: Vec<Vec<HostArray>> = per_device
-        .iter()
-        .map(|a| mosaic::call_order(&k, a))
-        .collect();
-    module
-        .run_on_devices(&args, &outputs)
-        .unwrap_or_else(|e| panic!("{}: {e}", m.name))
-}
-
 #[test]
 fn mosaic_eval_on_four_devices_agrees_with_the_interpreter() {
     let gather_inputs: Vec<Vec<HostArray>> = (0..N)
@@ -135,7 +107,7 @@ fn mosaic_eval_on_four_devices_agrees_with_the_interpreter() {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
-            mosaic_eval(&def, &ring_mesh(N), &per_device),
+            common::mosaic_eval_on_mesh(&def, &ring_mesh(N), &per_device),
             want,
             "{}",
             def.name()

@@ -3,6 +3,8 @@
 //! over 4 devices (4 CPU devices for the StableHLO backend: one SPMD program, the remote
 //! copy a `collective_permute`).
 
+mod common;
+
 use tessera::backend::{self, Backend};
 use tessera::dsl::{HostArray, KernelRules};
 use tessera::kernels::memory::{
@@ -120,44 +122,6 @@ fn ring_all_gather_over_four_devices_matches_its_reference_on_every_backend() {
     }
 }
 
-/// Runs `def` on the mesh's devices through its Mosaic text and the evaluator (one device
-/// without a mesh).
-fn run_mosaic_eval(
-    def: &tessera::dsl::KernelDef,
-    mesh: &[tessera::dsl::DeviceAxis],
-    per_device: &[Vec<HostArray>],
-) -> Vec<Vec<HostArray>> {
-    use tessera::dsl::{mosaic, ArgSpec};
-    use tessera_mosaic_eval::{Module, OutputSpec};
-    let specs: Vec<ArgSpec> = per_device[0].iter().map(ArgSpec::of).collect();
-    let k = def
-        .instantiate_on(&specs, mesh, &KernelRules::tpu())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let m = mosaic::lower(&k).unwrap_or_else(|e| panic!("{e}"));
-    let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text));
-    let outputs: Vec<OutputSpec> = m
-        .results
-        .iter()
-        .map(|r| OutputSpec {
-            dtype: r.dtype,
-            shape: r.shape.clone(),
-        })
-        .collect();
-    if mesh.is_empty() {
-        vec![module
-            .run(&mosaic::call_order(&k, &per_device[0]), &outputs)
-            .unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text))]
-    } else {
-        let per_device: Vec<Vec<HostArray>> = per_device
-            .iter()
-            .map(|args| mosaic::call_order(&k, args))
-            .collect();
-        module
-            .run_on_devices(&per_device, &outputs)
-            .unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text))
-    }
-}
-
 /// The Mosaic lowering of the memory kernels, run by the evaluator (several devices for the
 /// remote copies), equals the interpreter bit for bit.
 #[test]
@@ -168,7 +132,10 @@ fn mosaic_eval_agrees_with_the_interpreter() {
     let tiles = HostArray::i32([7], vec![9, 0, 15, 15, 4, 2, 11]).unwrap();
     let args = vec![tiles, x];
     let want = interpret::run(&gather_tiles(), &args, &InterpretOptions::default()).unwrap();
-    assert_eq!(run_mosaic_eval(&gather_tiles(), &[], &[args])[0], want);
+    assert_eq!(
+        common::mosaic_eval_on_mesh(&gather_tiles(), &[], &[args])[0],
+        want
+    );
     let per_device: Vec<Vec<HostArray>> = (0..4).map(|d| vec![array(8, 128, d)]).collect();
     for def in [ring_shift(), ring_all_gather()] {
         let want = interpret::run_on_devices(
@@ -179,7 +146,7 @@ fn mosaic_eval_agrees_with_the_interpreter() {
         )
         .unwrap();
         assert_eq!(
-            run_mosaic_eval(&def, &ring_mesh(4), &per_device),
+            common::mosaic_eval_on_mesh(&def, &ring_mesh(4), &per_device),
             want,
             "{}",
             def.name()

@@ -88,7 +88,9 @@ fn random(dtype: DType, shape: &[usize], seed: u64) -> HostArray {
 }
 
 /// Every registered kernel at each of its cases (`tessera::registry::KERNELS`): adding a
-/// kernel to the registry adds it here.
+/// kernel to the registry adds it here. Every kernel runs on its devices (one, or its mesh's:
+/// remote copies between interleaved devices) in both, each device on two cores with the
+/// parallel-state check.
 #[test]
 fn registered_kernels_agree_with_the_interpreter() {
     let mut n = 0;
@@ -99,7 +101,21 @@ fn registered_kernels_agree_with_the_interpreter() {
                 .unwrap_or_else(|e| panic!("{}: {e}", info.name));
             let inputs = instance.inputs(1).unwrap_or_else(|e| panic!("{e}"));
             let what = format!("{} {}", info.name, instance.label());
-            n += check(&what, instance.def().clone(), &inputs);
+            let k = instance
+                .instantiate(&KernelRules::tpu())
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let want =
+                interpret::run_kernel_on_devices(&k, &inputs, &megacore(&KernelRules::tpu()))
+                    .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let got = common::mosaic_eval_on_devices(&k, &inputs)
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert_eq!(got.len(), want.len(), "{what}: devices");
+            for (d, (got, want)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(got.len(), want.len(), "{what}: outputs");
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    n += assert_same(&format!("{what} device {d} output {i}"), g, w);
+                }
+            }
         }
     }
     println!("registered kernels: {n} output elements equal bit for bit");

@@ -37,14 +37,30 @@ fn compile(topology: &Topology, def: &KernelDef, specs: &[ArgSpec]) -> Result<()
     let k = def
         .instantiate(specs, &KernelRules::tpu())
         .map_err(|e| e.to_string())?;
-    let program = custom_call_module(&k)?;
-    let options = CompileOptions::manual_partitions(1).expect("one partition");
+    compile_kernel(topology, &k)
+}
+
+/// Compiles the instantiated kernel `k` for `topology`: alone in a program, or for a kernel
+/// on a device mesh in a program of one partition per device (each chip's call talking to
+/// the others); on failure the compiler's message (the Mosaic text is written to
+/// `$TESSERA_MOSAIC_DUMP` when set).
+fn compile_kernel(topology: &Topology, k: &Kernel) -> Result<(), String> {
+    let n = k.num_devices();
+    let program = if n > 1 {
+        Lowering::tpu()
+            .lower_module_spmd(k)
+            .map(|m| m.to_mlir())
+            .map_err(|e| e.to_string())?
+    } else {
+        custom_call_module(k)?
+    };
+    let options = CompileOptions::manual_partitions(n).expect("partitions");
     topology
         .compile(&program, &options)
         .map(|_| ())
         .map_err(|e| {
             if let Ok(dir) = std::env::var("TESSERA_MOSAIC_DUMP") {
-                if let Ok(m) = mosaic::lower(&k) {
+                if let Ok(m) = mosaic::lower(k) {
                     let _ = std::fs::write(format!("{dir}/{}.mlir", m.name), &m.text);
                 }
             }
@@ -53,7 +69,8 @@ fn compile(topology: &Topology, def: &KernelDef, specs: &[ArgSpec]) -> Result<()
 }
 
 /// Every registered kernel at each of its cases (`tessera::registry::KERNELS`): adding a
-/// kernel to the registry adds it here.
+/// kernel to the registry adds it here. A kernel on a device mesh compiles for as many chips
+/// of the topology (both have 4).
 #[test]
 fn registered_kernels_compile_for_tpu() {
     let plugin = libtpu();
@@ -66,7 +83,10 @@ fn registered_kernels_compile_for_tpu() {
                 let instance = info
                     .instance(&case.given())
                     .unwrap_or_else(|e| panic!("{}: {e}", info.name));
-                match compile(&topology, instance.def(), instance.args()) {
+                let k = instance
+                    .instantiate(&KernelRules::tpu())
+                    .unwrap_or_else(|e| panic!("{} {}: {e}", info.name, instance.label()));
+                match compile_kernel(&topology, &k) {
                     Ok(()) => compiled += 1,
                     Err(e) => {
                         failures.push(format!("{name}: {} {}: {e}", info.name, instance.label()))

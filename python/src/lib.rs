@@ -88,9 +88,11 @@ fn from_host<'py>(py: Python<'py>, a: &HostArray) -> PyResult<ToPyArray<'py>> {
     ))
 }
 
-/// The built-in kernels: `[{name, summary, params: [{name, default, help, size, sets}]}]`,
-/// where `size` parameters only set default argument sizes (`sets`: (argument, dim) pairs)
-/// and the others are compile-time parameters.
+/// The built-in kernels: `[{name, summary, on_mesh, params: [{name, default, help, size,
+/// sets}]}]`, where `size` parameters only set default argument sizes (`sets`: (argument,
+/// dim) pairs) and the others are compile-time parameters; `on_mesh` kernels run on a device
+/// mesh, each device with its own arguments, and are not called from JAX (`kernel` refuses
+/// them).
 #[pyfunction]
 fn kernels(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let list = PyList::empty(py);
@@ -98,6 +100,7 @@ fn kernels(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
         let entry = PyDict::new(py);
         entry.set_item("name", k.name)?;
         entry.set_item("summary", k.summary)?;
+        entry.set_item("on_mesh", k.on_mesh())?;
         let params = PyList::empty(py);
         for p in k.params {
             let d = PyDict::new(py);
@@ -313,6 +316,13 @@ fn kernel(
     args: Option<Vec<(Vec<usize>, String)>>,
 ) -> PyResult<PyKernel> {
     let info = registry::find(name).map_err(error)?;
+    if info.on_mesh() {
+        return Err(error(format_args!(
+            "kernel `{name}` runs on a device mesh, each device with its own arguments, and \
+             tessera_jax calls one-device kernels; run it with \
+             `tessera::backend::run_on_devices` from Rust"
+        )));
+    }
     let (def, default_args) = info.build(&params).map_err(error)?;
     let specs = match args {
         None => default_args,

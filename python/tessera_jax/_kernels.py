@@ -14,9 +14,11 @@ from ._tessera import Kernel
 
 
 def kernels() -> list[dict[str, Any]]:
-    """The registry's kernels: `[{name, summary, params: [{name, default, help, size,
-    sets}]}]`. `size` parameters only set default argument sizes (`sets`: the (argument,
-    dim) pairs they set); the others are compile-time parameters."""
+    """The registry's kernels: `[{name, summary, on_mesh, params: [{name, default, help,
+    size, sets}]}]`. `size` parameters only set default argument sizes (`sets`: the
+    (argument, dim) pairs they set); the others are compile-time parameters. `on_mesh`
+    kernels (the in-kernel all-gather, the all-gather matmul) run on a device mesh, each
+    device with its own arguments: `kernel` refuses them."""
     return _tessera.kernels()
 
 

@@ -335,33 +335,39 @@ fn attention_program(a: &CompileAttentionArgs, target: &Lowering) -> Result<Modu
     Ok(program.module().clone())
 }
 
-/// A registered kernel instantiated under the TPU rules, as the only op of a one-device
-/// program ([`kernel_module`]).
+/// A registered kernel instantiated under the TPU rules, as the only op of a program
+/// ([`kernel_module`]).
 fn kernel_program(
     name: &str,
     params: &[(String, String)],
     args: &[ArgSpec],
     target: &Lowering,
 ) -> Result<Module> {
-    let info = registry::find(name)?;
-    let (def, default_args) = info.build(params)?;
+    let instance = registry::find(name)?.instance(params)?;
     let args = if args.is_empty() {
-        default_args
+        instance.args()
     } else {
-        args.to_vec()
+        args
     };
-    kernel_module(&def, &args, target)
+    kernel_module(instance.def(), args, instance.mesh(), target)
 }
 
-/// `def` instantiated for `args` under `target`'s rules, alone in a one-device program: the
-/// program `--backend tpu` runs the kernel as (`tessera::backend::kernel_program`).
+/// `def` instantiated for `args` on the device mesh `mesh` (empty: one device) under
+/// `target`'s rules, alone in a program: the program `--backend tpu` runs the kernel as
+/// (`tessera::backend::kernel_program`), or for a kernel on a mesh one partition per device,
+/// each applying the kernel to its own arguments (`tessera::backend::kernel_spmd_program`).
 pub(super) fn kernel_module(
     def: &tessera::dsl::KernelDef,
     args: &[ArgSpec],
+    mesh: &[tessera::dsl::DeviceAxis],
     target: &Lowering,
 ) -> Result<Module> {
-    let kernel = def.instantiate(args, &target.rules)?;
-    Ok(target.lower_module(&kernel)?)
+    let kernel = def.instantiate_on(args, mesh, &target.rules)?;
+    Ok(if kernel.num_devices() > 1 {
+        target.lower_module_spmd(&kernel)?
+    } else {
+        target.lower_module(&kernel)?
+    })
 }
 
 /// Writes every Mosaic kernel of `program` to `dir/KERNEL.mlir` (`KERNEL.N.mlir` for further

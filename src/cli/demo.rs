@@ -1,8 +1,9 @@
 //! `tessera demo`: every registered kernel at each of its cases on every backend against its
-//! f64 reference, then context-parallel splash attention on 4 CPU devices against one device.
+//! f64 reference (a kernel on a device mesh on that many interleaved interpreter devices and
+//! CPU devices), then context-parallel splash attention on 4 CPU devices against one device.
 
 use anyhow::{Context, Result};
-use tessera::backend::{self, Backend, Platform};
+use tessera::backend::{Backend, Platform};
 use tessera::dsl::{DType, KernelRules, Lowering};
 use tessera::reference::{max_abs_diff, random};
 use tessera::registry::{self, Case, KernelInfo};
@@ -12,23 +13,30 @@ fn demo_case(info: &'static KernelInfo, case: &Case) -> Result<bool> {
     let name = info.name;
     let instance = info.instance(&case.given())?;
     let inputs = instance.inputs(1)?;
+    let devices = instance.devices();
     let mut all_ok = true;
     for b in Backend::ALL {
         // The first run instantiates (and on `cpu` compiles) the kernel; time the second.
-        backend::run(instance.def(), &inputs, b, &KernelRules::tpu())
+        instance
+            .run(&inputs, b, &KernelRules::tpu())
             .with_context(|| format!("running {name} on {b}"))?;
         let start = std::time::Instant::now();
-        let outputs = backend::run(instance.def(), &inputs, b, &KernelRules::tpu())
+        let outputs = instance
+            .run(&inputs, b, &KernelRules::tpu())
             .with_context(|| format!("running {name} on {b}"))?;
         let elapsed = start.elapsed();
         let err = instance.max_error(&inputs, &outputs)?;
         let ok = err <= case.tol;
         all_ok &= ok;
         outln!(
-            "{:<16} {:<40} {:<9} {:>8.1} ms   max |err| {:.2e} (tol {:.0e})  {}",
+            "{:<18} {:<40} {:<9} {:>8.1} ms   max |err| {:.2e} (tol {:.0e})  {}",
             name,
             instance.label(),
-            b.name(),
+            if devices > 1 {
+                format!("{b} x{devices}")
+            } else {
+                b.name().to_string()
+            },
             elapsed.as_secs_f64() * 1e3,
             err,
             case.tol,
@@ -122,7 +130,7 @@ fn demo_context_parallel() -> Result<bool> {
         let tol = 1e-4;
         all_ok &= err <= tol;
         outln!(
-            "{:<16} {:<48} {:<9} {:>8.1} ms   max |err| {:.2e} (tol {:.0e})  {}",
+            "{:<18} {:<48} {:<9} {:>8.1} ms   max |err| {:.2e} (tol {:.0e})  {}",
             "context_parallel",
             format!("{} H=8 KVH=4 S={seq} causal, fwd+bwd+compile", cp.strategy),
             format!("cpu x{devices}"),

@@ -14,7 +14,12 @@ use super::{rules, Emit};
 
 pub fn list_kernels() {
     for k in registry::KERNELS {
-        outln!("{}  {}", k.name, k.summary);
+        let mesh = if k.on_mesh() {
+            " [runs on a device mesh: each device its own arguments and outputs]"
+        } else {
+            ""
+        };
+        outln!("{}  {}{mesh}", k.name, k.summary);
         for p in k.params {
             outln!("    {:<10} = {:<7} {}", p.name, p.default, p.help);
         }
@@ -28,12 +33,22 @@ pub fn print_ir(
     rules_name: &str,
     emit: Emit,
 ) -> Result<()> {
-    let info = registry::find(kernel)?;
-    let (def, default_args) = info.build(params)?;
-    let args = if args.is_empty() { default_args } else { args };
-    let k = def.instantiate(&args, &rules(rules_name)?)?;
+    let instance = registry::find(kernel)?.instance(params)?;
+    let args = if args.is_empty() {
+        instance.args().to_vec()
+    } else {
+        args
+    };
+    let k = instance
+        .def()
+        .instantiate_on(&args, instance.mesh(), &rules(rules_name)?)?;
     match emit {
         Emit::Ir => out!("{k}"),
+        // A kernel on a mesh: one partition per device, remote copies as collective_permutes.
+        Emit::Stablehlo if k.num_devices() > 1 => out!(
+            "{}",
+            tessera::dsl::stablehlo::lower_module_spmd(&k)?.to_mlir()
+        ),
         Emit::Stablehlo => out!("{}", tessera::dsl::stablehlo::lower_module(&k)?.to_mlir()),
     }
     Ok(())
@@ -50,6 +65,13 @@ pub fn run_kernel(
     rules_name: &str,
 ) -> Result<()> {
     let info = registry::find(kernel)?;
+    if info.on_mesh() {
+        bail!(
+            "`{kernel}` runs on a mesh of devices, each with its own arguments, and `tessera run` \
+             takes one device's .npy inputs; run it with `tessera::backend::run_on_devices` \
+             from Rust (`tessera demo` checks it on 4 CPU devices)"
+        );
+    }
     let (def, _) = info.build(params)?;
     if inputs.len() != def.args().len() {
         let names: Vec<&str> = def.args().iter().map(|a| a.name).collect();

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use tessera::dsl::{mosaic, ArgSpec, HostArray, KernelDef, KernelRules};
+use tessera::dsl::{mosaic, ArgSpec, DeviceAxis, HostArray, Kernel, KernelDef, KernelRules};
 use tessera::npy::write_npy;
 use tessera_mosaic_eval::{EvalError, Module, OutputSpec, RunOptions};
 
@@ -22,9 +22,15 @@ pub fn mosaic_eval(
     let k = def
         .instantiate(&specs, rules)
         .unwrap_or_else(|e| panic!("{e}"));
-    let m = mosaic::lower(&k).unwrap_or_else(|e| panic!("{e}"));
+    let (module, outputs) = parsed_mosaic(&k);
+    module.run_with(args, &outputs, options)
+}
+
+/// `k`'s Mosaic text parsed by mosaic-eval, and the specs of its outputs.
+fn parsed_mosaic(k: &Kernel) -> (Module, Vec<OutputSpec>) {
+    let m = mosaic::lower(k).unwrap_or_else(|e| panic!("{e}"));
     let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text));
-    let outputs: Vec<OutputSpec> = m
+    let outputs = m
         .results
         .iter()
         .map(|r| OutputSpec {
@@ -32,7 +38,37 @@ pub fn mosaic_eval(
             shape: r.shape.clone(),
         })
         .collect();
-    module.run_with(args, &outputs, options)
+    (module, outputs)
+}
+
+/// Lowers the instantiated kernel `k` to Mosaic text and runs the text with mosaic-eval on
+/// `k`'s devices (`per_device[d]`: device `d`'s arguments in declaration order; one list for
+/// a one-device kernel), each device on two cores with the parallel-state check; returns
+/// each device's outputs.
+pub fn mosaic_eval_on_devices(
+    k: &Kernel,
+    per_device: &[Vec<HostArray>],
+) -> Result<Vec<Vec<HostArray>>, EvalError> {
+    let (module, outputs) = parsed_mosaic(k);
+    let args: Vec<Vec<HostArray>> = per_device
+        .iter()
+        .map(|a| mosaic::call_order(k, a))
+        .collect();
+    module.run_on_devices(&args, &outputs)
+}
+
+/// [`mosaic_eval_on_devices`] of `def` instantiated on `mesh` (empty: one device) for
+/// device 0's argument specs under the TPU rules; panics on an error.
+pub fn mosaic_eval_on_mesh(
+    def: &KernelDef,
+    mesh: &[DeviceAxis],
+    per_device: &[Vec<HostArray>],
+) -> Vec<Vec<HostArray>> {
+    let specs: Vec<ArgSpec> = per_device[0].iter().map(ArgSpec::of).collect();
+    let k = def
+        .instantiate_on(&specs, mesh, &KernelRules::tpu())
+        .unwrap_or_else(|e| panic!("{e}"));
+    mosaic_eval_on_devices(&k, per_device).unwrap_or_else(|e| panic!("{}: {e}", k.name))
 }
 
 /// Asserts `got` is within `tol` of `want` everywhere (NaN fails).

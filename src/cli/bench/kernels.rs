@@ -1,11 +1,16 @@
 //! `tessera bench kernels`: every registered kernel at a realistic size on the XLA CPU
 //! plugin, beside XLA's own dot (the matmul peak, f32 and bf16) and dense attention, all in
 //! one process and timed side by side; each kernel's GFLOP/s as a fraction of the peak of
-//! its dtype.
+//! its dtype. A kernel on a device mesh runs on as many CPU devices (one SPMD program). Where
+//! the registry has XLA's own program for what a kernel computes (paged attention: a dense
+//! gather of the pages, then attention; the all-gather and the all-gather matmul: XLA's
+//! `all_gather`, and its dot, on the same devices), it is timed beside the kernel on the
+//! same arguments and the kernel's time over XLA's is printed.
 
 use std::collections::HashMap;
 
 use anyhow::Result;
+use tessera::backend::Platform;
 use tessera::dsl::{DType, KernelRules};
 use tessera::hlo::{Module, TensorType};
 use tessera::registry::{self, Instance};
@@ -42,6 +47,15 @@ pub struct KernelsArgs {
     /// Rows per block of the row softmax (over a seq x seq array).
     #[arg(long, default_value_t = 64, value_parser = super::super::positive)]
     pub softmax_block: usize,
+    /// Pages (of 16 tokens) per sequence of paged attention (8 sequences, 32 query heads, 8
+    /// KV heads, head dim 128).
+    #[arg(long, default_value_t = 128, value_parser = super::super::positive)]
+    pub kv_pages: usize,
+    /// Size of the collective kernels on 4 CPU devices: the all-gather's shards are size x
+    /// size, the all-gather matmul's x and weight size x size (256-blocks; a multiple of
+    /// 512).
+    #[arg(long, default_value_t = 1024, value_parser = super::super::positive)]
+    pub collective_size: usize,
     /// Leave out dense attention (it materialises [B, H, S, S] scores).
     #[arg(long)]
     pub no_dense: bool,
@@ -61,6 +75,8 @@ struct Row {
     kernel: String,
     config: String,
     dtype: DType,
+    /// For a kernel's row, the index of the row of XLA's own program for it.
+    xla: Option<usize>,
 }
 
 impl KernelsArgs {
@@ -76,6 +92,8 @@ impl KernelsArgs {
             "block" => self.block,
             "flash_block" => self.flash_block,
             "softmax_block" => self.softmax_block,
+            "kv_pages" => self.kv_pages,
+            "collective_size" => self.collective_size,
             _ => return None,
         };
         Some(value.to_string())
@@ -98,17 +116,36 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
             kernel: "xla_dot".into(),
             config: format!("{dtype} {n}^3 (the peak)"),
             dtype,
+            xla: None,
         });
     }
     for info in registry::KERNELS {
         for set in info.bench {
             let instance = info.bench_instance(set, |k| a.knob(k))?;
+            let devices = match instance.devices() {
+                1 => String::new(),
+                d => format!(" on {d} devices"),
+            };
+            let config = format!("{}{devices}", instance.label());
+            let dtype = instance.dtype()?;
+            let (kernel, xla) = instance_programs(&instance)?;
+            let at = rows.len();
             rows.push(Row {
                 kernel: info.name.into(),
-                config: instance.label(),
-                dtype: instance.dtype()?,
+                config: config.clone(),
+                dtype,
+                xla: xla.is_some().then_some(at + 1),
             });
-            programs.push(instance_program(&client, &instance)?);
+            programs.push(kernel);
+            if let Some(xla) = xla {
+                rows.push(Row {
+                    kernel: format!("xla_{}", info.name),
+                    config: format!("{config}, XLA alone"),
+                    dtype,
+                    xla: None,
+                });
+                programs.push(xla);
+            }
         }
     }
     if !a.no_dense {
@@ -149,6 +186,7 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
                     a.heads, a.head_dim
                 ),
                 dtype: DType::F32,
+                xla: None,
             });
         }
     }
@@ -180,23 +218,51 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
     let mut json = Vec::new();
     for (r, p) in rows.iter().zip(&programs) {
         let fraction = p.gflops() / peak[&r.dtype];
+        // A kernel that only moves data has no GFLOP/s.
+        let (gflops, of_peak) = if p.flops > 0.0 {
+            (
+                format!("{:.1}", p.gflops()),
+                format!("{:.1}%", 100.0 * fraction),
+            )
+        } else {
+            ("-".into(), "-".into())
+        };
         outln!(
-            "{:<24} {:<width$} {:>9.2} {:>9.4} {:>6.2} {:>9.1} {:>7.1}%",
+            "{:<24} {:<width$} {:>9.2} {:>9.4} {:>6.2} {:>9} {:>8}",
             r.kernel,
             r.config,
             p.compile_s,
             p.best_s,
             p.best_cpu_s / p.best_s,
-            p.gflops(),
-            100.0 * fraction
+            gflops,
+            of_peak
         );
+        let mut fields = vec![format!("\"best_s\":{:.5}", p.best_s)];
+        if p.flops > 0.0 {
+            fields.push(format!("\"gflops\":{:.2}", p.gflops()));
+            fields.push(format!("\"fraction_of_peak\":{fraction:.4}"));
+        }
+        if let Some(x) = r.xla {
+            fields.push(format!("\"over_xla\":{:.4}", p.best_s / programs[x].best_s));
+        }
         json.push(format!(
-            "\"{}{}\":{{\"best_s\":{:.5},\"gflops\":{:.2},\"fraction_of_peak\":{fraction:.4}}}",
+            "\"{}{}\":{{{}}}",
             r.kernel,
             if r.dtype == DType::BF16 { "_bf16" } else { "" },
-            p.best_s,
-            p.gflops()
+            fields.join(",")
         ));
+    }
+    for (r, p) in rows.iter().zip(&programs) {
+        if let Some(x) = r.xla {
+            outln!(
+                "{} {}: {:.4} s, XLA's own program {:.4} s: {:.2}x XLA's time",
+                r.kernel,
+                r.config,
+                p.best_s,
+                programs[x].best_s,
+                p.best_s / programs[x].best_s
+            );
+        }
     }
     outln!(
         "{{\"matmul_peak_gflops\":{:.2},\"matmul_peak_bf16_gflops\":{:.2},\
@@ -212,32 +278,64 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
 
 /// A registered kernel instantiated under the TPU rules and lowered alone, as a whole program
 /// holds it (the arguments its parameters fix, splash's tables, inlined as constants), with
-/// random data on the device.
-fn instance_program(client: &Client, instance: &Instance) -> Result<Timed> {
+/// random data on the device; a kernel on a mesh as one SPMD program on as many CPU devices
+/// (`tessera::backend::kernel_spmd_program`). Beside it, XLA's own program for the same
+/// computation on the same data, where the registry has one; then both take every argument
+/// (paged attention's lengths and page table too) from the device, as in a decode step.
+fn instance_programs(instance: &Instance) -> Result<(Timed, Option<Timed>)> {
     let def = instance.def();
-    let k = def.instantiate(instance.args(), &KernelRules::tpu())?;
-    let mut module = Module::new(format!("bench_{}", def.name()));
-    let mut f = module.func("main");
+    let k = instance.instantiate(&KernelRules::tpu())?;
+    let devices = instance.devices();
+    let client = Client::cpu_shared(devices)?;
     let arrays = instance.random_inputs(11);
-    let mut values = Vec::with_capacity(arrays.len());
-    let mut buffers = Vec::new();
-    for (i, a) in arrays.iter().enumerate() {
-        if instance.is_fixed(i) {
-            values.push(f.constant(a)?);
-        } else {
-            let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
-            values.push(f.arg(TensorType::new(dims, a.dtype()))?);
-            buffers.push(client.buffer_from_host(&HostBuffer::from_array(a)?, 0)?);
+    let flops = instance.flops()?;
+    // Every argument on its device (XLA's program takes them all).
+    let on_devices = |fixed_too: bool| -> Result<Vec<Vec<_>>> {
+        let mut per_device = Vec::new();
+        for (d, device) in arrays.iter().enumerate() {
+            let mut buffers = Vec::new();
+            for (i, a) in device.iter().enumerate() {
+                if fixed_too || !instance.is_fixed(i) {
+                    buffers.push(client.buffer_from_host(&HostBuffer::from_array(a)?, d)?);
+                }
+            }
+            per_device.push(buffers);
         }
-    }
-    let outs = tessera::dsl::stablehlo::lower_into(&k, &mut f, &values)?;
-    f.finish(&outs)?;
-    Timed::new(
-        client,
-        def.name(),
-        &module,
-        buffers,
-        instance.flops()?,
-        true,
-    )
+        Ok(per_device)
+    };
+    let xla = instance.xla_program();
+    let kernel = if devices > 1 {
+        let module = tessera::backend::kernel_spmd_program(&k, Platform::Cpu)?;
+        Timed::on_devices(&client, def.name(), &module, on_devices(true)?, flops, true)?
+    } else {
+        let mut module = Module::new(format!("bench_{}", def.name()));
+        let mut f = module.func("main");
+        let mut values = Vec::with_capacity(arrays[0].len());
+        let inline = xla.is_none();
+        for (i, a) in arrays[0].iter().enumerate() {
+            if inline && instance.is_fixed(i) {
+                values.push(f.constant(a)?);
+            } else {
+                let dims: Vec<i64> = a.shape().iter().map(|&d| d as i64).collect();
+                values.push(f.arg(TensorType::new(dims, a.dtype()))?);
+            }
+        }
+        let outs = tessera::dsl::stablehlo::lower_into(&k, &mut f, &values)?;
+        f.finish(&outs)?;
+        let buffers = on_devices(!inline)?.remove(0);
+        Timed::new(&client, def.name(), &module, buffers, flops, true)?
+    };
+    let xla = match xla {
+        None => None,
+        Some(module) => {
+            let name = format!("xla {}", def.name());
+            Some(if devices > 1 {
+                Timed::on_devices(&client, name, &module?, on_devices(true)?, flops, false)?
+            } else {
+                let buffers = on_devices(true)?.remove(0);
+                Timed::new(&client, name, &module?, buffers, flops, false)?
+            })
+        }
+    };
+    Ok((kernel, xla))
 }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::Result;
 use tessera::dsl::{ArgSpec, DType};
 use tessera::hlo::Module;
-use tessera::runtime::{Buffer, Client, CompileOptions, HostBuffer, LoadedExecutable};
+use tessera::runtime::{Buffer, Client, CompileOptions, HostBuffer, LoadedExecutable, XlaOption};
 
 /// One program with its device inputs and the work one run does.
 pub struct Timed {
@@ -33,7 +33,8 @@ pub struct Timed {
     /// Seconds of every timed run.
     pub times: Vec<f64>,
     exe: LoadedExecutable,
-    inputs: Vec<Buffer>,
+    /// Each device's inputs (one list for a one-device program).
+    inputs: Vec<Vec<Buffer>>,
 }
 
 impl Timed {
@@ -53,6 +54,37 @@ impl Timed {
         } else {
             CompileOptions::single_device()
         };
+        Self::compile(client, name, module, vec![inputs], flops, options)
+    }
+
+    /// Compiles `module`, a program of one partition per device of `client` (manually
+    /// partitioned), whose device `d` takes `per_device[d]`; as tessera compiles kernels
+    /// (XNNPACK off on the CPU plugin) when `kernel`, else with XLA's defaults.
+    pub fn on_devices(
+        client: &Client,
+        name: impl Into<String>,
+        module: &Module,
+        per_device: Vec<Vec<Buffer>>,
+        flops: f64,
+        kernel: bool,
+    ) -> Result<Self> {
+        let options = CompileOptions::manual_partitions(per_device.len())?;
+        let options = if kernel && client.platform_name() == "cpu" {
+            options.with_xla_option("xla_cpu_use_xnnpack", XlaOption::Bool(false))
+        } else {
+            options
+        };
+        Self::compile(client, name, module, per_device, flops, options)
+    }
+
+    fn compile(
+        client: &Client,
+        name: impl Into<String>,
+        module: &Module,
+        inputs: Vec<Vec<Buffer>>,
+        flops: f64,
+        options: CompileOptions,
+    ) -> Result<Self> {
         let start = Instant::now();
         let exe = client.compile(&module.to_mlir(), &options)?;
         Ok(Timed {
@@ -72,10 +104,10 @@ impl Timed {
     /// Runs once; returns the seconds taken, the processor seconds and the outputs (on the
     /// device).
     pub fn run(&self) -> Result<(f64, f64, Vec<Buffer>)> {
-        let refs: Vec<&Buffer> = self.inputs.iter().collect();
+        let refs: Vec<Vec<&Buffer>> = self.inputs.iter().map(|d| d.iter().collect()).collect();
         let cpu = process_cpu_s();
         let start = Instant::now();
-        let outs = self.exe.execute(std::slice::from_ref(&refs))?;
+        let outs = self.exe.execute(&refs)?;
         let secs = start.elapsed().as_secs_f64();
         Ok((
             secs,

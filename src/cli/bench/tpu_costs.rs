@@ -1,5 +1,5 @@
 //! `tessera bench kernels --target tpu:TOPOLOGY`: every registered kernel compiled for a TPU
-//! topology by libtpu (compile-only, bf16), with its cost read from the compiler's own
+//! topology by libtpu (compile-only, bf16; a kernel on a mesh over as many chips), with its cost read from the compiler's own
 //! bundles (`tessera::tpu::cost`): cycles on the busiest TensorCore, the work summed over
 //! cores, the MXU bound and scoped VMEM. The splash kernels are compiled in their programs
 //! (forward + backward, fused and separate), so their block tables are known.
@@ -21,20 +21,35 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
     let s = a.seq;
     let dtype = DType::BF16;
     let mut programs: Vec<(String, Module)> = Vec::new();
-    // The registered kernels at their bf16 bench parameter sets; splash's below, in their
-    // programs (forward + backward), so that their block tables are known.
+    // The registered kernels at their bf16 bench parameter sets (every set of a kernel that
+    // has no bf16 one), a kernel on a mesh in a program of one partition per device; splash's
+    // below, in their programs (forward + backward), so that their block tables are known.
     for info in registry::KERNELS {
         if info.name.starts_with("splash_") {
             continue;
         }
-        for set in info.bench {
-            let instance = info.bench_instance(set, |k| a.knob(k))?;
-            if instance.dtype()? != dtype {
+        let instances = info
+            .bench
+            .iter()
+            .map(|set| info.bench_instance(set, |k| a.knob(k)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let has_bf16 = instances.iter().any(|i| i.dtype().ok() == Some(dtype));
+        for instance in instances {
+            if has_bf16 && instance.dtype()? != dtype {
                 continue;
             }
+            let devices = match instance.devices() {
+                1 => String::new(),
+                n => format!(" on {n} chips"),
+            };
             programs.push((
-                instance.label(),
-                super::super::compile::kernel_module(instance.def(), instance.args(), &kernels)?,
+                format!("{}{devices}", instance.label()),
+                super::super::compile::kernel_module(
+                    instance.def(),
+                    instance.args(),
+                    instance.mesh(),
+                    &kernels,
+                )?,
             ));
         }
     }
