@@ -51,12 +51,12 @@ pub struct CompileArgs {
 pub enum CompileWhat {
     /// Splash attention: forward, backward (dq and dkv kernels, or the fused kernel) or both.
     Attention(Box<CompileAttentionArgs>),
-    /// The whole train step (forward, backward, gradient all-reduce, AdamW) of a model on a
-    /// data x context mesh whose product is the topology's device count, with MaxText's
-    /// flags; printed beside the step-time model's prediction. fsdp does not exist yet: the
-    /// parameters and AdamW moments are replicated on every device.
+    /// The whole train step (forward, backward, gradient reduction, AdamW) of a model on a
+    /// (data or fsdp) x context mesh whose product is the topology's device count, with
+    /// MaxText's flags; printed beside the step-time model's prediction.
     Train(Box<CompileTrainArgs>),
-    /// A registered kernel (see `tessera kernels`), alone in a one-device program.
+    /// A registered kernel (see `tessera kernels`), alone in a program (one partition per
+    /// device of its mesh for the collective ones).
     Kernel {
         /// Kernel name.
         name: String,
