@@ -2,7 +2,7 @@
 //! (with the repeated value plain and, vectorised per head, batched), the lowered texts
 //! (`tpu.concatenate` of the copies for Mosaic, as JAX lowers `pltpu.repeat`;
 //! `broadcast_in_dim` and `reshape` for StableHLO) and the Mosaic text accepted by libtpu for
-//! v5p. (The Mosaic text runs in `tests/mosaic_eval.rs`.)
+//! v5p, whole tiles or not. (The Mosaic text runs in `tests/mosaic_eval.rs`.)
 
 mod common;
 mod repeat_kernels;
@@ -41,6 +41,7 @@ fn the_lowerings_concatenate_and_broadcast() {
                 " in 1 : vector<8x128xf32>, vector<8x128xf32>, vector<8x128xf32> \
                                -> vector<8x384xf32>"
             }
+            "repeat_column" => ", vector<8x1xf32> -> vector<8x128xf32>",
             _ => " in 0 : vector<8x128xf32>, vector<8x128xf32> -> vector<16x128xf32>",
         };
         assert!(

@@ -109,20 +109,6 @@ fn bf16_scalar(
     out.store(x.load() * next);
 }
 
-#[tpu_kernel(grid = (1,))]
-fn unaligned_repeat(
-    #[shape(8, 128)]
-    #[block((8, 128), |i| (i, 0))]
-    x: Ref<f32>,
-    #[shape(8, 128)]
-    #[block((8, 128), |i| (i, 0))]
-    out: RefMut<f32>,
-) {
-    let column = x.load().max_keepdims(-1);
-    let wide = repeat(column, 128, 1); // breaks: unaligned repeat
-    out.store(x.load() - wide);
-}
-
 /// One illegal kernel: its name, definition, arguments, the marker of the line that breaks
 /// the rule, and a phrase of the fix the message must give.
 pub struct Illegal {
@@ -193,13 +179,6 @@ pub fn all() -> Vec<Illegal> {
             args: vec![ArgSpec::new(DType::BF16, [16, 128])],
             marker: "breaks: bf16 scalar",
             fix: "compute it in f32",
-        },
-        Illegal {
-            name: "unaligned_repeat",
-            def: unaligned_repeat(),
-            args: f32s(&[8, 128]),
-            marker: "breaks: unaligned repeat",
-            fix: "keep it 128 wide, replicated, and repeat that",
         },
     ]
 }

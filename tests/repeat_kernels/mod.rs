@@ -38,6 +38,21 @@ fn repeat_sublanes_per_head(
     out.store(repeat(x.load() * 2.0, 2, 0));
 }
 
+/// A width-1 column repeated 128 times along lanes (not whole tiles: Mosaic accepts it, as
+/// libtpu 0.0.42 compiles unaligned concatenations; it costs more than whole-vreg copies).
+#[tpu_kernel(grid = (1,))]
+fn repeat_column(
+    #[shape(8, 128)]
+    #[block((8, 128), |i| (i, 0))]
+    x: Ref<f32>,
+    #[shape(8, 128)]
+    #[block((8, 128), |i| (i, 0))]
+    out: RefMut<f32>,
+) {
+    let column = x.load().max_keepdims(-1);
+    out.store(x.load() - repeat(column, 128, 1));
+}
+
 /// `times` copies of a row-major `[rows, cols]` array along its columns.
 fn repeat_cols(x: &[f64], rows: usize, cols: usize, times: usize) -> Vec<f64> {
     (0..rows * cols * times)
@@ -67,8 +82,18 @@ pub fn cases() -> Vec<(&'static str, KernelDef, Vec<HostArray>, Vec<f64>)> {
             2.0 * hv[(h * 8 + r % 8) * 128 + c]
         })
         .collect();
+    let c = HostArray::random(DType::F32, [8, 128], 4);
+    let cv = c.to_f64_vec();
+    let want_column: Vec<f64> = cv
+        .chunks(128)
+        .flat_map(|row| {
+            let max = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            row.iter().map(move |v| v - max)
+        })
+        .collect();
     vec![
         ("repeat_lanes", repeat_lanes(), vec![x, m], want_lanes),
+        ("repeat_column", repeat_column(), vec![c], want_column),
         (
             "repeat_sublanes_per_head",
             repeat_sublanes_per_head(),

@@ -122,26 +122,6 @@ fn refusal(k: &Kernel, inst: &Inst) -> Option<String> {
                 ))
             }
         }
-        Op::Repeat { x, axis, .. } => {
-            let t = ty(*x);
-            // The copies are concatenated whole tiles: lanes (the last dim) in 128s,
-            // sublanes (the one before) in 8 rows of 32 bits (16 of bf16).
-            let (dim, tile) = if *axis + 1 == t.rank() {
-                ("lane", 128)
-            } else if *axis + 2 == t.rank() {
-                ("sublane", 8 * 4 / t.dtype.size_bytes())
-            } else {
-                ("leading", 1)
-            };
-            if t.shape[*axis] % tile != 0 {
-                Some(format!(
-                    "Mosaic repeats a vector along its {dim} dim only in whole tiles of {tile},                      but {:?} has {} along axis {axis}; repeat a value whose axis {axis} is a                      multiple of {tile} (e.g. keep it {tile} wide, replicated, and repeat that)",
-                    t.shape, t.shape[*axis]
-                ))
-            } else {
-                scalar_refusal(inst, &operands, &results)
-            }
-        }
         Op::Dot { lhs, .. } if !ty(*lhs).dtype.is_float() => Some(format!(
             "the MXU multiplies f32 or bf16 operands, not {}; cast the operands to bf16 or f32",
             ty(*lhs).dtype

@@ -503,10 +503,10 @@ pub fn minimum(a: impl IntoValue, b: impl IntoValue) -> Value {
 }
 
 /// `times` copies of `x` side by side along `axis` (negative counts from the end), like
-/// Pallas' `pltpu.repeat`: `repeat(x, 2, 1)` of `[a, b]` rows is `[a, b, a, b]`. Under the
-/// TPU rules the repeated dim must be whole tiles (a multiple of 128 on lanes, 8 on
-/// sublanes): keep a value lane-replicated at 128 wide and repeat that, rather than
-/// broadcasting a width-1 column.
+/// Pallas' `pltpu.repeat`: `repeat(x, 2, 1)` of `[a, b]` rows is `[a, b, a, b]`. On TPU
+/// it is a `tpu.concatenate` of the copies, cheapest when the repeated dim is whole tiles
+/// (a multiple of 128 on lanes, of 8 on sublanes: each copy is whole vregs): a value kept
+/// lane-replicated at 128 wide meets a wider one by a repeat instead of a lane broadcast.
 #[track_caller]
 pub fn repeat(x: Value, times: usize, axis: isize) -> Value {
     let loc = Loc::caller();
