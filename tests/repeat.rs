@@ -7,26 +7,12 @@
 mod common;
 mod repeat_kernels;
 
-use common::assert_close;
-use tessera::backend::{run, Backend};
 use tessera::dsl::prelude::*;
 use tessera::dsl::{ArgSpec, KernelRules, ProblemKind};
-use tessera::tpu::TpuTopology;
 
 #[test]
 fn repeat_on_interpret_and_cpu() {
-    for (name, def, args, want) in repeat_kernels::cases() {
-        for backend in Backend::ALL {
-            let out = run(&def, &args, backend, &KernelRules::tpu())
-                .unwrap_or_else(|e| panic!("{name} on {backend}: {e}"));
-            assert_close(
-                &out[0].to_f64_vec(),
-                &want,
-                1e-6,
-                &format!("{name} on {backend}"),
-            );
-        }
-    }
+    common::cases_on_every_backend(repeat_kernels::cases(), 1e-6);
 }
 
 #[test]
@@ -60,14 +46,7 @@ fn the_lowerings_concatenate_and_broadcast() {
 
 #[test]
 fn repeat_compiles_for_v5p() {
-    let target = TpuTopology::parse("tpu:v5p:2x2x1").unwrap();
-    for (name, def, args, _) in repeat_kernels::cases() {
-        let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-        let report = target
-            .compile_kernel(&def, &specs)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(report.kernels, [name]);
-    }
+    common::cases_compile_for("tpu:v5p:2x2x1", repeat_kernels::cases());
 }
 
 /// Mistakes get one located sentence each: an axis out of range, and no copies.
