@@ -12,8 +12,8 @@ get-tuple-element, bitcast, while/call/conditional themselves, ...) count 0; an 
 (`collective-permute-start`/`-done`, ...) counts at its start; a dynamic-update-slice (or a
 fusion whose root is one) updates in place: it counts its other operands read and written,
 not the buffer it updates. A fusion's operand that the fused computation only slices
-(`slice`, `dynamic-slice`) counts the slices it reads, as XLA's analysis counts it. A while body is
-counted once, as libtpu's cost analysis counts it, and again times its trip count (the
+(`slice`, `dynamic-slice`) counts the slices it reads, as XLA's analysis counts it. A while
+body is counted once, as libtpu's cost analysis counts it, and again times its trip count (the
 `known_trip_count` XLA records, else `--trips N`: tessera's layer loop runs `layers /
 layers_per_iteration` times, which the dump does not say).
 
