@@ -11,9 +11,9 @@ the two minor-most dims). Ops that move nothing (parameter, constant, tuple,
 get-tuple-element, bitcast, while/call/conditional themselves, ...) count 0; an async pair
 (`collective-permute-start`/`-done`, ...) counts at its start; a dynamic-update-slice (or a
 fusion whose root is one) updates in place: it counts its other operands read and written,
-not the buffer it updates. Still counted whole: a fusion's operand it only slices (XLA's
-analysis counts the slice), so the layer loop's reads of its saved stack are overcounted. A while body is
-counted once, as libtpu's cost analysis counts it, and again times its trip count (the
+not the buffer it updates. A fusion's operand that the fused computation only slices
+(`slice`, `dynamic-slice`) counts the slices it reads, as XLA's analysis counts it. A while
+body is counted once, as libtpu's cost analysis counts it, and again times its trip count (the
 `known_trip_count` XLA records, else `--trips N`: tessera's layer loop runs `layers /
 layers_per_iteration` times, which the dump does not say).
 
@@ -120,6 +120,30 @@ def parse(path):
     return comps, entry
 
 
+def sliced_params(comps):
+    """Per computation, `{parameter index: bytes read}` for each parameter whose every user is
+    a `slice` or `dynamic-slice` of it (the bytes of those slices)."""
+    out = {}
+    for cname, insts in comps.items():
+        params = {}
+        for name, _, opcode, operands, _ in insts:
+            if opcode == "parameter" and operands.strip().isdigit():
+                params[name] = int(operands)
+        reads = defaultdict(int)
+        whole = set()
+        for name, type_text, opcode, operands, _ in insts:
+            used = re.findall(r"%([\w.\-]+)", operands)
+            for k, o in enumerate(used):
+                if o not in params:
+                    continue
+                if opcode in ("slice", "dynamic-slice") and k == 0:
+                    reads[o] += shape_bytes(type_text)
+                else:
+                    whole.add(o)
+        out[cname] = {params[p]: b for p, b in reads.items() if p not in whole}
+    return out
+
+
 def main():
     path = sys.argv[1]
     top = int(sys.argv[sys.argv.index("--top") + 1]) if "--top" in sys.argv else 25
@@ -157,6 +181,7 @@ def main():
             c = parent[c]
         return m
 
+    sliced = sliced_params(comps)
     fused_root = {}
     for cname, insts in comps.items():
         for _, _, opcode, _, _ in insts[-1:]:
@@ -175,6 +200,11 @@ def main():
                 continue
             sizes = [shape_bytes(shapes.get(o, "")) for o in
                      re.findall(r"%([\w.\-]+)", operands)]
+            if opcode == "fusion":
+                callee = re.search(r"calls=%?([\w.\-]+)", attrs)
+                for i, read in sliced.get(callee.group(1) if callee else "", {}).items():
+                    if i < len(sizes):
+                        sizes[i] = min(sizes[i], read)
             if sum(sizes) == 0 and operands:
                 sizes = [shape_bytes(operands)]  # operands printed with their types
             written = shape_bytes(type_text)

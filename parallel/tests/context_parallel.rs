@@ -337,16 +337,30 @@ fn load_balancing_evens_out_causal_work() {
             plain.iter().sum::<usize>(),
             "{strategy}"
         );
-        // Load balancing moves no other data.
+        // Load balancing moves no other data: the same collectives and bytes (the ring sends
+        // a shard's two chunks, and their dK/dV accumulators, as two permutes of half the
+        // size each, so no step slices or concatenates a whole shard).
+        let plain_cp = ContextParallel {
+            load_balance: false,
+            target: Lowering::portable(),
+            ..cp.clone()
+        };
+        let per_chunk = if strategy == Strategy::from(Ring) {
+            2
+        } else {
+            1
+        };
         assert_eq!(
             collectives_of(&cp),
-            collectives_of(&ContextParallel {
-                load_balance: false,
-                target: Lowering::portable(),
-                ..cp.clone()
-            }),
+            collectives_of(&plain_cp).map(|ops| ops.map(|n| n * per_chunk)),
             "{strategy}"
         );
+        let bytes = |cp: &ContextParallel| {
+            let s = cp.stats().unwrap();
+            [s.forward, s.forward_backward]
+                .map(|c| c.iter().map(|c| c.bytes_per_device).sum::<usize>())
+        };
+        assert_eq!(bytes(&cp), bytes(&plain_cp), "{strategy}");
     }
 }
 

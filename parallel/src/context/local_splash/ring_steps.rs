@@ -162,59 +162,50 @@ impl<A: MeshAxis> RingAttention<A> {
         Segments { full }.add_to(f, env, (Some(q), len), (Some(kv), len))
     }
 
-    /// Step `t` on local values: the queries `q` against the K/V shard in hand, merged into
-    /// `merged` (`[out f32, lse]` of the steps before). Each kernel call is a custom-VJP unit
-    /// when `differentiable`, else its forward kernels alone.
+    /// Step `t` on local values: the query parts `q` against the K/V parts in hand (`k`,
+    /// `v`: one value per chunk of the shard), merged into `merged` (`[out f32, lse]` per
+    /// query part, of the steps before); returns `[out f32, lse]` per query part. Each kernel
+    /// call is a custom-VJP unit when `differentiable`, else its forward kernels alone.
+    ///
+    /// The parts stay separate values (the whole ring slices and concatenates nothing per
+    /// step), and each query part's running result and this step's partial results merge in
+    /// one elementwise expression ([`merge_partials`]), which XLA fuses into one pass over
+    /// the chunk.
     #[allow(clippy::too_many_arguments)] // the step, its plans, q/k/v, the offset, segments, state
     fn attend_step(
         &self,
         f: &mut FuncBuilder<'_>,
         t: usize,
         plans: &[Vec<Plans>],
-        [q, k, v]: [Value; 3],
+        [q, k, v]: [&[Value]; 3],
         (shard, segments): (Value, Option<Value>),
-        merged: Option<[Value; 2]>,
+        merged: Option<Vec<[Value; 2]>>,
         differentiable: bool,
-    ) -> Result<[Value; 2], CollectiveError> {
-        let parts = self.parts();
-        let (mut outs, mut lses) = (Vec::with_capacity(parts), Vec::with_capacity(parts));
+    ) -> Result<Vec<[Value; 2]>, CollectiveError> {
+        let mut merged_parts = Vec::with_capacity(plans.len());
         for (hq, row) in plans.iter().enumerate() {
-            // This query part's result so far, if any.
+            // This query part's result so far, if any, then each key part's.
             // The merges run on `lse [B, H, S]`: the kernels' `[B, H, S, 1]` is padded to
             // whole lanes on a TPU (128x the bytes for every elementwise op on it).
-            let mut part_merged = match merged {
-                Some([out, lse]) => {
-                    Some([seq_part(f, out, hq, parts)?, seq_part(f, lse, hq, parts)?])
-                }
-                None => None,
-            };
+            let mut partials: Vec<[Value; 2]> =
+                merged.as_ref().map(|m| m[hq]).into_iter().collect();
             for (hk, (forward, backward)) in row.iter().enumerate() {
-                let mut env = HashMap::from([
-                    (Tensor::Q, seq_part(f, q, hq, parts)?),
-                    (Tensor::K, seq_part(f, k, hk, parts)?),
-                    (Tensor::V, seq_part(f, v, hk, parts)?),
-                ]);
+                let mut env =
+                    HashMap::from([(Tensor::Q, q[hq]), (Tensor::K, k[hk]), (Tensor::V, v[hk])]);
                 self.add_segments(f, &mut env, segments, shard, t, (hq, hk))?;
                 if differentiable {
                     lower_forward(f, forward, backward.clone(), &mut env, Some(shard))?;
                 } else {
                     lower_stages(f, forward, &mut env, shard)?;
                 }
-                let part = [
+                partials.push([
                     f.convert(env[&Tensor::Out], DType::F32)?,
                     lse_from_kernel(f, env[&Tensor::Lse])?,
-                ];
-                part_merged = Some(match part_merged {
-                    None => part,
-                    Some(a) => merge_partials(f, a, part)?,
-                });
+                ]);
             }
-            let [out, lse] = part_merged.ok_or_else(|| CollectiveError::local("no key part"))?;
-            outs.push(out);
-            lses.push(lse);
+            merged_parts.push(merge_partials(f, &partials)?);
         }
-        let lse = seq_concat(f, &lses)?;
-        Ok([seq_concat(f, &outs)?, lse])
+        Ok(merged_parts)
     }
 
     /// Step `t` of the forward: attends this device's queries `q` to the K/V shard in hand
@@ -247,19 +238,27 @@ impl<A: MeshAxis> RingAttention<A> {
         let seg = inputs.optional(segment_ids.map(|x| x as _));
         let acc = inputs.optional(partial.as_ref().map(|a| &a.out as _));
         inputs.optional(partial.as_ref().map(|a| &a.lse as _));
+        let parts = self.parts();
         let (out, lse) = p.local_results(&inputs.values, |f, x| {
-            let merged = acc.map(|i| [x[i], x[i + 1]]);
+            let merged = match acc {
+                Some(i) => Some(zip_parts(
+                    seq_parts(f, x[i], parts)?,
+                    seq_parts(f, x[i + 1], parts)?,
+                )),
+                None => None,
+            };
             let segments = seg.map(|i| x[i]);
+            let [q, k, v] = [x[0], x[1], x[2]].map(|x| seq_parts(f, x, parts));
             let step = self.attend_step(
                 f,
                 t,
                 &plans,
-                [x[0], x[1], x[2]],
+                [&q?, &k?, &v?],
                 (x[3], segments),
                 merged,
                 true,
             )?;
-            Ok(step.to_vec())
+            Ok(concat_partials(f, &step)?.to_vec())
         })?;
         Ok(RingPartial { out, lse })
     }
@@ -344,43 +343,70 @@ impl<A: MeshAxis> WholeRing<A> {
     /// only the merges chain), and XLA's scheduler would start every transfer and kernel
     /// early, holding every shard and partial result at once. An optimization barrier after
     /// each step ties the next shard to the merged result, so one step runs at a time with
-    /// one transfer in flight.
+    /// one transfer in flight. K/V travel as their chunks and the running result is kept per
+    /// query chunk, so no step slices or concatenates a whole shard.
     fn forward(
         &self,
         f: &mut FuncBuilder<'_>,
-        [q, mut k, mut v]: [Value; 3],
+        [q, k, v]: [Value; 3],
     ) -> Result<[Value; 2], CollectiveError> {
+        let parts = self.op.parts();
+        let q = seq_parts(f, q, parts)?;
+        let (mut k, mut v) = (seq_parts(f, k, parts)?, seq_parts(f, v, parts)?);
         let mut merged = None;
         for (t, plans) in self.plans.iter().enumerate() {
-            let next = self.next_shard(f, t, [k, v])?;
+            let next = self.next_shard(f, t, &[&k, &v])?;
             let context = (self.shard, self.segments);
-            let [out, lse] = self
+            let step = self
                 .op
-                .attend_step(f, t, plans, [q, k, v], context, merged, false)?;
-            merged = Some([out, lse]);
-            if let Some([k1, v1]) = next {
-                let tied = f.optimization_barrier_all(&[k1, v1, out, lse])?;
-                [k, v] = [tied[0], tied[1]];
-                merged = Some([tied[2], tied[3]]);
-            }
+                .attend_step(f, t, plans, [&q, &k, &v], context, merged, false)?;
+            merged = Some(match next {
+                Some(next) => {
+                    // `[k parts, v parts, (out, lse) per query part]` through one barrier.
+                    let mut tied: Vec<Value> = next.concat();
+                    tied.extend(step.iter().flatten());
+                    let tied = f.optimization_barrier_all(&tied)?;
+                    let (kv, rest) = tied.split_at(2 * parts);
+                    k = kv[..parts].to_vec();
+                    v = kv[parts..].to_vec();
+                    rest.chunks(2).map(|p| [p[0], p[1]]).collect()
+                }
+                None => step,
+            });
         }
-        merged.ok_or_else(|| CollectiveError::local("a ring has at least one step"))
+        let merged =
+            merged.ok_or_else(|| CollectiveError::local("a ring has at least one step"))?;
+        concat_partials(f, &merged)
     }
 
-    /// The K/V shard of step `t + 1` (`None` after the last step).
+    /// The chunks of each of `xs` one position along the ring: the K/V shard of step
+    /// `t + 1` (`None` after the last step).
     fn next_shard(
         &self,
         f: &mut FuncBuilder<'_>,
         t: usize,
-        [k, v]: [Value; 2],
-    ) -> Result<Option<[Value; 2]>, CollectiveError> {
+        xs: &[&[Value]],
+    ) -> Result<Option<Vec<Vec<Value>>>, CollectiveError> {
         if t + 1 == self.plans.len() {
             return Ok(None);
         }
-        Ok(Some([
-            self.recorder.emit(f, &self.shift, k)?,
-            self.recorder.emit(f, &self.shift, v)?,
-        ]))
+        self.shift_all(f, xs).map(Some)
+    }
+
+    /// Each chunk of each of `xs` sent one position along the ring.
+    fn shift_all(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        xs: &[&[Value]],
+    ) -> Result<Vec<Vec<Value>>, CollectiveError> {
+        xs.iter()
+            .map(|parts| {
+                parts
+                    .iter()
+                    .map(|&x| self.recorder.emit(f, &self.shift, x))
+                    .collect()
+            })
+            .collect()
     }
 
     /// The backward ring. Every step's backward kernels read the final `out`, `lse`, `dout`
@@ -427,18 +453,20 @@ impl<A: MeshAxis> WholeRing<A> {
             }
             residuals.push(env);
         }
+        let q = seq_parts(f, q, parts)?;
+        let (mut k, mut v) = (seq_parts(f, k, parts)?, seq_parts(f, v, parts)?);
         let mut dq: Vec<Option<Value>> = vec![None; parts];
-        let (mut k, mut v) = (k, v);
-        let mut dkv: Option<[Value; 2]> = None;
+        // The dK/dV accumulators of the shard in hand, per chunk (f32); they arrive with it.
+        let mut dkv: [Vec<Option<Value>>; 2] = [vec![None; parts], vec![None; parts]];
         for (t, plans) in self.plans.iter().enumerate() {
-            let next = self.next_shard(f, t, [k, v])?;
-            let (mut dk, mut dv) = (vec![None; parts], vec![None; parts]);
+            let next = self.next_shard(f, t, &[&k, &v])?;
+            let [dk, dv] = &mut dkv;
             for (hq, row) in plans.iter().enumerate() {
                 for (hk, (_, backward)) in row.iter().enumerate() {
                     let mut env = residuals[hq].clone();
-                    env.insert(Tensor::Q, seq_part(f, q, hq, parts)?);
-                    env.insert(Tensor::K, seq_part(f, k, hk, parts)?);
-                    env.insert(Tensor::V, seq_part(f, v, hk, parts)?);
+                    env.insert(Tensor::Q, q[hq]);
+                    env.insert(Tensor::K, k[hk]);
+                    env.insert(Tensor::V, v[hk]);
                     self.op
                         .add_segments(f, &mut env, self.segments, self.shard, t, (hq, hk))?;
                     lower_stages(f, &backward[1..], &mut env, self.shard)?;
@@ -447,27 +475,27 @@ impl<A: MeshAxis> WholeRing<A> {
                     accumulate(f, &mut dv[hk], env[&Tensor::Dv])?;
                 }
             }
-            let step = [concat_parts(f, dk)?, concat_parts(f, dv)?];
-            let [mut dk, mut dv] = match dkv {
-                None => step,
-                Some([a, b]) => [f.add(a, step[0])?, f.add(b, step[1])?],
-            };
-            if let Some([k1, v1]) = next {
-                let mut tied = vec![k1, v1, dk, dv];
+            let [dk, dv] = dkv.clone().map(complete_parts);
+            let (mut dk, mut dv) = (dk?, dv?);
+            if let Some(next) = next {
+                // `[k parts, v parts, dk parts, dv parts, dq parts]` through one barrier.
+                let mut tied: Vec<Value> = next.concat();
+                tied.extend(dk.iter().chain(&dv));
                 tied.extend(dq.iter().flatten());
                 let tied = f.optimization_barrier_all(&tied)?;
-                [k, v, dk, dv] = [tied[0], tied[1], tied[2], tied[3]];
-                for (part, &x) in dq.iter_mut().zip(&tied[4..]) {
-                    *part = Some(x);
-                }
+                let tied: Vec<Vec<Value>> = tied.chunks(parts).map(<[Value]>::to_vec).collect();
+                [k, v, dk, dv] = [0, 1, 2, 3].map(|i| tied[i].clone());
+                dq = tied[4].iter().copied().map(Some).collect();
             }
-            dkv = Some([
-                self.recorder.emit(f, &self.shift, dk)?,
-                self.recorder.emit(f, &self.shift, dv)?,
-            ]);
+            let [dk, dv]: [Vec<Value>; 2] = self
+                .shift_all(f, &[&dk, &dv])?
+                .try_into()
+                .map_err(|_| CollectiveError::local("two accumulators travel"))?;
+            dkv = [dk, dv].map(|x| x.into_iter().map(Some).collect());
         }
-        let [dk, dv] = dkv.ok_or_else(|| CollectiveError::local("a ring has at least one step"))?;
-        let dq = concat_parts(f, dq)?;
+        let [dk, dv] = dkv;
+        let [dq, dk, dv] = [dq, dk, dv].map(|x| concat_parts(f, x));
+        let (dq, dk, dv) = (dq?, dk?, dv?);
         let mut grads = Vec::with_capacity(3);
         for (g, x) in [dq, dk, dv].into_iter().zip(call.inputs) {
             let want = f.value_type(*x)?.dtype;
@@ -523,45 +551,90 @@ fn concat_parts(
     f: &mut FuncBuilder<'_>,
     parts: Vec<Option<Value>>,
 ) -> Result<Value, CollectiveError> {
-    let parts = parts
-        .into_iter()
-        .collect::<Option<Vec<_>>>()
-        .ok_or_else(|| CollectiveError::local("a sequence part got no gradient"))?;
-    seq_concat(f, &parts)
+    seq_concat(f, &complete_parts(parts)?)
 }
 
-/// Merges two attentions of the same queries over disjoint keys, each normalised with its
-/// own logsumexp (`out [B, H, S, D]`, `lse [B, H, S]`): `lse = log(e^a + e^b)`,
-/// `out = out_a e^(a - lse) + out_b e^(b - lse)`.
-/// A part that saw no key has `lse = -inf` and `out = 0` and drops out; when both did, the
+/// The `parts` equal chunks of a local value's sequence dim (2).
+fn seq_parts(
+    f: &mut FuncBuilder<'_>,
+    x: Value,
+    parts: usize,
+) -> Result<Vec<Value>, CollectiveError> {
+    (0..parts).map(|i| seq_part(f, x, i, parts)).collect()
+}
+
+/// `[out, lse]` per query part from the parts of `out` and of `lse`.
+fn zip_parts(out: Vec<Value>, lse: Vec<Value>) -> Vec<[Value; 2]> {
+    out.into_iter().zip(lse).map(|(o, l)| [o, l]).collect()
+}
+
+/// `[out, lse]` of the whole local sequence from `[out, lse]` per query part.
+fn concat_partials(
+    f: &mut FuncBuilder<'_>,
+    parts: &[[Value; 2]],
+) -> Result<[Value; 2], CollectiveError> {
+    let out: Vec<Value> = parts.iter().map(|p| p[0]).collect();
+    let lse: Vec<Value> = parts.iter().map(|p| p[1]).collect();
+    Ok([seq_concat(f, &out)?, seq_concat(f, &lse)?])
+}
+
+/// The parts of a gradient, each of which has had a contribution.
+fn complete_parts(parts: Vec<Option<Value>>) -> Result<Vec<Value>, CollectiveError> {
+    parts
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| CollectiveError::local("a sequence part got no gradient"))
+}
+
+/// Merges attentions of the same queries over disjoint keys, each normalised with its own
+/// logsumexp (`out [B, H, S, D]` f32, `lse [B, H, S]`), in one elementwise expression (XLA
+/// fuses it into one pass over the outputs): with `m = max lse_i`,
+/// `lse = m + log(sum e^(lse_i - m))` and `out = sum out_i e^(lse_i - lse)`.
+/// A part that saw no key has `lse = -inf` and `out = 0` and drops out; when none did, the
 /// result is `-inf` and 0 again.
 fn merge_partials(
     f: &mut FuncBuilder<'_>,
-    [out_a, lse_a]: [Value; 2],
-    [out_b, lse_b]: [Value; 2],
+    parts: &[[Value; 2]],
 ) -> Result<[Value; 2], CollectiveError> {
-    let lse_type = f.value_type(lse_a)?.clone();
-    let out_type = f.value_type(out_a)?.clone();
+    let Some((&[out0, lse0], rest)) = parts.split_first() else {
+        return Err(CollectiveError::local("nothing to merge"));
+    };
+    if rest.is_empty() {
+        return Ok([out0, lse0]);
+    }
+    let lse_type = f.value_type(lse0)?.clone();
+    let out_type = f.value_type(out0)?.clone();
     let rows: Vec<i64> = (0..lse_type.dims.len() as i64).collect();
     let zero = f.splat(0.0, lse_type.clone())?;
     let one = f.splat(1.0, lse_type)?;
-    let m = f.max(lse_a, lse_b)?;
+    let mut m = lse0;
+    for &[_, lse] in rest {
+        m = f.max(m, lse)?;
+    }
     let finite = f.is_finite(m)?;
     let m = f.select(finite, m, zero)?;
-    let da = f.sub(lse_a, m)?;
-    let wa = f.exp(da)?;
-    let db = f.sub(lse_b, m)?;
-    let wb = f.exp(db)?;
-    let total = f.add(wa, wb)?;
+    let mut weights = Vec::with_capacity(parts.len());
+    for &[_, lse] in parts {
+        let d = f.sub(lse, m)?;
+        weights.push(f.exp(d)?);
+    }
+    let mut total = weights[0];
+    for &w in &weights[1..] {
+        total = f.add(total, w)?;
+    }
     let log_total = f.log(total)?;
     let lse = f.add(m, log_total)?;
     let empty = f.eq(total, zero)?;
     let total = f.select(empty, one, total)?;
-    let mut scaled = Vec::with_capacity(2);
-    for (o, w) in [(out_a, wa), (out_b, wb)] {
+    let mut out = None;
+    for (&[o, _], w) in parts.iter().zip(weights) {
         let w = f.div(w, total)?;
         let w = f.broadcast_in_dim(w, &out_type.dims, &rows)?;
-        scaled.push(f.mul(o, w)?);
+        let scaled = f.mul(o, w)?;
+        out = Some(match out {
+            None => scaled,
+            Some(acc) => f.add(acc, scaled)?,
+        });
     }
-    Ok([f.add(scaled[0], scaled[1])?, lse])
+    Ok([out.unwrap_or(out0), lse])
 }
