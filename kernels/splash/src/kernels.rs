@@ -1,10 +1,14 @@
 //! The splash attention kernels, written with `#[tpu_kernel]`.
 //!
 //! Layouts (all row-major): `q`, `out`, `dout`, `dq` are `[B, H, Sq, D]`; `k`, `v`, `dk`,
-//! `dv` are `[B, KVH, Skv, D]`; residuals `lse` and `di` are `[B, H, Sq, 1]` (queries on
-//! sublanes, as the kernels use them); query segment ids `[B, Sq, 1]`, key segment ids
-//! `[B, 1, Skv]` (both reshapes of `[B, S]`; optional operands, left out by a call without
-//! them, [`KernelDef::without`](tessera_dsl::KernelDef::without)). Query head `h` uses key/value head
+//! `dv` are `[B, KVH, Skv, D]`; residuals `lse` and `di` are `[B, H, 1, Sq]` (lane-dense
+//! rows, as JAX's splash keeps them: a `[.., Sq, 1]` array would pad every query to 128
+//! lanes in HBM); query segment ids `[B, 1, Sq]`, key segment ids `[B, 1, Skv]` (both
+//! reshapes of `[B, S]`; optional operands, left out by a call without them,
+//! [`KernelDef::without`](tessera_dsl::KernelDef::without)). The forward and dQ kernels
+//! compute `(bq, bkv)` score tiles and turn the rows they read into columns once per step;
+//! the dK/dV kernels compute the transposed `(bkv, bq)` tiles, over which the rows
+//! broadcast as they are. Query head `h` uses key/value head
 //! `kv_head(h, H / KVH)` (MHA, GQA and MQA alike).
 //!
 //! Scalar prefetch: the [`MaskInfo`](crate::MaskInfo) tables `data_next`, `block_mask`,
@@ -121,8 +125,8 @@ fn cast_to(x: Value, dtype: DType) -> Value {
     }
 }
 
-/// Masks on traced kernel values: query positions `[bq, 1]` and key positions `[1, bkvc]`
-/// (i32), visibility a bool tile of `shape`.
+/// Masks on traced kernel values: query and key positions (i32) broadcasting to the tile,
+/// visibility a bool tile of `shape`.
 struct TracedPositions<'a> {
     shape: &'a [usize],
 }
@@ -156,16 +160,18 @@ impl PositionOps for TracedPositions<'_> {
     }
 }
 
-/// A computable mask on query positions `[bq, 1]` and key positions `[1, bkvc]`.
+/// A computable mask on query and key positions broadcasting to `shape`.
 fn eval_mask(e: &MaskExpr, q: Value, kv: Value, shape: &[usize]) -> Value {
     let Ok(vis) = e.eval(&mut TracedPositions { shape }, q, kv);
     vis
 }
 
-/// The visibility of a `[bq, bkvc]` tile, or `None` when everything is visible.
+/// The visibility of a `[bq, bkvc]` tile ([`Tile::visible`]) or of its transpose
+/// ([`Tile::visible_t`]), or `None` when everything is visible.
 ///
 /// `q_block`/`kv_block` are the tile's block indices (run-time), `c` the compute step inside
-/// the key block; `masked` selects the partial-block path.
+/// the key block; `masked` selects the partial-block path. Segment ids are rows (`(1, bq)`,
+/// `(1, bkv)`); dense partial blocks are stored in the tile's orientation.
 struct Tile<'a> {
     cfg: &'a KernelConfig,
     masked: bool,
@@ -181,16 +187,31 @@ struct Tile<'a> {
 }
 
 impl Tile<'_> {
+    /// Queries on sublanes, keys on lanes (forward, dQ).
     fn visible(&self) -> Option<Value> {
+        self.visibility(false)
+    }
+
+    /// Keys on sublanes, queries on lanes (dK/dV).
+    fn visible_t(&self) -> Option<Value> {
+        self.visibility(true)
+    }
+
+    fn visibility(&self, transposed: bool) -> Option<Value> {
         let cfg = self.cfg;
         let (bq, bkvc) = (cfg.bq, cfg.bkv_compute);
-        let shape = [bq, bkvc];
+        let whole = cfg.bkv == bkvc;
+        let shape = if transposed { [bkvc, bq] } else { [bq, bkvc] };
         let mut vis: Option<Value> = None;
         if self.masked {
             let m = match &cfg.mask {
                 KernelMask::Dense => {
-                    let block = if cfg.bkv == bkvc {
+                    let block = if whole {
                         self.mask_blocks.load()
+                    } else if transposed {
+                        self.mask_blocks
+                            .at(&[ds(self.c * bkvc, bkvc), all()])
+                            .load()
                     } else {
                         self.mask_blocks
                             .at(&[all(), ds(self.c * bkvc, bkvc)])
@@ -204,8 +225,12 @@ impl Tile<'_> {
                     let k0 = self.offsets.get([1])
                         + self.kv_block * cfg.bkv as i32
                         + (self.c * bkvc) as i32;
-                    let q = iota(DType::I32, &[bq, 1], 0) + q0;
-                    let kv = iota(DType::I32, &[1, bkvc], 1) + k0;
+                    let (q, kv) = if transposed {
+                        (iota(DType::I32, &[1, bq], 1), iota(DType::I32, &[bkvc, 1], 0))
+                    } else {
+                        (iota(DType::I32, &[bq, 1], 0), iota(DType::I32, &[1, bkvc], 1))
+                    };
+                    let (q, kv) = (q + q0, kv + k0);
                     let mut m = eval_mask(&exprs[exprs.len() - 1], q, kv, &shape);
                     if exprs.len() > 1 {
                         let class = self.head_class.get([self.head]);
@@ -221,12 +246,16 @@ impl Tile<'_> {
         // Segment ids restrict attention to equal ids, when the call has them.
         if let (Some(q_seg), Some(kv_seg)) = (self.q_seg, self.kv_seg) {
             let q_ids = q_seg.load();
-            let kv_ids = if cfg.bkv == bkvc {
+            let kv_ids = if whole {
                 kv_seg.load()
             } else {
                 kv_seg.at(&[all(), ds(self.c * bkvc, bkvc)]).load()
             };
-            let same = q_ids.eq(kv_ids);
+            let same = if transposed {
+                column(kv_ids).eq(q_ids)
+            } else {
+                column(q_ids).eq(kv_ids)
+            };
             vis = Some(match vis {
                 Some(m) => m & same,
                 None => same,
@@ -234,6 +263,18 @@ impl Tile<'_> {
         }
         vis
     }
+}
+
+/// A `(1, n)` row as an `(n, 1)` column.
+fn column(row: Value) -> Value {
+    let n = row.shape()[1];
+    row.reshape(&[n, 1])
+}
+
+/// An `(n, 1)` column as a `(1, n)` row.
+fn row_of(col: Value) -> Value {
+    let n = col.shape()[0];
+    col.reshape(&[1, n])
 }
 
 /// Scaled (and soft-capped) logits of a tile: `(capped, scaled-before-cap)`.
@@ -292,8 +333,8 @@ pub fn splash_fwd<T: Element>(
     #[block((None, None, cfg.bkv, DV),
             |b, h, i, j| (b, kv_head(h, H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
     v: Ref<T>,
-    #[shape(B, SQ, 1)]
-    #[block((None, cfg.bq, 1), |b, h, i, j| (b, i, 0))]
+    #[shape(B, 1, SQ)]
+    #[block((None, 1, cfg.bq), |b, h, i, j| (b, 0, i))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv),
@@ -306,8 +347,8 @@ pub fn splash_fwd<T: Element>(
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV), |b, h, i, j| (b, h, i, 0))]
     out: RefMut<T>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |b, h, i, j| (b, h, i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
     lse: RefMut<f32>,
     #[scratch(cfg.bq, 1)] m_scratch: Scratch<f32>,
     #[scratch(cfg.bq, 1)] l_scratch: Scratch<f32>,
@@ -374,11 +415,11 @@ pub fn splash_fwd<T: Element>(
         let none = l.eq(0.0);
         let l_safe = select(none, 1.0, l);
         out.store(cast_to(acc.load() / l_safe, T::DTYPE));
-        lse.store(select(
+        lse.store(row_of(select(
             none,
             f32::NEG_INFINITY,
             m_scratch.load() + l_safe.log(),
-        ));
+        )));
     });
 }
 
@@ -393,11 +434,11 @@ pub fn splash_bwd_prep<T: Element>(
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV), |h, b, i| (b, h, i, 0))]
     dout: Ref<T>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |h, b, i| (b, h, i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |h, b, i| (b, h, 0, i))]
     lse: Ref<f32>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |h, b, i| (b, h, i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |h, b, i| (b, h, 0, i))]
     di: RefMut<f32>,
     #[shape(H, 1, 1)]
     #[block((None, 1, 1), |h, b, i| (h, 0, 0))]
@@ -407,12 +448,13 @@ pub fn splash_bwd_prep<T: Element>(
 ) {
     let (h, b, i) = (program_id(0), program_id(1), program_id(2));
     let d = (cast_to(out.load(), DType::F32) * cast_to(dout.load(), DType::F32)).sum_keepdims(-1);
+    let d = row_of(d);
     di.store(d);
     let first = b.eq(0) & i.eq(0);
     when(first, || dsink_acc.store(0.0));
     if cfg.sinks {
         let p_sink = (sinks.get([h]) - lse.load()).exp();
-        let part = (p_sink * d).sum_keepdims(0);
+        let part = (p_sink * d).sum_keepdims(-1);
         dsink_acc.store(dsink_acc.load() - part);
     }
     let last = b.eq(num_programs(1) - 1) & i.eq(num_programs(2) - 1);
@@ -440,8 +482,8 @@ pub fn splash_dq<T: Element>(
     #[block((None, None, cfg.bkv, DV),
             |b, h, i, j| (b, kv_head(h, H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
     v: Ref<T>,
-    #[shape(B, SQ, 1)]
-    #[block((None, cfg.bq, 1), |b, h, i, j| (b, i, 0))]
+    #[shape(B, 1, SQ)]
+    #[block((None, 1, cfg.bq), |b, h, i, j| (b, 0, i))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv),
@@ -451,14 +493,14 @@ pub fn splash_dq<T: Element>(
     #[block((None, MQ, MKV),
             |b, h, i, j| (mask_next.get([table_row(h, cfg.per_head), i, j]), 0, 0))]
     mask_blocks: Ref<i8>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |b, h, i, j| (b, h, i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
     lse: Ref<f32>,
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV), |b, h, i, j| (b, h, i, 0))]
     dout: Ref<T>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |b, h, i, j| (b, h, i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
     di: Ref<f32>,
     #[shape(B, H, SQ, D)]
     #[block((None, None, cfg.bq, D), |b, h, i, j| (b, h, i, 0))]
@@ -474,7 +516,8 @@ pub fn splash_dq<T: Element>(
     let bkvc = cfg.bkv_compute;
     let whole = bkvc == cfg.bkv;
     let step = |masked: bool| {
-        let (qv, dov, lse_v, di_v) = (q.load(), dout.load(), lse.load(), di.load());
+        let (qv, dov) = (q.load(), dout.load());
+        let (lse_v, di_v) = (column(lse.load()), column(di.load()));
         let mut total: Option<Value> = None;
         for c in 0..cfg.bkv / bkvc {
             let tile = Tile {
@@ -541,6 +584,11 @@ struct DkvRefs<T: Element> {
 
 /// The dK/dV step shared by the separate and the fused kernels: accumulates into the
 /// `[bkv, D]` scratch and returns this query block's dQ contribution when asked.
+///
+/// It computes the transposed tiles, keys on sublanes and queries on lanes (as JAX's
+/// splash): `s^T = k q^T`, `p^T = exp(s^T - lse)` with the `lse` and `di` rows broadcast
+/// over sublanes, `dv += p^T dout`, `dp^T = v dout^T`, `ds^T = p^T (dp^T - di)`,
+/// `dk += ds^T q`; no matmul transposes its left operand except dQ's `ds k`.
 fn dkv_step<T: Element>(
     cfg: &KernelConfig,
     masked: bool,
@@ -569,16 +617,16 @@ fn dkv_step<T: Element>(
         };
         let kc = rows(r.k, c * bkvc, bkvc, whole);
         let vc = rows(r.v, c * bkvc, bkvc, whole);
-        let (s, raw) = logits(cfg, qv, kc);
+        let (s, raw) = logits(cfg, kc, qv);
         let p = (s - lse_v).exp();
-        let p = match tile.visible() {
+        let p = match tile.visible_t() {
             Some(vis) => select(vis, p, 0.0),
             None => p,
         };
-        let dv_part = dot_tn(cast_to(p, T::DTYPE), dov);
-        let dp = dot_nt(dov, vc);
+        let dv_part = dot(cast_to(p, T::DTYPE), dov);
+        let dp = dot_nt(vc, dov);
         let ds = cast_to(through_cap(cfg, p * (dp - di_v), raw), T::DTYPE);
-        let dk_part = dot_tn(ds, qv);
+        let dk_part = dot(ds, qv);
         let dk_part = if scale == 1.0 {
             dk_part
         } else {
@@ -593,7 +641,7 @@ fn dkv_step<T: Element>(
             r.dk_acc.at(&win).store(r.dk_acc.at(&win).load() + dk_part);
         }
         if want_dq {
-            let part = dot(ds, kc);
+            let part = dot_tn(ds, kc);
             dq_total = Some(match dq_total {
                 Some(t) => t + part,
                 None => part,
@@ -628,31 +676,31 @@ pub fn splash_dkv<T: Element>(
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
     v: Ref<T>,
-    #[shape(B, SQ, 1)]
-    #[block((None, cfg.bq, 1),
-            |b, kh, j, g, i| (b, data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
+    #[shape(B, 1, SQ)]
+    #[block((None, 1, cfg.bq),
+            |b, kh, j, g, i| (b, 0, data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv), |b, kh, j, g, i| (b, 0, j))]
     kv_seg: Option<Ref<i32>>,
-    #[shape(_NM, MQ, MKV)]
-    #[block((None, MQ, MKV),
+    #[shape(_NM, MKV, MQ)]
+    #[block((None, MKV, MQ),
             |b, kh, j, g, i| (mask_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0, 0))]
     mask_blocks: Ref<i8>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1),
-            |b, kh, j, g, i| (b, q_head(kh, g, H / KVH),
-                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq),
+            |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0,
+                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])))]
     lse: Ref<f32>,
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV),
             |b, kh, j, g, i| (b, q_head(kh, g, H / KVH),
                               data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
     dout: Ref<T>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1),
-            |b, kh, j, g, i| (b, q_head(kh, g, H / KVH),
-                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq),
+            |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0,
+                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])))]
     di: Ref<f32>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
@@ -725,24 +773,24 @@ pub fn splash_bwd_fused<T: Element>(
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
     v: Ref<T>,
-    #[shape(B, SQ, 1)]
-    #[block((None, cfg.bq, 1), |b, kh, j, g, i| (b, i, 0))]
+    #[shape(B, 1, SQ)]
+    #[block((None, 1, cfg.bq), |b, kh, j, g, i| (b, 0, i))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv), |b, kh, j, g, i| (b, 0, j))]
     kv_seg: Option<Ref<i32>>,
-    #[shape(_NM, MQ, MKV)]
-    #[block((None, MQ, MKV),
+    #[shape(_NM, MKV, MQ)]
+    #[block((None, MKV, MQ),
             |b, kh, j, g, i| (mask_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0, 0))]
     mask_blocks: Ref<i8>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0, i))]
     lse: Ref<f32>,
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), i, 0))]
     dout: Ref<T>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0, i))]
     di: Ref<f32>,
     #[shape(NKV, B, H, SQ, D)]
     #[block((None, None, None, cfg.bq, D), |b, kh, j, g, i| (j, b, q_head(kh, g, H / KVH), i, 0))]

@@ -180,8 +180,7 @@ impl<A: MeshAxis> RingAttention<A> {
         let (mut outs, mut lses) = (Vec::with_capacity(parts), Vec::with_capacity(parts));
         for (hq, row) in plans.iter().enumerate() {
             // This query part's result so far, if any.
-            // The merges run on `lse [B, H, S]`: the kernels' `[B, H, S, 1]` is padded to
-            // whole lanes on a TPU (128x the bytes for every elementwise op on it).
+            // The merges run on `lse [B, H, S]` (the kernels' `[B, H, 1, S]` reshaped).
             let mut part_merged = match merged {
                 Some([out, lse]) => {
                     Some([seq_part(f, out, hq, parts)?, seq_part(f, lse, hq, parts)?])
