@@ -277,11 +277,33 @@ fn row_of(col: Value) -> Value {
     col.reshape(&[1, n])
 }
 
-/// Scaled (and soft-capped) logits of a tile: `(capped, scaled-before-cap)`.
-fn logits(cfg: &KernelConfig, q: Value, k: Value) -> (Value, Value) {
+/// `k * scale` rounded to k's dtype: every kernel scales its key blocks the same way (a
+/// `(bkv, D)` multiply per key block, not one per `(bq, bkv)` score tile; the dK/dV kernels
+/// once per key block, which stays put while they walk query blocks), so the backward
+/// recomputes the forward's logits exactly. Then `ds k_scaled` is dQ itself, and dK is
+/// `scale * sum of ds^T q` (scaled once at the end).
+fn scaled_k(cfg: &KernelConfig, k: Value) -> Value {
+    if cfg.scale.get() == 1.0 {
+        k
+    } else {
+        cast_to(scaled(cfg, cast_to(k, DType::F32)), k.dtype())
+    }
+}
+
+/// `x * scale` (f32), or `x` when the scale is 1.
+fn scaled(cfg: &KernelConfig, x: Value) -> Value {
     let scale = cfg.scale.get();
-    let raw = dot_nt(q, k);
-    let raw = if scale == 1.0 { raw } else { raw * scale };
+    if scale == 1.0 {
+        x
+    } else {
+        x * scale
+    }
+}
+
+/// The (soft-capped) logits of a tile from queries and a [`scaled_k`] block (`dot_nt(q, k)`,
+/// or its transpose `dot_nt(k, q)` from the dK/dV kernels): `(capped, before-cap)`.
+fn logits(cfg: &KernelConfig, a: Value, b: Value) -> (Value, Value) {
+    let raw = dot_nt(a, b);
     match cfg.soft_cap {
         Some(c) => {
             let c = c.get();
@@ -388,7 +410,7 @@ pub fn splash_fwd<T: Element>(
                 kv_seg,
                 mask_blocks,
             };
-            let (s, _) = logits(&cfg, qv, rows(k, c * bkvc, bkvc, whole));
+            let (s, _) = logits(&cfg, qv, scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole)));
             // Masked entries never count: -inf logits under a finite running max.
             let s = match tile.visible() {
                 Some(vis) => select(vis, s, f32::NEG_INFINITY),
@@ -462,7 +484,8 @@ pub fn splash_bwd_prep<T: Element>(
 }
 
 /// dQ: for each query block, `dq = scale * sum over key blocks of ds k` with
-/// `ds = p * (dp - di)`, `p = exp(logits - lse)`, `dp = dout v^T`.
+/// `ds = p * (dp - di)`, `p = exp(logits - lse)`, `dp = dout v^T` (`ds` times the scaled
+/// keys, accumulated in f32).
 #[tpu_kernel(grid = (B, H, NQ, W),
              dimension_semantics = (parallel, parallel, arbitrary, arbitrary))]
 pub fn splash_dq<T: Element>(
@@ -533,7 +556,7 @@ pub fn splash_dq<T: Element>(
                 kv_seg,
                 mask_blocks,
             };
-            let kc = rows(k, c * bkvc, bkvc, whole);
+            let kc = scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole));
             let (s, raw) = logits(&cfg, qv, kc);
             let p = (s - lse_v).exp();
             let p = match tile.visible() {
@@ -549,8 +572,6 @@ pub fn splash_dq<T: Element>(
             });
         }
         if let Some(t) = total {
-            let scale = cfg.scale.get();
-            let t = if scale == 1.0 { t } else { t * scale };
             dq_acc.store(dq_acc.load() + t);
         }
     };
@@ -570,7 +591,6 @@ struct DkvRefs<T: Element> {
     offsets: Smem<i32>,
     head_class: Smem<i32>,
     q: Ref<T>,
-    k: Ref<T>,
     v: Ref<T>,
     dout: Ref<T>,
     lse: Ref<f32>,
@@ -578,6 +598,8 @@ struct DkvRefs<T: Element> {
     q_seg: Option<Ref<i32>>,
     kv_seg: Option<Ref<i32>>,
     mask_blocks: Ref<i8>,
+    /// The key block times the scale ([`scaled_k`]), stored at the key block's first step.
+    k_scaled: Scratch<T>,
     dk_acc: Scratch<f32>,
     dv_acc: Scratch<f32>,
 }
@@ -599,7 +621,6 @@ fn dkv_step<T: Element>(
     let (qv, dov, lse_v, di_v) = (r.q.load(), r.dout.load(), r.lse.load(), r.di.load());
     let bkvc = cfg.bkv_compute;
     let whole = bkvc == cfg.bkv;
-    let scale = cfg.scale.get();
     let mut dq_total: Option<Value> = None;
     for c in 0..cfg.bkv / bkvc {
         let tile = Tile {
@@ -615,7 +636,11 @@ fn dkv_step<T: Element>(
             kv_seg: r.kv_seg,
             mask_blocks: r.mask_blocks,
         };
-        let kc = rows(r.k, c * bkvc, bkvc, whole);
+        let kc = if whole {
+            r.k_scaled.load()
+        } else {
+            r.k_scaled.at(&[ds(c * bkvc, bkvc), all()]).load()
+        };
         let vc = rows(r.v, c * bkvc, bkvc, whole);
         let (s, raw) = logits(cfg, kc, qv);
         let p = (s - lse_v).exp();
@@ -627,11 +652,6 @@ fn dkv_step<T: Element>(
         let dp = dot_nt(vc, dov);
         let ds = cast_to(through_cap(cfg, p * (dp - di_v), raw), T::DTYPE);
         let dk_part = dot(ds, qv);
-        let dk_part = if scale == 1.0 {
-            dk_part
-        } else {
-            dk_part * scale
-        };
         if whole {
             r.dv_acc.store(r.dv_acc.load() + dv_part);
             r.dk_acc.store(r.dk_acc.load() + dk_part);
@@ -648,7 +668,7 @@ fn dkv_step<T: Element>(
             });
         }
     }
-    dq_total.map(|t| if scale == 1.0 { t } else { t * scale })
+    dq_total
 }
 
 fn ds_rows(start: usize, len: usize) -> tessera_dsl::Idx {
@@ -708,6 +728,7 @@ pub fn splash_dkv<T: Element>(
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
     dv: RefMut<T>,
+    #[scratch(cfg.bkv, D)] k_scaled: Scratch<T>,
     #[scratch(cfg.bkv, D)] dk_acc: Scratch<f32>,
     #[scratch(cfg.bkv, DV)] dv_acc: Scratch<f32>,
     #[comptime] cfg: KernelConfig,
@@ -719,6 +740,7 @@ pub fn splash_dkv<T: Element>(
     when(g.eq(0) & i.eq(0), || {
         dk_acc.store(0.0);
         dv_acc.store(0.0);
+        k_scaled.store(scaled_k(&cfg, k.load()));
     });
     let kind = block_mask.get([row, j, i]);
     let q_block = data_next.get([row, j, i]);
@@ -726,7 +748,6 @@ pub fn splash_dkv<T: Element>(
         offsets,
         head_class,
         q,
-        k,
         v,
         dout,
         lse,
@@ -734,6 +755,7 @@ pub fn splash_dkv<T: Element>(
         q_seg,
         kv_seg,
         mask_blocks,
+        k_scaled,
         dk_acc,
         dv_acc,
     };
@@ -748,7 +770,7 @@ pub fn splash_dkv<T: Element>(
     }
     let last = g.eq(heads_per_kv - 1) & i.eq(num_programs(4) - 1);
     when(last, || {
-        dk.store(cast_to(dk_acc.load(), T::DTYPE));
+        dk.store(cast_to(scaled(&cfg, dk_acc.load()), T::DTYPE));
         dv.store(cast_to(dv_acc.load(), T::DTYPE));
     });
 }
@@ -801,6 +823,7 @@ pub fn splash_bwd_fused<T: Element>(
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
     dv: RefMut<T>,
+    #[scratch(cfg.bkv, D)] k_scaled: Scratch<T>,
     #[scratch(cfg.bkv, D)] dk_acc: Scratch<f32>,
     #[scratch(cfg.bkv, DV)] dv_acc: Scratch<f32>,
     #[comptime] cfg: KernelConfig,
@@ -812,6 +835,7 @@ pub fn splash_bwd_fused<T: Element>(
     when(g.eq(0) & i.eq(0), || {
         dk_acc.store(0.0);
         dv_acc.store(0.0);
+        k_scaled.store(scaled_k(&cfg, k.load()));
     });
     let kind = block_mask.get([row, j, i]);
     dq_partial.store(0.0);
@@ -819,7 +843,6 @@ pub fn splash_bwd_fused<T: Element>(
         offsets,
         head_class,
         q,
-        k,
         v,
         dout,
         lse,
@@ -827,6 +850,7 @@ pub fn splash_bwd_fused<T: Element>(
         q_seg,
         kv_seg,
         mask_blocks,
+        k_scaled,
         dk_acc,
         dv_acc,
     };
@@ -844,7 +868,7 @@ pub fn splash_bwd_fused<T: Element>(
     }
     let last = g.eq(heads_per_kv - 1) & i.eq(num_programs(4) - 1);
     when(last, || {
-        dk.store(cast_to(dk_acc.load(), T::DTYPE));
+        dk.store(cast_to(scaled(&cfg, dk_acc.load()), T::DTYPE));
         dv.store(cast_to(dv_acc.load(), T::DTYPE));
     });
 }
