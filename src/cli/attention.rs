@@ -11,8 +11,8 @@ use tessera::parallel::{
     kernel_lowering, CollectiveStat, ContextParallel, CpInputs, Names, Strategy,
 };
 use tessera::splash::{
-    default_block, splash_program, BlockSizes, BlockStats, Dims, Features, Forward,
-    Grads, Inputs, Mask, Pass, SegmentIds, SplashAttention, SplashOptions,
+    default_block, splash_program, BlockSizes, BlockStats, Dims, Features, Forward, Grads, Inputs,
+    Mask, Pass, SegmentIds, SplashAttention, SplashOptions,
 };
 
 use super::outputs::Outputs;

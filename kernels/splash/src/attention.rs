@@ -286,7 +286,8 @@ pub enum Tensor {
     DOut,
     /// `rowsum(out * dout)`, `[B, H, 1, Sq]` f32.
     Di,
-    /// The fused backward's dQ per key block, `[Skv / block_kv_dkv, B, H, Sq, D]` f32.
+    /// The fused backward's dQ per key block, `[Skv / block_kv_dkv, B, H, Sq, D]` in q's
+    /// dtype (bf16 halves the fused backward's temporaries; the sum over key blocks is f32).
     DqPartial,
     Dq,
     Dk,
@@ -741,7 +742,7 @@ impl SplashAttention {
             Tensor::Sinks => ArgSpec::new(f32, [h]),
             Tensor::Lse | Tensor::Di => ArgSpec::new(f32, [b, h, 1, sq]),
             Tensor::DqPartial => ArgSpec::new(
-                f32,
+                dt,
                 [skv / self.block_sizes.block_kv_dkv, b, h, sq, d.head_dim],
             ),
             Tensor::DSinks => ArgSpec::new(f32, [h, 1, 1]),

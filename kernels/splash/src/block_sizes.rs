@@ -77,10 +77,7 @@ impl BlockSizes {
     /// [`default_block`] along `q_len` queries for every query block and along `kv_len` keys
     /// for every key block.
     pub fn default_for(q_len: usize, kv_len: usize) -> Self {
-        BlockSizes::uniform(
-            default_block(q_len),
-            default_block(kv_len),
-        )
+        BlockSizes::uniform(default_block(q_len), default_block(kv_len))
     }
 
     /// The same sizes with the fused backward kernel on or off.
@@ -268,8 +265,6 @@ mod tests {
         // With the fused kernel the dq blocks are unused.
         let mut fused = BlockSizes::uniform(128, 128).with_fused_bwd(true);
         fused.block_q_dq = 7;
-        fused
-            .validate(256, 256, &KernelRules::tpu())
-            .unwrap();
+        fused.validate(256, 256, &KernelRules::tpu()).unwrap();
     }
 }

@@ -226,9 +226,15 @@ impl Tile<'_> {
                         + self.kv_block * cfg.bkv as i32
                         + (self.c * bkvc) as i32;
                     let (q, kv) = if transposed {
-                        (iota(DType::I32, &[1, bq], 1), iota(DType::I32, &[bkvc, 1], 0))
+                        (
+                            iota(DType::I32, &[1, bq], 1),
+                            iota(DType::I32, &[bkvc, 1], 0),
+                        )
                     } else {
-                        (iota(DType::I32, &[bq, 1], 0), iota(DType::I32, &[1, bkvc], 1))
+                        (
+                            iota(DType::I32, &[bq, 1], 0),
+                            iota(DType::I32, &[1, bkvc], 1),
+                        )
                     };
                     let (q, kv) = (q + q0, kv + k0);
                     let mut m = eval_mask(&exprs[exprs.len() - 1], q, kv, &shape);
@@ -776,8 +782,8 @@ pub fn splash_dkv<T: Element>(
 }
 
 /// The fused backward: dK and dV as [`splash_dkv`], plus each (key block, query block)'s dQ
-/// contribution in `dq_partial[key block]` (zero for skipped blocks), reduced over key blocks
-/// by [`splash_dq_reduce`]. Its tables are not shrunk: every query block has a slot.
+/// contribution in `dq_partial[key block]` (zero for skipped blocks; in the inputs' dtype,
+/// as dQ itself), reduced over key blocks in f32 by [`splash_dq_reduce`]. Its tables are not shrunk: every query block has a slot.
 #[tpu_kernel(grid = (B, KVH, NKV, H / KVH, NQ),
              dimension_semantics = (parallel, parallel, arbitrary, arbitrary, arbitrary))]
 pub fn splash_bwd_fused<T: Element>(
@@ -816,7 +822,7 @@ pub fn splash_bwd_fused<T: Element>(
     di: Ref<f32>,
     #[shape(NKV, B, H, SQ, D)]
     #[block((None, None, None, cfg.bq, D), |b, kh, j, g, i| (j, b, q_head(kh, g, H / KVH), i, 0))]
-    dq_partial: RefMut<f32>,
+    dq_partial: RefMut<T>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
     dk: RefMut<T>,
@@ -857,7 +863,7 @@ pub fn splash_bwd_fused<T: Element>(
     let step = |masked: bool| {
         let dq = dkv_step(&cfg, masked, (i, j, h), &refs, true);
         if let Some(dq) = dq {
-            dq_partial.store(dq);
+            dq_partial.store(cast_to(dq, T::DTYPE));
         }
     };
     if cfg.any_full {
@@ -880,7 +886,7 @@ pub fn splash_bwd_fused<T: Element>(
 pub fn splash_dq_reduce<T: Element>(
     #[shape(NKV, B, H, SQ, D)]
     #[block((None, None, None, bq, D), |b, h, i, j| (j, b, h, i, 0))]
-    dq_partial: Ref<f32>,
+    dq_partial: Ref<T>,
     #[shape(B, H, SQ, D)]
     #[block((None, None, bq, D), |b, h, i, j| (b, h, i, 0))]
     dq: RefMut<T>,
@@ -889,7 +895,7 @@ pub fn splash_dq_reduce<T: Element>(
 ) {
     let j = program_id(3);
     when(j.eq(0), || acc.store(0.0));
-    acc.store(acc.load() + dq_partial.load());
+    acc.store(acc.load() + cast_to(dq_partial.load(), DType::F32));
     when(j.eq(num_programs(3) - 1), || {
         dq.store(cast_to(acc.load(), T::DTYPE))
     });

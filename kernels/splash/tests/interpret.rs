@@ -169,7 +169,11 @@ fn bf16_inputs_and_traced_dead_paths() {
         assert!(lse_err < 1e-3, "scale {scale:?}: lse error {lse_err}");
         let g = attn.backward(&Interpreter, &x, &fwd, &dout).unwrap();
         let rg = reference::backward(&r, &dout.to_f64_vec());
-        for (name, got, want) in [("dq", &g.dq, &rg.dq), ("dk", &g.dk, &rg.dk), ("dv", &g.dv, &rg.dv)] {
+        for (name, got, want) in [
+            ("dq", &g.dq, &rg.dq),
+            ("dk", &g.dk, &rg.dk),
+            ("dv", &g.dv, &rg.dv),
+        ] {
             let top = want.iter().map(|x| x.abs()).fold(0.0, f64::max);
             let err = max_err(got, want) / top;
             println!("scale {scale:?}: {name} relative error {err:e}");
