@@ -8,13 +8,14 @@
 
 mod common;
 
+mod repeat_kernels;
 mod when_else_kernels;
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use tessera::dsl::interpret::{self, InterpretOptions};
-use tessera::dsl::{DType, HostArray, KernelDef, KernelRules};
+use tessera::dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 use tessera::splash::{
     BlockSizes, Dims, Executor, Inputs, Mask, MultiHeadMask, SegmentIds, SplashAttention,
     SplashError, SplashOptions,
@@ -129,11 +130,22 @@ fn when_else_agrees_with_the_interpreter() {
     }
 }
 
+/// `repeat` lowers to `tpu.concatenate` of the copies, which the evaluator runs as the
+/// interpreter does.
+#[test]
+fn repeat_agrees_with_the_interpreter() {
+    for (name, def, args, _) in repeat_kernels::cases() {
+        check(name, def, &args);
+    }
+}
+
 /// Runs every kernel of a plan on the interpreter and through Mosaic, checks they agree and
 /// counts what was compared per kernel.
 #[derive(Default)]
 struct BothAgree {
     compared: RefCell<BTreeMap<String, (usize, usize)>>,
+    /// The shape of each forward's running-max scratch.
+    fwd_running_max: RefCell<Vec<Vec<usize>>>,
 }
 
 impl Executor for BothAgree {
@@ -143,6 +155,14 @@ impl Executor for BothAgree {
         args: &[HostArray],
         rules: &KernelRules,
     ) -> Result<Vec<HostArray>, SplashError> {
+        if def.name() == "splash_fwd" {
+            let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+            let k = def.instantiate(&specs, rules)?;
+            let m = k.operands.iter().find(|o| o.name == "m_scratch");
+            self.fwd_running_max
+                .borrow_mut()
+                .push(m.expect("the forward has m_scratch").array_shape.clone());
+        }
         let want = interpret::run(def, args, &megacore(rules))?;
         let got = run_mosaic(def, args, rules);
         let mut n = 0;
@@ -298,4 +318,78 @@ fn splash_kernels_agree_with_the_interpreter() {
     }
     let ran: BTreeSet<String> = compared.keys().cloned().collect();
     assert_eq!(ran, registered(true), "the registered splash kernels");
+}
+
+/// The forward of a plan built as Mosaic calls (`Lowering::tpu()`, D = 128) holds its running
+/// max and sum lane-replicated (`[bq, 128]` scratch met by `repeat`s, lse from lane 0): the
+/// Mosaic text agrees with the interpreter bit for bit and both match the f64 reference, with
+/// and without sinks and segment ids, and with compute blocks half the key blocks.
+#[test]
+fn lane_dense_splash_forward_matches_f64() {
+    let dims = Dims {
+        head_dim: 128,
+        head_dim_v: 128,
+        ..dims(2, 1, 256)
+    };
+    let seg: Vec<i32> = (0..256).map(|i| i32::from(i >= 100)).collect();
+    let segs = HostArray::i32([1, 256], seg.clone()).unwrap();
+    let sinks = HostArray::f32([2], vec![0.25, -0.75]).unwrap();
+    let q = random(DType::F32, &[1, 2, 256, 128], 1);
+    let k = random(DType::F32, &[1, 1, 256, 128], 2);
+    let v = random(DType::F32, &[1, 1, 256, 128], 3);
+    let (qf, kf, vf, sf) = (
+        q.to_f64_vec(),
+        k.to_f64_vec(),
+        v.to_f64_vec(),
+        sinks.to_f64_vec(),
+    );
+    let split = BlockSizes {
+        block_kv_compute: 128,
+        ..BlockSizes::uniform(128, 256)
+    };
+    for (blocks, extras) in [(BlockSizes::uniform(128, 128), false), (split, true)] {
+        let mask: MultiHeadMask = Mask::causal().into();
+        let attn = SplashAttention::new(
+            mask.clone(),
+            dims,
+            DType::F32,
+            blocks,
+            SplashOptions::default(),
+            Lowering::tpu(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let x = Inputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            segment_ids: extras.then_some(SegmentIds {
+                q: &segs,
+                kv: &segs,
+            }),
+            sinks: extras.then_some(&sinks),
+        };
+        let exec = BothAgree::default();
+        let fwd = attn.forward(&exec, &x).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(exec.compared.borrow()["splash_fwd"].0, 1);
+        assert_eq!(
+            exec.fwd_running_max.into_inner(),
+            [vec![128, 128]],
+            "a lane-replicated running max"
+        );
+        let want = tessera::splash::reference::forward(&tessera::splash::reference::RefInputs {
+            dims,
+            q: &qf,
+            k: &kf,
+            v: &vf,
+            q_segment_ids: extras.then_some(&seg[..]),
+            kv_segment_ids: extras.then_some(&seg[..]),
+            sinks: extras.then_some(&sf[..]),
+            mask: &mask,
+            offsets: Default::default(),
+            scale: attn.scale() as f64,
+            soft_cap: None,
+        });
+        common::assert_close(&fwd.out.to_f64_vec(), &want.out, 1e-5, "out");
+        common::assert_close(&fwd.lse.to_f64_vec(), &want.lse, 1e-5, "lse");
+    }
 }

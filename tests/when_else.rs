@@ -6,25 +6,11 @@
 mod common;
 mod when_else_kernels;
 
-use common::assert_close;
-use tessera::backend::{run, Backend};
 use tessera::dsl::{ArgSpec, KernelRules};
-use tessera::tpu::TpuTopology;
 
 #[test]
 fn when_else_on_interpret_and_cpu() {
-    for (name, def, args, want) in when_else_kernels::cases() {
-        for backend in Backend::ALL {
-            let out = run(&def, &args, backend, &KernelRules::tpu())
-                .unwrap_or_else(|e| panic!("{name} on {backend}: {e}"));
-            assert_close(
-                &out[0].to_f64_vec(),
-                &want,
-                1e-4,
-                &format!("{name} on {backend}"),
-            );
-        }
-    }
+    common::cases_on_every_backend(when_else_kernels::cases(), 1e-4);
 }
 
 #[test]
@@ -48,12 +34,5 @@ fn the_lowerings_keep_the_else() {
 
 #[test]
 fn when_else_compiles_for_tpu() {
-    let target = TpuTopology::parse("tpu:v5e:2x2").unwrap();
-    for (name, def, args, _) in when_else_kernels::cases() {
-        let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-        let report = target
-            .compile_kernel(&def, &specs)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(report.kernels, [name]);
-    }
+    common::cases_compile_for("tpu:v5e:2x2", when_else_kernels::cases());
 }

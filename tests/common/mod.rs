@@ -10,6 +10,39 @@ use tessera_mosaic_eval::{EvalError, Module, OutputSpec, RunOptions};
 
 pub use tessera::reference::*;
 
+/// A kernel case of a test: its name, definition, arguments and the f64 reference of its
+/// first output.
+pub type Case = (&'static str, KernelDef, Vec<HostArray>, Vec<f64>);
+
+/// Runs each case on every backend (under the TPU rules) against its reference.
+pub fn cases_on_every_backend(cases: Vec<Case>, tol: f64) {
+    use tessera::backend::{run, Backend};
+    for (name, def, args, want) in cases {
+        for backend in Backend::ALL {
+            let out = run(&def, &args, backend, &KernelRules::tpu())
+                .unwrap_or_else(|e| panic!("{name} on {backend}: {e}"));
+            assert_close(
+                &out[0].to_f64_vec(),
+                &want,
+                tol,
+                &format!("{name} on {backend}"),
+            );
+        }
+    }
+}
+
+/// Compiles each case's kernel with libtpu for `topology` (e.g. `tpu:v5p:2x2x1`).
+pub fn cases_compile_for(topology: &str, cases: Vec<Case>) {
+    let target = tessera::tpu::TpuTopology::parse(topology).unwrap();
+    for (name, def, args, _) in cases {
+        let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+        let report = target
+            .compile_kernel(&def, &specs)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(report.kernels, [name]);
+    }
+}
+
 /// Instantiates `def` for `args` under `rules`, lowers it to Mosaic text and runs the text
 /// with mosaic-eval (which never sees the kernel IR).
 pub fn mosaic_eval(

@@ -809,6 +809,7 @@ impl<'k, 'w> Machine<'k, 'w> {
             Op::Cast { x, to } => self.get(*x).cast(*to),
             Op::Broadcast { x, shape } => self.get(*x).broadcast(shape),
             Op::Reshape { x, shape } => self.get(*x).reshape(shape),
+            Op::Repeat { x, times, axis } => self.get(*x).repeat(*times, *axis),
             Op::Iota { ty, dim } => Tensor::iota(ty.dtype, &ty.shape, *dim),
             Op::Reduce { op, x, axis } => self.get(*x).reduce(*op, *axis),
             Op::Dot {

@@ -431,6 +431,25 @@ impl Tensor {
         self.gather(&picks, shape.to_vec())
     }
 
+    /// `times` copies of `self` side by side along `axis`.
+    pub fn repeat(&self, times: usize, axis: usize) -> Tensor {
+        let mut shape = self.shape.clone();
+        let n = shape[axis];
+        shape[axis] *= times;
+        let st = strides(&self.shape);
+        let mut picks = Vec::with_capacity(shape.iter().product());
+        for_each_index(&shape, |_, idx| {
+            let flat = idx
+                .iter()
+                .zip(&st)
+                .enumerate()
+                .map(|(d, (&i, &s))| if d == axis { i % n } else { i } * s)
+                .sum::<usize>();
+            picks.push(flat);
+        });
+        self.gather(&picks, shape)
+    }
+
     pub fn reshape(&self, shape: &[usize]) -> Tensor {
         Tensor {
             dtype: self.dtype,

@@ -282,6 +282,14 @@ pub enum Op {
         x: ValueId,
         shape: Vec<usize>,
     },
+    /// `times` copies of `x` side by side along `axis` (Pallas' `pltpu.repeat`): that dim
+    /// grows `times`-fold, element `i` of the result is element `i % n` of `x` (`n` its
+    /// size).
+    Repeat {
+        x: ValueId,
+        times: usize,
+        axis: usize,
+    },
     /// Integer indices along `dim` of `ty`.
     Iota {
         ty: ValueType,
@@ -376,6 +384,7 @@ impl Op {
             Op::Cast { .. } => "cast",
             Op::Broadcast { .. } => "broadcast",
             Op::Reshape { .. } => "reshape",
+            Op::Repeat { .. } => "repeat",
             Op::Iota { .. } => "iota",
             Op::Reduce { op, .. } => op.name(),
             Op::Dot { .. } => "dot",
@@ -412,6 +421,7 @@ impl Op {
             | Op::Cast { x, .. }
             | Op::Broadcast { x, .. }
             | Op::Reshape { x, .. }
+            | Op::Repeat { x, .. }
             | Op::Reduce { x, .. } => vec![*x],
             Op::Binary { lhs, rhs, .. }
             | Op::Compare { lhs, rhs, .. }
@@ -731,6 +741,24 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                 ));
             }
             vec![ValueType::new(t.dtype, shape.clone())]
+        }
+        Op::Repeat { x, times, axis } => {
+            let t = ty(*x);
+            if *axis >= t.rank() {
+                return Err(format!(
+                    "repeat axis {axis} is out of range for shape {:?}",
+                    t.shape
+                ));
+            }
+            if *times == 0 {
+                return Err(format!(
+                    "repeat of shape {:?} needs at least one copy, got 0",
+                    t.shape
+                ));
+            }
+            let mut shape = t.shape.clone();
+            shape[*axis] *= times;
+            vec![ValueType::new(t.dtype, shape)]
         }
         Op::Iota { ty, dim } => {
             if !ty.dtype.is_int() {

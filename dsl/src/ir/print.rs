@@ -144,6 +144,7 @@ impl Printer<'_> {
             Op::Cast { x, .. } | Op::Broadcast { x, .. } | Op::Reshape { x, .. } => {
                 format!("{} {x}", inst.op.name())
             }
+            Op::Repeat { x, times, axis } => format!("repeat {x} times {times} axis {axis}"),
             Op::Iota { dim, .. } => format!("iota dim {dim}"),
             Op::Reduce { x, axis, .. } => format!("{} {x} axis {axis}", inst.op.name()),
             Op::Dot {

@@ -174,6 +174,7 @@ fn region(
             | Op::Cast { .. }
             | Op::Broadcast { .. }
             | Op::Reshape { .. }
+            | Op::Repeat { .. }
             | Op::Iota { .. } => {}
         }
     }

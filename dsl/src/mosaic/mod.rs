@@ -729,6 +729,27 @@ impl<'k> Emitter<'k> {
                     )
                 }
             }
+            Op::Repeat { x, times, axis } => {
+                // As JAX lowers `pltpu.repeat`: one `tpu.concatenate` of the copies.
+                let t = self.ty(*x);
+                let xs = self.v(*x);
+                if *times == 1 {
+                    xs
+                } else {
+                    let mut shape = t.shape.clone();
+                    shape[*axis] *= times;
+                    let to = ValueType::new(t.dtype, shape);
+                    self.emit(
+                        &format!(
+                            "tpu.concatenate {} in {axis} : {} -> {}",
+                            vec![xs.as_str(); *times].join(", "),
+                            vec![value_type(t); *times].join(", "),
+                            value_type(&to)
+                        ),
+                        loc,
+                    )
+                }
+            }
             Op::Reshape { x, shape } => {
                 let t = self.ty(*x);
                 let xs = self.v(*x);

@@ -857,6 +857,23 @@ impl<'k> Lower<'k> {
             Op::Reshape { x, shape } => b
                 .reshape(self.v(*x), &self.shape_of(shape, out_batched))
                 .map_err(e)?,
+            Op::Repeat { x, times, axis } => {
+                // Broadcast to `[.., times, n, ..]` (a new dim before `axis`), then merge the
+                // two: element `t * n + i` is `x[i]`.
+                let x_ty = k.value_type(*x);
+                let lead = if out_batched { nb } else { 0 };
+                let mut wide = x_ty.shape.clone();
+                wide.insert(*axis, *times);
+                let mapping: Vec<i64> = (0..lead)
+                    .chain((0..x_ty.rank() as i64).map(|d| lead + d + i64::from(d >= *axis as i64)))
+                    .collect();
+                let copies = b
+                    .broadcast_in_dim(self.v(*x), &self.shape_of(&wide, out_batched), &mapping)
+                    .map_err(&e)?;
+                let shape = &k.value_type(inst.results[0]).shape;
+                b.reshape(copies, &self.shape_of(shape, out_batched))
+                    .map_err(e)?
+            }
             Op::Iota { ty, dim } => b
                 .iota(tensor_type(ty.dtype, &ty.shape), *dim as i64)
                 .map_err(e)?,

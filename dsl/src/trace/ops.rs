@@ -502,6 +502,37 @@ pub fn minimum(a: impl IntoValue, b: impl IntoValue) -> Value {
     binary(BinaryOp::Min, a, b)
 }
 
+/// `times` copies of `x` side by side along `axis` (negative counts from the end), like
+/// Pallas' `pltpu.repeat`: `repeat(x, 2, 1)` of `[a, b]` rows is `[a, b, a, b]`. On TPU
+/// it is a `tpu.concatenate` of the copies, cheapest when the repeated dim is whole tiles
+/// (a multiple of 128 on lanes, of 8 on sublanes: each copy is whole vregs): a value kept
+/// lane-replicated at 128 wide meets a wider one by a repeat instead of a lane broadcast.
+#[track_caller]
+pub fn repeat(x: Value, times: usize, axis: isize) -> Value {
+    let loc = Loc::caller();
+    let shape = x.shape();
+    let Some(axis) = norm_axis(axis, shape.len()) else {
+        if !x.is_poisoned() {
+            with_trace(|t| {
+                t.problem(
+                    "repeat",
+                    loc,
+                    format!("axis {axis} is out of range for shape {shape:?}"),
+                )
+            });
+        }
+        return poisoned_value();
+    };
+    one(
+        Op::Repeat {
+            x: x.id,
+            times,
+            axis,
+        },
+        loc,
+    )
+}
+
 /// Integer indices along `dim` of an array of `shape` (like `jax.lax.broadcasted_iota`).
 #[track_caller]
 pub fn iota(dtype: DType, shape: &[usize], dim: usize) -> Value {

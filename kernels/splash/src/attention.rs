@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use tessera_dsl::interpret::{self, InterpretOptions};
 use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 
-use crate::block_sizes::{default_block, BlockSizes};
+use crate::block_sizes::{default_block, BlockSizes, NUM_LANES};
 use crate::error::SplashError;
 use crate::kernels::{
     splash_bwd_fused, splash_bwd_prep, splash_dkv, splash_dq, splash_dq_reduce, splash_fwd,
@@ -557,6 +557,19 @@ impl SplashAttention {
             any_partial: self.options.trace_all_paths || info.stats.partial > 0,
             any_full: self.options.trace_all_paths || info.stats.full > 0,
             sinks: f.sinks,
+            lanes: self.lanes(bkv_compute),
+        }
+    }
+
+    /// Lanes of the forward's running max and sum ([`KernelConfig::lanes`]): 128 when the
+    /// kernels become Mosaic calls and the logits and accumulator are whole 128-lane tiles
+    /// wide, else 1 (the StableHLO lowering keeps its cheaper `[bq, 1]` columns).
+    fn lanes(&self, bkv_compute: usize) -> usize {
+        let tiles = bkv_compute % NUM_LANES == 0 && self.dims.head_dim_v % NUM_LANES == 0;
+        if self.target.is_tpu() && tiles {
+            NUM_LANES
+        } else {
+            1
         }
     }
 

@@ -81,6 +81,12 @@ pub struct KernelConfig {
     pub any_full: bool,
     /// Attention sinks (one logit per head with a zero value).
     pub sinks: bool,
+    /// Lanes of the forward's running max and sum per query row: 1 (a `[bq, 1]` column, the
+    /// cheapest form for the StableHLO lowering) or 128 (lane-replicated `[bq, 128]`, so on
+    /// TPU they meet `[bq, bkv_compute]` logits and the `[bq, DV]` accumulator by whole-vreg
+    /// `repeat`s instead of per-step lane broadcasts; needs `bkv_compute` and `DV` multiples
+    /// of 128).
+    pub lanes: usize,
 }
 
 /// The compile-time configuration of the backward preprocessing kernel.
@@ -378,12 +384,21 @@ pub fn splash_fwd<T: Element>(
     #[shape(B, H, 1, SQ)]
     #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
     lse: RefMut<f32>,
-    #[scratch(cfg.bq, 1)] m_scratch: Scratch<f32>,
-    #[scratch(cfg.bq, 1)] l_scratch: Scratch<f32>,
+    #[scratch(cfg.bq, cfg.lanes)] m_scratch: Scratch<f32>,
+    #[scratch(cfg.bq, cfg.lanes)] l_scratch: Scratch<f32>,
     #[scratch(cfg.bq, DV)] acc: Scratch<f32>,
     #[comptime] cfg: KernelConfig,
 ) {
     let (h, i, j) = (program_id(1), program_id(2), program_id(3));
+    let (lanes, dv) = (cfg.lanes, acc.shape()[1]);
+    // A `[bq, lanes]` running value widened to `[bq, n]` (with one lane, broadcasting does).
+    let widen = |x: Value, n: usize| {
+        if lanes == 1 {
+            x
+        } else {
+            repeat(x, n / lanes, 1)
+        }
+    };
     let row = table_row(h, cfg.per_head);
     when(j.eq(0), || {
         acc.store(0.0);
@@ -422,13 +437,14 @@ pub fn splash_fwd<T: Element>(
                 Some(vis) => select(vis, s, f32::NEG_INFINITY),
                 None => s,
             };
+            // `m`, `l` and `alpha` are `[bq, lanes]`, every lane the same.
             let m_prev = m_scratch.load();
             let m_next = m_prev.maximum(s.max_keepdims(-1));
             let alpha = (m_prev - m_next).exp();
-            let p = (s - m_next).exp();
+            let p = (s - widen(m_next, bkvc)).exp();
             l_scratch.store(alpha * l_scratch.load() + p.sum_keepdims(-1));
             let pv = dot(cast_to(p, T::DTYPE), rows(v, c * bkvc, bkvc, whole));
-            acc.store(acc.load() * alpha + pv);
+            acc.store(acc.load() * widen(alpha, dv) + pv);
             m_scratch.store(m_next);
         }
     };
@@ -442,12 +458,17 @@ pub fn splash_fwd<T: Element>(
         let l = l_scratch.load();
         let none = l.eq(0.0);
         let l_safe = select(none, 1.0, l);
-        out.store(cast_to(acc.load() / l_safe, T::DTYPE));
-        lse.store(row_of(select(
-            none,
-            f32::NEG_INFINITY,
-            m_scratch.load() + l_safe.log(),
-        )));
+        out.store(cast_to(acc.load() / widen(l_safe, dv), T::DTYPE));
+        // The logsumexp from lane 0 of the replicated running values, `[bq, 1]`.
+        let (none, l_safe, m) = if lanes == 1 {
+            (none, l_safe, m_scratch.load())
+        } else {
+            let lane0 = |r: Scratch<f32>| r.at(&[all(), ds(0, 1)]).load();
+            let l = lane0(l_scratch);
+            let none = l.eq(0.0);
+            (none, select(none, 1.0, l), lane0(m_scratch))
+        };
+        lse.store(row_of(select(none, f32::NEG_INFINITY, m + l_safe.log())));
     });
 }
 

@@ -1,11 +1,11 @@
 //! The splash kernels on the interpreter against the f64 reference (`tests/backends.rs` runs
 //! the full matrix on the interpreter and the XLA CPU plugin).
 
-use tessera_dsl::{DType, HostArray, KernelRules};
+use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 use tessera_splash::reference::{self, RefInputs};
 use tessera_splash::{
-    BlockSizes, Dims, Inputs, Interpreter, Mask, MultiHeadMask, SegmentIds, SplashAttention,
-    SplashOptions,
+    BlockSizes, Dims, Executor, Inputs, Interpreter, Mask, MultiHeadMask, SegmentIds,
+    SplashAttention, SplashError, SplashOptions,
 };
 
 fn random(shape: &[usize], seed: u64, scale: f32) -> HostArray {
@@ -179,5 +179,105 @@ fn bf16_inputs_and_traced_dead_paths() {
             println!("scale {scale:?}: {name} relative error {err:e}");
             assert!(err < 3e-2, "scale {scale:?}: {name} relative error {err}");
         }
+    }
+}
+
+/// Runs on the interpreter and records the shape of the forward's running-max scratch.
+#[derive(Default)]
+struct ForwardScratch(std::cell::RefCell<Vec<Vec<usize>>>);
+
+impl Executor for ForwardScratch {
+    fn run(
+        &self,
+        def: &KernelDef,
+        args: &[HostArray],
+        rules: &KernelRules,
+    ) -> Result<Vec<HostArray>, SplashError> {
+        if def.name() == "splash_fwd" {
+            let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+            let k = def.instantiate(&specs, rules)?;
+            let m = k.operands.iter().find(|o| o.name == "m_scratch");
+            self.0
+                .borrow_mut()
+                .push(m.expect("the forward has m_scratch").array_shape.clone());
+        }
+        Interpreter.run(def, args, rules)
+    }
+}
+
+/// Kernels built as Mosaic calls keep the forward's running max and sum lane-replicated
+/// (`[bq, 128]`, met by `repeat`s); inlined ones keep `[bq, 1]`. Both match the reference
+/// on the interpreter (with sinks and segment ids, compute blocks half the key blocks).
+#[test]
+fn mosaic_plans_keep_the_running_max_lane_dense() {
+    let dims = Dims {
+        batch: 1,
+        heads: 2,
+        kv_heads: 1,
+        q_len: 256,
+        kv_len: 256,
+        head_dim: 128,
+        head_dim_v: 128,
+    };
+    let seg: Vec<i32> = (0..256).map(|i| i32::from(i >= 150)).collect();
+    let segs = HostArray::i32([1, 256], seg.clone()).unwrap();
+    let sinks = HostArray::f32([2], vec![0.5, -1.0]).unwrap();
+    let (q, k, v) = (
+        random(&[1, 2, 256, 128], 1, 2.0),
+        random(&[1, 1, 256, 128], 2, 1.0),
+        random(&[1, 1, 256, 128], 3, 1.0),
+    );
+    let x = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        segment_ids: Some(SegmentIds {
+            q: &segs,
+            kv: &segs,
+        }),
+        sinks: Some(&sinks),
+    };
+    let blocks = BlockSizes {
+        block_kv_compute: 128,
+        ..BlockSizes::uniform(128, 256)
+    };
+    let mask: MultiHeadMask = Mask::causal().into();
+    let (qf, kf, vf, sf) = (
+        q.to_f64_vec(),
+        k.to_f64_vec(),
+        v.to_f64_vec(),
+        sinks.to_f64_vec(),
+    );
+    for (target, lanes) in [
+        (Lowering::tpu(), 128),
+        (Lowering::from(KernelRules::tpu()), 1),
+    ] {
+        let attn = SplashAttention::new(
+            mask.clone(),
+            dims,
+            DType::F32,
+            blocks,
+            SplashOptions::default(),
+            target,
+        )
+        .unwrap();
+        let exec = ForwardScratch::default();
+        let fwd = attn.forward(&exec, &x).unwrap();
+        assert_eq!(exec.0.into_inner(), [vec![128, lanes]]);
+        let want = reference::forward(&RefInputs {
+            dims,
+            q: &qf,
+            k: &kf,
+            v: &vf,
+            q_segment_ids: Some(&seg),
+            kv_segment_ids: Some(&seg),
+            sinks: Some(&sf),
+            mask: &mask,
+            offsets: Default::default(),
+            scale: attn.scale() as f64,
+            soft_cap: None,
+        });
+        assert!(max_err(&fwd.out, &want.out) < 1e-5, "{lanes} lanes: out");
+        assert!(max_err(&fwd.lse, &want.lse) < 1e-5, "{lanes} lanes: lse");
     }
 }
