@@ -820,7 +820,11 @@ fn splash_inputs(p: &Params, kernel: &str, seed: u64) -> Result<Vec<HostArray>, 
     );
     env.insert(
         Tensor::DqPartial,
-        HostArray::random(DType::F32, shape(Tensor::DqPartial), seed + 5),
+        HostArray::random(
+            attn.tensor_spec(Tensor::DqPartial).dtype,
+            shape(Tensor::DqPartial),
+            seed + 5,
+        ),
     );
     // What the forward leaves for the backward: segments and sinks count where the call uses
     // them (its stages read placeholders otherwise).

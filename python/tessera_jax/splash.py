@@ -158,7 +158,7 @@ def splash_attention(
         for name, ids, n in (("q_ids", q_ids, sq), ("kv_ids", kv_ids, skv)):
             if tuple(jnp.shape(ids)) != (b, n):
                 raise ValueError(f"segment_ids {name} must be [{b}, {n}], got {jnp.shape(ids)}")
-        extra["q_segment_ids"] = jnp.reshape(jnp.asarray(q_ids, jnp.int32), (b, sq, 1))
+        extra["q_segment_ids"] = jnp.reshape(jnp.asarray(q_ids, jnp.int32), (b, 1, sq))
         extra["kv_segment_ids"] = jnp.reshape(jnp.asarray(kv_ids, jnp.int32), (b, 1, skv))
     if sinks is None:
         return _splash(plan, q, k, v, extra)

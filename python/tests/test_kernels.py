@@ -113,8 +113,8 @@ def test_splash_kernels(fused):
     dq, dk, dv = (np.asarray(g) for g in vjp(jnp.asarray(dout, jnp.float64)))
     out, lse = np.asarray(out), np.asarray(lse)
     want = {
-        "splash_fwd": {"out": out, "lse": lse[..., None]},
-        "splash_bwd_prep": {"di": (out * dout).sum(-1, keepdims=True)},
+        "splash_fwd": {"out": out, "lse": lse[:, :, None, :]},
+        "splash_bwd_prep": {"di": (out * dout).sum(-1)[:, :, None, :]},
         "splash_dq": {"dq": dq},
         "splash_dkv": {"dk": dk, "dv": dv},
         "splash_bwd_fused": {"dk": dk, "dv": dv},

@@ -11,8 +11,8 @@ use tessera::parallel::{
     kernel_lowering, CollectiveStat, ContextParallel, CpInputs, Names, Strategy,
 };
 use tessera::splash::{
-    default_block, splash_program, BlockAxis, BlockSizes, BlockStats, Dims, Features, Forward,
-    Grads, Inputs, Mask, Pass, SegmentIds, SplashAttention, SplashOptions,
+    default_block, splash_program, BlockSizes, BlockStats, Dims, Features, Forward, Grads, Inputs,
+    Mask, Pass, SegmentIds, SplashAttention, SplashOptions,
 };
 
 use super::outputs::Outputs;
@@ -197,8 +197,8 @@ impl Partitioning {
         Ok(Partitioning {
             strategy,
             devices,
-            block_q: block_q.unwrap_or_else(|| default_block(q_len, BlockAxis::Queries)),
-            block_kv: block_kv.unwrap_or_else(|| default_block(kv_len, BlockAxis::Keys)),
+            block_q: block_q.unwrap_or_else(|| default_block(q_len)),
+            block_kv: block_kv.unwrap_or_else(|| default_block(kv_len)),
         })
     }
 }

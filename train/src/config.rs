@@ -10,7 +10,7 @@ use tessera_dsl::Lowering;
 use tessera_hlo::DType;
 use tessera_parallel::strategy::Ulysses;
 use tessera_parallel::{ContextParallel, Strategy};
-use tessera_splash::{default_block, BlockAxis, BlockSizes, Dims, Mask};
+use tessera_splash::{default_block, BlockSizes, Dims, Mask};
 
 use crate::error::{Setting, SettingError, WeightDim};
 use crate::TrainError;
@@ -305,10 +305,10 @@ impl TrainConfig {
     /// `kv` blocks (the strategy's local lengths).
     pub fn with_default_blocks(mut self) -> Self {
         let (q, kv) = self.context_parallel().local_lengths();
-        self.sa_block_q = default_block(q, BlockAxis::Queries);
-        self.sa_block_q_dkv = default_block(q, BlockAxis::Queries);
-        self.sa_block_kv = default_block(kv, BlockAxis::Keys);
-        self.sa_block_kv_dkv = default_block(kv, BlockAxis::Keys);
+        self.sa_block_q = default_block(q);
+        self.sa_block_q_dkv = default_block(q);
+        self.sa_block_kv = default_block(kv);
+        self.sa_block_kv_dkv = default_block(kv);
         self
     }
 

@@ -775,6 +775,12 @@ impl<'k> Emitter<'k> {
                         ),
                         loc,
                     )
+                } else if t.rank() == 2 && shape.len() == 2 && t.shape[0] != shape[0] {
+                    // A row as a column or back: through the 1-D vector (Mosaic casts a
+                    // rank-2 vector to rank 1 and back, not across its tiled dims at once).
+                    let flat = [t.shape.iter().product()];
+                    let line = self.shape_cast(&xs, &t.shape, &flat, t.dtype, loc);
+                    self.shape_cast(&line, &flat, shape, t.dtype, loc)
                 } else {
                     self.shape_cast(&xs, &t.shape, shape, t.dtype, loc)
                 }

@@ -106,17 +106,27 @@ fn refusal(k: &Kernel, inst: &Inst) -> Option<String> {
             let adds_unit_lane = shape.len() == from.len() + 1
                 && shape.last() == Some(&1)
                 && shape[..from.len()] == from[..];
+            // A row of 32-bit elements as a column or back (`(1, n)` <-> `(n, 1)`): a
+            // shape cast through the 1-D vector, as JAX's splash turns its lane-dense
+            // residual rows into columns.
+            let row_column = ty(*x).dtype.size_bytes() == 4
+                && matches!((&from[..], &shape[..]), ([1, a], [b, 1]) | ([a, 1], [1, b]) if a == b);
             // One 32-bit element out of a vector: `vector.extract` into a scalar register.
             let extracts_scalar =
                 shape.is_empty() && from.iter().all(|&d| d == 1) && ty(*x).dtype.size_bytes() == 4;
-            if from.is_empty() || keeps_tiles || adds_unit_lane || extracts_scalar || from == shape
+            if from.is_empty()
+                || keeps_tiles
+                || adds_unit_lane
+                || row_column
+                || extracts_scalar
+                || from == shape
             {
                 scalar_refusal(inst, &operands, &results)
             } else {
                 Some(format!(
                     "Mosaic reshapes vectors only when the last two dims stay the same (leading \
-                     dims may change), a trailing dim of 1 is added, or one 32-bit element \
-                     becomes a scalar; {from:?} to {shape:?} \
+                     dims may change), a trailing dim of 1 is added, a 32-bit row becomes a \
+                     column or back, or one 32-bit element becomes a scalar; {from:?} to {shape:?} \
                      changes the tiled dims; restructure the computation (e.g. load the block \
                      in the shape you need)"
                 ))

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use tessera_dsl::interpret::{self, InterpretOptions};
 use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 
-use crate::block_sizes::{default_block, BlockAxis, BlockSizes, NUM_LANES};
+use crate::block_sizes::{default_block, BlockSizes, NUM_LANES};
 use crate::error::SplashError;
 use crate::kernels::{
     splash_bwd_fused, splash_bwd_prep, splash_dkv, splash_dq, splash_dq_reduce, splash_fwd,
@@ -272,7 +272,7 @@ pub enum Tensor {
     K,
     /// `[B, KVH, Skv, Dv]`.
     V,
-    /// Query segment ids as `[B, Sq, 1]` (a reshape of `[B, Sq]`).
+    /// Query segment ids as `[B, 1, Sq]` (a reshape of `[B, Sq]`).
     QSegments,
     /// Key segment ids as `[B, 1, Skv]` (a reshape of `[B, Skv]`).
     KvSegments,
@@ -280,13 +280,14 @@ pub enum Tensor {
     Sinks,
     /// `[B, H, Sq, Dv]`.
     Out,
-    /// `[B, H, Sq, 1]` f32 (a reshape of the user's `[B, H, Sq]`).
+    /// `[B, H, 1, Sq]` f32 (a reshape of the user's `[B, H, Sq]`: lane-dense rows).
     Lse,
     /// `[B, H, Sq, Dv]`.
     DOut,
-    /// `rowsum(out * dout)`, `[B, H, Sq, 1]` f32.
+    /// `rowsum(out * dout)`, `[B, H, 1, Sq]` f32.
     Di,
-    /// The fused backward's dQ per key block, `[Skv / block_kv_dkv, B, H, Sq, D]` f32.
+    /// The fused backward's dQ per key block, `[Skv / block_kv_dkv, B, H, Sq, D]` in q's
+    /// dtype (bf16 halves the fused backward's temporaries; the sum over key blocks is f32).
     DqPartial,
     Dq,
     Dk,
@@ -447,16 +448,8 @@ impl SplashAttention {
                 shrink,
             )
         };
-        // Divisibility first: the tables need whole blocks.
-        b.validate(
-            dims.q_len,
-            dims.kv_len,
-            dtype,
-            &KernelRules::portable(),
-            false,
-        )?;
+        b.validate(dims.q_len, dims.kv_len, rules)?;
         let fwd_info = info(b.block_q, b.block_kv, Major::Q, true)?;
-        b.validate(dims.q_len, dims.kv_len, dtype, rules, fwd_info.dense())?;
         let dq_info = if b.use_fused_bwd_kernel {
             None
         } else {
@@ -619,10 +612,11 @@ impl SplashAttention {
 
     /// The stored partial mask blocks (dense masks), or a 1x1 placeholder.
     fn mask_blocks(info: &MaskInfo) -> StageArg {
+        let [rows, cols] = info.partial_block_shape();
         StageArg::Const(match (info.dense(), info.num_partial_blocks) {
-            (true, 0) => HostArray::zeros(DType::I8, [1, info.block_q, info.block_kv]),
+            (true, 0) => HostArray::zeros(DType::I8, [1, rows, cols]),
             (true, n) => HostArray::new(
-                [n, info.block_q, info.block_kv],
+                [n, rows, cols],
                 tessera_dsl::array::ArrayData::I8(info.partial_blocks.clone()),
             )
             .expect("partial blocks have their shape"),
@@ -655,7 +649,8 @@ impl SplashAttention {
     pub fn backward_plan(&self, f: Features) -> Vec<Stage> {
         let b = self.block_sizes;
         let prep = PrepConfig {
-            bq: default_block(self.dims.q_len, BlockAxis::Queries),
+            // Its `lse` and `di` blocks are rows: queries on lanes.
+            bq: default_block(self.dims.q_len),
             sinks: f.sinks,
         };
         let prep_def = with_float_type!(self.dtype, T => splash_bwd_prep::<T>(prep));
@@ -692,7 +687,7 @@ impl SplashAttention {
                 target: self.target.clone(),
                 active_steps: Some(self.computed_steps(info)),
             });
-            let bq = default_block(self.dims.q_len, BlockAxis::Queries);
+            let bq = default_block(self.dims.q_len);
             let def = with_float_type!(self.dtype, T => splash_dq_reduce::<T>(bq));
             stages.push(Stage {
                 def,
@@ -755,12 +750,12 @@ impl SplashAttention {
             Tensor::K | Tensor::Dk => ArgSpec::new(dt, [b, kvh, skv, d.head_dim]),
             Tensor::V | Tensor::Dv => ArgSpec::new(dt, [b, kvh, skv, d.head_dim_v]),
             Tensor::Out | Tensor::DOut => ArgSpec::new(dt, [b, h, sq, d.head_dim_v]),
-            Tensor::QSegments => ArgSpec::new(DType::I32, [b, sq, 1]),
+            Tensor::QSegments => ArgSpec::new(DType::I32, [b, 1, sq]),
             Tensor::KvSegments => ArgSpec::new(DType::I32, [b, 1, skv]),
             Tensor::Sinks => ArgSpec::new(f32, [h]),
-            Tensor::Lse | Tensor::Di => ArgSpec::new(f32, [b, h, sq, 1]),
+            Tensor::Lse | Tensor::Di => ArgSpec::new(f32, [b, h, 1, sq]),
             Tensor::DqPartial => ArgSpec::new(
-                f32,
+                dt,
                 [skv / self.block_sizes.block_kv_dkv, b, h, sq, d.head_dim],
             ),
             Tensor::DSinks => ArgSpec::new(f32, [h, 1, 1]),
@@ -776,7 +771,7 @@ impl SplashAttention {
             (Tensor::V, x.v.clone()),
         ]);
         if let Some(s) = x.segment_ids {
-            env.insert(Tensor::QSegments, reshape(s.q, &[d.batch, d.q_len, 1]));
+            env.insert(Tensor::QSegments, reshape(s.q, &[d.batch, 1, d.q_len]));
             env.insert(Tensor::KvSegments, reshape(s.kv, &[d.batch, 1, d.kv_len]));
         }
         if let Some(s) = x.sinks {
@@ -813,7 +808,7 @@ impl SplashAttention {
         env.insert(Tensor::Out, fwd.out.clone());
         env.insert(
             Tensor::Lse,
-            reshape(&fwd.lse, &[d.batch, d.heads, d.q_len, 1]),
+            reshape(&fwd.lse, &[d.batch, d.heads, 1, d.q_len]),
         );
         env.insert(Tensor::DOut, dout.clone());
         run_plan(&self.backward_plan(f), exec, self.rules(), &mut env)?;

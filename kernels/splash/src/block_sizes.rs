@@ -1,7 +1,6 @@
 //! Block sizes of the forward and backward kernels, and their validation.
 
-use tessera_dsl::rules::tpu_tile;
-use tessera_dsl::{DType, KernelRules};
+use tessera_dsl::KernelRules;
 
 use crate::error::SplashError;
 
@@ -36,29 +35,18 @@ pub struct BlockSizes {
 /// The largest block [`default_block`] picks (MaxText's default splash block).
 pub const MAX_DEFAULT_BLOCK: usize = 512;
 
-/// What a block tiles: the queries (a sublane dim of the kernels' tiles) or the keys (the
-/// lane dim of the scores).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BlockAxis {
-    Queries,
-    Keys,
-}
-
-/// The default block along `len` queries or keys: `len` itself up to
+/// The default block along `len` queries or keys (the same rule for both): `len` itself up to
 /// [`MAX_DEFAULT_BLOCK`], else the largest divisor of `len` up to it that tiles on a TPU (a
-/// multiple of 16, the sublanes of f32 and bf16 tiles, for queries; of [`NUM_LANES`] for
-/// keys), else `len`. The one rule the CLI, the trainer and splash's own row blocks use.
-pub fn default_block(len: usize, axis: BlockAxis) -> usize {
+/// multiple of [`NUM_LANES`] for either: keys are the lane dim of the scores, queries of
+/// the residual rows `lse` and `di`), else `len`. The one rule the CLI, the trainer and
+/// splash's own row blocks use.
+pub fn default_block(len: usize) -> usize {
     if len <= MAX_DEFAULT_BLOCK {
         return len;
     }
-    let multiple = match axis {
-        BlockAxis::Queries => 16,
-        BlockAxis::Keys => NUM_LANES,
-    };
     (1..=MAX_DEFAULT_BLOCK)
         .rev()
-        .find(|b| len % b == 0 && b % multiple == 0)
+        .find(|b| len % b == 0 && b % NUM_LANES == 0)
         .unwrap_or(len)
 }
 
@@ -89,10 +77,7 @@ impl BlockSizes {
     /// [`default_block`] along `q_len` queries for every query block and along `kv_len` keys
     /// for every key block.
     pub fn default_for(q_len: usize, kv_len: usize) -> Self {
-        BlockSizes::uniform(
-            default_block(q_len, BlockAxis::Queries),
-            default_block(kv_len, BlockAxis::Keys),
-        )
+        BlockSizes::uniform(default_block(q_len), default_block(kv_len))
     }
 
     /// The same sizes with the fused backward kernel on or off.
@@ -102,15 +87,12 @@ impl BlockSizes {
     }
 
     /// Checks every block against the sequence lengths, its compute block and (under TPU
-    /// rules) the TPU tiling of the operands it shapes, for inputs of `dtype`. `dense_mask`:
-    /// whether partial mask blocks are loaded from memory (int8 blocks, tiled (32, 128)).
+    /// rules) the TPU tiling of the operands it shapes.
     pub fn validate(
         &self,
         q_len: usize,
         kv_len: usize,
-        dtype: DType,
         rules: &KernelRules,
-        dense_mask: bool,
     ) -> Result<(), SplashError> {
         let mut q_blocks = vec![("block_q", self.block_q), ("block_q_dkv", self.block_q_dkv)];
         let mut kv_blocks = vec![
@@ -133,12 +115,6 @@ impl BlockSizes {
                 ("block_kv_dq", self.block_kv_dq),
             ));
         }
-        let sublane = if dense_mask {
-            // Partial mask blocks are int8: (32, 128) tiles.
-            tpu_tile(DType::I8).0
-        } else {
-            tpu_tile(dtype).0
-        };
         // (block names, problem): blocks of equal size with the same problem share a message.
         let mut problems: Vec<(Vec<&str>, String)> = Vec::new();
         let mut add = |name: &'static str, problem: Option<String>| {
@@ -156,7 +132,7 @@ impl BlockSizes {
             let t = d.is_none() && tpu;
             add(name, d);
             if t {
-                add(name, tiled(b, q_len, sublane, "sublane", dtype, dense_mask));
+                add(name, tiled(b, q_len, QUERY_LANES));
             }
         }
         for (name, b, (cname, c)) in kv_blocks {
@@ -164,14 +140,14 @@ impl BlockSizes {
             let t = d.is_none() && tpu;
             add(name, d);
             if t {
-                add(name, tiled(b, kv_len, NUM_LANES, "lane", dtype, dense_mask));
+                add(name, tiled(b, kv_len, KEY_LANES));
             }
             if cname != name {
                 let d = divides(c, name, b);
                 let t = d.is_none() && tpu && c != b;
                 add(cname, d);
                 if t {
-                    add(cname, tiled(c, b, NUM_LANES, "lane", dtype, dense_mask));
+                    add(cname, tiled(c, b, KEY_LANES));
                 }
             }
         }
@@ -200,29 +176,24 @@ fn divides(b: usize, what: &str, n: usize) -> Option<String> {
     }
 }
 
-/// Why `b` does not tile on TPU.
-fn tiled(
-    b: usize,
-    full: usize,
-    mult: usize,
-    kind: &str,
-    dtype: DType,
-    dense_mask: bool,
-) -> Option<String> {
-    if b == 0 || b == full || b % mult == 0 {
+/// What lays a query block along lanes: the residual rows `lse` and `di` (`[.., 1, Sq]`)
+/// and the query segment ids; the dK/dV kernels' transposed scores.
+const QUERY_LANES: &str = "query residual rows (lse, di), query segment ids and the dK/dV \
+                           scores, whose query axis is the lane axis";
+/// What lays a key block along lanes.
+const KEY_LANES: &str = "scores and key segment ids, whose key axis is the lane axis";
+
+/// Why `b` does not tile on TPU: it must be a multiple of [`NUM_LANES`] (the lane tiling of
+/// `why`) or the whole extent `full`. (Both block axes are lane axes of some operand, which
+/// covers every sublane tiling too: int8 mask blocks need 32 rows, f32 and bf16 tiles 16.)
+fn tiled(b: usize, full: usize, why: &str) -> Option<String> {
+    if b == 0 || b == full || b % NUM_LANES == 0 {
         return None;
     }
-    let why = if dense_mask && kind == "sublane" {
-        "int8 partial mask blocks".to_string()
-    } else if kind == "lane" {
-        "scores and key segment ids, whose key axis is the lane axis".to_string()
-    } else {
-        format!("{dtype} query blocks")
-    };
     Some(format!(
-        "= {b}, which is neither a multiple of {mult} ({kind} tiling of {why} on TPU) nor \
+        "= {b}, which is neither a multiple of {NUM_LANES} (lane tiling of {why} on TPU) nor \
          {full}; use {} (or KernelRules::portable() for non-TPU backends)",
-        (b.div_ceil(mult) * mult).min(full)
+        (b.div_ceil(NUM_LANES) * NUM_LANES).min(full)
     ))
 }
 
@@ -242,7 +213,7 @@ mod tests {
     fn defaults_validate_for_typical_sequences() {
         for s in [128, 256, 4096] {
             BlockSizes::default()
-                .validate(s, s, DType::F32, &KernelRules::tpu(), true)
+                .validate(s, s, &KernelRules::tpu())
                 .unwrap();
         }
     }
@@ -251,7 +222,7 @@ mod tests {
     fn errors_name_the_block_and_the_fix() {
         let mut b = BlockSizes::uniform(96, 128);
         let e = b
-            .validate(256, 256, DType::F32, &KernelRules::tpu(), false)
+            .validate(256, 256, &KernelRules::tpu())
             .unwrap_err()
             .to_string();
         assert!(
@@ -261,7 +232,7 @@ mod tests {
         b = BlockSizes::uniform(64, 256);
         b.block_kv_compute = 96;
         let e = b
-            .validate(256, 256, DType::F32, &KernelRules::tpu(), false)
+            .validate(256, 256, &KernelRules::tpu())
             .unwrap_err()
             .to_string();
         assert!(
@@ -269,7 +240,7 @@ mod tests {
             "{e}"
         );
         let e = BlockSizes::uniform(64, 64)
-            .validate(256, 256, DType::F32, &KernelRules::tpu(), false)
+            .validate(256, 256, &KernelRules::tpu())
             .unwrap_err()
             .to_string();
         assert!(
@@ -280,19 +251,20 @@ mod tests {
         );
         // Portable rules only need divisibility.
         BlockSizes::uniform(64, 64)
-            .validate(256, 256, DType::F32, &KernelRules::portable(), false)
+            .validate(256, 256, &KernelRules::portable())
             .unwrap();
-        // Dense masks need 32-row int8 tiles.
+        // Query blocks lie along lanes too (lse rows, the dK/dV scores).
         let e = BlockSizes::uniform(16, 128)
-            .validate(256, 256, DType::F32, &KernelRules::tpu(), true)
+            .validate(256, 256, &KernelRules::tpu())
             .unwrap_err()
             .to_string();
-        assert!(e.contains("= 16, which is neither a multiple of 32"), "{e}");
+        assert!(
+            e.contains("block_q, block_q_dkv, block_q_dq = 16, which is neither a multiple of 128 (lane tiling of query residual rows"),
+            "{e}"
+        );
         // With the fused kernel the dq blocks are unused.
         let mut fused = BlockSizes::uniform(128, 128).with_fused_bwd(true);
         fused.block_q_dq = 7;
-        fused
-            .validate(256, 256, DType::F32, &KernelRules::tpu(), false)
-            .unwrap();
+        fused.validate(256, 256, &KernelRules::tpu()).unwrap();
     }
 }

@@ -1,10 +1,14 @@
 //! The splash attention kernels, written with `#[tpu_kernel]`.
 //!
 //! Layouts (all row-major): `q`, `out`, `dout`, `dq` are `[B, H, Sq, D]`; `k`, `v`, `dk`,
-//! `dv` are `[B, KVH, Skv, D]`; residuals `lse` and `di` are `[B, H, Sq, 1]` (queries on
-//! sublanes, as the kernels use them); query segment ids `[B, Sq, 1]`, key segment ids
-//! `[B, 1, Skv]` (both reshapes of `[B, S]`; optional operands, left out by a call without
-//! them, [`KernelDef::without`](tessera_dsl::KernelDef::without)). Query head `h` uses key/value head
+//! `dv` are `[B, KVH, Skv, D]`; residuals `lse` and `di` are `[B, H, 1, Sq]` (lane-dense
+//! rows, as JAX's splash keeps them: a `[.., Sq, 1]` array would pad every query to 128
+//! lanes in HBM); query segment ids `[B, 1, Sq]`, key segment ids `[B, 1, Skv]` (both
+//! reshapes of `[B, S]`; optional operands, left out by a call without them,
+//! [`KernelDef::without`](tessera_dsl::KernelDef::without)). The forward and dQ kernels
+//! compute `(bq, bkv)` score tiles and turn the rows they read into columns once per step;
+//! the dK/dV kernels compute the transposed `(bkv, bq)` tiles, over which the rows
+//! broadcast as they are. Query head `h` uses key/value head
 //! `kv_head(h, H / KVH)` (MHA, GQA and MQA alike).
 //!
 //! Scalar prefetch: the [`MaskInfo`](crate::MaskInfo) tables `data_next`, `block_mask`,
@@ -127,8 +131,8 @@ fn cast_to(x: Value, dtype: DType) -> Value {
     }
 }
 
-/// Masks on traced kernel values: query positions `[bq, 1]` and key positions `[1, bkvc]`
-/// (i32), visibility a bool tile of `shape`.
+/// Masks on traced kernel values: query and key positions (i32) broadcasting to the tile,
+/// visibility a bool tile of `shape`.
 struct TracedPositions<'a> {
     shape: &'a [usize],
 }
@@ -162,16 +166,18 @@ impl PositionOps for TracedPositions<'_> {
     }
 }
 
-/// A computable mask on query positions `[bq, 1]` and key positions `[1, bkvc]`.
+/// A computable mask on query and key positions broadcasting to `shape`.
 fn eval_mask(e: &MaskExpr, q: Value, kv: Value, shape: &[usize]) -> Value {
     let Ok(vis) = e.eval(&mut TracedPositions { shape }, q, kv);
     vis
 }
 
-/// The visibility of a `[bq, bkvc]` tile, or `None` when everything is visible.
+/// The visibility of a `[bq, bkvc]` tile ([`Tile::visible`]) or of its transpose
+/// ([`Tile::visible_t`]), or `None` when everything is visible.
 ///
 /// `q_block`/`kv_block` are the tile's block indices (run-time), `c` the compute step inside
-/// the key block; `masked` selects the partial-block path.
+/// the key block; `masked` selects the partial-block path. Segment ids are rows (`(1, bq)`,
+/// `(1, bkv)`); dense partial blocks are stored in the tile's orientation.
 struct Tile<'a> {
     cfg: &'a KernelConfig,
     masked: bool,
@@ -187,16 +193,31 @@ struct Tile<'a> {
 }
 
 impl Tile<'_> {
+    /// Queries on sublanes, keys on lanes (forward, dQ).
     fn visible(&self) -> Option<Value> {
+        self.visibility(false)
+    }
+
+    /// Keys on sublanes, queries on lanes (dK/dV).
+    fn visible_t(&self) -> Option<Value> {
+        self.visibility(true)
+    }
+
+    fn visibility(&self, transposed: bool) -> Option<Value> {
         let cfg = self.cfg;
         let (bq, bkvc) = (cfg.bq, cfg.bkv_compute);
-        let shape = [bq, bkvc];
+        let whole = cfg.bkv == bkvc;
+        let shape = if transposed { [bkvc, bq] } else { [bq, bkvc] };
         let mut vis: Option<Value> = None;
         if self.masked {
             let m = match &cfg.mask {
                 KernelMask::Dense => {
-                    let block = if cfg.bkv == bkvc {
+                    let block = if whole {
                         self.mask_blocks.load()
+                    } else if transposed {
+                        self.mask_blocks
+                            .at(&[ds(self.c * bkvc, bkvc), all()])
+                            .load()
                     } else {
                         self.mask_blocks
                             .at(&[all(), ds(self.c * bkvc, bkvc)])
@@ -210,8 +231,18 @@ impl Tile<'_> {
                     let k0 = self.offsets.get([1])
                         + self.kv_block * cfg.bkv as i32
                         + (self.c * bkvc) as i32;
-                    let q = iota(DType::I32, &[bq, 1], 0) + q0;
-                    let kv = iota(DType::I32, &[1, bkvc], 1) + k0;
+                    let (q, kv) = if transposed {
+                        (
+                            iota(DType::I32, &[1, bq], 1),
+                            iota(DType::I32, &[bkvc, 1], 0),
+                        )
+                    } else {
+                        (
+                            iota(DType::I32, &[bq, 1], 0),
+                            iota(DType::I32, &[1, bkvc], 1),
+                        )
+                    };
+                    let (q, kv) = (q + q0, kv + k0);
                     let mut m = eval_mask(&exprs[exprs.len() - 1], q, kv, &shape);
                     if exprs.len() > 1 {
                         let class = self.head_class.get([self.head]);
@@ -227,12 +258,16 @@ impl Tile<'_> {
         // Segment ids restrict attention to equal ids, when the call has them.
         if let (Some(q_seg), Some(kv_seg)) = (self.q_seg, self.kv_seg) {
             let q_ids = q_seg.load();
-            let kv_ids = if cfg.bkv == bkvc {
+            let kv_ids = if whole {
                 kv_seg.load()
             } else {
                 kv_seg.at(&[all(), ds(self.c * bkvc, bkvc)]).load()
             };
-            let same = q_ids.eq(kv_ids);
+            let same = if transposed {
+                column(kv_ids).eq(q_ids)
+            } else {
+                column(q_ids).eq(kv_ids)
+            };
             vis = Some(match vis {
                 Some(m) => m & same,
                 None => same,
@@ -242,11 +277,45 @@ impl Tile<'_> {
     }
 }
 
-/// Scaled (and soft-capped) logits of a tile: `(capped, scaled-before-cap)`.
-fn logits(cfg: &KernelConfig, q: Value, k: Value) -> (Value, Value) {
+/// A `(1, n)` row as an `(n, 1)` column.
+fn column(row: Value) -> Value {
+    let n = row.shape()[1];
+    row.reshape(&[n, 1])
+}
+
+/// An `(n, 1)` column as a `(1, n)` row.
+fn row_of(col: Value) -> Value {
+    let n = col.shape()[0];
+    col.reshape(&[1, n])
+}
+
+/// `k * scale` rounded to k's dtype: every kernel scales its key blocks the same way (a
+/// `(bkv, D)` multiply per key block, not one per `(bq, bkv)` score tile; the dK/dV kernels
+/// once per key block, which stays put while they walk query blocks), so the backward
+/// recomputes the forward's logits exactly. Then `ds k_scaled` is dQ itself, and dK is
+/// `scale * sum of ds^T q` (scaled once at the end).
+fn scaled_k(cfg: &KernelConfig, k: Value) -> Value {
+    if cfg.scale.get() == 1.0 {
+        k
+    } else {
+        cast_to(scaled(cfg, cast_to(k, DType::F32)), k.dtype())
+    }
+}
+
+/// `x * scale` (f32), or `x` when the scale is 1.
+fn scaled(cfg: &KernelConfig, x: Value) -> Value {
     let scale = cfg.scale.get();
-    let raw = dot_nt(q, k);
-    let raw = if scale == 1.0 { raw } else { raw * scale };
+    if scale == 1.0 {
+        x
+    } else {
+        x * scale
+    }
+}
+
+/// The (soft-capped) logits of a tile from queries and a [`scaled_k`] block (`dot_nt(q, k)`,
+/// or its transpose `dot_nt(k, q)` from the dK/dV kernels): `(capped, before-cap)`.
+fn logits(cfg: &KernelConfig, a: Value, b: Value) -> (Value, Value) {
+    let raw = dot_nt(a, b);
     match cfg.soft_cap {
         Some(c) => {
             let c = c.get();
@@ -298,8 +367,8 @@ pub fn splash_fwd<T: Element>(
     #[block((None, None, cfg.bkv, DV),
             |b, h, i, j| (b, kv_head(h, H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
     v: Ref<T>,
-    #[shape(B, SQ, 1)]
-    #[block((None, cfg.bq, 1), |b, h, i, j| (b, i, 0))]
+    #[shape(B, 1, SQ)]
+    #[block((None, 1, cfg.bq), |b, h, i, j| (b, 0, i))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv),
@@ -312,8 +381,8 @@ pub fn splash_fwd<T: Element>(
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV), |b, h, i, j| (b, h, i, 0))]
     out: RefMut<T>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |b, h, i, j| (b, h, i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
     lse: RefMut<f32>,
     #[scratch(cfg.bq, cfg.lanes)] m_scratch: Scratch<f32>,
     #[scratch(cfg.bq, cfg.lanes)] l_scratch: Scratch<f32>,
@@ -362,7 +431,7 @@ pub fn splash_fwd<T: Element>(
                 kv_seg,
                 mask_blocks,
             };
-            let (s, _) = logits(&cfg, qv, rows(k, c * bkvc, bkvc, whole));
+            let (s, _) = logits(&cfg, qv, scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole)));
             // Masked entries never count: -inf logits under a finite running max.
             let s = match tile.visible() {
                 Some(vis) => select(vis, s, f32::NEG_INFINITY),
@@ -399,7 +468,7 @@ pub fn splash_fwd<T: Element>(
             let none = l.eq(0.0);
             (none, select(none, 1.0, l), lane0(m_scratch))
         };
-        lse.store(select(none, f32::NEG_INFINITY, m + l_safe.log()));
+        lse.store(row_of(select(none, f32::NEG_INFINITY, m + l_safe.log())));
     });
 }
 
@@ -414,11 +483,11 @@ pub fn splash_bwd_prep<T: Element>(
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV), |h, b, i| (b, h, i, 0))]
     dout: Ref<T>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |h, b, i| (b, h, i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |h, b, i| (b, h, 0, i))]
     lse: Ref<f32>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |h, b, i| (b, h, i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |h, b, i| (b, h, 0, i))]
     di: RefMut<f32>,
     #[shape(H, 1, 1)]
     #[block((None, 1, 1), |h, b, i| (h, 0, 0))]
@@ -428,12 +497,13 @@ pub fn splash_bwd_prep<T: Element>(
 ) {
     let (h, b, i) = (program_id(0), program_id(1), program_id(2));
     let d = (cast_to(out.load(), DType::F32) * cast_to(dout.load(), DType::F32)).sum_keepdims(-1);
+    let d = row_of(d);
     di.store(d);
     let first = b.eq(0) & i.eq(0);
     when(first, || dsink_acc.store(0.0));
     if cfg.sinks {
         let p_sink = (sinks.get([h]) - lse.load()).exp();
-        let part = (p_sink * d).sum_keepdims(0);
+        let part = (p_sink * d).sum_keepdims(-1);
         dsink_acc.store(dsink_acc.load() - part);
     }
     let last = b.eq(num_programs(1) - 1) & i.eq(num_programs(2) - 1);
@@ -441,7 +511,8 @@ pub fn splash_bwd_prep<T: Element>(
 }
 
 /// dQ: for each query block, `dq = scale * sum over key blocks of ds k` with
-/// `ds = p * (dp - di)`, `p = exp(logits - lse)`, `dp = dout v^T`.
+/// `ds = p * (dp - di)`, `p = exp(logits - lse)`, `dp = dout v^T` (`ds` times the scaled
+/// keys, accumulated in f32).
 #[tpu_kernel(grid = (B, H, NQ, W),
              dimension_semantics = (parallel, parallel, arbitrary, arbitrary))]
 pub fn splash_dq<T: Element>(
@@ -461,8 +532,8 @@ pub fn splash_dq<T: Element>(
     #[block((None, None, cfg.bkv, DV),
             |b, h, i, j| (b, kv_head(h, H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
     v: Ref<T>,
-    #[shape(B, SQ, 1)]
-    #[block((None, cfg.bq, 1), |b, h, i, j| (b, i, 0))]
+    #[shape(B, 1, SQ)]
+    #[block((None, 1, cfg.bq), |b, h, i, j| (b, 0, i))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv),
@@ -472,14 +543,14 @@ pub fn splash_dq<T: Element>(
     #[block((None, MQ, MKV),
             |b, h, i, j| (mask_next.get([table_row(h, cfg.per_head), i, j]), 0, 0))]
     mask_blocks: Ref<i8>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |b, h, i, j| (b, h, i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
     lse: Ref<f32>,
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV), |b, h, i, j| (b, h, i, 0))]
     dout: Ref<T>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |b, h, i, j| (b, h, i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
     di: Ref<f32>,
     #[shape(B, H, SQ, D)]
     #[block((None, None, cfg.bq, D), |b, h, i, j| (b, h, i, 0))]
@@ -495,7 +566,8 @@ pub fn splash_dq<T: Element>(
     let bkvc = cfg.bkv_compute;
     let whole = bkvc == cfg.bkv;
     let step = |masked: bool| {
-        let (qv, dov, lse_v, di_v) = (q.load(), dout.load(), lse.load(), di.load());
+        let (qv, dov) = (q.load(), dout.load());
+        let (lse_v, di_v) = (column(lse.load()), column(di.load()));
         let mut total: Option<Value> = None;
         for c in 0..cfg.bkv / bkvc {
             let tile = Tile {
@@ -511,7 +583,7 @@ pub fn splash_dq<T: Element>(
                 kv_seg,
                 mask_blocks,
             };
-            let kc = rows(k, c * bkvc, bkvc, whole);
+            let kc = scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole));
             let (s, raw) = logits(&cfg, qv, kc);
             let p = (s - lse_v).exp();
             let p = match tile.visible() {
@@ -527,8 +599,6 @@ pub fn splash_dq<T: Element>(
             });
         }
         if let Some(t) = total {
-            let scale = cfg.scale.get();
-            let t = if scale == 1.0 { t } else { t * scale };
             dq_acc.store(dq_acc.load() + t);
         }
     };
@@ -548,7 +618,6 @@ struct DkvRefs<T: Element> {
     offsets: Smem<i32>,
     head_class: Smem<i32>,
     q: Ref<T>,
-    k: Ref<T>,
     v: Ref<T>,
     dout: Ref<T>,
     lse: Ref<f32>,
@@ -556,12 +625,19 @@ struct DkvRefs<T: Element> {
     q_seg: Option<Ref<i32>>,
     kv_seg: Option<Ref<i32>>,
     mask_blocks: Ref<i8>,
+    /// The key block times the scale ([`scaled_k`]), stored at the key block's first step.
+    k_scaled: Scratch<T>,
     dk_acc: Scratch<f32>,
     dv_acc: Scratch<f32>,
 }
 
 /// The dK/dV step shared by the separate and the fused kernels: accumulates into the
 /// `[bkv, D]` scratch and returns this query block's dQ contribution when asked.
+///
+/// It computes the transposed tiles, keys on sublanes and queries on lanes (as JAX's
+/// splash): `s^T = k q^T`, `p^T = exp(s^T - lse)` with the `lse` and `di` rows broadcast
+/// over sublanes, `dv += p^T dout`, `dp^T = v dout^T`, `ds^T = p^T (dp^T - di)`,
+/// `dk += ds^T q`; no matmul transposes its left operand except dQ's `ds k`.
 fn dkv_step<T: Element>(
     cfg: &KernelConfig,
     masked: bool,
@@ -572,7 +648,6 @@ fn dkv_step<T: Element>(
     let (qv, dov, lse_v, di_v) = (r.q.load(), r.dout.load(), r.lse.load(), r.di.load());
     let bkvc = cfg.bkv_compute;
     let whole = bkvc == cfg.bkv;
-    let scale = cfg.scale.get();
     let mut dq_total: Option<Value> = None;
     for c in 0..cfg.bkv / bkvc {
         let tile = Tile {
@@ -588,23 +663,22 @@ fn dkv_step<T: Element>(
             kv_seg: r.kv_seg,
             mask_blocks: r.mask_blocks,
         };
-        let kc = rows(r.k, c * bkvc, bkvc, whole);
+        let kc = if whole {
+            r.k_scaled.load()
+        } else {
+            r.k_scaled.at(&[ds(c * bkvc, bkvc), all()]).load()
+        };
         let vc = rows(r.v, c * bkvc, bkvc, whole);
-        let (s, raw) = logits(cfg, qv, kc);
+        let (s, raw) = logits(cfg, kc, qv);
         let p = (s - lse_v).exp();
-        let p = match tile.visible() {
+        let p = match tile.visible_t() {
             Some(vis) => select(vis, p, 0.0),
             None => p,
         };
-        let dv_part = dot_tn(cast_to(p, T::DTYPE), dov);
-        let dp = dot_nt(dov, vc);
+        let dv_part = dot(cast_to(p, T::DTYPE), dov);
+        let dp = dot_nt(vc, dov);
         let ds = cast_to(through_cap(cfg, p * (dp - di_v), raw), T::DTYPE);
-        let dk_part = dot_tn(ds, qv);
-        let dk_part = if scale == 1.0 {
-            dk_part
-        } else {
-            dk_part * scale
-        };
+        let dk_part = dot(ds, qv);
         if whole {
             r.dv_acc.store(r.dv_acc.load() + dv_part);
             r.dk_acc.store(r.dk_acc.load() + dk_part);
@@ -614,14 +688,14 @@ fn dkv_step<T: Element>(
             r.dk_acc.at(&win).store(r.dk_acc.at(&win).load() + dk_part);
         }
         if want_dq {
-            let part = dot(ds, kc);
+            let part = dot_tn(ds, kc);
             dq_total = Some(match dq_total {
                 Some(t) => t + part,
                 None => part,
             });
         }
     }
-    dq_total.map(|t| if scale == 1.0 { t } else { t * scale })
+    dq_total
 }
 
 fn ds_rows(start: usize, len: usize) -> tessera_dsl::Idx {
@@ -649,31 +723,31 @@ pub fn splash_dkv<T: Element>(
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
     v: Ref<T>,
-    #[shape(B, SQ, 1)]
-    #[block((None, cfg.bq, 1),
-            |b, kh, j, g, i| (b, data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
+    #[shape(B, 1, SQ)]
+    #[block((None, 1, cfg.bq),
+            |b, kh, j, g, i| (b, 0, data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv), |b, kh, j, g, i| (b, 0, j))]
     kv_seg: Option<Ref<i32>>,
-    #[shape(_NM, MQ, MKV)]
-    #[block((None, MQ, MKV),
+    #[shape(_NM, MKV, MQ)]
+    #[block((None, MKV, MQ),
             |b, kh, j, g, i| (mask_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0, 0))]
     mask_blocks: Ref<i8>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1),
-            |b, kh, j, g, i| (b, q_head(kh, g, H / KVH),
-                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq),
+            |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0,
+                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])))]
     lse: Ref<f32>,
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV),
             |b, kh, j, g, i| (b, q_head(kh, g, H / KVH),
                               data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
     dout: Ref<T>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1),
-            |b, kh, j, g, i| (b, q_head(kh, g, H / KVH),
-                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq),
+            |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0,
+                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])))]
     di: Ref<f32>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
@@ -681,6 +755,7 @@ pub fn splash_dkv<T: Element>(
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
     dv: RefMut<T>,
+    #[scratch(cfg.bkv, D)] k_scaled: Scratch<T>,
     #[scratch(cfg.bkv, D)] dk_acc: Scratch<f32>,
     #[scratch(cfg.bkv, DV)] dv_acc: Scratch<f32>,
     #[comptime] cfg: KernelConfig,
@@ -692,6 +767,7 @@ pub fn splash_dkv<T: Element>(
     when(g.eq(0) & i.eq(0), || {
         dk_acc.store(0.0);
         dv_acc.store(0.0);
+        k_scaled.store(scaled_k(&cfg, k.load()));
     });
     let kind = block_mask.get([row, j, i]);
     let q_block = data_next.get([row, j, i]);
@@ -699,7 +775,6 @@ pub fn splash_dkv<T: Element>(
         offsets,
         head_class,
         q,
-        k,
         v,
         dout,
         lse,
@@ -707,6 +782,7 @@ pub fn splash_dkv<T: Element>(
         q_seg,
         kv_seg,
         mask_blocks,
+        k_scaled,
         dk_acc,
         dv_acc,
     };
@@ -721,14 +797,14 @@ pub fn splash_dkv<T: Element>(
     }
     let last = g.eq(heads_per_kv - 1) & i.eq(num_programs(4) - 1);
     when(last, || {
-        dk.store(cast_to(dk_acc.load(), T::DTYPE));
+        dk.store(cast_to(scaled(&cfg, dk_acc.load()), T::DTYPE));
         dv.store(cast_to(dv_acc.load(), T::DTYPE));
     });
 }
 
 /// The fused backward: dK and dV as [`splash_dkv`], plus each (key block, query block)'s dQ
-/// contribution in `dq_partial[key block]` (zero for skipped blocks), reduced over key blocks
-/// by [`splash_dq_reduce`]. Its tables are not shrunk: every query block has a slot.
+/// contribution in `dq_partial[key block]` (zero for skipped blocks; in the inputs' dtype,
+/// as dQ itself), reduced over key blocks in f32 by [`splash_dq_reduce`]. Its tables are not shrunk: every query block has a slot.
 #[tpu_kernel(grid = (B, KVH, NKV, H / KVH, NQ),
              dimension_semantics = (parallel, parallel, arbitrary, arbitrary, arbitrary))]
 pub fn splash_bwd_fused<T: Element>(
@@ -746,34 +822,35 @@ pub fn splash_bwd_fused<T: Element>(
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
     v: Ref<T>,
-    #[shape(B, SQ, 1)]
-    #[block((None, cfg.bq, 1), |b, kh, j, g, i| (b, i, 0))]
+    #[shape(B, 1, SQ)]
+    #[block((None, 1, cfg.bq), |b, kh, j, g, i| (b, 0, i))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv), |b, kh, j, g, i| (b, 0, j))]
     kv_seg: Option<Ref<i32>>,
-    #[shape(_NM, MQ, MKV)]
-    #[block((None, MQ, MKV),
+    #[shape(_NM, MKV, MQ)]
+    #[block((None, MKV, MQ),
             |b, kh, j, g, i| (mask_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0, 0))]
     mask_blocks: Ref<i8>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0, i))]
     lse: Ref<f32>,
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), i, 0))]
     dout: Ref<T>,
-    #[shape(B, H, SQ, 1)]
-    #[block((None, None, cfg.bq, 1), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), i, 0))]
+    #[shape(B, H, 1, SQ)]
+    #[block((None, None, 1, cfg.bq), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0, i))]
     di: Ref<f32>,
     #[shape(NKV, B, H, SQ, D)]
     #[block((None, None, None, cfg.bq, D), |b, kh, j, g, i| (j, b, q_head(kh, g, H / KVH), i, 0))]
-    dq_partial: RefMut<f32>,
+    dq_partial: RefMut<T>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
     dk: RefMut<T>,
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
     dv: RefMut<T>,
+    #[scratch(cfg.bkv, D)] k_scaled: Scratch<T>,
     #[scratch(cfg.bkv, D)] dk_acc: Scratch<f32>,
     #[scratch(cfg.bkv, DV)] dv_acc: Scratch<f32>,
     #[comptime] cfg: KernelConfig,
@@ -785,6 +862,7 @@ pub fn splash_bwd_fused<T: Element>(
     when(g.eq(0) & i.eq(0), || {
         dk_acc.store(0.0);
         dv_acc.store(0.0);
+        k_scaled.store(scaled_k(&cfg, k.load()));
     });
     let kind = block_mask.get([row, j, i]);
     dq_partial.store(0.0);
@@ -792,7 +870,6 @@ pub fn splash_bwd_fused<T: Element>(
         offsets,
         head_class,
         q,
-        k,
         v,
         dout,
         lse,
@@ -800,13 +877,14 @@ pub fn splash_bwd_fused<T: Element>(
         q_seg,
         kv_seg,
         mask_blocks,
+        k_scaled,
         dk_acc,
         dv_acc,
     };
     let step = |masked: bool| {
         let dq = dkv_step(&cfg, masked, (i, j, h), &refs, true);
         if let Some(dq) = dq {
-            dq_partial.store(dq);
+            dq_partial.store(cast_to(dq, T::DTYPE));
         }
     };
     if cfg.any_full {
@@ -817,7 +895,7 @@ pub fn splash_bwd_fused<T: Element>(
     }
     let last = g.eq(heads_per_kv - 1) & i.eq(num_programs(4) - 1);
     when(last, || {
-        dk.store(cast_to(dk_acc.load(), T::DTYPE));
+        dk.store(cast_to(scaled(&cfg, dk_acc.load()), T::DTYPE));
         dv.store(cast_to(dv_acc.load(), T::DTYPE));
     });
 }
@@ -829,7 +907,7 @@ pub fn splash_bwd_fused<T: Element>(
 pub fn splash_dq_reduce<T: Element>(
     #[shape(NKV, B, H, SQ, D)]
     #[block((None, None, None, bq, D), |b, h, i, j| (j, b, h, i, 0))]
-    dq_partial: Ref<f32>,
+    dq_partial: Ref<T>,
     #[shape(B, H, SQ, D)]
     #[block((None, None, bq, D), |b, h, i, j| (b, h, i, 0))]
     dq: RefMut<T>,
@@ -838,7 +916,7 @@ pub fn splash_dq_reduce<T: Element>(
 ) {
     let j = program_id(3);
     when(j.eq(0), || acc.store(0.0));
-    acc.store(acc.load() + dq_partial.load());
+    acc.store(acc.load() + cast_to(dq_partial.load(), DType::F32));
     when(j.eq(num_programs(3) - 1), || {
         dq.store(cast_to(acc.load(), T::DTYPE))
     });

@@ -97,7 +97,8 @@ pub struct MaskInfo {
     pub data_next: Vec<i32>,
     pub block_mask: Vec<i32>,
     pub mask_next: Vec<i32>,
-    /// Distinct partial mask blocks, `[n, block_q, block_kv]` int8 (dense masks only).
+    /// Distinct partial mask blocks (dense masks only), int8, in the orientation of the
+    /// kernel's score tile: [`Self::partial_block_shape`].
     pub partial_blocks: Vec<i8>,
     pub num_partial_blocks: usize,
     pub kernel_mask: KernelMask,
@@ -204,10 +205,23 @@ impl MaskInfo {
                             Major::Kv => (c, r),
                         };
                         let rc = rect(qb, kb);
+                        // Stored as the kernel's tile: queries by keys, or keys by queries
+                        // for the dK/dV kernels (which compute the transposed scores).
                         let mut bits = Vec::with_capacity(block_q * block_kv);
-                        for q in rc.q0..rc.q1 {
-                            for kv in rc.k0..rc.k1 {
-                                bits.push(i8::from(m.allows(q, kv)));
+                        match major {
+                            Major::Q => {
+                                for q in rc.q0..rc.q1 {
+                                    for kv in rc.k0..rc.k1 {
+                                        bits.push(i8::from(m.allows(q, kv)));
+                                    }
+                                }
+                            }
+                            Major::Kv => {
+                                for kv in rc.k0..rc.k1 {
+                                    for q in rc.q0..rc.q1 {
+                                        bits.push(i8::from(m.allows(q, kv)));
+                                    }
+                                }
                             }
                         }
                         let n = block_index.len();
@@ -301,6 +315,15 @@ impl MaskInfo {
     /// Whether the tables differ per head (else one row of tables serves every head).
     pub fn per_head(&self) -> bool {
         self.table_heads > 1
+    }
+
+    /// The shape of one stored partial block: `[block_q, block_kv]` ([`Major::Q`]), or
+    /// `[block_kv, block_q]` ([`Major::Kv`]: the dK/dV kernels' transposed scores).
+    pub fn partial_block_shape(&self) -> [usize; 2] {
+        match self.major {
+            Major::Q => [self.block_q, self.block_kv],
+            Major::Kv => [self.block_kv, self.block_q],
+        }
     }
 
     /// Whether partial blocks are loaded from `partial_blocks`.
@@ -397,6 +420,15 @@ mod tests {
         assert!(d.dense());
         assert_eq!(d.num_partial_blocks, 1);
         assert_eq!(d.partial_blocks.len(), 64 * 64);
+        // Queries by keys: query 0 sees key 0 only, query 1 keys 0 and 1.
+        assert_eq!(&d.partial_blocks[..2], &[1, 0]);
+        assert_eq!(&d.partial_blocks[64..66], &[1, 1]);
+        // The dK/dV tables store keys by queries: key 1 is seen by queries 1.., not 0.
+        let dense = Mask::Dense(DenseMask::from_fn(256, 256, |q, k| k <= q));
+        let t = info(dense, 256, 64, Major::Kv, false);
+        assert_eq!(t.partial_block_shape(), [64, 64]);
+        assert_eq!(&t.partial_blocks[..2], &[1, 1]);
+        assert_eq!(&t.partial_blocks[64..66], &[0, 1]);
         let c = info(Mask::causal(), 256, 64, Major::Q, false);
         assert_eq!(d.stats, c.stats);
         assert_eq!(d.block_mask, c.block_mask);

@@ -279,7 +279,7 @@ pub fn splash_program(attn: &SplashAttention, pass: Pass, features: Features) ->
         let (b, sq, skv) = (d.batch as i64, d.q_len as i64, d.kv_len as i64);
         let qs = f.arg(tensor_type(DType::I32, &[d.batch, d.q_len]))?;
         let ks = f.arg(tensor_type(DType::I32, &[d.batch, d.kv_len]))?;
-        let qs = f.reshape(qs, &[b, sq, 1])?;
+        let qs = f.reshape(qs, &[b, 1, sq])?;
         let ks = f.reshape(ks, &[b, 1, skv])?;
         env.extend([(Tensor::QSegments, qs), (Tensor::KvSegments, ks)]);
     }
@@ -304,7 +304,7 @@ pub fn splash_program(attn: &SplashAttention, pass: Pass, features: Features) ->
             // The backward kernels alone, on the forward's saved results.
             let out = f.arg(tensor_type(dt, &out_shape))?;
             let lse = f.arg(tensor_type(DType::F32, &[d.batch, d.heads, d.q_len]))?;
-            let lse = f.reshape(lse, &[lse_dims[0], lse_dims[1], lse_dims[2], 1])?;
+            let lse = f.reshape(lse, &[lse_dims[0], lse_dims[1], 1, lse_dims[2]])?;
             env.extend([(Tensor::Out, out), (Tensor::Lse, lse)]);
             let dout = f.arg(tensor_type(dt, &out_shape))?;
             env.insert(Tensor::DOut, dout);

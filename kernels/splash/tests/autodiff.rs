@@ -149,7 +149,7 @@ fn a_logsumexp_cotangent_enters_as_di_minus_dlse() {
     )
     .unwrap();
     let dout = f.arg(t(&so)).unwrap();
-    let dlse = f.arg(t(&[d.batch, d.heads, d.q_len, 1])).unwrap();
+    let dlse = f.arg(t(&[d.batch, d.heads, 1, d.q_len])).unwrap();
     let g = f
         .vjp(
             &[env[&Tensor::Out], env[&Tensor::Lse]],
@@ -176,7 +176,7 @@ fn a_logsumexp_cotangent_enters_as_di_minus_dlse() {
             HostArray::random(DType::F32, sk.clone(), 12),
             HostArray::random(DType::F32, sv.clone(), 13),
             dout,
-            HostArray::random(DType::F32, [d.batch, d.heads, d.q_len, 1], 15),
+            HostArray::random(DType::F32, [d.batch, d.heads, 1, d.q_len], 15),
         ];
         let grads: Vec<Vec<f64>> = exe
             .execute_arrays(&[arrays.to_vec()])

@@ -18,11 +18,11 @@ fn full_mask_mha_with_explicit_scale() {
 #[test]
 fn causal_gqa_fused_backward() {
     let mut c = Case::new(
-        "causal/gqa/64x128/fused",
+        "causal/gqa/128x128/fused",
         dims(1, 4, 2, 256, 64),
         Mask::causal(),
     );
-    c.blocks = BlockSizes::uniform(64, 128).with_fused_bwd(true);
+    c.blocks = BlockSizes::uniform(128, 128).with_fused_bwd(true);
     check_all(&c);
 }
 
@@ -44,7 +44,7 @@ fn local_window_batched_with_segment_ids() {
         dims(2, 2, 2, 256, 64),
         Mask::local(40, 10),
     );
-    c.blocks = BlockSizes::uniform(64, 128);
+    c.blocks = BlockSizes::uniform(128, 128);
     c.segments = Some(segments(2, &[100, 56, 100]));
     check_all(&c);
 }
@@ -71,8 +71,8 @@ fn dense_custom_mask_mqa() {
         .map(|x| x / 256 == x % 256 || (x % 256 < 128 && rng.f32() < 0.3))
         .collect();
     let mask = Mask::Dense(DenseMask::new(256, 256, bits).unwrap());
-    let mut c = Case::new("dense/mqa/64x128", dims(1, 2, 1, 256, 64), mask);
-    c.blocks = BlockSizes::uniform(64, 128);
+    let mut c = Case::new("dense/mqa/128x128", dims(1, 2, 1, 256, 64), mask);
+    c.blocks = BlockSizes::uniform(128, 128);
     check_all(&c);
 }
 
@@ -85,7 +85,7 @@ fn per_head_masks_gqa_with_segments_fused() {
         Mask::Full,
     ]);
     let mut c = Case::new("per-head/gqa/segments/fused", dims(1, 4, 2, 256, 64), mask);
-    c.blocks = BlockSizes::uniform(64, 128).with_fused_bwd(true);
+    c.blocks = BlockSizes::uniform(128, 128).with_fused_bwd(true);
     c.segments = Some(segments(1, &[200, 56]));
     check_all(&c);
 }
@@ -95,7 +95,7 @@ fn many_per_head_masks_fall_back_to_stored_blocks() {
     // Five distinct computable masks exceed what is evaluated in-kernel: stored blocks.
     let mask = MultiHeadMask::PerHead((0..5).map(|h| Mask::local(16 + 30 * h, 8)).collect());
     let mut c = Case::new("per-head(5)/mqa/stored", dims(1, 5, 1, 256, 64), mask);
-    c.blocks = BlockSizes::uniform(64, 128);
+    c.blocks = BlockSizes::uniform(128, 128);
     check_all(&c);
 }
 
@@ -129,7 +129,7 @@ fn query_shard_with_sequence_offsets() {
         ..dims(1, 2, 2, 256, 64)
     };
     let mut c = Case::new("causal/q-shard-offset", d, Mask::causal());
-    c.blocks = BlockSizes::uniform(64, 128);
+    c.blocks = BlockSizes::uniform(128, 128);
     c.options.offsets = SeqOffsets { q: 128, kv: 0 };
     check_all(&c);
     // A ring step: the key block of shard 0 seen from query shard 1 is entirely visible.
@@ -139,7 +139,7 @@ fn query_shard_with_sequence_offsets() {
         ..d
     };
     let mut c = Case::new("causal/ring-kv-offset", d, Mask::causal());
-    c.blocks = BlockSizes::uniform(64, 128);
+    c.blocks = BlockSizes::uniform(128, 128);
     c.options.offsets = SeqOffsets { q: 128, kv: 0 };
     check_all(&c);
 }
@@ -152,7 +152,7 @@ fn parallel_grid_dims_carry_no_state() {
         dims(2, 4, 2, 256, 64),
         Mask::causal(),
     );
-    c.blocks = BlockSizes::uniform(64, 128);
+    c.blocks = BlockSizes::uniform(128, 128);
     check(&c, &ShuffledInterpreter(3), "shuffled interpreter");
     c.blocks = c.blocks.with_fused_bwd(true);
     check(&c, &ShuffledInterpreter(4), "shuffled interpreter");

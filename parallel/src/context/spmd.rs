@@ -32,13 +32,12 @@ pub(crate) struct Segments {
 
 impl Segments {
     /// Positions `start .. start + len` (all when `start` is `None`) as the kernels' query
-    /// `[B, len, 1]` or key `[B, 1, len]` segment ids.
+    /// or key segment ids (both `[B, 1, len]`).
     fn slice(
         &self,
         f: &mut FuncBuilder<'_>,
         start: Option<Value>,
         len: usize,
-        queries: bool,
     ) -> Result<Value, CollectiveError> {
         let b = f.value_type(self.full)?.dims[0];
         let len = len as i64;
@@ -49,8 +48,7 @@ impl Segments {
             }
             None => self.full,
         };
-        let dims = if queries { [b, len, 1] } else { [b, 1, len] };
-        Ok(f.reshape(x, &dims)?)
+        Ok(f.reshape(x, &[b, 1, len])?)
     }
 
     /// Adds the query and key segment ids of an attention of `q_len` queries from `q_start`
@@ -62,8 +60,8 @@ impl Segments {
         (q_start, q_len): (Option<Value>, usize),
         (kv_start, kv_len): (Option<Value>, usize),
     ) -> Result<(), CollectiveError> {
-        let q = self.slice(f, q_start, q_len, true)?;
-        let kv = self.slice(f, kv_start, kv_len, false)?;
+        let q = self.slice(f, q_start, q_len)?;
+        let kv = self.slice(f, kv_start, kv_len)?;
         env.extend([(Tensor::QSegments, q), (Tensor::KvSegments, kv)]);
         Ok(())
     }
@@ -161,21 +159,19 @@ pub(crate) fn chunk_view(
     Ok(f.reshape(x, &dims)?)
 }
 
-/// `lse [B, H, S]` as the kernels' `[B, H, S, 1]`.
+/// `lse [B, H, S]` as the kernels' `[B, H, 1, S]`.
 pub(crate) fn lse_to_kernel(f: &mut FuncBuilder<'_>, lse: Value) -> Result<Value, CollectiveError> {
-    let t = f.value_type(lse)?.clone();
-    let mut dims = t.dims.clone();
-    dims.push(1);
-    Ok(f.reshape(lse, &dims)?)
+    let d = f.value_type(lse)?.dims.clone();
+    Ok(f.reshape(lse, &[d[0], d[1], 1, d[2]])?)
 }
 
-/// The kernels' `[B, H, S, 1]` as `lse [B, H, S]`.
+/// The kernels' `[B, H, 1, S]` as `lse [B, H, S]`.
 pub(crate) fn lse_from_kernel(
     f: &mut FuncBuilder<'_>,
     lse: Value,
 ) -> Result<Value, CollectiveError> {
-    let t = f.value_type(lse)?.clone();
-    Ok(f.reshape(lse, &t.dims[..3])?)
+    let d = f.value_type(lse)?.dims.clone();
+    Ok(f.reshape(lse, &[d[0], d[1], d[3]])?)
 }
 
 /// Repeats each head `rep` times along dim 1 (`[B, KVH, ...] -> [B, KVH*rep, ...]`), so head

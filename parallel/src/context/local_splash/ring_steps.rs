@@ -185,8 +185,7 @@ impl<A: MeshAxis> RingAttention<A> {
         let mut merged_parts = Vec::with_capacity(plans.len());
         for (hq, row) in plans.iter().enumerate() {
             // This query part's result so far, if any, then each key part's.
-            // The merges run on `lse [B, H, S]`: the kernels' `[B, H, S, 1]` is padded to
-            // whole lanes on a TPU (128x the bytes for every elementwise op on it).
+            // The merges run on `lse [B, H, S]` (the kernels' `[B, H, 1, S]` reshaped).
             let mut partials: Vec<[Value; 2]> =
                 merged.as_ref().map(|m| m[hq]).into_iter().collect();
             for (hk, (forward, backward)) in row.iter().enumerate() {

@@ -133,10 +133,9 @@ impl<A: MeshAxis> AllGatherAttention<A> {
                 add_segments(f, &mut env, x, seg, queries, (None, self.seq))?;
                 lower_forward(f, &forward, backward, &mut env, Some(x[3]))?;
                 outs.push(env[&Tensor::Out]);
-                lses.push(env[&Tensor::Lse]);
+                lses.push(lse_from_kernel(f, env[&Tensor::Lse])?);
             }
-            let (out, lse) = (seq_concat(f, &outs)?, seq_concat(f, &lses)?);
-            Ok(vec![out, lse_from_kernel(f, lse)?])
+            Ok(vec![seq_concat(f, &outs)?, seq_concat(f, &lses)?])
         })
     }
 }
