@@ -392,4 +392,41 @@ fn lane_dense_splash_forward_matches_f64() {
         common::assert_close(&fwd.out.to_f64_vec(), &want.out, 1e-5, "out");
         common::assert_close(&fwd.lse.to_f64_vec(), &want.lse, 1e-5, "lse");
     }
+
+    // Queries of segment 1 see no key (every key is segment 0): their lse is -inf, carried
+    // through the finalize's lane-0 row (a one-hot matmul) without turning into NaN.
+    let kv_seg = HostArray::i32([1, 256], vec![0; 256]).unwrap();
+    let attn = SplashAttention::new(
+        Mask::causal(),
+        dims,
+        DType::F32,
+        BlockSizes::uniform(128, 128),
+        SplashOptions::default(),
+        Lowering::tpu(),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let x = Inputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        segment_ids: Some(SegmentIds {
+            q: &segs,
+            kv: &kv_seg,
+        }),
+        sinks: None,
+    };
+    let fwd = attn
+        .forward(&BothAgree::default(), &x)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let lse = fwd.lse.to_f64_vec();
+    for (row, &l) in lse.iter().enumerate() {
+        let pos = row % 256;
+        if pos >= 100 {
+            assert_eq!(l, f64::NEG_INFINITY, "row {row} sees no key");
+        } else {
+            assert!(l.is_finite(), "row {row}: {l}");
+        }
+    }
+    let out = fwd.out.to_f64_vec();
+    assert!(out[100 * 128..256 * 128].iter().all(|&o| o == 0.0));
 }

@@ -48,7 +48,9 @@ def test_tessera_splash_beside_jax_splash_on_v5p(devices):
         assert all(size > 0 for _, size in r.kernel_vmem), r
         assert r.argument_bytes == 4 * 2 * 1024 * 128 * 2  # q, k, v, dout in bf16
         assert r.output_bytes >= r.argument_bytes
-        assert r.temp_bytes > 0
+    # JAX's backward keeps a lane-padded logsumexp; tessera's lse/di rows need none here.
+    assert ours_jax.temp_bytes > 0
+    assert tessera.temp_bytes <= ours_jax.temp_bytes
 
 
 def test_the_tpu_lowering_is_tesseras_mosaic_call(devices):

@@ -652,6 +652,7 @@ impl SplashAttention {
             // Its `lse` and `di` blocks are rows: queries on lanes.
             bq: default_block(self.dims.q_len),
             sinks: f.sinks,
+            rows_on_mxu: self.target.is_tpu(),
         };
         let prep_def = with_float_type!(self.dtype, T => splash_bwd_prep::<T>(prep));
         let mut stages = vec![Stage {
