@@ -347,9 +347,10 @@ fn lane_dense_splash_forward_matches_f64() {
         block_kv_compute: 128,
         ..BlockSizes::uniform(128, 256)
     };
-    for (blocks, extras) in [(BlockSizes::uniform(128, 128), false), (split, true)] {
-        let mask: MultiHeadMask = Mask::causal().into();
-        let attn = SplashAttention::new(
+    let mask: MultiHeadMask = Mask::causal().into();
+    // Causal f32 splash on these dims, planned for the TPU (Mosaic) lowering.
+    let tpu_plan = |blocks| {
+        SplashAttention::new(
             mask.clone(),
             dims,
             DType::F32,
@@ -357,7 +358,10 @@ fn lane_dense_splash_forward_matches_f64() {
             SplashOptions::default(),
             Lowering::tpu(),
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap_or_else(|e| panic!("{e}"))
+    };
+    for (blocks, extras) in [(BlockSizes::uniform(128, 128), false), (split, true)] {
+        let attn = tpu_plan(blocks);
         let x = Inputs {
             q: &q,
             k: &k,
@@ -396,15 +400,7 @@ fn lane_dense_splash_forward_matches_f64() {
     // Queries of segment 1 see no key (every key is segment 0): their lse is -inf, carried
     // through the finalize's lane-0 row (a one-hot matmul) without turning into NaN.
     let kv_seg = HostArray::i32([1, 256], vec![0; 256]).unwrap();
-    let attn = SplashAttention::new(
-        Mask::causal(),
-        dims,
-        DType::F32,
-        BlockSizes::uniform(128, 128),
-        SplashOptions::default(),
-        Lowering::tpu(),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let attn = tpu_plan(BlockSizes::uniform(128, 128));
     let x = Inputs {
         q: &q,
         k: &k,
