@@ -8,7 +8,7 @@
 mod common;
 use common::tessera;
 
-use tessera::dsl::{DType, Lowering};
+use tessera::dsl::{DType, KernelCostEstimates, Lowering};
 use tessera::hlo::Module;
 use tessera::parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera::parallel::{ContextParallel, Strategy};
@@ -339,4 +339,56 @@ fn cli_refuses_what_tesseras_rules_know() {
     let (ok, _, stderr) = tessera(&["compile", "--target", "v5p", "kernel", "matmul"]);
     assert!(!ok);
     assert!(stderr.contains("expected tpu:TOPOLOGY"), "{stderr}");
+}
+
+/// Without their cost estimates (`--omit-kernel-cost-estimates`, as JAX's splash calls carry
+/// none) libtpu prices the Mosaic calls at next to nothing; with them, at their work.
+#[test]
+fn kernel_cost_estimates_can_be_omitted_as_jaxs_splash_omits_them() {
+    let forward = |cost_estimates| {
+        let attn = SplashAttention::new(
+            Mask::causal(),
+            dims(2, 2048),
+            DType::BF16,
+            BlockSizes::uniform(512, 512),
+            SplashOptions::default(),
+            Lowering {
+                cost_estimates,
+                ..Lowering::tpu()
+            },
+        )
+        .unwrap();
+        splash_program(&attn, Pass::Forward, Features::default()).unwrap()
+    };
+    let counted = forward(KernelCostEstimates::Counted);
+    let omitted = forward(KernelCostEstimates::Omitted);
+    assert!(counted.to_string().contains("cost_estimate"));
+    assert!(!omitted.to_string().contains("cost_estimate"));
+    let (with, without) = (compile("v5p:2x2x1", &counted), compile("v5p:2x2x1", &omitted));
+    // The causal forward's matmuls alone: 2 heads, 2048^2 / 2 logits, 2 x 2 x 128 flops each.
+    let matmul_flops = 2.0 * 2048.0 * 2048.0 / 2.0 * 4.0 * 128.0;
+    assert!(with.flops.unwrap() >= matmul_flops, "{with:?}");
+    assert!(without.flops.unwrap_or(0.0) < matmul_flops / 100.0, "{without:?}");
+    assert!(without.optimal_seconds.unwrap() < with.optimal_seconds.unwrap() / 10.0);
+
+    let dir = std::env::temp_dir().join(format!("tessera-omit-costs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let hlo = dir.join("fwd.mlir");
+    let (ok, stdout, stderr) = tessera(&[
+        "compile",
+        "--omit-kernel-cost-estimates",
+        "attention",
+        "--heads",
+        "2",
+        "--seq-len",
+        "1024",
+        "--pass",
+        "forward",
+        "--emit-stablehlo",
+        hlo.to_str().unwrap(),
+    ]);
+    assert!(ok, "{stdout}\n{stderr}");
+    let text = std::fs::read_to_string(&hlo).unwrap();
+    assert!(text.contains("kernel_name = \"splash_fwd\"") && !text.contains("cost_estimate"));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

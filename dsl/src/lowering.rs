@@ -29,12 +29,28 @@ pub enum KernelLowering {
     Mosaic,
 }
 
-/// How a program's kernels are built: the rules they are checked against, and whether they
-/// enter the program inline or as Mosaic custom calls.
+/// Whether a Mosaic call carries a `cost_estimate` for XLA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KernelCostEstimates {
+    /// Each call carries tessera's count of its work ([`crate::mosaic::CostEstimate`]): XLA's
+    /// scheduler and libtpu's cost analysis of the whole program price the call by it.
+    #[default]
+    Counted,
+    /// Calls carry none, as Pallas calls made without a `cost_estimate` (JAX's splash among
+    /// them, so MaxText's steps): libtpu's cost analysis then prices the call at next to
+    /// nothing (measured, libtpu 0.0.42.1: JAX's splash forward alone, v5p, S=4096, 8 heads:
+    /// no flops, 0.9 us). Only for comparing whole-program estimates with such programs.
+    Omitted,
+}
+
+/// How a program's kernels are built: the rules they are checked against, whether they
+/// enter the program inline or as Mosaic custom calls, and what those calls tell XLA of
+/// their cost.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Lowering {
     pub rules: KernelRules,
     pub kernels: KernelLowering,
+    pub cost_estimates: KernelCostEstimates,
 }
 
 impl Lowering {
@@ -43,6 +59,7 @@ impl Lowering {
         Lowering {
             rules: KernelRules::portable(),
             kernels: KernelLowering::Inline,
+            cost_estimates: KernelCostEstimates::Counted,
         }
     }
 
@@ -51,6 +68,7 @@ impl Lowering {
         Lowering {
             rules: KernelRules::tpu(),
             kernels: KernelLowering::Mosaic,
+            cost_estimates: KernelCostEstimates::Counted,
         }
     }
 
@@ -60,6 +78,7 @@ impl Lowering {
         Lowering {
             rules,
             kernels: KernelLowering::Inline,
+            cost_estimates: KernelCostEstimates::Counted,
         }
     }
 
@@ -193,12 +212,15 @@ impl Lowering {
             })
             .collect();
         let call = TpuCustomCall {
-            cost_estimate: Some(hlo::CostEstimate {
-                flops: mosaic.cost.flops,
-                transcendentals: mosaic.cost.transcendentals,
-                bytes_accessed: mosaic.cost.bytes_accessed,
-                remote_bytes_transferred: mosaic.cost.remote_bytes,
-            }),
+            cost_estimate: match self.cost_estimates {
+                KernelCostEstimates::Counted => Some(hlo::CostEstimate {
+                    flops: mosaic.cost.flops,
+                    transcendentals: mosaic.cost.transcendentals,
+                    bytes_accessed: mosaic.cost.bytes_accessed,
+                    remote_bytes_transferred: mosaic.cost.remote_bytes,
+                }),
+                KernelCostEstimates::Omitted => None,
+            },
             // Mosaic's own bound of what the kernel keeps in VMEM, or the rules' budget when
             // that is larger.
             vmem_limit_bytes: Some(

@@ -26,7 +26,7 @@ mod tests {
         let budget = KernelRules::tpu().with_vmem_limit(1 << 20);
         let tpu = Lowering {
             rules: budget.clone(),
-            kernels: KernelLowering::Mosaic,
+            ..Lowering::tpu()
         };
         assert_eq!(kernel_lowering(Platform::Tpu, &tpu), tpu);
         assert_eq!(

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use tessera::dsl::{ArgSpec, DType, Lowering};
+use tessera::dsl::{ArgSpec, DType, KernelCostEstimates, Lowering};
 use tessera::hlo::Module;
 use tessera::parallel::ContextParallel;
 use tessera::registry;
@@ -43,6 +43,12 @@ pub struct CompileArgs {
     /// (default 16, v5e's default scoped limit).
     #[arg(long, global = true, value_name = "MIB")]
     pub vmem_limit_mib: Option<usize>,
+    /// Compile the Mosaic calls without their cost estimates, as JAX's Pallas calls made
+    /// without one (JAX's splash, so MaxText's steps): libtpu's cost analysis then prices each
+    /// call at next to nothing, so the whole-step estimate compares like for like with such a
+    /// program's. The kernels' own cycle tables (read from libtpu's bundles) do not change.
+    #[arg(long, global = true)]
+    pub omit_kernel_cost_estimates: bool,
     #[command(subcommand)]
     pub what: CompileWhat,
 }
@@ -199,6 +205,9 @@ pub(super) fn compile_and_commit(
 pub fn compile_command(a: &CompileArgs) -> Result<()> {
     let target = TpuTopology::parse(&a.target)?;
     let mut kernels = Lowering::tpu();
+    if a.omit_kernel_cost_estimates {
+        kernels.cost_estimates = KernelCostEstimates::Omitted;
+    }
     if let Some(mib) = a.vmem_limit_mib {
         let bytes = vmem_limit("--vmem-limit-mib", mib, 1 << 20, &target)?;
         kernels.rules = kernels.rules.with_vmem_limit(bytes);

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
-use tessera::dsl::Lowering;
+use tessera::dsl::{KernelCostEstimates, Lowering};
 use tessera::tpu::{CompileReport, TpuTopology};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
 use tessera_train::{train_step_program, TrainConfig};
@@ -213,7 +213,7 @@ pub fn compile_train(
         chip.as_ref(),
         &prediction,
     );
-    print_estimate(&estimate);
+    print_estimate(&estimate, kernels.cost_estimates);
     let mut json = report_json(&cfg, &report, &collectives, chip.as_ref(), &prediction);
     json.insert("state_bytes_per_device".into(), json!(state_bytes));
     json.insert("dtype".into(), json!(cfg.dtype.name()));
@@ -224,6 +224,13 @@ pub fn compile_train(
     );
     json.insert("global_batch".into(), json!(cfg.global_batch()));
     json.insert("defaults_chosen".into(), json!(chosen));
+    json.insert(
+        "kernel_cost_estimates".into(),
+        json!(match kernels.cost_estimates {
+            KernelCostEstimates::Counted => "counted",
+            KernelCostEstimates::Omitted => "omitted",
+        }),
+    );
     json.insert(
         "compiler_step_estimate".into(),
         match &estimate {
@@ -306,12 +313,18 @@ fn step_estimate(
     }))
 }
 
-fn print_estimate(estimate: &Result<StepEstimate, String>) {
+fn print_estimate(estimate: &Result<StepEstimate, String>, kernel_costs: KernelCostEstimates) {
+    let kernels = match kernel_costs {
+        KernelCostEstimates::Counted => "",
+        KernelCostEstimates::Omitted => {
+            "; the Mosaic calls without their cost estimates, priced as JAX's splash calls are"
+        }
+    };
     match estimate {
         Ok(e) => outln!(
             "compiler's estimate of the whole step (libtpu's cost analysis; one layer measured \
-             as 2 layers per loop iteration minus 1, compiled in {:.1} s): {:.3} TFLOP, {:.3} GB \
-             accessed, {:.4e} s ({:.4e} s a layer)",
+             as 2 layers per loop iteration minus 1, compiled in {:.1} s{kernels}): {:.3} TFLOP, \
+             {:.3} GB accessed, {:.4e} s ({:.4e} s a layer)",
             e.compile_s,
             e.step[0] / 1e12,
             e.step[1] / 1e9,
