@@ -364,11 +364,17 @@ fn kernel_cost_estimates_can_be_omitted_as_jaxs_splash_omits_them() {
     let omitted = forward(KernelCostEstimates::Omitted);
     assert!(counted.to_string().contains("cost_estimate"));
     assert!(!omitted.to_string().contains("cost_estimate"));
-    let (with, without) = (compile("v5p:2x2x1", &counted), compile("v5p:2x2x1", &omitted));
+    let (with, without) = (
+        compile("v5p:2x2x1", &counted),
+        compile("v5p:2x2x1", &omitted),
+    );
     // The causal forward's matmuls alone: 2 heads, 2048^2 / 2 logits, 2 x 2 x 128 flops each.
     let matmul_flops = 2.0 * 2048.0 * 2048.0 / 2.0 * 4.0 * 128.0;
     assert!(with.flops.unwrap() >= matmul_flops, "{with:?}");
-    assert!(without.flops.unwrap_or(0.0) < matmul_flops / 100.0, "{without:?}");
+    assert!(
+        without.flops.unwrap_or(0.0) < matmul_flops / 100.0,
+        "{without:?}"
+    );
     assert!(without.optimal_seconds.unwrap() < with.optimal_seconds.unwrap() / 10.0);
 
     let dir = std::env::temp_dir().join(format!("tessera-omit-costs-{}", std::process::id()));

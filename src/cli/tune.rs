@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use tessera::dsl::{DType, Lowering};
 use tessera::registry;
 use tessera::splash::{splash_program, BlockSizes, Dims, Mask, Pass, SplashAttention};
@@ -196,7 +197,19 @@ impl Measured {
         }
     }
 
-    fn from_json(label: &str, v: &Value) -> Option<Self> {
+    /// The figures as cached: measured on the program whose text hashes to `program`.
+    fn cache_entry(&self, program: &str) -> Value {
+        let mut v = self.to_json();
+        v["program_sha256"] = json!(program);
+        v
+    }
+
+    /// The figures cached for `label`, if they were measured on the program whose text hashes
+    /// to `program` (a kernel that changed since is measured again).
+    fn from_json(label: &str, program: &str, v: &Value) -> Option<Self> {
+        if v.get("program_sha256")?.as_str()? != program {
+            return None;
+        }
         let result = match v.get("refused") {
             Some(why) => Err(why.as_str()?.to_string()),
             None => {
@@ -273,13 +286,14 @@ impl TuneCache {
         })
     }
 
-    fn get(&self, label: &str) -> Option<Measured> {
-        Measured::from_json(label, self.entries.get(label)?)
+    fn get(&self, label: &str, program: &str) -> Option<Measured> {
+        Measured::from_json(label, program, self.entries.get(label)?)
     }
 
-    /// Records `m` and writes the file (each candidate kept as soon as it is measured).
-    fn put(&mut self, m: &Measured) -> Result<()> {
-        self.entries.insert(m.label.clone(), m.to_json());
+    /// Records `m`, measured on the program whose text hashes to `program`, and writes the
+    /// file (each candidate kept as soon as it is measured).
+    fn put(&mut self, m: &Measured, program: &str) -> Result<()> {
+        self.entries.insert(m.label.clone(), m.cache_entry(program));
         if let Some(path) = &self.path {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)
@@ -316,7 +330,13 @@ fn measure(
     let mut rows = Vec::new();
     let mut compiled = 0;
     for (label, program) in candidates {
-        if let Some(m) = cache.get(&label) {
+        // The kernels' Mosaic modules are in the program's text: figures measured before a
+        // kernel changed do not match it.
+        let digest: String = Sha256::digest(program.to_string().as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if let Some(m) = cache.get(&label, &digest) {
             rows.push(m);
             continue;
         }
@@ -333,7 +353,7 @@ fn measure(
             Err(e) => Err(e.to_string().lines().next().unwrap_or_default().to_string()),
         };
         let m = Measured { label, result };
-        cache.put(&m)?;
+        cache.put(&m, &digest)?;
         rows.push(m);
     }
     Ok((rows, compiled))
@@ -642,7 +662,25 @@ mod tests {
     use tessera::dsl::{DType, Lowering};
     use tessera::splash::{BlockSizes, Dims, Mask, SplashAttention};
 
-    use super::{attention_candidates, block_ladder, kernel_candidates, AttentionCase};
+    use super::{attention_candidates, block_ladder, kernel_candidates, AttentionCase, Measured};
+
+    /// Cached figures count only for the program they were measured on.
+    #[test]
+    fn cached_figures_are_kept_per_program() {
+        for result in [Ok([1, 2, 3, 4]), Err("refused".to_string())] {
+            let m = Measured {
+                label: "bq=512 bkv=512".into(),
+                result,
+            };
+            let v = m.cache_entry("abc");
+            assert_eq!(Measured::from_json(&m.label, "abc", &v), Some(m.clone()));
+            assert_eq!(Measured::from_json(&m.label, "abd", &v), None);
+        }
+        // Figures cached before programs were hashed are measured again.
+        let old = serde_json::json!({"fwd_cycles": 1, "bwd_cycles": 2, "fwd_vmem_bytes": 3,
+                                     "bwd_vmem_bytes": 4});
+        assert_eq!(Measured::from_json("bq=512 bkv=512", "abc", &old), None);
+    }
 
     fn dims(q_len: usize, kv_len: usize) -> Dims {
         Dims {
