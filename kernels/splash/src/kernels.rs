@@ -338,6 +338,21 @@ fn through_cap(cfg: &KernelConfig, ds: Value, raw: Value) -> Value {
     }
 }
 
+/// The backward's probabilities `exp(logits - lse)` of a tile, 0 where `vis` (when given)
+/// hides an entry. Hidden logits become `-inf` before the exponential (one select on the
+/// f32 logits, as the forward masks them); a row that sees no key has `lse = -inf`, which
+/// counts as `+inf` here so that all its entries are 0 rather than NaN. `lse` broadcasts
+/// over the tile (a column, or a row in the dK/dV kernels' transposed tiles).
+fn probabilities(s: Value, lse: Value, vis: Option<Value>) -> Value {
+    match vis {
+        Some(vis) => {
+            let lse = select(lse.eq(f32::NEG_INFINITY), f32::INFINITY, lse);
+            (select(vis, s, f32::NEG_INFINITY) - lse).exp()
+        }
+        None => (s - lse).exp(),
+    }
+}
+
 /// A window of `len` rows from `start` of a block, or the whole block.
 fn rows(r: Ref<impl Element>, start: usize, len: usize, whole: bool) -> Value {
     if whole {
@@ -609,11 +624,7 @@ pub fn splash_dq<T: Element>(
             };
             let kc = scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole));
             let (s, raw) = logits(&cfg, qv, kc);
-            let p = (s - lse_v).exp();
-            let p = match tile.visible() {
-                Some(vis) => select(vis, p, 0.0),
-                None => p,
-            };
+            let p = probabilities(s, lse_v, tile.visible());
             let dp = dot_nt(dov, rows(v, c * bkvc, bkvc, whole));
             let ds = through_cap(&cfg, p * (dp - di_v), raw);
             let part = dot(cast_to(ds, T::DTYPE), kc);
@@ -694,11 +705,7 @@ fn dkv_step<T: Element>(
         };
         let vc = rows(r.v, c * bkvc, bkvc, whole);
         let (s, raw) = logits(cfg, kc, qv);
-        let p = (s - lse_v).exp();
-        let p = match tile.visible_t() {
-            Some(vis) => select(vis, p, 0.0),
-            None => p,
-        };
+        let p = probabilities(s, lse_v, tile.visible_t());
         let dv_part = dot(cast_to(p, T::DTYPE), dov);
         let dp = dot_nt(vc, dov);
         let ds = cast_to(through_cap(cfg, p * (dp - di_v), raw), T::DTYPE);
