@@ -320,6 +320,7 @@ fn cli_refuses_what_tesseras_rules_know() {
             &["--strategy", "ulysses", "--devices", "3"],
             "not divisible",
         ),
+        (&["--scale", "inf"], "scale inf is not finite"),
     ];
     for (extra, culprit) in cases {
         let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();

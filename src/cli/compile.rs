@@ -140,6 +140,11 @@ pub struct CompileAttentionArgs {
     /// Causal load balancing for all-gather and ring.
     #[arg(long, requires = "strategy")]
     pub load_balance: bool,
+    /// Logit scale (default 1/sqrt(D)). `--scale 1` is a caller that scales q itself, as
+    /// JAX's splash kernels (which take no scale) require and MaxText does: the kernels then
+    /// multiply by nothing.
+    #[arg(long)]
+    pub scale: Option<f32>,
 }
 
 /// The VMEM budget `count` units of `unit` bytes (`flag` named it), checked against what
@@ -307,15 +312,12 @@ fn attention_program(a: &CompileAttentionArgs, target: &Lowering) -> Result<Modu
         segmented: a.segment_ids,
         sinks: false,
     };
+    let options = SplashOptions {
+        scale: a.scale,
+        ..SplashOptions::default()
+    };
     let Some(strategy) = strategy else {
-        let attn = SplashAttention::new(
-            mask,
-            dims,
-            dtype,
-            blocks,
-            SplashOptions::default(),
-            target.clone(),
-        )?;
+        let attn = SplashAttention::new(mask, dims, dtype, blocks, options, target.clone())?;
         let pass = match a.pass {
             PassArg::Forward => Pass::Forward,
             PassArg::Backward => Pass::Backward,
@@ -328,7 +330,7 @@ fn attention_program(a: &CompileAttentionArgs, target: &Lowering) -> Result<Modu
         dtype,
         mask,
         block_sizes: blocks,
-        options: SplashOptions::default(),
+        options,
         strategy,
         devices,
         load_balance: a.load_balance,
