@@ -764,17 +764,17 @@ impl SplashRefData {
     fn inputs<'a>(&'a self, attn: &'a SplashAttention) -> RefInputs<'a> {
         let options = attn.options();
         RefInputs {
-            dims: attn.dims(),
-            q: &self.q,
-            k: &self.k,
-            v: &self.v,
             q_segment_ids: self.q_segments.as_deref(),
             kv_segment_ids: self.kv_segments.as_deref(),
             sinks: self.sinks.as_deref(),
-            mask: attn.mask(),
             offsets: options.offsets,
-            scale: f64::from(attn.scale()),
             soft_cap: options.soft_cap.map(f64::from),
+            ..RefInputs::new(
+                attn.dims(),
+                (&self.q, &self.k, &self.v),
+                attn.mask(),
+                f64::from(attn.scale()),
+            )
         }
     }
 }

@@ -15,7 +15,7 @@ use tessera::backend::{kernel_program, Platform};
 use tessera::dsl::{ArgSpec, DType, KernelRules, Lowering};
 use tessera::parallel::{kernel_lowering, ContextParallel, CpInputs, Strategy};
 use tessera::splash::reference::{self, RefInputs};
-use tessera::splash::{BlockSizes, Dims, Mask, SeqOffsets};
+use tessera::splash::{BlockSizes, Dims, Mask};
 use tessera::tpu::TpuTopology;
 use tessera_train::{ModelConfig, TrainConfig, Trainer};
 
@@ -55,19 +55,12 @@ fn context_parallel_matches_the_reference(platform: Platform) {
     let [q, k, v, dout] = [1, 2, 3, 4].map(|seed| random(DType::F32, &shape, seed));
     let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
     let mask = cp.mask.clone().into();
-    let r = RefInputs {
-        dims: cp.dims,
-        q: &qf,
-        k: &kf,
-        v: &vf,
-        q_segment_ids: None,
-        kv_segment_ids: None,
-        sinks: None,
-        mask: &mask,
-        offsets: SeqOffsets::default(),
-        scale: 1.0 / (HEAD_DIM as f64).sqrt(),
-        soft_cap: None,
-    };
+    let r = RefInputs::new(
+        cp.dims,
+        (&qf, &kf, &vf),
+        &mask,
+        1.0 / (HEAD_DIM as f64).sqrt(),
+    );
     let want = reference::forward(&r);
     let grads = reference::backward(&r, &dout.to_f64_vec());
     let x = CpInputs {

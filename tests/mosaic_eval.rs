@@ -381,17 +381,15 @@ fn lane_dense_splash_forward_matches_f64() {
             "a lane-replicated running max"
         );
         let want = tessera::splash::reference::forward(&tessera::splash::reference::RefInputs {
-            dims,
-            q: &qf,
-            k: &kf,
-            v: &vf,
             q_segment_ids: extras.then_some(&seg[..]),
             kv_segment_ids: extras.then_some(&seg[..]),
             sinks: extras.then_some(&sf[..]),
-            mask: &mask,
-            offsets: Default::default(),
-            scale: attn.scale() as f64,
-            soft_cap: None,
+            ..tessera::splash::reference::RefInputs::new(
+                dims,
+                (&qf, &kf, &vf),
+                &mask,
+                attn.scale() as f64,
+            )
         });
         common::assert_close(&fwd.out.to_f64_vec(), &want.out, 1e-5, "out");
         common::assert_close(&fwd.lse.to_f64_vec(), &want.lse, 1e-5, "lse");
@@ -468,19 +466,12 @@ fn splash_backward_rows_without_keys_match_f64() {
             .backward(&exec, &x, &fwd, &dout)
             .unwrap_or_else(|e| panic!("{e}"));
         let want = tessera::splash::reference::backward(
-            &tessera::splash::reference::RefInputs {
+            &tessera::splash::reference::RefInputs::new(
                 dims,
-                q: &qf,
-                k: &kf,
-                v: &vf,
-                q_segment_ids: None,
-                kv_segment_ids: None,
-                sinks: None,
-                mask: &mask,
-                offsets: Default::default(),
-                scale: attn.scale() as f64,
-                soft_cap: None,
-            },
+                (&qf, &kf, &vf),
+                &mask,
+                attn.scale() as f64,
+            ),
             &dout.to_f64_vec(),
         );
         let dq = grads.dq.to_f64_vec();

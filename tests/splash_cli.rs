@@ -9,7 +9,7 @@ use tessera::dsl::{DType, HostArray};
 use tessera::npy::{read_npy, write_npy};
 use tessera::reference::random;
 use tessera::splash::reference::{self, RefForward, RefGrads, RefInputs};
-use tessera::splash::{Dims, Mask, MultiHeadMask, SeqOffsets};
+use tessera::splash::{Dims, Mask, MultiHeadMask};
 
 fn tessera() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tessera"))
@@ -77,17 +77,15 @@ fn reference_results(
     let mask: MultiHeadMask = mask.into();
     let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
     let r = RefInputs {
-        dims: Dims::of(q.shape(), k.shape(), v.shape()).unwrap(),
-        q: &qf,
-        k: &kf,
-        v: &vf,
         q_segment_ids: segment_ids,
         kv_segment_ids: segment_ids,
-        sinks: None,
-        mask: &mask,
-        offsets: SeqOffsets::default(),
-        scale,
         soft_cap,
+        ..RefInputs::new(
+            Dims::of(q.shape(), k.shape(), v.shape()).unwrap(),
+            (&qf, &kf, &vf),
+            &mask,
+            scale,
+        )
     };
     (
         reference::forward(&r),

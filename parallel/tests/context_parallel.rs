@@ -12,7 +12,7 @@ use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::{ContextParallel, CpInputs, Strategy};
 use tessera_runtime::Platform;
 use tessera_splash::reference::{self, RefInputs};
-use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets};
+use tessera_splash::{BlockSizes, Dims, Mask};
 
 const HEAD_DIM: usize = 64;
 
@@ -107,17 +107,10 @@ fn run_check(
     let mask = mask.into();
     let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
     let r = RefInputs {
-        dims: d,
-        q: &qf,
-        k: &kf,
-        v: &vf,
         q_segment_ids: packed.then_some(&segments[..]),
         kv_segment_ids: packed.then_some(&segments[..]),
-        sinks: None,
-        mask: &mask,
-        offsets: SeqOffsets::default(),
-        scale: 1.0 / (HEAD_DIM as f64).sqrt(),
         soft_cap,
+        ..RefInputs::new(d, (&qf, &kf, &vf), &mask, 1.0 / (HEAD_DIM as f64).sqrt())
     };
     let want = reference::forward(&r);
     let x = CpInputs {

@@ -15,7 +15,7 @@ use tessera_parallel::strategy::{Ring, Ulysses, Usp};
 use tessera_parallel::{ContextMesh, ContextParallel, CpError, Strategy};
 use tessera_runtime::{Client, HostBuffer};
 use tessera_splash::reference::{self, RefInputs};
-use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets};
+use tessera_splash::{BlockSizes, Dims, Mask};
 
 mesh!(DataContext = [Data, Context]);
 
@@ -85,19 +85,12 @@ fn ulysses_op_with_the_batch_split_over_data_matches_the_reference() {
 
     let mask = Mask::causal().into();
     let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
-    let want = reference::forward(&RefInputs {
-        dims: Dims { batch, ..cp.dims },
-        q: &qf,
-        k: &kf,
-        v: &vf,
-        q_segment_ids: None,
-        kv_segment_ids: None,
-        sinks: None,
-        mask: &mask,
-        offsets: SeqOffsets::default(),
-        scale: 1.0 / (HEAD_DIM as f64).sqrt(),
-        soft_cap: None,
-    });
+    let want = reference::forward(&RefInputs::new(
+        Dims { batch, ..cp.dims },
+        (&qf, &kf, &vf),
+        &mask,
+        1.0 / (HEAD_DIM as f64).sqrt(),
+    ));
     assert_eq!(outs[0].shape(), q.shape());
     assert_close(&outs[0].to_f64_vec(), &want.out, 2e-4, "out");
     assert_close(&outs[1].to_f64_vec(), &want.lse, 2e-4, "lse");
@@ -160,19 +153,12 @@ fn ulysses_forward_and_gradient_in_one_program_match_the_reference() {
         .collect();
     let mask = Mask::causal().into();
     let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
-    let r = RefInputs {
-        dims: Dims { batch, ..cp.dims },
-        q: &qf,
-        k: &kf,
-        v: &vf,
-        q_segment_ids: None,
-        kv_segment_ids: None,
-        sinks: None,
-        mask: &mask,
-        offsets: SeqOffsets::default(),
-        scale: 1.0 / (HEAD_DIM as f64).sqrt(),
-        soft_cap: None,
-    };
+    let r = RefInputs::new(
+        Dims { batch, ..cp.dims },
+        (&qf, &kf, &vf),
+        &mask,
+        1.0 / (HEAD_DIM as f64).sqrt(),
+    );
     let want = reference::forward(&r);
     assert_close(&outs[0], &want.out, 2e-4, "out");
     assert_close(&outs[1], &want.lse, 2e-4, "lse");

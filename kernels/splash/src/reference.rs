@@ -23,6 +23,31 @@ pub struct RefInputs<'a> {
     pub soft_cap: Option<f64>,
 }
 
+impl<'a> RefInputs<'a> {
+    /// `q`, `k` and `v` under `mask`, logits scaled by `scale`; no segment ids, sinks,
+    /// offsets or soft cap (set those fields on the result).
+    pub fn new(
+        dims: Dims,
+        (q, k, v): (&'a [f64], &'a [f64], &'a [f64]),
+        mask: &'a MultiHeadMask,
+        scale: f64,
+    ) -> Self {
+        RefInputs {
+            dims,
+            q,
+            k,
+            v,
+            q_segment_ids: None,
+            kv_segment_ids: None,
+            sinks: None,
+            mask,
+            offsets: SeqOffsets::default(),
+            scale,
+            soft_cap: None,
+        }
+    }
+}
+
 /// Forward results: `out [B, H, Sq, Dv]` and `lse [B, H, Sq]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RefForward {

@@ -49,17 +49,13 @@ fn ref_inputs<'a>(
     x: &'a [Vec<f64>; 3],
 ) -> RefInputs<'a> {
     RefInputs {
-        dims: attn.dims(),
-        q: &x[0],
-        k: &x[1],
-        v: &x[2],
-        q_segment_ids: None,
-        kv_segment_ids: None,
-        sinks: None,
-        mask,
-        offsets: Default::default(),
-        scale: f64::from(attn.scale()),
         soft_cap: Some(4.0),
+        ..RefInputs::new(
+            attn.dims(),
+            (&x[0], &x[1], &x[2]),
+            mask,
+            f64::from(attn.scale()),
+        )
     }
 }
 

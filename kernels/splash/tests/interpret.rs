@@ -74,17 +74,10 @@ fn forward_and_both_backwards_match_the_reference() {
         )
         .unwrap();
         let r = RefInputs {
-            dims,
-            q: &qf,
-            k: &kf,
-            v: &vf,
             q_segment_ids: Some(&seg),
             kv_segment_ids: Some(&seg),
-            sinks: None,
-            mask: &heads,
-            offsets: Default::default(),
-            scale: attn.scale() as f64,
             soft_cap: Some(3.0),
+            ..RefInputs::new(dims, (&qf, &kf, &vf), &heads, attn.scale() as f64)
         };
         let fwd = attn.forward(&Interpreter, &x).unwrap();
         let want = reference::forward(&r);
@@ -147,19 +140,7 @@ fn bf16_inputs_and_traced_dead_paths() {
         .unwrap();
         let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
         let heads: MultiHeadMask = Mask::Full.into();
-        let r = RefInputs {
-            dims,
-            q: &qf,
-            k: &kf,
-            v: &vf,
-            q_segment_ids: None,
-            kv_segment_ids: None,
-            sinks: None,
-            mask: &heads,
-            offsets: Default::default(),
-            scale: attn.scale() as f64,
-            soft_cap: None,
-        };
+        let r = RefInputs::new(dims, (&qf, &kf, &vf), &heads, attn.scale() as f64);
         let fwd = attn.forward(&Interpreter, &x).unwrap();
         assert_eq!(fwd.out.dtype(), DType::BF16);
         let want = reference::forward(&r);
@@ -265,17 +246,10 @@ fn mosaic_plans_keep_the_running_max_lane_dense() {
         let fwd = attn.forward(&exec, &x).unwrap();
         assert_eq!(exec.0.into_inner(), [vec![128, lanes]]);
         let want = reference::forward(&RefInputs {
-            dims,
-            q: &qf,
-            k: &kf,
-            v: &vf,
             q_segment_ids: Some(&seg),
             kv_segment_ids: Some(&seg),
             sinks: Some(&sf),
-            mask: &mask,
-            offsets: Default::default(),
-            scale: attn.scale() as f64,
-            soft_cap: None,
+            ..RefInputs::new(dims, (&qf, &kf, &vf), &mask, attn.scale() as f64)
         });
         assert!(max_err(&fwd.out, &want.out) < 1e-5, "{lanes} lanes: out");
         assert!(max_err(&fwd.lse, &want.lse) < 1e-5, "{lanes} lanes: lse");

@@ -196,17 +196,12 @@ pub fn check(case: &Case, exec: &dyn Executor, what: &str) -> Errors {
         .as_ref()
         .map(|s| s.iter().map(|&x| x as f64).collect());
     let r = RefInputs {
-        dims: d,
-        q: &qf,
-        k: &kf,
-        v: &vf,
         q_segment_ids: case.segments.as_deref(),
         kv_segment_ids: case.segments.as_deref(),
         sinks: sinks64.as_deref(),
-        mask: &case.mask,
         offsets: case.options.offsets,
-        scale: attn.scale() as f64,
         soft_cap: case.options.soft_cap.map(|c| c as f64),
+        ..RefInputs::new(d, (&qf, &kf, &vf), &case.mask, attn.scale() as f64)
     };
     let want = reference::forward(&r);
     let mut errors = Errors {
