@@ -30,13 +30,7 @@ fn bf16_attention_from_float32_and_from_bits() {
         KernelRules::tpu(),
     )
     .unwrap();
-    let x = Inputs {
-        q: &bf16s[0],
-        k: &bf16s[1],
-        v: &bf16s[2],
-        segment_ids: None,
-        sinks: None,
-    };
+    let x = Inputs::new(&bf16s[0], &bf16s[1], &bf16s[2]);
     let expected = attn.forward(&Interpreter, &x).unwrap();
     let expected_out: Vec<f64> = expected.out.to_f64_vec();
 

@@ -227,11 +227,9 @@ fn run_splash(exec: &BothAgree, c: &SplashCase) {
     )
     .unwrap();
     let x = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
         segment_ids: c.segmented.then_some(SegmentIds { q: &seg, kv: &seg }),
         sinks: c.sinks.then_some(&sinks),
+        ..Inputs::new(&q, &k, &v)
     };
     let fwd = attn.forward(exec, &x).unwrap_or_else(|e| panic!("{e}"));
     attn.backward(exec, &x, &fwd, &dout)
@@ -363,14 +361,12 @@ fn lane_dense_splash_forward_matches_f64() {
     for (blocks, extras) in [(BlockSizes::uniform(128, 128), false), (split, true)] {
         let attn = tpu_plan(blocks);
         let x = Inputs {
-            q: &q,
-            k: &k,
-            v: &v,
             segment_ids: extras.then_some(SegmentIds {
                 q: &segs,
                 kv: &segs,
             }),
             sinks: extras.then_some(&sinks),
+            ..Inputs::new(&q, &k, &v)
         };
         let exec = BothAgree::default();
         let fwd = attn.forward(&exec, &x).unwrap_or_else(|e| panic!("{e}"));
@@ -400,14 +396,11 @@ fn lane_dense_splash_forward_matches_f64() {
     let kv_seg = HostArray::i32([1, 256], vec![0; 256]).unwrap();
     let attn = tpu_plan(BlockSizes::uniform(128, 128));
     let x = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
         segment_ids: Some(SegmentIds {
             q: &segs,
             kv: &kv_seg,
         }),
-        sinks: None,
+        ..Inputs::new(&q, &k, &v)
     };
     let fwd = attn
         .forward(&BothAgree::default(), &x)
@@ -453,13 +446,7 @@ fn splash_backward_rows_without_keys_match_f64() {
             Lowering::tpu(),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let x = Inputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            segment_ids: None,
-            sinks: None,
-        };
+        let x = Inputs::new(&q, &k, &v);
         let exec = BothAgree::default();
         let fwd = attn.forward(&exec, &x).unwrap_or_else(|e| panic!("{e}"));
         let grads = attn

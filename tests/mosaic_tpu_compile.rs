@@ -162,11 +162,8 @@ fn splash_case(
     let (q, k, v, dout) = (x(1), x(2), x(3), x(4));
     let seg = HostArray::i32([b, s], (0..s as i32).map(|i| i / 300).collect()).unwrap();
     let inputs = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
         segment_ids: segmented.then_some(SegmentIds { q: &seg, kv: &seg }),
-        sinks: None,
+        ..Inputs::new(&q, &k, &v)
     };
     let fwd = attn
         .forward(exec, &inputs)

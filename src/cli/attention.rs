@@ -352,11 +352,8 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
     };
     let attn = SplashAttention::new(mask, dims, dtype, blocks, options, target)?;
     let x = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
         segment_ids: seg.as_ref().map(|s| SegmentIds { q: s, kv: s }),
-        sinks: None,
+        ..Inputs::new(&q, &k, &v)
     };
     attn.check_inputs(&x)?;
     if let Some(dout) = &dout {

@@ -89,13 +89,7 @@ fn demo_context_parallel() -> Result<bool> {
         SplashOptions::default(),
         KernelRules::tpu(),
     )?;
-    let x = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        segment_ids: None,
-        sinks: None,
-    };
+    let x = Inputs::new(&q, &k, &v);
     let fwd = single.forward(&Backend::Cpu, &x)?;
     let grads = single.backward(&Backend::Cpu, &x, &fwd, &dout)?;
     let want = [&fwd.out, &fwd.lse, &grads.dq, &grads.dk, &grads.dv];

@@ -244,6 +244,19 @@ pub struct Inputs<'a> {
     pub sinks: Option<&'a HostArray>,
 }
 
+impl<'a> Inputs<'a> {
+    /// `q`, `k` and `v` alone: no segment ids, no sinks (set those fields on the result).
+    pub fn new(q: &'a HostArray, k: &'a HostArray, v: &'a HostArray) -> Self {
+        Inputs {
+            q,
+            k,
+            v,
+            segment_ids: None,
+            sinks: None,
+        }
+    }
+}
+
 /// Forward results.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Forward {

@@ -20,7 +20,7 @@
 //! assert_eq!((attn.stats().computed(), attn.stats().empty), (6, 2));
 //! let q = HostArray::zeros(DType::F32, [1, 2, 256, 64]);
 //! let kv = HostArray::zeros(DType::F32, [1, 1, 256, 64]);
-//! let x = Inputs { q: &q, k: &kv, v: &kv, segment_ids: None, sinks: None };
+//! let x = Inputs::new(&q, &kv, &kv);
 //! let fwd = attn.forward(&Interpreter, &x)?;
 //! assert_eq!(fwd.lse.shape(), &[1, 2, 256]);
 //! # Ok::<(), tessera_splash::SplashError>(())

@@ -51,14 +51,11 @@ fn forward_and_both_backwards_match_the_reference() {
     );
     let dout = random(&[1, 2, 128, 64], 4, 1.0);
     let x = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
         segment_ids: Some(SegmentIds {
             q: &segs,
             kv: &segs,
         }),
-        sinks: None,
+        ..Inputs::new(&q, &k, &v)
     };
     let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
     let heads: MultiHeadMask = mask.clone().into();
@@ -116,13 +113,7 @@ fn bf16_inputs_and_traced_dead_paths() {
         to_bf16(random(&[1, 2, 256, 64], 3, 1.0)),
     );
     let dout = to_bf16(random(&[1, 2, 256, 64], 4, 1.0));
-    let x = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        segment_ids: None,
-        sinks: None,
-    };
+    let x = Inputs::new(&q, &k, &v);
     for scale in [None, Some(1.0 / 128f32.sqrt())] {
         let options = SplashOptions {
             scale,
@@ -209,14 +200,12 @@ fn mosaic_plans_keep_the_running_max_lane_dense() {
         random(&[1, 1, 256, 128], 3, 1.0),
     );
     let x = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
         segment_ids: Some(SegmentIds {
             q: &segs,
             kv: &segs,
         }),
         sinks: Some(&sinks),
+        ..Inputs::new(&q, &k, &v)
     };
     let blocks = BlockSizes {
         block_kv_compute: 128,

@@ -318,11 +318,8 @@ impl ContextParallel {
     /// so every strategy validates its inputs alike, before anything is compiled.
     pub fn check_inputs(&self, x: &CpInputs<'_>) -> Result<(), CpError> {
         let inputs = Inputs {
-            q: x.q,
-            k: x.k,
-            v: x.v,
             segment_ids: x.segment_ids.map(|s| SegmentIds { q: s, kv: s }),
-            sinks: None,
+            ..Inputs::new(x.q, x.k, x.v)
         };
         self.dims.check_inputs(self.dtype, &inputs)?;
         Ok(())

@@ -180,11 +180,9 @@ pub fn check(case: &Case, exec: &dyn Executor, what: &str) -> Errors {
         .as_ref()
         .map(|s| HostArray::f32([d.heads], s.clone()).unwrap());
     let x = Inputs {
-        q: &q,
-        k: &k,
-        v: &v,
         segment_ids: seg.as_ref().map(|s| SegmentIds { q: s, kv: s }),
         sinks: sinks.as_ref(),
+        ..Inputs::new(&q, &k, &v)
     };
     let ctx = format!("{} on {what}", case.name);
     let fwd = attn
