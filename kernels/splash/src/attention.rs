@@ -466,7 +466,8 @@ impl SplashAttention {
         let dq_info = if b.use_fused_bwd_kernel {
             None
         } else {
-            Some(info(b.block_q_dq, b.block_kv_dq, Major::Q, true)?)
+            // dQ walks key blocks per query block, computing keys-by-queries tiles.
+            Some(info(b.block_q_dq, b.block_kv_dq, Major::Q, true)?.with_keys_by_queries_tiles())
         };
         let dkv_info = info(
             b.block_q_dkv,

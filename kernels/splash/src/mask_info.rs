@@ -100,6 +100,9 @@ pub struct MaskInfo {
     /// Distinct partial mask blocks (dense masks only), int8, in the orientation of the
     /// kernel's score tile: [`Self::partial_block_shape`].
     pub partial_blocks: Vec<i8>,
+    /// Whether the kernel's score tiles (and so the stored partial blocks) are keys by
+    /// queries: the dK/dV kernels', and the dQ kernel's ([`Self::with_keys_by_queries_tiles`]).
+    pub keys_by_queries: bool,
     pub num_partial_blocks: usize,
     pub kernel_mask: KernelMask,
     /// The mask class of every query head (an index into `KernelMask::Computed`).
@@ -208,19 +211,16 @@ impl MaskInfo {
                         // Stored as the kernel's tile: queries by keys, or keys by queries
                         // for the dK/dV kernels (which compute the transposed scores).
                         let mut bits = Vec::with_capacity(block_q * block_kv);
-                        match major {
-                            Major::Q => {
+                        if major == Major::Kv {
+                            for kv in rc.k0..rc.k1 {
                                 for q in rc.q0..rc.q1 {
-                                    for kv in rc.k0..rc.k1 {
-                                        bits.push(i8::from(m.allows(q, kv)));
-                                    }
+                                    bits.push(i8::from(m.allows(q, kv)));
                                 }
                             }
-                            Major::Kv => {
+                        } else {
+                            for q in rc.q0..rc.q1 {
                                 for kv in rc.k0..rc.k1 {
-                                    for q in rc.q0..rc.q1 {
-                                        bits.push(i8::from(m.allows(q, kv)));
-                                    }
+                                    bits.push(i8::from(m.allows(q, kv)));
                                 }
                             }
                         }
@@ -305,6 +305,7 @@ impl MaskInfo {
             block_mask,
             mask_next,
             partial_blocks,
+            keys_by_queries: major == Major::Kv,
             num_partial_blocks,
             kernel_mask,
             head_class: class_of_head.iter().map(|&c| c as i32).collect(),
@@ -317,13 +318,29 @@ impl MaskInfo {
         self.table_heads > 1
     }
 
-    /// The shape of one stored partial block: `[block_q, block_kv]` ([`Major::Q`]), or
-    /// `[block_kv, block_q]` ([`Major::Kv`]: the dK/dV kernels' transposed scores).
+    /// The shape of one stored partial block: `[block_q, block_kv]`, or `[block_kv, block_q]`
+    /// for kernels that compute the transposed scores ([`Self::keys_by_queries`]).
     pub fn partial_block_shape(&self) -> [usize; 2] {
-        match self.major {
-            Major::Q => [self.block_q, self.block_kv],
-            Major::Kv => [self.block_kv, self.block_q],
+        if self.keys_by_queries {
+            [self.block_kv, self.block_q]
+        } else {
+            [self.block_q, self.block_kv]
         }
+    }
+
+    /// The same tables for a kernel whose score tiles are keys by queries while it walks
+    /// key blocks for each query block (the dQ kernel): the stored partial blocks transposed.
+    pub fn with_keys_by_queries_tiles(mut self) -> Self {
+        if !self.keys_by_queries {
+            let [rows, cols] = self.partial_block_shape();
+            self.partial_blocks = self
+                .partial_blocks
+                .chunks(rows * cols)
+                .flat_map(|b| (0..cols).flat_map(move |c| (0..rows).map(move |r| b[r * cols + c])))
+                .collect();
+            self.keys_by_queries = true;
+        }
+        self
     }
 
     /// Whether partial blocks are loaded from `partial_blocks`.
@@ -432,6 +449,52 @@ mod tests {
         let c = info(Mask::causal(), 256, 64, Major::Q, false);
         assert_eq!(d.stats, c.stats);
         assert_eq!(d.block_mask, c.block_mask);
+    }
+
+    /// The dQ kernel walks the forward's tables but computes keys-by-queries tiles: its
+    /// stored blocks are the forward's transposed (here 32 queries by 64 keys per block).
+    #[test]
+    fn keys_by_queries_tiles_transpose_the_stored_blocks() {
+        let dense = Mask::Dense(DenseMask::from_fn(128, 128, |q, k| {
+            k <= q && (q + k) % 3 != 0
+        }));
+        let (bq, bkv) = (32, 64);
+        let d = MaskInfo::new(
+            &dense.into(),
+            1,
+            128,
+            128,
+            SeqOffsets::default(),
+            bq,
+            bkv,
+            Major::Q,
+            true,
+        )
+        .unwrap();
+        assert!(d.num_partial_blocks > 1);
+        let t = d.clone().with_keys_by_queries_tiles();
+        assert_eq!(
+            (d.partial_block_shape(), t.partial_block_shape()),
+            ([bq, bkv], [bkv, bq])
+        );
+        assert_eq!((&t.data_next, &t.mask_next), (&d.data_next, &d.mask_next));
+        for b in 0..d.num_partial_blocks {
+            for q in 0..bq {
+                for k in 0..bkv {
+                    let at = b * bq * bkv;
+                    assert_eq!(
+                        d.partial_blocks[at + q * bkv + k],
+                        t.partial_blocks[at + k * bq + q],
+                        "block {b}, query {q}, key {k}"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            t.clone().with_keys_by_queries_tiles(),
+            t,
+            "already keys by queries"
+        );
     }
 
     #[test]
