@@ -216,8 +216,8 @@ fn main() {
 }
 
 /// The covering subset CI compiles (the full table is scripts/splash_cost.sh's, in the
-/// README). Where a case leaves a check out, tessera is above JAX there today: the dq and
-/// dkv kernels' scoped VMEM at blocks 512 and 1024, the fused kernel's at 1024.
+/// README). Every case holds to every check; the full table's rows where tessera's scoped
+/// VMEM is above JAX's (by 1.1-1.6%: S=4096 at blocks 512, and dkv at 1024) are not here.
 const CASES: &[Config] = &[
     Config {
         pass: "fwd",
@@ -236,14 +236,24 @@ const CASES: &[Config] = &[
         kv_heads: 8,
         seq: 8192,
         block: 1024,
-        holds: &[Check::PerCore, Check::AllCores, Check::Temporaries],
+        holds: &[
+            Check::PerCore,
+            Check::AllCores,
+            Check::ScopedVmem,
+            Check::Temporaries,
+        ],
     },
     Config {
         pass: "fused",
         kv_heads: 2,
         seq: 4096,
         block: 1024,
-        holds: &[Check::PerCore, Check::AllCores, Check::Temporaries],
+        holds: &[
+            Check::PerCore,
+            Check::AllCores,
+            Check::ScopedVmem,
+            Check::Temporaries,
+        ],
     },
     Config {
         pass: "fused",

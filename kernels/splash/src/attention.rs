@@ -466,8 +466,14 @@ impl SplashAttention {
         let dq_info = if b.use_fused_bwd_kernel {
             None
         } else {
-            // dQ walks key blocks per query block, computing keys-by-queries tiles.
-            Some(info(b.block_q_dq, b.block_kv_dq, Major::Q, true)?.with_keys_by_queries_tiles())
+            // dQ walks key blocks per query block; as Mosaic calls it computes
+            // keys-by-queries tiles (`splash_dq`).
+            let dq = info(b.block_q_dq, b.block_kv_dq, Major::Q, true)?;
+            Some(if target.is_tpu() {
+                dq.with_keys_by_queries_tiles()
+            } else {
+                dq
+            })
         };
         let dkv_info = info(
             b.block_q_dkv,
@@ -572,6 +578,7 @@ impl SplashAttention {
             any_full: self.options.trace_all_paths || info.stats.full > 0,
             sinks: f.sinks,
             lanes: self.lanes(bkv_compute),
+            keys_by_queries: info.keys_by_queries,
         }
     }
 

@@ -87,6 +87,9 @@ pub struct KernelConfig {
     /// `repeat`s instead of per-step lane broadcasts; needs `bkv_compute` and `DV` multiples
     /// of 128).
     pub lanes: usize,
+    /// The dQ kernel computes keys-by-queries tiles (its tables'
+    /// [`MaskInfo::keys_by_queries`](crate::MaskInfo::keys_by_queries); see [`splash_dq`]).
+    pub keys_by_queries: bool,
 }
 
 /// The compile-time configuration of the backward preprocessing kernel.
@@ -195,12 +198,12 @@ struct Tile<'a> {
 }
 
 impl Tile<'_> {
-    /// Queries on sublanes, keys on lanes (the forward).
+    /// Queries on sublanes, keys on lanes (the forward; dQ inlined as StableHLO).
     fn visible(&self) -> Option<Value> {
         self.visibility(false)
     }
 
-    /// Keys on sublanes, queries on lanes (dQ, dK/dV).
+    /// Keys on sublanes, queries on lanes (dK/dV; dQ as a Mosaic call).
     fn visible_t(&self) -> Option<Value> {
         self.visibility(true)
     }
@@ -553,12 +556,15 @@ pub fn splash_bwd_prep<T: Element>(
 /// `ds = p * (dp - di)`, `p = exp(logits - lse)`, `dp = dout v^T` (`ds` times the scaled
 /// keys, accumulated in f32).
 ///
-/// It computes the transposed tiles, keys on sublanes and queries on lanes, as the dK/dV
-/// kernels do: `s^T = k q^T`, `p^T = exp(s^T - lse)` with the `lse` and `di` rows broadcast
-/// over sublanes, `dp^T = v dout^T`, `ds^T = p^T (dp^T - di)`, and dQ's `ds k` as a
-/// transposed-LHS matmul of `ds^T`. Measured on v5p (bf16, causal, S=4096, MHA) against the
-/// query-by-key tiles (`lse` and `di` as `(bq, 1)` columns): 2.4% fewer cycles at blocks 512,
-/// 2.0% at 1024, with 0.78x the scoped VMEM at 1024 (`dp` computed before `s`).
+/// As Mosaic calls (`cfg.keys_by_queries`) it computes the transposed tiles, keys on
+/// sublanes and queries on lanes, as the dK/dV kernels do: `s^T = k q^T`,
+/// `p^T = exp(s^T - lse)` with the `lse` and `di` rows broadcast over sublanes,
+/// `dp^T = v dout^T`, `ds^T = p^T (dp^T - di)`, and dQ's `ds k` as a transposed-LHS matmul
+/// of `ds^T`. Measured on v5p (bf16, causal, S=4096, MHA) against the query-by-key tiles
+/// (`lse` and `di` as `(bq, 1)` columns): 2.4% fewer cycles at blocks 512, 2.0% at 1024,
+/// with 0.78x the scoped VMEM at 1024 (`dp` computed before `s`). Inlined as StableHLO it
+/// keeps the query-by-key tiles: on the CPU plugin the transposed form took 1.25x the time
+/// (blocks 512, S=4096, D=64, f32).
 #[tpu_kernel(grid = (B, H, NQ, W),
              dimension_semantics = (parallel, parallel, arbitrary, arbitrary))]
 pub fn splash_dq<T: Element>(
@@ -585,8 +591,9 @@ pub fn splash_dq<T: Element>(
     #[block((None, 1, cfg.bkv),
             |b, h, i, j| (b, 0, data_next.get([table_row(h, cfg.per_head), i, j])))]
     kv_seg: Option<Ref<i32>>,
-    #[shape(_NM, MKV, MQ)]
-    #[block((None, MKV, MQ),
+    // A stored partial block: `[MR, MC]` is queries by keys, or keys by queries.
+    #[shape(_NM, MR, MC)]
+    #[block((None, MR, MC),
             |b, h, i, j| (mask_next.get([table_row(h, cfg.per_head), i, j]), 0, 0))]
     mask_blocks: Ref<i8>,
     #[shape(B, H, 1, SQ)]
@@ -612,7 +619,12 @@ pub fn splash_dq<T: Element>(
     let bkvc = cfg.bkv_compute;
     let whole = bkvc == cfg.bkv;
     let step = |masked: bool| {
-        let (qv, dov, lse_v, di_v) = (q.load(), dout.load(), lse.load(), di.load());
+        let (qv, dov) = (q.load(), dout.load());
+        let (lse_v, di_v) = if cfg.keys_by_queries {
+            (lse.load(), di.load())
+        } else {
+            (column(lse.load()), column(di.load()))
+        };
         let mut total: Option<Value> = None;
         for c in 0..cfg.bkv / bkvc {
             let tile = Tile {
@@ -629,12 +641,20 @@ pub fn splash_dq<T: Element>(
                 mask_blocks,
             };
             let kc = scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole));
-            // `dp` first: libtpu then spills less of the two score-sized tiles.
-            let dp = dot_nt(rows(v, c * bkvc, bkvc, whole), dov);
-            let (s, raw) = logits(&cfg, kc, qv);
-            let p = probabilities(s, lse_v, tile.visible_t());
-            let ds = through_cap(&cfg, p * (dp - di_v), raw);
-            let part = dot_tn(cast_to(ds, T::DTYPE), kc);
+            let part = if cfg.keys_by_queries {
+                // `dp` first: libtpu then spills less of the two score-sized tiles.
+                let dp = dot_nt(rows(v, c * bkvc, bkvc, whole), dov);
+                let (s, raw) = logits(&cfg, kc, qv);
+                let p = probabilities(s, lse_v, tile.visible_t());
+                let ds = through_cap(&cfg, p * (dp - di_v), raw);
+                dot_tn(cast_to(ds, T::DTYPE), kc)
+            } else {
+                let (s, raw) = logits(&cfg, qv, kc);
+                let p = probabilities(s, lse_v, tile.visible());
+                let dp = dot_nt(dov, rows(v, c * bkvc, bkvc, whole));
+                let ds = through_cap(&cfg, p * (dp - di_v), raw);
+                dot(cast_to(ds, T::DTYPE), kc)
+            };
             total = Some(match total {
                 Some(t) => t + part,
                 None => part,
