@@ -179,8 +179,35 @@ impl Topology {
     /// [`CompileOptions::manual_partitions`] makes). When libtpu dumps in this process, the
     /// compile's dumps are discarded (see [`Topology::compile_with_dumps`]).
     pub fn compile(&self, program: &str, options: &CompileOptions) -> Result<Executable> {
-        crate::dumps::collecting(&|_| false, || self.compile_alone(program, options))
+        self.compile_with_dumps(program, options, &|_| false)
             .map(|(exe, _)| exe)
+    }
+
+    /// Compiles, and when libtpu refuses a Mosaic call whose scoped VMEM outgrew the limit
+    /// the call carries, compiles again with that limit raised to what libtpu asked for
+    /// (a whole MiB above it; at most [`VMEM_RETRIES`] times). A kernel's limit is tessera's
+    /// estimate of its need, kept tight so that XLA keeps the rest of VMEM for the program;
+    /// libtpu's own count is exact. The dumps are those of the compile that succeeded.
+    fn compile_raising_scoped_vmem(
+        &self,
+        program: &str,
+        options: &CompileOptions,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<(Executable, Option<Vec<crate::DumpFile>>)> {
+        let mut program = std::borrow::Cow::Borrowed(program);
+        let mut retries = 0;
+        loop {
+            match crate::dumps::collecting(keep, || self.compile_alone(&program, options)) {
+                Err(e) if retries < VMEM_RETRIES => {
+                    match raised_scoped_vmem(&program, &e.to_string()) {
+                        Some(raised) => program = std::borrow::Cow::Owned(raised),
+                        None => return Err(e),
+                    }
+                    retries += 1;
+                }
+                done => return done,
+            }
+        }
     }
 
     fn compile_alone(&self, program: &str, options: &CompileOptions) -> Result<Executable> {
@@ -218,7 +245,61 @@ impl Topology {
         options: &CompileOptions,
         keep: &dyn Fn(&str) -> bool,
     ) -> Result<(Executable, Option<Vec<crate::DumpFile>>)> {
-        crate::dumps::collecting(keep, || self.compile_alone(program, options))
+        self.compile_raising_scoped_vmem(program, options, keep)
+    }
+}
+
+/// How many times a compile is retried with raised scoped VMEM limits.
+const VMEM_RETRIES: usize = 3;
+
+/// `program` with the scoped VMEM limit of the calls libtpu refused raised to what it asked
+/// for, from libtpu's message ("Scoped allocation with size 16.14M and limit 16.00M
+/// exceeded ..."), or `None` when the message is not that or no call carries that limit.
+/// Every call whose limit prints as that limit is raised (the message does not say which
+/// one failed), to the whole MiB above the asked size.
+fn raised_scoped_vmem(program: &str, message: &str) -> Option<String> {
+    let rest = message.split("Scoped allocation with size ").nth(1)?;
+    let (size, rest) = rest.split_once("M and limit ")?;
+    let (limit, _) = rest.split_once('M')?;
+    let size: f64 = size.parse().ok()?;
+    let raised = ((size.floor() as u64) + 1) << 20;
+    // The limit as `tessera_hlo::TpuCustomCall` writes it into the quoted backend config.
+    const KEY: &str = "\\\"size\\\": ";
+    let mut out = String::with_capacity(program.len());
+    let mut rest = program;
+    let mut changed = false;
+    while let Some(i) = rest.find(KEY) {
+        let (head, tail) = rest.split_at(i + KEY.len());
+        out.push_str(head);
+        let digits = tail.bytes().take_while(u8::is_ascii_digit).count();
+        let bytes: u64 = tail[..digits].parse().ok()?;
+        if format!("{:.2}", bytes as f64 / (1u64 << 20) as f64) == limit && raised > bytes {
+            out.push_str(&raised.to_string());
+            changed = true;
+        } else {
+            out.push_str(&tail[..digits]);
+        }
+        rest = &tail[digits..];
+    }
+    out.push_str(rest);
+    changed.then_some(out)
+}
+
+#[cfg(test)]
+mod vmem_tests {
+    use super::raised_scoped_vmem;
+
+    #[test]
+    fn refused_limits_are_raised_to_what_libtpu_asked() {
+        let program = r#"backend_config = "{\"scoped_memory_configs\": [{\"memory_space\": 1, \"offset\": 0, \"size\": 16777216}]}" x backend_config = "{\"size\": 33554432}""#;
+        let message = "E1001: CompileTimeScopedVmemOom: ... Scoped allocation with size \
+                       16.14M and limit 16.00M exceeded scoped vmem limit by 144.0K.";
+        let raised = raised_scoped_vmem(program, message).unwrap();
+        assert!(raised.contains(r#"\"size\": 17825792}]"#), "{raised}");
+        assert!(raised.contains(r#"\"size\": 33554432}"#), "{raised}");
+        assert_eq!(raised_scoped_vmem(program, "some other error"), None);
+        let none_at_that_limit = message.replace("limit 16.00M", "limit 8.00M");
+        assert_eq!(raised_scoped_vmem(program, &none_at_that_limit), None);
     }
 }
 
