@@ -193,3 +193,70 @@ fn with_the_check_allowed_two_cores_compute_half_the_answer() {
     assert!(same(&run_eval(false), &one), "mosaic-eval, one core");
     assert!(same(&run_eval(true), &two), "mosaic-eval, two cores");
 }
+
+/// A matmul that accumulates in its f32 output block, with no scratch (Pallas' own example
+/// does this): the block stays in VMEM while `kk` walks, holding what earlier steps stored.
+#[tpu_kernel(grid = (M / 128, N / 128, K / 128),
+             dimension_semantics = (parallel, parallel, arbitrary))]
+fn matmul_into_output(
+    #[shape(M, K)]
+    #[block((128, 128), |i, j, kk| (i, kk))]
+    x: Ref<f32>,
+    #[shape(K, N)]
+    #[block((128, 128), |i, j, kk| (kk, j))]
+    y: Ref<f32>,
+    #[shape(M, N)]
+    #[block((128, 128), |i, j, kk| (i, j))]
+    out: RefMut<f32>,
+) {
+    when(program_id(2).eq(0), || out.store(0.0));
+    let whole = [all(), all()];
+    out.store(out.at(&whole).load() + dot(x.load(), y.load()));
+}
+
+/// The same with `kk` wrongly marked parallel.
+#[tpu_kernel(grid = (M / 128, N / 128, K / 128),
+             dimension_semantics = (parallel, parallel, parallel))]
+fn wrongly_parallel_matmul_into_output(
+    #[shape(M, K)]
+    #[block((128, 128), |i, j, kk| (i, kk))]
+    x: Ref<f32>,
+    #[shape(K, N)]
+    #[block((128, 128), |i, j, kk| (kk, j))]
+    y: Ref<f32>,
+    #[shape(M, N)]
+    #[block((128, 128), |i, j, kk| (i, j))]
+    out: RefMut<f32>,
+) {
+    when(program_id(2).eq(0), || out.store(0.0));
+    let block = [all(), all()];
+    out.store(out.at(&block).load() + dot(x.load(), y.load()));
+}
+
+#[test]
+fn an_output_block_read_back_holds_what_earlier_steps_stored() {
+    let args = matmul_args();
+    let want = matmul_ref(&args[0].to_f64_vec(), &args[1].to_f64_vec(), 256, 384, 256);
+    let def = matmul_into_output();
+    for (what, options) in [("one core", InterpretOptions::default()), ("two cores", megacore())] {
+        let got = run(&def, &args, &options).unwrap_or_else(|e| panic!("{what}: {e}"));
+        common::assert_close(&got[0].to_f64_vec(), &want, 1e-3, what);
+    }
+    let got = mosaic_eval(&def, &args, &RunOptions::default()).unwrap();
+    common::assert_close(&got[0].to_f64_vec(), &want, 1e-3, "mosaic-eval");
+    // StableHLO on the CPU plugin: the block is carried through the loop over `kk`.
+    common::cases_on_every_backend(vec![("matmul_into_output", def, args.to_vec(), want)], 1e-3);
+
+    // Across a parallel dim the read is refused at its line, as a scratch's is.
+    let line = line_of("out.store(out.at(&block).load() + dot(x.load(), y.load()));");
+    let e = interpret(&wrongly_parallel_matmul_into_output(), &args, &InterpretOptions::default());
+    let [p] = e.problems.as_slice() else {
+        panic!("one problem expected: {e}")
+    };
+    assert_eq!(p.loc.map(|l| l.line), Some(line), "{e}");
+    assert!(
+        p.message.contains("reads output block state")
+            && p.message.contains("parallel dim 2 is 0 there, 1 here"),
+        "{e}"
+    );
+}

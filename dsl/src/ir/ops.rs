@@ -627,12 +627,6 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                     }
                 ));
             }
-            if r.role == OperandRole::Output {
-                return Err(format!(
-                    "`{}` is an output; outputs are write-only (keep partial results in scratch)",
-                    r.name
-                ));
-            }
             vec![ValueType::new(r.dtype, window_shape(ctx, r, slices)?)]
         }
         Op::Store { dst, slices, value } => {

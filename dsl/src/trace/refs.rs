@@ -188,7 +188,9 @@ pub struct Ref<T: Element> {
     _t: PhantomData<T>,
 }
 
-/// A write-only output block in VMEM.
+/// An output block in VMEM. Its windows can be read back ([`RefMut::at`]): the block stays
+/// in VMEM, holding what earlier steps stored, while consecutive grid steps map to the same
+/// block index (as Pallas' output refs); it starts as garbage when the index changes.
 #[derive(Debug)]
 pub struct RefMut<T: Element> {
     id: RefId,

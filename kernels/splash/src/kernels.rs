@@ -687,8 +687,12 @@ struct DkvRefs<T: Element> {
     q_seg: Option<Ref<i32>>,
     kv_seg: Option<Ref<i32>>,
     mask_blocks: Ref<i8>,
-    /// The key block times the scale ([`scaled_k`]), stored at the key block's first step.
-    k_scaled: Scratch<T>,
+    /// dK's output block, which holds the key block times the scale ([`scaled_k`]) from the
+    /// key block's first step until the last step overwrites it with dK: an output block
+    /// stays in VMEM while its block index does not change, so it serves as the scaled
+    /// keys' buffer and the kernel needs no `(bkv, D)` scratch for them (on v5p that
+    /// scratch was what put dK/dV's scoped VMEM above JAX's at S=4096, blocks 512 and 1024).
+    k_scaled: RefMut<T>,
     dk_acc: Scratch<f32>,
     dv_acc: Scratch<f32>,
 }
@@ -726,7 +730,7 @@ fn dkv_step<T: Element>(
             mask_blocks: r.mask_blocks,
         };
         let kc = if whole {
-            r.k_scaled.load()
+            r.k_scaled.at(&[all(), all()]).load()
         } else {
             r.k_scaled.at(&[ds(c * bkvc, bkvc), all()]).load()
         };
@@ -813,7 +817,6 @@ pub fn splash_dkv<T: Element>(
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
     dv: RefMut<T>,
-    #[scratch(cfg.bkv, D)] k_scaled: Scratch<T>,
     #[scratch(cfg.bkv, D)] dk_acc: Scratch<f32>,
     #[scratch(cfg.bkv, DV)] dv_acc: Scratch<f32>,
     #[comptime] cfg: KernelConfig,
@@ -825,7 +828,7 @@ pub fn splash_dkv<T: Element>(
     when(g.eq(0) & i.eq(0), || {
         dk_acc.store(0.0);
         dv_acc.store(0.0);
-        k_scaled.store(scaled_k(&cfg, k.load()));
+        dk.store(scaled_k(&cfg, k.load()));
     });
     let kind = block_mask.get([row, j, i]);
     let q_block = data_next.get([row, j, i]);
@@ -840,7 +843,7 @@ pub fn splash_dkv<T: Element>(
         q_seg,
         kv_seg,
         mask_blocks,
-        k_scaled,
+        k_scaled: dk,
         dk_acc,
         dv_acc,
     };
@@ -908,7 +911,6 @@ pub fn splash_bwd_fused<T: Element>(
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV), |b, kh, j, g, i| (b, kh, j, 0))]
     dv: RefMut<T>,
-    #[scratch(cfg.bkv, D)] k_scaled: Scratch<T>,
     #[scratch(cfg.bkv, D)] dk_acc: Scratch<f32>,
     #[scratch(cfg.bkv, DV)] dv_acc: Scratch<f32>,
     #[comptime] cfg: KernelConfig,
@@ -920,7 +922,7 @@ pub fn splash_bwd_fused<T: Element>(
     when(g.eq(0) & i.eq(0), || {
         dk_acc.store(0.0);
         dv_acc.store(0.0);
-        k_scaled.store(scaled_k(&cfg, k.load()));
+        dk.store(scaled_k(&cfg, k.load()));
     });
     let kind = block_mask.get([row, j, i]);
     dq_partial.store(0.0);
@@ -935,7 +937,7 @@ pub fn splash_bwd_fused<T: Element>(
         q_seg,
         kv_seg,
         mask_blocks,
-        k_scaled,
+        k_scaled: dk,
         dk_acc,
         dv_acc,
     };
