@@ -238,7 +238,10 @@ fn an_output_block_read_back_holds_what_earlier_steps_stored() {
     let args = matmul_args();
     let want = matmul_ref(&args[0].to_f64_vec(), &args[1].to_f64_vec(), 256, 384, 256);
     let def = matmul_into_output();
-    for (what, options) in [("one core", InterpretOptions::default()), ("two cores", megacore())] {
+    for (what, options) in [
+        ("one core", InterpretOptions::default()),
+        ("two cores", megacore()),
+    ] {
         let got = run(&def, &args, &options).unwrap_or_else(|e| panic!("{what}: {e}"));
         common::assert_close(&got[0].to_f64_vec(), &want, 1e-3, what);
     }
@@ -249,7 +252,11 @@ fn an_output_block_read_back_holds_what_earlier_steps_stored() {
 
     // Across a parallel dim the read is refused at its line, as a scratch's is.
     let line = line_of("out.store(out.at(&block).load() + dot(x.load(), y.load()));");
-    let e = interpret(&wrongly_parallel_matmul_into_output(), &args, &InterpretOptions::default());
+    let e = interpret(
+        &wrongly_parallel_matmul_into_output(),
+        &args,
+        &InterpretOptions::default(),
+    );
     let [p] = e.problems.as_slice() else {
         panic!("one problem expected: {e}")
     };
