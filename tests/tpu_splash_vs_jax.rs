@@ -215,6 +215,14 @@ fn main() {
     println!("tpu_splash_vs_jax: ok");
 }
 
+/// Every comparison with JAX's figures.
+const EVERY_CHECK: &[Check] = &[
+    Check::PerCore,
+    Check::AllCores,
+    Check::ScopedVmem,
+    Check::Temporaries,
+];
+
 /// The covering subset CI compiles (the full table is scripts/splash_cost.sh's, in the
 /// README). Every case holds to every check; the full table's two rows where tessera's
 /// scoped VMEM is above JAX's (dq at S=4096, blocks 512: 1.4%) are not here. The GQA
@@ -226,59 +234,34 @@ const CASES: &[Config] = &[
         kv_heads: 2,
         seq: 4096,
         block: 1024,
-        holds: &[
-            Check::PerCore,
-            Check::AllCores,
-            Check::ScopedVmem,
-            Check::Temporaries,
-        ],
+        holds: EVERY_CHECK,
     },
     Config {
         pass: "fwd",
         kv_heads: 8,
         seq: 4096,
         block: 512,
-        holds: &[
-            Check::PerCore,
-            Check::AllCores,
-            Check::ScopedVmem,
-            Check::Temporaries,
-        ],
+        holds: EVERY_CHECK,
     },
     Config {
         pass: "bwd",
         kv_heads: 8,
         seq: 8192,
         block: 1024,
-        holds: &[
-            Check::PerCore,
-            Check::AllCores,
-            Check::ScopedVmem,
-            Check::Temporaries,
-        ],
+        holds: EVERY_CHECK,
     },
     Config {
         pass: "fused",
         kv_heads: 2,
         seq: 4096,
         block: 1024,
-        holds: &[
-            Check::PerCore,
-            Check::AllCores,
-            Check::ScopedVmem,
-            Check::Temporaries,
-        ],
+        holds: EVERY_CHECK,
     },
     Config {
         pass: "fused",
         kv_heads: 8,
         seq: 4096,
         block: 2048,
-        holds: &[
-            Check::PerCore,
-            Check::AllCores,
-            Check::ScopedVmem,
-            Check::Temporaries,
-        ],
+        holds: EVERY_CHECK,
     },
 ];
