@@ -188,9 +188,10 @@ pub struct Ref<T: Element> {
     _t: PhantomData<T>,
 }
 
-/// An output block in VMEM. Its windows can be read back ([`RefMut::at`]): the block stays
-/// in VMEM, holding what earlier steps stored, while consecutive grid steps map to the same
-/// block index (as Pallas' output refs); it starts as garbage when the index changes.
+/// An output block in VMEM. It can be read back ([`RefMut::load`], [`RefMut::at`]): the
+/// block stays in VMEM, holding what earlier steps stored, while consecutive grid steps map
+/// to the same block index (as Pallas' output refs); it starts as garbage when the index
+/// changes.
 #[derive(Debug)]
 pub struct RefMut<T: Element> {
     id: RefId,
@@ -293,6 +294,12 @@ impl<T: Element> Ref<T> {
 }
 
 impl<T: Element> RefMut<T> {
+    /// Loads the whole block: what this block's earlier steps stored (garbage where none did).
+    #[track_caller]
+    pub fn load(&self) -> Value {
+        load(self.id, full_window(self.id))
+    }
+
     /// Stores into the whole block; a scalar is broadcast.
     #[track_caller]
     pub fn store(&self, value: impl IntoValue) {

@@ -730,7 +730,7 @@ fn dkv_step<T: Element>(
             mask_blocks: r.mask_blocks,
         };
         let kc = if whole {
-            r.k_scaled.at(&[all(), all()]).load()
+            r.k_scaled.load()
         } else {
             r.k_scaled.at(&[ds(c * bkvc, bkvc), all()]).load()
         };
