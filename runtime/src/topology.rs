@@ -183,33 +183,6 @@ impl Topology {
             .map(|(exe, _)| exe)
     }
 
-    /// Compiles, and when libtpu refuses a Mosaic call whose scoped VMEM outgrew the limit
-    /// the call carries, compiles again with that limit raised to what libtpu asked for
-    /// (a whole MiB above it; at most [`VMEM_RETRIES`] times). A kernel's limit is tessera's
-    /// estimate of its need, kept tight so that XLA keeps the rest of VMEM for the program;
-    /// libtpu's own count is exact. The dumps are those of the compile that succeeded.
-    fn compile_raising_scoped_vmem(
-        &self,
-        program: &str,
-        options: &CompileOptions,
-        keep: &dyn Fn(&str) -> bool,
-    ) -> Result<(Executable, Option<Vec<crate::DumpFile>>)> {
-        let mut program = std::borrow::Cow::Borrowed(program);
-        let mut retries = 0;
-        loop {
-            match crate::dumps::collecting(keep, || self.compile_alone(&program, options)) {
-                Err(e) if retries < VMEM_RETRIES => {
-                    match raised_scoped_vmem(&program, &e.to_string()) {
-                        Some(raised) => program = std::borrow::Cow::Owned(raised),
-                        None => return Err(e),
-                    }
-                    retries += 1;
-                }
-                done => return done,
-            }
-        }
-    }
-
     fn compile_alone(&self, program: &str, options: &CompileOptions) -> Result<Executable> {
         let p = self.plugin.inner;
         let f = api_fn!(p, PJRT_Compile)?;
@@ -239,13 +212,33 @@ impl Topology {
     /// `keep` accepts, when libtpu dumps in this process (see
     /// [`enable_libtpu_dumps`](crate::enable_libtpu_dumps); `None` when it loaded without a
     /// dump directory). Such compiles run one at a time in the process.
+    ///
+    /// When libtpu refuses a Mosaic call whose scoped VMEM outgrew the limit the call
+    /// carries, the program is compiled again with that limit raised to what libtpu asked
+    /// for (a whole MiB above it; at most `VMEM_RETRIES`, 3, times). A kernel's limit is
+    /// tessera's estimate of its need, kept tight so that XLA keeps the rest of VMEM for the
+    /// program; libtpu's own count is exact. The dumps are those of the compile that
+    /// succeeded.
     pub fn compile_with_dumps(
         &self,
         program: &str,
         options: &CompileOptions,
         keep: &dyn Fn(&str) -> bool,
     ) -> Result<(Executable, Option<Vec<crate::DumpFile>>)> {
-        self.compile_raising_scoped_vmem(program, options, keep)
+        let mut program = std::borrow::Cow::Borrowed(program);
+        let mut retries = 0;
+        loop {
+            match crate::dumps::collecting(keep, || self.compile_alone(&program, options)) {
+                Err(e) if retries < VMEM_RETRIES => {
+                    match raised_scoped_vmem(&program, &e.to_string()) {
+                        Some(raised) => program = std::borrow::Cow::Owned(raised),
+                        None => return Err(e),
+                    }
+                    retries += 1;
+                }
+                done => return done,
+            }
+        }
     }
 }
 
