@@ -691,6 +691,10 @@ fn splash_setup(p: &Params, kernel: &str) -> Result<SplashSetup, RegistryError> 
     let mut blocks = BlockSizes::uniform(bq, bkv).with_fused_bwd(fused);
     blocks.block_kv_compute = bkv_compute;
     blocks.block_kv_dkv_compute = bkv_compute;
+    // dQ's own default split stands unless BKVC is given.
+    if p.0["BKVC"] != "BKV" {
+        blocks.block_kv_dq_compute = bkv_compute;
+    }
     let options = SplashOptions {
         soft_cap,
         ..SplashOptions::default()

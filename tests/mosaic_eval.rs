@@ -301,7 +301,12 @@ fn splash_kernels_agree_with_the_interpreter() {
             dtype: DType::F32,
             dims: dims(2, 2, 256),
             mask: Mask::Dense(dense).into(),
-            blocks: BlockSizes::uniform(128, 128),
+            // dQ computing half its key block at a time (sliced stored mask blocks and key
+            // segment ids, keys-by-queries tiles).
+            blocks: BlockSizes {
+                block_kv_dq_compute: 128,
+                ..BlockSizes::uniform(128, 256)
+            },
             options: SplashOptions::default(),
             segmented: true,
             sinks: false,

@@ -34,8 +34,8 @@ use tessera::dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 use tessera::registry;
 use tessera::runtime::{ElementType, HostBuffer};
 use tessera::splash::{
-    stage_specs, BlockSizes, Dims, Features, Mask, SplashAttention, SplashOptions, Stage, StageArg,
-    Tensor,
+    default_dq_compute_block, stage_specs, BlockSizes, Dims, Features, Mask, SplashAttention,
+    SplashOptions, Stage, StageArg, Tensor,
 };
 
 create_exception!(
@@ -435,12 +435,12 @@ fn py_stage(
 /// `dout` to `dq`, `dk`, `dv` (and `dsinks [H, 1, 1]`). `mask`: tessera's mask syntax
 /// (`causal`, `full`, `local:LEFT:RIGHT`, `chunked:SIZE`, `causal:OFFSET`). Block sizes
 /// left out default as in JAX's `BlockSizes` (the dkv blocks to the forward's, compute
-/// blocks to their blocks).
+/// blocks to their blocks), dQ's compute block as tessera's `default_dq_compute_block`.
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, dtype, mask, block_q, block_kv, *, block_kv_compute = None, block_q_dkv = None,
     block_kv_dkv = None, block_kv_dkv_compute = None, block_q_dq = None, block_kv_dq = None,
-    fused_bwd = false, segmented = false, sinks = false, soft_cap = None, scale = None
+    block_kv_dq_compute = None, fused_bwd = false, segmented = false, sinks = false, soft_cap = None, scale = None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn splash_plan<'py>(
@@ -458,6 +458,7 @@ fn splash_plan<'py>(
     block_kv_dkv_compute: Option<usize>,
     block_q_dq: Option<usize>,
     block_kv_dq: Option<usize>,
+    block_kv_dq_compute: Option<usize>,
     fused_bwd: bool,
     segmented: bool,
     sinks: bool,
@@ -467,13 +468,15 @@ fn splash_plan<'py>(
     let dims = Dims::of(&q, &k, &v).map_err(error)?;
     let mask = Mask::parse(mask).map_err(error)?;
     let block_kv_dkv = block_kv_dkv.unwrap_or(block_kv);
+    let block_kv_dq = block_kv_dq.unwrap_or(block_kv);
     let blocks = BlockSizes {
         block_kv_compute: block_kv_compute.unwrap_or(block_kv),
         block_q_dkv: block_q_dkv.unwrap_or(block_q),
         block_kv_dkv,
         block_kv_dkv_compute: block_kv_dkv_compute.unwrap_or(block_kv_dkv),
         block_q_dq: block_q_dq.unwrap_or(block_q),
-        block_kv_dq: block_kv_dq.unwrap_or(block_kv),
+        block_kv_dq,
+        block_kv_dq_compute: block_kv_dq_compute.unwrap_or(default_dq_compute_block(block_kv_dq)),
         ..BlockSizes::uniform(block_q, block_kv)
     }
     .with_fused_bwd(fused_bwd);

@@ -28,7 +28,8 @@ class BlockSizes:
     `block_q` queries by `block_kv` keys per grid step, `block_kv_compute` keys at a time;
     the dK/dV (or fused) kernel uses the `*_dkv` sizes, the dQ kernel the `*_dq` ones.
     Unset sizes default as in JAX: dkv and dq blocks to the forward's, compute blocks to
-    their blocks."""
+    their blocks, except `block_kv_dq_compute` (JAX's dQ has none), which tessera picks by
+    `block_kv_dq` (`tessera_splash::default_dq_compute_block`)."""
 
     block_q: int = 128
     block_kv: int = 128
@@ -38,6 +39,7 @@ class BlockSizes:
     block_kv_dkv_compute: int | None = None
     block_q_dq: int | None = None
     block_kv_dq: int | None = None
+    block_kv_dq_compute: int | None = None
     use_fused_bwd_kernel: bool = False
 
 
@@ -57,6 +59,7 @@ def _plan(q, k, v, dtype, mask, blocks: BlockSizes, segmented, sinks, soft_cap, 
         block_kv_dkv_compute=blocks.block_kv_dkv_compute,
         block_q_dq=blocks.block_q_dq,
         block_kv_dq=blocks.block_kv_dq,
+        block_kv_dq_compute=blocks.block_kv_dq_compute,
         fused_bwd=blocks.use_fused_bwd_kernel,
         segmented=segmented,
         sinks=sinks,

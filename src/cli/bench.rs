@@ -13,8 +13,10 @@ use anyhow::{bail, Context, Result};
 use tessera::dsl::{DType, HostArray, KernelRules};
 use tessera::hlo::Module;
 use tessera::runtime::{Buffer, Client, HostBuffer};
+use tessera::splash::{
+    default_dq_compute_block, BlockSizes, Dims, Mask, SplashAttention, SplashOptions,
+};
 use tessera::splash::{dense_program, splash_program, Features, Pass};
-use tessera::splash::{BlockSizes, Dims, Mask, SplashAttention, SplashOptions};
 
 use timing::{peak_program, peak_spread_line, time_all, Timed};
 
@@ -62,7 +64,8 @@ pub struct BenchArgs {
     pub block_q: usize,
     #[arg(long, default_value_t = 512, value_parser = super::positive)]
     pub block_kv: usize,
-    /// Keys per inner compute step of the forward and dK/dV kernels (default: block-kv).
+    /// Keys per inner compute step of the forward, dK/dV and dQ kernels (default: block-kv;
+    /// dQ's as splash's `default_dq_compute_block`).
     #[arg(long, value_parser = super::positive)]
     pub block_kv_compute: Option<usize>,
     /// Query block of the backward kernels (default: block-q).
@@ -115,10 +118,12 @@ impl BenchArgs {
             blocks.block_kv_dkv = kv;
             blocks.block_kv_dkv_compute = kv;
             blocks.block_kv_dq = kv;
+            blocks.block_kv_dq_compute = default_dq_compute_block(kv);
         }
         if let Some(c) = self.block_kv_compute {
             blocks.block_kv_compute = c;
             blocks.block_kv_dkv_compute = c;
+            blocks.block_kv_dq_compute = c;
         }
         Ok(SplashAttention::new(
             Mask::parse(&self.mask)?,

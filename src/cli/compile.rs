@@ -16,7 +16,8 @@ use tessera::hlo::Module;
 use tessera::parallel::ContextParallel;
 use tessera::registry;
 use tessera::splash::{
-    splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention, SplashOptions,
+    default_dq_compute_block, splash_program, BlockSizes, Dims, Features, Mask, Pass,
+    SplashAttention, SplashOptions,
 };
 use tessera::tpu::{CompileReport, TpuCompileError, TpuTopology};
 
@@ -123,6 +124,11 @@ pub struct CompileAttentionArgs {
     /// Key block of the dkv (or fused) kernel (default --block-kv).
     #[arg(long)]
     pub block_kv_dkv: Option<usize>,
+    /// Keys the dq kernel computes at a time within its key block (default: 256 of a
+    /// 512 block, 512 of a block of 2048 or more, else the whole block; splash's
+    /// `default_dq_compute_block` says what was measured).
+    #[arg(long)]
+    pub block_kv_dq_compute: Option<usize>,
     /// The fused dq+dkv backward kernel instead of separate dq and dkv kernels.
     #[arg(long)]
     pub fused_bwd: bool,
@@ -305,6 +311,9 @@ fn attention_program(a: &CompileAttentionArgs, target: &Lowering) -> Result<Modu
         block_q_dkv: a.block_q_dkv.unwrap_or(bq),
         block_kv_dkv: a.block_kv_dkv.unwrap_or(bkv),
         block_kv_dkv_compute: a.block_kv_dkv.unwrap_or(bkv),
+        block_kv_dq_compute: a
+            .block_kv_dq_compute
+            .unwrap_or(default_dq_compute_block(bkv)),
         ..BlockSizes::uniform(bq, bkv)
     }
     .with_fused_bwd(a.fused_bwd);

@@ -51,7 +51,9 @@ pub use attention::{
     reshape, run_plan, stage_specs, Dims, Executor, Features, Forward, Grads, Inputs, Interpreter,
     SegmentIds, SplashAttention, SplashOptions, Stage, StageArg, Tensor, DEFAULT_MASK_VALUE,
 };
-pub use block_sizes::{default_block, BlockSizes, MAX_DEFAULT_BLOCK, NUM_LANES};
+pub use block_sizes::{
+    default_block, default_dq_compute_block, BlockSizes, MAX_DEFAULT_BLOCK, NUM_LANES,
+};
 pub use error::SplashError;
 pub use mask::{BlockKind, DenseMask, Mask, MaskExpr, MultiHeadMask, SeqOffsets, MAX_POSITION};
 pub use mask_info::{BlockStats, KernelMask, Major, MaskInfo, MAX_COMPUTED_MASK_CLASSES};

@@ -64,6 +64,21 @@ fn chunked_gqa_soft_cap_with_compute_blocks_fused() {
     check_all(&c);
 }
 
+/// dQ computing its 512-key blocks in halves, as `default_dq_compute_block` picks for
+/// them, with the separate backward kernels and segment ids.
+#[test]
+fn causal_dq_in_compute_halves_with_segment_ids() {
+    let mut c = Case::new(
+        "causal/gqa/dq-compute",
+        dims(1, 2, 1, 512, 64),
+        Mask::causal(),
+    );
+    c.blocks = BlockSizes::uniform(128, 512);
+    assert_eq!(c.blocks.block_kv_dq_compute, 256);
+    c.segments = Some(segments(1, &[200, 312]));
+    check_all(&c);
+}
+
 #[test]
 fn dense_custom_mask_mqa() {
     let mut rng = fastrand::Rng::with_seed(5);
