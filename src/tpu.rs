@@ -49,7 +49,7 @@ use std::time::Instant;
 use tessera_dsl::{ArgSpec, KernelDef, KernelError, Lowering};
 use tessera_hlo::{DType, Module};
 use tessera_runtime::{CompileOptions, CompiledMemoryStats, Error as RuntimeError, NamedValue};
-use tessera_runtime::{Executable, Plugin, Topology};
+use tessera_runtime::{Executable, Plugin, ScopedVmemRaise, Topology};
 
 /// Topologies libtpu is known to accept, for messages.
 pub const KNOWN_TOPOLOGIES: &str = "v5p:2x2x1, v5p:2x2x2, v5e:2x2, v6e:2x2, v4:2x2x1";
@@ -212,6 +212,10 @@ pub struct CompileReport {
     /// Each compiled Mosaic kernel's cost read from libtpu's bundles ([`cost`]); `None` when
     /// libtpu was loaded without dumps (see `tessera_runtime::enable_libtpu_dumps`).
     pub kernel_costs: Option<Vec<cost::KernelCost>>,
+    /// Each time libtpu refused a kernel's scoped VMEM limit (tessera's estimate of its
+    /// need) and the program was compiled again with the limit raised to what libtpu asked
+    /// for; empty when the first compile went through.
+    pub vmem_raises: Vec<ScopedVmemRaise>,
     /// Wall time of the compile.
     pub compile_seconds: f64,
 }
@@ -315,15 +319,16 @@ impl TpuTopology {
         }
         let options = compile_options(module)?;
         let start = Instant::now();
-        let (exe, dumps) =
+        let compiled =
             match topology.compile_with_dumps(&module.to_mlir(), &options, &cost::is_cost_file) {
                 Ok(compiled) => compiled,
                 Err(e @ RuntimeError::Pjrt { .. }) => return Err(blame(&topology, module, &e)),
                 Err(e) => return Err(e.into()),
             };
         let compile_seconds = start.elapsed().as_secs_f64();
-        let mut report = report(self, module, &exe, program, compile_seconds)?;
-        if let Some(files) = dumps {
+        let mut report = report(self, module, &compiled.executable, program, compile_seconds)?;
+        report.vmem_raises = compiled.vmem_raises;
+        if let Some(files) = compiled.dumps {
             let mut costs =
                 cost::costs_of_dumps(&files, cost::tensorcores_per_chip(&self.topology))?;
             for c in &mut costs {
@@ -378,6 +383,7 @@ fn report(
         kernels,
         kernel_vmem,
         kernel_costs: None,
+        vmem_raises: Vec::new(),
         executable_bytes: exe.serialize()?.len(),
         memory: exe.memory_stats()?,
         flops: cost("flops"),
@@ -515,10 +521,28 @@ fn hlo_type(dtype: DType) -> &'static str {
 }
 
 impl CompileReport {
+    /// One sentence for each of [`Self::vmem_raises`], for the printed summaries.
+    pub fn vmem_raise_notes(&self) -> Vec<String> {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        self.vmem_raises
+            .iter()
+            .map(|r| {
+                format!(
+                    "a kernel needed {:.2} MiB of scoped VMEM, over the {:.2} MiB limit \
+                     tessera estimated: compiled again with {:.2} MiB",
+                    mib(r.asked_bytes),
+                    mib(r.limit_bytes),
+                    mib(r.raised_bytes)
+                )
+            })
+            .collect()
+    }
+
     /// One JSON object: the topology, devices, kernels, executable bytes, per-device argument,
     /// output, alias, temporary and generated-code bytes, each kernel's scoped VMEM and, when
-    /// read, its cost (`kernel_costs`), flops and bytes accessed (null when the compiler does
-    /// not say), compile seconds.
+    /// read, its cost (`kernel_costs`), the scoped VMEM limits libtpu refused and what they
+    /// were raised to (`scoped_vmem_raises`), flops and bytes accessed (null when the compiler
+    /// does not say), compile seconds.
     pub fn to_json(&self) -> String {
         let opt = |x: Option<f64>| x.map_or("null".to_string(), |x| format!("{x}"));
         let mut json = format!(
@@ -550,6 +574,17 @@ impl CompileReport {
             let costs: Vec<String> = costs.iter().map(|c| c.to_json()).collect();
             let _ = write!(json, ",\"kernel_costs\":[{}]", costs.join(","));
         }
+        let raises: Vec<String> = self
+            .vmem_raises
+            .iter()
+            .map(|r| {
+                format!(
+                    "{{\"asked_bytes\":{},\"limit_bytes\":{},\"raised_bytes\":{}}}",
+                    r.asked_bytes, r.limit_bytes, r.raised_bytes
+                )
+            })
+            .collect();
+        let _ = write!(json, ",\"scoped_vmem_raises\":[{}]", raises.join(","));
         let _ = write!(
             json,
             ",\"flops\":{},\"bytes_accessed\":{},\"transcendentals\":{},\"optimal_seconds\":{},\
@@ -625,7 +660,7 @@ mod tests {
     }
 
     #[test]
-    fn report_json_is_one_object() {
+    fn report_json_is_one_object_and_notes_each_vmem_raise() {
         let r = CompileReport {
             topology: "v5e:2x2".into(),
             devices: 4,
@@ -643,6 +678,11 @@ mod tests {
             optimal_seconds: Some(0.5),
             kernel_vmem: vec![("splash_fwd".into(), 4096)],
             kernel_costs: None,
+            vmem_raises: vec![ScopedVmemRaise {
+                asked_bytes: 16_923_000,
+                limit_bytes: 16 << 20,
+                raised_bytes: 17 << 20,
+            }],
             compile_seconds: 0.25,
         };
         assert_eq!(
@@ -650,9 +690,17 @@ mod tests {
             "{\"topology\":\"v5e:2x2\",\"devices\":4,\"kernels\":[\"splash_fwd\",\"a\\\"b\"],\
              \"executable_bytes\":10,\"argument_bytes\":1,\"output_bytes\":2,\"alias_bytes\":0,\
              \"temp_bytes\":3,\"generated_code_bytes\":0,\"scoped_vmem_bytes\":{\"splash_fwd\":4096},\
-             \"flops\":1500000000,\
+             \"scoped_vmem_raises\":[{\"asked_bytes\":16923000,\"limit_bytes\":16777216,\
+             \"raised_bytes\":17825792}],\"flops\":1500000000,\
              \"bytes_accessed\":null,\"transcendentals\":null,\"optimal_seconds\":0.5,\
              \"compile_seconds\":0.250}"
+        );
+        assert_eq!(
+            r.vmem_raise_notes(),
+            [
+                "a kernel needed 16.14 MiB of scoped VMEM, over the 16.00 MiB limit tessera \
+              estimated: compiled again with 17.00 MiB"
+            ]
         );
     }
 }

@@ -73,4 +73,6 @@ pub use plugin::{configure_plugin_logs, NamedValue, Plugin, VERBOSE_VAR};
 pub use provision::{cpu_plugin_path, libtpu_path, ProvisionedPlugin, Provisioner, WheelSpec};
 pub use shape::ArrayShape;
 pub use tessera_array::{ArrayData, DType, HostArray};
-pub use topology::{CompiledMemoryStats, Executable, OptimizedProgram, Topology};
+pub use topology::{
+    CompiledMemoryStats, CompiledWithDumps, Executable, OptimizedProgram, ScopedVmemRaise, Topology,
+};

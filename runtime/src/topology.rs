@@ -180,7 +180,7 @@ impl Topology {
     /// compile's dumps are discarded (see [`Topology::compile_with_dumps`]).
     pub fn compile(&self, program: &str, options: &CompileOptions) -> Result<Executable> {
         self.compile_with_dumps(program, options, &|_| false)
-            .map(|(exe, _)| exe)
+            .map(|c| c.executable)
     }
 
     fn compile_alone(&self, program: &str, options: &CompileOptions) -> Result<Executable> {
@@ -215,31 +215,61 @@ impl Topology {
     ///
     /// When libtpu refuses a Mosaic call whose scoped VMEM outgrew the limit the call
     /// carries, the program is compiled again with that limit raised to what libtpu asked
-    /// for (a whole MiB above it; at most `VMEM_RETRIES`, 3, times). A kernel's limit is
-    /// tessera's estimate of its need, kept tight so that XLA keeps the rest of VMEM for the
-    /// program; libtpu's own count is exact. The dumps are those of the compile that
-    /// succeeded.
+    /// for (a whole MiB above it; at most `VMEM_RETRIES`, 3, times), and the result says so
+    /// ([`CompiledWithDumps::vmem_raises`]). A kernel's limit is tessera's estimate of its
+    /// need, kept tight so that XLA keeps the rest of VMEM for the program; libtpu's own
+    /// count is exact. The dumps are those of the compile that succeeded.
     pub fn compile_with_dumps(
         &self,
         program: &str,
         options: &CompileOptions,
         keep: &dyn Fn(&str) -> bool,
-    ) -> Result<(Executable, Option<Vec<crate::DumpFile>>)> {
+    ) -> Result<CompiledWithDumps> {
         let mut program = std::borrow::Cow::Borrowed(program);
-        let mut retries = 0;
+        let mut vmem_raises = Vec::new();
         loop {
             match crate::dumps::collecting(keep, || self.compile_alone(&program, options)) {
-                Err(e) if retries < VMEM_RETRIES => {
+                Err(e) if vmem_raises.len() < VMEM_RETRIES => {
                     match raised_scoped_vmem(&program, &e.to_string()) {
-                        Some(raised) => program = std::borrow::Cow::Owned(raised),
+                        Some((raised, raise)) => {
+                            program = std::borrow::Cow::Owned(raised);
+                            vmem_raises.push(raise);
+                        }
                         None => return Err(e),
                     }
-                    retries += 1;
                 }
-                done => return done,
+                Err(e) => return Err(e),
+                Ok((executable, dumps)) => {
+                    return Ok(CompiledWithDumps {
+                        executable,
+                        dumps,
+                        vmem_raises,
+                    })
+                }
             }
         }
     }
+}
+
+/// What [`Topology::compile_with_dumps`] gives back.
+#[derive(Debug)]
+pub struct CompiledWithDumps {
+    pub executable: Executable,
+    /// The dump files kept, when libtpu dumps in this process.
+    pub dumps: Option<Vec<crate::DumpFile>>,
+    /// Each time libtpu refused a call's scoped VMEM limit and the program was compiled
+    /// again with it raised, in order; empty when the first compile succeeded.
+    pub vmem_raises: Vec<ScopedVmemRaise>,
+}
+
+/// One retry of a compile with a raised scoped VMEM limit: libtpu needed `asked_bytes`
+/// where calls carried `limit_bytes` (both as its message gives them, to 0.01 MiB), and every
+/// call carrying that limit was compiled again with `raised_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScopedVmemRaise {
+    pub asked_bytes: u64,
+    pub limit_bytes: u64,
+    pub raised_bytes: u64,
 }
 
 /// How many times a compile is retried with raised scoped VMEM limits.
@@ -247,15 +277,17 @@ const VMEM_RETRIES: usize = 3;
 
 /// `program` with the scoped VMEM limit of the calls libtpu refused raised to what it asked
 /// for, from libtpu's message ("Scoped allocation with size 16.14M and limit 16.00M
-/// exceeded ..."), or `None` when the message is not that or no call carries that limit.
-/// Every call whose limit prints as that limit is raised (the message does not say which
-/// one failed), to the whole MiB above the asked size.
-fn raised_scoped_vmem(program: &str, message: &str) -> Option<String> {
+/// exceeded ..."), and the raise; or `None` when the message is not that or no call carries
+/// that limit. Every call whose limit prints as that limit is raised (the message does not
+/// say which one failed), to the whole MiB above the asked size.
+fn raised_scoped_vmem(program: &str, message: &str) -> Option<(String, ScopedVmemRaise)> {
     let rest = message.split("Scoped allocation with size ").nth(1)?;
     let (size, rest) = rest.split_once("M and limit ")?;
     let (limit, _) = rest.split_once('M')?;
-    let size: f64 = size.parse().ok()?;
-    let raised = ((size.floor() as u64) + 1) << 20;
+    let asked: f64 = size.parse().ok()?;
+    let limit_mib: f64 = limit.parse().ok()?;
+    let mib = |x: f64| (x * (1u64 << 20) as f64).round() as u64;
+    let raised = ((asked.floor() as u64) + 1) << 20;
     // The limit as `tessera_hlo::TpuCustomCall` writes it into the quoted backend config.
     const KEY: &str = "\\\"size\\\": ";
     let mut out = String::with_capacity(program.len());
@@ -275,19 +307,34 @@ fn raised_scoped_vmem(program: &str, message: &str) -> Option<String> {
         rest = &tail[digits..];
     }
     out.push_str(rest);
-    changed.then_some(out)
+    changed.then_some((
+        out,
+        ScopedVmemRaise {
+            asked_bytes: mib(asked),
+            limit_bytes: mib(limit_mib),
+            raised_bytes: raised,
+        },
+    ))
 }
 
 #[cfg(test)]
 mod vmem_tests {
-    use super::raised_scoped_vmem;
+    use super::{raised_scoped_vmem, ScopedVmemRaise};
 
     #[test]
     fn refused_limits_are_raised_to_what_libtpu_asked() {
         let program = r#"backend_config = "{\"scoped_memory_configs\": [{\"memory_space\": 1, \"offset\": 0, \"size\": 16777216}]}" x backend_config = "{\"size\": 33554432}""#;
         let message = "E1001: CompileTimeScopedVmemOom: ... Scoped allocation with size \
                        16.14M and limit 16.00M exceeded scoped vmem limit by 144.0K.";
-        let raised = raised_scoped_vmem(program, message).unwrap();
+        let (raised, raise) = raised_scoped_vmem(program, message).unwrap();
+        assert_eq!(
+            raise,
+            ScopedVmemRaise {
+                asked_bytes: (16.14 * 1048576.0_f64).round() as u64,
+                limit_bytes: 16 << 20,
+                raised_bytes: 17 << 20,
+            }
+        );
         assert!(raised.contains(r#"\"size\": 17825792}]"#), "{raised}");
         assert!(raised.contains(r#"\"size\": 33554432}"#), "{raised}");
         assert_eq!(raised_scoped_vmem(program, "some other error"), None);

@@ -279,6 +279,9 @@ fn print_summary(program: &Module, r: &CompileReport) {
             .collect();
         out!("; scoped VMEM: {}", vmem.join(", "));
     }
+    for note in r.vmem_raise_notes() {
+        out!("; {note}");
+    }
     outln!();
 }
 

@@ -445,6 +445,9 @@ fn print_human(
             mem.generated_code_bytes as f64 / (1u64 << 20) as f64
         );
     }
+    for note in r.vmem_raise_notes() {
+        outln!("{note}");
+    }
     outln!(
         "parameters and both AdamW moments (f32) per device: {:.2} GiB{}",
         gib(state_bytes as f64),
