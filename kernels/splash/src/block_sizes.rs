@@ -61,8 +61,9 @@ pub fn default_block(len: usize) -> usize {
 /// against 1.52 MiB at S 4096; JAX's dQ takes 1.50 MiB) for 0.6-1.3% more cycles; at 2048,
 /// quarters take 2.3-3.2% fewer cycles and 0.58-0.61x the VMEM; at 1024 halves and quarters
 /// both cost cycles (+1.5% and +16%), so the block stays whole. Blocks over 2048 take 2048's
-/// split unmeasured; the StableHLO lowering (CPU) computes the same sub-blocks. (The dQ kernel's score
-/// tiles are `(compute, block_q)` values; libtpu's spills of them decide its VMEM.)
+/// split unmeasured; the StableHLO lowering (CPU) computes the same sub-blocks. (The dQ
+/// kernel's score tiles are `(compute, block_q)` values; libtpu's spills of them decide its
+/// VMEM.)
 pub fn default_dq_compute_block(block_kv_dq: usize) -> usize {
     match block_kv_dq {
         512 => 256,
