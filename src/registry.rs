@@ -693,7 +693,7 @@ fn splash_setup(p: &Params, kernel: &str) -> Result<SplashSetup, RegistryError> 
     blocks.block_kv_dkv_compute = bkv_compute;
     // dQ's own default split stands unless BKVC is given.
     if p.0["BKVC"] != "BKV" {
-        blocks.block_kv_dq_compute = bkv_compute;
+        blocks.block_kv_dq_compute = Some(bkv_compute);
     }
     let options = SplashOptions {
         soft_cap,

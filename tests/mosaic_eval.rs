@@ -304,7 +304,7 @@ fn splash_kernels_agree_with_the_interpreter() {
             // dQ computing half its key block at a time (sliced stored mask blocks and key
             // segment ids, keys-by-queries tiles).
             blocks: BlockSizes {
-                block_kv_dq_compute: 128,
+                block_kv_dq_compute: Some(128),
                 ..BlockSizes::uniform(128, 256)
             },
             options: SplashOptions::default(),

@@ -34,8 +34,8 @@ use tessera::dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 use tessera::registry;
 use tessera::runtime::{ElementType, HostBuffer};
 use tessera::splash::{
-    default_dq_compute_block, stage_specs, BlockSizes, Dims, Features, Mask, SplashAttention,
-    SplashOptions, Stage, StageArg, Tensor,
+    stage_specs, BlockSizes, Dims, Features, Mask, SplashAttention, SplashOptions, Stage, StageArg,
+    Tensor,
 };
 
 create_exception!(
@@ -468,15 +468,14 @@ fn splash_plan<'py>(
     let dims = Dims::of(&q, &k, &v).map_err(error)?;
     let mask = Mask::parse(mask).map_err(error)?;
     let block_kv_dkv = block_kv_dkv.unwrap_or(block_kv);
-    let block_kv_dq = block_kv_dq.unwrap_or(block_kv);
     let blocks = BlockSizes {
         block_kv_compute: block_kv_compute.unwrap_or(block_kv),
         block_q_dkv: block_q_dkv.unwrap_or(block_q),
         block_kv_dkv,
         block_kv_dkv_compute: block_kv_dkv_compute.unwrap_or(block_kv_dkv),
         block_q_dq: block_q_dq.unwrap_or(block_q),
-        block_kv_dq,
-        block_kv_dq_compute: block_kv_dq_compute.unwrap_or(default_dq_compute_block(block_kv_dq)),
+        block_kv_dq: block_kv_dq.unwrap_or(block_kv),
+        block_kv_dq_compute,
         ..BlockSizes::uniform(block_q, block_kv)
     }
     .with_fused_bwd(fused_bwd);

@@ -13,10 +13,8 @@ use anyhow::{bail, Context, Result};
 use tessera::dsl::{DType, HostArray, KernelRules};
 use tessera::hlo::Module;
 use tessera::runtime::{Buffer, Client, HostBuffer};
-use tessera::splash::{
-    default_dq_compute_block, BlockSizes, Dims, Mask, SplashAttention, SplashOptions,
-};
 use tessera::splash::{dense_program, splash_program, Features, Pass};
+use tessera::splash::{BlockSizes, Dims, Mask, SplashAttention, SplashOptions};
 
 use timing::{peak_program, peak_spread_line, time_all, Timed};
 
@@ -118,12 +116,11 @@ impl BenchArgs {
             blocks.block_kv_dkv = kv;
             blocks.block_kv_dkv_compute = kv;
             blocks.block_kv_dq = kv;
-            blocks.block_kv_dq_compute = default_dq_compute_block(kv);
         }
         if let Some(c) = self.block_kv_compute {
             blocks.block_kv_compute = c;
             blocks.block_kv_dkv_compute = c;
-            blocks.block_kv_dq_compute = c;
+            blocks.block_kv_dq_compute = Some(c);
         }
         Ok(SplashAttention::new(
             Mask::parse(&self.mask)?,

@@ -16,8 +16,7 @@ use tessera::hlo::Module;
 use tessera::parallel::ContextParallel;
 use tessera::registry;
 use tessera::splash::{
-    default_dq_compute_block, splash_program, BlockSizes, Dims, Features, Mask, Pass,
-    SplashAttention, SplashOptions,
+    splash_program, BlockSizes, Dims, Features, Mask, Pass, SplashAttention, SplashOptions,
 };
 use tessera::tpu::{CompileReport, TpuCompileError, TpuTopology};
 
@@ -314,9 +313,7 @@ fn attention_program(a: &CompileAttentionArgs, target: &Lowering) -> Result<Modu
         block_q_dkv: a.block_q_dkv.unwrap_or(bq),
         block_kv_dkv: a.block_kv_dkv.unwrap_or(bkv),
         block_kv_dkv_compute: a.block_kv_dkv.unwrap_or(bkv),
-        block_kv_dq_compute: a
-            .block_kv_dq_compute
-            .unwrap_or(default_dq_compute_block(bkv)),
+        block_kv_dq_compute: a.block_kv_dq_compute,
         ..BlockSizes::uniform(bq, bkv)
     }
     .with_fused_bwd(a.fused_bwd);

@@ -10,7 +10,7 @@ use tessera_dsl::Lowering;
 use tessera_hlo::DType;
 use tessera_parallel::strategy::Ulysses;
 use tessera_parallel::{ContextParallel, Strategy};
-use tessera_splash::{default_block, default_dq_compute_block, BlockSizes, Dims, Mask};
+use tessera_splash::{default_block, BlockSizes, Dims, Mask};
 
 use crate::error::{Setting, SettingError, WeightDim};
 use crate::TrainError;
@@ -383,7 +383,7 @@ impl TrainConfig {
             block_kv_dkv_compute: self.sa_block_kv_dkv,
             block_q_dq: self.sa_block_q_dkv,
             block_kv_dq: self.sa_block_kv_dkv,
-            block_kv_dq_compute: default_dq_compute_block(self.sa_block_kv_dkv),
+            block_kv_dq_compute: None,
             use_fused_bwd_kernel: false,
         }
     }

@@ -731,7 +731,7 @@ impl SplashAttention {
                 .dq_info
                 .as_ref()
                 .expect("separate backward has dq tables");
-            let cfg = self.config(info, b.block_kv_dq_compute, f);
+            let cfg = self.config(info, b.dq_compute_block(), f);
             let def = with_segments(with_float_type!(self.dtype, T => splash_dq::<T>(cfg)), f);
             let mut args = self.tables(info);
             args.push(self.offsets());

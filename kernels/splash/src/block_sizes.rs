@@ -28,7 +28,9 @@ pub struct BlockSizes {
     pub block_kv_dkv_compute: usize,
     pub block_q_dq: usize,
     pub block_kv_dq: usize,
-    pub block_kv_dq_compute: usize,
+    /// `None`: [`default_dq_compute_block`] of `block_kv_dq` (see
+    /// [`BlockSizes::dq_compute_block`]).
+    pub block_kv_dq_compute: Option<usize>,
     /// One backward kernel computing dQ, dK and dV together (dQ is reduced over key blocks
     /// afterwards) instead of separate dQ and dK/dV kernels.
     pub use_fused_bwd_kernel: bool,
@@ -52,8 +54,9 @@ pub fn default_block(len: usize) -> usize {
         .unwrap_or(len)
 }
 
-/// The keys dQ computes at a time within a key block of `block_kv_dq` unless told: 256 of a
-/// 512 block, 512 of a block of 2048 or more, else the whole block.
+/// The keys dQ computes at a time within a key block of `block_kv_dq` when
+/// `block_kv_dq_compute` is `None`: 256 of a 512 block, 512 of a block of 2048 or more, else
+/// the whole block.
 ///
 /// Measured on v5p with libtpu's bundles and allocations (`tessera compile --target
 /// tpu:v5p:2x2x1 attention`, bf16, causal, 8 heads, D 128, S 4096 and 8192, MHA and GQA
@@ -81,8 +84,8 @@ impl Default for BlockSizes {
 
 impl BlockSizes {
     /// `block_q` for every query block and `block_kv` for every key block (the forward's and
-    /// dK/dV's compute blocks equal to their blocks, dQ's [`default_dq_compute_block`]),
-    /// separate backward kernels.
+    /// dK/dV's compute blocks equal to their blocks, dQ's its default), separate backward
+    /// kernels.
     pub fn uniform(block_q: usize, block_kv: usize) -> Self {
         BlockSizes {
             block_q,
@@ -93,7 +96,7 @@ impl BlockSizes {
             block_kv_dkv_compute: block_kv,
             block_q_dq: block_q,
             block_kv_dq: block_kv,
-            block_kv_dq_compute: default_dq_compute_block(block_kv),
+            block_kv_dq_compute: None,
             use_fused_bwd_kernel: false,
         }
     }
@@ -102,6 +105,13 @@ impl BlockSizes {
     /// for every key block.
     pub fn default_for(q_len: usize, kv_len: usize) -> Self {
         BlockSizes::uniform(default_block(q_len), default_block(kv_len))
+    }
+
+    /// The keys dQ computes at a time: `block_kv_dq_compute`, or by default
+    /// [`default_dq_compute_block`] of `block_kv_dq`.
+    pub fn dq_compute_block(&self) -> usize {
+        self.block_kv_dq_compute
+            .unwrap_or_else(|| default_dq_compute_block(self.block_kv_dq))
     }
 
     /// The same sizes with the fused backward kernel on or off.
@@ -136,7 +146,7 @@ impl BlockSizes {
             kv_blocks.push((
                 "block_kv_dq",
                 self.block_kv_dq,
-                ("block_kv_dq_compute", self.block_kv_dq_compute),
+                ("block_kv_dq_compute", self.dq_compute_block()),
             ));
         }
         // (block names, problem): blocks of equal size with the same problem share a message.
@@ -242,6 +252,26 @@ mod tests {
         }
     }
 
+    /// dQ's default compute block follows `block_kv_dq`, also when it is set after
+    /// [`BlockSizes::uniform`].
+    #[test]
+    fn dq_compute_block_defaults_from_the_dq_key_block() {
+        assert_eq!(BlockSizes::uniform(128, 512).dq_compute_block(), 256);
+        assert_eq!(BlockSizes::uniform(128, 1024).dq_compute_block(), 1024);
+        assert_eq!(BlockSizes::uniform(128, 4096).dq_compute_block(), 512);
+        let b = BlockSizes {
+            block_kv_dq: 128,
+            ..BlockSizes::uniform(128, 512)
+        };
+        assert_eq!(b.dq_compute_block(), 128);
+        b.validate(512, 512, &KernelRules::tpu()).unwrap();
+        let b = BlockSizes {
+            block_kv_dq_compute: Some(128),
+            ..BlockSizes::uniform(128, 2048)
+        };
+        assert_eq!(b.dq_compute_block(), 128);
+    }
+
     #[test]
     fn errors_name_the_block_and_the_fix() {
         let mut b = BlockSizes::uniform(96, 128);
@@ -264,7 +294,7 @@ mod tests {
             "{e}"
         );
         b = BlockSizes::uniform(128, 256);
-        b.block_kv_dq_compute = 100;
+        b.block_kv_dq_compute = Some(100);
         let e = b
             .validate(256, 256, &KernelRules::tpu())
             .unwrap_err()

@@ -74,7 +74,7 @@ fn causal_dq_in_compute_halves_with_segment_ids() {
         Mask::causal(),
     );
     c.blocks = BlockSizes::uniform(128, 512);
-    assert_eq!(c.blocks.block_kv_dq_compute, 256);
+    assert_eq!(c.blocks.dq_compute_block(), 256);
     c.segments = Some(segments(1, &[200, 312]));
     check_all(&c);
 }
