@@ -208,6 +208,7 @@ fn context_parallel_strategies_match_the_reference() {
         ("ring", "4", true, false, false),
         ("usp:2x2", "4", true, true, false),
         ("all_gather", "2", false, false, false),
+        ("all_gather", "4", false, false, true),
         ("ring", "2", true, false, true),
     ] {
         let mut args = flag_args(&[

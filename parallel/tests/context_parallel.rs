@@ -189,6 +189,9 @@ fn ring_matches_the_reference() {
 #[test]
 fn load_balanced_all_gather_and_ring_match_the_reference() {
     check_balanced("all-gather", 2, 4, 2, Mask::causal());
+    // Causal: the gathered halves (three calls a device, the second half reversed), here
+    // with segment ids crossing the chunks and a soft cap.
+    run_check("all-gather", 4, 8, 2, Mask::causal(), true, true);
     check_balanced("all-gather", 4, 8, 8, Mask::local(100, 0));
     check_balanced("ring", 2, 4, 4, Mask::local(64, 0));
     check_balanced("ring", 4, 8, 2, Mask::causal());
@@ -244,6 +247,23 @@ fn each_strategy_moves_data_with_its_own_collectives() {
     // All-gather: K and V gathered; the backward reduce-scatters dK and dV (the gather's
     // transpose).
     assert_eq!(collectives("all-gather", 4), [[0, 2, 0, 0], [0, 2, 2, 0]]);
+    // Load-balanced under a causal mask: each device's two parts of K and V gathered apart
+    // (the halves of the sequence), the gathered K/V never reordered; the only reverses are
+    // of `len`-row local values (a device's part 1 of K and V, the reversed call's queries,
+    // out and lse: 5 in the forward). Under another mask the whole K/V are gathered.
+    let mut balanced = config(
+        Strategy::from(AllGather),
+        4,
+        dims(8, 8, 512),
+        Mask::causal(),
+        64,
+    );
+    balanced.load_balance = true;
+    assert_eq!(collectives_of(&balanced), [[0, 4, 0, 0], [0, 4, 4, 0]]);
+    let text = balanced.forward_program(false).unwrap().to_mlir();
+    assert_eq!(count(&text, "reverse"), 5, "{text}");
+    balanced.mask = Mask::local(100, 0);
+    assert_eq!(collectives_of(&balanced), [[0, 2, 0, 0], [0, 2, 2, 0]]);
     // Ring on 4 devices: K and V move 3 times; the backward ring moves them 3 times again
     // and their dK/dV accumulators 4 times (one more, home).
     assert_eq!(collectives("ring", 4), [[0, 0, 0, 6], [0, 0, 0, 20]]);
@@ -330,19 +350,17 @@ fn load_balancing_evens_out_causal_work() {
             plain.iter().sum::<usize>(),
             "{strategy}"
         );
-        // Load balancing moves no other data: the same collectives and bytes (the ring sends
-        // a shard's two chunks, and their dK/dV accumulators, as two permutes of half the
-        // size each, so no step slices or concatenates a whole shard).
+        // Load balancing moves no other data: the same collectives and bytes, each as one
+        // collective per chunk of a shard, of half the size (the ring sends a shard's two
+        // chunks, and their dK/dV accumulators, as two permutes, so no step slices or
+        // concatenates a whole shard; the all-gather gathers a shard's two chunks apart, the
+        // two halves of the sequence, and reduce-scatters their dK/dV apart).
         let plain_cp = ContextParallel {
             load_balance: false,
             target: Lowering::portable(),
             ..cp.clone()
         };
-        let per_chunk = if strategy == Strategy::from(Ring) {
-            2
-        } else {
-            1
-        };
+        let per_chunk = 2;
         assert_eq!(
             collectives_of(&cp),
             collectives_of(&plain_cp).map(|ops| ops.map(|n| n * per_chunk)),

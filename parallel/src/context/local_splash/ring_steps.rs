@@ -591,7 +591,7 @@ fn complete_parts(parts: Vec<Option<Value>>) -> Result<Vec<Value>, CollectiveErr
 /// `lse = m + log(sum e^(lse_i - m))` and `out = sum out_i e^(lse_i - lse)`.
 /// A part that saw no key has `lse = -inf` and `out = 0` and drops out; when none did, the
 /// result is `-inf` and 0 again.
-fn merge_partials(
+pub(super) fn merge_partials(
     f: &mut FuncBuilder<'_>,
     parts: &[[Value; 2]],
 ) -> Result<[Value; 2], CollectiveError> {

@@ -6,8 +6,11 @@
 //! re-shards.
 //!
 //! With load balancing the shard of device `r` is chunks `r` and `2U - 1 - r` of `2U`
-//! ([`chunk_of`]): the gathered K/V are put back in natural order, and each chunk of queries
-//! attends them separately at its own offset.
+//! ([`chunk_of`]). Under a causal mask each device's two parts of K/V are gathered
+//! separately (the first half of the sequence in order, the second reversed) and its queries
+//! attend the halves ([`AllGatherAttention::forward_halves`]); under other masks the gathered
+//! K/V are put back in natural order, and each chunk of queries attends them separately at
+//! its own offset.
 
 use std::rc::Rc;
 
@@ -49,7 +52,10 @@ impl ContextStrategy for AllGather {
     }
 
     /// One step: a call per part of each device's shard, its queries at the part's chunk,
-    /// all keys from 0.
+    /// all keys from 0. (Load-balanced under a causal mask, the devices run these as three
+    /// calls over the gathered halves of K/V, [`AllGatherAttention::forward_halves`], which
+    /// compute the same blocks; this listing is what the stats, the step-time model and
+    /// `--sa-block-* auto` count.)
     fn kernel_calls(&self, s: Shards) -> KernelCalls {
         let (n, len) = (s.devices, s.chunk(s.devices));
         let calls = (0..s.parts)
@@ -88,9 +94,27 @@ impl Composition for Composed {
         [q, k, v]: [&SeqTensor<'p>; 3],
         segment_ids: Option<&WholeSegments<'p>>,
     ) -> Result<(SeqTensor<'p>, SeqLseTensor<'p>), CollectiveError> {
+        let shard = p.axis_index::<Context>()?;
+        if self.attention.attends_halves() {
+            let gather = |x: &SeqTensor<'p>| -> Result<_, CollectiveError> {
+                let [first, second] = AllGatherAttention::<Context>::shard_halves(x)?;
+                Ok([
+                    first.all_gather::<Context, 2>()?,
+                    second.all_gather::<Context, 2>()?,
+                ])
+            };
+            let (k, v) = (gather(k)?, gather(v)?);
+            return self.attention.forward_halves(
+                p,
+                &shard,
+                q,
+                [&k[0], &k[1]],
+                [&v[0], &v[1]],
+                segment_ids,
+            );
+        }
         let k = k.all_gather::<Context, 2>()?;
         let v = v.all_gather::<Context, 2>()?;
-        let shard = p.axis_index::<Context>()?;
         self.attention.forward(p, &shard, q, &k, &v, segment_ids)
     }
 }
