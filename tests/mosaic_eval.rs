@@ -17,8 +17,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use tessera::dsl::interpret::{self, InterpretOptions};
 use tessera::dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 use tessera::splash::{
-    BlockSizes, Dims, Executor, Inputs, Mask, MultiHeadMask, SegmentIds, SplashAttention,
-    SplashError, SplashOptions,
+    BlockSizes, Dims, Executor, Inputs, Mask, MultiHeadMask, SegmentIds, SeqOffsets,
+    SplashAttention, SplashError, SplashOptions,
 };
 use tessera_mosaic_eval::RunOptions;
 
@@ -295,6 +295,25 @@ fn splash_kernels_agree_with_the_interpreter() {
             blocks: BlockSizes::uniform(128, 128).with_fused_bwd(true),
             options: SplashOptions::default(),
             segmented: false,
+            sinks: false,
+        },
+        // A one-sided window at a query offset (`kv >= q + 64`: the balanced all-gather's
+        // call on the reversed second half), segment ids, bf16.
+        SplashCase {
+            dtype: DType::BF16,
+            dims: dims(2, 2, 256),
+            mask: Mask::Local {
+                left: Some(0),
+                right: None,
+                offset: 0,
+            }
+            .into(),
+            blocks: BlockSizes::uniform(128, 128),
+            options: SplashOptions {
+                offsets: SeqOffsets { q: 64, kv: 0 },
+                ..SplashOptions::default()
+            },
+            segmented: true,
             sinks: false,
         },
         SplashCase {
