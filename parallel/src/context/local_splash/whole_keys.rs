@@ -30,8 +30,8 @@ use super::super::strategy::DeviceOp;
 use super::super::{ContextParallel, CpError};
 use super::ring_steps::merge_partials;
 use super::{
-    add_segments, check_local, expect_op, features, local_error, AxisIndex, BySequence,
-    BySequenceLse, Inputs, LocalShapes, Plans, QueryShard, WholeKeys, WholeSegmentIds,
+    add_segments, expect_op, features, local_error, AxisIndex, BySequence, BySequenceLse, Inputs,
+    LocalShapes, Plans, QueryShard, WholeKeys, WholeSegmentIds,
 };
 
 const OP: &str = "all-gather attention";
@@ -80,11 +80,13 @@ impl HalvesCalls {
             return None;
         }
         let u = cp.devices;
-        let len = cp.dims.q_len / (2 * u);
+        // Each call: one chunk of `len` queries (the local query length with load
+        // balancing) against half the sequence.
+        let local = cp.local_dims();
+        let len = local.q_len;
         let dims = Dims {
-            q_len: len,
-            kv_len: cp.dims.kv_len / 2,
-            ..cp.local_dims()
+            kv_len: local.kv_len / 2,
+            ..local
         };
         let at = |q: &dyn Fn(usize) -> usize| -> Vec<SeqOffsets> {
             (0..u).map(|r| SeqOffsets { q: q(r), kv: 0 }).collect()
@@ -291,42 +293,29 @@ impl<A: MeshAxis> AllGatherAttention<A> {
         let mut half = self.shapes.clone();
         half.k[2] /= 2;
         half.v[2] /= 2;
-        check_local(OP, "q", q, &self.shapes.q)?;
-        for i in 0..2 {
-            half.check_kv(OP, k[i], v[i])?;
-        }
+        half.check_qkv(OP, q, k[0], v[0])?;
+        half.check_kv(OP, k[1], v[1])?;
         let [first, second_on_first, second_on_second] = halves.plans(segment_ids.is_some())?;
         let mut inputs = Inputs::new(&[q, k[0], k[1], v[0], v[1], shard]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));
-        let (u, seq) = (self.devices, self.seq);
-        let len = seq / (2 * u);
+        let seq = self.seq;
         p.local_results(&inputs.values, |f, x| {
             let [q, k0, k1, v0, v1, r] = [x[0], x[1], x[2], x[3], x[4], x[5]];
             let (q0, q1) = (seq_part(f, q, 0, 2)?, seq_part(f, q, 1, 2)?);
             let zero = f.scalar(0.0, DType::I32)?;
             let half_start = f.scalar((seq / 2) as f64, DType::I32)?;
-            let starts = [
-                part_start(f, r, 0, u, 0, len)?,
-                part_start(f, r, 0, u, 1, len)?,
-            ];
+            // Where each query part starts in the natural sequence, and its length.
+            let queries = [self.query_part(f, r, 0)?, self.query_part(f, r, 1)?];
             // One call: its `[out, lse [B, H, len]]`, the queries and keys reversed first
             // (and the results back) when `reversed`.
             let call = |f: &mut FuncBuilder<'_>,
                         (forward, backward): Plans,
                         [q, k, v]: [Value; 3],
-                        segments: [(Value, usize); 2],
+                        [queries, keys]: [(Option<Value>, usize); 2],
                         reversed: bool|
              -> Result<[Value; 2], CollectiveError> {
                 let mut env = HashMap::from([(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)]);
-                let [(q_at, q_len), (kv_at, kv_len)] = segments;
-                add_segments(
-                    f,
-                    &mut env,
-                    x,
-                    seg,
-                    (Some(q_at), q_len),
-                    (Some(kv_at), kv_len),
-                )?;
+                add_segments(f, &mut env, x, seg, queries, keys)?;
                 if reversed {
                     for t in [Tensor::Q, Tensor::QSegments, Tensor::KvSegments] {
                         if let Some(&s) = env.get(&t) {
@@ -347,7 +336,7 @@ impl<A: MeshAxis> AllGatherAttention<A> {
                 f,
                 first,
                 [q0, k0, v0],
-                [(starts[0], len), (zero, seq / 2)],
+                [queries[0], (Some(zero), seq / 2)],
                 false,
             )?;
             let mut second = Vec::with_capacity(2);
@@ -359,7 +348,7 @@ impl<A: MeshAxis> AllGatherAttention<A> {
                     f,
                     plans,
                     [q1, kv[0], kv[1]],
-                    [(starts[1], len), (kv_at, seq / 2)],
+                    [queries[1], (Some(kv_at), seq / 2)],
                     reversed,
                 )?;
                 second.push([f.convert(out, DType::F32)?, lse]);
