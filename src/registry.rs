@@ -52,7 +52,10 @@ use crate::backend::{self, Backend, RunError};
 use crate::kernels::collective::{
     all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
 };
-use crate::kernels::memory::{ring_mesh, Ring};
+use crate::kernels::memory::{
+    gather_tiles, gather_tiles_reference, ring_all_gather, ring_all_gather_reference, ring_mesh,
+    ring_shift, ring_shift_reference, Ring, TILE_ROWS,
+};
 use crate::kernels::paged_attention::paged_attention_reference;
 use crate::kernels::{flash_attention, matmul, paged_attention, row_softmax};
 use crate::reference::{attention_ref, matmul_ref, max_abs_diff, softmax_ref};
@@ -305,7 +308,7 @@ impl Params {
     fn bad(&self, name: &str, expected: &'static str) -> RegistryError {
         RegistryError::BadValue {
             param: name.to_string(),
-            value: self.0[name].clone(),
+            value: self.0.get(name).cloned().unwrap_or_default(),
             expected,
         }
     }
@@ -341,7 +344,10 @@ impl Params {
 
     /// The compute dtype (`DType::compute_from_name`).
     fn dtype(&self) -> Result<DType, RegistryError> {
-        DType::compute_from_name(&self.0["dtype"]).ok_or_else(|| self.bad("dtype", "f32 or bf16"))
+        self.0
+            .get("dtype")
+            .and_then(|d| DType::compute_from_name(d))
+            .ok_or_else(|| self.bad("dtype", "f32 or bf16"))
     }
 
     fn bool(&self, name: &str) -> Result<bool, RegistryError> {
@@ -574,16 +580,16 @@ fn ring(p: &Params) -> Result<Vec<DeviceAxis>, RegistryError> {
     Ok(ring_mesh(p.usize("devices")?))
 }
 
-fn build_all_gather(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+/// Refuses any dtype but f32 (the kernels that move f32 arrays only).
+fn f32_only(p: &Params) -> Result<(), RegistryError> {
     if p.dtype()? != DType::F32 {
-        return Err(p.bad("dtype", "f32 (the all-gather moves f32 arrays)"));
+        return Err(p.bad("dtype", "f32 (the kernel moves f32 arrays)"));
     }
-    let spec = ArgSpec::new(DType::F32, [p.usize("S")?, p.usize("C")?]);
-    Ok(Built::on_mesh(
-        all_gather::<Ring, Context>(),
-        vec![spec],
-        ring(p)?,
-    ))
+    Ok(())
+}
+
+fn build_all_gather(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    build_ring(p, all_gather::<Ring, Context>(), "S")
 }
 
 /// Argument `i` of every device (checking each device has `expected` arguments).
@@ -643,6 +649,70 @@ fn all_gather_matmul_mesh_reference(
 fn all_gather_matmul_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
     let per_device = 2.0 * (p.usize("T")? * p.usize("K")? * p.usize("F")?) as f64;
     Ok(per_device * p.usize("devices")? as f64)
+}
+
+/// `gather_tiles`' tile order: tile `g` is `(7 g + 3) mod (R / 8)` (out of order, repeating
+/// where `G` exceeds the tiles of `x`).
+fn tile_order(p: &Params) -> Result<HostArray, RegistryError> {
+    let (g, r) = (p.usize("G")?, p.usize("R")?);
+    if r % TILE_ROWS != 0 {
+        return Err(p.bad("R", "a multiple of 8 (x is gathered in tiles of 8 rows)"));
+    }
+    let tiles = (0..g)
+        .map(|i| ((7 * i + 3) % (r / TILE_ROWS)) as i32)
+        .collect();
+    Ok(HostArray::i32([g], tiles).expect("one entry per step"))
+}
+
+fn build_gather_tiles(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    f32_only(p)?;
+    let tiles = tile_order(p)?;
+    let x = ArgSpec::new(DType::F32, [p.usize("R")?, p.usize("C")?]);
+    Ok(Built {
+        def: gather_tiles(),
+        args: vec![ArgSpec::of(&tiles), x],
+        fixed: vec![Some(tiles), None],
+        mesh: Vec::new(),
+    })
+}
+
+fn gather_tiles_ref(
+    _: &Params,
+    name: &str,
+    x: &[HostArray],
+) -> Result<Vec<Vec<f64>>, RegistryError> {
+    expect_inputs(name, x, 2)?;
+    let tiles: Vec<i32> = x[0].to_f64_vec().iter().map(|&t| t as i32).collect();
+    Ok(vec![gather_tiles_reference(&tiles, &x[1])])
+}
+
+/// The f32 `[rows, C]` argument of the ring kernels, on a ring of `devices`.
+fn build_ring(p: &Params, def: KernelDef, rows: &str) -> Result<Built, RegistryError> {
+    f32_only(p)?;
+    let spec = ArgSpec::new(DType::F32, [p.usize(rows)?, p.usize("C")?]);
+    Ok(Built::on_mesh(def, vec![spec], ring(p)?))
+}
+
+fn ring_shift_mesh_reference(
+    _: &Params,
+    name: &str,
+    x: &[Vec<HostArray>],
+) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+    let shards = device_shards(name, x, 1, 0)?;
+    Ok(ring_shift_reference(&shards)
+        .iter()
+        .map(|a| vec![a.to_f64_vec()])
+        .collect())
+}
+
+fn ring_all_gather_mesh_reference(
+    _: &Params,
+    name: &str,
+    x: &[Vec<HostArray>],
+) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+    let shards = device_shards(name, x, 1, 0)?;
+    let gathered = ring_all_gather_reference(&shards).to_f64_vec();
+    Ok(vec![vec![gathered]; x.len()])
 }
 
 fn no_flops(_: &Params, _: &str) -> Result<f64, RegistryError> {
@@ -1339,6 +1409,88 @@ pub const KERNELS: &[KernelInfo] = &[
                 ("pages_per_seq", "{kv_pages}"),
             ],
         ],
+    },
+    KernelInfo {
+        name: "gather_tiles",
+        summary: "tiles of 8 rows of x[R,C] (left in HBM) in the order of a scalar-prefetched \
+                  table, each step's copy double-buffered behind the one before",
+        params: &[
+            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            ParamInfo::size("G", "6", "tiles gathered (grid steps)", &[("tiles", 0)]),
+            ParamInfo::size("R", "32", "rows of x (a multiple of 8)", &[("x", 0)]),
+            ParamInfo::size("C", "128", "columns", &[("x", 1)]),
+        ],
+        build: build_gather_tiles,
+        reference: Reference::Local(gather_tiles_ref),
+        flops: no_flops,
+        inputs: None,
+        xla: None,
+        // A copy: exact.
+        cases: &[
+            Case {
+                params: &[],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("G", "9"), ("R", "16"), ("C", "256")],
+                tol: 1e-30,
+            },
+        ],
+        bench: &[&[("R", "{collective_size}"), ("C", "{collective_size}")]],
+    },
+    KernelInfo {
+        name: "ring_shift",
+        summary: "x[R,C] of the previous device on a ring, by one remote copy to the next \
+                  device after meeting at the barrier; runs on `devices` devices",
+        params: &[
+            DEVICES,
+            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            ParamInfo::size("R", "8", "rows", &[("x", 0)]),
+            ParamInfo::size("C", "128", "columns", &[("x", 1)]),
+        ],
+        build: |p, _| build_ring(p, ring_shift(), "R"),
+        reference: Reference::Mesh(ring_shift_mesh_reference),
+        flops: no_flops,
+        inputs: None,
+        xla: Some(xla::ring_shift),
+        cases: &[
+            Case {
+                params: &[],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("devices", "2"), ("R", "16")],
+                tol: 1e-30,
+            },
+        ],
+        bench: &[&[("R", "{collective_size}"), ("C", "{collective_size}")]],
+    },
+    KernelInfo {
+        name: "ring_all_gather",
+        summary: "all-gather of x[S,C] over a ring, each device forwarding the shard it \
+                  received last (a fori_loop of remote copies); runs on `devices` devices",
+        params: &[
+            DEVICES,
+            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            ParamInfo::size("S", "8", "rows per device", &[("x", 0)]),
+            ParamInfo::size("C", "128", "columns", &[("x", 1)]),
+        ],
+        build: |p, _| build_ring(p, ring_all_gather(), "S"),
+        reference: Reference::Mesh(ring_all_gather_mesh_reference),
+        flops: no_flops,
+        inputs: None,
+        xla: Some(xla::all_gather),
+        cases: &[
+            Case {
+                params: &[],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("devices", "2"), ("S", "16"), ("C", "256")],
+                tol: 1e-30,
+            },
+        ],
+        bench: &[&[("S", "{collective_size}"), ("C", "{collective_size}")]],
     },
     KernelInfo {
         name: "all_gather",

@@ -163,3 +163,81 @@ fn the_library_has_no_cli_dependencies() {
         }
     }
 }
+
+/// The Rust sources of the repository under `dir`, skipping build outputs and virtual
+/// environments.
+fn rust_sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            if !name.starts_with('.')
+                && !matches!(name.as_str(), "target" | "venv" | "node_modules")
+            {
+                rust_sources(&path, out);
+            }
+        } else if name.ends_with(".rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Where `line` names the builder `#[tpu_kernel]` expands to: the `__private` module, a
+/// `__`-prefixed method (`b.__arg(..)`) or associated function (`KernelDef::__new`).
+fn names_the_private_builder(line: &str) -> bool {
+    line.contains("__private")
+        || [".__", "::__"].iter().any(|sep| {
+            line.match_indices(sep).any(|(i, _)| {
+                line[i + sep.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_lowercase())
+            })
+        })
+}
+
+#[test]
+fn only_the_macro_and_the_dsl_name_the_private_builder() {
+    assert!(names_the_private_builder(
+        "let s = b.__arg(\"x\", DType::F32, 2)?;"
+    ));
+    assert!(names_the_private_builder(
+        "KernelDef::__new(name, params, args, loc, build)"
+    ));
+    assert!(names_the_private_builder(
+        "use tessera_dsl::__private::Builder;"
+    ));
+    assert!(!names_the_private_builder("fn __hash__(&self) -> u64 {"));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_sources(root, &mut files);
+    let this = Path::new(file!());
+    let offenders: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let rel = f.strip_prefix(root).unwrap();
+            !rel.starts_with("dsl") && !rel.starts_with("macros") && !rel.ends_with(this)
+        })
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let rel = f.strip_prefix(root).unwrap().display().to_string();
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| names_the_private_builder(l))
+                .map(|(i, l)| format!("{rel}:{}: {}", i + 1, l.trim()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        files.len() > 100,
+        "found only {} Rust files under {}",
+        files.len(),
+        root.display()
+    );
+    assert!(
+        offenders.is_empty(),
+        "the builder behind `#[tpu_kernel]` is for the code it generates; write these kernels \
+         with the macro:\n{}",
+        offenders.join("\n")
+    );
+}

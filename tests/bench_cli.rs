@@ -96,15 +96,27 @@ fn bench_kernels_measures_every_registered_kernel_against_the_peak() {
     for k in KERNELS {
         let fields = entry(k.name);
         assert!(number(fields, "best_s") > 0.0, "{}: {fields}", k.name);
-        // The all-gather only moves data: no GFLOP/s.
-        if k.name != "all_gather" {
+        // The kernels that only move data have no GFLOP/s.
+        let moves_data = [
+            "gather_tiles",
+            "ring_shift",
+            "ring_all_gather",
+            "all_gather",
+        ];
+        if !moves_data.contains(&k.name) {
             assert!(number(fields, "gflops") > 0.0, "{}: {fields}", k.name);
             assert!(number(fields, "fraction_of_peak") > 0.0, "{}", k.name);
         }
     }
     // XLA's own program beside the kernels the registry has one for, timed in the same run,
     // and the kernel's time over it.
-    for k in ["paged_attention", "all_gather", "all_gather_matmul"] {
+    for k in [
+        "paged_attention",
+        "ring_shift",
+        "ring_all_gather",
+        "all_gather",
+        "all_gather_matmul",
+    ] {
         assert!(number(entry(k), "over_xla") > 0.0, "{k}: {json}");
         assert!(number(entry(&format!("xla_{k}")), "best_s") > 0.0, "{k}");
     }

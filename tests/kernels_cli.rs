@@ -14,13 +14,20 @@ use tessera::registry;
 fn kernels_lists_the_kernels_that_move_their_own_data() {
     let (ok, out, err) = tessera(&["kernels"]);
     assert!(ok, "{err}");
-    for name in ["paged_attention", "all_gather", "all_gather_matmul"] {
+    let one_device = ["paged_attention", "gather_tiles"];
+    let rings = [
+        "ring_shift",
+        "ring_all_gather",
+        "all_gather",
+        "all_gather_matmul",
+    ];
+    for name in one_device.into_iter().chain(rings) {
         let line = out
             .lines()
             .find(|l| l.starts_with(&format!("{name}  ")))
             .unwrap_or_else(|| panic!("{name} not listed: {out}"));
         let on_mesh = line.contains("[runs on a device mesh");
-        assert_eq!(on_mesh, name != "paged_attention", "{line}");
+        assert_eq!(on_mesh, rings.contains(&name), "{line}");
     }
 }
 

@@ -2,7 +2,6 @@
 //! (compile-only): one-device kernels alone in a program, collective kernels in a program of
 //! one partition per chip of `v5p:2x2x1`, where each device's call talks to the others.
 
-use tessera::dsl::__private::{ArgDecl, DimSemantics, Loc, OperandRole};
 use tessera::dsl::axes::Context;
 use tessera::dsl::prelude::*;
 use tessera::dsl::{mosaic, ArgSpec, DType, Kernel, KernelDef, KernelRules, Lowering, ProblemKind};
@@ -107,29 +106,49 @@ fn memory_kernels_compile_for_v5p() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// A kernel copying a window of `x` (HBM, `shape`) into a VMEM buffer of `buf` and back into
-/// `out` (HBM, `shape`) with `body`.
+/// What a copy kernel below does with its operands.
+type CopyBody = fn(Hbm<f32>, HbmMut<f32>, Vmem<f32>, DmaSem);
+
+/// A kernel copying windows of `x` (HBM, `[R, C]`) through a VMEM buffer of `buf_shape` into
+/// `out` (HBM, `[R, C]`) with `body`.
+#[tpu_kernel(grid = 1)]
+fn copies_2d(
+    #[shape(R, C)] x: Hbm<f32>,
+    #[shape(R, C)] out: HbmMut<f32>,
+    #[scratch(buf_shape[0], buf_shape[1])] buf: Vmem<f32>,
+    sem: DmaSem,
+    #[comptime] buf_shape: [usize; 2],
+    #[comptime] body: CopyBody,
+) {
+    body(x, out, buf, sem);
+}
+
+/// [`copies_2d`] for a rank-1 `x` of `[N]`.
+#[tpu_kernel(grid = 1)]
+fn copies_1d(
+    #[shape(N)] x: Hbm<f32>,
+    #[shape(N)] out: HbmMut<f32>,
+    #[scratch(buf_len)] buf: Vmem<f32>,
+    sem: DmaSem,
+    #[comptime] buf_len: usize,
+    #[comptime] body: CopyBody,
+) {
+    body(x, out, buf, sem);
+}
+
+/// A named copy case: its kernel and the spec of its `x`.
 fn copies(
     name: &'static str,
     shape: &[usize],
     buf: &[usize],
-    body: fn(Hbm<f32>, HbmMut<f32>, Vmem<f32>, DmaSem),
-) -> (KernelDef, ArgSpec) {
-    let rank = shape.len();
-    let spec = ArgSpec::new(DType::F32, shape.to_vec());
-    let buf = buf.to_vec();
-    let args = vec![ArgDecl::new("x", OperandRole::Input, DType::F32, rank)];
-    let def = KernelDef::__new(name, Vec::new(), args, Loc::caller(), move |b| {
-        let loc = Loc::caller();
-        let s = b.__arg("x", DType::F32, rank)?;
-        b.__grid(&[1], &[DimSemantics::Arbitrary])?;
-        let x = b.__hbm::<f32>("x", s.clone(), loc);
-        let out = b.__hbm_out::<f32>("out", s, loc);
-        let buf = b.__vmem::<f32>("buf", buf.clone(), loc);
-        body(x, out, buf, b.__dma_sems("sem", vec![], loc));
-        Ok(())
-    });
-    (def, spec)
+    body: CopyBody,
+) -> (&'static str, KernelDef, ArgSpec) {
+    let def = match *buf {
+        [len] => copies_1d(len, body),
+        [rows, cols] => copies_2d([rows, cols], body),
+        _ => panic!("copy cases are of rank 1 or 2"),
+    };
+    (name, def, ArgSpec::new(DType::F32, shape.to_vec()))
 }
 
 /// Copies whose windows break the lane rule of `KernelRules::tpu()`: each is refused by the
@@ -171,15 +190,14 @@ fn copies_breaking_the_lane_rule_are_refused_by_the_rules_and_by_libtpu() {
     ];
     let plugin = libtpu();
     let topology = plugin.topology("v5p:2x2x1").expect("topology");
-    for (def, spec) in &cases {
+    for (name, def, spec) in &cases {
         let e = def
             .instantiate(std::slice::from_ref(spec), &KernelRules::tpu())
-            .expect_err(def.name());
-        assert!(e.has(ProblemKind::TpuOp), "{}: {e}", def.name());
+            .expect_err(name);
+        assert!(e.has(ProblemKind::TpuOp), "{name}: {e}");
         assert!(
             e.to_string().contains("Mosaic copies whole 128-lane tiles"),
-            "{}: {e}",
-            def.name()
+            "{name}: {e}"
         );
         let k = def
             .instantiate(std::slice::from_ref(spec), &KernelRules::portable())
@@ -187,6 +205,6 @@ fn copies_breaking_the_lane_rule_are_refused_by_the_rules_and_by_libtpu() {
         let module = Lowering::tpu().lower_module(&k).unwrap();
         let options = CompileOptions::manual_partitions(1).unwrap();
         let r = topology.compile(&module.to_mlir(), &options);
-        assert!(r.is_err(), "libtpu compiled {}", def.name());
+        assert!(r.is_err(), "libtpu compiled {name}");
     }
 }

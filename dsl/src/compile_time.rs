@@ -1,5 +1,5 @@
 //! What `#[tpu_kernel]` requires to be known when a kernel is instantiated: sizes (grid,
-//! block, shape and scratch dims) and the bounds of the `for` loops of its body, which run
+//! block, shape and scratch dims), preconditions on them, and the bounds of the `for` loops of its body, which run
 //! (unroll) while the body is traced. Each is a trait whose message names the mistake of
 //! passing a traced [`Value`](crate::Value), which only exists when the kernel runs.
 
@@ -20,6 +20,25 @@ pub trait KernelSize {
 
 impl KernelSize for usize {
     fn kernel_size(self) -> usize {
+        self
+    }
+}
+
+/// The condition of a `#[tpu_kernel(require(cond, ".."))]` precondition: a `bool` over sizes
+/// known when the kernel is instantiated.
+#[diagnostic::on_unimplemented(
+    message = "a `require` condition is a `bool` over the kernel's sizes, but this is `{Self}`",
+    label = "not a `bool`",
+    note = "write a comparison over sizes, e.g. `require(S % 2 == 0, \"{{S}} rows are odd\")`; \
+            a traced `Value` only exists at run time (check it in the body instead)"
+)]
+pub trait Precondition {
+    /// Whether the precondition holds.
+    fn holds(self) -> bool;
+}
+
+impl Precondition for bool {
+    fn holds(self) -> bool {
         self
     }
 }

@@ -22,7 +22,7 @@ pub mod stablehlo;
 mod trace;
 
 pub use array::HostArray;
-pub use compile_time::{KernelSize, LoopBounds, LoopInt};
+pub use compile_time::{KernelSize, LoopBounds, LoopInt, Precondition};
 pub use error::{KernelError, Problem, ProblemKind};
 pub use instantiate::{ArgDecl, ArgSpec, Builder, ComptimeValue, IndexMapFn, KernelDef, Stop};
 pub use ir::{DType, DeviceAxis, DimSemantics, Kernel};

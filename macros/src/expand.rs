@@ -227,7 +227,7 @@ pub fn expand(k: &Kernel) -> TokenStream {
     let mut shape_symbols: Vec<Ident> = Vec::new();
     for h in &handles {
         let role = h.role.expect("validated");
-        if !matches!(role, Role::Input | Role::Prefetch) {
+        if !role.is_argument() {
             continue;
         }
         let name = ir_name(&h.ident);
@@ -235,10 +235,10 @@ pub fn expand(k: &Kernel) -> TokenStream {
         let dims = &h.shape.as_ref().expect("validated").items;
         let rank = dims.len();
         let shape = private_of("shape", &h.ident);
-        let role_tok = if role == Role::Input {
-            quote!(Input)
-        } else {
+        let role_tok = if role == Role::Prefetch {
             quote!(ScalarPrefetch)
+        } else {
+            quote!(Input)
         };
         let dtype = quote_spanned!(elem.span()=> <#elem as #api::Element>::DTYPE);
         let optional = h.optional;
@@ -290,14 +290,44 @@ pub fn expand(k: &Kernel) -> TokenStream {
         }
     }
 
+    // The mesh, bound early under the parameter's own name: output and scratch shapes and
+    // preconditions may use its sizes (`devices.size::<Context>()`).
+    for h in handles.iter().filter(|h| h.role == Some(Role::Devices)) {
+        let (hid, ty) = (&h.ident, &h.ty);
+        let mesh = h.elem.as_ref().expect("validated");
+        let call = call_on(mesh, quote!(#b.__devices::<#mesh>), quote!());
+        stmts.push(quote! {
+            #[allow(non_snake_case)]
+            let #hid: #ty = #call?;
+        });
+    }
+
+    // Preconditions, with every size known, before anything is computed from them.
+    for r in &k.requires {
+        let (cond, message, args) = (&r.cond, &r.message, &r.args);
+        let subject = format!("`{}`", crate::parse::tokens_text(cond));
+        // A condition that is not a `bool` is reported on the condition.
+        let ok = call_on(
+            cond,
+            quote!(#dsl::Precondition::holds),
+            cond.to_token_stream(),
+        );
+        stmts.push(quote! {
+            #b.__require(#ok, #subject, ::std::format!(#message #(, #args)*))?;
+        });
+    }
+
     // Output and scratch shapes, blocks, grid.
     for h in &handles {
         let role = h.role.expect("validated");
         let shape = private_of("shape", &h.ident);
-        let dims = match role {
-            Role::Output => Some(&h.shape.as_ref().expect("validated").items),
-            Role::Scratch => Some(&h.scratch.as_ref().expect("validated").items),
-            _ => None,
+        let dims = if role.is_output() {
+            Some(&h.shape.as_ref().expect("validated").items[..])
+        } else if role.is_scratch() {
+            // One semaphore when an array size is not given.
+            Some(h.scratch.as_ref().map_or(&[][..], |s| &s.items[..]))
+        } else {
+            None
         };
         if let Some(dims) = dims {
             let dims = dims.iter().map(|e| size(&dsl, e));
@@ -329,14 +359,22 @@ pub fn expand(k: &Kernel) -> TokenStream {
     // Operand declarations, in signature order: the handles the body receives.
     for h in &handles {
         let role = h.role.expect("validated");
+        if role == Role::Devices {
+            continue;
+        }
         let hid = &h.ident;
         let name = ir_name(hid);
-        let elem = h.elem.as_ref().expect("validated");
+        let elem = h.elem.as_ref();
         let shape = private_of("shape", hid);
         let l = loc(&api, hid.span());
         let (method, block_spec) = match role {
             Role::Prefetch => ("__prefetch", None),
             Role::Scratch => ("__scratch", None),
+            Role::HbmInput => ("__hbm", None),
+            Role::HbmOutput => ("__hbm_out", None),
+            Role::Vmem => ("__vmem", None),
+            Role::DmaSem => ("__dma_sems", None),
+            Role::Sem => ("__sems", None),
             Role::Input | Role::Output => {
                 let block = private_of("block", hid);
                 let index = index_map(&dsl, h, grid_rank);
@@ -347,16 +385,20 @@ pub fn expand(k: &Kernel) -> TokenStream {
                 };
                 (method, Some(quote!(#block, #index,)))
             }
-            Role::Comptime => unreachable!("filtered"),
+            Role::Comptime | Role::Devices => unreachable!("filtered"),
         };
         // The handle as the body declares it; an element type that is not `Element` is
         // reported on the user's type, not on the attribute.
         let (method, ty) = (Ident::new(method, Span::call_site()), &h.ty);
-        let call = call_on(
-            elem,
-            quote!(#b.#method::<#elem>),
-            quote!(#name, #shape, #block_spec #l),
-        );
+        let call = match elem {
+            Some(elem) => call_on(
+                elem,
+                quote!(#b.#method::<#elem>),
+                quote!(#name, #shape, #block_spec #l),
+            ),
+            // Semaphores have no element type.
+            None => call_on(&h.ty, quote!(#b.#method), quote!(#name, #shape, #l)),
+        };
         if h.optional {
             let block = role.is_blocked().then(|| block_stmts(&dsl, &b, h));
             stmts.push(quote! {

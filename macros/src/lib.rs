@@ -27,12 +27,28 @@ use quote::ToTokens;
 /// ```
 ///
 /// Options: `grid = (..)` (required; `grid = N / B` for rank 1), `dimension_semantics = (..)`
-/// (`parallel` or `arbitrary` per grid dim; all `arbitrary` when omitted), `name = ".."`.
-/// Parameters: `Smem<T>` scalar prefetch (first), `Ref<T>` inputs, `RefMut<T>` outputs, each
-/// with `#[shape(..)]` and optionally `#[block((..), |grid idx| (block idx))]`; `Scratch<T>`
-/// with `#[scratch(..)]`; `#[comptime] name: Ty` compile-time arguments. `Option<Ref<T>>` and
-/// `Option<Smem<T>>` are operands a caller may leave out (`KernelDef::without`). A name that
-/// `#[shape]` binds is a `usize` in the grid, the block specs and the body.
+/// (`parallel` or `arbitrary` per grid dim; all `arbitrary` when omitted), `name = ".."`,
+/// and any number of `require(cond, "message {SIZE}", args..)`: preconditions on the sizes,
+/// checked at instantiation before anything is computed from them, refusing the arguments
+/// with the author's sentence.
+///
+/// Parameters, each a kind Pallas declares:
+/// - arguments, in signature order, each with `#[shape(..)]`: `Ref<T>` inputs the grid
+///   pipelines (optionally `#[block((..), |grid idx| (block idx))]`), `Hbm<T>` inputs left in
+///   HBM (`memory_space=ANY`: the kernel copies windows itself), `Smem<T>` scalar prefetch
+///   (declared before any index map that reads it);
+/// - outputs, with `#[shape(..)]` computed from known sizes: `RefMut<T>` (pipelined, with an
+///   optional `#[block]`) and `HbmMut<T>` (left in HBM, written by copies);
+/// - scratch, sized by `#[scratch(..)]`: `Scratch<T>` and `Vmem<T>` VMEM buffers, and
+///   `DmaSem` / `Sem` semaphores (one without `#[scratch]`, an array with it);
+/// - `Devices<M>`: the mesh `M` the kernel runs on (this device's `index::<Axis>()`, the
+///   axis `size::<Axis>()`, neighbours, the barrier semaphore); output and scratch shapes and
+///   preconditions may use its sizes (`#[shape(devices.size::<Context>() * S, C)]`);
+/// - `#[comptime] name: Ty` compile-time arguments.
+///
+/// `Option<Ref<T>>` and `Option<Smem<T>>` are operands a caller may leave out
+/// (`KernelDef::without`). A name that `#[shape]` binds is a `usize` in the grid, the block
+/// specs, the preconditions and the body.
 #[proc_macro_attribute]
 pub fn tpu_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func = match syn::parse::<syn::Item>(item) {
@@ -76,6 +92,11 @@ fn item_head(item: &syn::Item) -> proc_macro2::TokenStream {
     quote::quote!(#keyword #name)
 }
 
+/// `msg` followed by a `help:` line, indented as rustc indents its own.
+pub(crate) fn with_help(msg: impl std::fmt::Display, help: impl std::fmt::Display) -> String {
+    format!("{msg}\n\n= help: {help}")
+}
+
 /// Errors collected across passes, combined into one `syn::Error` (one `compile_error!` each).
 #[derive(Default)]
 pub(crate) struct Errors(Option<syn::Error>);
@@ -91,6 +112,17 @@ impl Errors {
     /// An error spanning all of `tokens` (first to last token, also on stable).
     pub fn spanned(&mut self, tokens: impl ToTokens, msg: impl std::fmt::Display) {
         self.push(syn::Error::new_spanned(tokens, msg));
+    }
+
+    /// An error spanning `tokens` with the fix on a `help:` line of its own, as rustc shows
+    /// one (a proc-macro on stable has only the message, so the line is part of it).
+    pub fn spanned_help(
+        &mut self,
+        tokens: impl ToTokens,
+        msg: impl std::fmt::Display,
+        help: impl std::fmt::Display,
+    ) {
+        self.spanned(tokens, with_help(msg, help));
     }
 
     pub fn at(&mut self, span: proc_macro2::Span, msg: impl std::fmt::Display) {

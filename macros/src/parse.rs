@@ -22,7 +22,18 @@ pub struct Kernel {
     pub grid: Option<List>,
     pub semantics: Option<List>,
     pub name: Option<syn::LitStr>,
+    /// `require(cond, "message", args..)`: preconditions on the arguments' shapes.
+    pub requires: Vec<Require>,
     pub params: Vec<Param>,
+}
+
+/// `require(H % KVH == 0, "{KVH} KV heads do not divide {H} heads")`: a relation between
+/// sizes the kernel needs, checked at instantiation with the author's sentence.
+pub struct Require {
+    pub cond: Expr,
+    pub message: syn::LitStr,
+    /// Arguments of the message, as `format!` takes them.
+    pub args: Vec<Expr>,
 }
 
 /// A list of expressions as written in an option or attribute: `(a, b)`, `(a,)`, `a`, `M, K`.
@@ -35,10 +46,26 @@ pub struct List {
 /// What a kernel parameter is, from its type (or `#[comptime]`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Role {
+    /// `Ref<T>`: an input the grid pipelines into VMEM block by block.
     Input,
+    /// `RefMut<T>`: an output the grid pipelines out of VMEM block by block.
     Output,
+    /// `Scratch<T>`: a VMEM buffer kept across grid steps.
     Scratch,
+    /// `Smem<T>`: scalar prefetch, whole in SMEM.
     Prefetch,
+    /// `Hbm<T>`: an input left in HBM (Pallas' `memory_space=ANY`); the kernel copies it.
+    HbmInput,
+    /// `HbmMut<T>`: an output left in HBM, written by the kernel's copies.
+    HbmOutput,
+    /// `Vmem<T>`: a VMEM buffer that copies fill and drain (`pltpu.VMEM`).
+    Vmem,
+    /// `DmaSem`: DMA semaphores, one or an array (`SemaphoreType.DMA`).
+    DmaSem,
+    /// `Sem`: regular semaphores, one or an array (`SemaphoreType.REGULAR`).
+    Sem,
+    /// `Devices<M>`: the mesh the kernel runs on and this device's place in it.
+    Devices,
     Comptime,
 }
 
@@ -49,6 +76,12 @@ impl Role {
             Role::Output => "RefMut",
             Role::Scratch => "Scratch",
             Role::Prefetch => "Smem",
+            Role::HbmInput => "Hbm",
+            Role::HbmOutput => "HbmMut",
+            Role::Vmem => "Vmem",
+            Role::DmaSem => "DmaSem",
+            Role::Sem => "Sem",
+            Role::Devices => "Devices",
             Role::Comptime => "#[comptime]",
         }
     }
@@ -56,6 +89,31 @@ impl Role {
     /// Operands the grid pipelines block by block (they may have `#[block]`).
     pub fn is_blocked(self) -> bool {
         matches!(self, Role::Input | Role::Output)
+    }
+
+    /// Arguments the caller passes, in signature order (their `#[shape]` binds sizes).
+    pub fn is_argument(self) -> bool {
+        matches!(self, Role::Input | Role::Prefetch | Role::HbmInput)
+    }
+
+    /// Results: their `#[shape]` is computed from sizes known by then.
+    pub fn is_output(self) -> bool {
+        matches!(self, Role::Output | Role::HbmOutput)
+    }
+
+    /// Buffers and semaphores the kernel allocates, sized by `#[scratch(..)]`.
+    pub fn is_scratch(self) -> bool {
+        matches!(self, Role::Scratch | Role::Vmem | Role::DmaSem | Role::Sem)
+    }
+
+    /// Semaphores: no element type, one without `#[scratch]` or an array with it.
+    pub fn is_semaphore(self) -> bool {
+        matches!(self, Role::DmaSem | Role::Sem)
+    }
+
+    /// Parameters with an array shape given by `#[shape(..)]`.
+    pub fn has_shape(self) -> bool {
+        self.is_argument() || self.is_output()
     }
 }
 
@@ -104,6 +162,7 @@ pub fn parse(attr: TokenStream, func: &ItemFn) -> (Kernel, Errors) {
         grid: None,
         semantics: None,
         name: None,
+        requires: Vec::new(),
         params: Vec::new(),
     };
     parse_attr(attr, &mut kernel, &mut errors);
@@ -175,14 +234,24 @@ fn parse_attr(attr: TokenStream, kernel: &mut Kernel, errors: &mut Errors) {
             .get_ident()
             .map(Ident::to_string)
             .unwrap_or_default();
-        if !matches!(key.as_str(), "grid" | "dimension_semantics" | "name") {
+        if !matches!(
+            key.as_str(),
+            "grid" | "dimension_semantics" | "name" | "require"
+        ) {
             errors.spanned(
                 item.path(),
                 format!(
-                    "unknown `tpu_kernel` option `{}`; expected `grid`, `dimension_semantics` or `name`",
+                    "unknown `tpu_kernel` option `{}`; expected `grid`, `dimension_semantics`, \
+                     `name` or `require`",
                     tokens_text(item.path())
                 ),
             );
+            continue;
+        }
+        if key == "require" {
+            if let Some(r) = parse_require(&item, errors) {
+                kernel.requires.push(r);
+            }
             continue;
         }
         let value = match item {
@@ -228,6 +297,62 @@ fn parse_attr(attr: TokenStream, kernel: &mut Kernel, errors: &mut Errors) {
             },
         }
     }
+}
+
+/// `require(cond, "message", args..)`.
+fn parse_require(item: &Meta, errors: &mut Errors) -> Option<Require> {
+    const FORM: &str = "`require(H % KVH == 0, \"{KVH} KV heads do not divide {H} heads\")`";
+    let Meta::List(list) = item else {
+        errors.spanned_help(
+            item,
+            "`require` takes a condition and a message",
+            format!("write {FORM}"),
+        );
+        return None;
+    };
+    let items = match Punctuated::<Expr, Token![,]>::parse_terminated.parse2(list.tokens.clone()) {
+        Ok(e) => e.into_iter().collect::<Vec<_>>(),
+        Err(e) => {
+            errors.push(e);
+            return None;
+        }
+    };
+    let mut items = items.into_iter();
+    let (Some(cond), message) = (items.next(), items.next()) else {
+        errors.spanned_help(
+            item,
+            "`require` needs a condition and a message",
+            format!("write {FORM}"),
+        );
+        return None;
+    };
+    let message = match message {
+        Some(Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Str(s),
+            ..
+        })) => s,
+        Some(other) => {
+            errors.spanned_help(
+                other,
+                "the message of `require` is a string literal",
+                "say what is wrong and how to fix it, with the sizes in braces: `\"{H} heads ..\"`",
+            );
+            return None;
+        }
+        None => {
+            errors.spanned_help(
+                item,
+                format!("`require({})` has no message", tokens_text(&cond)),
+                format!("add the sentence a caller sees when the condition fails: {FORM}"),
+            );
+            return None;
+        }
+    };
+    Some(Require {
+        cond,
+        message,
+        args: items.collect(),
+    })
 }
 
 /// `(a, b, c)` -> [a, b, c]; `(a,)` -> [a]; `(a)` -> [a]; any other expression `e` -> [e].
@@ -366,6 +491,12 @@ fn classify(ty: &Type) -> (Option<Role>, Option<Type>) {
         "RefMut" => Role::Output,
         "Scratch" => Role::Scratch,
         "Smem" => Role::Prefetch,
+        "Hbm" => Role::HbmInput,
+        "HbmMut" => Role::HbmOutput,
+        "Vmem" => Role::Vmem,
+        "DmaSem" => Role::DmaSem,
+        "Sem" => Role::Sem,
+        "Devices" => Role::Devices,
         _ => return (None, None),
     };
     let elem = match &seg.arguments {

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use quote::quote;
+use quote::{quote, ToTokens};
 use syn::{Expr, ExprClosure, ReturnType};
 
 use crate::parse::{tokens_text, Block, Kernel, Param, Role};
@@ -14,47 +14,88 @@ const SEMANTICS: [&str; 2] = ["parallel", "arbitrary"];
 pub fn validate(k: &Kernel, errors: &mut Errors) {
     signature(k, errors);
     let grid_rank = grid(k, errors);
-    let mut seen_operand = false;
+    let mut devices: Option<&Param> = None;
     for p in &k.params {
         let Some(role) = p.role else {
-            errors.spanned(
+            errors.spanned_help(
                 &p.ty,
-                format!(
-                    "unsupported kernel parameter type `{}`; expected `Ref<T>` (input), `RefMut<T>` \
-                     (output), `Scratch<T>`, `Smem<T>` (scalar prefetch) or a `#[comptime]` parameter",
-                    tokens_text(&p.ty)
-                ),
+                format!("unsupported kernel parameter type `{}`", tokens_text(&p.ty)),
+                "a kernel parameter is `Ref<T>` or `RefMut<T>` (blocks the grid pipelines), \
+                 `Hbm<T>` or `HbmMut<T>` (left in HBM), `Smem<T>` (scalar prefetch), \
+                 `Scratch<T>` or `Vmem<T>` (VMEM), `DmaSem` or `Sem` (semaphores), \
+                 `Devices<M>` (the mesh), or a `#[comptime]` value",
             );
             continue;
         };
         param(p, role, grid_rank, errors);
-        match role {
-            Role::Prefetch if seen_operand => errors.spanned(
-                &p.ident,
-                format!(
-                    "scalar prefetch `{}` must come before the `Ref`, `RefMut` and `Scratch` \
-                     parameters (as in Pallas)",
-                    p.ident
-                ),
-            ),
-            Role::Input | Role::Output | Role::Scratch => seen_operand = true,
-            _ => {}
+        if role == Role::Devices {
+            if let Some(first) = devices {
+                errors.spanned_help(
+                    &p.ident,
+                    format!(
+                        "the kernel's mesh is declared twice (`{}` and `{}`)",
+                        first.ident, p.ident
+                    ),
+                    format!(
+                        "a kernel runs on one mesh: keep `{}` and remove this parameter",
+                        first.ident
+                    ),
+                );
+            }
+            devices = devices.or(Some(p));
         }
     }
+    prefetch_before_readers(k, errors);
     optional_operands(k, errors);
-    let has_output = k.params.iter().any(|p| p.role == Some(Role::Output));
+    let has_output = k.params.iter().any(|p| p.role.is_some_and(Role::is_output));
     // A parameter of an unsupported type or a return type may have been meant as the output:
     // no second error for the same mistake.
     let returns = matches!(k.func.sig.output, ReturnType::Type(..));
     if !has_output && !returns && k.params.iter().all(|p| p.role.is_some()) {
-        errors.spanned(
+        errors.spanned_help(
             &k.func.sig.ident,
-            format!(
-                "kernel `{}` has no output; declare at least one `RefMut<T>` parameter",
-                k.func.sig.ident
-            ),
+            format!("kernel `{}` has no output", k.func.sig.ident),
+            "declare at least one `RefMut<T>` (or `HbmMut<T>`) parameter",
         );
     }
+}
+
+/// Arguments are taken in signature order, so an index map can read only scalar prefetch
+/// declared before its operand.
+fn prefetch_before_readers(k: &Kernel, errors: &mut Errors) {
+    for (i, p) in k.params.iter().enumerate() {
+        let Some(index) = p.block.as_ref().and_then(|b| b.index.as_ref()) else {
+            continue;
+        };
+        let later = k.params[i + 1..]
+            .iter()
+            .filter(|q| q.role == Some(Role::Prefetch));
+        for q in later {
+            if mentions(index.to_token_stream(), &q.ident) {
+                errors.spanned_help(
+                    &q.ident,
+                    format!(
+                        "scalar prefetch `{}` is read by the index map of `{}`, declared before it",
+                        q.ident, p.ident
+                    ),
+                    format!(
+                        "declare `{}` before `{}` (arguments are taken in signature order, as \
+                         in Pallas, where scalar prefetch comes first)",
+                        q.ident, p.ident
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Whether the identifier `name` is one of `tokens`, at any depth.
+fn mentions(tokens: proc_macro2::TokenStream, name: &syn::Ident) -> bool {
+    tokens.into_iter().any(|t| match t {
+        proc_macro2::TokenTree::Ident(i) => i == *name,
+        proc_macro2::TokenTree::Group(g) => mentions(g.stream(), name),
+        _ => false,
+    })
 }
 
 /// `Option<..>` is for inputs and scalar prefetch, and an optional operand's shape names only
@@ -70,17 +111,19 @@ fn optional_operands(k: &Kernel, errors: &mut Errors) {
     for p in &k.params {
         let Some(role) = p.role else { continue };
         if p.optional && !matches!(role, Role::Input | Role::Prefetch) {
-            errors.spanned(
+            errors.spanned_help(
                 &p.ty,
+                format!("`{}` cannot be optional", p.ident),
                 format!(
-                    "`{}` cannot be optional: `Option<..>` is for inputs (`Option<Ref<T>>`) and \
-                     scalar prefetch (`Option<Smem<T>>`), which a caller may leave out",
-                    p.ident
+                    "`Option<..>` is for inputs (`Option<Ref<T>>`) and scalar prefetch \
+                     (`Option<Smem<T>>`), which a caller may leave out; declare `{}: {}<..>`",
+                    p.ident,
+                    role.ty_name()
                 ),
             );
             continue;
         }
-        if !matches!(role, Role::Input | Role::Prefetch) {
+        if !role.is_argument() {
             continue;
         }
         let Some(shape) = &p.shape else { continue };
@@ -194,73 +237,137 @@ fn grid(k: &Kernel, errors: &mut Errors) -> Option<usize> {
 fn param(p: &Param, role: Role, grid_rank: Option<usize>, errors: &mut Errors) {
     let name = &p.ident;
     let ty = role.ty_name();
-    if role != Role::Comptime && p.elem.is_none() {
-        errors.spanned(
+    match role {
+        Role::Comptime => {}
+        Role::Devices if p.elem.is_none() => errors.spanned_help(
             &p.ty,
-            format!("`{ty}` needs one element type, e.g. `{ty}<f32>`"),
+            "`Devices` needs the mesh the kernel runs on",
+            "name it: `Devices<Ring>`, with `Ring` declared by `mesh!(pub Ring = [Context])`",
+        ),
+        Role::DmaSem | Role::Sem if p.elem.is_some() || has_generic_args(&p.ty) => errors
+            .spanned_help(
+                &p.ty,
+                format!("`{ty}` has no element type"),
+                format!(
+                    "write `{ty}` for one semaphore, or `#[scratch(N)] {name}: {ty}` for an \
+                     array of N"
+                ),
+            ),
+        Role::DmaSem | Role::Sem => {}
+        _ if p.elem.is_none() => errors.spanned_help(
+            &p.ty,
+            format!("`{ty}` needs one element type"),
+            format!("write `{ty}<f32>`, `{ty}<bf16>`, `{ty}<i32>` or a type parameter `{ty}<T>`"),
+        ),
+        _ => {}
+    }
+    if role.has_shape() && p.shape.is_none() {
+        errors.spanned_help(
+            name,
+            format!("`{name}` needs its array shape"),
+            "add `#[shape(M, K)]`: a new name binds the argument's dim, a known one checks it",
         );
     }
-    match role {
-        Role::Input | Role::Output | Role::Prefetch => {
-            if p.shape.is_none() {
-                errors.spanned(
-                    name,
-                    format!(
-                        "`{name}` needs its array shape, e.g. `#[shape(M, K)]` (a new name binds \
-                         the argument's dim, a known one checks it)"
-                    ),
-                );
-            }
-            if let Some(s) = &p.scratch {
-                errors.spanned(
-                    &s.tokens,
-                    format!(
-                        "`{name}` is not a scratch buffer; `#[scratch(..)]` is for `Scratch<T>`"
-                    ),
-                );
-            }
+    // (Given a `#[shape]` instead, the error about that says how to size it.)
+    if matches!(role, Role::Scratch | Role::Vmem) && p.scratch.is_none() && p.shape.is_none() {
+        errors.spanned_help(
+            name,
+            format!("`{name}` needs its size"),
+            format!("add `#[scratch(BM, BN)]` before `{name}: {ty}<..>`"),
+        );
+    }
+    if let Some(s) = &p.scratch {
+        if !role.is_scratch() {
+            let what = match role {
+                Role::Comptime => "a `#[comptime]` parameter has no `#[scratch]`".to_string(),
+                Role::Devices => format!("`{name}` is the kernel's mesh, not a scratch buffer"),
+                _ => format!("`{name}` is not a scratch buffer"),
+            };
+            errors.spanned_help(
+                &s.tokens,
+                what,
+                "`#[scratch(..)]` sizes `Scratch<T>`, `Vmem<T>` and arrays of `DmaSem` or `Sem`",
+            );
         }
-        Role::Scratch => {
-            if p.scratch.is_none() {
-                errors.spanned(
-                    name,
-                    format!("`{name}` needs its size, e.g. `#[scratch(BM, BN)]`"),
-                );
-            }
-            if let Some(s) = &p.shape {
-                errors.spanned(
-                    &s.tokens,
-                    "a scratch buffer is sized by `#[scratch(..)]`, not `#[shape(..)]`",
-                );
-            }
-        }
-        Role::Comptime => {
-            for (list, what) in [(&p.shape, "shape"), (&p.scratch, "scratch")] {
-                if let Some(l) = list {
-                    errors.spanned(
-                        &l.tokens,
-                        format!("a `#[comptime]` parameter has no `#[{what}]`"),
-                    );
-                }
-            }
+    }
+    if let Some(s) = &p.shape {
+        if !role.has_shape() {
+            let (what, help) = match role {
+                r if r.is_scratch() => (
+                    format!("`{name}` is allocated by the kernel: it has no `#[shape]`"),
+                    format!("size `{name}` with `#[scratch(..)]`"),
+                ),
+                Role::Devices => (
+                    format!("`{name}` is the kernel's mesh: it has no `#[shape]`"),
+                    "the mesh's sizes come from the instantiation; read them with \
+                     `devices.size::<Axis>()`"
+                        .to_string(),
+                ),
+                _ => (
+                    "a `#[comptime]` parameter has no `#[shape]`".to_string(),
+                    "its value is given where the kernel is defined: remove the `#[shape]`"
+                        .to_string(),
+                ),
+            };
+            errors.spanned_help(&s.tokens, what, help);
         }
     }
     let Some(block) = &p.block else { return };
     let no_block = match role {
         Role::Input | Role::Output => None,
-        Role::Prefetch => Some(format!(
-            "`{name}` is scalar prefetch: it lives whole in SMEM and has no `#[block]`"
+        Role::Prefetch => Some((
+            format!("`{name}` is scalar prefetch: it lives whole in SMEM and has no `#[block]`"),
+            "read its elements with `.get([i])`, in the body or in another operand's index map"
+                .to_string(),
         )),
-        Role::Scratch => Some(format!(
-            "`{name}` is a scratch buffer: it persists across grid steps and has no `#[block]`"
+        Role::HbmInput | Role::HbmOutput => Some((
+            format!(
+                "`{name}` is left in HBM: the grid does not pipeline it, so it has no `#[block]`"
+            ),
+            format!(
+                "copy windows of it with `async_copy`, or declare it `{}<T>` to have the grid \
+                 pipeline its blocks",
+                if role == Role::HbmInput {
+                    "Ref"
+                } else {
+                    "RefMut"
+                }
+            ),
         )),
-        Role::Comptime => Some("a `#[comptime]` parameter has no `#[block]`".into()),
+        Role::Comptime => Some((
+            "a `#[comptime]` parameter has no `#[block]`".into(),
+            "remove it".into(),
+        )),
+        _ => Some((
+            format!(
+                "`{name}` is a {}: it persists across grid steps and has no `#[block]`",
+                if role.is_semaphore() {
+                    "semaphore"
+                } else if role == Role::Devices {
+                    "mesh"
+                } else {
+                    "scratch buffer"
+                }
+            ),
+            "remove the `#[block]`; index it with `.at(..)` in the body".into(),
+        )),
     };
-    if let Some(msg) = no_block {
-        errors.spanned(&block.attr, msg);
+    if let Some((msg, help)) = no_block {
+        errors.spanned_help(&block.attr, msg, help);
         return;
     }
     block_spec(p, block, grid_rank, errors);
+}
+
+/// `DmaSem<..>`: generic arguments on a type that takes none.
+fn has_generic_args(ty: &syn::Type) -> bool {
+    let syn::Type::Path(tp) = ty else {
+        return false;
+    };
+    tp.path
+        .segments
+        .last()
+        .is_some_and(|s| !s.arguments.is_none())
 }
 
 /// A `BlockSpec`: block rank against the shape, index map against the grid and the array.
@@ -474,10 +581,15 @@ mod tests {
             quote!(grid = 1),
             quote! {
                 async fn k<'a>(
-                    x: Ref<f32>,
+                    #[shape(N)] #[block((8,), |i| t.get([i]))] x: Ref<f32>,
                     #[shape(N)] t: Smem<i32>,
                     #[shape(N)] #[block((8,), |i| i)] s: Scratch,
                     #[shape(N)] v: Vec<f32>,
+                    y: Hbm<f32>,
+                    #[scratch(2)] b: Vmem<f32>,
+                    #[scratch(2)] sems: DmaSem<i32>,
+                    d: Devices,
+                    #[scratch(1)] e: Devices<Ring>,
                 ) -> u32 {}
             },
         );
@@ -487,13 +599,16 @@ mod tests {
                 "a kernel cannot be `async`",
                 "a kernel returns nothing",
                 "a kernel cannot be generic over lifetimes",
-                "`x` needs its array shape",
-                "scalar prefetch `t` must come before",
                 "`Scratch` needs one element type",
-                "`s` needs its size",
-                "a scratch buffer is sized by `#[scratch(..)]`",
+                "`s` is allocated by the kernel: it has no `#[shape]`",
                 "`s` is a scratch buffer: it persists across grid steps and has no `#[block]`",
                 "unsupported kernel parameter type `Vec<f32>`",
+                "`y` needs its array shape",
+                "`DmaSem` has no element type",
+                "`Devices` needs the mesh the kernel runs on",
+                "`e` is the kernel's mesh, not a scratch buffer",
+                "the kernel's mesh is declared twice (`d` and `e`)",
+                "scalar prefetch `t` is read by the index map of `x`, declared before it",
             ],
         );
         assert_errors(

@@ -5,22 +5,8 @@
 //! Both run on any mesh `M` over one of its axes `A`: device `i` of the axis is at position
 //! `i`, the others of the mesh take part in their own rings.
 
-use tessera_dsl::__private::{ArgDecl, BlockDim, DimSemantics, Loc, OperandRole, Param};
 use tessera_dsl::prelude::*;
-use tessera_dsl::{
-    wait_copy_within, HasAxis, HostArray, IntoIndex, KernelDef, MeshAxis, MeshShape,
-};
-
-fn arg(name: &'static str, dtype: DType, rank: usize) -> ArgDecl {
-    ArgDecl::new(name, OperandRole::Input, dtype, rank)
-}
-
-fn param(name: &str, value: impl ToString) -> Param {
-    Param {
-        name: name.into(),
-        value: value.to_string(),
-    }
-}
+use tessera_dsl::{wait_copy_within, HasAxis, HostArray, MeshAxis, MeshShape};
 
 /// Every device signals its two neighbours along `A` on the barrier semaphore and waits for
 /// theirs: no remote copy lands in a device that has not reached this point.
@@ -38,63 +24,31 @@ fn meet<M: MeshShape + HasAxis<A>, A: MeshAxis>(devices: &Devices<M>) {
 /// to the previous one, into the same slots there: the two halves travel the ring in
 /// opposite directions, so after `N - 1` steps every slot has reached every device. `S` must
 /// be even.
-#[track_caller]
-pub fn all_gather<M: MeshShape + HasAxis<A>, A: MeshAxis>() -> KernelDef {
-    let loc = Loc::caller();
-    let params = vec![param("axis", A::NAME)];
-    KernelDef::__new(
-        "all_gather",
-        params,
-        vec![arg("x", DType::F32, 2)],
-        loc,
-        move |b| {
-            let shape = b.__arg("x", DType::F32, 2)?;
-            b.__require(
-                shape[0] % 2 == 0,
-                "x",
-                format!(
-                    "{} rows do not split in two halves; the halves travel the ring in opposite \
-                 directions",
-                    shape[0]
-                ),
-            )?;
-            b.__grid(&[1], &[DimSemantics::Arbitrary])?;
-            let devices = b.__devices::<M>()?;
-            let n = devices.size::<A>();
-            let x = b.__hbm::<f32>("x", shape.clone(), loc);
-            let out = b.__hbm_out::<f32>("out", vec![n * shape[0], shape[1]], loc);
-            let send = b.__dma_sems("send", vec![2], loc);
-            let recv = b.__dma_sems("recv", vec![2], loc);
-            all_gather_body::<M, A>(x, out, send, recv, devices);
-            Ok(())
-        },
+#[tpu_kernel(
+    grid = 1,
+    require(
+        S % 2 == 0,
+        "{S} rows do not split in two halves; the halves travel the ring in opposite directions"
     )
-}
-
-fn all_gather_body<M: MeshShape + HasAxis<A>, A: MeshAxis>(
-    x: Hbm<f32>,
-    mut out: HbmMut<f32>,
-    send: DmaSem,
-    recv: DmaSem,
+)]
+pub fn all_gather<M: MeshShape + HasAxis<A>, A: MeshAxis>(
+    #[shape(S, C)] x: Hbm<f32>,
+    #[shape(devices.size::<A>() * S, C)] mut out: HbmMut<f32>,
+    #[scratch(2)] send: DmaSem,
+    #[scratch(2)] recv: DmaSem,
     devices: Devices<M>,
 ) {
-    let rows = x.shape()[0];
-    let half = rows / 2;
+    let half = S / 2;
     let n = devices.size::<A>() as i32;
     let me = devices.index::<A>();
-    async_copy(
-        &x,
-        out.at_mut(&[ds(me * rows as i32, rows), all()]),
-        recv.at(0),
-    )
-    .wait();
+    async_copy(&x, out.at_mut(&[ds(me * S as i32, S), all()]), recv.at(0)).wait();
     if n == 1 {
         return;
     }
     meet::<M, A>(&devices);
     let (next, prev) = (devices.next::<A>(), devices.prev::<A>());
     // Rows `[slot * S + offset, + S/2)` of `out`.
-    let part = |slot: Value, offset: usize| [ds(slot * rows as i32 + offset as i32, half), all()];
+    let part = |slot: Value, offset: usize| [ds(slot * S as i32 + offset as i32, half), all()];
     fori_loop(0, n - 1, (), |step, ()| {
         let right = part((me - step + n) % n, half);
         let left = part((me + step) % n, 0);
@@ -121,102 +75,56 @@ pub fn all_gather_reference(per_device: &[HostArray]) -> HostArray {
 }
 
 /// `out = x @ all_gather(w)` over axis `A` (a collective matmul): `x [T, K]` (blocks of
-/// `BT` rows), `w [K / N, F]` this device's rows of the weight (left in HBM), `out [T, F]`
-/// (blocks of `BF` columns). The grid walks column blocks `f` (outer) and row blocks `t`. At
-/// `t == 0` the devices meet at the barrier, copy their own shard's column block into its
-/// slot of a VMEM buffer of every shard's block (`[N, K / N, BF]`), and for `N` steps
+/// `block_t` rows), `w [K / N, F]` this device's rows of the weight (left in HBM), `out [T,
+/// F]` (blocks of `block_f` columns). The grid walks column blocks `f` (outer) and row blocks
+/// `t`. At `t == 0` the devices meet at the barrier, copy their own shard's column block into
+/// its slot of a VMEM buffer of every shard's block (`[N, K / N, block_f]`), and for `N` steps
 /// multiply the shard of the step while the remote copy of that shard to the next device is
 /// in flight: step `s` computes with shard `me - s`, which the previous device sent at step
 /// `s - 1`. Later row blocks reuse the gathered column block. `K / N` must be a multiple of
 /// 128 for Mosaic (the shard's columns of `x` start at multiples of it).
-#[track_caller]
+#[tpu_kernel(
+    grid = (F / block_f, ROWS / block_t),
+    require(
+        SHARD_ROWS * devices.size::<A>() == K,
+        "w holds {SHARD_ROWS} rows on each of {} devices but x has K = {K} columns; each \
+         device holds K / devices rows of the weight",
+        devices.size::<A>()
+    ),
+    require(
+        block_t > 0 && ROWS % block_t == 0,
+        "block_t = {block_t} does not divide x's {ROWS} rows; choose one that does"
+    ),
+    require(
+        block_f > 0 && F % block_f == 0,
+        "block_f = {block_f} does not divide w's {F} columns; choose one that does"
+    )
+)]
 pub fn all_gather_matmul<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
-    block_t: usize,
-    block_f: usize,
-) -> KernelDef {
-    let loc = Loc::caller();
-    let params = vec![
-        param("axis", A::NAME),
-        param("BT", block_t),
-        param("BF", block_f),
-    ];
-    let args = vec![arg("x", T::DTYPE, 2), arg("w", T::DTYPE, 2)];
-    KernelDef::__new("all_gather_matmul", params, args, loc, move |b| {
-        let xs = b.__arg("x", T::DTYPE, 2)?;
-        let ws = b.__arg("w", T::DTYPE, 2)?;
-        let devices = b.__devices::<M>()?;
-        let n = devices.size::<A>();
-        let (t, k, f) = (xs[0], xs[1], ws[1]);
-        b.__dim_eq("w", 0, ws[0] * n, "K (x's dim 1)", k)?;
-        for (what, size, block) in [("x", t, block_t), ("w", f, block_f)] {
-            b.__require(
-                block > 0 && size % block == 0,
-                what,
-                format!("block {block} does not divide the dim {size}; choose one that does"),
-            )?;
-        }
-        b.__grid(
-            &[f / block_f, t / block_t],
-            &[DimSemantics::Arbitrary, DimSemantics::Arbitrary],
-        )?;
-        let rows = |i: &[Value]| vec![i[1], 0i32.into_index()];
-        let tile = |i: &[Value]| vec![i[1], i[0]];
-        let sized = |a, b| vec![BlockDim::Sized(a), BlockDim::Sized(b)];
-        let x = b.__input::<T>("x", xs, sized(block_t, k), &rows, loc);
-        let w = b.__hbm::<T>("w", ws.clone(), loc);
-        let out = b.__output::<T>("out", vec![t, f], sized(block_t, block_f), &tile, loc);
-        let parts = MatmulParts {
-            x,
-            w,
-            out,
-            shards: b.__vmem::<T>("shards", vec![n, ws[0], block_f], loc),
-            local: b.__dma_sems("local", vec![], loc),
-            send: b.__dma_sems("send", vec![], loc),
-            recv: b.__dma_sems("recv", vec![], loc),
-            acc: b.__scratch::<f32>("acc", vec![block_t, block_f], loc),
-            devices,
-        };
-        all_gather_matmul_body::<T, M, A>(parts);
-        Ok(())
-    })
-}
-
-struct MatmulParts<T: Element, M> {
+    #[shape(ROWS, K)]
+    #[block((block_t, K), |f, t| (t, 0))]
     x: Ref<T>,
-    w: Hbm<T>,
+    #[shape(SHARD_ROWS, F)] w: Hbm<T>,
+    #[shape(ROWS, F)]
+    #[block((block_t, block_f), |f, t| (t, f))]
     out: RefMut<T>,
-    shards: Vmem<T>,
+    #[scratch(devices.size::<A>(), SHARD_ROWS, block_f)] mut shards: Vmem<T>,
     local: DmaSem,
     send: DmaSem,
     recv: DmaSem,
-    acc: Scratch<f32>,
+    #[scratch(block_t, block_f)] acc: Scratch<f32>,
     devices: Devices<M>,
-}
-
-fn all_gather_matmul_body<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
-    p: MatmulParts<T, M>,
+    #[comptime] block_t: usize,
+    #[comptime] block_f: usize,
 ) {
-    let MatmulParts {
-        x,
-        w,
-        out,
-        mut shards,
-        local,
-        send,
-        recv,
-        acc,
-        devices,
-    } = p;
     let (f, t) = (program_id(0), program_id(1));
-    let rows = w.shape()[0];
-    let block_f = shards.shape()[2];
     let n = devices.size::<A>() as i32;
     let me = devices.index::<A>();
     // Shard `j`'s slot of the buffer, and its product with its columns of `x`.
     let slot = |j: Value| [ds(j, 1), all(), all()];
     let partial = |shards: &Vmem<T>, j: Value| {
-        let cols = x.at(&[all(), ds(j * rows as i32, rows)]).load();
-        let wj = shards.at(&slot(j)).load().reshape(&[rows, block_f]);
+        let cols = x.at(&[all(), ds(j * SHARD_ROWS as i32, SHARD_ROWS)]).load();
+        let wj = shards.at(&slot(j)).load().reshape(&[SHARD_ROWS, block_f]);
         dot(cols, wj)
     };
     acc.store(0.0);

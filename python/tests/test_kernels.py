@@ -52,12 +52,15 @@ def test_the_registry_lists_every_kernel_with_its_parameters():
         "splash_bwd_fused",
         "splash_dq_reduce",
         "paged_attention",
+        "gather_tiles",
+        "ring_shift",
+        "ring_all_gather",
         "all_gather",
         "all_gather_matmul",
     }
     # The kernels on a device mesh are listed as such and refused by `kernel`, by name.
     on_mesh = {name for name, k in listed.items() if k["on_mesh"]}
-    assert on_mesh == {"all_gather", "all_gather_matmul"}
+    assert on_mesh == {"ring_shift", "ring_all_gather", "all_gather", "all_gather_matmul"}
     for name in on_mesh:
         with pytest.raises(tj.TesseraError, match=f"kernel `{name}` runs on a device mesh"):
             tj.kernel(name)

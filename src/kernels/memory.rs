@@ -1,14 +1,10 @@
 //! Kernels that move their own data: a double-buffered gather of tiles from an HBM operand,
-//! and a ring shift of a whole array to the next device of a mesh axis with remote copies.
-//!
-//! They are built with the builder that `#[tpu_kernel]` expands to, until the macro declares
-//! HBM operands, VMEM buffers, semaphores and meshes itself; the bodies are what a kernel
-//! author writes.
+//! a ring shift of a whole array to the next device of a mesh axis with remote copies, and an
+//! all-gather over that ring.
 
-use tessera_dsl::__private::{ArgDecl, BlockDim, Builder, DimSemantics, Loc, OperandRole, Stop};
 use tessera_dsl::axes::Context;
 use tessera_dsl::prelude::*;
-use tessera_dsl::{mesh, DeviceAxis, HostArray, IntoIndex, KernelDef};
+use tessera_dsl::{mesh, DeviceAxis, HostArray};
 
 /// Rows per tile of [`gather_tiles`].
 pub const TILE_ROWS: usize = 8;
@@ -23,54 +19,20 @@ pub fn ring_mesh(n: usize) -> Vec<DeviceAxis> {
     vec![DeviceAxis::new("context", n)]
 }
 
-fn def(
-    name: &'static str,
-    args: &[(&'static str, OperandRole, DType, usize)],
-    loc: Loc,
-    build: impl Fn(&mut Builder) -> Result<(), Stop> + Send + Sync + 'static,
-) -> KernelDef {
-    let args = args
-        .iter()
-        .map(|&(name, role, dtype, rank)| ArgDecl::new(name, role, dtype, rank))
-        .collect();
-    KernelDef::__new(name, Vec::new(), args, loc, build)
-}
-
 /// `out[8g .. 8g + 8] = x[8 tiles[g] .. 8 tiles[g] + 8]`: the tiles of `x` (f32 `[R, C]`,
 /// left in HBM) in the order of `tiles` (i32 `[G]`, scalar prefetch). Step `g` starts the
 /// copy of the next step's tile into the other half of a two-tile VMEM buffer, then waits
 /// its own (started by the step before, or by itself at `g == 0`): each copy overlaps a
 /// step's work, as paged attention fetches its pages.
-#[track_caller]
-pub fn gather_tiles() -> KernelDef {
-    let loc = Loc::caller();
-    let args = [
-        ("tiles", OperandRole::ScalarPrefetch, DType::I32, 1),
-        ("x", OperandRole::Input, DType::F32, 2),
-    ];
-    def("gather_tiles", &args, loc, move |b| {
-        let tiles_shape = b.__arg("tiles", DType::I32, 1)?;
-        let x_shape = b.__arg("x", DType::F32, 2)?;
-        let (g, c) = (tiles_shape[0], x_shape[1]);
-        b.__grid(&[g], &[DimSemantics::Arbitrary])?;
-        let tiles = b.__prefetch::<i32>("tiles", tiles_shape, loc);
-        let x = b.__hbm::<f32>("x", x_shape, loc);
-        let block = vec![BlockDim::Sized(TILE_ROWS), BlockDim::Sized(c)];
-        let index = |i: &[Value]| vec![i[0], 0i32.into_index()];
-        let out = b.__output::<f32>("out", vec![g * TILE_ROWS, c], block, &index, loc);
-        let buf = b.__vmem::<f32>("buf", vec![2, TILE_ROWS, c], loc);
-        let sems = b.__dma_sems("sems", vec![2], loc);
-        gather_tiles_body(tiles, x, out, buf, sems);
-        Ok(())
-    })
-}
-
-fn gather_tiles_body(
-    tiles: Smem<i32>,
-    x: Hbm<f32>,
+#[tpu_kernel(grid = G)]
+pub fn gather_tiles(
+    #[shape(G)] tiles: Smem<i32>,
+    #[shape(R, C)] x: Hbm<f32>,
+    #[shape(G * TILE_ROWS, C)]
+    #[block((TILE_ROWS, C), |g| (g, 0))]
     out: RefMut<f32>,
-    mut buf: Vmem<f32>,
-    sems: DmaSem,
+    #[scratch(2, TILE_ROWS, C)] mut buf: Vmem<f32>,
+    #[scratch(2)] sems: DmaSem,
 ) {
     let g = program_id(0);
     let tile = |i: Value| [ds(tiles.get([i]) * TILE_ROWS as i32, TILE_ROWS), all()];
@@ -87,8 +49,7 @@ fn gather_tiles_body(
     let slot = g % 2;
     wait_copy(x.at(&tile(g)), buf.at_mut(&half(slot)), sems.at(slot));
     let rows = buf.at(&half(slot)).load();
-    let shape = out.shape();
-    out.store(rows.reshape(&shape));
+    out.store(rows.reshape(&[TILE_ROWS, C]));
 }
 
 /// The f64 reference of [`gather_tiles`].
@@ -108,26 +69,10 @@ pub fn gather_tiles_reference(tiles: &[i32], x: &HostArray) -> Vec<f64> {
 /// copies its whole `x` (f32, left in HBM) into the `out` (HBM) of the next one. The devices
 /// first meet at the barrier semaphore (each signals both neighbours and waits for two
 /// signals), so no copy lands in a device that has not entered the kernel.
-#[track_caller]
-pub fn ring_shift() -> KernelDef {
-    let loc = Loc::caller();
-    let args = [("x", OperandRole::Input, DType::F32, 2)];
-    def("ring_shift", &args, loc, move |b| {
-        let shape = b.__arg("x", DType::F32, 2)?;
-        b.__grid(&[1], &[DimSemantics::Arbitrary])?;
-        let x = b.__hbm::<f32>("x", shape.clone(), loc);
-        let out = b.__hbm_out::<f32>("out", shape, loc);
-        let send = b.__dma_sems("send", Vec::new(), loc);
-        let recv = b.__dma_sems("recv", Vec::new(), loc);
-        let devices = b.__devices::<Ring>()?;
-        ring_shift_body(x, out, send, recv, devices);
-        Ok(())
-    })
-}
-
-fn ring_shift_body(
-    x: Hbm<f32>,
-    mut out: HbmMut<f32>,
+#[tpu_kernel(grid = 1)]
+pub fn ring_shift(
+    #[shape(R, C)] x: Hbm<f32>,
+    #[shape(R, C)] mut out: HbmMut<f32>,
     send: DmaSem,
     recv: DmaSem,
     devices: Devices<Ring>,
@@ -152,28 +97,16 @@ pub fn ring_shift_reference(per_device: &[HostArray]) -> Vec<HostArray> {
 /// its own slot of `out`, then for `N - 1` steps (a `fori_loop`) forwards to the next device
 /// the slot it received last (its own at the first step), into the same slot there. After
 /// meeting at the barrier, the copies of a step write slots no device reads in that step.
-#[track_caller]
-pub fn ring_all_gather() -> KernelDef {
-    let loc = Loc::caller();
-    let args = [("x", OperandRole::Input, DType::F32, 2)];
-    def("ring_all_gather", &args, loc, move |b| {
-        let shape = b.__arg("x", DType::F32, 2)?;
-        b.__grid(&[1], &[DimSemantics::Arbitrary])?;
-        let devices = b.__devices::<Ring>()?;
-        let n = devices.size::<Context>();
-        let x = b.__hbm::<f32>("x", shape.clone(), loc);
-        let out = b.__hbm_out::<f32>("out", vec![n * shape[0], shape[1]], loc);
-        let sems = b.__dma_sems("sems", vec![3], loc);
-        ring_all_gather_body(x, out, sems, devices);
-        Ok(())
-    })
-}
-
-fn ring_all_gather_body(x: Hbm<f32>, mut out: HbmMut<f32>, sems: DmaSem, devices: Devices<Ring>) {
-    let rows = x.shape()[0];
+#[tpu_kernel(grid = 1)]
+pub fn ring_all_gather(
+    #[shape(S, C)] x: Hbm<f32>,
+    #[shape(devices.size::<Context>() * S, C)] mut out: HbmMut<f32>,
+    #[scratch(3)] sems: DmaSem,
+    devices: Devices<Ring>,
+) {
     let n = devices.size::<Context>() as i32;
     let me = devices.index::<Context>();
-    let slot = |i: Value| [ds(i * rows as i32, rows), all()];
+    let slot = |i: Value| [ds(i * S as i32, S), all()];
     async_copy(&x, out.at_mut(&slot(me)), sems.at(0)).wait();
     let barrier = devices.barrier();
     barrier.signal_to(1, devices.prev::<Context>());

@@ -136,6 +136,15 @@ pub fn all_gather_matmul(args: &[ArgSpec], devices: usize) -> Result<Module, Hlo
     })
 }
 
+/// XLA's `collective_permute` around the ring: device `d` gets device `d - 1`'s `x`.
+pub fn ring_shift(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
+    let n = devices as i64;
+    let pairs: Vec<(i64, i64)> = (0..n).map(|d| (d, (d + 1) % n)).collect();
+    spmd(args, devices, "xla_ring_shift", |f, x| {
+        f.collective_permute(x[0], &pairs, Grouping::FlattenedIds)
+    })
+}
+
 fn group(devices: usize) -> Vec<i64> {
     (0..devices as i64).collect()
 }
