@@ -32,13 +32,13 @@ pub use tessera_hlo::{axes, axis, mesh, HasAxis, MeshAxis, MeshShape};
 pub use tessera_macros::tpu_kernel;
 pub use trace::{
     all, async_copy, async_copy_within, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop,
-    iota, maximum, minimum, num_programs, program_id, remote_copy, remote_copy_within, repeat,
-    run_scoped, select, wait_copy, wait_copy_within, when, when_else, zeros, AsyncCopy, Carry,
-    CopyBuffer, CopyDest, CopySource, DeviceId, Devices, DmaSem, DmaSemSlot, DmaSemaphore, Element,
-    Hbm, HbmMut, HbmWindow, HbmWindowMut, Idx, IntoIndex, IntoStart, IntoValue, Loadable,
-    RecvPending, Ref, RefMut, RegularSemaphore, RemoteCopy, RunTimeCond, ScalarLit, Scope, Scratch,
-    Sem, SemSlot, Smem, StaticLen, Value, Vmem, VmemWindow, VmemWindowMut, Window, WindowMut,
-    Writable,
+    iota, make_async_copy, make_async_remote_copy, maximum, minimum, num_programs, program_id,
+    remote_copy, remote_copy_within, repeat, run_scoped, select, wait_copy, wait_copy_within, when,
+    when_else, zeros, AsyncCopy, Carry, CopyBuffer, CopyDescriptor, CopyDest, CopySource, DeviceId,
+    Devices, DmaSem, DmaSemSlot, DmaSemaphore, Element, Hbm, HbmMut, HbmWindow, HbmWindowMut, Idx,
+    IntoIndex, IntoStart, IntoValue, Loadable, RecvPending, Ref, RefMut, RegularSemaphore,
+    RemoteCopy, RemoteCopyDescriptor, RunTimeCond, ScalarLit, Scope, Scratch, Sem, SemSlot, Smem,
+    StaticLen, Value, Vmem, VmemWindow, VmemWindowMut, Window, WindowMut, Writable,
 };
 
 /// Evaluates `$body` with the type name `$T` standing for the element type of the compute
@@ -82,10 +82,10 @@ pub mod prelude {
     pub use crate::tpu_kernel;
     pub use crate::trace::{
         all, async_copy, async_copy_within, constant, dot, dot_general, dot_nt, dot_tn, ds,
-        fori_loop, iota, maximum, minimum, num_programs, program_id, remote_copy,
-        remote_copy_within, repeat, run_scoped, select, wait_copy, wait_copy_within, when,
-        when_else, zeros, Devices, DmaSem, Element, Hbm, HbmMut, Ref, RefMut, Scratch, Sem, Smem,
-        Value, Vmem,
+        fori_loop, iota, make_async_copy, make_async_remote_copy, maximum, minimum, num_programs,
+        program_id, remote_copy, remote_copy_within, repeat, run_scoped, select, wait_copy,
+        wait_copy_within, when, when_else, zeros, Devices, DmaSem, Element, Hbm, HbmMut, Ref,
+        RefMut, Scratch, Sem, Smem, Value, Vmem,
     };
     pub use half::bf16;
 }

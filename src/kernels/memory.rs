@@ -23,7 +23,8 @@ pub fn ring_mesh(n: usize) -> Vec<DeviceAxis> {
 /// left in HBM) in the order of `tiles` (i32 `[G]`, scalar prefetch). Step `g` starts the
 /// copy of the next step's tile into the other half of a two-tile VMEM buffer, then waits
 /// its own (started by the step before, or by itself at `g == 0`): each copy overlaps a
-/// step's work, as paged attention fetches its pages.
+/// step's work, as paged attention fetches its pages. The copies are Pallas-style
+/// descriptors ([`make_async_copy`]), started in one grid step and waited in the next.
 #[tpu_kernel(grid = G)]
 pub fn gather_tiles(
     #[shape(G)] tiles: Smem<i32>,
@@ -35,20 +36,22 @@ pub fn gather_tiles(
     #[scratch(2)] sems: DmaSem,
 ) {
     let g = program_id(0);
-    let tile = |i: Value| [ds(tiles.get([i]) * TILE_ROWS as i32, TILE_ROWS), all()];
-    let half = |slot: Value| [ds(slot, 1), all(), all()];
-    when(g.eq(0), || {
-        let first = g % 2;
-        async_copy(x.at(&tile(g)), buf.at_mut(&half(first)), sems.at(first)).detach();
-    });
+    // Step `i`'s tile into slot `i % 2` of the buffer, described once: started by the step
+    // before it (or by itself at `g == 0`), waited by it.
+    let fetch = |buf: &mut Vmem<f32>, i: Value| {
+        let slot = i % 2;
+        let tile = [ds(tiles.get([i]) * TILE_ROWS as i32, TILE_ROWS), all()];
+        make_async_copy(
+            x.at(&tile),
+            buf.at_mut(&[ds(slot, 1), all(), all()]),
+            sems.at(slot),
+        )
+    };
+    when(g.eq(0), || fetch(&mut buf, g).start());
     let next = g + 1;
-    when(next.lt(num_programs(0)), || {
-        let slot = next % 2;
-        async_copy(x.at(&tile(next)), buf.at_mut(&half(slot)), sems.at(slot)).detach();
-    });
-    let slot = g % 2;
-    wait_copy(x.at(&tile(g)), buf.at_mut(&half(slot)), sems.at(slot));
-    let rows = buf.at(&half(slot)).load();
+    when(next.lt(num_programs(0)), || fetch(&mut buf, next).start());
+    fetch(&mut buf, g).wait();
+    let rows = buf.at(&[ds(g % 2, 1), all(), all()]).load();
     out.store(rows.reshape(&[TILE_ROWS, C]));
 }
 

@@ -16,7 +16,7 @@
 //! in scratch.
 
 use tessera_dsl::prelude::*;
-use tessera_dsl::HostArray;
+use tessera_dsl::{CopyDescriptor, HostArray};
 
 /// What masked logits are set to (JAX's `DEFAULT_MASK_VALUE`).
 pub const MASK_VALUE: f32 = -0.7 * f32::MAX;
@@ -65,23 +65,21 @@ pub fn paged_attention<T: Element>(
     m.store(f32::NEG_INFINITY);
     l.store(0.0);
     acc.store(0.0);
-    // Block `i`'s pages into slot `slot` of the buffers, one copy per page and tensor.
+    // The copies of page `j` of block `i` into slot `slot` of the buffers (K and V): started
+    // one block ahead, waited by the block that computes on them.
     let page_of = |i: Value, j: usize| page_indices.get([b, i * ppb as i32 + j as i32]);
+    let page_copies = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, i: Value, slot: Value, j| {
+        let (at, to) = (page(page_of(i, j)), slot_page(slot, j));
+        [
+            make_async_copy(k_pages.at(&at), k_buf.at_mut(&to), k_sems.at(slot)),
+            make_async_copy(v_pages.at(&at), v_buf.at_mut(&to), v_sems.at(slot)),
+        ]
+    };
     let fetch = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, i: Value, slot: Value| {
         for j in 0..ppb {
-            let at = page(page_of(i, j));
-            async_copy(
-                k_pages.at(&at),
-                k_buf.at_mut(&slot_page(slot, j)),
-                k_sems.at(slot),
-            )
-            .detach();
-            async_copy(
-                v_pages.at(&at),
-                v_buf.at_mut(&slot_page(slot, j)),
-                v_sems.at(slot),
-            )
-            .detach();
+            page_copies(k_buf, v_buf, i, slot, j)
+                .iter()
+                .for_each(CopyDescriptor::start);
         }
     };
     when(blocks.gt(0), || {
@@ -95,17 +93,9 @@ pub fn paged_attention<T: Element>(
             fetch(&mut k_buf, &mut v_buf, next, next % 2)
         });
         for j in 0..ppb {
-            let at = page(page_of(i, j));
-            wait_copy(
-                k_pages.at(&at),
-                k_buf.at_mut(&slot_page(slot, j)),
-                k_sems.at(slot),
-            );
-            wait_copy(
-                v_pages.at(&at),
-                v_buf.at_mut(&slot_page(slot, j)),
-                v_sems.at(slot),
-            );
+            page_copies(&mut k_buf, &mut v_buf, i, slot, j)
+                .iter()
+                .for_each(CopyDescriptor::wait);
         }
         // Every KV head's group of query heads, over the block's pages.
         for g in 0..KVH {

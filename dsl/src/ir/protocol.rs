@@ -11,8 +11,14 @@
 //!    and constants): the kernel is run abstractly on every device of its mesh over its whole
 //!    grid, counting each semaphore. A wait on a semaphore only this device increments must
 //!    find its count already started (else it waits forever), and every semaphore must end
-//!    the kernel (and every `run_scoped` region its own) at zero. Counts that depend on data
-//!    (a condition read from SMEM, say) are left to the interpreter.
+//!    the kernel (and every `run_scoped` region its own) at zero. The same run follows the
+//!    copies this device started and has not waited: a load or store of a copy's destination,
+//!    or a store into its source, before the wait that ends it is reported with both lines
+//!    (what a copy descriptor started in one step and waited in another leaves to this
+//!    check). Copies other devices start into this one's buffers are left to the
+//!    interpreter's vector clocks: the abstract run takes the devices one after the other,
+//!    which is not an order they keep. Counts that depend on data (a condition read from
+//!    SMEM, say) are left to the interpreter.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -235,6 +241,20 @@ struct Dynamic;
 /// One semaphore on one device.
 type SemKey = (usize, RefId, usize);
 
+/// A window of a ref whose every offset is known: `(start, len)` per dim of its view.
+type Extent = Vec<(i64, i64)>;
+
+/// A side of a copy this device started and has not waited: the window it writes (its
+/// destination) or reads (its source), and the semaphore whose wait ends it.
+struct InFlight {
+    sem: SemKey,
+    bytes: i64,
+    r: RefId,
+    extent: Extent,
+    writes: bool,
+    started: Loc,
+}
+
 struct Counter<'k> {
     k: &'k Kernel,
     uses: &'k Uses,
@@ -242,6 +262,8 @@ struct Counter<'k> {
     step: Vec<usize>,
     device: usize,
     counts: HashMap<SemKey, i64>,
+    /// This device's copies in flight, in start order.
+    in_flight: Vec<InFlight>,
     evaluated: usize,
     problems: Vec<Problem>,
 }
@@ -254,6 +276,7 @@ fn count(k: &Kernel, uses: &Uses) -> Vec<Problem> {
         step: Vec::new(),
         device: 0,
         counts: HashMap::new(),
+        in_flight: Vec::new(),
         evaluated: 0,
         problems: Vec::new(),
     };
@@ -261,6 +284,7 @@ fn count(k: &Kernel, uses: &Uses) -> Vec<Problem> {
     let steps: Vec<Vec<usize>> = grid_steps(&k.grid);
     for d in 0..n {
         c.device = d;
+        c.in_flight.clear();
         for step in &steps {
             c.step = step.clone();
             if c.region(&k.body).is_err() {
@@ -518,19 +542,56 @@ impl Counter<'_> {
                 }
             }
             Op::DmaStart {
-                dst, sem, remote, ..
+                src,
+                dst,
+                sem,
+                remote,
             } => {
                 let bytes = window_bytes(k, dst);
-                match remote {
-                    None => self.add(self.device, sem, bytes)?,
+                // The side whose wait on this device ends the copy's hold on `src` (and, for
+                // a local copy, on `dst`).
+                let local_sem = match remote {
+                    None => {
+                        self.add(self.device, sem, bytes)?;
+                        sem
+                    }
                     Some(rd) => {
                         let target = self.device_value(rd.device)?;
                         self.add(target, sem, bytes)?;
                         self.add(self.device, &rd.send_sem, bytes)?;
+                        &rd.send_sem
+                    }
+                };
+                let key = (self.device, local_sem.sem, self.flat(local_sem)?);
+                let sides = [(src, false), (dst, true)];
+                let sides = if remote.is_some() {
+                    &sides[..1]
+                } else {
+                    &sides[..]
+                };
+                for &(w, writes) in sides {
+                    if let Some(extent) = self.extent(w.r, &w.slices) {
+                        self.in_flight.push(InFlight {
+                            sem: key,
+                            bytes,
+                            r: w.r,
+                            extent,
+                            writes,
+                            started: inst.loc,
+                        });
                     }
                 }
             }
-            Op::DmaWait { dst, sem, .. } => self.take(sem, window_bytes(k, dst), inst)?,
+            Op::DmaWait { dst, sem, .. } => {
+                let bytes = window_bytes(k, dst);
+                self.take(sem, bytes, inst)?;
+                self.landed(sem, bytes)?;
+            }
+            Op::Load { src, slices } => {
+                self.access(*src, slices, false, inst);
+                self.set(inst, None);
+            }
+            Op::Store { dst, slices, .. } => self.access(*dst, slices, true, inst),
             Op::SemSignal { sem, inc, device } => {
                 let inc = self.get(*inc).ok_or(Dynamic)?;
                 let target = match device {
@@ -554,6 +615,79 @@ impl Counter<'_> {
             }
         }
         Ok(())
+    }
+
+    /// The window `slices` of `r` when every offset is known.
+    fn extent(&self, r: RefId, slices: &[super::Slice]) -> Option<Extent> {
+        let shape = self.k.operand(r).view_shape();
+        slices
+            .iter()
+            .zip(&shape)
+            .map(|(s, &n)| match *s {
+                super::Slice::Full => Some((0, n as i64)),
+                super::Slice::Static { start, len } => Some((start as i64, len as i64)),
+                super::Slice::Dynamic { start, len } => Some((self.get(start)?, len as i64)),
+            })
+            .collect()
+    }
+
+    /// A wait of `bytes` on `sem` ends the oldest copies in flight on it, both sides.
+    fn landed(&mut self, sem: &SemRef, mut bytes: i64) -> Result<(), Dynamic> {
+        let key = (self.device, sem.sem, self.flat(sem)?);
+        while bytes > 0 {
+            let Some(i) = self.in_flight.iter().position(|f| f.sem == key) else {
+                break;
+            };
+            let copy_bytes = self.in_flight[i].bytes;
+            let started = self.in_flight[i].started;
+            self.in_flight
+                .retain(|f| !(f.sem == key && f.started == started && f.bytes == copy_bytes));
+            bytes -= copy_bytes;
+        }
+        Ok(())
+    }
+
+    /// Reports a load or store (`writes`) of `r` that touches a copy in flight: any access to
+    /// its destination, a store into its source.
+    fn access(&mut self, r: RefId, slices: &[super::Slice], writes: bool, inst: &Inst) {
+        let Some(extent) = self.extent(r, slices) else {
+            return;
+        };
+        let overlaps = |a: &Extent, b: &Extent| {
+            a.iter()
+                .zip(b)
+                .all(|(&(s0, l0), &(s1, l1))| s0 < s1 + l1 && s1 < s0 + l0)
+        };
+        let Some(f) = self
+            .in_flight
+            .iter()
+            .find(|f| f.r == r && (f.writes || writes) && overlaps(&f.extent, &extent))
+        else {
+            return;
+        };
+        let name = &self.k.operand(r).name;
+        let (access, side) = match (writes, f.writes) {
+            (false, _) => ("reads", "into"),
+            (true, true) => ("writes", "into"),
+            (true, false) => ("writes", "out of"),
+        };
+        let sem = SemRef {
+            sem: f.sem.1,
+            index: Vec::new(),
+        };
+        let sem_name = self.describe(&sem, f.sem.2);
+        self.problems.push(problem(
+            inst.loc,
+            &format!("`{}`", inst.op.name()),
+            format!(
+                "this {access} `{name}` at grid step {:?}{} while the copy {side} it started at \
+                 line {} may still be in flight (it ends at a wait on {sem_name}); wait the copy \
+                 before touching its destination, or writing its source",
+                self.step,
+                self.on_device(),
+                f.started.line,
+            ),
+        ));
     }
 
     fn set(&mut self, inst: &Inst, v: Known) {

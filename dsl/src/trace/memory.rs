@@ -15,9 +15,10 @@
 //!   ([`Devices::next`], [`Devices::prev`], [`Devices::at`]): an axis the mesh does not have
 //!   is a compile error.
 //!
-//! What types cannot see (a copy detached in one grid step and waited in the next, counts of
-//! signals against waits) is checked when the kernel is instantiated and, for what depends on
-//! data, by the interpreter.
+//! What types cannot see (a copy detached in one grid step and waited in the next, a
+//! [`CopyDescriptor`] started and waited across iterations, counts of signals against waits,
+//! a destination touched while its copy is in flight) is checked when the kernel is
+//! instantiated and, for what depends on data, by the interpreter.
 
 use std::marker::PhantomData;
 
@@ -892,6 +893,125 @@ pub fn remote_copy<'s, 'd, T: Element, M: MeshShape>(
             loc,
         ),
         _borrows: PhantomData,
+    }
+}
+
+/// A copy described once and started and waited where the kernel needs (Pallas'
+/// `make_async_copy(src, dst, sem)` with `.start()` and `.wait()`): across loop iterations
+/// and grid steps, which a borrowing [`AsyncCopy`] token cannot outlive. It holds its windows
+/// and semaphore, not borrows: what the borrow checker would have held is checked when the
+/// kernel is instantiated (a start no wait ends, a load or store of the destination while
+/// the copy may be in flight: `ir::protocol`) and by the interpreter where it depends on data.
+#[derive(Debug, Clone)]
+pub struct CopyDescriptor {
+    src: RefWindow,
+    dst: RefWindow,
+    sem: SemRef,
+}
+
+/// A remote copy described once (Pallas' `make_async_remote_copy(src, dst, send_sem,
+/// recv_sem, device_id)`), started and waited like a [`CopyDescriptor`]: `wait_send` where
+/// the source may be reused, `wait_recv` where this device's destination (written by the
+/// symmetric copy of another device) is read.
+#[derive(Debug, Clone)]
+pub struct RemoteCopyDescriptor {
+    copy: CopyDescriptor,
+    remote: RemoteDma,
+}
+
+/// Describes the copy of `src` into `dst` signalled on `sem`; see [`CopyDescriptor`].
+pub fn make_async_copy<'s, 'd, T: Element>(
+    src: impl CopySource<'s, T>,
+    dst: impl CopyDest<'d, T>,
+    sem: impl DmaSemaphore,
+) -> CopyDescriptor {
+    CopyDescriptor {
+        src: src.source(),
+        dst: dst.dest(),
+        sem: sem.dma_sem(),
+    }
+}
+
+/// Describes the copy of `src` into `dst` on device `to`; see [`RemoteCopyDescriptor`] and
+/// [`remote_copy`] for the semaphores.
+pub fn make_async_remote_copy<'s, 'd, T: Element, M: MeshShape>(
+    src: impl CopySource<'s, T>,
+    dst: impl CopyDest<'d, T>,
+    send_sem: impl DmaSemaphore,
+    recv_sem: impl DmaSemaphore,
+    to: DeviceId<M>,
+) -> RemoteCopyDescriptor {
+    RemoteCopyDescriptor {
+        copy: make_async_copy(src, dst, recv_sem),
+        remote: RemoteDma {
+            device: to.id.id,
+            send_sem: send_sem.dma_sem(),
+        },
+    }
+}
+
+/// Emits a wait of `sem` for the copy `c` describes, if its refs are in scope here.
+fn wait_described(c: &CopyDescriptor, sem: &SemRef, loc: Loc) {
+    let op = Op::DmaWait {
+        src: c.src.clone(),
+        dst: c.dst.clone(),
+        sem: sem.clone(),
+    };
+    if op.refs().iter().all(|&r| in_scope(r, "wait_copy", loc)) {
+        emit(op, loc);
+    }
+}
+
+impl CopyDescriptor {
+    /// Starts the copy.
+    #[track_caller]
+    pub fn start(&self) {
+        let c = self.clone();
+        // Protocol problems of the start are recorded by `start` itself.
+        let _ = start(c.src, c.dst, c.sem, None, Loc::caller());
+    }
+
+    /// Waits until the copy has landed.
+    #[track_caller]
+    pub fn wait(&self) {
+        wait_described(self, &self.sem, Loc::caller());
+    }
+}
+
+impl RemoteCopyDescriptor {
+    /// Starts the copy.
+    #[track_caller]
+    pub fn start(&self) {
+        let c = self.copy.clone();
+        let _ = start(
+            c.src,
+            c.dst,
+            c.sem,
+            Some(self.remote.clone()),
+            Loc::caller(),
+        );
+    }
+
+    /// Waits both sides: [`wait_send`](Self::wait_send), then
+    /// [`wait_recv`](Self::wait_recv).
+    #[track_caller]
+    pub fn wait(&self) {
+        let loc = Loc::caller();
+        wait_described(&self.copy, &self.remote.send_sem, loc);
+        wait_described(&self.copy, &self.copy.sem, loc);
+    }
+
+    /// Waits until this copy has read its source (the source may be written again).
+    #[track_caller]
+    pub fn wait_send(&self) {
+        wait_described(&self.copy, &self.remote.send_sem, Loc::caller());
+    }
+
+    /// Waits until the symmetric copy from another device has landed in this device's
+    /// destination.
+    #[track_caller]
+    pub fn wait_recv(&self) {
+        wait_described(&self.copy, &self.copy.sem, Loc::caller());
     }
 }
 
