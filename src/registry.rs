@@ -49,6 +49,7 @@ use tessera_splash::{
 };
 
 use crate::backend::{self, Backend, RunError};
+use crate::kernels::cache_update::{block_rows, cache_update, cache_update_reference};
 use crate::kernels::collective::{
     all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
 };
@@ -649,6 +650,46 @@ fn all_gather_matmul_mesh_reference(
 fn all_gather_matmul_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
     let per_device = 2.0 * (p.usize("T")? * p.usize("K")? * p.usize("F")?) as f64;
     Ok(per_device * p.usize("devices")? as f64)
+}
+
+/// `cache_update`'s slots: step `i` writes block `(5 i + 2) mod (R / rows)` (out of order;
+/// distinct while `N <= R / rows` and 5 does not divide `R / rows`).
+fn cache_slots(p: &Params) -> Result<HostArray, RegistryError> {
+    let (n, r, rows) = (p.usize("N")?, p.usize("R")?, block_rows(p.dtype()?));
+    if r % rows != 0 || r == 0 {
+        return Err(p.bad(
+            "R",
+            "a positive multiple of the block (8 rows for f32, 16 for bf16)",
+        ));
+    }
+    let slots = (0..n).map(|i| ((5 * i + 2) % (r / rows)) as i32).collect();
+    Ok(HostArray::i32([n], slots).expect("one slot per step"))
+}
+
+fn build_cache_update(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    let dtype = p.dtype()?;
+    let slots = cache_slots(p)?;
+    let (n, r, c) = (p.usize("N")?, p.usize("R")?, p.usize("C")?);
+    Ok(Built {
+        def: with_float_type!(dtype, T => cache_update::<T>()),
+        args: vec![
+            ArgSpec::of(&slots),
+            ArgSpec::new(dtype, [r, c]),
+            ArgSpec::new(dtype, [n * block_rows(dtype), c]),
+        ],
+        fixed: vec![Some(slots), None, None],
+        mesh: Vec::new(),
+    })
+}
+
+fn cache_update_ref(
+    _: &Params,
+    name: &str,
+    x: &[HostArray],
+) -> Result<Vec<Vec<f64>>, RegistryError> {
+    expect_inputs(name, x, 3)?;
+    let slots: Vec<i32> = x[0].to_f64_vec().iter().map(|&s| s as i32).collect();
+    Ok(vec![cache_update_reference(&slots, &x[1], &x[2])])
 }
 
 /// `gather_tiles`' tile order: tile `g` is `(7 g + 3) mod (R / 8)` (out of order, repeating
@@ -1409,6 +1450,44 @@ pub const KERNELS: &[KernelInfo] = &[
                 ("pages_per_seq", "{kv_pages}"),
             ],
         ],
+    },
+    KernelInfo {
+        name: "cache_update",
+        summary: "cache[R,C] with the row blocks (8 rows f32, 16 bf16) listed in a \
+                  scalar-prefetched table replaced by the blocks of new, in place: out is \
+                  cache's buffer (input_output_aliases), so unlisted blocks keep their values",
+        params: &[
+            DTYPE,
+            ParamInfo::size("N", "3", "blocks updated (grid steps)", &[("slots", 0)]),
+            ParamInfo::size(
+                "R",
+                "64",
+                "rows of the cache (a multiple of 8)",
+                &[("cache", 0)],
+            ),
+            ParamInfo::size("C", "128", "columns", &[("cache", 1), ("new", 1)]),
+        ],
+        build: build_cache_update,
+        reference: Reference::Local(cache_update_ref),
+        flops: no_flops,
+        inputs: None,
+        xla: None,
+        // A copy: exact.
+        cases: &[
+            Case {
+                params: &[("dtype", "f32")],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("dtype", "bf16"), ("N", "5"), ("R", "96"), ("C", "256")],
+                tol: 1e-30,
+            },
+        ],
+        bench: &[&[
+            ("dtype", "f32"),
+            ("R", "{collective_size}"),
+            ("C", "{collective_size}"),
+        ]],
     },
     KernelInfo {
         name: "gather_tiles",

@@ -103,6 +103,7 @@ fn mosaic_eval_agrees_with_the_interpreter() {
         let outputs = [OutputSpec {
             dtype: c.dtype,
             shape: args[0].shape().to_vec(),
+            aliases: None,
         }];
         let got = module
             .run(&mosaic::call_order(&k, &args), &outputs)

@@ -109,6 +109,7 @@ fn jax_pallas_kernels_agree_with_pallas_interpret_mode() {
             .map(|w| OutputSpec {
                 dtype: w.dtype(),
                 shape: w.shape().to_vec(),
+                aliases: None,
             })
             .collect();
         let got = module
@@ -171,6 +172,7 @@ fn jax_matmul_with_a_wrongly_parallel_dim_is_refused() {
     let spec = OutputSpec {
         dtype: out.dtype(),
         shape: out.shape().to_vec(),
+        aliases: None,
     };
     let e = Module::parse(&wrong)
         .unwrap()

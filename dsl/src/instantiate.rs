@@ -607,6 +607,32 @@ impl Builder {
         Sem::__from_id(self.unblocked(name, OperandRole::Scratch, DType::I32, memory, shape, loc))
     }
 
+    /// Makes output `output` the buffer of input `input` (Pallas' `input_output_aliases`):
+    /// the two must have the same dtype and shape.
+    #[doc(hidden)]
+    pub fn __alias(&mut self, output: &str, input: &str) -> Result<(), Stop> {
+        let found = crate::trace::with_trace(|t| {
+            let find = |name: &str| t.operands.iter().position(|o| o.name == name);
+            Some((find(output)?, find(input)?))
+        });
+        let Some((out, inp)) = found else {
+            let message = format!("no operand `{output}` or `{input}` to alias");
+            return Err(self.problem(ProblemKind::Argument, output, message));
+        };
+        let (o, i) =
+            crate::trace::with_trace(|t| (t.operands[out].clone(), t.operands[inp].clone()));
+        if o.dtype != i.dtype || o.array_shape != i.array_shape {
+            let message = format!(
+                "aliases input `{input}` ({}{:?}) but is {}{:?}; an aliased output is the input's \
+                 buffer, of the same dtype and shape",
+                i.dtype, i.array_shape, o.dtype, o.array_shape
+            );
+            return Err(self.problem(ProblemKind::Argument, output, message));
+        }
+        crate::trace::with_trace(|t| t.operands[out].aliases = Some(RefId(inp as u32)));
+        Ok(())
+    }
+
     /// Declares that the kernel runs on mesh `M`: the instantiation must give `M`'s axes.
     #[doc(hidden)]
     pub fn __devices<M: MeshShape>(&mut self) -> Result<Devices<M>, Stop> {

@@ -12,7 +12,7 @@
 use tessera_hlo::{self as hlo, FuncBuilder, HloError, TensorType, TpuCustomCall};
 
 use crate::error::{KernelError, Problem, ProblemKind};
-use crate::ir::{Kernel, Loc, OperandRole};
+use crate::ir::{Kernel, Loc, OperandRole, RefId};
 use crate::mosaic::{ArgValues, KernelSchedule};
 use crate::rules::KernelRules;
 
@@ -201,6 +201,25 @@ impl Lowering {
             ));
         }
         let operand_order = crate::mosaic::call_operand_order(k);
+        // An output aliasing an input is that operand's buffer in the call.
+        let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
+            .map(RefId)
+            .filter(|&r| {
+                matches!(
+                    k.operand(r).role,
+                    OperandRole::Input | OperandRole::ScalarPrefetch
+                )
+            })
+            .collect();
+        let output_operand_aliases = k
+            .operands_with(OperandRole::Output)
+            .enumerate()
+            .filter_map(|(output, (_, o))| {
+                let arg = arg_refs.iter().position(|&a| Some(a) == o.aliases)?;
+                let operand = operand_order.iter().position(|&i| i == arg)?;
+                Some(hlo::OutputOperandAlias { output, operand })
+            })
+            .collect();
         let results: Vec<TensorType> = mosaic
             .results
             .iter()
@@ -231,6 +250,7 @@ impl Lowering {
             frontend_attributes: vec![(SCHEDULE_ATTRIBUTE.into(), schedule.to_json())],
             has_communication: mosaic.has_communication,
             collective_id: mosaic.collective_id,
+            output_operand_aliases,
             ..TpuCustomCall::new(mosaic.name, mosaic.text)
         };
         Ok(MosaicCall {

@@ -61,6 +61,8 @@ pub struct TpuCustomCall {
     /// (`mhlo.frontend_attributes`; they appear in its dumps of the call), e.g. tessera's
     /// schedule of the kernel's `when`s.
     pub frontend_attributes: Vec<(String, String)>,
+    /// Results that are an operand's buffer (Pallas' `input_output_aliases`).
+    pub output_operand_aliases: Vec<crate::OutputOperandAlias>,
 }
 
 impl TpuCustomCall {
@@ -76,6 +78,7 @@ impl TpuCustomCall {
             cost_estimate: None,
             vmem_limit_bytes: None,
             frontend_attributes: Vec::new(),
+            output_operand_aliases: Vec::new(),
         }
     }
 
@@ -120,6 +123,7 @@ impl TpuCustomCall {
         c.operand_layouts = Some(operand_ranks.iter().map(|&r| row_major(r)).collect());
         c.result_layouts = Some(result_ranks.iter().map(|&r| row_major(r)).collect());
         c.extra_attrs = vec![("kernel_name".into(), quote(&self.kernel_name))];
+        c.output_operand_aliases = self.output_operand_aliases.clone();
         if !self.frontend_attributes.is_empty() {
             let attrs: Vec<String> = self
                 .frontend_attributes

@@ -419,6 +419,14 @@ pub fn expand(k: &Kernel) -> TokenStream {
         }
     }
 
+    // Outputs that are an input's buffer.
+    for h in &handles {
+        if let Some(input) = &h.alias {
+            let (name, input) = (ir_name(&h.ident), ir_name(input));
+            stmts.push(quote! { #b.__alias(#name, #input)?; });
+        }
+    }
+
     // The body runs as a nested fn: its parameter types are checked as written and it sees
     // none of the generated names. Its name is an item, which would shadow a user's parameter
     // of the same name inside the block that declares it: the arguments reach it through

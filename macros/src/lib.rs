@@ -46,6 +46,9 @@ use quote::ToTokens;
 ///   preconditions may use its sizes (`#[shape(devices.size::<Context>() * S, C)]`);
 /// - `#[comptime] name: Ty` compile-time arguments.
 ///
+/// `#[alias(x)]` on an output makes it input `x`'s buffer (Pallas' `input_output_aliases`):
+/// what the kernel does not store keeps `x`'s values.
+///
 /// `Option<Ref<T>>` and `Option<Smem<T>>` are operands a caller may leave out
 /// (`KernelDef::without`). A name that `#[shape]` binds is a `usize` in the grid, the block
 /// specs, the preconditions and the body.

@@ -148,6 +148,8 @@ pub struct Param {
     pub shape: Option<List>,
     pub block: Option<Block>,
     pub scratch: Option<List>,
+    /// `#[alias(x)]`: this output is input `x`'s buffer (`input_output_aliases`).
+    pub alias: Option<Ident>,
 }
 
 /// Parses the attribute arguments and the function; returns what was understood and the
@@ -191,6 +193,7 @@ pub fn parse(attr: TokenStream, func: &ItemFn) -> (Kernel, Errors) {
                     shape: None,
                     block: None,
                     scratch: None,
+                    alias: None,
                 };
                 let mut comptime = false;
                 for a in &attrs {
@@ -370,15 +373,28 @@ fn parse_param_attr(a: &Attribute, p: &mut Param, errors: &mut Errors) {
         .get_ident()
         .map(Ident::to_string)
         .unwrap_or_default();
-    if !matches!(name.as_str(), "shape" | "block" | "scratch") {
+    if !matches!(name.as_str(), "shape" | "block" | "scratch" | "alias") {
         errors.spanned(
             a,
             format!(
                 "unknown kernel parameter attribute `{}`; expected `#[shape(..)]`, \
-                 `#[block((..), |..| (..))]`, `#[scratch(..)]` or `#[comptime]`",
+                 `#[block((..), |..| (..))]`, `#[scratch(..)]`, `#[alias(input)]` or \
+                 `#[comptime]`",
                 tokens_text(a.path())
             ),
         );
+        return;
+    }
+    if name == "alias" {
+        match a.parse_args::<Ident>() {
+            Ok(input) if p.alias.is_none() => p.alias = Some(input),
+            Ok(_) => errors.spanned(a, "`#[alias]` is given twice; an output aliases one input"),
+            Err(_) => errors.spanned_help(
+                a,
+                "`#[alias]` names one input",
+                "write `#[alias(x)]`, with `x` an earlier `Ref<T>` or `Hbm<T>` parameter",
+            ),
+        }
         return;
     }
     let list = match a.meta.require_list() {

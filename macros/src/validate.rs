@@ -46,6 +46,7 @@ pub fn validate(k: &Kernel, errors: &mut Errors) {
         }
     }
     prefetch_before_readers(k, errors);
+    aliases(k, errors);
     optional_operands(k, errors);
     let has_output = k.params.iter().any(|p| p.role.is_some_and(Role::is_output));
     // A parameter of an unsupported type or a return type may have been meant as the output:
@@ -57,6 +58,49 @@ pub fn validate(k: &Kernel, errors: &mut Errors) {
             format!("kernel `{}` has no output", k.func.sig.ident),
             "declare at least one `RefMut<T>` (or `HbmMut<T>`) parameter",
         );
+    }
+}
+
+/// `#[alias(x)]` is on an output and names an earlier input, which one output aliases.
+fn aliases(k: &Kernel, errors: &mut Errors) {
+    let mut taken: Vec<&syn::Ident> = Vec::new();
+    for (i, p) in k.params.iter().enumerate() {
+        let (Some(input), Some(role)) = (&p.alias, p.role) else {
+            continue;
+        };
+        if !role.is_output() {
+            errors.spanned_help(
+                input,
+                format!(
+                    "`{}` is not an output: only outputs alias an input",
+                    p.ident
+                ),
+                "put `#[alias(x)]` on a `RefMut<T>` or `HbmMut<T>` parameter",
+            );
+            continue;
+        }
+        let found = k.params[..i].iter().find(|q| q.ident == *input);
+        match found.and_then(|q| q.role) {
+            Some(Role::Input | Role::HbmInput) => {
+                if taken.contains(&input) {
+                    errors.spanned_help(
+                        input,
+                        format!("input `{input}` is aliased by two outputs"),
+                        "an input's buffer becomes one output; alias another input",
+                    );
+                }
+                taken.push(input);
+            }
+            _ => errors.spanned_help(
+                input,
+                format!("`{input}` is not an input declared before `{}`", p.ident),
+                format!(
+                    "`#[alias(x)]` names a `Ref<T>` or `Hbm<T>` parameter before `{}`, whose \
+                     buffer `{}` becomes",
+                    p.ident, p.ident
+                ),
+            ),
+        }
     }
 }
 

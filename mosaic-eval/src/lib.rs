@@ -61,6 +61,9 @@ pub struct Module {
 pub struct OutputSpec {
     pub dtype: DType,
     pub shape: Vec<usize>,
+    /// The custom call's operand whose buffer this output is (`output_operand_aliases`): it
+    /// starts with that operand's values rather than garbage.
+    pub aliases: Option<usize>,
 }
 
 fn kernel_err(message: impl Into<String>) -> EvalError {
@@ -344,11 +347,10 @@ impl Module {
         };
         // Whole arrays: inputs as given, outputs as garbage.
         let mut arrays: Vec<Tensor> = args[n_prefetch..].iter().map(to_tensor).collect();
-        arrays.extend(
-            outputs
-                .iter()
-                .map(|o| Tensor::garbage(elem_of(o.dtype), &o.shape)),
-        );
+        arrays.extend(outputs.iter().map(|o| match o.aliases {
+            Some(operand) => to_tensor(&args[operand]),
+            None => Tensor::garbage(elem_of(o.dtype), &o.shape),
+        }));
         // The kernel's memrefs, in order: SMEM tables, blocks, scratch.
         let mut mem_vals = Vec::with_capacity(mem_args.len());
         for (i, (name, ty)) in mem_args.iter().enumerate() {
@@ -420,8 +422,10 @@ impl Module {
         }
         let prefetch_vals: Vec<Val> = mem_vals[..n_prefetch].to_vec();
         let kernel_name = k.name.clone();
-        // Resident block index of each output window.
+        // Resident block index of each output window, and every block it has held.
         let mut resident: Vec<Option<Vec<usize>>> = vec![None; outputs.len()];
+        let mut visited: Vec<std::collections::BTreeSet<Vec<usize>>> =
+            vec![Default::default(); outputs.len()];
         let write_back = |m: &mut Machine<'_>, arrays: &mut [Tensor], w: usize, bidx: &[usize]| {
             let buf = &m.buffers[n_prefetch + w];
             let starts: Vec<usize> = bidx.iter().zip(&buf.shape).map(|(i, s)| i * s).collect();
@@ -482,6 +486,7 @@ impl Module {
                         if let Some(prev) = resident[o].take() {
                             write_back(&mut m, &mut arrays, w, &prev);
                         }
+                        visited[o].insert(bidx.clone());
                         m.buffers[buf] = Tensor::garbage(m.buffers[buf].elem, &window.bounds);
                         resident[o] = Some(bidx);
                     }
@@ -499,6 +504,44 @@ impl Module {
         for (w, window) in windows.iter().enumerate() {
             if window.transform.is_none() {
                 arrays[w] = m.buffers[n_prefetch + w].clone();
+            }
+        }
+        // A blocked output whose blocks the grid does not all visit ends with garbage in
+        // them, unless it is an input's buffer.
+        for (o, spec) in outputs.iter().enumerate() {
+            let window = &windows[n_inputs + o];
+            if spec.aliases.is_some() || window.transform.is_none() {
+                continue;
+            }
+            let counts: Vec<usize> = spec
+                .shape
+                .iter()
+                .zip(&window.bounds)
+                .map(|(n, b)| n.div_ceil(*b))
+                .collect();
+            let mut missing = Vec::new();
+            let total: usize = counts.iter().product();
+            for flat in 0..total {
+                let mut idx = vec![0; counts.len()];
+                let mut rest = flat;
+                for (d, &c) in counts.iter().enumerate().rev() {
+                    idx[d] = rest % c;
+                    rest /= c;
+                }
+                if !visited[o].contains(&idx) {
+                    missing.push(format!("{idx:?}"));
+                }
+            }
+            if !missing.is_empty() {
+                let shown = missing.len().min(8);
+                let more = if missing.len() > shown { ", ..." } else { "" };
+                return Err(kernel_err(format!(
+                    "output {o}: {} of its {total} blocks are never visited by the grid, so \
+                     they end as garbage (NaN): blocks {}{more}; visit every block, or alias the \
+                     output to an input (`output_operand_aliases`) whose values they should keep",
+                    missing.len(),
+                    missing[..shown].join(", ")
+                )));
             }
         }
         // Every semaphore is back at zero (libtpu checks this at run time too).
@@ -680,6 +723,7 @@ mod tests {
         let out = OutputSpec {
             dtype: DType::F32,
             shape: vec![8, 256],
+            aliases: None,
         };
         let got = Module::parse(&module(mode))?.run(&args, &[out])?;
         Ok(got[0].to_f64_vec().iter().map(|&v| v as f32).collect())

@@ -221,8 +221,10 @@ impl PyKernel {
     /// The Mosaic custom call, the kernel instantiated under the TPU rules (a block that does
     /// not tile or a VMEM budget overflow is a `TesseraError`): `{kernel_name, body (the
     /// Mosaic module, MLIR text), backend_config (the call's JSON), cost_estimate {flops,
-    /// transcendentals, bytes_accessed}, vmem_limit_bytes, operand_order}`. `operand_order`:
-    /// the call's operands as indices into `args` (scalar prefetch first).
+    /// transcendentals, bytes_accessed}, vmem_limit_bytes, operand_order,
+    /// output_operand_aliases}`. `operand_order`: the call's operands as indices into `args`
+    /// (scalar prefetch first); `output_operand_aliases`: `(output, operand)` pairs, an
+    /// output that is that call operand's buffer (`input_output_aliases`).
     /// `vmem_limit_bytes`: the VMEM budget to check against (default: the TPU rules').
     #[pyo3(signature = (vmem_limit_bytes = None))]
     fn mosaic<'py>(
@@ -256,6 +258,13 @@ impl PyKernel {
         }
         d.set_item("vmem_limit_bytes", call.call.vmem_limit_bytes)?;
         d.set_item("operand_order", call.operand_order)?;
+        let aliases: Vec<(usize, usize)> = call
+            .call
+            .output_operand_aliases
+            .iter()
+            .map(|a| (a.output, a.operand))
+            .collect();
+        d.set_item("output_operand_aliases", aliases)?;
         Ok(d)
     }
 

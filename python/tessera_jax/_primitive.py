@@ -205,6 +205,11 @@ def _tpu_lowering(ctx: mlir.LoweringRuleContext, *args, kernel):
         operand_layouts=[_row_major(a) for a in avals_in],
         result_layouts=[_row_major(a) for a in ctx.avals_out],
         extra_attributes={"kernel_name": ir.StringAttr.get(config["kernel_name"])},
+        # An output that is an input's buffer (the kernel's `#[alias]`): XLA reuses it.
+        operand_output_aliases={
+            operand: output for output, operand in config["output_operand_aliases"]
+        }
+        or None,
     )
     return call_op.results
 

@@ -70,6 +70,18 @@ def test_the_registry_lists_every_kernel_with_its_parameters():
     assert m["size"] and ("x", 0) in [tuple(s) for s in m["sets"]]
 
 
+def test_cache_update_keeps_the_unlisted_blocks():
+    # `out` is `cache`'s buffer (an aliased output): the blocks the grid does not visit keep
+    # the cache's values, on JAX's CPU backend as in tessera's interpreter.
+    k = tj.kernel("cache_update", {"dtype": "f32", "N": 3, "R": 64, "C": 128})
+    slots = np.array([6, 1, 3], np.int32)
+    cache, new = random((64, 128), 11), random((24, 128), 12)
+    want = cache.astype(np.float64)
+    for i, s in enumerate(slots):
+        want[8 * s : 8 * s + 8] = new[8 * i : 8 * i + 8]
+    check(k, [slots, cache, new], {"out": want}, 0.0)
+
+
 def test_matmul():
     k = tj.kernel("matmul", {"BM": 128, "BN": 128, "BK": 128, "M": 256, "N": 128, "K": 256})
     x, y = random((256, 256), 0), random((256, 128), 1)

@@ -79,6 +79,20 @@ def test_the_tpu_lowering_is_tesseras_mosaic_call(devices):
         ).trace(spec, spec, spec).lower(lowering_platforms=("tpu",))
 
 
+def test_an_aliased_kernel_output_is_its_inputs_buffer_on_tpu(devices):
+    k = tj.kernel("cache_update", {"dtype": "bf16", "N": 3, "R": 64, "C": 128})
+    device = jax.sharding.SingleDeviceSharding(devices[0])
+    slots = jax.ShapeDtypeStruct((3,), jnp.int32, sharding=device)
+    cache = jax.ShapeDtypeStruct((64, 128), jnp.bfloat16, sharding=device)
+    new = jax.ShapeDtypeStruct((48, 128), jnp.bfloat16, sharding=device)  # 3 blocks of 16
+    assert k.mosaic()["output_operand_aliases"] == [(0, 1)]
+    lowered = jax.jit(lambda s, c, n: tj.call(k, s, c, n)[0]).trace(slots, cache, new).lower(
+        lowering_platforms=("tpu",)
+    )
+    assert "output_operand_aliases" in lowered.as_text()
+    lowered.compile()
+
+
 def test_ulysses_layer_compiles_for_4_chips(devices):
     mesh = jax.sharding.Mesh(devices[:4], ("context",))
     seq = NamedSharding(mesh, P(None, None, "context", None))

@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use tessera::dsl::{mosaic, ArgSpec, DeviceAxis, HostArray, Kernel, KernelDef, KernelRules};
+use tessera::dsl::{
+    mosaic, ArgSpec, DeviceAxis, HostArray, Kernel, KernelDef, KernelRules, Lowering,
+};
 use tessera::npy::write_npy;
 use tessera_mosaic_eval::{EvalError, Module, OutputSpec, RunOptions};
 
@@ -59,16 +61,23 @@ pub fn mosaic_eval(
     module.run_with(args, &outputs, options)
 }
 
-/// `k`'s Mosaic text parsed by mosaic-eval, and the specs of its outputs.
+/// `k`'s Mosaic text parsed by mosaic-eval, and the specs of its outputs (with the operands
+/// their custom call aliases).
 fn parsed_mosaic(k: &Kernel) -> (Module, Vec<OutputSpec>) {
     let m = mosaic::lower(k).unwrap_or_else(|e| panic!("{e}"));
     let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text));
+    let call = Lowering::tpu()
+        .mosaic_call(k, None, &[])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let aliases = &call.call.output_operand_aliases;
     let outputs = m
         .results
         .iter()
-        .map(|r| OutputSpec {
+        .enumerate()
+        .map(|(i, r)| OutputSpec {
             dtype: r.dtype,
             shape: r.shape.clone(),
+            aliases: aliases.iter().find(|a| a.output == i).map(|a| a.operand),
         })
         .collect();
     (module, outputs)

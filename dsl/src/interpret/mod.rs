@@ -196,6 +196,8 @@ struct Device<'k> {
     k: &'k Kernel,
     index: usize,
     arrays: HashMap<RefId, Tensor>,
+    /// The outputs that alias an input, holding its values: what they start as.
+    aliased: HashMap<RefId, Tensor>,
 }
 
 impl<'k> Device<'k> {
@@ -260,6 +262,14 @@ impl<'k> Device<'k> {
                 arrays.insert(r, Tensor::from_host(a));
             }
         }
+        // An output aliasing an input starts as the input's values (its buffer).
+        let mut aliased: HashMap<RefId, Tensor> = k
+            .operands_with(OperandRole::Output)
+            .filter_map(|(r, o)| {
+                let at = arg_refs.iter().position(|&a| Some(a) == o.aliases)?;
+                Some((r, Tensor::from_host(&args[at])))
+            })
+            .collect();
         let mut scoped = HashSet::new();
         crate::ir::scoped_allocs(&k.body, &mut |_, r| {
             scoped.insert(r);
@@ -268,7 +278,10 @@ impl<'k> Device<'k> {
             let r = RefId(i as u32);
             let is_buffer = matches!(o.role, OperandRole::Output | OperandRole::Scratch);
             if world.shared.contains(&r) && is_buffer && !scoped.contains(&r) {
-                shared.push((r, Tensor::garbage(o.dtype, &o.array_shape)));
+                let initial = aliased
+                    .remove(&r)
+                    .unwrap_or_else(|| Tensor::garbage(o.dtype, &o.array_shape));
+                shared.push((r, initial));
             }
         }
         world.allocate(d, shared);
@@ -276,6 +289,7 @@ impl<'k> Device<'k> {
             k,
             index: d,
             arrays,
+            aliased,
         })
     }
 
@@ -304,6 +318,7 @@ impl<'k> Device<'k> {
         options: &InterpretOptions,
     ) -> Result<Vec<Option<HostArray>>, KernelError> {
         let k = self.k;
+        let mut aliased = self.aliased;
         let mut m = Machine::new(k, self.arrays, Some((world, self.index)));
         m.check_parallel_state = !options.allow_state_across_parallel;
         // The local scratch buffers (not semaphores, not in the shared world).
@@ -315,7 +330,10 @@ impl<'k> Device<'k> {
             }
             match o.role {
                 OperandRole::Output => {
-                    m.arrays.insert(r, Tensor::garbage(o.dtype, &o.array_shape));
+                    let initial = aliased
+                        .remove(&r)
+                        .unwrap_or_else(|| Tensor::garbage(o.dtype, &o.array_shape));
+                    m.arrays.insert(r, initial);
                     m.tags.insert(r, Tensor::unwritten(&o.view_shape()));
                 }
                 OperandRole::Scratch if o.memory.semaphore().is_none() => {
@@ -335,6 +353,9 @@ impl<'k> Device<'k> {
         // The output block each output's tags describe: resident in the sequential order,
         // which the check follows whether or not the grid is split between cores.
         let mut tagged_block: HashMap<RefId, Vec<usize>> = HashMap::new();
+        // Per blocked output, which of its elements some step stored (folded from the tags
+        // when the tagged block changes, and at the end).
+        let mut stored = StoredElements::new(k);
         let parallel = m.parallel.clone();
         let outputs: Vec<RefId> = k
             .operands_with(OperandRole::Output)
@@ -379,6 +400,9 @@ impl<'k> Device<'k> {
                     }
                     OperandRole::Output => {
                         if tagged_block.get(&r) != Some(&bidx) {
+                            if let Some(prev) = tagged_block.get(&r) {
+                                stored.fold(k, r, prev, &m.tags[&r]);
+                            }
                             m.tags.insert(r, Tensor::unwritten(&o.view_shape()));
                             tagged_block.insert(r, bidx.clone());
                         }
@@ -411,12 +435,115 @@ impl<'k> Device<'k> {
             if let Some((prev, owner)) = resident.remove(&r) {
                 m.write_back(r, &prev, &owner, &mut writers, &parallel)?;
             }
+            if let Some(prev) = tagged_block.get(&r) {
+                stored.fold(k, r, prev, &m.tags[&r]);
+            }
         }
+        stored.check(k)?;
         Ok(outputs
             .into_iter()
             .map(|r| m.arrays.remove(&r).map(Tensor::into_host))
             .collect())
     }
+}
+
+/// Which elements of each blocked output without an alias the grid's steps stored: an
+/// element no step stores holds garbage (NaN) when the kernel ends, which a kernel means only
+/// by mistake (a grid that skips blocks needs `input_output_aliases`), so it is reported.
+struct StoredElements {
+    /// Per output, one flag per element of the whole array (row-major).
+    stored: HashMap<RefId, Vec<bool>>,
+}
+
+impl StoredElements {
+    fn new(k: &Kernel) -> Self {
+        let stored = k
+            .operands_with(OperandRole::Output)
+            .filter(|(_, o)| o.block.is_some() && o.aliases.is_none())
+            .map(|(r, o)| (r, vec![false; o.array_shape.iter().product()]))
+            .collect();
+        StoredElements { stored }
+    }
+
+    /// Marks what `tags` (output `r`'s block `bidx`, in its view shape) say was stored. The
+    /// view is the block with its squeezed dims dropped: the same elements in the same
+    /// row-major order as the block with those dims of size 1.
+    fn fold(&mut self, k: &Kernel, r: RefId, bidx: &[usize], tags: &Tensor) {
+        let Some(flags) = self.stored.get_mut(&r) else {
+            return;
+        };
+        let Data::I(ids) = &tags.data else {
+            unreachable!("tags are i32")
+        };
+        let o = k.operand(r);
+        let sizes = o.block_sizes();
+        for_each_index(&sizes, |e, idx| {
+            if ids[e] == UNWRITTEN {
+                return;
+            }
+            flags[element_of_block(&o.array_shape, &sizes, bidx, idx)] = true;
+        });
+    }
+
+    /// Refuses outputs with elements no step stored, naming the output and its blocks.
+    fn check(&self, k: &Kernel) -> Result<(), KernelError> {
+        let mut problems = Vec::new();
+        for (&r, flags) in &self.stored {
+            if flags.iter().all(|&f| f) {
+                continue;
+            }
+            let o = k.operand(r);
+            let sizes = o.block_sizes();
+            let blocks: Vec<usize> = o
+                .array_shape
+                .iter()
+                .zip(&sizes)
+                .map(|(n, s)| n / s)
+                .collect();
+            let mut unwritten = Vec::new();
+            for_each_index(&blocks, |_, b| {
+                let mut whole = true;
+                for_each_index(&sizes, |_, i| {
+                    whole &= flags[element_of_block(&o.array_shape, &sizes, b, i)];
+                });
+                if !whole {
+                    unwritten.push(format!("{b:?}"));
+                }
+            });
+            let total: usize = blocks.iter().product();
+            let shown = unwritten.len().min(8);
+            let more = if unwritten.len() > shown { ", ..." } else { "" };
+            problems.push(Problem {
+                kind: ProblemKind::Run,
+                subject: k.describe(r),
+                message: format!(
+                    "{} of its {total} blocks are not wholly stored by any grid step, so they \
+                     end as garbage (NaN): blocks {}{more}; store every block the grid visits, \
+                     or make `{}` an alias of an input (`#[alias(x)]`, Pallas' \
+                     `input_output_aliases`) so that what the kernel does not store keeps the \
+                     input's values",
+                    unwritten.len(),
+                    unwritten[..shown].join(", "),
+                    o.name
+                ),
+                loc: Some(o.loc),
+            });
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(KernelError::new(&k.name, problems))
+        }
+    }
+}
+
+/// The row-major position in an array of `shape` of element `idx` of block `bidx` (blocks of
+/// `sizes`).
+fn element_of_block(shape: &[usize], sizes: &[usize], bidx: &[usize], idx: &[usize]) -> usize {
+    idx.iter()
+        .zip(bidx.iter().zip(sizes))
+        .zip(shape)
+        .fold(0, |acc, ((&i, (&b, &s)), &n)| acc * n + b * s + i)
 }
 
 /// The grid steps in execution order: row-major, with `parallel` dims permuted when shuffled.

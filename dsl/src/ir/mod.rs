@@ -90,6 +90,9 @@ pub struct Operand {
     pub array_shape: Vec<usize>,
     /// Present for blocked VMEM inputs and outputs.
     pub block: Option<BlockMapping>,
+    /// For an output: the input whose buffer it is (Pallas' `input_output_aliases`). It
+    /// starts with the input's values, so what the kernel does not store keeps them.
+    pub aliases: Option<RefId>,
     pub loc: Loc,
 }
 

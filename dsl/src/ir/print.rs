@@ -46,6 +46,9 @@ pub(super) fn print_kernel(k: &Kernel) -> String {
         if let Some(b) = &o.block {
             p.block_mapping(&mut out, b);
         }
+        if let Some(input) = o.aliases {
+            let _ = write!(out, " aliases {}", k.operand(input).name);
+        }
         out.push('\n');
     }
     out.push_str("{\n");

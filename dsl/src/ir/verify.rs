@@ -354,6 +354,7 @@ mod tests {
                 block_shape: vec![BlockDim::Sized(8), BlockDim::Sized(128)],
                 index_map: index_map.clone(),
             }),
+            aliases: None,
             loc: loc(2),
         };
         Kernel {

@@ -310,15 +310,25 @@ impl<'k> Lower<'k> {
                 self.refs.insert(r, self.arrays[&r]);
             }
         }
+        // An output aliasing an input starts as the input's values (its buffer), others as
+        // garbage.
         for r in self.outputs.clone() {
             let o = k.operand(r);
-            let array = garbage(f, o.dtype, &dims(&o.array_shape)).map_err(&e)?;
+            let array = match o.aliases {
+                Some(input) => self.arrays[&input],
+                None => garbage(f, o.dtype, &dims(&o.array_shape)).map_err(&e)?,
+            };
             self.out_arrays.insert(r, array);
         }
         for r in self.outputs.iter().chain(&self.scratch) {
             let o = k.operand(*r);
-            let shape = self.shape_of(&o.view_shape(), self.plan.ref_batched(k, *r));
-            let buffer = memory::fresh(f, o, &shape).map_err(&e)?;
+            let buffer = match o.aliases {
+                Some(input) if o.block.is_none() => self.arrays[&input],
+                _ => {
+                    let shape = self.shape_of(&o.view_shape(), self.plan.ref_batched(k, *r));
+                    memory::fresh(f, o, &shape).map_err(&e)?
+                }
+            };
             self.refs.insert(*r, buffer);
         }
         // No block index is negative: the first comparison always sees a change.

@@ -78,6 +78,7 @@ pub(crate) fn declare_operand(
             memory,
             array_shape: shape,
             block: None,
+            aliases: None,
             loc,
         });
         RefId((t.operands.len() - 1) as u32)
