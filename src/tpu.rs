@@ -46,7 +46,7 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 use std::time::Instant;
 
-use tessera_dsl::{ArgSpec, KernelDef, KernelError, Lowering};
+use tessera_dsl::{ArgSpec, DeviceAxis, KernelDef, KernelError, Lowering};
 use tessera_hlo::{DType, Module};
 use tessera_runtime::{CompileOptions, CompiledMemoryStats, Error as RuntimeError, NamedValue};
 use tessera_runtime::{Executable, Plugin, ScopedVmemRaise, Topology};
@@ -299,9 +299,28 @@ impl TpuTopology {
         def: &KernelDef,
         args: &[ArgSpec],
     ) -> Result<CompileReport, TpuCompileError> {
+        self.compile_kernel_on(def, args, &[])
+    }
+
+    /// [`TpuTopology::compile_kernel`] for a kernel on a device mesh (`Devices<M>`; `mesh`
+    /// gives its axes' sizes, empty for one device): instantiated on `mesh` with `args` (each
+    /// device's), lowered to one partition per device, each device's `tpu_custom_call` talking
+    /// to the others ([`Lowering::lower_module_spmd`]), and compiled for the topology, which
+    /// needs as many chips as the mesh has devices.
+    pub fn compile_kernel_on(
+        &self,
+        def: &KernelDef,
+        args: &[ArgSpec],
+        mesh: &[DeviceAxis],
+    ) -> Result<CompileReport, TpuCompileError> {
         let target = Lowering::tpu();
-        let kernel = def.instantiate(args, &target.rules)?;
-        self.compile(&target.lower_module(&kernel)?)
+        let kernel = def.instantiate_on(args, mesh, &target.rules)?;
+        let module = if kernel.num_devices() > 1 {
+            target.lower_module_spmd(&kernel)?
+        } else {
+            target.lower_module(&kernel)?
+        };
+        self.compile(&module)
     }
 
     /// Compiles `module` (its `mhlo.num_partitions` devices, manually partitioned) for the

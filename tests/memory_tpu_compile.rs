@@ -208,3 +208,21 @@ fn copies_breaking_the_lane_rule_are_refused_by_the_rules_and_by_libtpu() {
         assert!(r.is_err(), "libtpu compiled {name}");
     }
 }
+
+/// The public call for a kernel on a device mesh: `TpuTopology::compile_kernel_on` compiles
+/// the ring all-gather over the 4 chips of `v5p:2x2x1`, and refuses a mesh larger than the
+/// topology with the compiler's sentence.
+#[test]
+fn a_mesh_kernel_compiles_through_the_public_call() {
+    let topology = tessera::tpu::TpuTopology::parse("tpu:v5p:2x2x1").unwrap();
+    let args = [ArgSpec::new(DType::F32, [8, 128])];
+    let report = topology
+        .compile_kernel_on(&ring_all_gather(), &args, &ring_mesh(4))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.kernels, ["ring_all_gather"]);
+    let e = topology
+        .compile_kernel_on(&ring_all_gather(), &args, &ring_mesh(8))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains('8') && e.contains('4'), "{e}");
+}
