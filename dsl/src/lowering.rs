@@ -12,7 +12,7 @@
 use tessera_hlo::{self as hlo, FuncBuilder, HloError, TensorType, TpuCustomCall};
 
 use crate::error::{KernelError, Problem, ProblemKind};
-use crate::ir::{Kernel, Loc, OperandRole, RefId};
+use crate::ir::{Kernel, Loc, OperandRole};
 use crate::mosaic::{ArgValues, KernelSchedule};
 use crate::rules::KernelRules;
 
@@ -202,15 +202,7 @@ impl Lowering {
         }
         let operand_order = crate::mosaic::call_operand_order(k);
         // An output aliasing an input is that operand's buffer in the call.
-        let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
-            .map(RefId)
-            .filter(|&r| {
-                matches!(
-                    k.operand(r).role,
-                    OperandRole::Input | OperandRole::ScalarPrefetch
-                )
-            })
-            .collect();
+        let arg_refs = k.argument_refs();
         let output_operand_aliases = k
             .operands_with(OperandRole::Output)
             .enumerate()

@@ -220,15 +220,7 @@ impl<'k> Device<'k> {
                 }],
             )
         };
-        let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
-            .map(RefId)
-            .filter(|r| {
-                matches!(
-                    k.operand(*r).role,
-                    OperandRole::Input | OperandRole::ScalarPrefetch
-                )
-            })
-            .collect();
+        let arg_refs = k.argument_refs();
         let on = if k.num_devices() > 1 {
             format!(" (device {d})")
         } else {

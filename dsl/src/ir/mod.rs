@@ -165,6 +165,20 @@ impl Kernel {
         &self.operands[r.index()]
     }
 
+    /// The operands the caller passes as arguments (scalar prefetch and inputs), in
+    /// declaration order: the order of the kernel's arguments.
+    pub fn argument_refs(&self) -> Vec<RefId> {
+        (0..self.operands.len() as u32)
+            .map(RefId)
+            .filter(|&r| {
+                matches!(
+                    self.operand(r).role,
+                    OperandRole::Input | OperandRole::ScalarPrefetch
+                )
+            })
+            .collect()
+    }
+
     /// Operands with `role`, with their ids, in declaration order.
     pub fn operands_with(&self, role: OperandRole) -> impl Iterator<Item = (RefId, &Operand)> {
         self.operands

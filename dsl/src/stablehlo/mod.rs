@@ -275,10 +275,7 @@ impl<'k> Lower<'k> {
     fn kernel(&mut self, f: &mut FuncBuilder<'_>, args: &[hlo::Value]) -> R<Vec<hlo::Value>> {
         let k = self.k;
         let e = self.kernel_err();
-        let arg_refs: Vec<RefId> = (0..k.operands.len() as u32)
-            .map(RefId)
-            .filter(|r| is_arg(k.operand(*r).role))
-            .collect();
+        let arg_refs = k.argument_refs();
         if arg_refs.len() != args.len() {
             return Err(KernelError::single(
                 &k.name,

@@ -881,10 +881,7 @@ pub fn remote_copy<'s, 'd, T: Element, M: MeshShape>(
     to: DeviceId<M>,
 ) -> RemoteCopy<'s, 'd> {
     let loc = Loc::caller();
-    let remote = RemoteDma {
-        device: to.id.id,
-        send_sem: send_sem.dma_sem(),
-    };
+    let remote = remote_dma(to, send_sem);
     RemoteCopy {
         inner: start(
             src.source(),
@@ -894,6 +891,14 @@ pub fn remote_copy<'s, 'd, T: Element, M: MeshShape>(
             loc,
         ),
         _borrows: PhantomData,
+    }
+}
+
+/// What makes a copy remote: the target device, and the sender's semaphore.
+fn remote_dma<M>(to: DeviceId<M>, send_sem: impl DmaSemaphore) -> RemoteDma {
+    RemoteDma {
+        device: to.id.id,
+        send_sem: send_sem.dma_sem(),
     }
 }
 
@@ -944,23 +949,13 @@ pub fn make_async_remote_copy<'s, 'd, T: Element, M: MeshShape>(
 ) -> RemoteCopyDescriptor {
     RemoteCopyDescriptor {
         copy: make_async_copy(src, dst, recv_sem),
-        remote: RemoteDma {
-            device: to.id.id,
-            send_sem: send_sem.dma_sem(),
-        },
+        remote: remote_dma(to, send_sem),
     }
 }
 
 /// Emits a wait of `sem` for the copy `c` describes, if its refs are in scope here.
 fn wait_described(c: &CopyDescriptor, sem: &SemRef, loc: Loc) {
-    let op = Op::DmaWait {
-        src: c.src.clone(),
-        dst: c.dst.clone(),
-        sem: sem.clone(),
-    };
-    if op.refs().iter().all(|&r| in_scope(r, "wait_copy", loc)) {
-        emit(op, loc);
-    }
+    wait_in_scope(c.src.clone(), c.dst.clone(), sem.clone(), loc);
 }
 
 impl CopyDescriptor {
@@ -1070,10 +1065,7 @@ pub fn remote_copy_within<'b, T: Element, M: MeshShape>(
 ) -> RemoteCopy<'b, 'b> {
     let loc = Loc::caller();
     let r = buf.buffer();
-    let remote = RemoteDma {
-        device: to.id.id,
-        send_sem: send_sem.dma_sem(),
-    };
+    let remote = remote_dma(to, send_sem);
     RemoteCopy {
         inner: start(
             window(r, src),
@@ -1096,12 +1088,13 @@ pub fn wait_copy<'s, 'd, T: Element>(
     dst: impl CopyDest<'d, T>,
     sem: impl DmaSemaphore,
 ) {
-    let loc = Loc::caller();
-    let op = Op::DmaWait {
-        src: src.source(),
-        dst: dst.dest(),
-        sem: sem.dma_sem(),
-    };
+    wait_in_scope(src.source(), dst.dest(), sem.dma_sem(), Loc::caller());
+}
+
+/// Emits a wait of `sem` for a copy of `src` into `dst` that no token holds, if its refs may
+/// be used here ([`wait_copy`], [`wait_copy_within`], copy descriptors).
+fn wait_in_scope(src: RefWindow, dst: RefWindow, sem: SemRef, loc: Loc) {
+    let op = Op::DmaWait { src, dst, sem };
     if op.refs().iter().all(|&r| in_scope(r, "wait_copy", loc)) {
         emit(op, loc);
     }
@@ -1117,16 +1110,8 @@ pub fn wait_copy_within<'b, T: Element>(
     dst: &[Idx],
     sem: impl DmaSemaphore,
 ) {
-    let loc = Loc::caller();
     let r = buf.buffer();
-    let op = Op::DmaWait {
-        src: window(r, src),
-        dst: window(r, dst),
-        sem: sem.dma_sem(),
-    };
-    if op.refs().iter().all(|&r| in_scope(r, "wait_copy", loc)) {
-        emit(op, loc);
-    }
+    wait_in_scope(window(r, src), window(r, dst), sem.dma_sem(), Loc::caller());
 }
 
 // ---------------------------------------------------------------------------------------
