@@ -182,6 +182,7 @@ fn with_the_check_allowed_two_cores_compute_half_the_answer() {
         let options = RunOptions {
             megacore,
             allow_state_across_parallel: true,
+            ..RunOptions::default()
         };
         mosaic_eval(&racy_prefix_sum(), args, &options).unwrap()[0].to_f64_vec()
     };

@@ -293,9 +293,53 @@ impl HostArray {
     }
 }
 
+/// numpy's nesting of brackets, elements as Rust prints them (`1.5`, `-3`, `true`): the form
+/// `debug_print!` shows a tile in (the interpreter and mosaic-eval print alike).
+impl fmt::Display for HostArray {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let element = |i: usize| -> String {
+            match &self.data {
+                ArrayData::F32(v) => v[i].to_string(),
+                ArrayData::BF16(v) => v[i].to_f32().to_string(),
+                ArrayData::I32(v) => v[i].to_string(),
+                ArrayData::I8(v) => v[i].to_string(),
+                ArrayData::Bool(v) => v[i].to_string(),
+            }
+        };
+        fn nest(
+            f: &mut fmt::Formatter<'_>,
+            shape: &[usize],
+            offset: usize,
+            element: &dyn Fn(usize) -> String,
+        ) -> fmt::Result {
+            let Some((&n, inner)) = shape.split_first() else {
+                return f.write_str(&element(offset));
+            };
+            let stride: usize = inner.iter().product();
+            f.write_str("[")?;
+            for i in 0..n {
+                if i > 0 {
+                    f.write_str(", ")?;
+                }
+                nest(f, inner, offset + i * stride, element)?;
+            }
+            f.write_str("]")
+        }
+        nest(f, &self.shape, 0, &element)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn displays_nested_like_numpy() {
+        let a = HostArray::i32([2, 3], vec![1, 2, 3, 4, 5, -6]).unwrap();
+        assert_eq!(a.to_string(), "[[1, 2, 3], [4, 5, -6]]");
+        let s = HostArray::f32(Vec::<usize>::new(), vec![1.5]).unwrap();
+        assert_eq!(s.to_string(), "1.5");
+    }
 
     #[test]
     fn names_round_trip() {

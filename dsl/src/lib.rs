@@ -31,14 +31,15 @@ pub use rules::KernelRules;
 pub use tessera_hlo::{axes, axis, mesh, HasAxis, MeshAxis, MeshShape};
 pub use tessera_macros::tpu_kernel;
 pub use trace::{
-    all, async_copy, async_copy_within, constant, dot, dot_general, dot_nt, dot_tn, ds, fori_loop,
-    iota, make_async_copy, make_async_remote_copy, maximum, minimum, num_programs, program_id,
-    remote_copy, remote_copy_within, repeat, run_scoped, select, wait_copy, wait_copy_within, when,
-    when_else, zeros, AsyncCopy, Carry, CopyBuffer, CopyDescriptor, CopyDest, CopySource, DeviceId,
-    Devices, DmaSem, DmaSemSlot, DmaSemaphore, Element, Hbm, HbmMut, HbmWindow, HbmWindowMut, Idx,
-    IntoIndex, IntoStart, IntoValue, Loadable, RecvPending, Ref, RefMut, RegularSemaphore,
-    RemoteCopy, RemoteCopyDescriptor, RunTimeCond, ScalarLit, Scope, Scratch, Sem, SemSlot, Smem,
-    StaticLen, Value, Vmem, VmemWindow, VmemWindowMut, Window, WindowMut, Writable,
+    all, async_copy, async_copy_within, constant, debug_check, debug_print, dot, dot_general,
+    dot_nt, dot_tn, ds, fori_loop, iota, make_async_copy, make_async_remote_copy, maximum, minimum,
+    num_programs, program_id, remote_copy, remote_copy_within, repeat, run_scoped, select,
+    wait_copy, wait_copy_within, when, when_else, zeros, AsyncCopy, Carry, CopyBuffer,
+    CopyDescriptor, CopyDest, CopySource, DeviceId, Devices, DmaSem, DmaSemSlot, DmaSemaphore,
+    Element, Hbm, HbmMut, HbmWindow, HbmWindowMut, Idx, IntoIndex, IntoStart, IntoValue, Loadable,
+    RecvPending, Ref, RefMut, RegularSemaphore, RemoteCopy, RemoteCopyDescriptor, RunTimeCond,
+    ScalarLit, Scope, Scratch, Sem, SemSlot, Smem, StaticLen, Value, Vmem, VmemWindow,
+    VmemWindowMut, Window, WindowMut, Writable,
 };
 
 /// Evaluates `$body` with the type name `$T` standing for the element type of the compute
@@ -76,17 +77,31 @@ macro_rules! with_float_type {
     };
 }
 
+/// Prints run-time values from inside a kernel body, Pallas' `pl.debug_print`:
+/// `debug_print!("row {} of {}", i, n)` prints scalars, `debug_print!("m = {}", m)` a tile
+/// (its `{}` ends the format). Each `{}` takes one [`Value`]; see [`debug_print()`] for
+/// where the line goes on each backend.
+#[macro_export]
+macro_rules! debug_print {
+    ($format:literal $(, $value:expr)* $(,)?) => {
+        $crate::debug_print(
+            $format,
+            &[$(*::core::borrow::Borrow::<$crate::Value>::borrow(&$value)),*],
+        )
+    };
+}
+
 /// Everything a kernel author needs, for `use tessera_dsl::prelude::*`.
 pub mod prelude {
     pub use crate::ir::DType;
-    pub use crate::tpu_kernel;
     pub use crate::trace::{
-        all, async_copy, async_copy_within, constant, dot, dot_general, dot_nt, dot_tn, ds,
-        fori_loop, iota, make_async_copy, make_async_remote_copy, maximum, minimum, num_programs,
-        program_id, remote_copy, remote_copy_within, repeat, run_scoped, select, wait_copy,
-        wait_copy_within, when, when_else, zeros, Devices, DmaSem, Element, Hbm, HbmMut, Ref,
-        RefMut, Scratch, Sem, Smem, Value, Vmem,
+        all, async_copy, async_copy_within, constant, debug_check, dot, dot_general, dot_nt,
+        dot_tn, ds, fori_loop, iota, make_async_copy, make_async_remote_copy, maximum, minimum,
+        num_programs, program_id, remote_copy, remote_copy_within, repeat, run_scoped, select,
+        wait_copy, wait_copy_within, when, when_else, zeros, Devices, DmaSem, Element, Hbm, HbmMut,
+        Ref, RefMut, Scratch, Sem, Smem, Value, Vmem,
     };
+    pub use crate::{debug_print, tpu_kernel};
     pub use half::bf16;
 }
 

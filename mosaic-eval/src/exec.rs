@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::PoisonError;
 
 use half::bf16;
 
@@ -168,6 +169,10 @@ pub(crate) struct Machine<'m> {
     pub check: Option<ParallelCheck>,
     /// This device among the devices running the kernel, when there are several.
     pub device: Option<Device<'m>>,
+    /// The grid step being run (for what `tpu.log` prints and `cf.assert` reports).
+    pub step: Vec<usize>,
+    /// Where `tpu.log` and `tpu.log_buffer` lines go; `None`: stderr.
+    pub debug_log: Option<crate::DebugLog>,
 }
 
 /// The tag of an element no grid step has stored.
@@ -215,7 +220,8 @@ impl ParallelCheck {
     }
 
     fn stored(&mut self, b: usize, starts: &[usize], sizes: &[usize]) {
-        if let Some((_, tags)) = &mut self.tags[b] {
+        // Buffers allocated after the check was set up (a region's) hold no state across steps.
+        if let Some(Some((_, tags))) = self.tags.get_mut(b) {
             let n = sizes.iter().product();
             tags.write_window(
                 starts,
@@ -229,7 +235,7 @@ impl ParallelCheck {
     }
 
     fn load(&self, loc: &str, b: usize, starts: &[usize], sizes: &[usize]) -> R<()> {
-        let Some((what, tags)) = &self.tags[b] else {
+        let Some(Some((what, tags))) = self.tags.get(b) else {
             return Ok(());
         };
         let Data::I(ids) = tags.window(starts, sizes).data else {
@@ -274,7 +280,51 @@ pub(crate) enum Flow {
     Return(Vec<Val>),
 }
 
+/// A tensor as `debug_print!` shows values (tessera-array's display of a host array).
+fn render(t: &Tensor) -> String {
+    crate::to_host(t.clone(), t.elem.dtype())
+        .map(|a| a.to_string())
+        .unwrap_or_else(|e| format!("<{e}>"))
+}
+
+/// `tag` with each `$N` replaced by `values[N]` (the TPU log's placeholders).
+fn fill_placeholders(tag: &str, values: &[String]) -> String {
+    let mut out = String::new();
+    let mut chars = tag.chars().peekable();
+    while let Some(c) = chars.next() {
+        let mut digits = String::new();
+        while c == '$' && chars.peek().is_some_and(char::is_ascii_digit) {
+            digits.extend(chars.next());
+        }
+        match digits.parse::<usize>().ok().and_then(|i| values.get(i)) {
+            Some(v) => out.push_str(v),
+            None => {
+                out.push(c);
+                out.push_str(&digits);
+            }
+        }
+    }
+    out
+}
+
 impl Machine<'_> {
+    /// One line of `tpu.log` output, prefixed with the grid step (and the device, when
+    /// several run), as tessera's interpreter prints `debug_print!`.
+    fn print(&self, text: String) {
+        let on = match &self.device {
+            Some(d) => format!("device {}, ", d.id),
+            None => String::new(),
+        };
+        let line = format!("{on}grid step {:?}: {text}", self.step);
+        match &self.debug_log {
+            Some(log) => log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
     /// Calls `name` with `args`; returns what it returns.
     pub fn call(&mut self, name: &str, args: Vec<Val>) -> R<Vec<Val>> {
         let funcs = self.funcs;
@@ -562,6 +612,45 @@ impl Machine<'_> {
                 return Ok(Flow::Next);
             }
             OpKind::Mem(m) => return self.mem_op(m, op, env),
+            OpKind::Log {
+                tag,
+                formatted,
+                values,
+            } => {
+                let values = values
+                    .iter()
+                    .map(|v| Ok(render(&*get(env, v)?)))
+                    .collect::<R<Vec<String>>>()?;
+                let text = if *formatted {
+                    fill_placeholders(tag, &values)
+                } else {
+                    std::iter::once(tag.clone())
+                        .chain(values)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                };
+                self.print(text);
+                return Ok(Flow::Next);
+            }
+            OpKind::LogBuffer { mem: m, tag } => {
+                let contents = render(&self.buffers[mem(env, m)?]);
+                self.print(format!("{tag}{contents}"));
+                return Ok(Flow::Next);
+            }
+            OpKind::Assert { cond, message } => {
+                let c = get(env, cond)?;
+                return match (&c.data, c.shape.is_empty()) {
+                    (Data::B(v), true) if v[0] => Ok(Flow::Next),
+                    (Data::B(_), true) => Err(fail(
+                        loc,
+                        format!(
+                            "debug_check: failed: {message} (at grid step {:?})",
+                            self.step
+                        ),
+                    )),
+                    _ => Err(fail(loc, "cf.assert needs an i1 scalar condition")),
+                };
+            }
             OpKind::Yield { values } | OpKind::Return { values } => {
                 let vals = values
                     .iter()

@@ -165,10 +165,19 @@ fn string(chars: &[char], mut i: usize) -> Result<(String, usize), String> {
         match chars.get(i) {
             Some('"') => return Ok((s, i + 1)),
             Some('\\') => {
-                match chars.get(i + 1) {
-                    Some(c @ ('"' | '\\')) => s.push(*c),
-                    Some('n') => s.push('\n'),
-                    other => return Err(format!("unsupported escape `\\{other:?}` in a string")),
+                match (chars.get(i + 1), chars.get(i + 2)) {
+                    (Some(c @ ('"' | '\\')), _) => s.push(*c),
+                    (Some('n'), _) => s.push('\n'),
+                    (Some('t'), _) => s.push('\t'),
+                    // Two hex digits: a byte (MLIR escapes other control characters so).
+                    (Some(hi), Some(lo)) if hi.is_ascii_hexdigit() && lo.is_ascii_hexdigit() => {
+                        let byte = hi.to_digit(16).unwrap_or(0) * 16 + lo.to_digit(16).unwrap_or(0);
+                        s.push(char::from_u32(byte).unwrap_or('?'));
+                        i += 1;
+                    }
+                    (other, _) => {
+                        return Err(format!("unsupported escape `\\{other:?}` in a string"))
+                    }
                 }
                 i += 2;
             }

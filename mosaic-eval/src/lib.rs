@@ -32,6 +32,7 @@ mod parse;
 
 use std::collections::HashMap;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 use half::bf16;
 use tessera_array::{ArrayData, DType, HostArray};
@@ -65,6 +66,11 @@ pub struct OutputSpec {
     /// starts with that operand's values rather than garbage.
     pub aliases: Option<usize>,
 }
+
+/// The lines a module's `tpu.log` and `tpu.log_buffer` ops printed, each prefixed with the
+/// grid step (and the device, when several run), as tessera's interpreter prints
+/// `debug_print!`: `grid step [0, 1]: m = 3`.
+pub type DebugLog = Arc<Mutex<Vec<String>>>;
 
 fn kernel_err(message: impl Into<String>) -> EvalError {
     EvalError::Kernel(message.into())
@@ -196,19 +202,28 @@ impl Module {
         per_device: &[Vec<HostArray>],
         outputs: &[OutputSpec],
     ) -> Result<Vec<Vec<HostArray>>, EvalError> {
+        self.run_on_devices_with(per_device, outputs, &RunOptions::default())
+    }
+
+    /// [`Module::run_on_devices`] with other [`RunOptions`] (each device runs with them).
+    pub fn run_on_devices_with(
+        &self,
+        per_device: &[Vec<HostArray>],
+        outputs: &[OutputSpec],
+        options: &RunOptions,
+    ) -> Result<Vec<Vec<HostArray>>, EvalError> {
         let n = per_device.len();
         // Every device's barrier semaphore is the buffer after the kernel's memrefs.
         let k = self.kernel()?;
         let grid = ints(k.attr("iteration_bounds"), "iteration_bounds")?;
         let barrier = k.args.len().saturating_sub(grid.len());
         let world = devices::World::new(n, Some(barrier));
-        let options = RunOptions::default();
         let results: Vec<Result<Vec<HostArray>, EvalError>> = std::thread::scope(|scope| {
             let handles: Vec<_> = per_device
                 .iter()
                 .enumerate()
                 .map(|(id, args)| {
-                    let (world, options) = (&world, &options);
+                    let world = &world;
                     scope.spawn(move || {
                         let device = exec::Device { id, world };
                         let r = world
@@ -338,6 +353,8 @@ impl Module {
             buffers: Vec::new(),
             check: None,
             device,
+            step: Vec::new(),
+            debug_log: options.debug_log.clone(),
         };
         let mut check = ParallelCheck {
             parallel,
@@ -452,6 +469,7 @@ impl Module {
             if let Some(check) = &mut m.check {
                 check.current = check.id(&step);
             }
+            m.step = step.clone();
             let grid_vals: Vec<Val> = step
                 .iter()
                 .map(|&i| Val::T(Rc::new(Tensor::scalar_int(Elem::I32, i as i64))))
@@ -571,7 +589,7 @@ impl Module {
 }
 
 /// How [`Module::run_with`] runs a kernel.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct RunOptions {
     /// Split the leading `parallel` grid dims between two cores, each with its own scratch
     /// and output buffers, as chips with two TensorCores (v4, v5p) do: the first core runs
@@ -582,14 +600,17 @@ pub struct RunOptions {
     /// coordinates stored, instead of refusing the kernel (to see what a chip would
     /// compute).
     pub allow_state_across_parallel: bool,
+    /// Where `tpu.log` lines go; `None`: stderr.
+    pub debug_log: Option<DebugLog>,
 }
 
 impl Default for RunOptions {
-    /// Two cores, and the check.
+    /// Two cores, and the check; logs to stderr.
     fn default() -> Self {
         RunOptions {
             megacore: true,
             allow_state_across_parallel: false,
+            debug_log: None,
         }
     }
 }

@@ -233,6 +233,24 @@ pub(crate) enum OpKind {
     },
     /// Memory, semaphore and device ops (`parse/memory.rs`).
     Mem(MemOp),
+    /// `"tpu.log"(%a, ..) <{formatted = B, tag = "..."}> : (T, ..) -> ()`: prints the tag,
+    /// its `$N` replaced by operand N when `formatted`.
+    Log {
+        tag: String,
+        formatted: bool,
+        values: Vec<String>,
+    },
+    /// `"tpu.log_buffer"(%m) <{shape = array<i64: ..>, tag = "..."}> : (T) -> ()`: prints
+    /// the tag and the buffer's contents.
+    LogBuffer {
+        mem: String,
+        tag: String,
+    },
+    /// `cf.assert %c, "message"`.
+    Assert {
+        cond: String,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -292,7 +310,11 @@ impl OpKind {
                     .chain(iter_args.iter().map(|(_, init)| init))
                     .collect()
             }
-            OpKind::Yield { values } | OpKind::Return { values } => values.iter().collect(),
+            OpKind::Yield { values } | OpKind::Return { values } | OpKind::Log { values, .. } => {
+                values.iter().collect()
+            }
+            OpKind::LogBuffer { mem, .. } => vec![mem],
+            OpKind::Assert { cond, .. } => vec![cond],
             OpKind::Mem(m) => {
                 let (values, body) = m.uses();
                 regions.extend(body);
@@ -673,7 +695,7 @@ impl Parser {
         let name = match self.next()? {
             Tok::Ident(n) => n,
             // The generic form, for ops without a custom one (`"tpu.region"`).
-            Tok::Str(n) if n == "tpu.region" => n,
+            Tok::Str(n) if matches!(n.as_str(), "tpu.region" | "tpu.log" | "tpu.log_buffer") => n,
             _ => return Err(self.error("expected an op name")),
         };
         let kind = self.op_body(&name)?;
@@ -827,6 +849,54 @@ impl Parser {
                     indices,
                     value,
                 }
+            }
+            "tpu.log" | "tpu.log_buffer" => {
+                self.expect("(")?;
+                let values = if self.eat(")") {
+                    Vec::new()
+                } else {
+                    let v = self.values()?;
+                    self.expect(")")?;
+                    v
+                };
+                self.expect("<")?;
+                let props = self.attr_dict()?;
+                self.expect(">")?;
+                self.expect(":")?;
+                self.expect("(")?;
+                while !self.eat(")") {
+                    self.ty()?;
+                    self.eat(",");
+                }
+                self.expect("->")?;
+                self.expect("(")?;
+                self.expect(")")?;
+                let prop = |n: &str| props.iter().find(|(k, _)| k == n).map(|(_, a)| a);
+                let tag = match prop("tag") {
+                    Some(Attr::Str(t)) => t.clone(),
+                    _ => return Err(self.error(format!("{name}: expected a string `tag`"))),
+                };
+                match (name, values.as_slice()) {
+                    ("tpu.log", _) => OpKind::Log {
+                        tag,
+                        formatted: matches!(prop("formatted"), Some(Attr::Ident(b)) if b == "true"),
+                        values,
+                    },
+                    (_, [mem]) => OpKind::LogBuffer {
+                        mem: mem.clone(),
+                        tag,
+                    },
+                    _ => return Err(self.error("tpu.log_buffer: expected one memref")),
+                }
+            }
+            "cf.assert" => {
+                let cond = self.value()?;
+                self.expect(",")?;
+                let message = match self.next()? {
+                    Tok::Str(m) => m,
+                    _ => return Err(self.error("cf.assert: expected the message")),
+                };
+                OpKind::Assert { cond, message }
             }
             "memref.load" => {
                 let mem = self.value()?;

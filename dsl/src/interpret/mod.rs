@@ -27,6 +27,7 @@ mod memory;
 mod tensor;
 
 use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::array::HostArray;
 use crate::error::{KernelError, Problem, ProblemKind};
@@ -59,7 +60,44 @@ pub struct InterpretOptions {
     /// the kernel (to see what a chip would compute: with megacore, the second core reads
     /// its own garbage).
     pub allow_state_across_parallel: bool,
+    /// Where `debug_print!` lines go; `None`: stderr.
+    pub debug_log: Option<DebugLog>,
 }
+
+/// The lines a kernel's `debug_print!`s printed, each prefixed with the grid step (and the
+/// device, on a mesh): `grid step [0, 1]: m = 3`. Clones share one log.
+#[derive(Debug, Clone, Default)]
+pub struct DebugLog(Arc<Mutex<Vec<String>>>);
+
+impl DebugLog {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Every line so far, in the order printed (devices of a mesh interleave).
+    pub fn lines(&self) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn push(&self, line: String) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(line);
+    }
+}
+
+/// Two handles are equal when they share one log.
+impl PartialEq for DebugLog {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for DebugLog {}
 
 impl InterpretOptions {
     pub fn shuffled(seed: u64) -> Self {
@@ -313,6 +351,7 @@ impl<'k> Device<'k> {
         let mut aliased = self.aliased;
         let mut m = Machine::new(k, self.arrays, Some((world, self.index)));
         m.check_parallel_state = !options.allow_state_across_parallel;
+        m.debug_log = options.debug_log.clone();
         // The local scratch buffers (not semaphores, not in the shared world).
         let mut scratch = Vec::new();
         for (i, o) in k.operands.iter().enumerate() {
@@ -611,6 +650,8 @@ struct Machine<'k, 'w> {
     par_id: i32,
     /// Refuse loads of what other parallel coordinates stored.
     check_parallel_state: bool,
+    /// Where `debug_print!` lines go (`None`: stderr).
+    debug_log: Option<DebugLog>,
 }
 
 /// The tag of an element no step has stored.
@@ -642,6 +683,7 @@ impl<'k, 'w> Machine<'k, 'w> {
             tags: HashMap::new(),
             par_id: 0,
             check_parallel_state: false,
+            debug_log: None,
         }
     }
 
@@ -976,6 +1018,32 @@ impl<'k, 'w> Machine<'k, 'w> {
                 let (world, d) = self.world();
                 let count = world.sync(d, |w, g| Ok(w.read_sem(g, key)))?;
                 Tensor::scalar_i32(count as i32)
+            }
+            Op::DebugPrint { format, args } => {
+                let values: Vec<String> = args
+                    .iter()
+                    .map(|&a| self.get(a).clone().into_host().to_string())
+                    .collect();
+                let on = match self.dev {
+                    Some((w, d)) if w.devices() > 1 => format!("device {d}, "),
+                    _ => String::new(),
+                };
+                let line = format!(
+                    "{on}grid step {:?}: {}",
+                    self.step,
+                    crate::ir::format_print(format, &values)
+                );
+                match &self.debug_log {
+                    Some(log) => log.push(line),
+                    None => eprintln!("{line}"),
+                }
+                return Ok(());
+            }
+            Op::DebugCheck { cond, message } => {
+                if self.get(*cond).as_bool() {
+                    return Ok(());
+                }
+                return Err(self.error(inst.loc, "debug_check", format!("failed: {message}")));
             }
         };
         self.set(inst.results[0], out);

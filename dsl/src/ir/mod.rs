@@ -6,11 +6,11 @@ mod protocol;
 mod types;
 mod verify;
 
-pub(crate) use ops::dynamic_starts;
 pub use ops::{
     broadcast_shapes, broadcastable, infer, squeezed, BinaryOp, CmpOp, InferContext, Inst, Literal,
     Op, ReduceOp, RefWindow, Region, RemoteDma, SemRef, Slice, UnaryOp,
 };
+pub(crate) use ops::{dynamic_starts, format_print, print_format_pieces};
 pub use protocol::check_protocol;
 pub(crate) use protocol::eval_scalar;
 pub use types::{

@@ -365,6 +365,17 @@ pub enum Op {
         allocs: Vec<RefId>,
         body: Region,
     },
+    /// Prints `args` where `format` has its `{}` placeholders (one per arg): scalars, or one
+    /// vector whose placeholder ends the format. Defines no values.
+    DebugPrint {
+        format: String,
+        args: Vec<ValueId>,
+    },
+    /// Stops the run with `message` when the bool scalar `cond` is false.
+    DebugCheck {
+        cond: ValueId,
+        message: String,
+    },
 }
 
 impl Op {
@@ -400,6 +411,8 @@ impl Op {
             Op::SemWait { .. } => "semaphore_wait",
             Op::SemRead { .. } => "semaphore_read",
             Op::Scoped { .. } => "run_scoped",
+            Op::DebugPrint { .. } => "debug_print",
+            Op::DebugCheck { .. } => "debug_check",
         }
     }
 
@@ -473,6 +486,8 @@ impl Op {
                 v
             }
             Op::SemRead { sem } => sem.index.clone(),
+            Op::DebugPrint { args, .. } => args.clone(),
+            Op::DebugCheck { cond, .. } => vec![*cond],
         }
     }
 
@@ -519,6 +534,57 @@ impl Op {
             _ => vec![],
         }
     }
+}
+
+/// Checks that `format` has one `{}` per argument and no other braces (`{{`/`}}` escape one).
+fn check_print_format(format: &str, args: usize) -> Result<(), String> {
+    let placeholders = print_format_pieces(format)?.len() - 1;
+    if placeholders != args {
+        return Err(format!(
+            "the format `{format}` has {placeholders} `{{}}` placeholders for {args} values"
+        ));
+    }
+    Ok(())
+}
+
+/// The literal text between the `{}` placeholders of a print format (one more piece than
+/// placeholders), with `{{` and `}}` unescaped.
+pub(crate) fn print_format_pieces(format: &str) -> Result<Vec<String>, String> {
+    let mut pieces = vec![String::new()];
+    let mut chars = format.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, chars.peek()) {
+            ('{', Some('}')) => {
+                chars.next();
+                pieces.push(String::new());
+            }
+            ('{', Some('{')) | ('}', Some('}')) => {
+                chars.next();
+                pieces.last_mut().expect("never empty").push(c);
+            }
+            ('{' | '}', _) => {
+                return Err(format!(
+                    "the format `{format}` has a lone `{c}`: placeholders are `{{}}` (no \
+                     names or specs), and `{{{{` / `}}}}` print a brace"
+                ))
+            }
+            _ => pieces.last_mut().expect("never empty").push(c),
+        }
+    }
+    Ok(pieces)
+}
+
+/// Fills the `{}` placeholders of a checked print format with `values`.
+pub(crate) fn format_print(format: &str, values: &[String]) -> String {
+    let pieces = print_format_pieces(format).unwrap_or_else(|_| vec![format.to_string()]);
+    let mut out = String::new();
+    for (i, piece) in pieces.iter().enumerate() {
+        out.push_str(piece);
+        if let Some(v) = values.get(i).filter(|_| i + 1 < pieces.len()) {
+            out.push_str(v);
+        }
+    }
+    out
 }
 
 /// The run-time start values among `slices`.
@@ -927,6 +993,26 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                 }
             }
             body.yields.iter().map(|&v| ty(v)).collect()
+        }
+        Op::DebugPrint { format, args } => {
+            check_print_format(format, args.len())?;
+            let vectors = args.iter().filter(|&&a| !ctx.value_type(a).is_scalar());
+            if vectors.count() > 0 && (args.len() > 1 || !format.ends_with("{}")) {
+                return Err(
+                    "`debug_print!` prints scalars, or one vector whose `{}` ends the format"
+                        .to_string(),
+                );
+            }
+            vec![]
+        }
+        Op::DebugCheck { cond, .. } => {
+            let t = ctx.value_type(*cond);
+            if t.dtype != DType::Bool || !t.is_scalar() {
+                return Err(format!(
+                    "the condition of `debug_check` must be a bool scalar, got {t}"
+                ));
+            }
+            vec![]
         }
     })
 }

@@ -225,6 +225,10 @@ impl Printer<'_> {
             }
             Op::SemWait { sem, value } => format!("semaphore_wait {}, {value}", self.sem(sem)),
             Op::SemRead { sem } => format!("semaphore_read {}", self.sem(sem)),
+            Op::DebugPrint { format, args } => {
+                format!("debug_print {format:?}({})", join(args, ", "))
+            }
+            Op::DebugCheck { cond, message } => format!("debug_check {cond}, {message:?}"),
             Op::Scoped { allocs, body } => {
                 let names: Vec<&str> = allocs.iter().map(|r| name(*r)).collect();
                 let _ = writeln!(out, "run_scoped ({}) {{", names.join(", "));

@@ -228,6 +228,8 @@ impl Verifier<'_> {
                     | Op::SemWait { .. }
                     | Op::SemRead { .. }
                     | Op::Scoped { .. }
+                    | Op::DebugPrint { .. }
+                    | Op::DebugCheck { .. }
             )
         {
             self.err(

@@ -164,7 +164,9 @@ fn region(
             | Op::DmaWait { .. }
             | Op::SemSignal { .. }
             | Op::SemWait { .. }
-            | Op::SemRead { .. } => {}
+            | Op::SemRead { .. }
+            | Op::DebugPrint { .. }
+            | Op::DebugCheck { .. } => {}
             Op::ProgramId { .. }
             | Op::Constant { .. }
             | Op::Load { .. }

@@ -300,8 +300,32 @@ fn round(x: f32, dtype: DType) -> f32 {
 }
 
 fn loc_attr(loc: Loc) -> String {
-    let file = loc.file.replace('\\', "\\\\").replace('"', "\\\"");
-    format!("loc(\"{file}\":{}:{})", loc.line, loc.column)
+    format!(
+        "loc({}:{}:{})",
+        string_literal(loc.file),
+        loc.line,
+        loc.column
+    )
+}
+
+/// `s` as an MLIR string literal: quoted, with `"`, `\` and control characters escaped.
+fn string_literal(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_ascii_control() => {
+                let _ = write!(out, "\\{:02X}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 struct Emitter<'k> {
@@ -581,6 +605,76 @@ impl<'k> Emitter<'k> {
             ),
             loc,
         )
+    }
+
+    /// `debug_print!`: scalars go to the TPU's log op with `$0`, `$1`, ... for the
+    /// placeholders (`formatted`); a vector is stored to a VMEM buffer of its own, in a
+    /// region, whose contents `tpu.log_buffer` prints after the format's text (the rule
+    /// Pallas follows too: the vector's placeholder ends the format).
+    fn debug_print(&mut self, format: &str, args: &[ValueId], loc: Loc) -> R<()> {
+        let pieces = crate::ir::print_format_pieces(format)
+            .map_err(|m| lower_error(self.k, "`debug_print`", loc, m))?;
+        let vector = match args {
+            [v] if !self.ty(*v).is_scalar() => Some(*v),
+            _ => None,
+        };
+        let Some(v) = vector else {
+            let mut tag = String::new();
+            for (i, piece) in pieces.iter().enumerate() {
+                tag.push_str(piece);
+                if i + 1 < pieces.len() {
+                    let _ = write!(tag, "${i}");
+                }
+            }
+            let values: Vec<String> = args.iter().map(|&a| self.v(a)).collect();
+            let types: Vec<String> = args.iter().map(|&a| value_type(self.ty(a))).collect();
+            self.line(
+                &format!(
+                    "\"tpu.log\"({}) <{{formatted = {}, tag = {}}}> : ({}) -> ()",
+                    values.join(", "),
+                    !args.is_empty(),
+                    string_literal(&tag),
+                    types.join(", ")
+                ),
+                loc,
+            );
+            return Ok(());
+        };
+        let t = self.ty(v);
+        let buffer = memref_type(&t.shape, t.dtype, MemorySpace::Vmem);
+        let x = self.v(v);
+        self.open("\"tpu.region\"() ({");
+        let b = self.emit(&format!("memref.alloca() : {buffer}"), loc);
+        let zero = self.emit("arith.constant 0 : index", loc);
+        let zeros = vec![zero; t.rank()];
+        self.line(
+            &format!(
+                "tpu.vector_store {b}[{}], {x} {{strides = array<i32>}} : {buffer}, {},",
+                zeros.join(", "),
+                value_type(t)
+            ),
+            loc,
+        );
+        self.line(
+            &format!(
+                "\"tpu.log_buffer\"({b}) <{{shape = array<i64: {}>, tag = {}}}> : ({buffer}) -> ()",
+                t.shape
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                string_literal(&pieces[0])
+            ),
+            loc,
+        );
+        self.line("tpu.yield", loc);
+        self.depth -= 1;
+        for _ in 0..self.depth {
+            self.out.push_str("  ");
+        }
+        self.out
+            .push_str(&format!("}}) : () -> () {}\n", loc_attr(loc)));
+        Ok(())
     }
 
     /// A splat of `value` as a dense vector constant, or a scalar constant.
@@ -912,6 +1006,12 @@ impl<'k> Emitter<'k> {
             }
             Op::SemRead { sem } => self.sem_read(sem, loc),
             Op::Scoped { allocs, body } => return self.scoped(inst, allocs, body),
+            Op::DebugPrint { format, args } => return self.debug_print(format, args, loc),
+            Op::DebugCheck { cond, message } => {
+                let c = self.v(*cond);
+                self.line(&format!("cf.assert {c}, {}", string_literal(message)), loc);
+                return Ok(());
+            }
             Op::When {
                 cond,
                 then,
@@ -1044,7 +1144,7 @@ fn symbol(name: &str) -> String {
     if plain {
         name.to_string()
     } else {
-        format!("\"{}\"", name.replace('\\', "\\\\").replace('"', "\\\""))
+        string_literal(name)
     }
 }
 

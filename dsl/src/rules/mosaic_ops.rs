@@ -132,6 +132,19 @@ fn refusal(k: &Kernel, inst: &Inst) -> Option<String> {
                 ))
             }
         }
+        Op::DebugPrint { .. } => {
+            let not_i32 = operands
+                .iter()
+                .find(|t| t.is_scalar() && t.dtype != DType::I32);
+            not_i32.map(|t| {
+                format!(
+                    "the TPU's log formats i32 scalars only, not a {} scalar; cast it to i32 \
+                     (`.cast(DType::I32)`), or print it as a tile (`debug_print!(\"x = {{}}\", \
+                     tile)`)",
+                    t.dtype
+                )
+            })
+        }
         Op::Dot { lhs, .. } if !ty(*lhs).dtype.is_float() => Some(format!(
             "the MXU multiplies f32 or bf16 operands, not {}; cast the operands to bf16 or f32",
             ty(*lhs).dtype

@@ -611,6 +611,47 @@ pub fn when(cond: impl RunTimeCond, body: impl FnOnce()) {
     );
 }
 
+/// Prints run-time values from inside a kernel; what [`debug_print!`](crate::debug_print)
+/// calls. `format` has one `{}` per value (`{{` and `}}` print a brace): scalars, or one
+/// tile whose `{}` ends the format.
+///
+/// Where the line goes: the interpreter prints it with the grid step (to stderr, or to
+/// [`InterpretOptions::debug_log`](crate::interpret::InterpretOptions::debug_log)), as
+/// mosaic-eval does; on TPU it is the chip's log op (`tpu.log`, `tpu.log_buffer` for a
+/// tile; scalars must be i32 there), which libtpu prints when the program is compiled with
+/// `xla_tpu_enable_log_recorder`; the StableHLO path (XLA on CPU or GPU) leaves it out.
+#[track_caller]
+pub fn debug_print(format: &str, values: &[Value]) {
+    emit(
+        Op::DebugPrint {
+            format: format.to_string(),
+            args: values.iter().map(|v| v.id).collect(),
+        },
+        Loc::caller(),
+    );
+}
+
+/// A run-time assertion inside a kernel (Pallas' `pl.debug_check`): when the bool scalar
+/// `cond` is false, the run stops with `message`, this line and the grid step.
+///
+/// ```ignore
+/// debug_check(table.at(i).ge(0), "page indices are never negative");
+/// ```
+///
+/// The interpreter and mosaic-eval check it; on TPU it lowers to `cf.assert`, which
+/// stops the chip; the StableHLO path (XLA on CPU or GPU) leaves it out.
+#[track_caller]
+pub fn debug_check(cond: impl RunTimeCond, message: &str) {
+    let cond = cond.into_cond();
+    emit(
+        Op::DebugCheck {
+            cond: cond.id,
+            message: message.to_string(),
+        },
+        Loc::caller(),
+    );
+}
+
 /// Runs `then` when the run-time bool scalar `cond` is true, else `otherwise`: `if`/`else` on
 /// a run-time value (`scf.if` with an `else` region on TPU, as `lax.cond` in a Pallas kernel).
 ///

@@ -123,7 +123,9 @@ fn result_count(op: &Op) -> usize {
         | Op::DmaStart { .. }
         | Op::DmaWait { .. }
         | Op::SemSignal { .. }
-        | Op::SemWait { .. } => 0,
+        | Op::SemWait { .. }
+        | Op::DebugPrint { .. }
+        | Op::DebugCheck { .. } => 0,
         Op::ForLoop { init, .. } => init.len(),
         Op::Scoped { body, .. } => body.yields.len(),
         _ => 1,

@@ -1,0 +1,207 @@
+//! `debug_print!` and `debug_check` inside kernels: the interpreter and mosaic-eval print the
+//! same lines with the grid step and stop a failing check at the kernel's line; the CPU
+//! plugin (StableHLO) runs the kernel with both left out; libtpu compiles the TPU's log op
+//! and `cf.assert`.
+
+mod common;
+
+use tessera::backend::{self, Backend};
+use tessera::dsl::interpret::{self, DebugLog, InterpretOptions};
+use tessera::dsl::{ArgSpec, DType, HostArray, KernelRules, Lowering};
+use tessera::prelude::*;
+use tessera::runtime::{CompileOptions, Plugin};
+use tessera_mosaic_eval::RunOptions;
+
+/// `out = 2 x`, row block by row block, printing each step's block index, its length from
+/// the table and (for block 0) the block itself; checks each length against the block.
+#[tpu_kernel(grid = N)]
+fn doubled_with_prints(
+    #[shape(N)] lengths: Smem<i32>,
+    #[shape(R, C)]
+    #[block((8, C), |i| (i, 0))]
+    x: Ref<f32>,
+    #[shape(R, C)]
+    #[block((8, C), |i| (i, 0))]
+    out: RefMut<f32>,
+) {
+    let i = program_id(0);
+    let length = lengths.get([i]);
+    debug_check(length.le(8), "a length is at most the block's 8 rows");
+    debug_print!("block {} of {}: length {}", i, num_programs(0), length);
+    let block = x.load();
+    when(i.eq(0), || debug_print!("first block: {}", block));
+    out.store(block * 2.0);
+}
+
+/// Lengths (one per row block), and `x` with small integers so that the printed tile reads
+/// the same everywhere.
+fn args(lengths: Vec<i32>) -> Vec<HostArray> {
+    let n = lengths.len();
+    let x: Vec<f32> = (0..n * 8 * 128).map(|i| (i % 7) as f32).collect();
+    vec![
+        HostArray::i32([n], lengths).unwrap(),
+        HostArray::f32([n * 8, 128], x).unwrap(),
+    ]
+}
+
+fn doubled(x: &HostArray) -> Vec<f64> {
+    x.to_f64_vec().iter().map(|v| 2.0 * v).collect()
+}
+
+fn interpreted(args: &[HostArray]) -> (Result<Vec<HostArray>, String>, Vec<String>) {
+    let log = DebugLog::new();
+    let options = InterpretOptions {
+        debug_log: Some(log.clone()),
+        ..InterpretOptions::default()
+    };
+    let out = interpret::run(&doubled_with_prints(), args, &options).map_err(|e| e.to_string());
+    (out, log.lines())
+}
+
+fn mosaic_evaluated(args: &[HostArray]) -> (Result<Vec<HostArray>, String>, Vec<String>) {
+    let log = tessera_mosaic_eval::DebugLog::default();
+    let options = RunOptions {
+        debug_log: Some(log.clone()),
+        // One core, so that the steps print in the interpreter's order.
+        megacore: false,
+        ..RunOptions::default()
+    };
+    let out = common::mosaic_eval(&doubled_with_prints(), args, &KernelRules::tpu(), &options)
+        .map_err(|e| e.to_string());
+    let lines = log.lock().unwrap().clone();
+    (out, lines)
+}
+
+#[test]
+fn the_interpreter_prints_scalars_and_tiles_with_the_grid_step() {
+    let args = args(vec![8, 3, 5]);
+    let (out, lines) = interpreted(&args);
+    common::assert_close(
+        &out.unwrap()[0].to_f64_vec(),
+        &doubled(&args[1]),
+        0.0,
+        "out",
+    );
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    assert_eq!(lines[0], "grid step [0]: block 0 of 3: length 8");
+    assert_eq!(lines[2], "grid step [1]: block 1 of 3: length 3");
+    assert_eq!(lines[3], "grid step [2]: block 2 of 3: length 5");
+    // The tile, numpy's nesting: 8 rows of 128.
+    let tile = lines[1]
+        .strip_prefix("grid step [0]: first block: ")
+        .unwrap_or_else(|| panic!("{}", lines[1]));
+    assert!(tile.starts_with("[[0, 1, 2, 3, 4, 5, 6, 0, 1,"), "{tile}");
+    assert_eq!(tile.matches('[').count(), 9, "{tile}");
+}
+
+#[test]
+fn mosaic_eval_prints_what_the_interpreter_prints() {
+    let args = args(vec![8, 3, 5]);
+    let (want_out, want) = interpreted(&args);
+    let (out, lines) = mosaic_evaluated(&args);
+    assert_eq!(out.unwrap(), want_out.unwrap());
+    assert_eq!(lines, want);
+}
+
+#[test]
+fn a_failing_check_stops_the_run_at_the_kernels_line_and_step() {
+    let args = args(vec![8, 9, 5]);
+    let (out, lines) = interpreted(&args);
+    let e = out.unwrap_err();
+    assert!(e.contains("debug_print.rs:29"), "{e}");
+    assert!(
+        e.contains("debug_check: failed: a length is at most the block's 8 rows"),
+        "{e}"
+    );
+    assert!(e.contains("at grid step [1]"), "{e}");
+    // Step 0 printed; step 1 stopped before its print.
+    assert_eq!(lines.len(), 2, "{lines:#?}");
+    let (out, _) = mosaic_evaluated(&args);
+    let e = out.unwrap_err();
+    assert!(e.contains("debug_print.rs:29"), "{e}");
+    assert!(
+        e.contains("debug_check: failed: a length is at most the block's 8 rows"),
+        "{e}"
+    );
+    assert!(e.contains("at grid step [1]"), "{e}");
+}
+
+/// XLA has no print or assertion every PJRT backend runs: the StableHLO path leaves both
+/// out, so even the failing check's arguments run to the right result there.
+#[test]
+fn the_stablehlo_path_runs_the_kernel_without_prints_or_checks() {
+    for lengths in [vec![8, 3, 5], vec![8, 9, 5]] {
+        let args = args(lengths);
+        let out = backend::run(
+            &doubled_with_prints(),
+            &args,
+            Backend::Cpu,
+            &KernelRules::tpu(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        common::assert_close(&out[0].to_f64_vec(), &doubled(&args[1]), 0.0, "cpu");
+    }
+}
+
+#[test]
+fn mosaic_refuses_a_float_scalar_in_a_formatted_print() {
+    #[tpu_kernel(grid = 1)]
+    fn prints_a_float(
+        #[shape(8, 128)]
+        #[block((8, 128), |i| (i, 0))]
+        x: Ref<f32>,
+        #[shape(8, 128)]
+        #[block((8, 128), |i| (i, 0))]
+        out: RefMut<f32>,
+    ) {
+        let total = x.load().sum(1).sum(0);
+        debug_print!("total {}", total);
+        out.store(x.load());
+    }
+    let args = vec![HostArray::random(DType::F32, [8, 128], 1)];
+    let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+    let e = prints_a_float()
+        .instantiate(&specs, &KernelRules::tpu())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the TPU's log formats i32 scalars only, not a f32 scalar"),
+        "{e}"
+    );
+    // The interpreter, under portable rules, prints it.
+    let log = DebugLog::new();
+    let options = InterpretOptions {
+        debug_log: Some(log.clone()),
+        rules: KernelRules::portable(),
+        ..InterpretOptions::default()
+    };
+    interpret::run(&prints_a_float(), &args, &options).unwrap();
+    let want: f64 = args[0].to_f64_vec().iter().sum();
+    let line = &log.lines()[0];
+    let got: f64 = line
+        .strip_prefix("grid step [0]: total ")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!((got - want).abs() < 1e-3, "{line} vs {want}");
+}
+
+#[test]
+fn libtpu_compiles_the_log_op_and_the_assertion() {
+    let args = args(vec![8, 3, 5]);
+    let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+    let k = doubled_with_prints()
+        .instantiate(&specs, &KernelRules::tpu())
+        .unwrap();
+    let text = tessera::dsl::mosaic::lower(&k).unwrap().text;
+    for op in ["\"tpu.log\"", "\"tpu.log_buffer\"", "cf.assert"] {
+        assert!(text.contains(op), "{op} missing:\n{text}");
+    }
+    let module = Lowering::tpu().lower_module(&k).unwrap().to_mlir();
+    let plugin = Plugin::libtpu()
+        .unwrap_or_else(|e| panic!("libtpu is needed for the TPU compile tests: {e}"));
+    let topology = plugin.topology("v5p:2x2x1").expect("topology");
+    let options = CompileOptions::manual_partitions(1).unwrap();
+    topology
+        .compile(&module, &options)
+        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+}
