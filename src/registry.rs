@@ -58,7 +58,7 @@ use crate::kernels::memory::{
     ring_shift, ring_shift_reference, Ring, TILE_ROWS,
 };
 use crate::kernels::paged_attention::paged_attention_reference;
-use crate::kernels::{flash_attention, matmul, paged_attention, row_softmax};
+use crate::kernels::{flash_attention, matmul, paged_attention, pipelined_matmul, row_softmax};
 use crate::reference::{attention_ref, matmul_ref, max_abs_diff, softmax_ref};
 
 /// The block sizes the CLI can instantiate (each one a monomorphised kernel).
@@ -405,6 +405,17 @@ fn build_matmul(p: &Params, _name: &str) -> Result<Built, RegistryError> {
         };
     }
     let def = with_float_type!(dtype, T => dispatch_block!(bm, with_m!(T;)));
+    Ok(Built::data(
+        def,
+        vec![ArgSpec::new(dtype, [m, k]), ArgSpec::new(dtype, [k, n])],
+    ))
+}
+
+fn build_pipelined_matmul(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    let (bm, bn, bk, dtype) = (p.block("BM")?, p.block("BN")?, p.block("BK")?, p.dtype()?);
+    let (m, n, k) = (p.usize("M")?, p.usize("N")?, p.usize("K")?);
+    let buffers = p.usize("BUFFERS")?;
+    let def = with_float_type!(dtype, T => pipelined_matmul::<T>((bm, bn, bk), buffers));
     Ok(Built::data(
         def,
         vec![ArgSpec::new(dtype, [m, k]), ArgSpec::new(dtype, [k, n])],
@@ -1276,6 +1287,56 @@ pub const KERNELS: &[KernelInfo] = &[
                 ("K", "{matmul_size}"),
             ],
         ],
+    },
+    KernelInfo {
+        name: "pipelined_matmul",
+        summary: "matmul x[M,K] @ y[K,N] with x, y and out left in HBM and the blocks moved \
+                  by a pipeline nested in the kernel body (Pallas' emit_pipeline), BUFFERS \
+                  VMEM buffers per operand, accumulating in the f32 output block",
+        params: &[
+            ParamInfo::compile_time("BM", "8", "rows of x per block"),
+            ParamInfo::compile_time("BN", "128", "columns of y per block"),
+            ParamInfo::compile_time("BK", "128", "contraction per block"),
+            ParamInfo::compile_time("BUFFERS", "2", "VMEM buffers per operand (2 or more)"),
+            DTYPE,
+            ParamInfo::size("M", "32", "rows of x", &[("x", 0)]),
+            ParamInfo::size("N", "256", "columns of y", &[("y", 1)]),
+            ParamInfo::size("K", "384", "columns of x, rows of y", &[("x", 1), ("y", 0)]),
+        ],
+        build: build_pipelined_matmul,
+        reference: Reference::Local(matmul_reference),
+        flops: matmul_flops,
+        inputs: None,
+        xla: None,
+        // f32 accumulation of K products of magnitude <= 1.
+        cases: &[
+            Case {
+                params: &[("dtype", "f32")],
+                tol: 1e-4,
+            },
+            Case {
+                params: &[
+                    ("dtype", "f32"),
+                    ("BUFFERS", "3"),
+                    ("BM", "16"),
+                    ("M", "48"),
+                ],
+                tol: 1e-4,
+            },
+            Case {
+                params: &[("dtype", "bf16"), ("BM", "16"), ("BK", "256"), ("K", "512")],
+                tol: 1e-3,
+            },
+        ],
+        bench: &[&[
+            ("dtype", "f32"),
+            ("BM", "{matmul_block}"),
+            ("BN", "{matmul_block}"),
+            ("BK", "{matmul_block}"),
+            ("M", "{matmul_size}"),
+            ("N", "{matmul_size}"),
+            ("K", "{matmul_size}"),
+        ]],
     },
     KernelInfo {
         name: "row_softmax",

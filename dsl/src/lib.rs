@@ -34,9 +34,10 @@ pub use trace::{
     all, async_copy, async_copy_within, constant, debug_check, debug_print, dot, dot_general,
     dot_nt, dot_tn, ds, fori_loop, iota, make_async_copy, make_async_remote_copy, maximum, minimum,
     num_programs, program_id, remote_copy, remote_copy_within, repeat, run_scoped, select,
-    wait_copy, wait_copy_within, when, when_else, zeros, AsyncCopy, Carry, CopyBuffer,
-    CopyDescriptor, CopyDest, CopySource, DeviceId, Devices, DmaSem, DmaSemSlot, DmaSemaphore,
-    Element, Hbm, HbmMut, HbmWindow, HbmWindowMut, Idx, IntoIndex, IntoStart, IntoValue, Loadable,
+    wait_copy, wait_copy_within, when, when_else, zeros, AsyncCopy, BlockIndices, Carry,
+    CopyBuffer, CopyDescriptor, CopyDest, CopySource, DeviceId, Devices, DmaSem, DmaSemSlot,
+    DmaSemaphore, Element, Hbm, HbmMut, HbmWindow, HbmWindowMut, Idx, IntoIndex, IntoStart,
+    IntoValue, Loadable, Pipeline, PipelineInput, PipelineOutput, PipelineSource, PipelineStep,
     RecvPending, Ref, RefMut, RegularSemaphore, RemoteCopy, RemoteCopyDescriptor, RunTimeCond,
     ScalarLit, Scope, Scratch, Sem, SemSlot, Smem, StaticLen, Value, Vmem, VmemWindow,
     VmemWindowMut, Window, WindowMut, Writable,
@@ -99,7 +100,7 @@ pub mod prelude {
         dot_tn, ds, fori_loop, iota, make_async_copy, make_async_remote_copy, maximum, minimum,
         num_programs, program_id, remote_copy, remote_copy_within, repeat, run_scoped, select,
         wait_copy, wait_copy_within, when, when_else, zeros, Devices, DmaSem, Element, Hbm, HbmMut,
-        Ref, RefMut, Scratch, Sem, Smem, Value, Vmem,
+        Pipeline, Ref, RefMut, Scratch, Sem, Smem, Value, Vmem,
     };
     pub use crate::{debug_print, tpu_kernel};
     pub use half::bf16;

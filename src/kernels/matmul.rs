@@ -23,3 +23,29 @@ pub fn matmul<T: Element, const BM: usize, const BN: usize, const BK: usize>(
         out.store(acc.load())
     });
 }
+
+/// [`matmul`] with its operands left in HBM and the blocking done by a pipeline nested in
+/// the body ([`Pipeline`], Pallas' `emit_pipeline`) over `(M / bm, N / bn, K / bk)` blocks
+/// (`blocks = (bm, bn, bk)`) with `buffers` VMEM buffers per operand: the kernel has one
+/// grid step; the pipeline copies the `x` and `y` blocks of the next steps into VMEM while
+/// a step computes, and each `out` block back to HBM once its last k step has accumulated
+/// into it (consecutive steps on one output block keep it in VMEM).
+#[tpu_kernel(grid = 1)]
+pub fn pipelined_matmul<T: Element>(
+    #[shape(M, K)] x: Hbm<T>,
+    #[shape(K, N)] y: Hbm<T>,
+    #[shape(M, N)] mut out: HbmMut<f32>,
+    #[comptime] blocks: (usize, usize, usize),
+    #[comptime] buffers: usize,
+) {
+    let (bm, bn, bk) = blocks;
+    let mut pipeline = Pipeline::new(&[M / bm, N / bn, K / bk]).buffers(buffers);
+    let xb = pipeline.input(&x, &[bm, bk], |g| (g[0], g[2]));
+    let yb = pipeline.input(&y, &[bk, bn], |g| (g[2], g[1]));
+    let ob = pipeline.output(&mut out, &[bm, bn], |g| (g[0], g[1]));
+    pipeline.run(|step| {
+        let acc = step.output(ob);
+        when(step.indices()[2].eq(0), || acc.store(0.0));
+        acc.store(acc.load() + dot(step.input(xb).load(), step.input(yb).load()));
+    });
+}

@@ -10,6 +10,6 @@ pub mod softmax;
 
 pub use cache_update::cache_update;
 pub use flash::flash_attention;
-pub use matmul::matmul;
+pub use matmul::{matmul, pipelined_matmul};
 pub use paged_attention::paged_attention;
 pub use softmax::row_softmax;

@@ -25,7 +25,10 @@ use std::marker::PhantomData;
 use tessera_hlo::{HasAxis, MeshAxis, MeshShape};
 
 use super::ops::{poisoned_value, Carry, IntoValue};
-use super::refs::{full_window, handle_accessors, load, slices, store, Element, Idx, IntoIndex};
+use super::refs::{
+    full_window, handle_accessors, load_squeezed, slices, squeezed_dims, store_squeezed, Element,
+    Idx, IntoIndex,
+};
 use super::state::{emit, trace_region, try_with_trace, with_trace, Value};
 use crate::ir::{
     DType, DeviceAxis, Loc, MemorySpace, Op, Operand, OperandRole, RefId, RefWindow, RemoteDma,
@@ -195,23 +198,23 @@ impl<T: Element> Vmem<T> {
     /// Loads the whole buffer.
     #[track_caller]
     pub fn load(&self) -> Value {
-        load_window(&whole(self.id))
+        load_window(&whole(self.id), &[])
     }
 
     /// Stores into the whole buffer; a scalar is broadcast.
     #[track_caller]
     pub fn store(&mut self, value: impl IntoValue) {
-        store_window(&whole(self.id), value)
+        store_window(&whole(self.id), &[], value)
     }
 
     /// A window to load from or copy from (borrows the buffer shared).
     pub fn at(&self, idx: &[Idx]) -> VmemWindow<'_, T> {
-        VmemWindow(window(self.id, idx), PhantomData)
+        VmemWindow(window(self.id, idx), squeezed_dims(idx), PhantomData)
     }
 
     /// A window to store into or copy into (borrows the buffer exclusively).
     pub fn at_mut(&mut self, idx: &[Idx]) -> VmemWindowMut<'_, T> {
-        VmemWindowMut(window(self.id, idx), PhantomData)
+        VmemWindowMut(window(self.id, idx), squeezed_dims(idx), PhantomData)
     }
 }
 
@@ -232,46 +235,61 @@ pub struct HbmWindowMut<'a, T>(RefWindow, PhantomData<&'a mut T>);
 
 /// A window of a [`Vmem`] buffer, to load or copy from.
 #[derive(Debug)]
-pub struct VmemWindow<'a, T>(RefWindow, PhantomData<&'a T>);
+pub struct VmemWindow<'a, T>(RefWindow, Vec<usize>, PhantomData<&'a T>);
 
 /// A window of a [`Vmem`] buffer, to store, load or copy into.
 #[derive(Debug)]
-pub struct VmemWindowMut<'a, T>(RefWindow, PhantomData<&'a mut T>);
+pub struct VmemWindowMut<'a, T>(RefWindow, Vec<usize>, PhantomData<&'a mut T>);
 
-/// Loads a window of a `Vmem` buffer (checking its scope).
+impl<T: Element> VmemWindow<'_, T> {
+    /// The window `idx` of the buffer `r` (a `Vmem<T>` the caller holds no handle of).
+    pub(crate) fn of(r: RefId, idx: &[Idx]) -> Self {
+        VmemWindow(window(r, idx), squeezed_dims(idx), PhantomData)
+    }
+}
+
+impl<T: Element> VmemWindowMut<'_, T> {
+    /// The window `idx` of the buffer `r` (a `Vmem<T>` the caller holds no handle of).
+    pub(crate) fn of(r: RefId, idx: &[Idx]) -> Self {
+        VmemWindowMut(window(r, idx), squeezed_dims(idx), PhantomData)
+    }
+}
+
+/// Loads a window of a `Vmem` buffer (checking its scope), dropping the `squeezed` dims.
 #[track_caller]
-fn load_window(w: &RefWindow) -> Value {
+fn load_window(w: &RefWindow, squeezed: &[usize]) -> Value {
     if !in_scope(w.r, "load", Loc::caller()) {
         return poisoned_value();
     }
-    load(w.r, w.slices.clone())
+    load_squeezed(w.r, w.slices.clone(), squeezed)
 }
 
 impl<T: Element> VmemWindow<'_, T> {
     #[track_caller]
     pub fn load(&self) -> Value {
-        load_window(&self.0)
+        load_window(&self.0, &self.1)
     }
 }
 
 impl<T: Element> VmemWindowMut<'_, T> {
     #[track_caller]
     pub fn load(&self) -> Value {
-        load_window(&self.0)
+        load_window(&self.0, &self.1)
     }
 
     /// Stores `value` into the window; a scalar is broadcast.
     #[track_caller]
     pub fn store(&self, value: impl IntoValue) {
-        store_window(&self.0, value)
+        store_window(&self.0, &self.1, value)
     }
 }
 
-/// Stores into a window of a `Vmem` buffer (checking its scope).
+/// Stores into a window of a `Vmem` buffer (checking its scope) whose `squeezed` dims the
+/// value leaves out.
 #[track_caller]
-fn store_window(w: &RefWindow, value: impl IntoValue) {
+fn store_window(w: &RefWindow, squeezed: &[usize], value: impl IntoValue) {
     if in_scope(w.r, "store", Loc::caller()) {
-        store(w.r, w.slices.clone(), value)
+        store_squeezed(w.r, w.slices.clone(), squeezed, value)
     }
 }
 
@@ -959,18 +977,31 @@ fn wait_described(c: &CopyDescriptor, sem: &SemRef, loc: Loc) {
 }
 
 impl CopyDescriptor {
+    /// A descriptor of windows and a semaphore the caller has checked belong together.
+    pub(crate) fn from_parts(src: RefWindow, dst: RefWindow, sem: SemRef) -> Self {
+        CopyDescriptor { src, dst, sem }
+    }
+
     /// Starts the copy.
     #[track_caller]
     pub fn start(&self) {
+        self.start_at(Loc::caller())
+    }
+
+    pub(crate) fn start_at(&self, loc: Loc) {
         let c = self.clone();
         // Protocol problems of the start are recorded by `start` itself.
-        let _ = start(c.src, c.dst, c.sem, None, Loc::caller());
+        let _ = start(c.src, c.dst, c.sem, None, loc);
     }
 
     /// Waits until the copy has landed.
     #[track_caller]
     pub fn wait(&self) {
-        wait_described(self, &self.sem, Loc::caller());
+        self.wait_at(Loc::caller())
+    }
+
+    pub(crate) fn wait_at(&self, loc: Loc) {
+        wait_described(self, &self.sem, loc);
     }
 }
 
@@ -1123,7 +1154,11 @@ pub fn wait_copy_within<'b, T: Element>(
 /// returns (traced values).
 #[track_caller]
 pub fn run_scoped<C: Carry>(f: impl FnOnce(&mut Scope) -> C) -> C {
-    let loc = Loc::caller();
+    run_scoped_at(f, Loc::caller())
+}
+
+/// [`run_scoped`] attributed to `loc`.
+pub(crate) fn run_scoped_at<C: Carry>(f: impl FnOnce(&mut Scope) -> C, loc: Loc) -> C {
     let id = with_trace(|t| {
         t.memory.scopes += 1;
         t.memory.scopes
@@ -1154,7 +1189,7 @@ pub struct Scope {
 }
 
 impl Scope {
-    fn alloc(
+    pub(crate) fn alloc(
         &mut self,
         name: &str,
         dtype: DType,

@@ -7,12 +7,16 @@
 
 mod memory;
 mod ops;
+mod pipeline;
 mod refs;
 mod state;
 
 pub(crate) use memory::declare_operand;
 pub use memory::*;
 pub use ops::*;
+pub use pipeline::{
+    BlockIndices, Pipeline, PipelineInput, PipelineOutput, PipelineSource, PipelineStep,
+};
 pub use refs::*;
 pub use state::Value;
 pub(crate) use state::{trace_region, with_trace, TraceState};

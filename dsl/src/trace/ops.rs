@@ -598,8 +598,12 @@ impl RunTimeCond for Value {
 /// For compile-time conditions use a plain Rust `if`: it specialises the kernel instead.
 #[track_caller]
 pub fn when(cond: impl RunTimeCond, body: impl FnOnce()) {
+    when_at(cond, body, Loc::caller())
+}
+
+/// [`when`] attributed to `loc` (for ops that trace control flow on the author's behalf).
+pub(crate) fn when_at(cond: impl RunTimeCond, body: impl FnOnce(), loc: Loc) {
     let cond = cond.into_cond();
-    let loc = Loc::caller();
     let (then, ()) = trace_region(Vec::new(), |_| body());
     emit(
         Op::When {
@@ -744,7 +748,18 @@ pub fn fori_loop<C: Carry>(
     init: C,
     body: impl FnOnce(Value, C) -> C,
 ) -> C {
-    let loc = Loc::caller();
+    fori_loop_at(lo, hi, init, body, Loc::caller())
+}
+
+/// [`fori_loop`] attributed to `loc`.
+#[track_caller]
+pub(crate) fn fori_loop_at<C: Carry>(
+    lo: impl IntoValue,
+    hi: impl IntoValue,
+    init: C,
+    body: impl FnOnce(Value, C) -> C,
+    loc: Loc,
+) -> C {
     let lo = lo.into_value_like(Some(DType::I32));
     let hi = hi.into_value_like(Some(DType::I32));
     let init_values = init.flatten();

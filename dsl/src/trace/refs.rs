@@ -33,9 +33,33 @@ impl Element for bool {
     const DTYPE: DType = DType::Bool;
 }
 
-/// One dimension of a window into a block: everything, or `len` elements from `start`.
+/// One dimension of a window into a block: everything (`all()`), `len` elements from `start`
+/// (`ds(start, len)`), or one index that drops the dimension (`i.into()` from a `usize` or an
+/// i32 [`Value`]: Pallas' `buf[slot]`, so `buf.at(&[slot.into(), all()])` of a `[2, 128]`
+/// buffer loads a `[128]` vector).
 #[derive(Debug, Clone, Copy)]
-pub struct Idx(pub(crate) IdxKind);
+pub struct Idx(pub(crate) IdxKind, pub(crate) Squeeze);
+
+/// Whether an [`Idx`] drops its dimension from what a window loads and stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Squeeze {
+    Keep,
+    Drop,
+}
+
+impl From<usize> for Idx {
+    /// One compile-time index, squeezing the dimension.
+    fn from(i: usize) -> Idx {
+        Idx(IdxKind::Static { start: i, len: 1 }, Squeeze::Drop)
+    }
+}
+
+impl From<Value> for Idx {
+    /// One run-time index (an i32 scalar), squeezing the dimension.
+    fn from(i: Value) -> Idx {
+        Idx(IdxKind::Dynamic { start: i, len: 1 }, Squeeze::Drop)
+    }
+}
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum IdxKind {
@@ -46,7 +70,7 @@ pub(crate) enum IdxKind {
 
 /// The whole dimension (`:` in Python).
 pub fn all() -> Idx {
-    Idx(IdxKind::All)
+    Idx(IdxKind::All, Squeeze::Keep)
 }
 
 /// A start that is known at compile time (`usize`) or at run time (an i32 [`Value`]).
@@ -56,13 +80,13 @@ pub trait IntoStart {
 
 impl IntoStart for usize {
     fn into_idx(self, len: usize) -> Idx {
-        Idx(IdxKind::Static { start: self, len })
+        Idx(IdxKind::Static { start: self, len }, Squeeze::Keep)
     }
 }
 
 impl IntoStart for Value {
     fn into_idx(self, len: usize) -> Idx {
-        Idx(IdxKind::Dynamic { start: self, len })
+        Idx(IdxKind::Dynamic { start: self, len }, Squeeze::Keep)
     }
 }
 
@@ -99,6 +123,48 @@ pub(crate) fn slices(idx: &[Idx]) -> Vec<Slice> {
             },
         })
         .collect()
+}
+
+/// The dims that integer indices among `idx` drop.
+pub(crate) fn squeezed_dims(idx: &[Idx]) -> Vec<usize> {
+    idx.iter()
+        .enumerate()
+        .filter(|(_, i)| i.1 == Squeeze::Drop)
+        .map(|(d, _)| d)
+        .collect()
+}
+
+/// Loads a window of `r`, dropping the `squeezed` dims from the result.
+#[track_caller]
+pub(crate) fn load_squeezed(r: RefId, s: Vec<Slice>, squeezed: &[usize]) -> Value {
+    let v = load(r, s);
+    if squeezed.is_empty() || v.is_poisoned() {
+        return v;
+    }
+    let kept: Vec<usize> = (v.shape().iter().enumerate())
+        .filter(|(d, _)| !squeezed.contains(d))
+        .map(|(_, &n)| n)
+        .collect();
+    v.reshape(&kept)
+}
+
+/// Stores into a window of `r` whose `squeezed` dims the value leaves out (a value with
+/// them, or a scalar, is stored as it is).
+#[track_caller]
+pub(crate) fn store_squeezed(r: RefId, s: Vec<Slice>, squeezed: &[usize], value: impl IntoValue) {
+    let Some(v) = value
+        .as_value()
+        .filter(|v| !squeezed.is_empty() && !v.is_poisoned())
+    else {
+        return store(r, s, value);
+    };
+    let view = with_trace(|t| t.operands[r.index()].view_shape());
+    let window: Vec<usize> = s.iter().zip(&view).map(|(s, &n)| s.len(n)).collect();
+    if v.shape().len() + squeezed.len() == window.len() && !v.shape().is_empty() {
+        store(r, s, v.reshape(&window))
+    } else {
+        store(r, s, v)
+    }
 }
 
 pub(crate) fn full_window(r: RefId) -> Vec<Slice> {
@@ -154,13 +220,24 @@ pub(crate) fn store(r: RefId, s: Vec<Slice>, value: impl IntoValue) {
 pub struct Window {
     r: RefId,
     slices: Vec<Slice>,
+    /// The dims integer indices drop.
+    squeezed: Vec<usize>,
     writable: bool,
 }
 
 impl Window {
+    fn new(r: RefId, idx: &[Idx], writable: bool) -> Window {
+        Window {
+            r,
+            slices: slices(idx),
+            squeezed: squeezed_dims(idx),
+            writable,
+        }
+    }
+
     #[track_caller]
     pub fn load(&self) -> Value {
-        load(self.r, self.slices.clone())
+        load_squeezed(self.r, self.slices.clone(), &self.squeezed)
     }
 }
 
@@ -177,7 +254,7 @@ impl WindowMut {
     #[track_caller]
     pub fn store(&self, value: impl IntoValue) {
         debug_assert!(self.0.writable);
-        store(self.0.r, self.0.slices.clone(), value)
+        store_squeezed(self.0.r, self.0.slices.clone(), &self.0.squeezed, value)
     }
 }
 
@@ -285,11 +362,7 @@ impl<T: Element> Ref<T> {
 
     /// A window of the block, one [`Idx`] per dimension.
     pub fn at(&self, idx: &[Idx]) -> Window {
-        Window {
-            r: self.id,
-            slices: slices(idx),
-            writable: false,
-        }
+        Window::new(self.id, idx, false)
     }
 }
 
@@ -308,11 +381,7 @@ impl<T: Element> RefMut<T> {
 
     /// A window of the block, one [`Idx`] per dimension.
     pub fn at(&self, idx: &[Idx]) -> WindowMut {
-        WindowMut(Window {
-            r: self.id,
-            slices: slices(idx),
-            writable: true,
-        })
+        WindowMut(Window::new(self.id, idx, true))
     }
 }
 
@@ -329,11 +398,7 @@ impl<T: Element> Scratch<T> {
     }
 
     pub fn at(&self, idx: &[Idx]) -> WindowMut {
-        WindowMut(Window {
-            r: self.id,
-            slices: slices(idx),
-            writable: true,
-        })
+        WindowMut(Window::new(self.id, idx, true))
     }
 }
 
