@@ -349,11 +349,12 @@ fn right_permute_without_barrier(
     remote_copy(&x, &mut out, &send, &recv, devices.next::<Context>()).wait();
 }
 
-/// The interpreter finds what the semaphores of the tutorial's kernels are for: without the
-/// flow control the all-reduce races, without the barrier the permute writes into a device
-/// that may not have entered the kernel.
+/// What the semaphores of the tutorial's kernels are for: without the flow control the
+/// all-reduce races (the interpreter finds it), without the barrier the permute writes into
+/// a device that may not have entered the kernel (the protocol check refuses it at
+/// instantiation, naming the copy's line).
 #[test]
-fn the_interpreter_finds_the_races_the_semaphores_prevent() {
+fn what_the_semaphores_prevent_is_refused_without_them() {
     let x = one_each(&shards());
     let cases = [
         (
@@ -364,7 +365,8 @@ fn the_interpreter_finds_the_races_the_semaphores_prevent() {
         (
             right_permute_without_barrier(),
             "barrier",
-            "a remote copy may land only in a device known to have entered the kernel",
+            // Refused at instantiation, where the grid and the devices are static.
+            "before this device has met the devices it writes into at the barrier",
         ),
     ];
     for (def, what, sentence) in cases {
@@ -381,4 +383,36 @@ fn the_interpreter_finds_the_races_the_semaphores_prevent() {
             }
         }
     }
+}
+
+/// [`right_permute_without_barrier`] with its copy under a condition read from SMEM: the
+/// protocol check cannot follow it at instantiation, and the interpreter refuses the run.
+#[tpu_kernel(grid = 1)]
+fn right_permute_without_barrier_if(
+    #[shape(1)] go: Smem<i32>,
+    #[shape(R, C)] x: Hbm<f32>,
+    #[shape(R, C)] mut out: HbmMut<f32>,
+    send: DmaSem,
+    recv: DmaSem,
+    devices: Devices<Ring>,
+) {
+    when(go.get([0]).eq(1), || {
+        remote_copy(&x, &mut out, &send, &recv, devices.next::<Context>()).wait();
+    });
+}
+
+#[test]
+fn the_interpreter_refuses_a_copy_into_a_device_not_known_to_have_entered() {
+    let args: Vec<Vec<HostArray>> = shards()
+        .into_iter()
+        .map(|x| vec![HostArray::i32([1], vec![1]).unwrap(), x])
+        .collect();
+    let def = right_permute_without_barrier_if();
+    let e = interpret::run_on_devices(&def, &ring_mesh(N), &args, &InterpretOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("a remote copy may land only in a device known to have entered the kernel"),
+        "{e}"
+    );
 }

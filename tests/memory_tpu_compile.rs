@@ -226,3 +226,45 @@ fn a_mesh_kernel_compiles_through_the_public_call() {
         .to_string();
     assert!(e.contains('8') && e.contains('4'), "{e}");
 }
+
+/// Two kernels that meet at the barrier semaphore in one SPMD program (a ring shift, then a
+/// ring all-gather of its result, and the shift again): the program numbers their `collective_id`s, one
+/// per distinct kernel (the repeated call keeps its kernel's), and libtpu compiles it.
+#[test]
+fn kernels_at_a_barrier_get_a_collective_id_each_per_program() {
+    let f32s = |s: &[usize]| ArgSpec::new(DType::F32, s.to_vec());
+    let shift = instantiate(&ring_shift(), &[f32s(&[8, 128])], 4);
+    let gather = instantiate(&ring_all_gather(), &[f32s(&[8, 128])], 4);
+    let mut module = tessera::hlo::Module::new("two_collectives");
+    module.set_num_partitions(4).unwrap();
+    let mut f = module.func("main");
+    let x = f
+        .arg_with_sharding(
+            tessera::hlo::TensorType::new(vec![8, 128], DType::F32),
+            tessera::hlo::Sharding::Manual,
+        )
+        .unwrap();
+    let lowering = Lowering::tpu();
+    let shifted = lowering.lower_into_spmd(&shift, &mut f, &[x]).unwrap();
+    let gathered = lowering.lower_into_spmd(&gather, &mut f, &shifted).unwrap();
+    let again = lowering.lower_into_spmd(&shift, &mut f, &shifted).unwrap();
+    f.finish_with_shardings(&[
+        (gathered[0], Some(tessera::hlo::Sharding::Manual)),
+        (again[0], Some(tessera::hlo::Sharding::Manual)),
+    ])
+    .unwrap();
+    let text = module.to_mlir();
+    // Each call's backend config, escaped JSON inside the MLIR text: `collective_id\": N`.
+    let ids: Vec<&str> = text
+        .split("collective_id\\\": ")
+        .skip(1)
+        .map(|rest| rest.split(',').next().unwrap())
+        .collect();
+    assert_eq!(ids, ["0", "1", "0"]);
+    let options = CompileOptions::manual_partitions(4).unwrap();
+    libtpu()
+        .topology("v5p:2x2x1")
+        .unwrap()
+        .compile(&text, &options)
+        .unwrap_or_else(|e| panic!("{e}"));
+}

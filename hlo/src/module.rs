@@ -34,6 +34,10 @@ pub struct Module {
     /// `(function, argument, result)`: the argument's buffer may be reused for the result
     /// (`tf.aliasing_output`), see [`Module::alias_output`].
     aliases: Vec<(String, usize, usize)>,
+    /// The Mosaic kernels that use the barrier semaphore, in the order their first call was
+    /// built: a kernel's `collective_id` is its position here (see
+    /// [`FuncBuilder::tpu_custom_call`](crate::FuncBuilder::tpu_custom_call)).
+    collective_kernels: Vec<String>,
 }
 
 impl Module {
@@ -46,6 +50,7 @@ impl Module {
             mesh: Vec::new(),
             funcs: Vec::new(),
             next_channel: 1,
+            collective_kernels: Vec::new(),
             aliases: Vec::new(),
         }
     }
@@ -318,6 +323,19 @@ impl Module {
         }
         self.funcs.push(func);
         Ok(())
+    }
+
+    /// The `collective_id` of the Mosaic kernel `mosaic` (its module text) in this program:
+    /// one id per distinct kernel, numbered from 0 in the order their calls are built.
+    pub(crate) fn collective_id(&mut self, mosaic: &str) -> u32 {
+        let at = match self.collective_kernels.iter().position(|m| m == mosaic) {
+            Some(at) => at,
+            None => {
+                self.collective_kernels.push(mosaic.to_string());
+                self.collective_kernels.len() - 1
+            }
+        };
+        at as u32
     }
 
     pub(crate) fn alloc_channel(&mut self) -> ChannelHandle {

@@ -51,7 +51,10 @@ pub struct TpuCustomCall {
     pub needs_layout_passes: bool,
     /// The kernel does remote DMA (collectives inside the kernel).
     pub has_communication: bool,
-    /// The id of the barrier semaphore the kernel uses (`tpu.sem_barrier`), if any.
+    /// The id of the barrier semaphore the kernel uses (`tpu.sem_barrier`), if any. Any
+    /// `Some` marks a kernel that needs one: [`FuncBuilder::tpu_custom_call`] replaces it
+    /// with the program's id for the kernel (one per distinct kernel, from 0, in the order
+    /// their first calls are built), so kernels that meet at a barrier never share one.
     pub collective_id: Option<u32>,
     /// The static cost, if known.
     pub cost_estimate: Option<CostEstimate>,
@@ -165,6 +168,12 @@ impl FuncBuilder<'_> {
             .map(|&v| Ok(self.value_type(v)?.dims.len()))
             .collect::<Result<Vec<_>, HloError>>()?;
         let result_ranks: Vec<usize> = result_types.iter().map(|t| t.dims.len()).collect();
+        // Kernels that meet at the barrier semaphore need an id of their own in the program
+        // (Pallas' `collective_id`); the program numbers them rather than their authors.
+        let mut call = call.clone();
+        if call.collective_id.is_some() {
+            call.collective_id = Some(self.module_mut().collective_id(&call.mosaic));
+        }
         self.custom_call(
             call.to_custom_call(&operand_ranks, &result_ranks),
             operands,

@@ -264,6 +264,8 @@ struct Counter<'k> {
     counts: HashMap<SemKey, i64>,
     /// This device's copies in flight, in start order.
     in_flight: Vec<InFlight>,
+    /// Whether this device has waited on the barrier semaphore yet.
+    met_at_barrier: bool,
     evaluated: usize,
     problems: Vec<Problem>,
 }
@@ -277,6 +279,7 @@ fn count(k: &Kernel, uses: &Uses) -> Vec<Problem> {
         device: 0,
         counts: HashMap::new(),
         in_flight: Vec::new(),
+        met_at_barrier: false,
         evaluated: 0,
         problems: Vec::new(),
     };
@@ -285,6 +288,7 @@ fn count(k: &Kernel, uses: &Uses) -> Vec<Problem> {
     for d in 0..n {
         c.device = d;
         c.in_flight.clear();
+        c.met_at_barrier = false;
         for step in &steps {
             c.step = step.clone();
             if c.region(&k.body).is_err() {
@@ -557,6 +561,7 @@ impl Counter<'_> {
                     }
                     Some(rd) => {
                         let target = self.device_value(rd.device)?;
+                        self.before_barrier(target, inst);
                         self.add(target, sem, bytes)?;
                         self.add(self.device, &rd.send_sem, bytes)?;
                         &rd.send_sem
@@ -598,11 +603,15 @@ impl Counter<'_> {
                     Some(d) => self.device_value(*d)?,
                     None => self.device,
                 };
+                if !self.is_barrier(sem) {
+                    self.before_barrier(target, inst);
+                }
                 self.add(target, sem, inc)?;
             }
             Op::SemWait { sem, value } => {
                 let n = self.get(*value).ok_or(Dynamic)?;
                 self.take(sem, n, inst)?;
+                self.met_at_barrier |= self.is_barrier(sem);
             }
             op => {
                 let value = {
@@ -686,6 +695,34 @@ impl Counter<'_> {
                 self.step,
                 self.on_device(),
                 f.started.line,
+            ),
+        ));
+    }
+
+    fn is_barrier(&self, sem: &SemRef) -> bool {
+        self.k.operand(sem.sem).memory == MemorySpace::Semaphore(SemKind::Barrier)
+    }
+
+    /// Reports a remote copy or signal into another device before this device has waited at
+    /// the barrier: nothing tells it that the target has entered the kernel, so its buffers
+    /// and semaphores may not exist yet (the barrier semaphore is the one that does).
+    fn before_barrier(&mut self, target: usize, inst: &Inst) {
+        if self.met_at_barrier || target == self.device {
+            return;
+        }
+        // Once per kernel: the first such op is where the barrier goes.
+        self.met_at_barrier = true;
+        self.problems.push(problem(
+            inst.loc,
+            &format!("`{}`", inst.op.name()),
+            format!(
+                "writes into device {target} (at grid step {:?}{}) before this device has met \
+                 the devices it writes into at the barrier, so device {target} may not have \
+                 entered the kernel yet; before this line, signal the barrier semaphore to \
+                 each of them (`devices.barrier().signal_to(1, ..)`) and wait for their \
+                 signals (`.wait(n)`), as Pallas kernels do with `get_barrier_semaphore`",
+                self.step,
+                self.on_device(),
             ),
         ));
     }

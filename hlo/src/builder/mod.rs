@@ -85,6 +85,11 @@ pub struct FuncBuilder<'m> {
 }
 
 impl<'m> FuncBuilder<'m> {
+    /// The module this function is built into.
+    pub(crate) fn module_mut(&mut self) -> &mut Module {
+        self.module
+    }
+
     pub(crate) fn new(module: &'m mut Module, name: String) -> Self {
         FuncBuilder {
             module,
