@@ -2,7 +2,7 @@
 //!
 //! This facade re-exports the layers (see docs/architecture.md) and holds what ties them
 //! together: the [`backend`]s a kernel runs on, the example [`kernels`] with their f64
-//! [`reference`]s, the kernel [`registry`] and `.npy` I/O ([`npy`]). A kernel author imports
+//! [`reference`](mod@reference)s, the kernel [`registry`] and `.npy` I/O ([`npy`]). A kernel author imports
 //! [`prelude`]. The `tessera` command-line tool is the crate's binary (the default `cli`
 //! feature); the library itself has no CLI dependencies.
 

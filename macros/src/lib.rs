@@ -1,8 +1,8 @@
 //! tessera-macros: the `#[tpu_kernel]` attribute.
 //!
-//! Three passes, as serde does it: [`parse`] turns the attribute and signature into typed
-//! structs, [`validate`] checks them and collects every error (each spanned on the smallest
-//! offending tokens), [`expand`] generates the instantiation function. On error the output is
+//! Three passes, as serde does it: `parse` turns the attribute and signature into typed
+//! structs, `validate` checks them and collects every error (each spanned on the smallest
+//! offending tokens), `expand` generates the instantiation function. On error the output is
 //! the `compile_error!`s plus a stub with the kernel's signature, so one mistake gives one
 //! message and no cascade of "cannot find function" at the kernel's call sites.
 

@@ -194,7 +194,7 @@ impl Module {
     /// Runs the kernel on several devices at once (a kernel with remote DMAs, remote signals
     /// or the barrier semaphore), one argument list per device (device ids are positions
     /// in `per_device`), each device as [`RunOptions::default`]; returns each device's
-    /// outputs. The devices interleave as [`devices`] describes; a deadlock, a message
+    /// outputs. The devices interleave as the `devices` module describes; a deadlock, a message
     /// reaching a device that has finished, or a semaphore not back at zero when a device
     /// finishes is an error.
     pub fn run_on_devices(

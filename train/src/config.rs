@@ -355,7 +355,7 @@ impl TrainConfig {
 
     /// Sequences per batch shard (per data or fsdp shard): `per_device_batch_size x
     /// ici_context_parallelism`, rounded to the nearest whole number (which
-    /// [`TrainConfig::validate`] requires it to be, [`whole_sequences`]).
+    /// [`TrainConfig::validate`] requires it to be, `whole_sequences`).
     pub fn sequences_per_shard(&self) -> usize {
         sequences(self.per_device_batch_size, self.ici_context_parallelism)
             .round()

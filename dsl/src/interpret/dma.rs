@@ -9,7 +9,7 @@
 //! kernel is deadlocked and the error names every blocked wait.
 //!
 //! **Copies.** A started copy is in flight until it lands: at the wait that needs it (the
-//! default), or at a random later operation ([`InterpretOptions::copy_landing`]). Landing
+//! default), or at a random later operation ([`InterpretOptions::copy_landing`](super::InterpretOptions::copy_landing)). Landing
 //! reads the source and writes the destination then, and adds the copy's bytes to its
 //! semaphores (the destination device's, and the sender's for a remote copy).
 //!

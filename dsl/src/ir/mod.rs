@@ -120,7 +120,7 @@ impl Operand {
         }
     }
 
-    /// A description for messages, e.g. "in_specs[1] (y)".
+    /// A description for messages, e.g. `in_specs[1] (y)`.
     pub fn describe(&self, position: usize) -> String {
         let list = match self.role {
             OperandRole::Input => "in_specs",

@@ -4,7 +4,7 @@
 //! The grid becomes a nest of counted `while` loops, one per grid dim (size-one dims need
 //! none), visiting the steps in the interpreter's order (row-major, last dim fastest). Each
 //! operand's block is handled at the outermost loop level where its block index can change
-//! ([`schedule`]): an input block is taken with `dynamic_slice` there (once per query block,
+//! (`schedule`): an input block is taken with `dynamic_slice` there (once per query block,
 //! say, not once per key step), an output block gets a fresh garbage buffer there and is
 //! written back with `dynamic_update_slice` when that loop iteration ends, as the TPU
 //! pipeline (and the interpreter) writes back when the block index changes; an innermost
@@ -18,7 +18,7 @@
 //! bit on what is computed.
 //!
 //! Leading `parallel` grid dims are vectorised into batch dims where the kernel allows it
-//! ([`plan`]): the loop then runs over the remaining dims only and every op works on all
+//! (`plan`): the loop then runs over the remaining dims only and every op works on all
 //! batch elements at once, so XLA gets large ops instead of tiny loop bodies. A dim qualifies
 //! when each operand's index map passes it through unchanged to one array dim with a block
 //! size of one (or does not use it), and nothing data-dependent (dynamic slice starts, SMEM
@@ -98,8 +98,8 @@ pub fn lower_into(
 /// the SPMD function being built by `f`: a manually partitioned program whose partition
 /// ids are the kernel's device ids (row-major over its mesh, one partition per device), with
 /// `args` this device's arguments. Remote copies become `collective_permute`s at the copy's
-/// grid step (every device runs the grid in lockstep); see [`memory`] for the patterns this
-/// covers.
+/// grid step (every device runs the grid in lockstep); the `stablehlo::memory` module says
+/// which patterns this covers.
 pub fn lower_into_spmd(
     k: &Kernel,
     f: &mut FuncBuilder<'_>,

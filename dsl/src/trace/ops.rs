@@ -615,7 +615,7 @@ pub(crate) fn when_at(cond: impl RunTimeCond, body: impl FnOnce(), loc: Loc) {
     );
 }
 
-/// Prints run-time values from inside a kernel; what [`debug_print!`](crate::debug_print)
+/// Prints run-time values from inside a kernel; what [`debug_print!`](macro@crate::debug_print)
 /// calls. `format` has one `{}` per value (`{{` and `}}` print a brace): scalars, or one
 /// tile whose `{}` ends the format.
 ///
