@@ -30,7 +30,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use tessera::backend::{self, Backend};
 use tessera::dsl::ir::OperandRole;
-use tessera::dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
+use tessera::dsl::{ArgSpec, DType, DeviceAxis, HostArray, KernelDef, KernelRules, Lowering};
 use tessera::registry;
 use tessera::runtime::{ElementType, HostBuffer};
 use tessera::splash::{
@@ -91,8 +91,7 @@ fn from_host<'py>(py: Python<'py>, a: &HostArray) -> PyResult<ToPyArray<'py>> {
 /// The built-in kernels: `[{name, summary, on_mesh, params: [{name, default, help, size,
 /// sets}]}]`, where `size` parameters only set default argument sizes (`sets`: (argument,
 /// dim) pairs) and the others are compile-time parameters; `on_mesh` kernels run on a device
-/// mesh, each device with its own arguments, and are not called from JAX (`kernel` refuses
-/// them).
+/// mesh, each device with its own arguments (from JAX: inside `shard_map`).
 #[pyfunction]
 fn kernels(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let list = PyList::empty(py);
@@ -124,6 +123,8 @@ fn kernels(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
 struct PyKernel {
     def: KernelDef,
     specs: Vec<ArgSpec>,
+    /// The device mesh the kernel runs on (empty: one device).
+    mesh: Vec<DeviceAxis>,
     /// The kernel instantiated under the portable rules (shapes of the outputs, IR, the
     /// StableHLO lowering).
     kernel: Arc<tessera::dsl::Kernel>,
@@ -137,9 +138,14 @@ struct PyKernel {
 }
 
 impl PyKernel {
-    fn new(def: KernelDef, specs: Vec<ArgSpec>, active_steps: Option<u64>) -> PyResult<Self> {
+    fn new(
+        def: KernelDef,
+        specs: Vec<ArgSpec>,
+        mesh: Vec<DeviceAxis>,
+        active_steps: Option<u64>,
+    ) -> PyResult<Self> {
         let kernel = def
-            .instantiate(&specs, &KernelRules::portable())
+            .instantiate_on(&specs, &mesh, &KernelRules::portable())
             .map_err(error)?;
         let ir = kernel.to_text();
         let mut h = DefaultHasher::new();
@@ -147,6 +153,7 @@ impl PyKernel {
         Ok(PyKernel {
             def,
             specs,
+            mesh,
             kernel,
             ir,
             active_steps,
@@ -199,6 +206,19 @@ impl PyKernel {
         self.operands(&[OperandRole::Output])
     }
 
+    /// The devices the kernel runs on (1 for a kernel without a mesh): each runs it on its
+    /// own arguments, so it is called inside `jax.shard_map` over that many devices.
+    #[getter]
+    fn devices(&self) -> usize {
+        self.kernel.num_devices()
+    }
+
+    /// The kernel's mesh: `[(axis, size)]`, empty for one device.
+    #[getter]
+    fn mesh(&self) -> Vec<(String, usize)> {
+        self.mesh.iter().map(|a| (a.name.clone(), a.size)).collect()
+    }
+
     /// Grid steps that do work, when known (the Mosaic cost estimate counts only those).
     #[getter]
     fn active_steps(&self) -> Option<u64> {
@@ -211,11 +231,20 @@ impl PyKernel {
     }
 
     /// The portable lowering: a StableHLO module (MLIR text) whose public `@main` takes the
-    /// arguments and returns the outputs.
+    /// arguments and returns the outputs. For a kernel on a mesh, one device's part of the
+    /// manually partitioned program (`stablehlo.partition_id` is its device id; remote
+    /// copies are `collective_permute`s), to call inside `shard_map`.
     fn stablehlo(&self, py: Python<'_>) -> PyResult<String> {
         let kernel = Arc::clone(&self.kernel);
-        py.detach(|| tessera::dsl::stablehlo::lower_module(&kernel).map(|m| m.to_mlir()))
-            .map_err(error)
+        py.detach(|| {
+            if kernel.num_devices() > 1 {
+                tessera::dsl::stablehlo::lower_module_spmd_body(&kernel)
+            } else {
+                tessera::dsl::stablehlo::lower_module(&kernel)
+            }
+            .map(|m| m.to_mlir())
+        })
+        .map_err(error)
     }
 
     /// The Mosaic custom call, the kernel instantiated under the TPU rules (a block that does
@@ -241,7 +270,7 @@ impl PyKernel {
         }
         let call = py
             .detach(|| {
-                let kernel = self.def.instantiate(&self.specs, &target.rules)?;
+                let kernel = self.def.instantiate_on(&self.specs, &self.mesh, &target.rules)?;
                 target.mosaic_call(&kernel, self.active_steps, &[])
             })
             .map_err(error)?;
@@ -276,6 +305,14 @@ impl PyKernel {
         py: Python<'py>,
         arrays: Vec<PyArray<'py>>,
     ) -> PyResult<Vec<ToPyArray<'py>>> {
+        if self.kernel.num_devices() > 1 {
+            return Err(error(format_args!(
+                "kernel `{}` runs on {} devices, each with its own arguments; run it with \
+                 `run_on_devices` (one argument list per device)",
+                self.def.name(),
+                self.kernel.num_devices()
+            )));
+        }
         let host = arrays
             .iter()
             .map(|(b, shape, dtype)| to_host(b.as_bytes(), shape, dtype))
@@ -291,6 +328,39 @@ impl PyKernel {
             })
             .map_err(error)?;
         outs.iter().map(|a| from_host(py, a)).collect()
+    }
+
+    /// Runs a kernel on a mesh in tessera's interpreter, every device at once:
+    /// `per_device[d]` are device `d`'s arrays (as [`run`](Self::run) takes them); returns
+    /// each device's outputs.
+    fn run_on_devices<'py>(
+        &self,
+        py: Python<'py>,
+        per_device: Vec<Vec<PyArray<'py>>>,
+    ) -> PyResult<Vec<Vec<ToPyArray<'py>>>> {
+        let host = per_device
+            .iter()
+            .map(|arrays| {
+                arrays
+                    .iter()
+                    .map(|(b, shape, dtype)| to_host(b.as_bytes(), shape, dtype))
+                    .collect::<PyResult<Vec<_>>>()
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let outs = py
+            .detach(|| {
+                backend::run_on_devices(
+                    &self.def,
+                    &self.mesh,
+                    &host,
+                    Backend::Interpret,
+                    &KernelRules::portable(),
+                )
+            })
+            .map_err(error)?;
+        outs.iter()
+            .map(|device| device.iter().map(|a| from_host(py, a)).collect())
+            .collect()
     }
 
     fn __hash__(&self) -> u64 {
@@ -325,16 +395,10 @@ fn kernel(
     args: Option<Vec<(Vec<usize>, String)>>,
 ) -> PyResult<PyKernel> {
     let info = registry::find(name).map_err(error)?;
-    if info.on_mesh() {
-        return Err(error(format_args!(
-            "kernel `{name}` runs on a device mesh, each device with its own arguments, and \
-             tessera_jax calls one-device kernels; run it with \
-             `tessera::backend::run_on_devices` from Rust"
-        )));
-    }
-    let (def, default_args) = info.build(&params).map_err(error)?;
+    let instance = info.instance(&params).map_err(error)?;
+    let (def, mesh) = (instance.def().clone(), instance.mesh().to_vec());
     let specs = match args {
-        None => default_args,
+        None => instance.args().to_vec(),
         Some(args) => {
             let specs = args
                 .into_iter()
@@ -344,7 +408,7 @@ fn kernel(
             specs
         }
     };
-    PyKernel::new(def, specs, None)
+    PyKernel::new(def, specs, mesh, None)
 }
 
 /// One kernel launch of a splash plan.
@@ -423,7 +487,7 @@ fn py_stage(
     }
     let kernel = PyKernel {
         tpu_refusal: tpu_refusal.clone(),
-        ..PyKernel::new(stage.def, specs, stage.active_steps)?
+        ..PyKernel::new(stage.def, specs, Vec::new(), stage.active_steps)?
     };
     Ok(PyStage {
         kernel: Py::new(py, kernel)?,

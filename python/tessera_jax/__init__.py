@@ -6,9 +6,11 @@ through the tessera library itself (a Rust extension, no subprocess):
 - `kernels()` lists the registry's kernels and their parameters; `kernel(name, params,
   args)` instantiates one; `describe(k)` gives its Mosaic custom-call config, the StableHLO
   text of its portable lowering and its output shapes; `run_reference(k, *arrays)` runs it in
-  tessera's interpreter.
+  tessera's interpreter (`run_reference_on_devices` for a kernel on a device mesh).
 - `call(k, *arrays)` calls a kernel from JAX: one `tessera_kernel` primitive, lowered to a
-  Mosaic `tpu_custom_call` on TPU and to tessera's StableHLO elsewhere.
+  Mosaic `tpu_custom_call` on TPU and to tessera's StableHLO elsewhere. A kernel on a device
+  mesh (`k.devices > 1`: remote copies, semaphores across devices) is called inside
+  `jax.shard_map` over a mesh of that many devices, each device on its own blocks.
 - `splash_attention(q, k, v, mask=..., block_sizes=BlockSizes(...))`: differentiable splash
   attention over tessera's forward and backward kernels (jit, grad, shard_map).
 - `use_tessera_libtpu()` points JAX at the libtpu tessera pins, for compiling for a TPU
@@ -19,7 +21,7 @@ Errors from tessera are `TesseraError`s carrying tessera's sentence.
 """
 
 from ._tessera import Kernel, TesseraError
-from ._kernels import describe, kernel, kernels, run_reference
+from ._kernels import describe, kernel, kernels, run_reference, run_reference_on_devices
 from ._primitive import call, tessera_kernel_p
 from ._tpu import compiled_kernel_vmem, use_tessera_libtpu
 from .splash import BlockSizes, splash_attention
@@ -34,6 +36,7 @@ __all__ = [
     "kernel",
     "kernels",
     "run_reference",
+    "run_reference_on_devices",
     "splash_attention",
     "tessera_kernel_p",
     "use_tessera_libtpu",

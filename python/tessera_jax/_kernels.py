@@ -17,8 +17,9 @@ def kernels() -> list[dict[str, Any]]:
     """The registry's kernels: `[{name, summary, on_mesh, params: [{name, default, help,
     size, sets}]}]`. `size` parameters only set default argument sizes (`sets`: the
     (argument, dim) pairs they set); the others are compile-time parameters. `on_mesh`
-    kernels (the in-kernel all-gather, the all-gather matmul) run on a device mesh, each
-    device with its own arguments: `kernel` refuses them."""
+    kernels (the ring shift, the in-kernel all-gathers, the all-gather matmul) run on a
+    device mesh (`devices` parameter), each device with its own arguments: `call` them
+    inside `jax.shard_map` over that many devices."""
     return _tessera.kernels()
 
 
@@ -75,5 +76,14 @@ def describe(k: Kernel, *, tpu: bool = True) -> dict[str, Any]:
 
 def run_reference(k: Kernel, *arrays) -> list[np.ndarray]:
     """Runs `k` in tessera's interpreter on host arrays (in `k.args` order): tessera's own
-    run, the reference its backends are checked against."""
+    run, the reference its backends are checked against. A kernel on a mesh takes
+    `run_reference_on_devices`."""
     return [from_triple(t) for t in k.run([to_triple(a) for a in arrays])]
+
+
+def run_reference_on_devices(k: Kernel, per_device: Sequence[Sequence[Any]]) -> list[list[np.ndarray]]:
+    """Runs the mesh kernel `k` in tessera's interpreter on every device at once:
+    `per_device[d]` are device `d`'s host arrays (in `k.args` order); returns each device's
+    outputs."""
+    triples = [[to_triple(a) for a in arrays] for arrays in per_device]
+    return [[from_triple(t) for t in outs] for outs in k.run_on_devices(triples)]

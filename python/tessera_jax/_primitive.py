@@ -8,6 +8,11 @@ is the instantiated kernel (`tessera_jax.Kernel`).
   - `cpu`, `cuda`, `rocm`: tessera's StableHLO lowering of the kernel, a module whose
     `@main` is merged into the caller's module (renamed, private; once per module) and
     called with `func.call`.
+- A kernel on a device mesh (`kernel.devices > 1`) lowers only inside `shard_map` over
+  every axis of a mesh of that many devices (each device's partition id is its device id on
+  the kernel's mesh, row-major): on TPU its Mosaic call, whose barrier kernels get their
+  `collective_id` numbered per program; elsewhere its SPMD StableHLO (remote copies as
+  `collective_permute`s, their channels renumbered for the caller's module).
 - Batching (`jax.vmap`) and differentiation are refused with a sentence saying what to do
   instead (`splash_attention` is differentiable through its own `custom_vjp`).
 
@@ -19,6 +24,7 @@ package pins jax==0.10.2 and its tests exercise each of them.
 from __future__ import annotations
 
 import functools
+import json
 
 import jax
 from jax._src import core as jax_core
@@ -27,6 +33,7 @@ from jax._src.interpreters import mlir as jax_mlir
 from jax.extend.core import Primitive
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func as func_dialect
+from jax._src.lib.mlir.dialects import hlo
 from jax.interpreters import ad, batching, mlir
 
 from ._arrays import numpy_dtype, tessera_dtype
@@ -130,6 +137,17 @@ def merge_function(ctx: mlir.LoweringRuleContext, kernel: Kernel) -> str:
         return cached
     source = ir.Module.parse(kernel.stablehlo(), context=module_ctx.context)
     funcs = list(source.body.operations)
+    # A mesh kernel's collectives carry channel ids numbered within tessera's module: give
+    # them fresh ones of the caller's, which its own collectives also draw from.
+    def fresh_channel(op):
+        if "channel_handle" in op.attributes:
+            op.attributes["channel_handle"] = hlo.ChannelHandle.get(
+                module_ctx.new_channel(), hlo.ChannelHandle(op.attributes["channel_handle"]).channel_type
+            )
+        return ir.WalkResult.ADVANCE
+
+    for op in funcs:
+        op.operation.walk(fresh_channel)
     for op in funcs:
         if op.operation.name != "func.func":
             raise TesseraError(
@@ -168,11 +186,49 @@ def merge_function(ctx: mlir.LoweringRuleContext, kernel: Kernel) -> str:
     return renamed["main"]
 
 
+def _check_mesh(ctx: mlir.LoweringRuleContext, kernel: Kernel) -> None:
+    """A kernel on a mesh lowers only inside shard_map over every axis of a mesh of its
+    device count (each device's partition id is then its device id)."""
+    if kernel.devices == 1:
+        return
+    axis_ctx = ctx.module_context.axis_context
+    axes = ", ".join(f"{a}={n}" for a, n in kernel.mesh)
+    manual = isinstance(axis_ctx, sharding_impls.SPMDAxisContext) and axis_ctx.manual_axes == frozenset(
+        axis_ctx.mesh.axis_names
+    )
+    if not manual:
+        raise NotImplementedError(
+            f"tessera kernel `{kernel.name}` runs on a mesh of {kernel.devices} devices "
+            f"({axes}), each on its own arguments; call it inside jax.shard_map over every "
+            f"axis of a mesh of {kernel.devices} devices"
+        )
+    if axis_ctx.mesh.size != kernel.devices:
+        raise NotImplementedError(
+            f"tessera kernel `{kernel.name}` was instantiated for {kernel.devices} devices "
+            f"({axes}), but the shard_map's mesh has {axis_ctx.mesh.size} "
+            f"({dict(axis_ctx.mesh.shape)}); instantiate it with devices={axis_ctx.mesh.size}"
+        )
+
+
 def _inline_lowering(ctx: mlir.LoweringRuleContext, *args, kernel):
+    _check_mesh(ctx, kernel)
     callee = merge_function(ctx, kernel)
     result_types = [mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out]
     call_op = func_dialect.CallOp(result_types, ir.FlatSymbolRefAttr.get(callee), list(args))
     return call_op.results
+
+
+def _numbered_collective(ctx: mlir.LoweringRuleContext, backend_config: str) -> str:
+    """`backend_config` with the kernel's `collective_id` (a kernel that meets at the
+    barrier semaphore) numbered within the module being lowered: one id per distinct kernel,
+    from 0, as tessera's own programs number them."""
+    config = json.loads(backend_config)
+    call = config["custom_call_config"]
+    if "collective_id" not in call:
+        return backend_config
+    ids = ctx.module_context.cached_primitive_lowerings.setdefault(("tessera_collective_ids",), {})
+    call["collective_id"] = ids.setdefault(call["body"], len(ids))
+    return json.dumps(config)
 
 
 def _row_major(aval) -> list[int]:
@@ -192,7 +248,9 @@ def _tpu_lowering(ctx: mlir.LoweringRuleContext, *args, kernel):
             f"tessera kernel `{kernel.name}` is a Mosaic custom call, which XLA cannot "
             "partition automatically; call it inside jax.shard_map over every mesh axis"
         )
+    _check_mesh(ctx, kernel)
     config = kernel.mosaic()
+    backend_config = _numbered_collective(ctx, config["backend_config"])
     order = config["operand_order"]
     operands = [args[i] for i in order]
     avals_in = [ctx.avals_in[i] for i in order]
@@ -200,7 +258,7 @@ def _tpu_lowering(ctx: mlir.LoweringRuleContext, *args, kernel):
         "tpu_custom_call",
         result_types=[mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out],
         operands=operands,
-        backend_config=config["backend_config"],
+        backend_config=backend_config,
         api_version=1,
         operand_layouts=[_row_major(a) for a in avals_in],
         result_layouts=[_row_major(a) for a in ctx.avals_out],

@@ -116,6 +116,25 @@ pub fn lower_module_spmd(k: &Kernel) -> Result<Module, KernelError> {
     module_spmd_with(k, lower_into_spmd)
 }
 
+/// [`lower_module_spmd`] without the sharding annotations of `@main`'s arguments and results:
+/// the per-device body, for a program that is already manually partitioned over the kernel's
+/// devices (a JAX `shard_map` body, into which tessera-jax merges `@main`).
+pub fn lower_module_spmd_body(k: &Kernel) -> Result<Module, KernelError> {
+    let mut module = Module::new(format!("tessera_{}", k.name));
+    let fail = |e: HloError| lower_error(k, "arguments", Loc::internal(), e);
+    module
+        .set_num_partitions(k.num_devices() as u32)
+        .map_err(fail)?;
+    let mut f = module.func("main");
+    let mut args = Vec::new();
+    for o in k.operands.iter().filter(|o| is_arg(o.role)) {
+        args.push(f.arg(tensor_type(o.dtype, &o.array_shape)).map_err(fail)?);
+    }
+    let outs = lower_into_spmd(k, &mut f, &args)?;
+    f.finish(&outs).map_err(fail)?;
+    Ok(module)
+}
+
 /// A manually partitioned module of one partition per device of `k`'s mesh, whose `@main`
 /// takes and returns each device's arrays, with `lower` applying the kernel to them.
 pub(crate) fn module_spmd_with(
