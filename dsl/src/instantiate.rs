@@ -549,6 +549,19 @@ impl Builder {
         let (role, memory) = (OperandRole::ScalarPrefetch, MemorySpace::Smem);
         Smem::__from_id(self.declare(name, role, T::DTYPE, memory, shape, None, loc))
     }
+
+    /// Declares SMEM scratch (`#[scratch(..)] t: Smem<T>`, Pallas' `pltpu.SMEM`): words the
+    /// kernel reads and writes one at a time, kept across grid steps.
+    #[doc(hidden)]
+    pub fn __smem_scratch<T: Element>(
+        &mut self,
+        name: &str,
+        shape: Vec<usize>,
+        loc: Loc,
+    ) -> Smem<T> {
+        let (role, memory) = (OperandRole::Scratch, MemorySpace::Smem);
+        Smem::__from_id(self.declare(name, role, T::DTYPE, memory, shape, None, loc))
+    }
 }
 
 /// Operands of kernels that move their own data (see `trace::memory`).

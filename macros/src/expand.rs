@@ -370,6 +370,7 @@ pub fn expand(k: &Kernel) -> TokenStream {
         let (method, block_spec) = match role {
             Role::Prefetch => ("__prefetch", None),
             Role::Scratch => ("__scratch", None),
+            Role::SmemScratch => ("__smem_scratch", None),
             Role::HbmInput => ("__hbm", None),
             Role::HbmOutput => ("__hbm_out", None),
             Role::Vmem => ("__vmem", None),

@@ -54,6 +54,8 @@ pub enum Role {
     Scratch,
     /// `Smem<T>`: scalar prefetch, whole in SMEM.
     Prefetch,
+    /// `#[scratch(..)] Smem<T>`: SMEM scratch the kernel reads and writes (`pltpu.SMEM`).
+    SmemScratch,
     /// `Hbm<T>`: an input left in HBM (Pallas' `memory_space=ANY`); the kernel copies it.
     HbmInput,
     /// `HbmMut<T>`: an output left in HBM, written by the kernel's copies.
@@ -75,7 +77,7 @@ impl Role {
             Role::Input => "Ref",
             Role::Output => "RefMut",
             Role::Scratch => "Scratch",
-            Role::Prefetch => "Smem",
+            Role::Prefetch | Role::SmemScratch => "Smem",
             Role::HbmInput => "Hbm",
             Role::HbmOutput => "HbmMut",
             Role::Vmem => "Vmem",
@@ -103,7 +105,10 @@ impl Role {
 
     /// Buffers and semaphores the kernel allocates, sized by `#[scratch(..)]`.
     pub fn is_scratch(self) -> bool {
-        matches!(self, Role::Scratch | Role::Vmem | Role::DmaSem | Role::Sem)
+        matches!(
+            self,
+            Role::Scratch | Role::SmemScratch | Role::Vmem | Role::DmaSem | Role::Sem
+        )
     }
 
     /// Semaphores: no element type, one without `#[scratch]` or an array with it.
@@ -213,6 +218,11 @@ pub fn parse(attr: TokenStream, func: &ItemFn) -> (Kernel, Errors) {
                     param.role = Some(Role::Comptime);
                 } else {
                     (param.role, param.elem, param.optional) = classify_optional(&param.ty);
+                    // `#[scratch(..)] t: Smem<T>`: SMEM the kernel writes (`pltpu.SMEM`), not
+                    // scalar prefetch.
+                    if param.role == Some(Role::Prefetch) && param.scratch.is_some() {
+                        param.role = Some(Role::SmemScratch);
+                    }
                 }
                 kernel.params.push(param);
             }

@@ -330,7 +330,8 @@ fn param(p: &Param, role: Role, grid_rank: Option<usize>, errors: &mut Errors) {
             errors.spanned_help(
                 &s.tokens,
                 what,
-                "`#[scratch(..)]` sizes `Scratch<T>`, `Vmem<T>` and arrays of `DmaSem` or `Sem`",
+                "`#[scratch(..)]` sizes `Scratch<T>`, `Vmem<T>`, `Smem<T>` scratch and arrays of \
+                 `DmaSem` or `Sem`",
             );
         }
     }

@@ -472,6 +472,31 @@ impl Machine<'_> {
                 t.shape.clear();
                 t
             }
+            OpKind::MemrefStore {
+                mem: m,
+                indices,
+                value,
+            } => {
+                let v = get(env, value)?;
+                let b = mem(env, m)?;
+                let starts = index_list(env, indices)?;
+                let ones = vec![1; starts.len()];
+                let buf = &mut self.buffers[b];
+                let starts = in_bounds(&starts, &ones, &buf.shape).map_err(|e| fail(loc, e))?;
+                if buf.elem != v.elem || !v.shape.is_empty() {
+                    return Err(fail(
+                        loc,
+                        "memref.store: needs a scalar of the memref's type",
+                    ));
+                }
+                let mut word = (*v).clone();
+                word.shape = ones.clone();
+                buf.write_window(&starts, &word);
+                if let Some(check) = &mut self.check {
+                    check.stored(b, &starts, &ones);
+                }
+                return Ok(Flow::Next);
+            }
             OpKind::Broadcast { x, to } => {
                 let x = get(env, x)?;
                 broadcast(&x, to.shape()).map_err(|m| fail(loc, m))?

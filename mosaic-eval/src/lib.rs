@@ -398,10 +398,12 @@ impl Module {
                 a.clone()
             } else {
                 let sem = matches!(elem, Elem::DmaSem | Elem::Sem);
-                if space != "vmem" && !(sem && space == "semaphore_mem") {
+                let w = i - n_prefetch;
+                // Scratch may also be SMEM words (`pltpu.SMEM`); blocks are VMEM.
+                let smem_scratch = w >= windows.len() && space == "smem";
+                if space != "vmem" && !(sem && space == "semaphore_mem") && !smem_scratch {
                     return Err(kernel_err(format!("{name} is not in VMEM")));
                 }
-                let w = i - n_prefetch;
                 if w < windows.len() {
                     let a = &arrays[w];
                     let ok = windows[w].bounds == *shape

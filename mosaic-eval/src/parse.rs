@@ -172,6 +172,12 @@ pub(crate) enum OpKind {
         mem: String,
         indices: Vec<String>,
     },
+    /// `memref.store %v, %m[%i, ..]`: one scalar into SMEM.
+    MemrefStore {
+        mem: String,
+        indices: Vec<String>,
+        value: String,
+    },
     Broadcast {
         x: String,
         to: Type,
@@ -281,6 +287,11 @@ impl OpKind {
                 std::iter::once(mem).chain(indices).collect()
             }
             OpKind::VectorStore {
+                mem,
+                indices,
+                value,
+            }
+            | OpKind::MemrefStore {
                 mem,
                 indices,
                 value,
@@ -904,6 +915,19 @@ impl Parser {
                 self.expect(":")?;
                 self.ty()?;
                 OpKind::MemrefLoad { mem, indices }
+            }
+            "memref.store" => {
+                let value = self.value()?;
+                self.expect(",")?;
+                let mem = self.value()?;
+                let indices = self.indices()?;
+                self.expect(":")?;
+                self.ty()?;
+                OpKind::MemrefStore {
+                    mem,
+                    indices,
+                    value,
+                }
             }
             "vector.broadcast" => {
                 let (x, to) = self.conversion()?;

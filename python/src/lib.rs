@@ -270,7 +270,9 @@ impl PyKernel {
         }
         let call = py
             .detach(|| {
-                let kernel = self.def.instantiate_on(&self.specs, &self.mesh, &target.rules)?;
+                let kernel = self
+                    .def
+                    .instantiate_on(&self.specs, &self.mesh, &target.rules)?;
                 target.mosaic_call(&kernel, self.active_steps, &[])
             })
             .map_err(error)?;

@@ -762,6 +762,32 @@ impl<'k, 'w> Machine<'k, 'w> {
         ))
     }
 
+    /// The element `indices` of the SMEM ref `r` names, or an error naming the bad index.
+    fn smem_index(
+        &self,
+        inst: &Inst,
+        r: RefId,
+        indices: &[ValueId],
+    ) -> Result<Vec<usize>, KernelError> {
+        let o = self.k.operand(r);
+        let mut starts = Vec::with_capacity(indices.len());
+        for (d, &i) in indices.iter().enumerate() {
+            let i = self.get(i).as_i32();
+            if i < 0 || i as usize >= o.array_shape[d] {
+                return Err(self.error(
+                    inst.loc,
+                    format!("`{}` of {}", inst.op.name(), self.k.describe(r)),
+                    format!(
+                        "index {i} is out of bounds for dim {d} of size {}",
+                        o.array_shape[d]
+                    ),
+                ));
+            }
+            starts.push(i as usize);
+        }
+        Ok(starts)
+    }
+
     fn error(&self, loc: Loc, subject: impl Into<String>, message: String) -> KernelError {
         let on = match self.dev {
             Some((w, d)) if w.devices() > 1 => format!(" on device {d}"),
@@ -934,30 +960,30 @@ impl<'k, 'w> Machine<'k, 'w> {
                 return Ok(());
             }
             Op::LoadScalar { src, indices } => {
-                let o = self.k.operand(*src);
-                let table = if o.role == OperandRole::Scratch {
+                let starts = self.smem_index(inst, *src, indices)?;
+                let table = if self.k.operand(*src).role == OperandRole::Scratch {
                     &self.buffers[src]
                 } else {
                     &self.arrays[src]
                 };
-                let mut starts = Vec::with_capacity(indices.len());
-                for (d, &i) in indices.iter().enumerate() {
-                    let i = self.get(i).as_i32();
-                    if i < 0 || i as usize >= o.array_shape[d] {
-                        return Err(self.error(
-                            inst.loc,
-                            format!("`load_scalar` of {}", self.k.describe(*src)),
-                            format!(
-                                "index {i} is out of bounds for dim {d} of size {}",
-                                o.array_shape[d]
-                            ),
-                        ));
-                    }
-                    starts.push(i as usize);
-                }
                 let ones = vec![1; starts.len()];
                 self.check_load(inst, *src, &starts, &ones)?;
                 table.window(&starts, &ones).reshape(&[])
+            }
+            Op::StoreScalar {
+                dst,
+                indices,
+                value,
+            } => {
+                let starts = self.smem_index(inst, *dst, indices)?;
+                let ones = vec![1; starts.len()];
+                let word = self.get(*value).reshape(&ones);
+                self.buffers
+                    .get_mut(dst)
+                    .expect("scratch is allocated")
+                    .write_window(&starts, &word);
+                self.stored(*dst, &starts, &ones);
+                return Ok(());
             }
             Op::Unary { op, x } => self.get(*x).unary(*op),
             Op::Binary { op, lhs, rhs } => self.get(*lhs).binary(*op, self.get(*rhs)),

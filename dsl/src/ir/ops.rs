@@ -250,6 +250,12 @@ pub enum Op {
         src: RefId,
         indices: Vec<ValueId>,
     },
+    /// Writes the scalar `value` into one element of SMEM scratch (i32 scalar indices).
+    StoreScalar {
+        dst: RefId,
+        indices: Vec<ValueId>,
+        value: ValueId,
+    },
     Unary {
         op: UnaryOp,
         x: ValueId,
@@ -388,6 +394,7 @@ impl Op {
             Op::Load { .. } => "load",
             Op::Store { .. } => "store",
             Op::LoadScalar { .. } => "load_scalar",
+            Op::StoreScalar { .. } => "store_scalar",
             Op::Unary { op, .. } => op.name(),
             Op::Binary { op, .. } => op.name(),
             Op::Compare { op, .. } => op.name(),
@@ -430,6 +437,11 @@ impl Op {
                 v
             }
             Op::LoadScalar { indices, .. } => indices.clone(),
+            Op::StoreScalar { indices, value, .. } => {
+                let mut v = indices.clone();
+                v.push(*value);
+                v
+            }
             Op::Unary { x, .. }
             | Op::Cast { x, .. }
             | Op::Broadcast { x, .. }
@@ -495,7 +507,7 @@ impl Op {
     pub fn refs(&self) -> Vec<RefId> {
         match self {
             Op::Load { src, .. } | Op::LoadScalar { src, .. } => vec![*src],
-            Op::Store { dst, .. } => vec![*dst],
+            Op::Store { dst, .. } | Op::StoreScalar { dst, .. } => vec![*dst],
             Op::DmaStart { src, dst, .. } | Op::DmaWait { src, dst, .. } => {
                 let mut v = vec![src.r, dst.r];
                 v.extend(self.semaphores().iter().map(|s| s.sem));
@@ -747,6 +759,39 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                 expect_i32_scalar(ctx, i, "an SMEM index")?;
             }
             vec![ValueType::scalar(r.dtype)]
+        }
+        Op::StoreScalar {
+            dst,
+            indices,
+            value,
+        } => {
+            let r = operand(*dst)?;
+            if r.memory != MemorySpace::Smem || r.role != OperandRole::Scratch {
+                return Err(format!(
+                    "`{}` is not SMEM scratch: only `#[scratch(..)] {}: Smem<T>` takes scalar \
+                     stores (scalar prefetch tables are read-only)",
+                    r.name, r.name
+                ));
+            }
+            if indices.len() != r.array_shape.len() {
+                return Err(format!(
+                    "`{}` has rank {} but was indexed with {} indices",
+                    r.name,
+                    r.array_shape.len(),
+                    indices.len()
+                ));
+            }
+            for &i in indices {
+                expect_i32_scalar(ctx, i, "an SMEM index")?;
+            }
+            let t = ctx.value_type(*value);
+            if !t.is_scalar() || t.dtype != r.dtype {
+                return Err(format!(
+                    "`{}` holds {} words; storing a {t} (cast it, and store one scalar at a time)",
+                    r.name, r.dtype
+                ));
+            }
+            vec![]
         }
         Op::Unary { op, x } => {
             let t = ty(*x);

@@ -135,6 +135,15 @@ impl Printer<'_> {
             Op::LoadScalar { src, indices } => {
                 format!("load_scalar {}[{}]", name(*src), join(indices, ", "))
             }
+            Op::StoreScalar {
+                dst,
+                indices,
+                value,
+            } => format!(
+                "store_scalar {}[{}], {value}",
+                name(*dst),
+                join(indices, ", ")
+            ),
             Op::Unary { x, .. } => format!("{} {x}", inst.op.name()),
             Op::Binary { lhs, rhs, .. } | Op::Compare { lhs, rhs, .. } => {
                 format!("{} {lhs}, {rhs}", inst.op.name())

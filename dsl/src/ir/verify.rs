@@ -219,6 +219,7 @@ impl Verifier<'_> {
                 inst.op,
                 Op::Load { .. }
                     | Op::Store { .. }
+                    | Op::StoreScalar { .. }
                     | Op::When { .. }
                     | Op::ForLoop { .. }
                     | Op::Dot { .. }

@@ -166,7 +166,8 @@ fn region(
             | Op::SemWait { .. }
             | Op::SemRead { .. }
             | Op::DebugPrint { .. }
-            | Op::DebugCheck { .. } => {}
+            | Op::DebugCheck { .. }
+            | Op::StoreScalar { .. } => {}
             Op::ProgramId { .. }
             | Op::Constant { .. }
             | Op::Load { .. }

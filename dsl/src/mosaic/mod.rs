@@ -677,6 +677,17 @@ impl<'k> Emitter<'k> {
         Ok(())
     }
 
+    /// i32 scalars as the `index` values `memref.load` and `memref.store` take.
+    fn index_values(&mut self, indices: &[ValueId], loc: Loc) -> Vec<String> {
+        indices
+            .iter()
+            .map(|&i| {
+                let v = self.v(i);
+                self.emit(&format!("arith.index_cast {v} : i32 to index"), loc)
+            })
+            .collect()
+    }
+
     /// A splat of `value` as a dense vector constant, or a scalar constant.
     fn constant(&mut self, value: Literal, ty: &ValueType, loc: Loc) -> String {
         let lit = literal(value, ty.dtype);
@@ -744,11 +755,7 @@ impl<'k> Emitter<'k> {
                 return Ok(());
             }
             Op::LoadScalar { src, indices } => {
-                let mut idx = Vec::with_capacity(indices.len());
-                for &i in indices {
-                    let v = self.v(i);
-                    idx.push(self.emit(&format!("arith.index_cast {v} : i32 to index"), loc));
-                }
+                let idx = self.index_values(indices, loc);
                 let r = self.refs[src].clone();
                 self.emit(
                     &format!(
@@ -758,6 +765,23 @@ impl<'k> Emitter<'k> {
                     ),
                     loc,
                 )
+            }
+            Op::StoreScalar {
+                dst,
+                indices,
+                value,
+            } => {
+                let idx = self.index_values(indices, loc);
+                let (r, v) = (self.refs[dst].clone(), self.v(*value));
+                self.line(
+                    &format!(
+                        "memref.store {v}, {r}[{}] : {}",
+                        idx.join(", "),
+                        ref_type(k, *dst)
+                    ),
+                    loc,
+                );
+                return Ok(());
             }
             Op::Unary { op, x } => {
                 let t = self.ty(*x);

@@ -818,6 +818,21 @@ impl<'k> Lower<'k> {
                     .map_err(&e)?;
                 b.reshape(one, &[]).map_err(e)?
             }
+            Op::StoreScalar {
+                dst,
+                indices,
+                value,
+            } => {
+                let starts: Vec<hlo::Value> = indices.iter().map(|i| self.v(*i)).collect();
+                let one = b
+                    .reshape(self.v(*value), &vec![1; starts.len()])
+                    .map_err(&e)?;
+                let next = b
+                    .dynamic_update_slice(self.refs[dst], one, &starts)
+                    .map_err(e)?;
+                self.refs.insert(*dst, next);
+                return Ok(());
+            }
             Op::Unary { op, x } => {
                 let x = self.v(*x);
                 match op {
@@ -1074,7 +1089,7 @@ fn reads(r: &Region, x: RefId) -> bool {
 fn written_refs(r: &Region) -> BTreeSet<RefId> {
     let mut out = BTreeSet::new();
     for inst in &r.insts {
-        if let Op::Store { dst, .. } = inst.op {
+        if let Op::Store { dst, .. } | Op::StoreScalar { dst, .. } = inst.op {
             out.insert(dst);
         }
         out.extend(memory::written_by(&inst.op));

@@ -141,6 +141,12 @@ fn body_batched(
                 }
                 refs.contains(src)
             }
+            // SMEM scratch is one word per element, sequential across steps: such kernels
+            // loop over every grid step.
+            Op::StoreScalar { .. } => return false,
+            Op::LoadScalar { src, .. } if k.operand(*src).role == OperandRole::Scratch => {
+                return false
+            }
             Op::LoadScalar { indices, .. } => {
                 if any(indices, batched) {
                     return false;

@@ -130,7 +130,11 @@ fn pure_values(body: &Region) -> HashSet<ValueId> {
     for inst in &body.insts {
         let touches_blocks = matches!(
             inst.op,
-            Op::Load { .. } | Op::Store { .. } | Op::When { .. } | Op::ForLoop { .. }
+            Op::Load { .. }
+                | Op::Store { .. }
+                | Op::StoreScalar { .. }
+                | Op::When { .. }
+                | Op::ForLoop { .. }
         );
         if !touches_blocks && inst.op.operands().iter().all(|v| pure.contains(v)) {
             pure.extend(inst.results.iter().copied());
@@ -311,7 +315,7 @@ fn refs_touched(r: &Region) -> BTreeSet<RefId> {
             Op::Load { src, .. } | Op::LoadScalar { src, .. } => {
                 out.insert(*src);
             }
-            Op::Store { dst, .. } => {
+            Op::Store { dst, .. } | Op::StoreScalar { dst, .. } => {
                 out.insert(*dst);
             }
             _ => {}

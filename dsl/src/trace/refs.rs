@@ -455,4 +455,25 @@ impl<T: Element> Smem<T> {
             loc,
         )[0]
     }
+
+    /// Writes one element of SMEM scratch (`#[scratch(..)] t: Smem<T>`, Pallas'
+    /// `pltpu.SMEM`); a Rust literal takes the table's dtype. Scalar prefetch tables are
+    /// read-only: writing one is an error at this line.
+    #[track_caller]
+    pub fn set<const N: usize>(&self, indices: [impl IntoIndex; N], value: impl IntoValue) {
+        let loc = Loc::caller();
+        let indices: Vec<_> = indices.into_iter().map(|i| i.into_index().id).collect();
+        let value = match value.as_value() {
+            Some(v) => v,
+            None => value.into_value_like(Some(T::DTYPE)),
+        };
+        emit(
+            Op::StoreScalar {
+                dst: self.id,
+                indices,
+                value: value.id,
+            },
+            loc,
+        );
+    }
 }
