@@ -7,9 +7,8 @@ mod common;
 
 use tessera::backend::{self, Backend};
 use tessera::dsl::interpret::{self, DebugLog, InterpretOptions};
-use tessera::dsl::{ArgSpec, DType, HostArray, KernelRules, Lowering};
+use tessera::dsl::{ArgSpec, DType, HostArray, KernelRules};
 use tessera::prelude::*;
-use tessera::runtime::{CompileOptions, Plugin};
 use tessera_mosaic_eval::RunOptions;
 
 /// `out = 2 x`, row block by row block, printing each step's block index, its length from
@@ -106,24 +105,27 @@ fn mosaic_eval_prints_what_the_interpreter_prints() {
 #[test]
 fn a_failing_check_stops_the_run_at_the_kernels_line_and_step() {
     let args = args(vec![8, 9, 5]);
-    let (out, lines) = interpreted(&args);
-    let e = out.unwrap_err();
-    assert!(e.contains("debug_print.rs:29"), "{e}");
-    assert!(
-        e.contains("debug_check: failed: a length is at most the block's 8 rows"),
-        "{e}"
-    );
-    assert!(e.contains("at grid step [1]"), "{e}");
+    let (interpreted, lines) = interpreted(&args);
     // Step 0 printed; step 1 stopped before its print.
     assert_eq!(lines.len(), 2, "{lines:#?}");
-    let (out, _) = mosaic_evaluated(&args);
-    let e = out.unwrap_err();
-    assert!(e.contains("debug_print.rs:29"), "{e}");
-    assert!(
-        e.contains("debug_check: failed: a length is at most the block's 8 rows"),
-        "{e}"
-    );
-    assert!(e.contains("at grid step [1]"), "{e}");
+    // The kernel's line of the check, as the errors name it.
+    let line = 1 + include_str!("debug_print.rs")
+        .lines()
+        .position(|l| l.trim_start().starts_with("debug_check(length"))
+        .unwrap();
+    let at = format!("debug_print.rs:{line}:");
+    for (backend, out) in [
+        ("interpret", interpreted),
+        ("mosaic-eval", mosaic_evaluated(&args).0),
+    ] {
+        let e = out.unwrap_err();
+        assert!(e.contains(&at), "{backend}: {e}");
+        assert!(
+            e.contains("debug_check: failed: a length is at most the block's 8 rows"),
+            "{backend}: {e}"
+        );
+        assert!(e.contains("at grid step [1]"), "{backend}: {e}");
+    }
 }
 
 /// XLA has no print or assertion every PJRT backend runs: the StableHLO path leaves both
@@ -196,12 +198,9 @@ fn libtpu_compiles_the_log_op_and_the_assertion() {
     for op in ["\"tpu.log\"", "\"tpu.log_buffer\"", "cf.assert"] {
         assert!(text.contains(op), "{op} missing:\n{text}");
     }
-    let module = Lowering::tpu().lower_module(&k).unwrap().to_mlir();
-    let plugin = Plugin::libtpu()
-        .unwrap_or_else(|e| panic!("libtpu is needed for the TPU compile tests: {e}"));
-    let topology = plugin.topology("v5p:2x2x1").expect("topology");
-    let options = CompileOptions::manual_partitions(1).unwrap();
-    topology
-        .compile(&module, &options)
-        .unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let want = doubled(&args[1]);
+    common::cases_compile_for(
+        "tpu:v5p:2x2x1",
+        vec![("doubled_with_prints", doubled_with_prints(), args, want)],
+    );
 }

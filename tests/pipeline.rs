@@ -4,24 +4,16 @@
 
 mod common;
 
-use tessera::backend::{self, Backend};
+use common::Case;
 use tessera::dsl::interpret::{self, InterpretOptions};
 use tessera::dsl::{ArgSpec, DType, HostArray, KernelRules};
 use tessera::kernels::pipelined_matmul;
 use tessera::prelude::*;
-use tessera_mosaic_eval::RunOptions;
 
 /// `x @ y` in f64.
 fn reference_matmul(x: &HostArray, y: &HostArray) -> Vec<f64> {
     let (m, k, n) = (x.shape()[0], x.shape()[1], y.shape()[1]);
-    let (x, y) = (x.to_f64_vec(), y.to_f64_vec());
-    let mut out = vec![0.0; m * n];
-    for i in 0..m {
-        for j in 0..n {
-            out[i * n + j] = (0..k).map(|l| x[i * k + l] * y[l * n + j]).sum();
-        }
-    }
-    out
+    common::matmul_ref(&x.to_f64_vec(), &y.to_f64_vec(), m, k, n)
 }
 
 fn matmul_args() -> Vec<HostArray> {
@@ -31,22 +23,29 @@ fn matmul_args() -> Vec<HostArray> {
     ]
 }
 
+/// Runs `cases` on the interpreter and the CPU plugin and through mosaic-eval against their
+/// references, and compiles them with libtpu for v5p.
+fn everywhere(cases: impl Fn() -> Vec<Case>, tol: f64) {
+    common::cases_on_every_backend(cases(), tol);
+    common::cases_on_mosaic_eval(cases(), tol);
+    common::cases_compile_for("tpu:v5p:2x2x1", cases());
+}
+
 #[test]
 fn the_pipelined_matmul_matches_the_reference_everywhere() {
     let args = matmul_args();
     let want = reference_matmul(&args[0], &args[1]);
-    let def = pipelined_matmul::<f32>((8, 128, 128), 2);
-    let out =
-        interpret::run(&def, &args, &InterpretOptions::default()).unwrap_or_else(|e| panic!("{e}"));
-    common::assert_close(&out[0].to_f64_vec(), &want, 1e-4, "interpret");
-    for b in Backend::ALL {
-        let out = backend::run(&def, &args, b, &KernelRules::tpu())
-            .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
-        common::assert_close(&out[0].to_f64_vec(), &want, 1e-4, b.name());
-    }
-    let out = common::mosaic_eval(&def, &args, &KernelRules::tpu(), &RunOptions::default())
-        .unwrap_or_else(|e| panic!("{e}"));
-    common::assert_close(&out[0].to_f64_vec(), &want, 1e-4, "mosaic-eval");
+    everywhere(
+        || {
+            [2, 3]
+                .map(|buffers| -> Case {
+                    let def = pipelined_matmul::<f32>((8, 128, 128), buffers);
+                    ("pipelined_matmul", def, args.clone(), want.clone())
+                })
+                .to_vec()
+        },
+        1e-4,
+    );
 }
 
 /// The interpreter lands each copy at a random operation between its start and its wait
@@ -96,21 +95,16 @@ fn consecutive_steps_on_one_output_block_accumulate_in_vmem() {
     let x = HostArray::random(DType::F32, [24, 512], 3);
     let rows: Vec<f64> = x.to_f64_vec().chunks(512).map(|r| r.iter().sum()).collect();
     let want: Vec<f64> = rows.iter().flat_map(|&s| [s; 128]).collect();
-    let args = [x];
-    for buffers in [2, 3] {
-        let def = row_sums(buffers);
-        let out = interpret::run(&def, &args, &InterpretOptions::default())
-            .unwrap_or_else(|e| panic!("{e}"));
-        common::assert_close(&out[0].to_f64_vec(), &want, 1e-4, "interpret");
-        for b in Backend::ALL {
-            let out = backend::run(&def, &args, b, &KernelRules::tpu())
-                .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
-            common::assert_close(&out[0].to_f64_vec(), &want, 1e-4, b.name());
-        }
-        let out = common::mosaic_eval(&def, &args, &KernelRules::tpu(), &RunOptions::default())
-            .unwrap_or_else(|e| panic!("{e}"));
-        common::assert_close(&out[0].to_f64_vec(), &want, 1e-4, "mosaic-eval");
-    }
+    everywhere(
+        || {
+            [2, 3]
+                .map(|buffers| -> Case {
+                    ("row_sums", row_sums(buffers), vec![x.clone()], want.clone())
+                })
+                .to_vec()
+        },
+        1e-4,
+    );
 }
 
 #[test]
@@ -157,18 +151,8 @@ fn integer_indices_squeeze_their_dimension() {
     let v = x.to_f64_vec();
     let (a, b) = v.split_at(8 * 128);
     let want: Vec<f64> = b.iter().map(|x| 2.0 * x).chain(a.iter().copied()).collect();
-    let args = [x];
-    for b in Backend::ALL {
-        let out = backend::run(&swap_halves(), &args, b, &KernelRules::tpu())
-            .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
-        common::assert_close(&out[0].to_f64_vec(), &want, 0.0, b.name());
-    }
-    let out = common::mosaic_eval(
-        &swap_halves(),
-        &args,
-        &KernelRules::tpu(),
-        &RunOptions::default(),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    common::assert_close(&out[0].to_f64_vec(), &want, 0.0, "mosaic-eval");
+    everywhere(
+        || vec![("swap_halves", swap_halves(), vec![x.clone()], want.clone())],
+        0.0,
+    );
 }

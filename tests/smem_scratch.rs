@@ -4,11 +4,8 @@
 
 mod common;
 
-use tessera::backend::{self, Backend};
-use tessera::dsl::{ArgSpec, DType, HostArray, KernelRules, Lowering};
+use tessera::dsl::{ArgSpec, DType, HostArray, KernelRules};
 use tessera::prelude::*;
-use tessera::runtime::{CompileOptions, Plugin};
-use tessera_mosaic_eval::RunOptions;
 
 /// Block `i` of `out` (8 x 128) holds the running total of `lengths[0..=i]`, counted in an
 /// SMEM word across the (sequential) grid steps; the second word counts the steps.
@@ -34,41 +31,30 @@ fn running_totals(
 #[test]
 fn smem_scratch_keeps_words_across_grid_steps_on_every_backend() {
     let lengths = vec![3, 0, 7, 2, 5];
-    let args = [HostArray::i32([5], lengths.clone()).unwrap()];
+    let args = vec![HostArray::i32([5], lengths.clone()).unwrap()];
     let mut want = Vec::new();
     let mut total = 0;
     for l in lengths {
         total += l;
         want.extend(std::iter::repeat_n(total as f64, 8 * 128));
     }
-    for b in Backend::ALL {
-        let out = backend::run(&running_totals(), &args, b, &KernelRules::tpu())
-            .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
-        common::assert_close(&out[0].to_f64_vec(), &want, 0.0, b.name());
-    }
-    let out = common::mosaic_eval(
-        &running_totals(),
-        &args,
-        &KernelRules::tpu(),
-        &RunOptions::default(),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    common::assert_close(&out[0].to_f64_vec(), &want, 0.0, "mosaic-eval");
+    let cases = || {
+        vec![(
+            "running_totals",
+            running_totals(),
+            args.clone(),
+            want.clone(),
+        )]
+    };
+    common::cases_on_every_backend(cases(), 0.0);
+    common::cases_on_mosaic_eval(cases(), 0.0);
     // libtpu compiles the SMEM scratch and its stores.
+    common::cases_compile_for("tpu:v5p:2x2x1", cases());
     let k = running_totals()
         .instantiate(&[ArgSpec::of(&args[0])], &KernelRules::tpu())
         .unwrap();
-    let module = Lowering::tpu().lower_module(&k).unwrap().to_mlir();
-    assert!(module.contains("tpu_custom_call"));
     let text = tessera::dsl::mosaic::lower(&k).unwrap().text;
     assert!(text.contains("memref.store"), "{text}");
-    let plugin = Plugin::libtpu()
-        .unwrap_or_else(|e| panic!("libtpu is needed for the TPU compile tests: {e}"));
-    plugin
-        .topology("v5p:2x2x1")
-        .unwrap()
-        .compile(&module, &CompileOptions::manual_partitions(1).unwrap())
-        .unwrap_or_else(|e| panic!("{e}\n{text}"));
 }
 
 /// Writes into its scalar-prefetch table.

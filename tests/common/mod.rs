@@ -33,6 +33,21 @@ pub fn cases_on_every_backend(cases: Vec<Case>, tol: f64) {
     }
 }
 
+/// Runs each case's Mosaic text (TPU rules) through mosaic-eval, two cores and the
+/// parallel-state check, against its reference.
+pub fn cases_on_mosaic_eval(cases: Vec<Case>, tol: f64) {
+    for (name, def, args, want) in cases {
+        let out = mosaic_eval(&def, &args, &KernelRules::tpu(), &RunOptions::default())
+            .unwrap_or_else(|e| panic!("{name} on mosaic-eval: {e}"));
+        assert_close(
+            &out[0].to_f64_vec(),
+            &want,
+            tol,
+            &format!("{name} on mosaic-eval"),
+        );
+    }
+}
+
 /// Compiles each case's kernel with libtpu for `topology` (e.g. `tpu:v5p:2x2x1`).
 pub fn cases_compile_for(topology: &str, cases: Vec<Case>) {
     let target = tessera::tpu::TpuTopology::parse(topology).unwrap();

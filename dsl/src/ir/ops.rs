@@ -617,6 +617,26 @@ pub trait InferContext {
     fn grid_rank(&self) -> usize;
 }
 
+/// One i32 scalar index per dim of the SMEM ref `r`.
+fn check_smem_indices(
+    ctx: &dyn InferContext,
+    r: &Operand,
+    indices: &[ValueId],
+) -> Result<(), String> {
+    if indices.len() != r.array_shape.len() {
+        return Err(format!(
+            "`{}` has rank {} but was indexed with {} indices",
+            r.name,
+            r.array_shape.len(),
+            indices.len()
+        ));
+    }
+    for &i in indices {
+        expect_i32_scalar(ctx, i, "an SMEM index")?;
+    }
+    Ok(())
+}
+
 fn expect_i32_scalar(ctx: &dyn InferContext, v: ValueId, what: &str) -> Result<(), String> {
     let t = ctx.value_type(v);
     if t.dtype != DType::I32 || !t.is_scalar() {
@@ -747,17 +767,7 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                     r.memory.name()
                 ));
             }
-            if indices.len() != r.array_shape.len() {
-                return Err(format!(
-                    "`{}` has rank {} but was indexed with {} indices",
-                    r.name,
-                    r.array_shape.len(),
-                    indices.len()
-                ));
-            }
-            for &i in indices {
-                expect_i32_scalar(ctx, i, "an SMEM index")?;
-            }
+            check_smem_indices(ctx, r, indices)?;
             vec![ValueType::scalar(r.dtype)]
         }
         Op::StoreScalar {
@@ -773,17 +783,7 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                     r.name, r.name
                 ));
             }
-            if indices.len() != r.array_shape.len() {
-                return Err(format!(
-                    "`{}` has rank {} but was indexed with {} indices",
-                    r.name,
-                    r.array_shape.len(),
-                    indices.len()
-                ));
-            }
-            for &i in indices {
-                expect_i32_scalar(ctx, i, "an SMEM index")?;
-            }
+            check_smem_indices(ctx, r, indices)?;
             let t = ctx.value_type(*value);
             if !t.is_scalar() || t.dtype != r.dtype {
                 return Err(format!(

@@ -120,25 +120,27 @@ pub fn lower_module_spmd(k: &Kernel) -> Result<Module, KernelError> {
 /// the per-device body, for a program that is already manually partitioned over the kernel's
 /// devices (a JAX `shard_map` body, into which tessera-jax merges `@main`).
 pub fn lower_module_spmd_body(k: &Kernel) -> Result<Module, KernelError> {
-    let mut module = Module::new(format!("tessera_{}", k.name));
-    let fail = |e: HloError| lower_error(k, "arguments", Loc::internal(), e);
-    module
-        .set_num_partitions(k.num_devices() as u32)
-        .map_err(fail)?;
-    let mut f = module.func("main");
-    let mut args = Vec::new();
-    for o in k.operands.iter().filter(|o| is_arg(o.role)) {
-        args.push(f.arg(tensor_type(o.dtype, &o.array_shape)).map_err(fail)?);
-    }
-    let outs = lower_into_spmd(k, &mut f, &args)?;
-    f.finish(&outs).map_err(fail)?;
-    Ok(module)
+    partitioned_module(k, None, lower_into_spmd)
 }
 
 /// A manually partitioned module of one partition per device of `k`'s mesh, whose `@main`
 /// takes and returns each device's arrays, with `lower` applying the kernel to them.
 pub(crate) fn module_spmd_with(
     k: &Kernel,
+    lower: impl FnOnce(
+        &Kernel,
+        &mut FuncBuilder<'_>,
+        &[hlo::Value],
+    ) -> Result<Vec<hlo::Value>, KernelError>,
+) -> Result<Module, KernelError> {
+    partitioned_module(k, Some(hlo::Sharding::Manual), lower)
+}
+
+/// A module of one partition per device of `k`'s mesh whose `@main` takes and returns each
+/// device's arrays, annotated with `sharding` when given.
+fn partitioned_module(
+    k: &Kernel,
+    sharding: Option<hlo::Sharding>,
     lower: impl FnOnce(
         &Kernel,
         &mut FuncBuilder<'_>,
@@ -155,15 +157,15 @@ pub(crate) fn module_spmd_with(
     for o in k.operands.iter().filter(|o| is_arg(o.role)) {
         let ty = tensor_type(o.dtype, &o.array_shape);
         args.push(
-            f.arg_with_sharding(ty, hlo::Sharding::Manual)
-                .map_err(fail)?,
+            match &sharding {
+                Some(s) => f.arg_with_sharding(ty, s.clone()),
+                None => f.arg(ty),
+            }
+            .map_err(fail)?,
         );
     }
     let outs = lower(k, &mut f, &args)?;
-    let outs: Vec<_> = outs
-        .into_iter()
-        .map(|v| (v, Some(hlo::Sharding::Manual)))
-        .collect();
+    let outs: Vec<_> = outs.into_iter().map(|v| (v, sharding.clone())).collect();
     f.finish_with_shardings(&outs).map_err(fail)?;
     Ok(module)
 }
