@@ -1,6 +1,7 @@
 //! The dependency rules of docs/architecture.md, checked on the crate manifests: each crate
 //! depends on exactly the tessera crates it is allowed to, and the facade library carries no
-//! CLI dependency (clap and anyhow only behind the `cli` feature, for the binary).
+//! CLI dependency (clap and anyhow only behind the `cli` feature, for the binary); the README
+//! stays an entrance and the docs links resolve.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -245,4 +246,57 @@ fn only_the_macro_and_the_dsl_name_the_private_builder() {
          with the macro:\n{}",
         offenders.join("\n")
     );
+}
+
+/// The markdown files a newcomer reads, with every relative link they hold.
+fn doc_links(file: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let mut links = Vec::new();
+    for part in text.split("](").skip(1) {
+        let target = part.split([')', '#', ' ']).next().unwrap_or_default();
+        if !target.is_empty() && !target.starts_with("http") {
+            links.push(target.to_string());
+        }
+    }
+    links
+}
+
+/// README.md is the entrance (the two commands first, at most 300 lines; measurements live in
+/// docs/), and no relative link of the README or docs/ points nowhere.
+#[test]
+fn the_readme_is_an_entrance_and_the_docs_links_resolve() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 300,
+        "README.md has {lines} lines; move detail to docs/"
+    );
+    let first_code = readme.split("```sh\n").nth(1).expect("a sh block");
+    let commands: Vec<&str> = first_code
+        .lines()
+        .take_while(|l| !l.starts_with("```"))
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    assert_eq!(
+        &commands[..2],
+        [
+            "cargo run --release --example train",
+            "cargo test --workspace"
+        ]
+    );
+    let mut files = vec![root.join("README.md"), root.join("python/README.md")];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        files.push(entry.unwrap().path());
+    }
+    for file in files {
+        for link in doc_links(&file) {
+            let target = file.parent().unwrap().join(&link);
+            assert!(
+                target.exists(),
+                "{}: the link to {link} points nowhere",
+                file.display()
+            );
+        }
+    }
 }

@@ -22,7 +22,7 @@ const HEADS: usize = 8;
 
 /// One configuration of scripts/splash_cost.py: `pass` as the script names it (`fwd`, `bwd`:
 /// forward with residuals + dq + dkv, `fused`: forward + fused backward), and which of the
-/// comparisons it holds to (the README's table gives every figure, those it does not hold
+/// comparisons it holds to (docs/tpu.md's table gives every figure, those it does not hold
 /// to included).
 #[derive(Debug, Clone, Copy)]
 struct Config {
@@ -223,8 +223,8 @@ const EVERY_CHECK: &[Check] = &[
     Check::Temporaries,
 ];
 
-/// The covering subset CI compiles (the full table is scripts/splash_cost.sh's, in the
-/// README). Every case holds to every check. The GQA backward at S=4096, blocks 1024 is the
+/// The covering subset CI compiles (the full table is scripts/splash_cost.sh's, in
+/// docs/tpu.md). Every case holds to every check. The GQA backward at S=4096, blocks 1024 is the
 /// case dK/dV's scaled keys in dK's output block brought under JAX's (1.011x with a scratch
 /// for them); the MHA backward at S=4096, blocks 512 the one dQ's halved key blocks
 /// (`default_dq_compute_block`) brought under JAX's scoped VMEM (1.014x with whole blocks).

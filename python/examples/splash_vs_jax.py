@@ -6,7 +6,7 @@ and compile seconds.
     python examples/splash_vs_jax.py [--topology v5p:2x2x1] [--heads 8] [--seq-len 4096]
         [--head-dim 128] [--blocks 512 1024]
 
-The README's table is this script's output (bf16, causal, one device of the topology).
+The table in python/README.md is this script's output (bf16, causal, one device of the topology).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 backward) lowered with `lowering_platforms=("tpu",)` and compiled by libtpu (the one tessera
 pins) for a v5p:2x2x1 topology, on a machine without a TPU; the compiled memory and each
 kernel's scoped VMEM read back; JAX's own splash compiled in the same run, printed beside
-tessera's. Small shapes: the README's table is examples/splash_vs_jax.py at full size."""
+tessera's. Small shapes: python/README.md's table is examples/splash_vs_jax.py at full size."""
 
 import base64
 import json
