@@ -127,6 +127,34 @@ fn blocks_that_do_not_tile_and_a_single_buffer_are_refused_with_the_fix() {
     assert!(e.contains("2 or more buffers per operand, not 1"), "{e}");
 }
 
+/// Two pipelines, the second's body reading a block through the first's handle.
+#[tpu_kernel(grid = 1)]
+fn crossed_pipelines(
+    #[shape(8, 128)] x: Hbm<f32>,
+    #[shape(8, 128)] mut out: HbmMut<f32>,
+    #[shape(8, 128)] mut other: HbmMut<f32>,
+) {
+    let mut first = Pipeline::new(&[1]);
+    let xb = first.input(&x, &[8, 128], |_| (0, 0));
+    let ob = first.output(&mut out, &[8, 128], |_| (0, 0));
+    first.run(|step| step.output(ob).store(step.input(xb).load()));
+    let mut second = Pipeline::new(&[1]);
+    let other_block = second.output(&mut other, &[8, 128], |_| (0, 0));
+    second.run(|step| step.output(other_block).store(step.input(xb).load()));
+}
+
+#[test]
+fn a_step_refuses_another_pipelines_handle() {
+    let e = crossed_pipelines()
+        .instantiate(&[ArgSpec::new(DType::F32, [8, 128])], &KernelRules::tpu())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("this block handle belongs to another pipeline"),
+        "{e}"
+    );
+}
+
 /// An integer index in `.at()` drops its dimension (Pallas' `buf[slot]`): the window of a
 /// `[2, 8, 128]` buffer at `[slot, :, :]` loads and stores `[8, 128]` values.
 #[tpu_kernel(grid = 1)]

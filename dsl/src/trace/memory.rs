@@ -46,6 +46,9 @@ pub(crate) struct MemoryTrace {
     /// The barrier semaphore, once asked for.
     pub barrier: Option<RefId>,
     scopes: usize,
+    /// Pipelines traced so far (`Pipeline`s are numbered so that a step refuses another
+    /// pipeline's block handles).
+    pub pipelines: usize,
 }
 
 /// Identifies the region being traced: its depth and the instruction counts of the regions

@@ -104,6 +104,8 @@ struct Stage<'a> {
 /// The borrows of the operands last until `run`: the body reaches them only through the
 /// step's blocks. See the module documentation of `trace::pipeline` for the schedule.
 pub struct Pipeline<'a> {
+    /// This pipeline's number among the kernel's (its handles carry it).
+    id: usize,
     grid: Vec<usize>,
     buffers: usize,
     stages: Vec<Stage<'a>>,
@@ -114,6 +116,7 @@ pub struct Pipeline<'a> {
 /// An input of a [`Pipeline`]: [`PipelineStep::input`] gives the step's block.
 #[derive(Debug)]
 pub struct PipelineInput<T> {
+    pipeline: usize,
     stage: usize,
     _t: PhantomData<T>,
 }
@@ -121,6 +124,7 @@ pub struct PipelineInput<T> {
 /// An output of a [`Pipeline`]: [`PipelineStep::output`] gives the step's block.
 #[derive(Debug)]
 pub struct PipelineOutput<T> {
+    pipeline: usize,
     stage: usize,
     _t: PhantomData<T>,
 }
@@ -141,6 +145,7 @@ impl<T> Copy for PipelineOutput<T> {}
 /// One step of a running [`Pipeline`]: its grid indices and its blocks in VMEM.
 #[derive(Debug)]
 pub struct PipelineStep {
+    pipeline: usize,
     indices: Vec<Value>,
     /// Per stage: its VMEM slots and the slot this step uses.
     slots: Vec<(RefId, Value)>,
@@ -153,16 +158,37 @@ impl PipelineStep {
     }
 
     /// The step's block of an input, to load (it stays valid for the step only).
+    #[track_caller]
     pub fn input<T: Element>(&self, input: PipelineInput<T>) -> VmemWindow<'_, T> {
-        let (buf, slot) = self.slots[input.stage];
+        let (buf, slot) = self.slot(input.pipeline, input.stage, Loc::caller());
         VmemWindow::of(buf, &slot_window(buf, slot))
     }
 
     /// The step's block of an output, to store into (and load back: consecutive steps on
     /// one block see what earlier ones stored).
+    #[track_caller]
     pub fn output<T: Element>(&self, output: PipelineOutput<T>) -> VmemWindowMut<'_, T> {
-        let (buf, slot) = self.slots[output.stage];
+        let (buf, slot) = self.slot(output.pipeline, output.stage, Loc::caller());
         VmemWindowMut::of(buf, &slot_window(buf, slot))
+    }
+
+    /// The buffer and slot of `stage`, or a problem at `loc` when the handle is another
+    /// pipeline's (the window given then is this pipeline's first, never used: the kernel
+    /// is refused).
+    fn slot(&self, pipeline: usize, stage: usize, loc: Loc) -> (RefId, Value) {
+        if pipeline != self.pipeline {
+            with_trace(|t| {
+                t.problem(
+                    "emit_pipeline",
+                    loc,
+                    "this block handle belongs to another pipeline; take the blocks of a step \
+                     from the handles its own pipeline's `input` and `output` returned"
+                        .to_string(),
+                )
+            });
+            return self.slots[0];
+        }
+        self.slots[stage]
     }
 }
 
@@ -195,7 +221,12 @@ impl<'a> Pipeline<'a> {
         if grid.is_empty() {
             problems.push("the pipeline's grid has no dims; give at least one".to_string());
         }
+        let id = with_trace(|t| {
+            t.memory.pipelines += 1;
+            t.memory.pipelines
+        });
         Pipeline {
+            id,
             grid: grid.to_vec(),
             buffers: 2,
             stages: Vec::new(),
@@ -227,6 +258,7 @@ impl<'a> Pipeline<'a> {
     ) -> PipelineInput<T> {
         let stage = self.stage(array.array(), T::DTYPE, block, index_map, false);
         PipelineInput {
+            pipeline: self.id,
             stage,
             _t: PhantomData,
         }
@@ -243,6 +275,7 @@ impl<'a> Pipeline<'a> {
     ) -> PipelineOutput<T> {
         let stage = self.stage(array.id(), T::DTYPE, block, index_map, true);
         PipelineOutput {
+            pipeline: self.id,
             stage,
             _t: PhantomData,
         }
@@ -283,10 +316,18 @@ impl<'a> Pipeline<'a> {
     #[track_caller]
     pub fn run(self, body: impl FnOnce(&PipelineStep)) {
         let loc = Loc::caller();
-        if !self.problems.is_empty() {
+        let mut problems = self.problems.clone();
+        if self.stages.is_empty() {
+            problems.push(
+                "the pipeline has no inputs or outputs, so it moves nothing; give it at least \
+                 one with `input` or `output`"
+                    .to_string(),
+            );
+        }
+        if !problems.is_empty() {
             with_trace(|t| {
-                for p in &self.problems {
-                    t.problem("emit_pipeline", self.loc, p.clone());
+                for p in problems {
+                    t.problem("emit_pipeline", self.loc, p);
                 }
             });
             return;
@@ -378,6 +419,7 @@ impl<'a> Pipeline<'a> {
                     slots[k].1 = count % n as i32;
                 }
                 body(&PipelineStep {
+                    pipeline: self.id,
                     indices: self.unflatten(t),
                     slots,
                 });
@@ -398,7 +440,9 @@ impl<'a> Pipeline<'a> {
                             leaves,
                             || {
                                 copy_out(k, t, count % n as i32).start_at(loc);
-                                // The copy `n - 1` write-backs older frees the next slot.
+                                // The copy `n - 1` write-backs older frees the next slot. A
+                                // wait names its copy by semaphore and size, and every block
+                                // has this one's size, so this step's block stands in.
                                 let older = count + 1 - n as i32;
                                 when_at(
                                     older.ge(0),
@@ -414,7 +458,8 @@ impl<'a> Pipeline<'a> {
             },
             loc,
         );
-        // The write-backs still in flight: the last `n - 1` (fewer if there were fewer).
+        // The write-backs still in flight: the last `n - 1` (fewer if there were fewer); the
+        // last step's block stands in for each one's (same size, see above).
         let last_step = constant_i32(steps - 1);
         for (&k, count) in outputs.iter().zip(written_back) {
             let first = (count + 1 - n as i32).maximum(0);
