@@ -325,6 +325,21 @@ impl Machine<'_> {
         }
     }
 
+    /// Writes `value` into buffer `b` at `starts` (in bounds, same element type; `op` names
+    /// the store in errors) and records it for the parallel-state check.
+    fn store(&mut self, loc: &str, b: usize, starts: &[i64], value: &Tensor, op: &str) -> R<()> {
+        let buf = &mut self.buffers[b];
+        let starts = in_bounds(starts, &value.shape, &buf.shape).map_err(|e| fail(loc, e))?;
+        if buf.elem != value.elem {
+            return Err(fail(loc, format!("{op}: element types differ")));
+        }
+        buf.write_window(&starts, value);
+        if let Some(check) = &mut self.check {
+            check.stored(b, &starts, &value.shape);
+        }
+        Ok(())
+    }
+
     /// Calls `name` with `args`; returns what it returns.
     pub fn call(&mut self, name: &str, args: Vec<Val>) -> R<Vec<Val>> {
         let funcs = self.funcs;
@@ -446,17 +461,8 @@ impl Machine<'_> {
                 value,
             } => {
                 let v = get(env, value)?;
-                let b = mem(env, m)?;
-                let starts = index_list(env, indices)?;
-                let buf = &mut self.buffers[b];
-                let starts = in_bounds(&starts, &v.shape, &buf.shape).map_err(|e| fail(loc, e))?;
-                if buf.elem != v.elem {
-                    return Err(fail(loc, "tpu.vector_store: element types differ"));
-                }
-                buf.write_window(&starts, &v);
-                if let Some(check) = &mut self.check {
-                    check.stored(b, &starts, &v.shape);
-                }
+                let (b, starts) = (mem(env, m)?, index_list(env, indices)?);
+                self.store(loc, b, &starts, &v, "tpu.vector_store")?;
                 return Ok(Flow::Next);
             }
             OpKind::MemrefLoad { mem: m, indices } => {
@@ -478,23 +484,14 @@ impl Machine<'_> {
                 value,
             } => {
                 let v = get(env, value)?;
-                let b = mem(env, m)?;
-                let starts = index_list(env, indices)?;
-                let ones = vec![1; starts.len()];
-                let buf = &mut self.buffers[b];
-                let starts = in_bounds(&starts, &ones, &buf.shape).map_err(|e| fail(loc, e))?;
-                if buf.elem != v.elem || !v.shape.is_empty() {
-                    return Err(fail(
-                        loc,
-                        "memref.store: needs a scalar of the memref's type",
-                    ));
+                let (b, starts) = (mem(env, m)?, index_list(env, indices)?);
+                if !v.shape.is_empty() {
+                    return Err(fail(loc, "memref.store: needs a scalar"));
                 }
+                // One element: the scalar as a window of ones.
                 let mut word = (*v).clone();
-                word.shape = ones.clone();
-                buf.write_window(&starts, &word);
-                if let Some(check) = &mut self.check {
-                    check.stored(b, &starts, &ones);
-                }
+                word.shape = vec![1; starts.len()];
+                self.store(loc, b, &starts, &word, "memref.store")?;
                 return Ok(Flow::Next);
             }
             OpKind::Broadcast { x, to } => {
