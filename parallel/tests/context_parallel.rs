@@ -81,9 +81,30 @@ fn run_check(
     packed: bool,
     load_balance: bool,
 ) {
+    let strategy = Strategy::parse(strategy, devices).unwrap();
+    check_strategy(
+        strategy,
+        devices,
+        heads,
+        kv_heads,
+        mask,
+        packed,
+        load_balance,
+    );
+}
+
+/// [`run_check`] of a parsed strategy.
+fn check_strategy(
+    strategy: Strategy,
+    devices: usize,
+    heads: usize,
+    kv_heads: usize,
+    mask: Mask,
+    packed: bool,
+    load_balance: bool,
+) {
     let seq = 512;
     let d = dims(heads, kv_heads, seq);
-    let strategy = Strategy::parse(strategy, devices).unwrap();
     // The largest block that divides what every kernel call holds.
     let parts = if load_balance { 2 } else { 1 };
     let block = (seq / devices / parts).min(128);
@@ -157,6 +178,19 @@ fn run_check(
             1e-3 * scale,
             &format!("{what}: {name}"),
         );
+    }
+}
+
+/// Every strategy on the list, as its base spelling parses on 4 devices: a strategy added to
+/// the list is tested here without a line of its own. GQA with packed sequences crossing the
+/// shards and a soft cap, causal, with load balancing where the strategy balances.
+#[test]
+fn every_listed_strategy_matches_the_reference() {
+    let listed = Strategy::listed(4);
+    assert!(listed.len() >= 4, "{listed:?}");
+    for strategy in listed {
+        let balances = strategy.load_balances();
+        check_strategy(strategy, 4, 8, 2, Mask::causal(), true, balances);
     }
 }
 

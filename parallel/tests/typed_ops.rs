@@ -187,10 +187,15 @@ fn an_op_is_built_from_its_own_strategy() {
         e.contains("all-gather attention op") && e.contains("ring"),
         "{e}"
     );
+    // An op checks what the configuration's devices hold, not which strategy built it: a
+    // Ulysses configuration's devices hold the whole sequence for their heads, which is a
+    // ring of one step (USP with a ring degree of 1).
     let ulysses = config(Strategy::from(Ulysses), 2, 1, 256);
-    let e = message(RingAttention::<Context>::new(&ulysses).unwrap_err());
+    assert_eq!(RingAttention::<Context>::new(&ulysses).unwrap().steps(), 1);
+    let e = message(AllGatherAttention::<Context>::new(&ulysses).unwrap_err());
     assert!(
-        e.contains("ring attention op") && e.contains("ulysses"),
+        e.contains("ulysses: the all-gather attention op attends 128 queries against 256 keys")
+            && e.contains("hold 256 against 256"),
         "{e}"
     );
     assert_eq!(

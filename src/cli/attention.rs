@@ -64,13 +64,16 @@ pub struct AttentionArgs {
     /// attention` compiles, its kernels Mosaic custom calls).
     #[arg(long)]
     pub backend: Option<Backend>,
-    /// Context parallelism over --devices devices of --backend: ulysses, all-gather (or all_gather),
-    /// ring, usp:UxR (Ulysses degree x ring degree) or usp (the most square split).
-    #[arg(long)]
+    #[arg(long, help = super::strategies_help(
+        "Context parallelism over --devices devices of --backend",
+        "; usp alone takes the most square split of the devices, usp:UxR a Ulysses degree U and a ring degree R",
+    ))]
     pub strategy: Option<String>,
-    /// Causal load balancing for all-gather and ring (zigzag: device r holds chunks r and
-    /// 2N-1-r of 2N); inputs and outputs stay in natural order.
-    #[arg(long, requires = "strategy")]
+    #[arg(long, requires = "strategy", help = super::load_balance_help(
+        "Causal load balancing for",
+        " (zigzag: device r holds chunks r and 2N-1-r of 2N); inputs and outputs stay in \
+         natural order",
+    ))]
     pub load_balance: bool,
     /// Devices of the context axis, with --strategy (default: 4, or U x R for usp:UxR).
     #[arg(long, requires = "strategy", value_parser = positive)]

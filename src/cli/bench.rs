@@ -24,8 +24,8 @@ pub enum BenchCommand {
     /// Splash attention against dense attention (materialised scores) on the XLA CPU plugin:
     /// forward and forward+backward time, GFLOP/s and peak memory, one process per program.
     Attention(BenchArgs),
-    /// Context-parallel strategies (Ulysses, all-gather, ring, USP) side by side on the same
-    /// XLA CPU devices: forward and forward+backward times and their ratios.
+    /// Every listed context-parallel strategy side by side on the same XLA CPU devices:
+    /// forward and forward+backward times and their ratios.
     ContextParallel(super::bench_cp::CpBenchArgs),
     /// Every registered kernel at a realistic size beside XLA's own dot (the matmul peak, f32
     /// and bf16) and dense attention: GFLOP/s and the fraction of the peak.

@@ -31,11 +31,17 @@ pub struct CpBenchArgs {
     /// Query and key block of every kernel (it must divide each device's share).
     #[arg(long, default_value_t = 512, value_parser = super::positive)]
     pub block: usize,
-    /// Strategies to compare (comma-separated).
-    #[arg(long, default_value = "ulysses,all-gather,ring", value_delimiter = ',')]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_values_t = Strategy::names().into_iter().map(String::from).collect::<Vec<_>>(),
+        help = super::strategies_help("Strategies to compare (comma-separated; default: all)", "")
+    )]
     pub strategies: Vec<String>,
-    /// Also time all-gather and ring with causal load balancing (zigzag).
-    #[arg(long)]
+    #[arg(long, help = super::load_balance_help(
+        "Also time",
+        " with causal load balancing (zigzag)",
+    ))]
     pub load_balance: bool,
     /// Use separate dq and dkv backward kernels instead of the fused one.
     #[arg(long)]
@@ -153,7 +159,10 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
         });
     }
     if runs.is_empty() {
-        bail!("no strategies to compare; give --strategies ulysses,all-gather,ring");
+        bail!(
+            "no strategies to compare; give --strategies {}",
+            Strategy::names().join(",")
+        );
     }
     // Interleaved so load changes on the machine hit every strategy alike; run 0 warms up.
     for rep in 0..=a.reps {

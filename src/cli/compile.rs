@@ -136,14 +136,12 @@ pub struct CompileAttentionArgs {
     /// Take segment ids [B, S] int32 (packed sequences).
     #[arg(long)]
     pub segment_ids: bool,
-    /// Context parallelism on --devices devices: ulysses, all-gather, ring, usp or usp:UxR.
-    #[arg(long)]
+    #[arg(long, help = super::strategies_help("Context parallelism on --devices devices", ""))]
     pub strategy: Option<String>,
     /// Devices of the context axis, with --strategy (default 4, or U x R for usp:UxR).
     #[arg(long, requires = "strategy")]
     pub devices: Option<usize>,
-    /// Causal load balancing for all-gather and ring.
-    #[arg(long, requires = "strategy")]
+    #[arg(long, requires = "strategy", help = super::load_balance_help("Causal load balancing for", ""))]
     pub load_balance: bool,
     /// Logit scale (default 1/sqrt(D)). `--scale 1` is a caller that scales q itself, as
     /// JAX's splash kernels (which take no scale) require and MaxText does: the kernels then

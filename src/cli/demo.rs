@@ -94,14 +94,14 @@ fn demo_context_parallel() -> Result<bool> {
     let grads = single.backward(&Backend::Cpu, &x, &fwd, &dout)?;
     let want = [&fwd.out, &fwd.lse, &grads.dq, &grads.dk, &grads.dv];
     let mut all_ok = true;
-    for strategy in ["ulysses", "all-gather", "ring", "usp"] {
+    for strategy in Strategy::listed(devices) {
         let cp = ContextParallel {
             dims,
             dtype: DType::F32,
             mask: Mask::causal(),
             block_sizes: blocks,
             options: SplashOptions::default(),
-            strategy: Strategy::parse(strategy, devices)?,
+            strategy,
             devices,
             load_balance: false,
             target: Lowering::portable(),

@@ -31,6 +31,8 @@ pub mod tpu_dump;
 pub mod train_flags;
 pub mod tune;
 
+pub use train_flags::{load_balance_help, strategies_help};
+
 use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
 use tessera::backend::Backend;

@@ -5,8 +5,30 @@
 
 use clap::Args;
 use tessera::dsl::DType;
+use tessera::parallel::strategy::{Fixed, Ulysses};
 use tessera::parallel::{Names, Strategy};
 use tessera_train::{ModelConfig, TrainConfig, TrainError};
+
+/// Help text that names the listed strategies (`tessera::parallel::strategy`'s one list; the
+/// CLI and the train example share it):
+/// `{before}: ulysses, all-gather (all_gather), ring or usp (usp:UxR){after}`.
+pub fn strategies_help(before: &str, after: &str) -> String {
+    format!("{before}: {}{after}", Strategy::spellings())
+}
+
+/// Help text for a load-balancing flag, naming the listed strategies that balance:
+/// `{before} all-gather and ring{after}`.
+pub fn load_balance_help(before: &str, after: &str) -> String {
+    let names: Vec<String> = Strategy::load_balancing(4)
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let listed = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.concat(),
+    };
+    format!("{before} {listed}{after}")
+}
 
 /// The model: a preset and the dims that override it.
 #[derive(Args, Debug, Clone)]
@@ -79,14 +101,23 @@ pub struct StepFlags {
     /// all-gathered before use).
     #[arg(long, default_value_t = 1)]
     pub ici_fsdp_parallelism: usize,
-    /// ulysses, all_gather, ring, or usp[:UxR] (Ulysses degree x ring degree).
-    #[arg(long, default_value = "ulysses")]
+    #[arg(long, default_value = <Ulysses as Fixed>::SPELLINGS[0], help = strategies_help(
+        "The context-parallel strategy",
+        "; usp alone takes the most square split of the devices, usp:UxR a Ulysses degree U and a ring degree R",
+    ))]
     pub context_parallel_strategy: String,
-    /// Causal load balancing (zigzag) for all_gather and ring: `--context-parallel-load-balance`
-    /// (or `=true`) turns it on, `=false` off. Default: `tessera compile --target tpu:..
-    /// train` balances as MaxText does (on for all_gather and ring); the train example
-    /// does not.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    #[arg(
+        long,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        help = load_balance_help(
+            "Causal load balancing (zigzag) for",
+            ": `--context-parallel-load-balance` (or `=true`) turns it on, `=false` off. \
+             Default: `tessera compile --target tpu:.. train` balances as MaxText does (on for \
+             the strategies that balance); the train example does not",
+        )
+    )]
     pub context_parallel_load_balance: Option<bool>,
     /// Splash block sizes, or `auto` (default: what each attention call holds up to 512,
     /// else its largest divisor up to 512 that tiles on a TPU). `auto` asks `tessera tune`'s

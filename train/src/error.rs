@@ -223,16 +223,15 @@ pub enum SettingError {
         size: usize,
         shards: usize,
     },
-    /// USP's Ulysses and ring degrees are not whole axes of the torus (the ring takes the
-    /// last axes, Ulysses the ones before them).
-    UspNotOnTorus {
+    /// The Ulysses and ring degrees of a strategy that runs both (USP) are not whole axes of
+    /// the torus (the ring takes the last axes, Ulysses the ones before them).
+    UlyssesRingNotOnTorus {
+        strategy: Strategy,
         ulysses: usize,
         ring: usize,
         chip: String,
         torus: Vec<usize>,
     },
-    /// A strategy the step-time model does not model.
-    NotModelled { strategy: Strategy },
     /// splash's block tables refused the blocks the step-time model counts.
     Blocks {
         block_q: usize,
@@ -458,20 +457,18 @@ impl SettingError {
                     t(Setting::CollectiveMatmul).name(names)
                 )
             }
-            SettingError::UspNotOnTorus {
+            SettingError::UlyssesRingNotOnTorus {
+                strategy,
                 ulysses,
                 ring,
                 chip,
                 torus,
             } => format!(
-                "usp:{ulysses}x{ring} does not map onto whole axes of the {chip} torus {torus:?} \
+                "{} (Ulysses degree {ulysses} x ring degree {ring}) does not map onto whole axes \
+                 of the {chip} torus {torus:?} \
                  (the ring takes its last axes, Ulysses the ones before them); use a ring \
                  degree that is the product of its last axes and a Ulysses degree that is the \
-                 product of the axes before them"
-            ),
-            SettingError::NotModelled { strategy } => format!(
-                "the step-time model covers ulysses, all_gather, ring and usp; {} is not \
-                 modelled",
+                 product of the axes before them",
                 names.strategy(strategy)
             ),
             SettingError::Blocks {

@@ -21,8 +21,9 @@
 //!   a device's shard is chunks `c` and `2 cp - 1 - c` of `2 cp`. What each device holds and
 //!   where each of its kernel calls attends are the strategy's own rules
 //!   ([`StepSetup::context_parallel`]: `local_dims`, `kernel_calls`), which also validate the
-//!   setup; the collectives below are modelled per strategy (ulysses, all-gather, ring, USP;
-//!   the others are "not modelled"). USP (`usp:UxR`) is ring attention over `R` devices on
+//!   setup; the collectives below are priced by how the strategy says its devices exchange
+//!   keys and values (`ContextStrategy::exchange`: all-to-alls to heads, all-gathered keys,
+//!   or a ring after optional all-to-alls). USP (`usp:UxR`) is ring attention over `R` devices on
 //!   chunks of `S / R` tokens with `H / U` heads, after the Ulysses all-to-alls over `U`.
 //! * **Compute time** = FLOPs / (peak x [`Efficiency`]): one efficiency for matmuls and one
 //!   for attention blocks (both [`Efficiency::CALIBRATED`], see there).
@@ -60,7 +61,7 @@
 
 use serde_json::json;
 use tessera_dsl::{DType, Lowering};
-use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
+use tessera_parallel::strategy::Exchange;
 use tessera_parallel::{ContextParallel, Strategy};
 use tessera_splash::{BlockSizes, Dims, Major, Mask, MaskInfo, SeqOffsets};
 
@@ -453,39 +454,6 @@ fn step_blocks(
     Ok(total)
 }
 
-/// The strategies the step-time model covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Modelled {
-    Ulysses,
-    AllGather,
-    /// Ring attention over `ring` devices after a Ulysses all-to-all over `ulysses` (plain
-    /// ring: `ulysses` 1; USP: both).
-    Ring {
-        ulysses: usize,
-        ring: usize,
-    },
-}
-
-impl Modelled {
-    fn of(s: &Strategy, context: usize) -> Option<Self> {
-        if s.is::<Ulysses>() {
-            Some(Modelled::Ulysses)
-        } else if s.is::<AllGather>() {
-            Some(Modelled::AllGather)
-        } else if s.is::<Ring>() {
-            Some(Modelled::Ring {
-                ulysses: 1,
-                ring: context,
-            })
-        } else {
-            s.downcast_ref::<Usp>().map(|u| Modelled::Ring {
-                ulysses: u.ulysses,
-                ring: u.ring,
-            })
-        }
-    }
-}
-
 /// Predicts one training step of `setup` on `chip` (see the module docs).
 pub fn predict_step(
     setup: &StepSetup,
@@ -528,20 +496,17 @@ pub fn predict_step(
     // kernel call attends.
     let attention = s.context_parallel();
     attention.check()?;
-    let Some(modelled) = Modelled::of(&s.strategy, cp) else {
-        return Err(SettingError::NotModelled {
-            strategy: s.strategy.clone(),
-        }
-        .into());
-    };
+    // How the strategy's devices exchange keys and values: what the collectives cost.
+    let exchange = s.strategy.exchange(cp);
     // USP's Ulysses all-to-alls run over its Ulysses axes (the context axes before the
     // ring's, which are the last torus axes).
-    let ulysses_axes = match modelled {
-        Modelled::Ring { ulysses, ring } if ulysses > 1 => {
+    let ulysses_axes = match exchange {
+        Exchange::Ring { ulysses, ring } if ulysses > 1 => {
             match torus_groups(chip, &[s.fsdp, ulysses, ring]).as_deref() {
                 Some([_, u, _]) => Some(u.clone()),
                 _ => {
-                    return Err(SettingError::UspNotOnTorus {
+                    return Err(SettingError::UlyssesRingNotOnTorus {
+                        strategy: s.strategy.clone(),
                         ulysses,
                         ring,
                         chip: chip.name.clone(),
@@ -589,8 +554,8 @@ pub fn predict_step(
     // The K (or V) each device holds for the ring steps or the all-gather: its tokens (a
     // ring chunk of `S / ring`: `S / cp` for ring and all-gather, a whole USP ring chunk after
     // the all-to-all) for the KV heads it keeps.
-    let ring_devices = match modelled {
-        Modelled::Ring { ring, .. } => ring,
+    let ring_devices = match exchange {
+        Exchange::Ring { ring, .. } => ring,
         _ => cp,
     };
     let kv_shard_bytes =
@@ -614,14 +579,14 @@ pub fn predict_step(
             + exposed(kv_s, behind_bwd);
         (bytes, layer_s)
     };
-    let (blocks_fwd, blocks_bwd, attn_layer_s, context_layer_s, context_bytes) = match modelled {
-        Modelled::Ulysses => {
+    let (blocks_fwd, blocks_bwd, attn_layer_s, context_layer_s, context_bytes) = match exchange {
+        Exchange::Heads => {
             let (f, bw) = per_seq(step_blocks(b, &calls[0], 0, lens)?);
             let attn = (fwd_passes * f as f64 * fwd_block + bw as f64 * bwd_block) / attn_rate;
             let (bytes, layer_s) = ulysses_all_to_alls(&cp_axes);
             (f, bw, attn, layer_s, bytes)
         }
-        Modelled::AllGather => {
+        Exchange::AllKeys => {
             let mut worst = (0, 0, 0.0);
             for c in 0..cp {
                 let (f, bw) = per_seq(step_blocks(b, &calls[0], c, lens)?);
@@ -642,7 +607,7 @@ pub fn predict_step(
                 (fwd_passes + 1.0) * full,
             )
         }
-        Modelled::Ring { ring, .. } => {
+        Exchange::Ring { ring, .. } => {
             // Forward steps move K and V; backward steps move K, V, dK and dV.
             let kv_permute = if ring > 1 {
                 2.0 * kv_shard_bytes / link

@@ -396,7 +396,9 @@ fn usp_is_ring_after_ulysses() {
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("usp:4x2 does not map onto whole axes of the"),
+        e.contains(
+            "usp:4x2 (Ulysses degree 4 x ring degree 2) does not map onto whole axes of the"
+        ),
         "{e}"
     );
 }

@@ -235,11 +235,14 @@ pub enum ConfigError {
         local: usize,
         seq: usize,
     },
-    /// A typed splash op built from the configuration of a strategy that calls another op.
-    WrongOp {
+    /// A typed splash op built from a configuration whose kernel calls hold `holds` queries
+    /// and keys (per head), where the op attends `needs`: the configuration of a strategy
+    /// that exchanges keys and values another way.
+    OpDoesNotFit {
         op: &'static str,
         strategy: Strategy,
-        calls: &'static str,
+        holds: (usize, usize),
+        needs: (usize, usize),
     },
 }
 
@@ -369,15 +372,20 @@ impl ConfigError {
                     per * size
                 )
             }
-            ConfigError::WrongOp {
+            ConfigError::OpDoesNotFit {
                 op,
                 strategy,
-                calls,
+                holds,
+                needs,
             } => format!(
-                "{}: the {op} is built from the configuration of a strategy that calls it; \
-                 {} calls the {calls}",
+                "{}: the {op} op attends {} queries against {} keys per kernel call, but this \
+                 configuration's calls hold {} against {}; build the op its strategy composes \
+                 (`ContextStrategy::exchange` says which)",
                 s(strategy),
-                s(strategy)
+                needs.0,
+                needs.1,
+                holds.0,
+                holds.1
             ),
         }
     }

@@ -9,10 +9,9 @@ use tessera_collectives::{
 use tessera_splash::{ShardedSplash, Tensor};
 
 use super::super::spmd::{lower_forward, lse_from_kernel};
-use super::super::strategy::DeviceOp;
 use super::super::{ContextParallel, CpError};
 use super::{
-    add_segments, expect_op, features, local_error, ByHeads, ByHeadsLse, Inputs, LocalShapes,
+    add_segments, expect_lengths, features, local_error, ByHeads, ByHeadsLse, Inputs, LocalShapes,
     UlyssesOperand, WholeSegmentIds,
 };
 
@@ -36,12 +35,13 @@ type Forward<'p, M, B, A> = (
 );
 
 impl<A: MeshAxis> UlyssesAttention<A> {
-    /// The kernels of a configuration whose strategy calls this op ([`DeviceOp::Heads`]):
-    /// `H/U` query heads and `KVH/U` KV heads (after any KV head replication) over the whole
+    /// The kernels of a configuration whose devices attend the whole sequence per kernel call
+    /// (Ulysses): `H/U` query heads and `KVH/U` KV heads (after any KV head replication) over the whole
     /// sequence per device, at the offsets of the strategy's one kernel call.
     pub fn new(cp: &ContextParallel) -> Result<Self, CpError> {
-        expect_op(cp, DeviceOp::Heads)?;
         cp.validate()?;
+        let seq = cp.dims.q_len;
+        expect_lengths(cp, OP, (seq, seq))?;
         let calls = cp.kernel_calls();
         Ok(UlyssesAttention {
             splash: cp.sharded_splash(&calls[0][0])?,

@@ -22,8 +22,8 @@
 //! transpose (a reduce-scatter) adds up. The whole ring ([`RingAttention::forward`]) is one
 //! unit, its rule a backward ring.
 //!
-//! Every op is built from a [`ContextParallel`] configuration of a strategy that calls it
-//! ([`ContextStrategy::device_op`](crate::strategy::ContextStrategy::device_op)): its mask,
+//! Every op is built from a [`ContextParallel`] configuration whose devices hold what the op
+//! attends (it checks the queries and keys each kernel call holds): its mask,
 //! dims, block sizes, and the offsets of every kernel call the strategy lists
 //! ([`ContextStrategy::kernel_calls`](crate::strategy::ContextStrategy::kernel_calls)); it
 //! checks at build time that each operand holds the per-device shape its kernels were built
@@ -88,7 +88,6 @@ use tessera_splash::{Features, Stage, Tensor};
 
 use super::error::ConfigError;
 use super::spmd::Segments;
-use super::strategy::DeviceOp;
 use super::{ContextParallel, CpError};
 
 pub use heads::UlyssesAttention;
@@ -279,16 +278,23 @@ fn check_local<M: MeshShape, S, V>(
     })
 }
 
-/// Fails unless the configuration's strategy calls `op`.
-fn expect_op(cp: &ContextParallel, op: DeviceOp) -> Result<(), CpError> {
-    let calls = cp.strategy.device_op();
-    if calls == op {
+/// Fails unless each kernel call of the (validated) `cp` holds `needs` (queries, keys per
+/// head): the layout `op`'s kernels attend. The op checks what the configuration's devices
+/// hold, whichever strategy built it.
+fn expect_lengths(
+    cp: &ContextParallel,
+    op: &'static str,
+    needs: (usize, usize),
+) -> Result<(), CpError> {
+    let holds = cp.local_lengths();
+    if holds == needs {
         return Ok(());
     }
-    Err(ConfigError::WrongOp {
-        op: op.name(),
+    Err(ConfigError::OpDoesNotFit {
+        op,
         strategy: cp.strategy.clone(),
-        calls: calls.name(),
+        holds,
+        needs,
     }
     .into())
 }

@@ -17,10 +17,9 @@ use tessera_splash::{lower_stages_on_shard, ShardedSplash, SplashError, Stage, T
 use super::super::spmd::{
     lower_forward, lse_from_kernel, lse_to_kernel, part_start, seq_concat, seq_part, Segments,
 };
-use super::super::strategy::DeviceOp;
 use super::super::{ContextParallel, CpError};
 use super::{
-    expect_op, features, local_error, AxisIndex, BySequence, BySequenceLse, Inputs, KeyShard,
+    expect_lengths, features, local_error, AxisIndex, BySequence, BySequenceLse, Inputs, KeyShard,
     LocalShapes, Plans, QueryShard, WholeSegmentIds,
 };
 
@@ -81,15 +80,17 @@ pub struct RingPartial<'p, M, B, H, A> {
 }
 
 impl<A: MeshAxis> RingAttention<A> {
-    /// The kernels of every step of a configuration whose strategy calls this op
-    /// ([`DeviceOp::Ring`]: ring, USP's ring axis), at the offsets of the strategy's calls:
+    /// The kernels of every step of a configuration whose devices attend one ring chunk of
+    /// queries against one of keys per call (ring, USP's ring axis), at the offsets of the
+    /// strategy's calls:
     /// one step per device on the ring, each a call per pair of a query part and a key part.
     pub fn new(cp: &ContextParallel) -> Result<Self, CpError> {
-        expect_op(cp, DeviceOp::Ring)?;
         cp.validate()?;
         let parts = cp.parts();
         let calls = cp.kernel_calls();
         let ring = calls.len();
+        let chunk = cp.dims.q_len / (ring * parts).max(1);
+        expect_lengths(cp, OP, (chunk, chunk))?;
         let splash = calls
             .iter()
             .map(|step| {
@@ -102,7 +103,7 @@ impl<A: MeshAxis> RingAttention<A> {
             splash,
             shapes: LocalShapes::of(cp, parts, parts),
             ring,
-            len: cp.dims.q_len / (ring * parts),
+            len: chunk,
             _axis: PhantomData,
         })
     }

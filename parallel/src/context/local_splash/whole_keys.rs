@@ -26,12 +26,11 @@ use super::super::config::inverse;
 use super::super::spmd::{
     lower_forward, lse_from_kernel, part_start, reorder_chunks, seq_concat, seq_part,
 };
-use super::super::strategy::DeviceOp;
 use super::super::{ContextParallel, CpError};
 use super::ring_steps::merge_partials;
 use super::{
-    add_segments, expect_op, features, local_error, AxisIndex, BySequence, BySequenceLse, Inputs,
-    LocalShapes, Plans, QueryShard, WholeKeys, WholeSegmentIds,
+    add_segments, expect_lengths, features, local_error, AxisIndex, BySequence, BySequenceLse,
+    Inputs, LocalShapes, Plans, QueryShard, WholeKeys, WholeSegmentIds,
 };
 
 const OP: &str = "all-gather attention";
@@ -148,11 +147,12 @@ type Forward<'p, M, B, H, A> = (
 );
 
 impl<A: MeshAxis> AllGatherAttention<A> {
-    /// The kernels of a configuration whose strategy calls this op ([`DeviceOp::AllKeys`]):
-    /// one sharded attention per query part, at the offsets of the strategy's calls.
+    /// The kernels of a configuration whose devices attend their queries (a shard, in `parts`
+    /// chunks) against every key (all-gather): one sharded attention per query part, at the offsets of the strategy's calls.
     pub fn new(cp: &ContextParallel) -> Result<Self, CpError> {
-        expect_op(cp, DeviceOp::AllKeys)?;
         cp.validate()?;
+        let seq = cp.dims.q_len;
+        expect_lengths(cp, OP, (seq / (cp.devices * cp.parts()).max(1), seq))?;
         let calls = cp.kernel_calls();
         Ok(AllGatherAttention {
             splash: calls[0]

@@ -18,7 +18,7 @@ use tessera_collectives::axes::Context;
 use tessera_collectives::{CollectiveError, Spmd};
 use tessera_splash::SeqOffsets;
 
-use super::{Composition, ContextStrategy, DeviceOp, Fixed, KernelCalls, Listing, Shards};
+use super::{Composition, ContextStrategy, Exchange, Fixed, KernelCalls, Listing, Shards};
 use crate::context::config::chunk_of;
 use crate::context::layout::{ModelMesh, SeqLseTensor, SeqTensor, WholeSegments};
 use crate::context::local_splash::AllGatherAttention;
@@ -71,8 +71,8 @@ impl ContextStrategy for AllGather {
         vec![calls]
     }
 
-    fn device_op(&self) -> DeviceOp {
-        DeviceOp::AllKeys
+    fn exchange(&self, _devices: usize) -> Exchange {
+        Exchange::AllKeys
     }
 
     fn compose(&self, cp: &ContextParallel) -> Result<Rc<dyn Composition>, CpError> {

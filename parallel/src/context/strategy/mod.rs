@@ -85,29 +85,20 @@ fn parse_fixed<T: Fixed>(text: &str, _devices: usize) -> Option<Result<Strategy,
         .then(|| Ok(T::default().into()))
 }
 
-/// The typed splash op of [`crate::local_splash`] a strategy's devices call.
+/// How a strategy's devices come to hold the keys and values they attend, per layer: what
+/// the step-time model (`tessera-train`'s `predict_step`) prices, asked of the strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceOp {
-    /// [`UlyssesAttention`](crate::local_splash::UlyssesAttention): this device's heads over
-    /// the whole sequence.
+pub enum Exchange {
+    /// All-to-alls over the context devices re-shard q, k, v (and the output back) between
+    /// the sequence and the heads: each device attends its heads over the whole sequence.
     Heads,
-    /// [`AllGatherAttention`](crate::local_splash::AllGatherAttention): this device's queries
-    /// against every key.
+    /// K and V all-gathered over the context devices (dK and dV reduce-scattered in the
+    /// backward): each device attends its queries against every key.
     AllKeys,
-    /// [`RingAttention`](crate::local_splash::RingAttention): this device's queries against
-    /// the K/V shard in hand, step by step.
-    Ring,
-}
-
-impl DeviceOp {
-    /// The op's name in messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            DeviceOp::Heads => "Ulysses attention op",
-            DeviceOp::AllKeys => "all-gather attention op",
-            DeviceOp::Ring => "ring attention op",
-        }
-    }
+    /// K/V shards passed round a ring of `ring` devices (collective permutes), each device
+    /// attending its queries to the shard in hand, after all-to-alls between sequence and
+    /// heads over `ulysses` devices (1: none).
+    Ring { ulysses: usize, ring: usize },
 }
 
 /// How a sequence of `seq` positions is cut over the context devices: `devices` shards,
@@ -179,8 +170,8 @@ pub trait ContextStrategy: AsAny + fmt::Debug + Send + Sync {
     /// Every forward kernel call and where its queries and keys start on every shard.
     fn kernel_calls(&self, shards: Shards) -> KernelCalls;
 
-    /// The typed splash op its devices call.
-    fn device_op(&self) -> DeviceOp;
+    /// How its devices exchange keys and values on `devices` context devices.
+    fn exchange(&self, devices: usize) -> Exchange;
 
     /// Builds the kernels of the (validated) configuration `cp`, composed with the
     /// strategy's collectives.
@@ -233,11 +224,36 @@ impl Strategy {
             })
     }
 
-    /// The listed strategies that balance causal load, as their base spelling parses.
-    pub fn load_balancing(devices: usize) -> Vec<Strategy> {
+    /// Every listed strategy, in list order, as its base spelling parses on `devices`
+    /// context devices (`usp`: the most square split of them).
+    pub fn listed(devices: usize) -> Vec<Strategy> {
         LISTED
             .iter()
             .filter_map(|l| (l.parse)(l.name, devices)?.ok())
+            .collect()
+    }
+
+    /// The base spellings of the listed strategies, in list order (`ulysses`, `all-gather`,
+    /// ...): what a command line's default lists are made of.
+    pub fn names() -> Vec<&'static str> {
+        LISTED.iter().map(|l| l.name).collect()
+    }
+
+    /// Every spelling of the listed strategies for help and messages: `ulysses, all-gather
+    /// (all_gather), ring or usp (usp:UxR)`.
+    pub fn spellings() -> String {
+        let all: Vec<&str> = LISTED.iter().map(|l| l.spellings).collect();
+        match all.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        }
+    }
+
+    /// The listed strategies that balance causal load, as their base spelling parses.
+    pub fn load_balancing(devices: usize) -> Vec<Strategy> {
+        Strategy::listed(devices)
+            .into_iter()
             .filter(|s| s.load_balances())
             .collect()
     }

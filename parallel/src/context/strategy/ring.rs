@@ -20,7 +20,7 @@ use tessera_collectives::axes::Context;
 use tessera_collectives::{CollectiveError, Spmd};
 use tessera_splash::SeqOffsets;
 
-use super::{Composition, ContextStrategy, DeviceOp, Fixed, KernelCalls, Listing, Shards};
+use super::{Composition, ContextStrategy, Exchange, Fixed, KernelCalls, Listing, Shards};
 use crate::context::config::chunk_of;
 use crate::context::layout::{ModelMesh, SeqLseTensor, SeqTensor, WholeSegments};
 use crate::context::local_splash::RingAttention;
@@ -54,8 +54,11 @@ impl ContextStrategy for Ring {
         ring_calls(s.devices, s)
     }
 
-    fn device_op(&self) -> DeviceOp {
-        DeviceOp::Ring
+    fn exchange(&self, devices: usize) -> Exchange {
+        Exchange::Ring {
+            ulysses: 1,
+            ring: devices,
+        }
     }
 
     fn compose(&self, cp: &ContextParallel) -> Result<Rc<dyn Composition>, CpError> {

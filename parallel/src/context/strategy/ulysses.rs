@@ -19,7 +19,7 @@ use tessera_collectives::axes::{Context, Data};
 use tessera_collectives::{CollectiveError, DTensor, Split, Spmd};
 use tessera_splash::SeqOffsets;
 
-use super::{Composition, ContextStrategy, DeviceOp, Fixed, KernelCalls, Listing, Shards};
+use super::{Composition, ContextStrategy, Exchange, Fixed, KernelCalls, Listing, Shards};
 use crate::context::layout::{ModelMesh, SeqLseTensor, SeqTensor, WholeSegments};
 use crate::context::local_splash::{ByHeads, UlyssesAttention};
 use crate::context::spmd::replicate_heads;
@@ -54,8 +54,8 @@ impl ContextStrategy for Ulysses {
         vec![vec![vec![SeqOffsets::default()]]]
     }
 
-    fn device_op(&self) -> DeviceOp {
-        DeviceOp::Heads
+    fn exchange(&self, _devices: usize) -> Exchange {
+        Exchange::Heads
     }
 
     fn compose(&self, cp: &ContextParallel) -> Result<Rc<dyn Composition>, CpError> {

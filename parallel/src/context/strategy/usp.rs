@@ -16,7 +16,7 @@ use tessera_collectives::{CollectiveError, DTensor, Invariant, Replicated, Split
 
 use super::ring::ring_calls;
 use super::{
-    Composition, ConfigError, ContextStrategy, DeviceOp, KernelCalls, Listing, Shards, Strategy,
+    Composition, ConfigError, ContextStrategy, Exchange, KernelCalls, Listing, Shards, Strategy,
 };
 use crate::context::layout::{
     ModelMesh, Pieces, RingAxis, Seq, SeqLse, SeqLseTensor, SeqTensor, WholeSegments,
@@ -91,8 +91,11 @@ impl ContextStrategy for Usp {
         ring_calls(self.ring, s)
     }
 
-    fn device_op(&self) -> DeviceOp {
-        DeviceOp::Ring
+    fn exchange(&self, _devices: usize) -> Exchange {
+        Exchange::Ring {
+            ulysses: self.ulysses,
+            ring: self.ring,
+        }
     }
 
     fn compose(&self, cp: &ContextParallel) -> Result<Rc<dyn Composition>, CpError> {
