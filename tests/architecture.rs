@@ -3,8 +3,13 @@
 //! CLI dependency (clap and anyhow only behind the `cli` feature, for the binary); the README
 //! stays an entrance and the docs links resolve.
 
+#[path = "architecture/modules.rs"]
+mod modules;
+
 use std::collections::BTreeSet;
 use std::path::Path;
+
+use modules::ModuleGraph;
 
 /// Every workspace crate, its folder, and the tessera crates it may depend on (normal
 /// dependencies; tests may use more).
@@ -299,4 +304,185 @@ fn the_readme_is_an_entrance_and_the_docs_links_resolve() {
             );
         }
     }
+}
+
+/// The import circles left inside parallel/ and dsl/, each with why: a new circle fails the
+/// test below, and so does a listed one that is gone (so the list stays true).
+const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
+    (
+        &["dsl/src/error.rs", "dsl/src/ir/"],
+        "KernelError names IR locations and the IR's checks return KernelError",
+    ),
+    (
+        &["dsl/src/instantiate.rs", "dsl/src/interpret/"],
+        "instantiation runs the interpreter's coverage check (check_coverage)",
+    ),
+    (
+        &["dsl/src/instantiate.rs", "dsl/src/interpret/mod.rs"],
+        "the same circle, file by file",
+    ),
+    (
+        &["dsl/src/mosaic/", "dsl/src/rules/"],
+        "the TPU rules and the Mosaic emitter share tpu_tile, vmem_bytes and SendSems",
+    ),
+    (
+        &[
+            "dsl/src/trace/memory.rs",
+            "dsl/src/trace/ops.rs",
+            "dsl/src/trace/refs.rs",
+            "dsl/src/trace/state.rs",
+        ],
+        "the tracer's state and its op, ref and memory builders call each other",
+    ),
+];
+
+/// No two modules of parallel/ or dsl/ import each other, directly or round a circle (see
+/// `modules` for what counts as an import), beyond [`KNOWN_CIRCLES`].
+#[test]
+fn parallel_and_dsl_have_no_import_circles() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    for krate in ["parallel", "dsl"] {
+        let graph = ModuleGraph::read(&root.join(krate).join("src"));
+        found.extend(graph.circles(root));
+    }
+    let known: Vec<Vec<String>> = KNOWN_CIRCLES
+        .iter()
+        .map(|(files, _)| files.iter().map(|f| f.to_string()).collect())
+        .collect();
+    let new: Vec<&Vec<String>> = found.iter().filter(|c| !known.contains(c)).collect();
+    let gone: Vec<&Vec<String>> = known.iter().filter(|c| !found.contains(c)).collect();
+    assert!(
+        new.is_empty(),
+        "import circles (each group's modules reach each other); move what they share below \
+         both:\n{new:#?}"
+    );
+    assert!(
+        gone.is_empty(),
+        "these circles are gone; take them off KNOWN_CIRCLES:\n{gone:#?}"
+    );
+}
+
+/// The string literals of `code` (escapes kept as written), and with `docs` its `///` doc
+/// comments (a CLI's help strings), test modules left out.
+fn texts_of(code: &str, docs: bool) -> Vec<String> {
+    let code = code.split("#[cfg(test)]").next().unwrap_or_default();
+    let mut texts = Vec::new();
+    for line in code.lines().filter(|_| docs) {
+        if let Some(doc) = line.trim_start().strip_prefix("///") {
+            texts.push(doc.to_string());
+        }
+    }
+    let mut chars = code.chars().peekable();
+    let (mut current, mut in_string, mut comment) = (String::new(), false, false);
+    while let Some(c) = chars.next() {
+        if comment {
+            comment = c != '\n';
+        } else if in_string {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => {
+                    texts.push(std::mem::take(&mut current));
+                    in_string = false;
+                }
+                _ => current.push(c),
+            }
+        } else if c == '/' && chars.peek() == Some(&'/') {
+            comment = true;
+        } else if c == '"' {
+            in_string = true;
+        } else if c == '\'' {
+            // A char literal (`'"'`) or a lifetime: skip the char and its closing quote.
+            if let (Some(_), Some('\'')) = (chars.next(), chars.peek()) {
+                chars.next();
+            }
+        }
+    }
+    texts
+}
+
+/// The strategies `text` spells as words (`{placeholders}` left out), each once by its name.
+fn strategies_named(text: &str, spellings: &[(String, String)]) -> BTreeSet<String> {
+    let mut plain = String::new();
+    let mut depth = 0;
+    for c in text.chars() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            _ if depth == 0 => plain.push(c),
+            _ => {}
+        }
+    }
+    plain
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-' || c == '_'))
+        .filter_map(|word| {
+            spellings
+                .iter()
+                .find(|(spelling, _)| spelling == word)
+                .map(|(_, name)| name.clone())
+        })
+        .collect()
+}
+
+/// Strategy names are written once, in their units (parallel/src/context/strategy/): help
+/// strings, `demo`, `bench`, messages and the step-time model read the list. A string of the
+/// CLI, the trainer, the JAX extension or the rest of parallel/, or a help line of the CLI or
+/// the extension, that is one strategy's spelling or names two strategies is a list written
+/// by hand.
+#[test]
+fn strategy_names_are_written_only_in_their_units() {
+    let mut spellings: Vec<(String, String)> = Vec::new();
+    for s in tessera::parallel::Strategy::listed(4) {
+        let name = s.name();
+        let base = name.split(':').next().unwrap_or_default().to_string();
+        for spelling in [name.clone(), base.clone(), s.maxtext_name()] {
+            spellings.push((spelling, base.clone()));
+        }
+    }
+    assert!(spellings.len() >= 8, "{spellings:?}");
+    assert_eq!(
+        strategies_named("the all_gather and ring strategies", &spellings).len(),
+        2
+    );
+    assert!(strategies_named("{ulysses} x {ring}: all-gathered", &spellings).is_empty());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // (file, literal, why it is not a strategy's name)
+    let not_strategies = [(
+        "parallel/src/context/layout.rs",
+        "ring",
+        "the name of the ring mesh axis",
+    )];
+    let mut files = Vec::new();
+    for dir in ["src/cli", "train/src", "parallel/src", "python/src"] {
+        rust_sources(&root.join(dir), &mut files);
+    }
+    let mut offenders = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(root).unwrap().display().to_string();
+        if rel.starts_with("parallel/src/context/strategy/") {
+            continue;
+        }
+        let code = std::fs::read_to_string(file).unwrap();
+        // Doc comments are help strings in the CLI and the Python extension.
+        let docs = rel.starts_with("src/cli") || rel.starts_with("python/src");
+        for text in texts_of(&code, docs) {
+            let named = strategies_named(&text, &spellings);
+            let exact = spellings.iter().any(|(s, _)| *s == text);
+            let excused = not_strategies
+                .iter()
+                .any(|(f, literal, _)| *f == rel && *literal == text);
+            if (named.len() >= 2 || exact) && !excused {
+                offenders.push(format!("{rel}: {text:?}"));
+            }
+        }
+    }
+    assert!(files.len() > 30, "found only {} files", files.len());
+    assert!(
+        offenders.is_empty(),
+        "strategy names written outside parallel/src/context/strategy/; read them from \
+         `Strategy::listed`, `Strategy::names` or `Strategy::spellings`:\n{}",
+        offenders.join("\n")
+    );
 }

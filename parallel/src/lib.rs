@@ -25,7 +25,7 @@ pub use context::layer::AttentionLayer;
 pub use context::{
     chunk_of, Block, CollectiveStat, ConfigError, ContextMesh, ContextParallel, CpError,
     CpExecutable, CpForwardBackward, CpInputs, CpProgram, CpStats, LibraryNames, ModelMesh, Names,
-    Quantity, RingAxis, Strategy, Term, TermKind, TokenLayout,
+    Quantity, RingAxis, Strategy, StrategyName, Term, TermKind, TokenLayout,
 };
 pub use context::{local_splash, strategy};
 pub use platform::kernel_lowering;

@@ -66,7 +66,7 @@ pub struct AttentionArgs {
     pub backend: Option<Backend>,
     #[arg(long, help = super::strategies_help(
         "Context parallelism over --devices devices of --backend",
-        "; usp alone takes the most square split of the devices, usp:UxR a Ulysses degree U and a ring degree R",
+        "",
     ))]
     pub strategy: Option<String>,
     #[arg(long, requires = "strategy", help = super::load_balance_help(

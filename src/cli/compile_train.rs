@@ -72,8 +72,9 @@ pub fn train_config(
 
 /// The splash blocks `tessera tune` picks for the attention each device of `cfg` runs (the
 /// strategy's local dims: its sequences, heads and lengths per kernel call), as `[q, kv,
-/// q_dkv, kv_dkv]`, and a sentence saying so. The calls of a ring or an all-gather differ by
-/// where their queries and keys sit; the search compiles the busiest, the one whose queries
+/// q_dkv, kv_dkv]`, and a sentence saying so. The calls of a strategy whose devices hold
+/// different blocks differ by where their queries and keys sit; the search compiles the
+/// busiest, the one whose queries
 /// sit furthest after its keys (its causal offset), for every call.
 fn auto_blocks(
     cfg: &TrainConfig,

@@ -6,18 +6,18 @@
 use clap::Args;
 use tessera::dsl::DType;
 use tessera::parallel::strategy::{Fixed, Ulysses};
-use tessera::parallel::{Names, Strategy};
+use tessera::parallel::{Names, Strategy, StrategyName};
 use tessera_train::{ModelConfig, TrainConfig, TrainError};
 
 /// Help text that names the listed strategies (`tessera::parallel::strategy`'s one list; the
-/// CLI and the train example share it):
-/// `{before}: ulysses, all-gather (all_gather), ring or usp (usp:UxR){after}`.
+/// CLI and the train example share it): `before`, a colon, every spelling
+/// ([`Strategy::spellings`]), then `after`.
 pub fn strategies_help(before: &str, after: &str) -> String {
     format!("{before}: {}{after}", Strategy::spellings())
 }
 
-/// Help text for a load-balancing flag, naming the listed strategies that balance:
-/// `{before} all-gather and ring{after}`.
+/// Help text for a load-balancing flag: `before`, the listed strategies that balance
+/// ([`Strategy::load_balancing`]), then `after`.
 pub fn load_balance_help(before: &str, after: &str) -> String {
     let names: Vec<String> = Strategy::load_balancing(4)
         .iter()
@@ -103,7 +103,7 @@ pub struct StepFlags {
     pub ici_fsdp_parallelism: usize,
     #[arg(long, default_value = <Ulysses as Fixed>::SPELLINGS[0], help = strategies_help(
         "The context-parallel strategy",
-        "; usp alone takes the most square split of the devices, usp:UxR a Ulysses degree U and a ring degree R",
+        "",
     ))]
     pub context_parallel_strategy: String,
     #[arg(
@@ -313,8 +313,8 @@ impl Names for MaxTextFlags {
         })
     }
 
-    fn strategy(&self, strategy: &Strategy) -> String {
-        strategy.maxtext_name()
+    fn strategy(&self, strategy: &StrategyName) -> String {
+        strategy.maxtext.clone()
     }
 }
 

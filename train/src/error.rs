@@ -469,7 +469,7 @@ impl SettingError {
                  (the ring takes its last axes, Ulysses the ones before them); use a ring \
                  degree that is the product of its last axes and a Ulysses degree that is the \
                  product of the axes before them",
-                names.strategy(strategy)
+                names.strategy(&strategy.label())
             ),
             SettingError::Blocks {
                 block_q,

@@ -2,7 +2,7 @@
 //! sanity, and the origin PR's cells beside the model's predictions.
 
 use tessera_dsl::{DType, KernelRules};
-use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
+use tessera_parallel::strategy::{AllGather, Exchange, Ring, Ulysses, Usp};
 use tessera_parallel::Strategy;
 use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets, ShardedSplash, SplashAttention};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
@@ -253,7 +253,7 @@ fn meshes_that_do_not_fit_the_slice_are_refused_with_the_fix() {
 /// The origin PR's cells on v5p-128 (4x4x4): block 2048 for Ulysses, 1024 for all-gather and
 /// ring, load balancing (MaxText's default) for all-gather and ring, 2M tokens a step.
 fn pr_cell(model: ModelConfig, seq: usize, cp: usize, strategy: Strategy) -> StepSetup {
-    let ulysses = strategy.is::<Ulysses>();
+    let ulysses = strategy.exchange(cp) == Exchange::Heads;
     let block = if ulysses { 2048 } else { 1024 };
     StepSetup {
         model,

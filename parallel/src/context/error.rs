@@ -11,7 +11,19 @@ use std::fmt;
 use tessera_collectives::CollectiveError;
 use tessera_splash::SplashError;
 
-use super::strategy::Strategy;
+/// How messages name a strategy: the configuration's strategy as the CLI writes it (`name`,
+/// its `Display`) and as MaxText writes it (`maxtext`), e.g. `all-gather` / `all_gather`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct StrategyName {
+    pub name: String,
+    pub maxtext: String,
+}
+
+impl fmt::Display for StrategyName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
 
 /// One block size of [`BlockSizes`](tessera_splash::BlockSizes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -158,8 +170,8 @@ pub trait Names {
     fn flag(&self, key: &str) -> Option<&str>;
 
     /// How the reader spells a strategy (`all-gather`, or MaxText's `all_gather`).
-    fn strategy(&self, strategy: &Strategy) -> String {
-        strategy.to_string()
+    fn strategy(&self, strategy: &StrategyName) -> String {
+        strategy.name.clone()
     }
 }
 
@@ -183,29 +195,34 @@ pub enum ConfigError {
         text: String,
         expected: Vec<&'static str>,
     },
-    /// A strategy's degrees are malformed (`usp:2`, `usp:0x4`).
-    BadDegrees { text: String, form: &'static str },
+    /// A strategy's degrees are malformed (`usp:2`, `usp:0x4`): `form` is how they are
+    /// written (`usp:UxR`), `example` one that parses.
+    BadDegrees {
+        text: String,
+        form: &'static str,
+        example: &'static str,
+    },
     /// The strategy's own degrees fix the context devices, and they are not `devices`.
     DevicesFixed {
-        strategy: Strategy,
+        strategy: StrategyName,
         fixed: usize,
         devices: usize,
     },
     /// Queries and keys of different lengths: context parallelism is self-attention.
     NotSelfAttention {
-        strategy: Strategy,
+        strategy: StrategyName,
         q_len: usize,
         kv_len: usize,
     },
     /// Load balancing on a strategy that does not balance; `balanced` are those that do.
     LoadBalanceUnsupported {
-        strategy: Strategy,
-        balanced: Vec<Strategy>,
+        strategy: StrategyName,
+        balanced: Vec<StrategyName>,
     },
     /// The sequence does not cut into `devices x parts` equal shards (`parts`: 2 with load
     /// balancing).
     SequenceNotDivisible {
-        strategy: Strategy,
+        strategy: StrategyName,
         seq: usize,
         devices: usize,
         parts: usize,
@@ -214,7 +231,7 @@ pub enum ConfigError {
     /// them; `context_degree`: whether that degree is the context degree (else a degree of
     /// the strategy's own).
     HeadsNotDivisible {
-        strategy: Strategy,
+        strategy: StrategyName,
         heads: usize,
         ulysses: usize,
         context_degree: bool,
@@ -222,14 +239,14 @@ pub enum ConfigError {
     /// The Ulysses degree neither divides the KV heads nor is a multiple of them (so they can
     /// be neither split nor replicated evenly).
     KvHeadsNotDivisible {
-        strategy: Strategy,
+        strategy: StrategyName,
         kv_heads: usize,
         ulysses: usize,
     },
     /// A block does not divide the `local` queries or keys each kernel call holds, of a
     /// sequence of `seq`.
     BlockNotDividing {
-        strategy: Strategy,
+        strategy: StrategyName,
         block: Block,
         size: usize,
         local: usize,
@@ -240,7 +257,7 @@ pub enum ConfigError {
     /// that exchanges keys and values another way.
     OpDoesNotFit {
         op: &'static str,
-        strategy: Strategy,
+        strategy: StrategyName,
         holds: (usize, usize),
         needs: (usize, usize),
     },
@@ -251,7 +268,7 @@ impl ConfigError {
     /// flags); [`Display`](fmt::Display) uses [`LibraryNames`].
     pub fn describe(&self, names: &dyn Names) -> String {
         let q = |q: Quantity| q.term();
-        let s = |s: &Strategy| names.strategy(s);
+        let s = |s: &StrategyName| names.strategy(s);
         match self {
             ConfigError::Zero { quantity } => {
                 format!("{}; it must be at least 1", q(*quantity).is(names, 0))
@@ -264,8 +281,12 @@ impl ConfigError {
                     .unwrap_or_default(),
                 or_list(expected)
             ),
-            ConfigError::BadDegrees { text, form } => format!(
-                "`{text}`{}: expected {form} with positive degrees, e.g. usp:2x2",
+            ConfigError::BadDegrees {
+                text,
+                form,
+                example,
+            } => format!(
+                "`{text}`{}: expected {form} with positive degrees, e.g. {example}",
                 names
                     .flag("strategy")
                     .map(|f| format!(" ({f})"))

@@ -9,9 +9,22 @@
 use tessera_collectives::axes::{Context, Data};
 use tessera_collectives::{axis, mesh, DTensor, Replicated, Split};
 
-use super::local_splash::{BySequence, BySequenceLse, WholeSegmentIds};
-
 mesh!(pub ModelMesh = [Data, Context, RingAxis]);
+
+/// `[B, H, S, D]` with the heads split over `A` and the whole sequence on every device
+/// (Ulysses after its all-to-all); `B` is the batch's sharding.
+pub type ByHeads<B, A> = (B, Split<A>, Replicated, Replicated);
+/// `[B, H, S]`: a logsumexp of [`ByHeads`].
+pub type ByHeadsLse<B, A> = (B, Split<A>, Replicated);
+/// `[B, H, S, D]` with the sequence split over `A`: each device holds one block of positions;
+/// `B` and `H` are the batch's and the heads' shardings.
+pub type BySequence<B, H, A> = (B, H, Split<A>, Replicated);
+/// `[B, H, S]`: a logsumexp of [`BySequence`].
+pub type BySequenceLse<B, H, A> = (B, H, Split<A>);
+/// `[B, H, S, D]` with the whole sequence on every device (all-gathered K/V).
+pub type WholeSequence<B, H> = (B, H, Replicated, Replicated);
+/// `[B, S]` segment ids, whole on every device.
+pub type WholeSegmentIds<B> = (B, Replicated);
 
 axis!(
     /// The ring axis of a strategy that runs a ring beside the context axis (USP).

@@ -60,7 +60,9 @@ mod stats;
 pub mod strategy;
 
 pub use config::{chunk_of, ContextParallel};
-pub use error::{Block, ConfigError, CpError, LibraryNames, Names, Quantity, Term, TermKind};
+pub use error::{
+    Block, ConfigError, CpError, LibraryNames, Names, Quantity, StrategyName, Term, TermKind,
+};
 pub use layout::{
     ContextMesh, ModelMesh, Pieces, PiecesLse, RingAxis, Seq, SeqLse, SeqLseTensor, SeqTensor,
     TokenLayout, WholeSegments,

@@ -94,20 +94,11 @@ pub use heads::UlyssesAttention;
 pub use ring_steps::{RingAttention, RingPartial};
 pub use whole_keys::AllGatherAttention;
 
-/// `[B, H, S, D]` with the heads split over `A` and the whole sequence on every device
-/// (Ulysses after its all-to-all); `B` is the batch's sharding.
-pub type ByHeads<B, A> = (B, Split<A>, Replicated, Replicated);
-/// `[B, H, S]`: a logsumexp of [`ByHeads`].
-pub type ByHeadsLse<B, A> = (B, Split<A>, Replicated);
-/// `[B, H, S, D]` with the sequence split over `A`: each device holds one block of positions;
-/// `B` and `H` are the batch's and the heads' shardings.
-pub type BySequence<B, H, A> = (B, H, Split<A>, Replicated);
-/// `[B, H, S]`: a logsumexp of [`BySequence`].
-pub type BySequenceLse<B, H, A> = (B, H, Split<A>);
-/// `[B, H, S, D]` with the whole sequence on every device (all-gathered K/V).
-pub type WholeSequence<B, H> = (B, H, Replicated, Replicated);
-/// `[B, S]` segment ids, whole on every device.
-pub type WholeSegmentIds<B> = (B, Replicated);
+/// The layouts the ops' signatures name (defined with the other layouts, re-exported here
+/// beside the ops).
+pub use super::layout::{
+    ByHeads, ByHeadsLse, BySequence, BySequenceLse, WholeSegmentIds, WholeSequence,
+};
 
 /// An operand of [`UlyssesAttention`]: `[B, H, S, D]` (or a logsumexp `[B, H, S]`) with the
 /// heads split over `A` and the whole sequence on every device.
@@ -292,7 +283,7 @@ fn expect_lengths(
     }
     Err(ConfigError::OpDoesNotFit {
         op,
-        strategy: cp.strategy.clone(),
+        strategy: cp.strategy.label(),
         holds,
         needs,
     }

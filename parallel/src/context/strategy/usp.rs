@@ -27,7 +27,8 @@ use crate::context::{ContextParallel, CpError};
 
 pub(super) const LISTING: Listing = Listing {
     name: "usp",
-    spellings: "usp (usp:UxR)",
+    spellings: "usp (usp:UxR: Ulysses degree U x ring degree R; usp alone: the most square \
+                split of the devices)",
     parse,
 };
 
@@ -53,6 +54,7 @@ fn parse(text: &str, devices: usize) -> Option<Result<Strategy, ConfigError>> {
         _ => Err(ConfigError::BadDegrees {
             text: text.to_string(),
             form: "usp:UxR",
+            example: "usp:2x2",
         }),
     })
 }

@@ -1,5 +1,5 @@
-//! A context-parallel configuration ([`ContextParallel`]), its validation, and the rules
-//! every strategy shares, each computed from the strategy's own facts: KV head replication
+//! A context-parallel configuration ([`ContextParallel`]), the strategy contract it holds
+//! (`contract`), its validation, and the rules every strategy shares, each computed from the strategy's own facts: KV head replication
 //! (from its Ulysses degree), each device's kernel dims (from its local lengths), load
 //! balancing's chunk order ([`chunk_of`]), and block sizes that must divide the local
 //! lengths.
@@ -8,9 +8,11 @@ use tessera_collectives::Mesh;
 use tessera_dsl::{DType, Lowering};
 use tessera_splash::{BlockSizes, Dims, Mask, SeqOffsets, ShardedSplash, SplashOptions};
 
+pub(crate) mod contract;
+
 use super::error::{Block, ConfigError, CpError, Quantity};
 use super::layout::ModelMesh;
-use super::strategy::{KernelCalls, Shards, Strategy};
+use contract::{KernelCalls, Shards, Strategy};
 
 /// A context-parallel attention: the global problem, its mask, the strategy and the devices.
 #[derive(Debug, Clone)]
@@ -68,7 +70,7 @@ impl ContextParallel {
     /// [`ContextParallel::validate`] with the structured error alone.
     pub fn check(&self) -> Result<(), ConfigError> {
         let (d, n) = (self.dims, self.devices);
-        let strategy = || self.strategy.clone();
+        let strategy = || self.strategy.label();
         if n == 0 {
             return Err(ConfigError::Zero {
                 quantity: Quantity::ContextDegree,
@@ -103,7 +105,12 @@ impl ContextParallel {
         if self.load_balance && !self.strategy.load_balances() {
             return Err(ConfigError::LoadBalanceUnsupported {
                 strategy: strategy(),
-                balanced: Strategy::load_balancing(n),
+                balanced: self
+                    .strategy
+                    .balancing_peers(n)
+                    .iter()
+                    .map(Strategy::label)
+                    .collect(),
             });
         }
         if d.q_len % (n * self.parts()) != 0 {
