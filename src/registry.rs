@@ -64,19 +64,89 @@ use crate::reference::{attention_ref, matmul_ref, max_abs_diff, softmax_ref};
 /// The block sizes the CLI can instantiate (each one a monomorphised kernel).
 pub const BLOCK_SIZES: [usize; 7] = [8, 16, 32, 64, 128, 256, 512];
 
-/// The sizes `tessera bench kernels` sets from its flags (`--matmul-size`, `--seq`, ...): a
-/// bench parameter written `{name}` takes the value of the flag of that name.
-pub const BENCH_KNOBS: [&str; 10] = [
-    "matmul_size",
-    "matmul_block",
-    "seq",
-    "heads",
-    "head_dim",
-    "block",
-    "flash_block",
-    "softmax_block",
-    "kv_pages",
-    "collective_size",
+/// A size `tessera bench kernels` sets from the flag of its name (`matmul_size`:
+/// `--matmul-size`): a bench parameter written `{name}` takes its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BenchSize {
+    pub name: &'static str,
+    pub default: usize,
+    /// The flag's help.
+    pub help: &'static str,
+}
+
+/// The sizes of `tessera bench kernels`, each written here once: the CLI makes its flags
+/// from them and the bench sets of [`KERNELS`] name them.
+pub mod bench_size {
+    use super::BenchSize;
+
+    pub const MATMUL_SIZE: BenchSize = BenchSize {
+        name: "matmul_size",
+        default: 2048,
+        help: "Square size of the matmuls (the tiled kernel and XLA's dot, the peak)",
+    };
+    pub const MATMUL_BLOCK: BenchSize = BenchSize {
+        name: "matmul_block",
+        default: 512,
+        help: "Block size of the tiled matmul kernel (all three dims), one of the registry's \
+               block sizes",
+    };
+    pub const SEQ: BenchSize = BenchSize {
+        name: "seq",
+        default: 4096,
+        help: "Sequence length of the attention kernels",
+    };
+    pub const HEADS: BenchSize = BenchSize {
+        name: "heads",
+        default: 8,
+        help: "Heads of the attention kernels",
+    };
+    pub const HEAD_DIM: BenchSize = BenchSize {
+        name: "head_dim",
+        default: 64,
+        help: "Head dim of the attention kernels",
+    };
+    pub const BLOCK: BenchSize = BenchSize {
+        name: "block",
+        default: 512,
+        help: "Query and key block of the splash kernels",
+    };
+    pub const FLASH_BLOCK: BenchSize = BenchSize {
+        name: "flash_block",
+        default: 256,
+        help: "Query and key block of the example flash attention kernel",
+    };
+    pub const SOFTMAX_BLOCK: BenchSize = BenchSize {
+        name: "softmax_block",
+        default: 64,
+        help: "Rows per block of the row softmax (over a seq x seq array)",
+    };
+    pub const KV_PAGES: BenchSize = BenchSize {
+        name: "kv_pages",
+        default: 128,
+        help: "Pages (of 16 tokens) per sequence of paged attention (8 sequences, 32 query \
+               heads, 8 KV heads, head dim 128)",
+    };
+    pub const COLLECTIVE_SIZE: BenchSize = BenchSize {
+        name: "collective_size",
+        default: 1024,
+        help: "Size of the collective kernels on 4 CPU devices: the all-gather's shards are \
+               size x size, the all-gather matmul's x and weight size x size (256-blocks; a \
+               multiple of 512)",
+    };
+}
+
+/// Every size of `tessera bench kernels` ([`bench_size`]).
+pub const BENCH_SIZES: &[BenchSize] = &[
+    bench_size::MATMUL_SIZE,
+    bench_size::MATMUL_BLOCK,
+    bench_size::SEQ,
+    bench_size::HEADS,
+    bench_size::HEAD_DIM,
+    bench_size::BLOCK,
+    bench_size::FLASH_BLOCK,
+    bench_size::SOFTMAX_BLOCK,
+    bench_size::KV_PAGES,
+    bench_size::COLLECTIVE_SIZE,
 ];
 
 /// A parameter of a built-in kernel.
@@ -167,11 +237,11 @@ pub enum RegistryError {
         dim: usize,
         actual: String,
     },
-    /// A bench parameter `{name}` that is none of [`BENCH_KNOBS`].
+    /// A bench parameter `{name}` that is none of [`BENCH_SIZES`].
     #[error(
         "kernel `{kernel}`: bench parameter {param}={{{knob}}} names no size of `tessera bench \
          kernels`; known: {}",
-        BENCH_KNOBS.join(", ")
+        BENCH_SIZES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
     )]
     UnknownKnob {
         kernel: &'static str,
@@ -297,7 +367,7 @@ pub struct KernelInfo {
     /// Where `tessera demo`, the backend tests and the Mosaic tests check the kernel.
     pub cases: &'static [Case],
     /// Where `tessera bench kernels` times it: one row per set (sets differ by dtype); a
-    /// value `{knob}` is the bench flag of that name ([`BENCH_KNOBS`]).
+    /// value `{knob}` is the bench size of that name ([`BENCH_SIZES`]).
     pub bench: &'static [&'static [(&'static str, &'static str)]],
 }
 
@@ -2053,7 +2123,7 @@ mod tests {
             for set in info.bench {
                 // Small values for every knob: the sets resolve and build.
                 let knob = |name: &str| -> Option<String> {
-                    BENCH_KNOBS.contains(&name).then(|| {
+                    BENCH_SIZES.iter().any(|s| s.name == name).then(|| {
                         match name {
                             "heads" => "2",
                             "head_dim" => "64",

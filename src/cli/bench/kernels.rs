@@ -13,7 +13,7 @@ use anyhow::Result;
 use tessera::backend::Platform;
 use tessera::dsl::{DType, KernelRules};
 use tessera::hlo::{Module, TensorType};
-use tessera::registry::{self, Instance};
+use tessera::registry::{self, bench_size, Instance};
 use tessera::runtime::{Client, HostBuffer};
 use tessera::splash::{
     dense_program, BlockSizes, Dims, Mask, Pass, SplashAttention, SplashOptions,
@@ -24,38 +24,9 @@ use super::timing::{peak_program, peak_spread_line, time_all, Timed};
 /// Arguments of `tessera bench kernels`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct KernelsArgs {
-    /// Square size of the matmuls (the tiled kernel and XLA's dot, the peak).
-    #[arg(long, default_value_t = 2048, value_parser = super::super::positive)]
-    pub matmul_size: usize,
-    /// Block size of the tiled matmul kernel (all three dims), one of the registry's block
-    /// sizes.
-    #[arg(long, default_value_t = 512, value_parser = super::super::positive)]
-    pub matmul_block: usize,
-    /// Sequence length of the attention kernels.
-    #[arg(long, default_value_t = 4096, value_parser = super::super::positive)]
-    pub seq: usize,
-    #[arg(long, default_value_t = 8, value_parser = super::super::positive)]
-    pub heads: usize,
-    #[arg(long, default_value_t = 64, value_parser = super::super::positive)]
-    pub head_dim: usize,
-    /// Query and key block of the splash kernels.
-    #[arg(long, default_value_t = 512, value_parser = super::super::positive)]
-    pub block: usize,
-    /// Query and key block of the example flash attention kernel.
-    #[arg(long, default_value_t = 256, value_parser = super::super::positive)]
-    pub flash_block: usize,
-    /// Rows per block of the row softmax (over a seq x seq array).
-    #[arg(long, default_value_t = 64, value_parser = super::super::positive)]
-    pub softmax_block: usize,
-    /// Pages (of 16 tokens) per sequence of paged attention (8 sequences, 32 query heads, 8
-    /// KV heads, head dim 128).
-    #[arg(long, default_value_t = 128, value_parser = super::super::positive)]
-    pub kv_pages: usize,
-    /// Size of the collective kernels on 4 CPU devices: the all-gather's shards are size x
-    /// size, the all-gather matmul's x and weight size x size (256-blocks; a multiple of
-    /// 512).
-    #[arg(long, default_value_t = 1024, value_parser = super::super::positive)]
-    pub collective_size: usize,
+    /// The sizes (`--matmul-size`, `--seq`, ...): the registry's [`registry::BENCH_SIZES`].
+    #[command(flatten)]
+    pub sizes: BenchSizes,
     /// Leave out dense attention (it materialises [B, H, S, S] scores).
     #[arg(long)]
     pub no_dense: bool,
@@ -79,24 +50,58 @@ struct Row {
     xla: Option<usize>,
 }
 
-impl KernelsArgs {
-    /// The value of the size named `knob` in the registry's bench parameters
-    /// ([`registry::BENCH_KNOBS`]): the flag of that name.
-    pub(super) fn knob(&self, knob: &str) -> Option<String> {
-        let value = match knob {
-            "matmul_size" => self.matmul_size,
-            "matmul_block" => self.matmul_block,
-            "seq" => self.seq,
-            "heads" => self.heads,
-            "head_dim" => self.head_dim,
-            "block" => self.block,
-            "flash_block" => self.flash_block,
-            "softmax_block" => self.softmax_block,
-            "kv_pages" => self.kv_pages,
-            "collective_size" => self.collective_size,
-            _ => return None,
-        };
-        Some(value.to_string())
+/// The values of the registry's bench sizes ([`registry::BENCH_SIZES`]), one flag each
+/// (`matmul_size`: `--matmul-size`), with the table's defaults and help: the sizes are
+/// written once, in the registry, so the flags are made from it rather than derived.
+#[derive(Debug, Clone, Default)]
+pub struct BenchSizes(HashMap<&'static str, usize>);
+
+impl BenchSizes {
+    /// The value of `size`.
+    pub fn of(&self, size: &registry::BenchSize) -> usize {
+        self.0.get(size.name).copied().unwrap_or(size.default)
+    }
+
+    /// The value of the size named `name`, as a bench parameter takes it.
+    pub fn named(&self, name: &str) -> Option<String> {
+        let size = registry::BENCH_SIZES.iter().find(|s| s.name == name)?;
+        Some(self.of(size).to_string())
+    }
+}
+
+impl clap::FromArgMatches for BenchSizes {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut sizes = BenchSizes::default();
+        sizes.update_from_arg_matches(matches)?;
+        Ok(sizes)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        for size in registry::BENCH_SIZES {
+            if let Some(&value) = matches.get_one::<usize>(size.name) {
+                self.0.insert(size.name, value);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for BenchSizes {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        registry::BENCH_SIZES.iter().fold(cmd, |cmd, size| {
+            cmd.arg(
+                clap::Arg::new(size.name)
+                    .long(size.name.replace('_', "-"))
+                    .value_name(size.name.to_uppercase())
+                    .value_parser(super::super::positive)
+                    .default_value(size.default.to_string())
+                    .help(size.help),
+            )
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
     }
 }
 
@@ -109,7 +114,7 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
     let client = Client::cpu_shared(1)?;
     let mut rows = Vec::new();
     let mut programs = Vec::new();
-    let n = a.matmul_size;
+    let n = a.sizes.of(&bench_size::MATMUL_SIZE);
     for dtype in [DType::F32, DType::BF16] {
         programs.push(peak_program(&client, n, dtype)?);
         rows.push(Row {
@@ -121,7 +126,7 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
     }
     for info in registry::KERNELS {
         for set in info.bench {
-            let instance = info.bench_instance(set, |k| a.knob(k))?;
+            let instance = info.bench_instance(set, |k| a.sizes.named(k))?;
             let devices = match instance.devices() {
                 1 => String::new(),
                 d => format!(" on {d} devices"),
@@ -149,22 +154,27 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
         }
     }
     if !a.no_dense {
-        let s = a.seq;
+        let s = a.sizes.of(&bench_size::SEQ);
+        let (heads, head_dim) = (
+            a.sizes.of(&bench_size::HEADS),
+            a.sizes.of(&bench_size::HEAD_DIM),
+        );
+        let block = a.sizes.of(&bench_size::BLOCK);
         let dims = Dims {
             batch: 1,
-            heads: a.heads,
-            kv_heads: a.heads,
+            heads,
+            kv_heads: heads,
             q_len: s,
             kv_len: s,
-            head_dim: a.head_dim,
-            head_dim_v: a.head_dim,
+            head_dim,
+            head_dim_v: head_dim,
         };
         let causal = Mask::Causal { offset: 0 };
         let attn = SplashAttention::new(
             causal.clone(),
             dims,
             DType::F32,
-            BlockSizes::uniform(a.block, a.block),
+            BlockSizes::uniform(block, block),
             SplashOptions::default(),
             KernelRules::tpu(),
         )?;
@@ -177,14 +187,11 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
             let m = dense_program(dims, DType::F32, &causal, attn.scale(), None, pass)?;
             let count = if pass == Pass::Forward { 3 } else { 4 };
             let bufs = super::input_buffers(&client, &inputs[..count])?;
-            let flops = flops * a.head_dim as f64 * pairs;
+            let flops = flops * head_dim as f64 * pairs;
             programs.push(Timed::new(&client, name, &m, bufs, flops, false)?);
             rows.push(Row {
                 kernel: name.into(),
-                config: format!(
-                    "f32 B=1 H={} S={s} D={} causal, XLA alone",
-                    a.heads, a.head_dim
-                ),
+                config: format!("f32 B=1 H={} S={s} D={} causal, XLA alone", heads, head_dim),
                 dtype: DType::F32,
                 xla: None,
             });

@@ -7,7 +7,7 @@
 use anyhow::{bail, Result};
 use tessera::dsl::{DType, Lowering};
 use tessera::hlo::Module;
-use tessera::registry;
+use tessera::registry::{self, bench_size};
 use tessera::splash::{splash_program, BlockSizes, Dims, Mask, Pass, SplashAttention};
 use tessera::tpu::cost::KernelCost;
 use tessera::tpu::TpuTopology;
@@ -18,7 +18,13 @@ use super::kernels::KernelsArgs;
 pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
     let tpu = TpuTopology::parse(target)?;
     let kernels = Lowering::tpu();
-    let s = a.seq;
+    let size = |s: &registry::BenchSize| a.sizes.of(s);
+    let s = size(&bench_size::SEQ);
+    let (heads, head_dim, block) = (
+        size(&bench_size::HEADS),
+        size(&bench_size::HEAD_DIM),
+        size(&bench_size::BLOCK),
+    );
     let dtype = DType::BF16;
     let mut programs: Vec<(String, Module)> = Vec::new();
     // The registered kernels at their bf16 bench parameter sets (every set of a kernel that
@@ -31,7 +37,7 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
         let instances = info
             .bench
             .iter()
-            .map(|set| info.bench_instance(set, |k| a.knob(k)))
+            .map(|set| info.bench_instance(set, |k| a.sizes.named(k)))
             .collect::<Result<Vec<_>, _>>()?;
         let has_bf16 = instances.iter().any(|i| i.dtype().ok() == Some(dtype));
         for instance in instances {
@@ -55,26 +61,26 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
     }
     let dims = Dims {
         batch: 1,
-        heads: a.heads,
-        kv_heads: a.heads,
+        heads,
+        kv_heads: heads,
         q_len: s,
         kv_len: s,
-        head_dim: a.head_dim,
-        head_dim_v: a.head_dim,
+        head_dim,
+        head_dim_v: head_dim,
     };
     for fused in [true, false] {
         let attn = SplashAttention::new(
             Mask::causal(),
             dims,
             dtype,
-            BlockSizes::uniform(a.block, a.block).with_fused_bwd(fused),
+            BlockSizes::uniform(block, block).with_fused_bwd(fused),
             Default::default(),
             kernels.clone(),
         )?;
         programs.push((
             format!(
                 "bf16 B=1 H={} S={s} D={} causal blocks {}",
-                a.heads, a.head_dim, a.block
+                heads, head_dim, block
             ),
             splash_program(&attn, Pass::ForwardBackward, Default::default())?,
         ));
