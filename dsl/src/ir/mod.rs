@@ -1,11 +1,13 @@
 //! The kernel IR: an instantiated kernel with its grid, operands (with block mappings) and body.
 
+mod infer_error;
 mod ops;
 mod print;
 mod protocol;
 mod types;
 mod verify;
 
+pub use infer_error::{InferError, NotCopyableWhy, WantedSemaphore};
 pub use ops::{
     broadcast_shapes, broadcastable, infer, squeezed, BinaryOp, CmpOp, InferContext, Inst, Literal,
     Op, ReduceOp, RefWindow, Region, RemoteDma, SemRef, Slice, UnaryOp,
