@@ -28,6 +28,7 @@
 mod devices;
 mod exec;
 mod lex;
+mod op_error;
 mod parse;
 
 use std::collections::HashMap;
@@ -36,6 +37,8 @@ use std::sync::{Arc, Mutex};
 
 use half::bf16;
 use tessera_array::{ArrayData, DType, HostArray};
+
+pub use op_error::{OpError, Operands};
 
 use exec::{Data, Machine, ParallelCheck, Tensor, Val};
 use parse::{Attr, Elem, Func, Type};
@@ -47,6 +50,13 @@ pub enum EvalError {
     Parse { line: usize, message: String },
     #[error("{loc}: {message}")]
     Run { loc: String, message: String },
+    /// An op the evaluator refuses, at its location.
+    #[error("{loc}: {error}")]
+    Op {
+        loc: String,
+        #[source]
+        error: OpError,
+    },
     #[error("{0}")]
     Kernel(String),
 }
