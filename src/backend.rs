@@ -101,7 +101,7 @@ impl Executor for Backend {
     ) -> Result<Vec<HostArray>, SplashError> {
         run(def, args, *self, rules).map_err(|e| match e {
             RunError::Kernel(k) => SplashError::Kernel(k),
-            other => SplashError::Backend(other.to_string()),
+            other => SplashError::Backend(Box::new(other)),
         })
     }
 }

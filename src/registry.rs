@@ -255,8 +255,8 @@ pub enum RegistryError {
         expected: usize,
         got: usize,
     },
-    #[error("no splash plan runs a kernel named `{0}`")]
-    NoSplashStage(String),
+    #[error("no splash plan runs a kernel named `{kernel}`")]
+    NoSplashStage { kernel: String },
     /// The f64 reference cannot be computed from what the kernel takes.
     #[error("the f64 reference of `{kernel}` cannot be computed from {reason}")]
     NoReference {
@@ -901,7 +901,9 @@ fn splash_setup(p: &Params, kernel: &str) -> Result<SplashSetup, RegistryError> 
         .into_iter()
         .chain(attn.backward_plan(features))
         .find(|s| s.def.name() == kernel)
-        .ok_or_else(|| RegistryError::NoSplashStage(kernel.to_string()))?;
+        .ok_or_else(|| RegistryError::NoSplashStage {
+            kernel: kernel.to_string(),
+        })?;
     Ok(SplashSetup {
         attn,
         features,

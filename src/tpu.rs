@@ -115,10 +115,10 @@ pub const CHIP_FAMILIES: [ChipFamily; 4] = [
 pub enum TpuCompileError {
     /// The target is not `tpu:TOPOLOGY`.
     #[error(
-        "unknown target `{0}`; expected tpu:TOPOLOGY, e.g. tpu:v5p:2x2x1 (known topologies: \
-         {KNOWN_TOPOLOGIES})"
+        "unknown target `{target}`; expected tpu:TOPOLOGY, e.g. tpu:v5p:2x2x1 (known \
+         topologies: {KNOWN_TOPOLOGIES})"
     )]
-    Target(String),
+    Target { target: String },
     /// Not a chip family tessera knows the slices of.
     #[error(
         "`{family}` is not a TPU chip family tessera compiles for; use v4, v5p, v5e or v6e \
@@ -228,10 +228,14 @@ impl TpuTopology {
         let topology = target
             .strip_prefix("tpu:")
             .filter(|t| !t.is_empty() && t.chars().all(|c| c.is_ascii_alphanumeric() || c == ':'))
-            .ok_or_else(|| TpuCompileError::Target(target.to_string()))?;
+            .ok_or_else(|| TpuCompileError::Target {
+                target: target.to_string(),
+            })?;
         let (family, shape) = topology
             .split_once(':')
-            .ok_or_else(|| TpuCompileError::Target(target.to_string()))?;
+            .ok_or_else(|| TpuCompileError::Target {
+                target: target.to_string(),
+            })?;
         let chip = CHIP_FAMILIES
             .iter()
             .find(|f| f.name == family)
@@ -242,7 +246,9 @@ impl TpuTopology {
             .split('x')
             .map(|d| d.parse::<usize>().ok().filter(|&d| d > 0))
             .collect::<Option<_>>()
-            .ok_or_else(|| TpuCompileError::Target(target.to_string()))?;
+            .ok_or_else(|| TpuCompileError::Target {
+                target: target.to_string(),
+            })?;
         let chips = dims
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))

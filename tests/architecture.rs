@@ -1,7 +1,7 @@
 //! The dependency rules of docs/architecture.md, checked on the crate manifests: each crate
 //! depends on exactly the tessera crates it is allowed to, and the facade library carries no
 //! CLI dependency (clap and anyhow only behind the `cli` feature, for the binary); the README
-//! stays an entrance and the docs links resolve.
+//! stays an entrance and the docs links resolve; errors are typed, not strings.
 
 #[path = "architecture/modules.rs"]
 mod modules;
@@ -483,6 +483,137 @@ fn strategy_names_are_written_only_in_their_units() {
         offenders.is_empty(),
         "strategy names written outside parallel/src/context/strategy/; read them from \
          `Strategy::listed`, `Strategy::names` or `Strategy::spellings`:\n{}",
+        offenders.join("\n")
+    );
+}
+
+/// The top-level arguments (whitespace removed) of the generic list that opens just before
+/// `open` in `text`; `->` and `=>` inside it are not brackets. None if it does not close.
+fn generic_args(text: &str, open: usize) -> Option<Vec<String>> {
+    let mut depth = 1;
+    let mut args = vec![String::new()];
+    let mut prev = ' ';
+    for c in text[open..].chars() {
+        match c {
+            '<' | '(' | '[' => depth += 1,
+            '>' if prev != '-' && prev != '=' => depth -= 1,
+            ')' | ']' => depth -= 1,
+            ';' | '{' => return None,
+            _ => {}
+        }
+        if depth == 0 {
+            args.retain(|a| !a.is_empty());
+            return Some(args);
+        }
+        if c == ',' && depth == 1 {
+            args.push(String::new());
+        } else if !c.is_whitespace() {
+            args.last_mut().expect("never empty").push(c);
+        }
+        prev = c;
+    }
+    None
+}
+
+/// The `Result<.., String>` types in `text` (also spread over lines), whitespace removed.
+fn string_results(text: &str) -> Vec<String> {
+    text.match_indices("Result<")
+        .filter_map(|(i, m)| generic_args(text, i + m.len()))
+        .filter(|args| args.len() == 2 && args[1] == "String")
+        .map(|args| format!("Result<{}, String>", args[0]))
+        .collect()
+}
+
+/// The `pub enum ..Error` declarations in `text` with a bare `Variant(String)`, by name.
+fn errors_with_string_variants(text: &str) -> Vec<String> {
+    let code: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let mut found = Vec::new();
+    for (i, m) in code.match_indices("pub enum ") {
+        let rest = &code[i + m.len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let Some(open) = rest.find('{') else { continue };
+        if !name.ends_with("Error") {
+            continue;
+        }
+        let mut depth = 0;
+        let body = rest[open..]
+            .chars()
+            .take_while(|&c| {
+                depth += match c {
+                    '{' => 1,
+                    '}' => -1,
+                    _ => 0,
+                };
+                depth > 0
+            })
+            .filter(|c| !c.is_whitespace())
+            .collect::<String>()
+            .replace(",)", ")");
+        if body.contains("(String)") || body.contains("(std::string::String)") {
+            found.push(name);
+        }
+    }
+    found
+}
+
+/// Errors are thiserror enums with structured fields: no `Result<_, String>` in the kernel IR
+/// (dsl/) or the Mosaic evaluator (mosaic-eval/), and no public error enum of the workspace
+/// with a bare `Variant(String)` catch-all.
+#[test]
+fn errors_are_typed() {
+    assert_eq!(
+        string_results("fn f(\n    x: u8,\n) -> Result<\n    Vec<u8>,\n    String,\n> {"),
+        ["Result<Vec<u8>, String>"]
+    );
+    assert_eq!(
+        string_results("type R<T> = Result<T, String>; fn g() -> Result<(), MyError> {"),
+        ["Result<T, String>"]
+    );
+    assert!(string_results("Result<HashMap<String, usize>, E>; Result<fn() -> u8, E>").is_empty());
+    assert_eq!(
+        errors_with_string_variants(
+            "pub enum BadError {\n    /// (String)\n    A { name: String },\n    B(\n        String,\n    ),\n}\npub enum Good { C(String) }"
+        ),
+        ["BadError"]
+    );
+    assert!(
+        errors_with_string_variants("pub enum OkError { A { s: String }, B(Inner) }").is_empty()
+    );
+
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let this = Path::new(file!());
+    let mut files = Vec::new();
+    rust_sources(root, &mut files);
+    let mut offenders = Vec::new();
+    for f in &files {
+        let rel = f.strip_prefix(root).unwrap();
+        if rel.ends_with(this) {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        if rel.starts_with("dsl") || rel.starts_with("mosaic-eval") {
+            for r in string_results(&text) {
+                offenders.push(format!("{}: {r}", rel.display()));
+            }
+        }
+        for e in errors_with_string_variants(&text) {
+            offenders.push(format!(
+                "{}: pub enum {e} has a `(String)` variant",
+                rel.display()
+            ));
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "errors are thiserror enums with structured fields (the values the message names as \
+         fields, a cause as #[source]), not strings:\n{}",
         offenders.join("\n")
     );
 }

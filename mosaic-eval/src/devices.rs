@@ -11,7 +11,7 @@
 use std::sync::{Condvar, Mutex, MutexGuard};
 
 use crate::exec::Tensor;
-use crate::EvalError;
+use crate::{EvalError, KernelFailure};
 
 /// One semaphore: a buffer and the flat index of the semaphore in it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +74,7 @@ pub(crate) struct World {
 
 /// The error a device returns when another device failed first.
 fn stopped() -> EvalError {
-    EvalError::Kernel("stopped: another device failed".into())
+    KernelFailure::StoppedByAnotherDevice.into()
 }
 
 impl World {
@@ -155,10 +155,7 @@ impl World {
                     .enumerate()
                     .filter_map(|(i, w)| w.as_ref().map(|w| format!("device {i} at {w}")))
                     .collect();
-                let e = EvalError::Kernel(format!(
-                    "deadlock: no device can progress; blocked: {}",
-                    waits.join("; ")
-                ));
+                let e = EvalError::from(KernelFailure::Deadlock { blocked: waits });
                 s.failed = Some(e.clone());
                 self.turn.notify_all();
                 return Err(e);

@@ -6,6 +6,7 @@ use std::sync::PoisonError;
 
 use half::bf16;
 
+use crate::op_error::{OpError, Operands};
 use crate::parse::{Elem, Func, Op, OpKind, Type};
 use crate::EvalError;
 
@@ -273,6 +274,14 @@ pub(crate) fn fail(loc: &str, message: impl Into<String>) -> EvalError {
     }
 }
 
+/// An op's own refusal at `loc`.
+pub(crate) fn op_failed(loc: &str, error: OpError) -> EvalError {
+    EvalError::Op {
+        loc: loc.to_string(),
+        error,
+    }
+}
+
 /// Result of running a block: fell through, or hit a terminator with values.
 pub(crate) enum Flow {
     Next,
@@ -329,7 +338,7 @@ impl Machine<'_> {
     /// the store in errors) and records it for the parallel-state check.
     fn store(&mut self, loc: &str, b: usize, starts: &[i64], value: &Tensor, op: &str) -> R<()> {
         let buf = &mut self.buffers[b];
-        let starts = in_bounds(starts, &value.shape, &buf.shape).map_err(|e| fail(loc, e))?;
+        let starts = in_bounds(starts, &value.shape, &buf.shape).map_err(|e| op_failed(loc, e))?;
         if buf.elem != value.elem {
             return Err(fail(loc, format!("{op}: element types differ")));
         }
@@ -403,17 +412,19 @@ impl Machine<'_> {
                 .collect()
         };
         let out: Tensor = match &op.kind {
-            OpKind::Constant { literal, ty } => constant(literal, ty).map_err(|m| fail(loc, m))?,
+            OpKind::Constant { literal, ty } => {
+                constant(literal, ty).map_err(|e| op_failed(loc, e))?
+            }
             OpKind::Binary { name, a, b, ty } => {
                 let (a, b) = (get(env, a)?, get(env, b)?);
                 check_type(&a, ty, loc)?;
                 check_type(&b, ty, loc)?;
-                binary(name, &a, &b).map_err(|m| fail(loc, m))?
+                binary(name, &a, &b).map_err(|e| op_failed(loc, e))?
             }
             OpKind::Unary { name, x, ty } => {
                 let x = get(env, x)?;
                 check_type(&x, ty, loc)?;
-                unary(name, &x).map_err(|m| fail(loc, m))?
+                unary(name, &x).map_err(|e| op_failed(loc, e))?
             }
             OpKind::Compare {
                 float,
@@ -425,17 +436,17 @@ impl Machine<'_> {
                 let (a, b) = (get(env, a)?, get(env, b)?);
                 check_type(&a, ty, loc)?;
                 check_type(&b, ty, loc)?;
-                compare(*float, pred, &a, &b).map_err(|m| fail(loc, m))?
+                compare(*float, pred, &a, &b).map_err(|e| op_failed(loc, e))?
             }
             OpKind::Select { cond, a, b, ty } => {
                 let (c, a, b) = (get(env, cond)?, get(env, a)?, get(env, b)?);
                 check_type(&a, ty, loc)?;
                 check_type(&b, ty, loc)?;
-                select(&c, &a, &b).map_err(|m| fail(loc, m))?
+                select(&c, &a, &b).map_err(|e| op_failed(loc, e))?
             }
             OpKind::Cast { name, x, to } => {
                 let x = get(env, x)?;
-                cast(name, &x, to).map_err(|m| fail(loc, m))?
+                cast(name, &x, to).map_err(|e| op_failed(loc, e))?
             }
             OpKind::VectorLoad {
                 mem: m,
@@ -446,7 +457,8 @@ impl Machine<'_> {
                 let buf = &self.buffers[b];
                 let starts = index_list(env, indices)?;
                 let sizes = ty.shape().to_vec();
-                let starts = in_bounds(&starts, &sizes, &buf.shape).map_err(|e| fail(loc, e))?;
+                let starts =
+                    in_bounds(&starts, &sizes, &buf.shape).map_err(|e| op_failed(loc, e))?;
                 if buf.elem != ty.elem() {
                     return Err(fail(loc, "vector.load: element types differ"));
                 }
@@ -470,7 +482,8 @@ impl Machine<'_> {
                 let buf = &self.buffers[b];
                 let starts = index_list(env, indices)?;
                 let ones = vec![1; starts.len()];
-                let starts = in_bounds(&starts, &ones, &buf.shape).map_err(|e| fail(loc, e))?;
+                let starts =
+                    in_bounds(&starts, &ones, &buf.shape).map_err(|e| op_failed(loc, e))?;
                 if let (Some(check), false) = (&self.check, op.unused) {
                     check.load(loc, b, &starts, &ones)?;
                 }
@@ -496,7 +509,7 @@ impl Machine<'_> {
             }
             OpKind::Broadcast { x, to } => {
                 let x = get(env, x)?;
-                broadcast(&x, to.shape()).map_err(|m| fail(loc, m))?
+                broadcast(&x, to.shape()).map_err(|e| op_failed(loc, e))?
             }
             OpKind::ShapeCast { x, to } => {
                 let x = get(env, x)?;
@@ -545,11 +558,11 @@ impl Machine<'_> {
             } => {
                 let (src, acc) = (get(env, src)?, get(env, acc)?);
                 check_type(&acc, ty, loc)?;
-                reduce(kind, &src, &acc, dims).map_err(|m| fail(loc, m))?
+                reduce(kind, &src, &acc, dims).map_err(|e| op_failed(loc, e))?
             }
             OpKind::Concatenate { sources, dim, ty } => {
                 let parts = sources.iter().map(|n| get(env, n)).collect::<R<Vec<_>>>()?;
-                concatenate(&parts, *dim, ty).map_err(|m| fail(loc, m))?
+                concatenate(&parts, *dim, ty).map_err(|e| op_failed(loc, e))?
             }
             OpKind::Matmul {
                 lhs,
@@ -561,7 +574,7 @@ impl Machine<'_> {
             } => {
                 let (a, b, c) = (get(env, lhs)?, get(env, rhs)?, get(env, acc)?);
                 check_type(&c, ty, loc)?;
-                matmul(&a, &b, &c, *lhs_contract, *rhs_contract).map_err(|m| fail(loc, m))?
+                matmul(&a, &b, &c, *lhs_contract, *rhs_contract).map_err(|e| op_failed(loc, e))?
             }
             OpKind::If {
                 cond,
@@ -714,14 +727,13 @@ fn check_type(t: &Tensor, ty: &Type, loc: &str) -> R<()> {
 
 /// Window starts checked against the buffer; negative or past-the-end windows are errors
 /// (Mosaic does not check them; the evaluator does).
-fn in_bounds(starts: &[i64], sizes: &[usize], shape: &[usize]) -> Result<Vec<usize>, String> {
+fn in_bounds(starts: &[i64], sizes: &[usize], shape: &[usize]) -> Result<Vec<usize>, OpError> {
     if starts.len() != shape.len() || sizes.len() != shape.len() {
-        return Err(format!(
-            "{} indices and a rank-{} window into a rank-{} memref",
-            starts.len(),
-            sizes.len(),
-            shape.len()
-        ));
+        return Err(OpError::WindowRank {
+            indices: starts.len(),
+            window_rank: sizes.len(),
+            memref_rank: shape.len(),
+        });
     }
     starts
         .iter()
@@ -729,10 +741,11 @@ fn in_bounds(starts: &[i64], sizes: &[usize], shape: &[usize]) -> Result<Vec<usi
         .zip(shape)
         .map(|((&s, &n), &d)| {
             if s < 0 || s as usize + n > d {
-                Err(format!(
-                    "window {s}..{} is outside a dim of size {d}",
-                    s + n as i64
-                ))
+                Err(OpError::WindowOutside {
+                    start: s,
+                    end: s + n as i64,
+                    size: d,
+                })
             } else {
                 Ok(s as usize)
             }
@@ -740,8 +753,11 @@ fn in_bounds(starts: &[i64], sizes: &[usize], shape: &[usize]) -> Result<Vec<usi
         .collect()
 }
 
-fn scalar_literal(lit: &str, elem: Elem) -> Result<Data, String> {
-    let bad = || format!("`{lit}` is not a {elem:?} literal");
+fn scalar_literal(lit: &str, elem: Elem) -> Result<Data, OpError> {
+    let bad = || OpError::Literal {
+        literal: lit.to_string(),
+        elem: elem.name(),
+    };
     Ok(match elem {
         Elem::F32 | Elem::BF16 => {
             let x = if let Some(hex) = lit.strip_prefix("0x") {
@@ -753,7 +769,9 @@ fn scalar_literal(lit: &str, elem: Elem) -> Result<Data, String> {
                 }
             } else {
                 if !lit.contains('.') {
-                    return Err(format!("float literal `{lit}` has no `.` (MLIR needs one)"));
+                    return Err(OpError::FloatLiteralWithoutDot {
+                        literal: lit.to_string(),
+                    });
                 }
                 lit.parse::<f32>().map_err(|_| bad())?
             };
@@ -768,7 +786,7 @@ fn scalar_literal(lit: &str, elem: Elem) -> Result<Data, String> {
     })
 }
 
-fn constant(lit: &str, ty: &Type) -> Result<Tensor, String> {
+fn constant(lit: &str, ty: &Type) -> Result<Tensor, OpError> {
     let one = scalar_literal(lit.trim(), ty.elem())?;
     let n: usize = ty.shape().iter().product();
     let data = match one {
@@ -783,7 +801,11 @@ fn constant(lit: &str, ty: &Type) -> Result<Tensor, String> {
     })
 }
 
-fn binary(name: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+fn binary(name: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
+    let refuse = |operands| OpError::Operands {
+        op: name.to_string(),
+        operands,
+    };
     let e = a.elem;
     let data = match (&a.data, &b.data) {
         (Data::F(x), Data::F(y)) => {
@@ -807,7 +829,7 @@ fn binary(name: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
                         x.min(y)
                     }
                 },
-                _ => return Err(format!("{name} does not take floats")),
+                _ => return Err(refuse(Operands::Floats)),
             };
             Data::F(x.iter().zip(y).map(|(&x, &y)| round(e, f(x, y))).collect())
         }
@@ -821,7 +843,9 @@ fn binary(name: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
                         "arith.subi" => x.wrapping_sub(y),
                         "arith.muli" => x.wrapping_mul(y),
                         "arith.divsi" | "arith.remsi" if y == 0 => {
-                            return Err(format!("{name}: division by zero is undefined"))
+                            return Err(OpError::DivisionByZero {
+                                op: name.to_string(),
+                            })
                         }
                         "arith.divsi" => x / y,
                         "arith.remsi" => x % y,
@@ -830,7 +854,7 @@ fn binary(name: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
                         "arith.andi" => x & y,
                         "arith.ori" => x | y,
                         "arith.xori" => x ^ y,
-                        _ => return Err(format!("{name} does not take integers")),
+                        _ => return Err(refuse(Operands::Integers)),
                     },
                 ));
             }
@@ -841,11 +865,11 @@ fn binary(name: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
                 "arith.andi" => |x, y| x & y,
                 "arith.ori" => |x, y| x | y,
                 "arith.xori" => |x, y| x ^ y,
-                _ => return Err(format!("{name} does not take i1")),
+                _ => return Err(refuse(Operands::I1)),
             };
             Data::B(x.iter().zip(y).map(|(&x, &y)| f(x, y)).collect())
         }
-        _ => return Err("operands differ in element type".into()),
+        _ => return Err(OpError::OperandElems),
     };
     Ok(Tensor {
         elem: e,
@@ -854,7 +878,7 @@ fn binary(name: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
     })
 }
 
-fn unary(name: &str, x: &Tensor) -> Result<Tensor, String> {
+fn unary(name: &str, x: &Tensor) -> Result<Tensor, OpError> {
     let e = x.elem;
     let data = match (&x.data, name) {
         (Data::I(v), "math.absi") => {
@@ -869,11 +893,21 @@ fn unary(name: &str, x: &Tensor) -> Result<Tensor, String> {
                 "math.sqrt" => f32::sqrt,
                 "math.rsqrt" => |x| 1.0 / x.sqrt(),
                 "math.absf" => f32::abs,
-                _ => return Err(format!("{name} does not take floats")),
+                _ => {
+                    return Err(OpError::Operands {
+                        op: name.to_string(),
+                        operands: Operands::Floats,
+                    })
+                }
             };
             Data::F(v.iter().map(|&x| round(e, f(x))).collect())
         }
-        _ => return Err(format!("{name} does not take {e:?}")),
+        _ => {
+            return Err(OpError::Elem {
+                op: name.to_string(),
+                elem: e.name(),
+            })
+        }
     };
     Ok(Tensor {
         elem: e,
@@ -882,7 +916,11 @@ fn unary(name: &str, x: &Tensor) -> Result<Tensor, String> {
     })
 }
 
-fn compare(float: bool, pred: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+fn compare(float: bool, pred: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
+    let int_predicate = |operands| OpError::IntPredicate {
+        pred: pred.to_string(),
+        operands,
+    };
     use std::cmp::Ordering::*;
     let out: Vec<bool> = match (&a.data, &b.data) {
         (Data::F(x), Data::F(y)) if float => {
@@ -893,7 +931,11 @@ fn compare(float: bool, pred: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, St
                 "ole" => |x, y| x <= y,
                 "ogt" => |x, y| x > y,
                 "oge" => |x, y| x >= y,
-                _ => return Err(format!("unsupported arith.cmpf predicate `{pred}`")),
+                _ => {
+                    return Err(OpError::FloatPredicate {
+                        pred: pred.to_string(),
+                    })
+                }
             };
             x.iter().zip(y).map(|(&x, &y)| f(x, y)).collect()
         }
@@ -905,11 +947,7 @@ fn compare(float: bool, pred: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, St
                 "sle" => |o| o != Greater,
                 "sgt" => |o| o == Greater,
                 "sge" => |o| o != Less,
-                _ => {
-                    return Err(format!(
-                        "unsupported arith.cmpi predicate `{pred}` on integers"
-                    ))
-                }
+                _ => return Err(int_predicate(Operands::Integers)),
             };
             x.iter().zip(y).map(|(x, y)| f(x.cmp(y))).collect()
         }
@@ -921,11 +959,11 @@ fn compare(float: bool, pred: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, St
                 "ule" => |o| o != Greater,
                 "ugt" => |o| o == Greater,
                 "uge" => |o| o != Less,
-                _ => return Err(format!("unsupported arith.cmpi predicate `{pred}` on i1")),
+                _ => return Err(int_predicate(Operands::I1)),
             };
             x.iter().zip(y).map(|(x, y)| f(x.cmp(y))).collect()
         }
-        _ => return Err("compare operands do not match the op".into()),
+        _ => return Err(OpError::CompareOperands),
     };
     Ok(Tensor {
         elem: Elem::I1,
@@ -934,13 +972,13 @@ fn compare(float: bool, pred: &str, a: &Tensor, b: &Tensor) -> Result<Tensor, St
     })
 }
 
-fn select(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+fn select(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
     let Data::B(cv) = &c.data else {
-        return Err("arith.select needs an i1 condition".into());
+        return Err(OpError::SelectCondition);
     };
     let pick = |i: usize| if c.shape.is_empty() { cv[0] } else { cv[i] };
     if !c.shape.is_empty() && c.shape != a.shape {
-        return Err("arith.select condition shape differs".into());
+        return Err(OpError::SelectConditionShape);
     }
     let data = match (&a.data, &b.data) {
         (Data::F(x), Data::F(y)) => Data::F(
@@ -958,7 +996,7 @@ fn select(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
                 .map(|i| if pick(i) { x[i] } else { y[i] })
                 .collect(),
         ),
-        _ => return Err("arith.select branches differ in type".into()),
+        _ => return Err(OpError::SelectBranches),
     };
     Ok(Tensor {
         elem: a.elem,
@@ -967,9 +1005,11 @@ fn select(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
     })
 }
 
-fn cast(name: &str, x: &Tensor, to: &Type) -> Result<Tensor, String> {
+fn cast(name: &str, x: &Tensor, to: &Type) -> Result<Tensor, OpError> {
     if x.shape != to.shape() {
-        return Err(format!("{name} changes the shape"));
+        return Err(OpError::CastShape {
+            op: name.to_string(),
+        });
     }
     let te = to.elem();
     let data = match (name, &x.data) {
@@ -994,10 +1034,11 @@ fn cast(name: &str, x: &Tensor, to: &Type) -> Result<Tensor, String> {
         }
         ("arith.extui", Data::B(v)) => Data::I(v.iter().map(|&x| x as i64).collect()),
         _ => {
-            return Err(format!(
-                "{name} from {:?} to {te:?} is not supported",
-                x.elem
-            ))
+            return Err(OpError::Cast {
+                op: name.to_string(),
+                from: x.elem.name(),
+                to: te.name(),
+            })
         }
     };
     Ok(Tensor {
@@ -1008,14 +1049,17 @@ fn cast(name: &str, x: &Tensor, to: &Type) -> Result<Tensor, String> {
 }
 
 /// `vector.broadcast`: trailing dims aligned, each source dim equal or 1.
-fn broadcast(x: &Tensor, shape: &[usize]) -> Result<Tensor, String> {
+fn broadcast(x: &Tensor, shape: &[usize]) -> Result<Tensor, OpError> {
     if x.shape.len() > shape.len() {
-        return Err("vector.broadcast to a lower rank".into());
+        return Err(OpError::BroadcastToLowerRank);
     }
     let off = shape.len() - x.shape.len();
     for (d, &n) in x.shape.iter().enumerate() {
         if n != 1 && n != shape[d + off] {
-            return Err(format!("cannot broadcast {:?} to {shape:?}", x.shape));
+            return Err(OpError::Broadcast {
+                from: x.shape.clone(),
+                to: shape.to_vec(),
+            });
         }
     }
     let st = strides(&x.shape);
@@ -1035,11 +1079,15 @@ fn broadcast(x: &Tensor, shape: &[usize]) -> Result<Tensor, String> {
     })
 }
 
-fn reduce(kind: &str, src: &Tensor, acc: &Tensor, dims: &[usize]) -> Result<Tensor, String> {
+fn reduce(kind: &str, src: &Tensor, acc: &Tensor, dims: &[usize]) -> Result<Tensor, OpError> {
+    let refuse = |operands| OpError::ReductionKind {
+        kind: kind.to_string(),
+        operands,
+    };
     let kept: Vec<usize> = (0..src.shape.len()).filter(|d| !dims.contains(d)).collect();
     let out_shape: Vec<usize> = kept.iter().map(|&d| src.shape[d]).collect();
     if out_shape != acc.shape || dims.iter().any(|&d| d >= src.shape.len()) {
-        return Err("vector.multi_reduction: accumulator shape does not match".into());
+        return Err(OpError::ReductionAccumulator);
     }
     let red_shape: Vec<usize> = dims.iter().map(|&d| src.shape[d]).collect();
     let st = strides(&src.shape);
@@ -1073,7 +1121,7 @@ fn reduce(kind: &str, src: &Tensor, acc: &Tensor, dims: &[usize]) -> Result<Tens
                                 x.min(y)
                             }
                         }
-                        _ => return Err(format!("reduction <{kind}> does not take floats")),
+                        _ => return Err(refuse(Operands::Floats)),
                     };
                 }
                 (Data::I(a), Data::I(s)) => {
@@ -1084,11 +1132,11 @@ fn reduce(kind: &str, src: &Tensor, acc: &Tensor, dims: &[usize]) -> Result<Tens
                             "add" => x.wrapping_add(y),
                             "maxsi" => x.max(y),
                             "minsi" => x.min(y),
-                            _ => return Err(format!("reduction <{kind}> does not take integers")),
+                            _ => return Err(refuse(Operands::Integers)),
                         },
                     );
                 }
-                _ => return Err("vector.multi_reduction: unsupported element type".into()),
+                _ => return Err(OpError::ReductionElem),
             }
         }
     }
@@ -1104,7 +1152,7 @@ fn reduce(kind: &str, src: &Tensor, acc: &Tensor, dims: &[usize]) -> Result<Tens
 
 /// `tpu.concatenate`: the parts agree in element type and in every dim but `dim`, whose
 /// sizes add up to the result's.
-fn concatenate(parts: &[Rc<Tensor>], dim: usize, ty: &Type) -> Result<Tensor, String> {
+fn concatenate(parts: &[Rc<Tensor>], dim: usize, ty: &Type) -> Result<Tensor, OpError> {
     let shape = ty.shape();
     let fits = |t: &Tensor| {
         t.elem == ty.elem()
@@ -1115,10 +1163,11 @@ fn concatenate(parts: &[Rc<Tensor>], dim: usize, ty: &Type) -> Result<Tensor, St
         || !parts.iter().all(|t| fits(t))
         || parts.iter().map(|t| t.shape[dim]).sum::<usize>() != shape[dim]
     {
-        return Err(format!(
-            "tpu.concatenate: parts {:?} do not make {shape:?} along dim {dim}",
-            parts.iter().map(|t| &t.shape).collect::<Vec<_>>()
-        ));
+        return Err(OpError::Concatenate {
+            parts: parts.iter().map(|t| t.shape.clone()).collect(),
+            shape: shape.to_vec(),
+            dim,
+        });
     }
     let mut out = Tensor::garbage(ty.elem(), shape);
     let mut at = vec![0; shape.len()];
@@ -1131,14 +1180,14 @@ fn concatenate(parts: &[Rc<Tensor>], dim: usize, ty: &Type) -> Result<Tensor, St
 
 /// `acc + lhs . rhs` with the given contracting dims, products and sums in f32 (i32 for
 /// integers), summed in order of the contracting index.
-fn matmul(a: &Tensor, b: &Tensor, acc: &Tensor, ca: usize, cb: usize) -> Result<Tensor, String> {
+fn matmul(a: &Tensor, b: &Tensor, acc: &Tensor, ca: usize, cb: usize) -> Result<Tensor, OpError> {
     if a.shape.len() != 2 || b.shape.len() != 2 || ca > 1 || cb > 1 {
-        return Err("tpu.matmul: rank-2 operands only".into());
+        return Err(OpError::MatmulRank);
     }
     let (m, k) = (a.shape[1 - ca], a.shape[ca]);
     let (kb, n) = (b.shape[cb], b.shape[1 - cb]);
     if k != kb || acc.shape != [m, n] {
-        return Err("tpu.matmul: shapes do not match".into());
+        return Err(OpError::MatmulShapes);
     }
     let a_at = |i: usize, p: usize| if ca == 1 { i * k + p } else { p * m + i };
     let b_at = |p: usize, j: usize| if cb == 0 { p * n + j } else { j * k + p };
@@ -1177,7 +1226,7 @@ fn matmul(a: &Tensor, b: &Tensor, acc: &Tensor, ca: usize, cb: usize) -> Result<
                     .collect(),
             )
         }
-        _ => return Err("tpu.matmul: unsupported operand types".into()),
+        _ => return Err(OpError::MatmulTypes),
     };
     Ok(Tensor {
         elem: acc.elem,

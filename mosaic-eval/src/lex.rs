@@ -67,7 +67,7 @@ pub(crate) fn lex(text: &str) -> Result<Lexed, EvalError> {
             '@' => {
                 i += 1;
                 if chars.get(i) == Some(&'"') {
-                    let (s, next) = string(&chars, i).map_err(|m| err(line, m))?;
+                    let (s, next) = string(&chars, i).map_err(|e| err(line, e.to_string()))?;
                     i = next;
                     Tok::Sym(s)
                 } else {
@@ -78,7 +78,7 @@ pub(crate) fn lex(text: &str) -> Result<Lexed, EvalError> {
                 }
             }
             '"' => {
-                let (s, next) = string(&chars, i).map_err(|m| err(line, m))?;
+                let (s, next) = string(&chars, i).map_err(|e| err(line, e.to_string()))?;
                 i = next;
                 Tok::Str(s)
             }
@@ -158,7 +158,7 @@ pub(crate) fn lex(text: &str) -> Result<Lexed, EvalError> {
 }
 
 /// A `"..."` string starting at `i`; returns it unescaped and the index after it.
-fn string(chars: &[char], mut i: usize) -> Result<(String, usize), String> {
+fn string(chars: &[char], mut i: usize) -> Result<(String, usize), StringError> {
     let mut s = String::new();
     i += 1;
     loop {
@@ -176,7 +176,9 @@ fn string(chars: &[char], mut i: usize) -> Result<(String, usize), String> {
                         i += 1;
                     }
                     (other, _) => {
-                        return Err(format!("unsupported escape `\\{other:?}` in a string"))
+                        return Err(StringError::Escape {
+                            escape: other.copied(),
+                        })
                     }
                 }
                 i += 2;
@@ -185,7 +187,16 @@ fn string(chars: &[char], mut i: usize) -> Result<(String, usize), String> {
                 s.push(*c);
                 i += 1;
             }
-            None => return Err("unclosed string".into()),
+            None => return Err(StringError::Unclosed),
         }
     }
+}
+
+/// Why a `"..."` string could not be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+enum StringError {
+    #[error("unsupported escape `\\{escape:?}` in a string")]
+    Escape { escape: Option<char> },
+    #[error("unclosed string")]
+    Unclosed,
 }

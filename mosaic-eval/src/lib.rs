@@ -27,7 +27,9 @@
 
 mod devices;
 mod exec;
+mod kernel_failure;
 mod lex;
+mod op_error;
 mod parse;
 
 use std::collections::HashMap;
@@ -36,6 +38,9 @@ use std::sync::{Arc, Mutex};
 
 use half::bf16;
 use tessera_array::{ArrayData, DType, HostArray};
+
+pub use kernel_failure::KernelFailure;
+pub use op_error::{OpError, Operands};
 
 use exec::{Data, Machine, ParallelCheck, Tensor, Val};
 use parse::{Attr, Elem, Func, Type};
@@ -47,8 +52,16 @@ pub enum EvalError {
     Parse { line: usize, message: String },
     #[error("{loc}: {message}")]
     Run { loc: String, message: String },
+    /// An op the evaluator refuses, at its location.
+    #[error("{loc}: {error}")]
+    Op {
+        loc: String,
+        #[source]
+        error: OpError,
+    },
+    /// The kernel as a whole: the module, its arguments, its devices or its final state.
     #[error("{0}")]
-    Kernel(String),
+    Kernel(#[from] KernelFailure),
 }
 
 /// A parsed Mosaic module.
@@ -71,10 +84,6 @@ pub struct OutputSpec {
 /// grid step (and the device, when several run), as tessera's interpreter prints
 /// `debug_print!`: `grid step [0, 1]: m = 3`.
 pub type DebugLog = Arc<Mutex<Vec<String>>>;
-
-fn kernel_err(message: impl Into<String>) -> EvalError {
-    EvalError::Kernel(message.into())
-}
 
 fn elem_of(d: DType) -> Elem {
     match d {
@@ -108,35 +117,45 @@ fn to_host(t: Tensor, dtype: DType) -> Result<HostArray, EvalError> {
         (DType::I32, Data::I(v)) => ArrayData::I32(v.into_iter().map(|x| x as i32).collect()),
         (DType::I8, Data::I(v)) => ArrayData::I8(v.into_iter().map(|x| x as i8).collect()),
         (DType::Bool, Data::B(v)) => ArrayData::Bool(v),
-        (d, _) => return Err(kernel_err(format!("an output buffer does not hold {d}"))),
+        (dtype, _) => return Err(KernelFailure::OutputDtype { dtype }.into()),
     };
-    HostArray::new(t.shape, data).map_err(|e| kernel_err(e.to_string()))
+    HostArray::new(t.shape, data).map_err(|e| KernelFailure::from(e).into())
 }
 
-fn ints(a: Option<&Attr>, what: &str) -> Result<Vec<usize>, EvalError> {
+/// The sizes in the `array<i64: ..>` attribute `attr`.
+fn ints(a: Option<&Attr>, attr: &'static str) -> Result<Vec<usize>, EvalError> {
     match a {
         Some(Attr::Angle(k, body)) if k == "array" => {
             let list = body
                 .strip_prefix("i64:")
-                .ok_or_else(|| kernel_err(format!("{what}: expected array<i64: ...>")))?;
+                .ok_or(KernelFailure::NotAnI64Array { attr })?;
             list.split(',')
                 .map(|s| {
-                    s.trim()
-                        .parse()
-                        .map_err(|_| kernel_err(format!("{what}: `{s}` is not a size")))
+                    s.trim().parse().map_err(|_| {
+                        KernelFailure::NotASize {
+                            attr,
+                            text: s.to_string(),
+                        }
+                        .into()
+                    })
                 })
                 .collect()
         }
-        _ => Err(kernel_err(format!("the kernel function has no {what}"))),
+        _ => Err(KernelFailure::MissingAttr { attr }.into()),
     }
 }
 
-fn count(a: Option<&Attr>, what: &str) -> Result<usize, EvalError> {
+/// The count in the integer attribute `attr`.
+fn count(a: Option<&Attr>, attr: &'static str) -> Result<usize, EvalError> {
     match a {
-        Some(Attr::Num(n)) => n
-            .parse()
-            .map_err(|_| kernel_err(format!("{what}: `{n}` is not a count"))),
-        _ => Err(kernel_err(format!("the kernel function has no {what}"))),
+        Some(Attr::Num(n)) => n.parse().map_err(|_| {
+            KernelFailure::NotACount {
+                attr,
+                text: n.clone(),
+            }
+            .into()
+        }),
+        _ => Err(KernelFailure::MissingAttr { attr }.into()),
     }
 }
 
@@ -163,9 +182,7 @@ impl Module {
             .filter(|f| f.attr("tpu.core_type").is_some());
         match (kernels.next(), kernels.next()) {
             (Some(k), None) => Ok(k),
-            _ => Err(kernel_err(
-                "expected exactly one function with `tpu.core_type` (the kernel)",
-            )),
+            _ => Err(KernelFailure::NoKernelFunction.into()),
         }
     }
 
@@ -238,7 +255,7 @@ impl Module {
                 .into_iter()
                 .map(|h| {
                     h.join()
-                        .unwrap_or_else(|_| Err(kernel_err("a device's thread panicked")))
+                        .unwrap_or_else(|_| Err(KernelFailure::DeviceThreadPanicked.into()))
                 })
                 .collect()
         });
@@ -248,10 +265,11 @@ impl Module {
         for d in 0..n {
             let lost = world.undelivered(d);
             if !lost.is_empty() {
-                return Err(kernel_err(format!(
-                    "device {d} finished before {} reached it",
-                    lost.join(" and ")
-                )));
+                return Err(KernelFailure::Undelivered {
+                    device: d,
+                    undelivered: lost,
+                }
+                .into());
             }
         }
         results.into_iter().collect()
@@ -283,7 +301,7 @@ impl Module {
                         let get = |n: &str| entries.iter().find(|(k, _)| k == n).map(|(_, a)| a);
                         let transform = match get("transform_indices") {
                             Some(Attr::Sym(s)) => s.clone(),
-                            _ => return Err(kernel_err("a window has no transform_indices")),
+                            _ => return Err(KernelFailure::WindowWithoutTransform.into()),
                         };
                         // `pipeline_mode` says how many buffers the pipeline keeps for the
                         // block (`synchronous`: one, Pallas' `pl.Buffered(1)`), which changes
@@ -298,10 +316,11 @@ impl Module {
                                             "synchronous" | "double_buffered"
                                         ) => {}
                                 _ => {
-                                    return Err(kernel_err(format!(
-                                        "window_params entry `{key}` ({value:?}) is not part of \
-                                         the subset"
-                                    )))
+                                    return Err(KernelFailure::WindowEntry {
+                                        key: key.clone(),
+                                        value: format!("{value:?}"),
+                                    }
+                                    .into())
                                 }
                             }
                         }
@@ -310,10 +329,15 @@ impl Module {
                             bounds: ints(get("window_bounds"), "window_bounds")?,
                         })
                     }
-                    _ => Err(kernel_err("window_params holds a non-dictionary")),
+                    _ => Err(KernelFailure::WindowNotADictionary.into()),
                 })
-                .collect::<Result<_, _>>()?,
-            _ => return Err(kernel_err("the kernel function has no window_params")),
+                .collect::<Result<_, EvalError>>()?,
+            _ => {
+                return Err(KernelFailure::MissingAttr {
+                    attr: "window_params",
+                }
+                .into())
+            }
         };
         let mem_args: Vec<&(String, Type)> = k.args.iter().skip(grid.len()).collect();
         if k.args.len() < grid.len()
@@ -321,31 +345,31 @@ impl Module {
                 .iter()
                 .any(|(_, t)| *t != Type::Scalar(Elem::I32))
         {
-            return Err(kernel_err(
-                "the kernel must take one i32 per grid dim first",
-            ));
+            return Err(KernelFailure::GridArguments.into());
         }
         if mem_args.len() != n_prefetch + windows.len() + n_scratch {
-            return Err(kernel_err(format!(
-                "the kernel takes {} memrefs but scalar_prefetch ({n_prefetch}), window_params \
-                 ({}) and scratch_operands ({n_scratch}) account for {}",
-                mem_args.len(),
-                windows.len(),
-                n_prefetch + windows.len() + n_scratch
-            )));
+            return Err(KernelFailure::MemrefCount {
+                memrefs: mem_args.len(),
+                prefetch: n_prefetch,
+                windows: windows.len(),
+                scratch: n_scratch,
+            }
+            .into());
         }
-        let n_inputs = args.len().checked_sub(n_prefetch).ok_or_else(|| {
-            kernel_err(format!(
-                "{} arguments but {n_prefetch} scalar-prefetch tables",
-                args.len()
-            ))
-        })?;
+        let n_inputs = args
+            .len()
+            .checked_sub(n_prefetch)
+            .ok_or(KernelFailure::ArgumentCount {
+                args: args.len(),
+                prefetch: n_prefetch,
+            })?;
         if n_inputs + outputs.len() != windows.len() {
-            return Err(kernel_err(format!(
-                "{n_inputs} inputs and {} outputs but {} window_params",
-                outputs.len(),
-                windows.len()
-            )));
+            return Err(KernelFailure::WindowCount {
+                inputs: n_inputs,
+                outputs: outputs.len(),
+                windows: windows.len(),
+            }
+            .into());
         }
         let parallel: Vec<usize> = (0..grid.len()).filter(|&d| semantics[d]).collect();
         let mut m = Machine {
@@ -372,17 +396,18 @@ impl Module {
         let mut mem_vals = Vec::with_capacity(mem_args.len());
         for (i, (name, ty)) in mem_args.iter().enumerate() {
             let Type::MemRef { shape, elem, space } = ty else {
-                return Err(kernel_err(format!(
-                    "kernel argument {name} is not a memref"
-                )));
+                return Err(KernelFailure::NotAMemref { name: name.clone() }.into());
             };
             let t = if i < n_prefetch {
                 let t = to_tensor(&args[i]);
                 if space != "smem" || t.shape != *shape || t.elem != *elem {
-                    return Err(kernel_err(format!(
-                        "scalar prefetch {name}: {ty:?} does not match the argument {:?}{:?}",
-                        t.elem, t.shape
-                    )));
+                    return Err(KernelFailure::PrefetchMismatch {
+                        name: name.clone(),
+                        ty: format!("{ty:?}"),
+                        elem: t.elem.name(),
+                        shape: t.shape,
+                    }
+                    .into());
                 }
                 t
             } else if i - n_prefetch < windows.len() && windows[i - n_prefetch].transform.is_none()
@@ -390,10 +415,13 @@ impl Module {
                 // Left in HBM: the whole array.
                 let a = &arrays[i - n_prefetch];
                 if space != "any" || a.shape != *shape || a.elem != *elem {
-                    return Err(kernel_err(format!(
-                        "{name}: {ty:?} is not its whole array {:?} ({:?}) in HBM (`any`)",
-                        a.shape, a.elem
-                    )));
+                    return Err(KernelFailure::NotTheWholeArray {
+                        name: name.clone(),
+                        ty: format!("{ty:?}"),
+                        shape: a.shape.clone(),
+                        elem: a.elem.name(),
+                    }
+                    .into());
                 }
                 a.clone()
             } else {
@@ -402,7 +430,7 @@ impl Module {
                 // Scratch may also be SMEM words (`pltpu.SMEM`); blocks are VMEM.
                 let smem_scratch = w >= windows.len() && space == "smem";
                 if space != "vmem" && !(sem && space == "semaphore_mem") && !smem_scratch {
-                    return Err(kernel_err(format!("{name} is not in VMEM")));
+                    return Err(KernelFailure::NotInVmem { name: name.clone() }.into());
                 }
                 if w < windows.len() {
                     let a = &arrays[w];
@@ -411,10 +439,14 @@ impl Module {
                         && a.shape.len() == shape.len()
                         && a.shape.iter().zip(shape).all(|(n, b)| n % b == 0);
                     if !ok {
-                        return Err(kernel_err(format!(
-                            "{name}: block {shape:?} ({:?}) does not tile its array {:?} ({:?})",
-                            elem, a.shape, a.elem
-                        )));
+                        return Err(KernelFailure::BlockDoesNotTile {
+                            name: name.clone(),
+                            block: shape.clone(),
+                            elem: elem.name(),
+                            array: a.shape.clone(),
+                            array_elem: a.elem.name(),
+                        }
+                        .into());
                     }
                 }
                 Tensor::garbage(*elem, shape)
@@ -549,19 +581,18 @@ impl Module {
                     rest /= c;
                 }
                 if !visited[o].contains(&idx) {
-                    missing.push(format!("{idx:?}"));
+                    missing.push(idx);
                 }
             }
             if !missing.is_empty() {
                 let shown = missing.len().min(8);
-                let more = if missing.len() > shown { ", ..." } else { "" };
-                return Err(kernel_err(format!(
-                    "output {o}: {} of its {total} blocks are never visited by the grid, so \
-                     they end as garbage (NaN): blocks {}{more}; visit every block, or alias the \
-                     output to an input (`output_operand_aliases`) whose values they should keep",
-                    missing.len(),
-                    missing[..shown].join(", ")
-                )));
+                return Err(KernelFailure::UnvisitedBlocks {
+                    output: o,
+                    missing: missing.len(),
+                    total,
+                    shown: missing[..shown].to_vec(),
+                }
+                .into());
             }
         }
         // Every semaphore is back at zero (libtpu checks this at run time too).
@@ -572,13 +603,12 @@ impl Module {
         for (b, name) in m.buffers.iter().zip(names) {
             if let (Elem::DmaSem | Elem::Sem, exec::Data::I(v)) = (b.elem, &b.data) {
                 if v.iter().any(|&c| c != 0) {
-                    let on = device
-                        .map(|d| format!(" on device {}", d.id))
-                        .unwrap_or_default();
-                    return Err(kernel_err(format!(
-                        "semaphore {name}{on} is not zero when the kernel ends (counts {v:?}): \
-                         a copy not waited or a signal not waited"
-                    )));
+                    return Err(KernelFailure::SemaphoreNotZero {
+                        name: name.to_string(),
+                        device: device.map(|d| d.id),
+                        counts: v.clone(),
+                    }
+                    .into());
                 }
             }
         }
@@ -624,21 +654,17 @@ fn dimension_semantics(a: Option<&Attr>, rank: usize) -> Result<Vec<bool>, EvalE
     };
     let items = match a {
         Attr::List(items) if items.len() == rank => items,
-        _ => {
-            return Err(kernel_err(format!(
-                "dimension_semantics must list one `#tpu.dimension_semantics<..>` per grid \
-                 dim ({rank})"
-            )))
-        }
+        _ => return Err(KernelFailure::DimensionSemanticsCount { rank }.into()),
     };
     items
         .iter()
         .map(|s| match s {
             Attr::Angle(k, v) if k == "#tpu.dimension_semantics" && v == "parallel" => Ok(true),
             Attr::Angle(k, v) if k == "#tpu.dimension_semantics" && v == "arbitrary" => Ok(false),
-            other => Err(kernel_err(format!(
-                "dimension semantics {other:?} are not part of the subset (parallel, arbitrary)"
-            ))),
+            other => Err(KernelFailure::DimensionSemantics {
+                semantics: format!("{other:?}"),
+            }
+            .into()),
         })
         .collect()
 }
@@ -662,6 +688,7 @@ fn split_between_cores(
     (steps, Some(n.div_ceil(2) * steps_per_iteration))
 }
 
+/// The block index the index map returned (`out`), checked against the array's blocks.
 fn block_index(
     out: &[Val],
     bounds: &[usize],
@@ -670,11 +697,12 @@ fn block_index(
     step: &[usize],
 ) -> Result<Vec<usize>, EvalError> {
     if out.len() != bounds.len() {
-        return Err(kernel_err(format!(
-            "@{transform} returns {} indices for a rank-{} block",
-            out.len(),
-            bounds.len()
-        )));
+        return Err(KernelFailure::IndexMapArity {
+            transform: transform.to_string(),
+            returned: out.len(),
+            rank: bounds.len(),
+        }
+        .into());
     }
     out.iter()
         .enumerate()
@@ -682,18 +710,30 @@ fn block_index(
             let i = match v {
                 Val::T(t) => match (&t.data, t.shape.is_empty()) {
                     (Data::I(x), true) => x[0],
-                    _ => return Err(kernel_err(format!("@{transform} returns a non-integer"))),
+                    _ => {
+                        return Err(KernelFailure::IndexMapNonInteger {
+                            transform: transform.to_string(),
+                        }
+                        .into())
+                    }
                 },
                 Val::Ref(_) | Val::View(_) => {
-                    return Err(kernel_err(format!("@{transform} returns a memref")))
+                    return Err(KernelFailure::IndexMapMemref {
+                        transform: transform.to_string(),
+                    }
+                    .into())
                 }
             };
             let blocks = array[d] / bounds[d];
             if i < 0 || i as usize >= blocks {
-                return Err(kernel_err(format!(
-                    "@{transform} gives block index {i} for dim {d} (of {blocks} blocks) at grid \
-                     step {step:?}"
-                )));
+                return Err(KernelFailure::BlockIndexOutOfRange {
+                    transform: transform.to_string(),
+                    index: i,
+                    dim: d,
+                    blocks,
+                    step: step.to_vec(),
+                }
+                .into());
             }
             Ok(i as usize)
         })

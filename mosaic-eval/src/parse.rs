@@ -27,6 +27,20 @@ pub(crate) enum Elem {
 }
 
 impl Elem {
+    /// The name errors print (the variant's name, as `{:?}` spells it).
+    pub fn name(self) -> &'static str {
+        match self {
+            Elem::F32 => "F32",
+            Elem::BF16 => "BF16",
+            Elem::I32 => "I32",
+            Elem::I8 => "I8",
+            Elem::I1 => "I1",
+            Elem::Index => "Index",
+            Elem::DmaSem => "DmaSem",
+            Elem::Sem => "Sem",
+        }
+    }
+
     fn parse(s: &str) -> Option<Elem> {
         Some(match s {
             "f32" => Elem::F32,

@@ -492,7 +492,7 @@ pub enum Error {
 
     /// Compile options are inconsistent.
     #[error("invalid compile options: {0}")]
-    InvalidCompileOptions(String),
+    InvalidCompileOptions(CompileOptionsError),
 
     /// The plugin returned something that violates the C API contract.
     #[error("the PJRT plugin returned an invalid result from {operation}: {reason}")]
@@ -511,4 +511,43 @@ impl Error {
             cause,
         }
     }
+}
+
+/// How compile options or a device assignment are inconsistent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CompileOptionsError {
+    /// A device assignment with no replica or no partition.
+    #[error("a device assignment needs at least one replica and one partition")]
+    EmptyAssignment,
+    /// A row of the assignment table with another replica count than row 0.
+    #[error("device assignment row {row} has {replicas} replicas, row 0 has {first_row}")]
+    RaggedAssignment {
+        row: usize,
+        replicas: usize,
+        first_row: usize,
+    },
+    /// A device named twice in the assignment.
+    #[error("device {device} appears twice in the device assignment")]
+    DuplicateDevice { device: i64 },
+    /// A negative device id in the assignment.
+    #[error("device id {device} in the device assignment is negative")]
+    NegativeDevice { device: i64 },
+    /// No replica or no partition.
+    #[error("num_replicas ({replicas}) and num_partitions ({partitions}) must be at least 1")]
+    NoDevices { replicas: usize, partitions: usize },
+    /// More devices than an i32 counts.
+    #[error("too many devices")]
+    TooManyDevices,
+    /// An assignment of another size than the options.
+    #[error(
+        "the device assignment is {assigned_replicas} replicas x {assigned_partitions} \
+         partitions, but the options say {replicas} x {partitions}"
+    )]
+    AssignmentSize {
+        assigned_replicas: usize,
+        assigned_partitions: usize,
+        replicas: usize,
+        partitions: usize,
+    },
 }

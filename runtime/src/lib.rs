@@ -67,7 +67,7 @@ pub use device::{
 };
 pub use dumps::{enable_libtpu_dumps, libtpu_dump_dir, DumpFile, LibtpuDumps, LIBTPU_INIT_ARGS};
 pub use element::{ElementType, HostBuffer, NativeType};
-pub use error::{Error, ErrorCode, Result};
+pub use error::{CompileOptionsError, Error, ErrorCode, Result};
 pub use options::{CompileOptions, DeviceAssignment, XlaOption};
 pub use plugin::{configure_plugin_logs, NamedValue, Plugin, VERBOSE_VAR};
 pub use provision::{cpu_plugin_path, libtpu_path, ProvisionedPlugin, Provisioner, WheelSpec};

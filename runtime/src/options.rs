@@ -6,7 +6,7 @@
 
 use prost::Message;
 
-use crate::error::{Error, Result};
+use crate::error::{CompileOptionsError, Error, Result};
 
 /// Which device runs which (replica, partition) of a program: `ids[partition][replica]` is the
 /// device id (`PJRT_DeviceDescription_Id`).
@@ -25,7 +25,7 @@ impl DeviceAssignment {
         let replicas = ids.first().map_or(0, Vec::len);
         if partitions == 0 || replicas == 0 {
             return Err(Error::InvalidCompileOptions(
-                "a device assignment needs at least one replica and one partition".into(),
+                CompileOptionsError::EmptyAssignment,
             ));
         }
         if let Some((p, row)) = ids
@@ -33,23 +33,25 @@ impl DeviceAssignment {
             .enumerate()
             .find(|(_, row)| row.len() != replicas)
         {
-            return Err(Error::InvalidCompileOptions(format!(
-                "device assignment row {p} has {} replicas, row 0 has {replicas}",
-                row.len()
-            )));
+            return Err(Error::InvalidCompileOptions(
+                CompileOptionsError::RaggedAssignment {
+                    row: p,
+                    replicas: row.len(),
+                    first_row: replicas,
+                },
+            ));
         }
         let mut seen: Vec<i64> = ids.iter().flatten().copied().collect();
         seen.sort_unstable();
         if let Some(w) = seen.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::InvalidCompileOptions(format!(
-                "device {} appears twice in the device assignment",
-                w[0]
-            )));
+            return Err(Error::InvalidCompileOptions(
+                CompileOptionsError::DuplicateDevice { device: w[0] },
+            ));
         }
         if let Some(&neg) = seen.first().filter(|&&d| d < 0) {
-            return Err(Error::InvalidCompileOptions(format!(
-                "device id {neg} in the device assignment is negative"
-            )));
+            return Err(Error::InvalidCompileOptions(
+                CompileOptionsError::NegativeDevice { device: neg },
+            ));
         }
         Ok(Self {
             replicas,
@@ -189,21 +191,28 @@ impl CompileOptions {
     /// Checks consistency.
     pub fn validate(&self) -> Result<()> {
         if self.num_replicas == 0 || self.num_partitions == 0 {
-            return Err(Error::InvalidCompileOptions(format!(
-                "num_replicas ({}) and num_partitions ({}) must be at least 1",
-                self.num_replicas, self.num_partitions
-            )));
+            return Err(Error::InvalidCompileOptions(
+                CompileOptionsError::NoDevices {
+                    replicas: self.num_replicas,
+                    partitions: self.num_partitions,
+                },
+            ));
         }
         if i32::try_from(self.device_count()).is_err() {
-            return Err(Error::InvalidCompileOptions("too many devices".into()));
+            return Err(Error::InvalidCompileOptions(
+                CompileOptionsError::TooManyDevices,
+            ));
         }
         if let Some(a) = &self.device_assignment {
             if a.replicas != self.num_replicas || a.partitions != self.num_partitions {
-                return Err(Error::InvalidCompileOptions(format!(
-                    "the device assignment is {} replicas x {} partitions, but the options say \
-                     {} x {}",
-                    a.replicas, a.partitions, self.num_replicas, self.num_partitions
-                )));
+                return Err(Error::InvalidCompileOptions(
+                    CompileOptionsError::AssignmentSize {
+                        assigned_replicas: a.replicas,
+                        assigned_partitions: a.partitions,
+                        replicas: self.num_replicas,
+                        partitions: self.num_partitions,
+                    },
+                ));
             }
         }
         Ok(())

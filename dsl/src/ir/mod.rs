@@ -1,21 +1,23 @@
 //! The kernel IR: an instantiated kernel with its grid, operands (with block mappings) and body.
 
+mod infer_error;
 mod ops;
 mod print;
 mod protocol;
 mod types;
 mod verify;
 
+pub use infer_error::{InferError, NotCopyableWhy, WantedSemaphore};
 pub use ops::{
-    broadcast_shapes, broadcastable, infer, squeezed, BinaryOp, CmpOp, InferContext, Inst, Literal,
-    Op, ReduceOp, RefWindow, Region, RemoteDma, SemRef, Slice, UnaryOp,
+    broadcast_shapes, broadcastable, infer, squeezed, BinaryOp, CmpOp, InferContext, Inst, Op,
+    ReduceOp, RefWindow, Region, RemoteDma, SemRef, Slice, UnaryOp,
 };
 pub(crate) use ops::{dynamic_starts, format_print, print_format_pieces};
 pub use protocol::check_protocol;
 pub(crate) use protocol::eval_scalar;
 pub use types::{
-    device_count, DType, DeviceAxis, DimSemantics, Loc, MemorySpace, RefId, SemKind, ValueId,
-    ValueType,
+    device_count, DType, DeviceAxis, DimSemantics, Literal, Loc, MemorySpace, RefId, SemKind,
+    ValueId, ValueType,
 };
 pub(crate) use verify::scoped_allocs;
 pub use verify::{verify, VerifyError};

@@ -3,42 +3,9 @@
 //! Every op carries what it needs to infer its result types from its operands' types, so the
 //! verifier can recompute and compare, and every backend is an exhaustive `match` over [`Op`].
 
-use super::types::{DType, RefId, SemKind, ValueId, ValueType};
+use super::infer_error::{InferError, NotCopyableWhy, WantedSemaphore};
+use super::types::{DType, Literal, RefId, SemKind, ValueId, ValueType};
 use super::{MemorySpace, Operand, OperandRole};
-
-/// A scalar literal; its dtype comes from the op that holds it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Literal {
-    Float(f64),
-    Int(i64),
-    Bool(bool),
-}
-
-impl Literal {
-    /// Whether this literal can be represented in `dtype` (ints in range, floats for floats).
-    pub fn fits(self, dtype: DType) -> bool {
-        match (self, dtype) {
-            (Literal::Float(_), d) => d.is_float(),
-            (Literal::Int(v), DType::I32) => i32::try_from(v).is_ok(),
-            (Literal::Int(v), DType::I8) => i8::try_from(v).is_ok(),
-            (Literal::Int(_), d) => d.is_float(),
-            (Literal::Bool(_), d) => d.is_bool(),
-        }
-    }
-}
-
-impl std::fmt::Display for Literal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Literal::Float(v) if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e16 => {
-                write!(f, "{v:.1}")
-            }
-            Literal::Float(v) => write!(f, "{v:?}"),
-            Literal::Int(v) => write!(f, "{v}"),
-            Literal::Bool(v) => write!(f, "{v}"),
-        }
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UnaryOp {
@@ -549,19 +516,21 @@ impl Op {
 }
 
 /// Checks that `format` has one `{}` per argument and no other braces (`{{`/`}}` escape one).
-fn check_print_format(format: &str, args: usize) -> Result<(), String> {
+fn check_print_format(format: &str, args: usize) -> Result<(), InferError> {
     let placeholders = print_format_pieces(format)?.len() - 1;
     if placeholders != args {
-        return Err(format!(
-            "the format `{format}` has {placeholders} `{{}}` placeholders for {args} values"
-        ));
+        return Err(InferError::PrintPlaceholders {
+            format: format.to_string(),
+            placeholders,
+            values: args,
+        });
     }
     Ok(())
 }
 
 /// The literal text between the `{}` placeholders of a print format (one more piece than
 /// placeholders), with `{{` and `}}` unescaped.
-pub(crate) fn print_format_pieces(format: &str) -> Result<Vec<String>, String> {
+pub(crate) fn print_format_pieces(format: &str) -> Result<Vec<String>, InferError> {
     let mut pieces = vec![String::new()];
     let mut chars = format.chars().peekable();
     while let Some(c) = chars.next() {
@@ -575,10 +544,10 @@ pub(crate) fn print_format_pieces(format: &str) -> Result<Vec<String>, String> {
                 pieces.last_mut().expect("never empty").push(c);
             }
             ('{' | '}', _) => {
-                return Err(format!(
-                    "the format `{format}` has a lone `{c}`: placeholders are `{{}}` (no \
-                     names or specs), and `{{{{` / `}}}}` print a brace"
-                ))
+                return Err(InferError::PrintLoneBrace {
+                    format: format.to_string(),
+                    brace: c,
+                })
             }
             _ => pieces.last_mut().expect("never empty").push(c),
         }
@@ -622,14 +591,13 @@ fn check_smem_indices(
     ctx: &dyn InferContext,
     r: &Operand,
     indices: &[ValueId],
-) -> Result<(), String> {
+) -> Result<(), InferError> {
     if indices.len() != r.array_shape.len() {
-        return Err(format!(
-            "`{}` has rank {} but was indexed with {} indices",
-            r.name,
-            r.array_shape.len(),
-            indices.len()
-        ));
+        return Err(InferError::SmemIndexCount {
+            name: r.name.clone(),
+            rank: r.array_shape.len(),
+            indices: indices.len(),
+        });
     }
     for &i in indices {
         expect_i32_scalar(ctx, i, "an SMEM index")?;
@@ -637,10 +605,18 @@ fn check_smem_indices(
     Ok(())
 }
 
-fn expect_i32_scalar(ctx: &dyn InferContext, v: ValueId, what: &str) -> Result<(), String> {
+/// Checks that `v`, described as `what`, is an i32 scalar.
+fn expect_i32_scalar(
+    ctx: &dyn InferContext,
+    v: ValueId,
+    what: &'static str,
+) -> Result<(), InferError> {
     let t = ctx.value_type(v);
     if t.dtype != DType::I32 || !t.is_scalar() {
-        return Err(format!("{what} must be an i32 scalar, got {t}"));
+        return Err(InferError::NotI32Scalar {
+            what,
+            got: t.clone(),
+        });
     }
     Ok(())
 }
@@ -649,16 +625,14 @@ fn window_shape(
     ctx: &dyn InferContext,
     r: &Operand,
     slices: &[Slice],
-) -> Result<Vec<usize>, String> {
+) -> Result<Vec<usize>, InferError> {
     let view = r.view_shape();
     if slices.len() != view.len() {
-        return Err(format!(
-            "`{}` has a rank-{} block {:?} but the access gives {} indices",
-            r.name,
-            view.len(),
-            view,
-            slices.len()
-        ));
+        return Err(InferError::AccessRank {
+            name: r.name.clone(),
+            block: view,
+            indices: slices.len(),
+        });
     }
     let mut shape = Vec::with_capacity(view.len());
     for (dim, (s, &n)) in slices.iter().zip(&view).enumerate() {
@@ -666,20 +640,24 @@ fn window_shape(
             Slice::Full => {}
             Slice::Static { start, len } => {
                 if start + len > n || len == 0 {
-                    return Err(format!(
-                        "slice {start}..{} of dim {dim} of `{}` is outside its block size {n}",
-                        start + len,
-                        r.name
-                    ));
+                    return Err(InferError::StaticSliceOutside {
+                        start,
+                        end: start + len,
+                        dim,
+                        name: r.name.clone(),
+                        block: n,
+                    });
                 }
             }
             Slice::Dynamic { start, len } => {
                 expect_i32_scalar(ctx, start, "a dynamic slice start")?;
                 if len > n || len == 0 {
-                    return Err(format!(
-                        "dynamic slice of length {len} on dim {dim} of `{}` exceeds its block size {n}",
-                        r.name
-                    ));
+                    return Err(InferError::DynamicSliceTooLong {
+                        len,
+                        dim,
+                        name: r.name.clone(),
+                        block: n,
+                    });
                 }
             }
         }
@@ -689,41 +667,35 @@ fn window_shape(
 }
 
 /// Infers the result types of `op`, or explains why it is ill-formed.
-pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> {
+pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, InferError> {
     let ty = |v: ValueId| ctx.value_type(v).clone();
-    let operand = |r: RefId| {
-        ctx.operand(r)
-            .ok_or_else(|| format!("unknown ref #{}", r.0))
-    };
+    let operand = |r: RefId| known_operand(ctx, r);
     Ok(match op {
         Op::ProgramId { axis } | Op::NumPrograms { axis } => {
             if *axis >= ctx.grid_rank() {
-                return Err(format!(
-                    "axis {axis} is out of range for a rank-{} grid",
-                    ctx.grid_rank()
-                ));
+                return Err(InferError::GridAxisOutOfRange {
+                    axis: *axis,
+                    grid_rank: ctx.grid_rank(),
+                });
             }
             vec![ValueType::scalar(DType::I32)]
         }
         Op::Constant { value, ty } => {
             if !value.fits(ty.dtype) {
-                return Err(format!("literal {value} does not fit {}", ty.dtype));
+                return Err(InferError::LiteralDoesNotFit {
+                    value: *value,
+                    dtype: ty.dtype,
+                });
             }
             vec![ty.clone()]
         }
         Op::Load { src, slices } => {
             let r = operand(*src)?;
             if r.memory != MemorySpace::Vmem {
-                return Err(format!(
-                    "`{}` lives in {} memory; only VMEM refs can be loaded as blocks{}",
-                    r.name,
-                    r.memory.name(),
-                    if r.memory == MemorySpace::Smem {
-                        " (use `.get([..])` for SMEM)"
-                    } else {
-                        ""
-                    }
-                ));
+                return Err(InferError::LoadNotVmem {
+                    name: r.name.clone(),
+                    memory: r.memory,
+                });
             }
             vec![ValueType::new(r.dtype, window_shape(ctx, r, slices)?)]
         }
@@ -732,40 +704,42 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             match r.role {
                 OperandRole::Output | OperandRole::Scratch => {}
                 OperandRole::Input | OperandRole::ScalarPrefetch => {
-                    return Err(format!("`{}` is an input; inputs are read-only", r.name))
+                    return Err(InferError::StoreToInput {
+                        name: r.name.clone(),
+                    })
                 }
             }
             if r.memory != MemorySpace::Vmem {
-                return Err(format!(
-                    "`{}` lives in {} memory; stores need VMEM",
-                    r.name,
-                    r.memory.name()
-                ));
+                return Err(InferError::StoreNotVmem {
+                    name: r.name.clone(),
+                    memory: r.memory,
+                });
             }
             let window = window_shape(ctx, r, slices)?;
             let v = ty(*value);
             if v.dtype != r.dtype {
-                return Err(format!(
-                    "storing a {} value into `{}` of dtype {} (cast it first)",
-                    v.dtype, r.name, r.dtype
-                ));
+                return Err(InferError::StoreDtype {
+                    value: v.dtype,
+                    name: r.name.clone(),
+                    dtype: r.dtype,
+                });
             }
             if v.shape != window {
-                return Err(format!(
-                    "storing a value of shape {:?} into a window of shape {window:?} of `{}`",
-                    v.shape, r.name
-                ));
+                return Err(InferError::StoreShape {
+                    value: v.shape,
+                    window,
+                    name: r.name.clone(),
+                });
             }
             vec![]
         }
         Op::LoadScalar { src, indices } => {
             let r = operand(*src)?;
             if r.memory != MemorySpace::Smem {
-                return Err(format!(
-                    "`{}` lives in {} memory; scalar reads need SMEM (load the block instead)",
-                    r.name,
-                    r.memory.name()
-                ));
+                return Err(InferError::ScalarLoadNotSmem {
+                    name: r.name.clone(),
+                    memory: r.memory,
+                });
             }
             check_smem_indices(ctx, r, indices)?;
             vec![ValueType::scalar(r.dtype)]
@@ -777,26 +751,28 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
         } => {
             let r = operand(*dst)?;
             if r.memory != MemorySpace::Smem || r.role != OperandRole::Scratch {
-                return Err(format!(
-                    "`{}` is not SMEM scratch: only `#[scratch(..)] {}: Smem<T>` takes scalar \
-                     stores (scalar prefetch tables are read-only)",
-                    r.name, r.name
-                ));
+                return Err(InferError::ScalarStoreNotSmemScratch {
+                    name: r.name.clone(),
+                });
             }
             check_smem_indices(ctx, r, indices)?;
             let t = ctx.value_type(*value);
             if !t.is_scalar() || t.dtype != r.dtype {
-                return Err(format!(
-                    "`{}` holds {} words; storing a {t} (cast it, and store one scalar at a time)",
-                    r.name, r.dtype
-                ));
+                return Err(InferError::ScalarStoreType {
+                    name: r.name.clone(),
+                    dtype: r.dtype,
+                    value: t.clone(),
+                });
             }
             vec![]
         }
         Op::Unary { op, x } => {
             let t = ty(*x);
             if !op.accepts(t.dtype) {
-                return Err(format!("{} is not defined for {}", op.name(), t.dtype));
+                return Err(InferError::UndefinedFor {
+                    op: op.name(),
+                    dtype: t.dtype,
+                });
             }
             vec![t]
         }
@@ -804,7 +780,10 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             let (a, b) = (ty(*lhs), ty(*rhs));
             same_type(&a, &b)?;
             if !op.accepts(a.dtype) {
-                return Err(format!("{} is not defined for {}", op.name(), a.dtype));
+                return Err(InferError::UndefinedFor {
+                    op: op.name(),
+                    dtype: a.dtype,
+                });
             }
             vec![a]
         }
@@ -821,10 +800,10 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             let (c, a, b) = (ty(*cond), ty(*on_true), ty(*on_false));
             same_type(&a, &b)?;
             if c.dtype != DType::Bool || c.shape != a.shape {
-                return Err(format!(
-                    "the condition must be bool of shape {:?}, got {c}",
-                    a.shape
-                ));
+                return Err(InferError::SelectCondition {
+                    shape: a.shape,
+                    cond: c,
+                });
             }
             vec![a]
         }
@@ -832,34 +811,34 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
         Op::Broadcast { x, shape } => {
             let t = ty(*x);
             if !broadcastable(&t.shape, shape) {
-                return Err(format!("cannot broadcast shape {:?} to {shape:?}", t.shape));
+                return Err(InferError::Broadcast {
+                    from: t.shape,
+                    to: shape.clone(),
+                });
             }
             vec![ValueType::new(t.dtype, shape.clone())]
         }
         Op::Reshape { x, shape } => {
             let t = ty(*x);
             if t.num_elements() != shape.iter().product::<usize>() {
-                return Err(format!(
-                    "cannot reshape {:?} ({} elements) to {shape:?}",
-                    t.shape,
-                    t.num_elements()
-                ));
+                return Err(InferError::Reshape {
+                    elements: t.num_elements(),
+                    from: t.shape,
+                    to: shape.clone(),
+                });
             }
             vec![ValueType::new(t.dtype, shape.clone())]
         }
         Op::Repeat { x, times, axis } => {
             let t = ty(*x);
             if *axis >= t.rank() {
-                return Err(format!(
-                    "repeat axis {axis} is out of range for shape {:?}",
-                    t.shape
-                ));
+                return Err(InferError::RepeatAxis {
+                    axis: *axis,
+                    shape: t.shape,
+                });
             }
             if *times == 0 {
-                return Err(format!(
-                    "repeat of shape {:?} needs at least one copy, got 0",
-                    t.shape
-                ));
+                return Err(InferError::RepeatNone { shape: t.shape });
             }
             let mut shape = t.shape.clone();
             shape[*axis] *= times;
@@ -867,26 +846,29 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
         }
         Op::Iota { ty, dim } => {
             if !ty.dtype.is_int() {
-                return Err(format!("iota produces integers, not {}", ty.dtype));
+                return Err(InferError::IotaDtype { dtype: ty.dtype });
             }
             if *dim >= ty.rank() {
-                return Err(format!(
-                    "iota dim {dim} is out of range for shape {:?}",
-                    ty.shape
-                ));
+                return Err(InferError::IotaDim {
+                    dim: *dim,
+                    shape: ty.shape.clone(),
+                });
             }
             vec![ty.clone()]
         }
         Op::Reduce { op, x, axis } => {
             let t = ty(*x);
             if *axis >= t.rank() {
-                return Err(format!(
-                    "axis {axis} is out of range for shape {:?}",
-                    t.shape
-                ));
+                return Err(InferError::ReduceAxis {
+                    axis: *axis,
+                    shape: t.shape,
+                });
             }
             if t.dtype.is_bool() {
-                return Err(format!("{} is not defined for bool", op.name()));
+                return Err(InferError::UndefinedFor {
+                    op: op.name(),
+                    dtype: DType::Bool,
+                });
             }
             let mut shape = t.shape.clone();
             shape.remove(*axis);
@@ -900,13 +882,13 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
         } => {
             let (a, b) = (ty(*lhs), ty(*rhs));
             if a.rank() != 2 || b.rank() != 2 {
-                return Err(format!("dot takes rank-2 operands, got {a} and {b}"));
+                return Err(InferError::DotRank { lhs: a, rhs: b });
             }
             if a.dtype != b.dtype {
-                return Err(format!(
-                    "dot operands differ in dtype: {} and {}",
-                    a.dtype, b.dtype
-                ));
+                return Err(InferError::DotDtypes {
+                    lhs: a.dtype,
+                    rhs: b.dtype,
+                });
             }
             let (m, ka) = if *transpose_lhs {
                 (a.shape[1], a.shape[0])
@@ -919,16 +901,24 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                 (b.shape[0], b.shape[1])
             };
             if ka != kb {
-                return Err(format!(
-                    "contracting dims differ: lhs {a}{} has {ka}, rhs {b}{} has {kb}",
-                    if *transpose_lhs { " (transposed)" } else { "" },
-                    if *transpose_rhs { " (transposed)" } else { "" }
-                ));
+                return Err(InferError::DotContraction {
+                    lhs: a,
+                    lhs_transposed: *transpose_lhs,
+                    lhs_k: ka,
+                    rhs: b,
+                    rhs_transposed: *transpose_rhs,
+                    rhs_k: kb,
+                });
             }
             let out = match a.dtype {
                 d if d.is_float() => DType::F32,
                 d if d.is_int() => DType::I32,
-                d => return Err(format!("dot is not defined for {d}")),
+                d => {
+                    return Err(InferError::UndefinedFor {
+                        op: "dot",
+                        dtype: d,
+                    })
+                }
             };
             vec![ValueType::new(out, vec![m, n])]
         }
@@ -939,12 +929,10 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
         } => {
             let c = ty(*cond);
             if c != ValueType::scalar(DType::Bool) {
-                return Err(format!(
-                    "the condition of `when` must be a bool scalar, got {c}"
-                ));
+                return Err(InferError::WhenCondition { cond: c });
             }
             if !then.yields.is_empty() || !otherwise.yields.is_empty() {
-                return Err("a `when` body yields no values".into());
+                return Err(InferError::WhenYields);
             }
             vec![]
         }
@@ -952,17 +940,14 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             expect_i32_scalar(ctx, *lo, "the loop's lower bound")?;
             expect_i32_scalar(ctx, *hi, "the loop's upper bound")?;
             if body.params.len() != init.len() + 1 {
-                return Err(
-                    "the loop body must take the index and one value per carried value".into(),
-                );
+                return Err(InferError::LoopParams);
             }
             expect_i32_scalar(ctx, body.params[0], "the loop index")?;
             if body.yields.len() != init.len() {
-                return Err(format!(
-                    "the loop body yields {} values but {} are carried",
-                    body.yields.len(),
-                    init.len()
-                ));
+                return Err(InferError::LoopYields {
+                    yields: body.yields.len(),
+                    carried: init.len(),
+                });
             }
             let mut out = Vec::new();
             for (k, ((&i, &p), &y)) in init
@@ -973,9 +958,11 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             {
                 let (ti, tp, tyy) = (ty(i), ty(p), ty(y));
                 if ti != tp || ti != tyy {
-                    return Err(format!(
-                        "carried value {k} changes type: starts as {ti}, the body yields {tyy}"
-                    ));
+                    return Err(InferError::CarriedType {
+                        index: k,
+                        start: ti,
+                        yields: tyy,
+                    });
                 }
                 out.push(ti);
             }
@@ -1030,11 +1017,9 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
                         MemorySpace::Vmem | MemorySpace::Semaphore(SemKind::Dma | SemKind::Regular)
                     );
                 if !ok {
-                    return Err(format!(
-                        "`{}` cannot be allocated by `run_scoped`: only VMEM buffers and \
-                         DMA or regular semaphores can",
-                        o.name
-                    ));
+                    return Err(InferError::NotScopedAllocatable {
+                        name: o.name.clone(),
+                    });
                 }
             }
             body.yields.iter().map(|&v| ty(v)).collect()
@@ -1043,19 +1028,14 @@ pub fn infer(op: &Op, ctx: &dyn InferContext) -> Result<Vec<ValueType>, String> 
             check_print_format(format, args.len())?;
             let vectors = args.iter().filter(|&&a| !ctx.value_type(a).is_scalar());
             if vectors.count() > 0 && (args.len() > 1 || !format.ends_with("{}")) {
-                return Err(
-                    "`debug_print!` prints scalars, or one vector whose `{}` ends the format"
-                        .to_string(),
-                );
+                return Err(InferError::PrintVector);
             }
             vec![]
         }
         Op::DebugCheck { cond, .. } => {
             let t = ctx.value_type(*cond);
             if t.dtype != DType::Bool || !t.is_scalar() {
-                return Err(format!(
-                    "the condition of `debug_check` must be a bool scalar, got {t}"
-                ));
+                return Err(InferError::CheckCondition { cond: t.clone() });
             }
             vec![]
         }
@@ -1073,37 +1053,35 @@ fn check_sem(
     ctx: &dyn InferContext,
     sem: &SemRef,
     kinds: &[SemKind],
-    what: &str,
-) -> Result<(), String> {
-    let o = ctx
-        .operand(sem.sem)
-        .ok_or_else(|| format!("unknown ref #{}", sem.sem.0))?;
+    what: &'static str,
+) -> Result<(), InferError> {
+    let o = known_operand(ctx, sem.sem)?;
     let Some(kind) = o.memory.semaphore() else {
-        return Err(format!(
-            "{what} must be a semaphore, but `{}` lives in {} memory",
-            o.name,
-            o.memory.name()
-        ));
+        return Err(InferError::NotASemaphore {
+            what,
+            name: o.name.clone(),
+            memory: o.memory,
+        });
     };
     if !kinds.contains(&kind) {
         let wanted = if kinds.contains(&SemKind::Dma) {
-            "a DMA semaphore (copies signal DMA semaphores)"
+            WantedSemaphore::Dma
         } else {
-            "a regular semaphore (DMA semaphores are signalled by copies only)"
+            WantedSemaphore::Regular
         };
-        return Err(format!(
-            "{what} must be {wanted}, but `{}` is a {}",
-            o.name,
-            o.memory.name()
-        ));
+        return Err(InferError::SemaphoreKind {
+            what,
+            wanted,
+            name: o.name.clone(),
+            memory: o.memory,
+        });
     }
     if sem.index.len() != o.array_shape.len() {
-        return Err(format!(
-            "`{}` is an array of semaphores of shape {:?}: give one index per dim, got {}",
-            o.name,
-            o.array_shape,
-            sem.index.len()
-        ));
+        return Err(InferError::SemaphoreIndexCount {
+            name: o.name.clone(),
+            shape: o.array_shape.clone(),
+            indices: sem.index.len(),
+        });
     }
     for &i in &sem.index {
         expect_i32_scalar(ctx, i, "a semaphore index")?;
@@ -1116,10 +1094,8 @@ fn copy_side(
     ctx: &dyn InferContext,
     w: &RefWindow,
     writes: bool,
-) -> Result<(DType, Vec<usize>), String> {
-    let o = ctx
-        .operand(w.r)
-        .ok_or_else(|| format!("unknown ref #{}", w.r.0))?;
+) -> Result<(DType, Vec<usize>), InferError> {
+    let o = known_operand(ctx, w.r)?;
     let ok = match (o.memory, o.role) {
         (MemorySpace::Any, OperandRole::Input) => !writes,
         (MemorySpace::Any, OperandRole::Output) => true,
@@ -1128,58 +1104,66 @@ fn copy_side(
     };
     if !ok {
         let why = match (o.memory, o.role) {
-            (MemorySpace::Any, OperandRole::Input) => "an input, and inputs are read-only".into(),
+            (MemorySpace::Any, OperandRole::Input) => NotCopyableWhy::ReadOnlyInput,
             (MemorySpace::Vmem, OperandRole::Input | OperandRole::Output) => {
-                "a pipelined block (a block-spec operand)".to_string()
+                NotCopyableWhy::PipelinedBlock
             }
-            (m, _) => format!("in {} memory", m.name()),
+            (m, _) => NotCopyableWhy::Memory(m),
         };
-        return Err(format!(
-            "`{}` is {why}; copies move data between HBM operands (`Hbm`, `HbmMut`) and VMEM \
-             scratch (`Vmem`)",
-            o.name
-        ));
+        return Err(InferError::NotCopyable {
+            name: o.name.clone(),
+            why,
+        });
     }
     Ok((o.dtype, window_shape(ctx, o, &w.slices)?))
 }
 
 /// Checks the two windows of a copy: same dtype, same shape once unit dims are dropped.
-fn check_copy(ctx: &dyn InferContext, src: &RefWindow, dst: &RefWindow) -> Result<(), String> {
+fn check_copy(ctx: &dyn InferContext, src: &RefWindow, dst: &RefWindow) -> Result<(), InferError> {
     let (sd, ss) = copy_side(ctx, src, false)?;
     let (dd, ds) = copy_side(ctx, dst, true)?;
     let name = |r: RefId| ctx.operand(r).map(|o| o.name.clone()).unwrap_or_default();
     if sd != dd {
-        return Err(format!(
-            "copying {sd} elements of `{}` into `{}` of dtype {dd}; a copy does not convert",
-            name(src.r),
-            name(dst.r)
-        ));
+        return Err(InferError::CopyDtypes {
+            src_dtype: sd,
+            src: name(src.r),
+            dst: name(dst.r),
+            dst_dtype: dd,
+        });
     }
     if squeezed(&ss) != squeezed(&ds) {
-        return Err(format!(
-            "the source window {ss:?} of `{}` and the destination window {ds:?} of `{}` differ \
-             in shape (unit dims aside)",
-            name(src.r),
-            name(dst.r)
-        ));
+        return Err(InferError::CopyShapes {
+            src_window: ss,
+            src: name(src.r),
+            dst_window: ds,
+            dst: name(dst.r),
+        });
     }
     Ok(())
 }
 
-fn same_type(a: &ValueType, b: &ValueType) -> Result<(), String> {
+/// Checks that two operands agree in dtype and shape.
+fn same_type(a: &ValueType, b: &ValueType) -> Result<(), InferError> {
     if a.dtype != b.dtype {
-        return Err(format!(
-            "operands differ in dtype: {} and {} (cast one of them)",
-            a.dtype, b.dtype
-        ));
+        return Err(InferError::OperandDtypes {
+            lhs: a.dtype,
+            rhs: b.dtype,
+        });
     }
     if a.shape != b.shape {
-        return Err(format!(
-            "operands differ in shape: {:?} and {:?}",
-            a.shape, b.shape
-        ));
+        return Err(InferError::OperandShapes {
+            lhs: a.shape.clone(),
+            rhs: b.shape.clone(),
+        });
     }
     Ok(())
+}
+
+/// The operand `r` names, or an error for a ref the kernel does not have.
+fn known_operand(ctx: &dyn InferContext, r: RefId) -> Result<&Operand, InferError> {
+    ctx.operand(r).ok_or(InferError::UnknownRef {
+        index: r.0 as usize,
+    })
 }
 
 /// Whether `from` broadcasts to `to` under numpy rules (trailing alignment, dims equal or 1).

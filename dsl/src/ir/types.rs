@@ -208,3 +208,37 @@ pub(crate) fn join<T: fmt::Display>(items: &[T], sep: &str) -> String {
         .collect::<Vec<_>>()
         .join(sep)
 }
+
+/// A scalar literal; its dtype comes from the op that holds it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Literal {
+    Float(f64),
+    Int(i64),
+    Bool(bool),
+}
+
+impl Literal {
+    /// Whether this literal can be represented in `dtype` (ints in range, floats for floats).
+    pub fn fits(self, dtype: DType) -> bool {
+        match (self, dtype) {
+            (Literal::Float(_), d) => d.is_float(),
+            (Literal::Int(v), DType::I32) => i32::try_from(v).is_ok(),
+            (Literal::Int(v), DType::I8) => i8::try_from(v).is_ok(),
+            (Literal::Int(_), d) => d.is_float(),
+            (Literal::Bool(_), d) => d.is_bool(),
+        }
+    }
+}
+
+impl fmt::Display for Literal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Literal::Float(v) if v.is_finite() && v.fract() == 0.0 && v.abs() < 1e16 => {
+                write!(f, "{v:.1}")
+            }
+            Literal::Float(v) => write!(f, "{v:?}"),
+            Literal::Int(v) => write!(f, "{v}"),
+            Literal::Bool(v) => write!(f, "{v}"),
+        }
+    }
+}

@@ -302,7 +302,7 @@ impl Verifier<'_> {
                     }
                 }
             }
-            Err(message) => self.err(name, inst.loc, message),
+            Err(error) => self.err(name, inst.loc, error.to_string()),
         }
         for &r in &inst.results {
             if !self.defined.insert(r) {

@@ -613,7 +613,7 @@ impl<'k> Emitter<'k> {
     /// Pallas follows too: the vector's placeholder ends the format).
     fn debug_print(&mut self, format: &str, args: &[ValueId], loc: Loc) -> R<()> {
         let pieces = crate::ir::print_format_pieces(format)
-            .map_err(|m| lower_error(self.k, "`debug_print`", loc, m))?;
+            .map_err(|e| lower_error(self.k, "`debug_print`", loc, e.to_string()))?;
         let vector = match args {
             [v] if !self.ty(*v).is_scalar() => Some(*v),
             _ => None,

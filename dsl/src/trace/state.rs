@@ -141,8 +141,8 @@ pub(crate) fn emit(op: Op, loc: Loc) -> Vec<Value> {
         } else {
             match infer(&op, t) {
                 Ok(types) => (Some(types), false),
-                Err(message) => {
-                    t.problem(op.name(), loc, message);
+                Err(error) => {
+                    t.problem(op.name(), loc, error.to_string());
                     (None, true)
                 }
             }

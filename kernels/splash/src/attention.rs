@@ -9,7 +9,7 @@ use tessera_dsl::interpret::{self, InterpretOptions};
 use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 
 use crate::block_sizes::{default_block, BlockSizes, NUM_LANES};
-use crate::error::SplashError;
+use crate::error::{InputError, MissingIn, OptionsError, PlanBug, SplashError};
 use crate::kernels::{
     splash_bwd_fused, splash_bwd_prep, splash_dkv, splash_dq, splash_dq_reduce, splash_fwd,
     F32Bits, KernelConfig, PrepConfig,
@@ -50,43 +50,47 @@ pub struct Dims {
 impl Dims {
     /// The dims of `q [B, H, Sq, D]`, `k [B, KVH, Skv, D]`, `v [B, KVH, Skv, Dv]`, checked.
     pub fn of(q: &[usize], k: &[usize], v: &[usize]) -> Result<Self, SplashError> {
-        let bad = |m: String| Err(SplashError::Shape(m));
+        let bad = |e: InputError| Err(SplashError::Shape(e));
+        let rank = |name, layout, shape: &[usize]| InputError::Rank {
+            name,
+            layout,
+            shape: shape.to_vec(),
+        };
         if q.len() != 4 {
-            return bad(format!("q must be [B, H, S, D], got shape {q:?}"));
+            return bad(rank("q", "[B, H, S, D]", q));
         }
         if k.len() != 4 {
-            return bad(format!("k must be [B, KVH, S, D], got shape {k:?}"));
+            return bad(rank("k", "[B, KVH, S, D]", k));
         }
         if v.len() != 4 {
-            return bad(format!("v must be [B, KVH, S, D], got shape {v:?}"));
+            return bad(rank("v", "[B, KVH, S, D]", v));
         }
+        let (qs, ks, vs) = (q.to_vec(), k.to_vec(), v.to_vec());
         if q.contains(&0) || k.contains(&0) || v.contains(&0) {
-            return bad(format!(
-                "empty arrays: q {q:?}, k {k:?}, v {v:?}; every dim must be positive"
-            ));
+            return bad(InputError::Empty {
+                q: qs,
+                k: ks,
+                v: vs,
+            });
         }
         if k[0] != q[0] || v[0] != q[0] {
-            return bad(format!(
-                "batch sizes differ: q {q:?}, k {k:?}, v {v:?}; dim 0 must agree"
-            ));
+            return bad(InputError::BatchSizes {
+                q: qs,
+                k: ks,
+                v: vs,
+            });
         }
         if k[..3] != v[..3] {
-            return bad(format!(
-                "k {k:?} and v {v:?} must agree in batch, heads and sequence length"
-            ));
+            return bad(InputError::KeyValueShapes { k: ks, v: vs });
         }
         if k[3] != q[3] {
-            return bad(format!(
-                "q head dim {} differs from k head dim {} (shapes {q:?} and {k:?})",
-                q[3], k[3]
-            ));
+            return bad(InputError::HeadDims { q: qs, k: ks });
         }
         if q[1] % k[1] != 0 {
-            return bad(format!(
-                "{} query heads are not divisible by {} key/value heads; query head h uses kv \
-                 head h / (H / KVH), so KVH must divide H",
-                q[1], k[1]
-            ));
+            return bad(InputError::KvHeadsOfShapes {
+                heads: q[1],
+                kv_heads: k[1],
+            });
         }
         Ok(Dims {
             batch: q[0],
@@ -105,16 +109,18 @@ impl Dims {
     pub fn check_inputs(&self, dtype: DType, x: &Inputs<'_>) -> Result<Features, SplashError> {
         let dims = Dims::of(x.q.shape(), x.k.shape(), x.v.shape())?;
         if dims != *self {
-            return Err(SplashError::Shape(format!(
-                "the inputs have dims {dims:?} but the attention was configured for {self:?}"
-            )));
+            return Err(SplashError::Shape(InputError::Dims {
+                found: dims,
+                configured: *self,
+            }));
         }
         for (name, a) in [("q", x.q), ("k", x.k), ("v", x.v)] {
             if a.dtype() != dtype {
-                return Err(SplashError::Shape(format!(
-                    "{name} is {} but the attention was configured for {dtype}",
-                    a.dtype()
-                )));
+                return Err(SplashError::Shape(InputError::Dtype {
+                    name,
+                    found: a.dtype(),
+                    configured: dtype,
+                }));
             }
             check_finite(name, a)?;
         }
@@ -122,22 +128,22 @@ impl Dims {
             for (name, a, len) in [("q", s.q, self.q_len), ("kv", s.kv, self.kv_len)] {
                 let want = [self.batch, len];
                 if a.dtype() != DType::I32 || a.shape() != want {
-                    return Err(SplashError::Shape(format!(
-                        "{name} segment ids must be i32{want:?}, got {}{:?}",
-                        a.dtype(),
-                        a.shape()
-                    )));
+                    return Err(SplashError::Shape(InputError::SegmentIds {
+                        name,
+                        want: want.to_vec(),
+                        dtype: a.dtype(),
+                        shape: a.shape().to_vec(),
+                    }));
                 }
             }
         }
         if let Some(s) = x.sinks {
             if s.dtype() != DType::F32 || s.shape() != [self.heads] {
-                return Err(SplashError::Shape(format!(
-                    "sinks must be f32[{}] (one per query head), got {}{:?}",
-                    self.heads,
-                    s.dtype(),
-                    s.shape()
-                )));
+                return Err(SplashError::Shape(InputError::Sinks {
+                    heads: self.heads,
+                    dtype: s.dtype(),
+                    shape: s.shape().to_vec(),
+                }));
             }
             check_finite("sinks", s)?;
         }
@@ -157,11 +163,13 @@ impl Dims {
     ) -> Result<(), SplashError> {
         let want = [self.batch, self.heads, self.q_len, self.head_dim_v];
         if a.shape() != want || a.dtype() != dtype {
-            return Err(SplashError::Shape(format!(
-                "{name} must be {dtype}{want:?} like the output, got {}{:?}",
-                a.dtype(),
-                a.shape()
-            )));
+            return Err(SplashError::Shape(InputError::OutputLike {
+                name: name.to_string(),
+                want_dtype: dtype,
+                want: want.to_vec(),
+                dtype: a.dtype(),
+                shape: a.shape().to_vec(),
+            }));
         }
         check_finite(name, a)
     }
@@ -171,21 +179,21 @@ impl Dims {
     pub fn check_lse(&self, lse: &HostArray) -> Result<(), SplashError> {
         let want = [self.batch, self.heads, self.q_len];
         if lse.shape() != want || lse.dtype() != DType::F32 {
-            return Err(SplashError::Shape(format!(
-                "lse must be f32{want:?}, got {}{:?}",
-                lse.dtype(),
-                lse.shape()
-            )));
+            return Err(SplashError::Shape(InputError::Lse {
+                want: want.to_vec(),
+                dtype: lse.dtype(),
+                shape: lse.shape().to_vec(),
+            }));
         }
         match lse
             .to_f64_vec()
             .iter()
             .position(|x| x.is_nan() || *x == f64::INFINITY)
         {
-            Some(i) => Err(SplashError::Shape(format!(
-                "lse holds {} at flat index {i}; a logsumexp is finite or -inf",
-                lse.to_f64_vec()[i]
-            ))),
+            Some(i) => Err(SplashError::Shape(InputError::LseValue {
+                value: lse.to_f64_vec()[i],
+                index: i,
+            })),
             None => Ok(()),
         }
     }
@@ -403,9 +411,7 @@ impl SplashAttention {
         let target = target.into();
         let rules = &target.rules;
         if !matches!(dtype, DType::F32 | DType::BF16) {
-            return Err(SplashError::Shape(format!(
-                "q, k and v are {dtype}; splash attention takes f32 or bf16"
-            )));
+            return Err(SplashError::Shape(InputError::UnsupportedDtype { dtype }));
         }
         let sizes = [
             dims.batch,
@@ -417,35 +423,27 @@ impl SplashAttention {
             dims.head_dim_v,
         ];
         if sizes.contains(&0) {
-            return Err(SplashError::Shape(format!(
-                "every dim must be positive, got {dims:?}"
-            )));
+            return Err(SplashError::Shape(InputError::NonPositiveDims { dims }));
         }
         if dims.heads % dims.kv_heads != 0 {
-            return Err(SplashError::Shape(format!(
-                "{} query heads are not divisible by {} key/value heads",
-                dims.heads, dims.kv_heads
-            )));
+            return Err(SplashError::Shape(InputError::KvHeads {
+                heads: dims.heads,
+                kv_heads: dims.kv_heads,
+            }));
         }
         let scale = options.scale.unwrap_or(1.0 / (dims.head_dim as f32).sqrt());
         if !scale.is_finite() {
-            return Err(SplashError::Options(format!(
-                "scale {scale} is not finite; give a finite scale"
-            )));
+            return Err(SplashError::Options(OptionsError::Scale { scale }));
         }
         if let Some(c) = options.soft_cap {
             if !(c.is_finite() && c > 0.0) {
-                return Err(SplashError::Options(format!(
-                    "soft cap {c} must be positive and finite"
-                )));
+                return Err(SplashError::Options(OptionsError::SoftCap { cap: c }));
             }
         }
         if !options.mask_value.is_finite() {
-            return Err(SplashError::Options(format!(
-                "mask value {} must be finite (it is the floor of the running max; masked \
-                 entries are excluded regardless); the default is {DEFAULT_MASK_VALUE:e}",
-                options.mask_value
-            )));
+            return Err(SplashError::Options(OptionsError::MaskValue {
+                value: options.mask_value,
+            }));
         }
         let b = block_sizes;
         let info = |bq, bkv, major, shrink| {
@@ -858,26 +856,23 @@ pub fn run_plan(
             .map(|a| match a {
                 StageArg::Const(c) => Ok(c.clone()),
                 StageArg::Tensor(t) => env.get(t).cloned().ok_or_else(|| {
-                    SplashError::Backend(format!(
-                        "kernel `{}` needs {t:?}, which no earlier stage produced",
-                        stage.def.name()
-                    ))
+                    SplashError::Internal(PlanBug::NotYetProduced {
+                        kernel: stage.def.name().to_string(),
+                        tensor: *t,
+                    })
                 }),
-                StageArg::PerShard(_) => Err(SplashError::Backend(format!(
-                    "kernel `{}` has per-shard tables: it runs inside an SPMD program, \
-                     lowered with its shard index, not on one device",
-                    stage.def.name()
-                ))),
+                StageArg::PerShard(_) => Err(SplashError::Internal(PlanBug::PerShardOnOneDevice {
+                    kernel: stage.def.name().to_string(),
+                })),
             })
             .collect::<Result<Vec<_>, _>>()?;
         let outs = exec.run(&stage.def, &args, rules)?;
         if outs.len() != stage.outputs.len() {
-            return Err(SplashError::Backend(format!(
-                "kernel `{}` returned {} arrays, expected {}",
-                stage.def.name(),
-                outs.len(),
-                stage.outputs.len()
-            )));
+            return Err(SplashError::Internal(PlanBug::OutputCount {
+                kernel: stage.def.name().to_string(),
+                returned: outs.len(),
+                expected: stage.outputs.len(),
+            }));
         }
         env.extend(stage.outputs.iter().copied().zip(outs));
     }
@@ -898,8 +893,12 @@ pub fn stage_specs(stage: &Stage, tensor: impl Fn(Tensor) -> ArgSpec) -> Vec<Arg
 }
 
 fn take(env: &mut HashMap<Tensor, HostArray>, t: Tensor) -> Result<HostArray, SplashError> {
-    env.remove(&t)
-        .ok_or_else(|| SplashError::Backend(format!("no stage produced {t:?}")))
+    env.remove(&t).ok_or_else(|| {
+        SplashError::Internal(PlanBug::Missing {
+            tensor: t,
+            place: MissingIn::Stages,
+        })
+    })
 }
 
 fn host_i32(shape: &[usize], v: Vec<i32>) -> HostArray {
@@ -918,11 +917,11 @@ fn check_finite(name: &str, a: &HostArray) -> Result<(), SplashError> {
         _ => None,
     };
     match bad {
-        Some(i) => Err(SplashError::Shape(format!(
-            "{name} holds a non-finite value ({}) at flat index {i}; attention inputs must be \
-             finite",
-            a.to_f64_vec()[i]
-        ))),
+        Some(i) => Err(SplashError::Shape(InputError::NonFinite {
+            name: name.to_string(),
+            value: a.to_f64_vec()[i],
+            index: i,
+        })),
         None => Ok(()),
     }
 }

@@ -2,7 +2,7 @@
 
 use tessera_dsl::KernelRules;
 
-use crate::error::SplashError;
+use crate::error::{BlockProblem, BlockSizeError, BlockSizeReason, SplashError};
 
 /// The TPU lane width: the minor dimension of a vreg.
 pub const NUM_LANES: usize = 128;
@@ -150,12 +150,15 @@ impl BlockSizes {
             ));
         }
         // (block names, problem): blocks of equal size with the same problem share a message.
-        let mut problems: Vec<(Vec<&str>, String)> = Vec::new();
-        let mut add = |name: &'static str, problem: Option<String>| {
-            if let Some(p) = problem {
-                match problems.iter_mut().find(|(_, q)| *q == p) {
-                    Some((names, _)) => names.push(name),
-                    None => problems.push((vec![name], p)),
+        let mut problems: Vec<BlockProblem> = Vec::new();
+        let mut add = |name: &'static str, problem: Option<BlockSizeReason>| {
+            if let Some(reason) = problem {
+                match problems.iter_mut().find(|p| p.reason == reason) {
+                    Some(p) => p.blocks.push(name),
+                    None => problems.push(BlockProblem {
+                        blocks: vec![name],
+                        reason,
+                    }),
                 }
             }
         };
@@ -188,23 +191,21 @@ impl BlockSizes {
         if problems.is_empty() {
             return Ok(());
         }
-        let text: Vec<String> = problems
-            .into_iter()
-            .map(|(names, p)| format!("{} {p}", names.join(", ")))
-            .collect();
-        Err(SplashError::BlockSizes(text.join("; ")))
+        Err(SplashError::BlockSizes(BlockSizeError::Blocks { problems }))
     }
 }
 
 /// Why `b` does not divide `n` (`b` is the size of the named blocks, shown before).
-fn divides(b: usize, what: &str, n: usize) -> Option<String> {
+fn divides(b: usize, what: &'static str, n: usize) -> Option<BlockSizeReason> {
     if b == 0 {
-        Some("= 0; block sizes must be positive".into())
+        Some(BlockSizeReason::Zero)
     } else if n % b != 0 {
-        Some(format!(
-            "= {b}, which does not divide {what} ({n}); use a divisor of {n} such as {}",
-            nearest_divisor(n, b)
-        ))
+        Some(BlockSizeReason::NotADivisor {
+            block: b,
+            extent: what,
+            len: n,
+            suggestion: nearest_divisor(n, b),
+        })
     } else {
         None
     }
@@ -220,15 +221,16 @@ const KEY_LANES: &str = "scores and key segment ids, whose key axis is the lane 
 /// Why `b` does not tile on TPU: it must be a multiple of [`NUM_LANES`] (the lane tiling of
 /// `why`) or the whole extent `full`. (Both block axes are lane axes of some operand, which
 /// covers every sublane tiling too: int8 mask blocks need 32 rows, f32 and bf16 tiles 16.)
-fn tiled(b: usize, full: usize, why: &str) -> Option<String> {
+fn tiled(b: usize, full: usize, why: &'static str) -> Option<BlockSizeReason> {
     if b == 0 || b == full || b % NUM_LANES == 0 {
         return None;
     }
-    Some(format!(
-        "= {b}, which is neither a multiple of {NUM_LANES} (lane tiling of {why} on TPU) nor \
-         {full}; use {} (or KernelRules::portable() for non-TPU backends)",
-        (b.div_ceil(NUM_LANES) * NUM_LANES).min(full)
-    ))
+    Some(BlockSizeReason::NotTiled {
+        block: b,
+        lanes: why,
+        len: full,
+        suggestion: (b.div_ceil(NUM_LANES) * NUM_LANES).min(full),
+    })
 }
 
 /// The divisor of `n` closest to `b` (ties to the smaller).

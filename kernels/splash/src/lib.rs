@@ -54,7 +54,10 @@ pub use attention::{
 pub use block_sizes::{
     default_block, default_dq_compute_block, BlockSizes, MAX_DEFAULT_BLOCK, NUM_LANES,
 };
-pub use error::SplashError;
+pub use error::{
+    BlockProblem, BlockSizeError, BlockSizeReason, BoxedError, InputError, MaskError,
+    MaskParseError, MissingIn, OptionsError, PlanBug, SplashError,
+};
 pub use mask::{BlockKind, DenseMask, Mask, MaskExpr, MultiHeadMask, SeqOffsets, MAX_POSITION};
 pub use mask_info::{BlockStats, KernelMask, Major, MaskInfo, MAX_COMPUTED_MASK_CLASSES};
 pub use program::{

@@ -13,7 +13,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::SplashError;
+use crate::error::{MaskError, MaskParseError, SplashError};
 
 /// Which key positions a query position attends to. `true` means visible.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -95,11 +95,11 @@ impl DenseMask {
     /// A mask from row-major booleans (`bits[q * kv_len + kv]`).
     pub fn new(q_len: usize, kv_len: usize, bits: Vec<bool>) -> Result<Self, SplashError> {
         if q_len == 0 || kv_len == 0 || bits.len() != q_len * kv_len {
-            return Err(SplashError::Mask(format!(
-                "a dense mask of {q_len}x{kv_len} needs {} booleans, got {}",
-                q_len * kv_len,
-                bits.len()
-            )));
+            return Err(SplashError::Mask(MaskError::DenseSize {
+                q_len,
+                kv_len,
+                got: bits.len(),
+            }));
         }
         Ok(DenseMask {
             q_len,
@@ -212,22 +212,28 @@ impl Mask {
     /// Parses the CLI form: `full`, `causal`, `causal:OFFSET`, `local:LEFT:RIGHT`,
     /// `chunked:SIZE`.
     pub fn parse(s: &str) -> Result<Self, SplashError> {
-        let bad = |why: &str| {
-            SplashError::Mask(format!(
-                "bad mask `{s}`: {why}; expected full, causal, causal:OFFSET, local:LEFT:RIGHT or \
-                 chunked:SIZE"
-            ))
+        let bad = |why: MaskParseError| {
+            SplashError::Mask(MaskError::Parse {
+                spec: s.to_string(),
+                why,
+            })
         };
         let parts: Vec<&str> = s.split(':').collect();
-        let int = |t: &str, what: &str| -> Result<i64, SplashError> {
-            t.trim()
-                .parse::<i64>()
-                .map_err(|_| bad(&format!("{what} `{t}` is not an integer")))
+        let int = |t: &str, what: &'static str| -> Result<i64, SplashError> {
+            t.trim().parse::<i64>().map_err(|_| {
+                bad(MaskParseError::NotAnInteger {
+                    what,
+                    text: t.to_string(),
+                })
+            })
         };
-        let count = |t: &str, what: &str| -> Result<u64, SplashError> {
-            t.trim()
-                .parse::<u64>()
-                .map_err(|_| bad(&format!("{what} `{t}` is not a non-negative integer")))
+        let count = |t: &str, what: &'static str| -> Result<u64, SplashError> {
+            t.trim().parse::<u64>().map_err(|_| {
+                bad(MaskParseError::NotACount {
+                    what,
+                    text: t.to_string(),
+                })
+            })
         };
         match parts.as_slice() {
             ["full"] => Ok(Mask::Full),
@@ -242,11 +248,11 @@ impl Mask {
             ["chunked", c] => {
                 let c = count(c, "the chunk size")?;
                 if c == 0 {
-                    return Err(bad("the chunk size must be positive"));
+                    return Err(bad(MaskParseError::ZeroChunk));
                 }
                 Ok(Mask::chunked(c))
             }
-            _ => Err(bad("unknown form")),
+            _ => Err(bad(MaskParseError::UnknownForm)),
         }
     }
 
@@ -277,15 +283,14 @@ impl Mask {
     /// `q0..q1` and keys `k0..k1` will read.
     pub(crate) fn check(&self, q_end: i64, kv_end: i64) -> Result<(), SplashError> {
         match self {
-            Mask::ChunkedCausal { chunk: 0 } => Err(SplashError::Mask(
-                "chunked causal mask with chunk size 0; use a positive chunk size".into(),
-            )),
+            Mask::ChunkedCausal { chunk: 0 } => Err(SplashError::Mask(MaskError::ZeroChunk)),
             Mask::Dense(d) if q_end > d.q_len as i64 || kv_end > d.kv_len as i64 => {
-                Err(SplashError::Mask(format!(
-                    "the dense mask is {}x{} but the attention reads query positions up to {} \
-                     and key positions up to {}; give a mask covering the whole (offset) sequence",
-                    d.q_len, d.kv_len, q_end, kv_end
-                )))
+                Err(SplashError::Mask(MaskError::DenseExtent {
+                    q_len: d.q_len,
+                    kv_len: d.kv_len,
+                    q_end,
+                    kv_end,
+                }))
             }
             Mask::And(a, b) | Mask::Or(a, b) => {
                 a.check(q_end, kv_end)?;
@@ -607,12 +612,14 @@ impl MultiHeadMask {
     /// Checks the mask against the number of query heads.
     pub(crate) fn check_heads(&self, heads: usize) -> Result<(), SplashError> {
         match self {
-            MultiHeadMask::PerHead(ms) if ms.len() != heads => Err(SplashError::Mask(format!(
-                "{} per-head masks for {heads} query heads; give one mask per query head",
-                ms.len()
-            ))),
+            MultiHeadMask::PerHead(ms) if ms.len() != heads => {
+                Err(SplashError::Mask(MaskError::PerHeadCount {
+                    masks: ms.len(),
+                    heads,
+                }))
+            }
             MultiHeadMask::PerHead(ms) if ms.is_empty() => {
-                Err(SplashError::Mask("an empty list of per-head masks".into()))
+                Err(SplashError::Mask(MaskError::NoPerHeadMasks))
             }
             _ => Ok(()),
         }

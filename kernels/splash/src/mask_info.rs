@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 
-use crate::error::SplashError;
+use crate::error::{BlockSizeError, MaskError, SplashError};
 use crate::mask::{BlockKind, MaskExpr, MultiHeadMask, Rect, SeqOffsets, MAX_POSITION};
 
 /// At most this many distinct computable per-head masks are evaluated in-kernel (each
@@ -129,18 +129,19 @@ impl MaskInfo {
     ) -> Result<Self, SplashError> {
         mask.check_heads(heads)?;
         if block_q == 0 || block_kv == 0 || q_len % block_q != 0 || kv_len % block_kv != 0 {
-            return Err(SplashError::BlockSizes(format!(
-                "mask blocks {block_q}x{block_kv} do not tile the {q_len}x{kv_len} attention"
-            )));
+            return Err(SplashError::BlockSizes(BlockSizeError::MaskBlocks {
+                block_q,
+                block_kv,
+                q_len,
+                kv_len,
+            }));
         }
         let q_end = offsets.q + q_len;
         let kv_end = offsets.kv + kv_len;
         if q_end > MAX_POSITION || kv_end > MAX_POSITION {
-            return Err(SplashError::Mask(format!(
-                "positions reach {} but must stay below {MAX_POSITION} (2^29) so that mask \
-                 arithmetic fits in i32; shorten the sequence or the offsets",
-                q_end.max(kv_end)
-            )));
+            return Err(SplashError::Mask(MaskError::PositionsTooLarge {
+                reach: q_end.max(kv_end),
+            }));
         }
         let (classes, class_of_head) = mask.classes(heads);
         for m in &classes {

@@ -17,7 +17,7 @@ use tessera_hlo::{
 };
 
 use crate::attention::{Dims, Features, SplashAttention, Stage, StageArg, Tensor};
-use crate::error::SplashError;
+use crate::error::{MaskError, MissingIn, OptionsError, PlanBug, SplashError};
 use crate::mask::{Mask, PositionOps};
 
 type Result<T, E = SplashError> = std::result::Result<T, E>;
@@ -50,17 +50,16 @@ pub fn lower_stages_on_shard(
             args.push(match a {
                 StageArg::Const(c) => f.constant(c)?,
                 StageArg::Tensor(t) => *env.get(t).ok_or_else(|| {
-                    SplashError::Backend(format!(
-                        "stage `{}` reads {t:?} before it exists",
-                        stage.def.name()
-                    ))
+                    SplashError::Internal(PlanBug::NotYetProduced {
+                        kernel: stage.def.name().to_string(),
+                        tensor: *t,
+                    })
                 })?,
                 StageArg::PerShard(arrays) => {
                     let shard = shard.ok_or_else(|| {
-                        SplashError::Backend(format!(
-                            "stage `{}` has per-shard tables but no shard index",
-                            stage.def.name()
-                        ))
+                        SplashError::Internal(PlanBug::NoShardIndex {
+                            kernel: stage.def.name().to_string(),
+                        })
                     })?;
                     shard_constant(f, arrays, shard)?
                 }
@@ -109,16 +108,17 @@ pub fn lower_forward_on_shard(
     let mut inputs = Vec::with_capacity(3);
     for t in DIFFERENTIATED {
         inputs.push(*env.get(&t).ok_or_else(|| {
-            SplashError::Backend(format!("the splash forward needs {t:?} in its environment"))
+            SplashError::Internal(PlanBug::Missing {
+                tensor: t,
+                place: MissingIn::ForwardEnvironment,
+            })
         })?);
     }
     if !backward
         .first()
         .is_some_and(|s| s.outputs.contains(&Tensor::Di))
     {
-        return Err(SplashError::Backend(
-            "the backward plan must start with the preprocessing stage computing Di".into(),
-        ));
+        return Err(SplashError::Internal(PlanBug::BackwardWithoutDi));
     }
     let context: HashMap<Tensor, hlo::Value> = env
         .iter()
@@ -136,7 +136,10 @@ pub fn lower_forward_on_shard(
         lower_stages_on_shard(f, forward, &mut env, shard)?;
         let out = |t: Tensor| {
             env.get(&t).copied().ok_or_else(|| {
-                SplashError::Backend(format!("the splash forward plan produced no {t:?}"))
+                SplashError::Internal(PlanBug::Missing {
+                    tensor: t,
+                    place: MissingIn::ForwardResults,
+                })
             })
         };
         Ok::<_, SplashError>(vec![out(Tensor::Out)?, out(Tensor::Lse)?])
@@ -197,9 +200,10 @@ impl VjpRule for SplashVjp {
             .zip(call.inputs)
         {
             let g = *env.get(&t).ok_or_else(|| {
-                failed(SplashError::Backend(format!(
-                    "the backward plan produced no {t:?}"
-                )))
+                failed(SplashError::Internal(PlanBug::Missing {
+                    tensor: t,
+                    place: MissingIn::BackwardResults,
+                }))
             })?;
             let want = f.value_type(x)?.dtype;
             grads.push(Some(if f.value_type(g)?.dtype == want {
@@ -222,8 +226,11 @@ fn shard_constant(
     let mut stacked_shape = vec![arrays.len()];
     stacked_shape.extend(&shape);
     let values: Vec<f64> = arrays.iter().flat_map(|a| a.to_f64_vec()).collect();
-    let stacked = HostArray::from_f64(arrays[0].dtype(), stacked_shape, &values)
-        .map_err(|e| SplashError::Backend(format!("per-shard tables: {e}")))?;
+    let stacked = HostArray::from_f64(arrays[0].dtype(), stacked_shape, &values).map_err(|e| {
+        SplashError::Internal(PlanBug::PerShardTables {
+            source: Box::new(e),
+        })
+    })?;
     let all = f.constant(&stacked)?;
     let zero = f.scalar(0.0, DType::I32)?;
     let mut starts = vec![shard];
@@ -256,9 +263,7 @@ fn tensor_type(dtype: DType, shape: &[usize]) -> hlo::TensorType {
 /// `out, lse [B, H, Sq], dout` and for [`Pass::ForwardBackward`] `dout`.
 pub fn splash_program(attn: &SplashAttention, pass: Pass, features: Features) -> Result<Module> {
     if features.sinks {
-        return Err(SplashError::Options(
-            "splash programs take no attention sinks; leave them out".into(),
-        ));
+        return Err(SplashError::Options(OptionsError::SinksInProgram));
     }
     let d = attn.dims();
     let mut m = Module::new("splash_attention");
@@ -337,9 +342,7 @@ pub fn dense_program(
     );
     let scores_dims = [b, h, sq, skv];
     if pass == Pass::Backward {
-        return Err(SplashError::Options(
-            "the dense baseline computes the forward, or forward and backward together".into(),
-        ));
+        return Err(SplashError::Options(OptionsError::DenseBaselineDirection));
     }
     let mut m = Module::new("dense_attention");
     let mut f = m.func("main");
@@ -481,9 +484,9 @@ fn dense_mask(f: &mut FuncBuilder<'_>, mask: &Mask, d: Dims) -> Result<Option<hl
     }
     let (sq, skv) = (d.q_len as i64, d.kv_len as i64);
     mask.check(sq, skv)?;
-    let expr = mask.to_expr().ok_or_else(|| {
-        SplashError::Mask("the dense baseline takes computable masks only (no dense masks)".into())
-    })?;
+    let expr = mask
+        .to_expr()
+        .ok_or_else(|| SplashError::Mask(MaskError::DenseInBaseline))?;
     let ty = tensor_type(DType::I32, &[d.q_len, d.kv_len]);
     let q = f.iota(ty.clone(), 0)?;
     let kv = f.iota(ty.clone(), 1)?;

@@ -15,7 +15,7 @@ use tessera_dsl::{DType, Lowering};
 
 use crate::attention::{Dims, Features, SplashAttention, SplashOptions, Stage, StageArg};
 use crate::block_sizes::BlockSizes;
-use crate::error::SplashError;
+use crate::error::{OptionsError, PlanBug, SplashError};
 use crate::mask::{MultiHeadMask, SeqOffsets};
 use crate::mask_info::BlockStats;
 
@@ -39,9 +39,7 @@ impl ShardedSplash {
     ) -> Result<Self, SplashError> {
         let target = target.into();
         if offsets.is_empty() {
-            return Err(SplashError::Options(
-                "a sharded splash attention needs at least one shard".into(),
-            ));
+            return Err(SplashError::Options(OptionsError::NoShards));
         }
         let mask = mask.into();
         let mut shards = offsets
@@ -116,11 +114,9 @@ fn merge(plans: Vec<Vec<Stage>>) -> Result<Vec<Stage>, SplashError> {
         for plan in &plans[1..] {
             let other = &plan[i];
             if other.def.name() != stage.def.name() || other.def.params() != stage.def.params() {
-                return Err(SplashError::Backend(format!(
-                    "kernel `{}` differs between shards; sharded splash needs one kernel \
-                     for every shard",
-                    stage.def.name()
-                )));
+                return Err(SplashError::Internal(PlanBug::KernelDiffersBetweenShards {
+                    kernel: stage.def.name().to_string(),
+                }));
             }
         }
         // One call runs on every device: its cost is the busiest shard's.
@@ -137,10 +133,12 @@ fn merge(plans: Vec<Vec<Stage>>) -> Result<Vec<Stage>, SplashError> {
                 })
                 .collect();
             if per_shard.iter().any(|c| c.shape() != first.shape()) {
-                return Err(SplashError::Backend(format!(
-                    "argument {j} of kernel `{}` has different shapes between shards",
-                    stage.def.name()
-                )));
+                return Err(SplashError::Internal(
+                    PlanBug::ArgumentDiffersBetweenShards {
+                        argument: j,
+                        kernel: stage.def.name().to_string(),
+                    },
+                ));
             }
             if per_shard.iter().any(|c| c != first) {
                 *arg = StageArg::PerShard(per_shard);

@@ -36,7 +36,7 @@ impl Executor for CpuPlugin {
             let exe = client.compile(&module.to_mlir(), &CompileOptions::single_device())?;
             Ok(exe.execute_arrays(&[args])?.pop().unwrap_or_default())
         };
-        run().map_err(|e| SplashError::Backend(e.to_string()))
+        run().map_err(|e| SplashError::Backend(Box::new(e)))
     }
 }
 
