@@ -1,0 +1,258 @@
+//! The kernels that run on a ring of devices with remote copies (`ring_shift`,
+//! `ring_all_gather`, `all_gather`, `all_gather_matmul`): their builds on the device mesh,
+//! every device's f64 reference, flop counts and entries.
+
+use super::*;
+use crate::kernels::collective::{
+    all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
+};
+use crate::kernels::memory::{
+    ring_all_gather, ring_all_gather_reference, ring_mesh, ring_shift, ring_shift_reference, Ring,
+};
+
+/// The ring of `devices` devices (the `context` axis) the collective kernels run on.
+fn ring(p: &Params) -> Result<Vec<DeviceAxis>, RegistryError> {
+    Ok(ring_mesh(p.usize("devices")?))
+}
+
+fn build_all_gather(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    build_ring(p, all_gather::<Ring, Context>(), "S")
+}
+
+/// Argument `i` of every device (checking each device has `expected` arguments).
+fn device_shards(
+    name: &str,
+    x: &[Vec<HostArray>],
+    expected: usize,
+    i: usize,
+) -> Result<Vec<HostArray>, RegistryError> {
+    x.iter()
+        .map(|device| {
+            expect_inputs(name, device, expected)?;
+            Ok(device[i].clone())
+        })
+        .collect()
+}
+
+fn all_gather_mesh_reference(
+    _: &Params,
+    name: &str,
+    x: &[Vec<HostArray>],
+) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+    let shards = device_shards(name, x, 1, 0)?;
+    let gathered = all_gather_reference(&shards).to_f64_vec();
+    Ok(vec![vec![gathered]; x.len()])
+}
+
+fn build_all_gather_matmul(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    let (dtype, n) = (p.dtype()?, p.usize("devices")?);
+    let (bt, bf) = (p.usize("BT")?, p.usize("BF")?);
+    let (t, k, f) = (p.usize("T")?, p.usize("K")?, p.usize("F")?);
+    if k % n != 0 {
+        return Err(p.bad(
+            "K",
+            "a multiple of `devices` (each device holds K / devices rows of w)",
+        ));
+    }
+    let def = with_float_type!(dtype, T => all_gather_matmul::<T, Ring, Context>(bt, bf));
+    Ok(Built::on_mesh(
+        def,
+        vec![ArgSpec::new(dtype, [t, k]), ArgSpec::new(dtype, [k / n, f])],
+        ring(p)?,
+    ))
+}
+
+fn all_gather_matmul_mesh_reference(
+    _: &Params,
+    name: &str,
+    x: &[Vec<HostArray>],
+) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+    let shards = device_shards(name, x, 2, 1)?;
+    Ok(x.iter()
+        .map(|d| vec![all_gather_matmul_reference(&d[0], &shards)])
+        .collect())
+}
+
+fn all_gather_matmul_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
+    let per_device = 2.0 * (p.usize("T")? * p.usize("K")? * p.usize("F")?) as f64;
+    Ok(per_device * p.usize("devices")? as f64)
+}
+
+/// The f32 `[rows, C]` argument of the ring kernels, on a ring of `devices`.
+fn build_ring(p: &Params, def: KernelDef, rows: &str) -> Result<Built, RegistryError> {
+    f32_only(p)?;
+    let spec = ArgSpec::new(DType::F32, [p.usize(rows)?, p.usize("C")?]);
+    Ok(Built::on_mesh(def, vec![spec], ring(p)?))
+}
+
+fn ring_shift_mesh_reference(
+    _: &Params,
+    name: &str,
+    x: &[Vec<HostArray>],
+) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+    let shards = device_shards(name, x, 1, 0)?;
+    Ok(ring_shift_reference(&shards)
+        .iter()
+        .map(|a| vec![a.to_f64_vec()])
+        .collect())
+}
+
+fn ring_all_gather_mesh_reference(
+    _: &Params,
+    name: &str,
+    x: &[Vec<HostArray>],
+) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+    let shards = device_shards(name, x, 1, 0)?;
+    let gathered = ring_all_gather_reference(&shards).to_f64_vec();
+    Ok(vec![vec![gathered]; x.len()])
+}
+
+const DEVICES: ParamInfo = ParamInfo::compile_time(
+    "devices",
+    "4",
+    "devices of the ring (the mesh's `context` axis) the kernel runs on",
+);
+
+/// The collective kernels.
+pub(super) const KERNELS: &[KernelInfo] = &[
+    KernelInfo {
+        name: "ring_shift",
+        summary: "x[R,C] of the previous device on a ring, by one remote copy to the next \
+                  device after meeting at the barrier; runs on `devices` devices",
+        params: &[
+            DEVICES,
+            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            ParamInfo::size("R", "8", "rows", &[("x", 0)]),
+            ParamInfo::size("C", "128", "columns", &[("x", 1)]),
+        ],
+        build: |p, _| build_ring(p, ring_shift(), "R"),
+        reference: Reference::Mesh(ring_shift_mesh_reference),
+        flops: no_flops,
+        inputs: None,
+        xla: Some(xla::ring_shift),
+        cases: &[
+            Case {
+                params: &[],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("devices", "2"), ("R", "16")],
+                tol: 1e-30,
+            },
+        ],
+        bench: &[&[("R", "{collective_size}"), ("C", "{collective_size}")]],
+    },
+    KernelInfo {
+        name: "ring_all_gather",
+        summary: "all-gather of x[S,C] over a ring, each device forwarding the shard it \
+                  received last (a fori_loop of remote copies); runs on `devices` devices",
+        params: &[
+            DEVICES,
+            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            ParamInfo::size("S", "8", "rows per device", &[("x", 0)]),
+            ParamInfo::size("C", "128", "columns", &[("x", 1)]),
+        ],
+        build: |p, _| build_ring(p, ring_all_gather(), "S"),
+        reference: Reference::Mesh(ring_all_gather_mesh_reference),
+        flops: no_flops,
+        inputs: None,
+        xla: Some(xla::all_gather),
+        cases: &[
+            Case {
+                params: &[],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("devices", "2"), ("S", "16"), ("C", "256")],
+                tol: 1e-30,
+            },
+        ],
+        bench: &[&[("S", "{collective_size}"), ("C", "{collective_size}")]],
+    },
+    KernelInfo {
+        name: "all_gather",
+        summary: "all-gather of x[S,C] over a ring of devices with remote copies, halves \
+                  travelling both ways (JAX's all_gather); runs on `devices` devices",
+        params: &[
+            DEVICES,
+            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            ParamInfo::size("S", "16", "rows per device (even)", &[("x", 0)]),
+            ParamInfo::size("C", "128", "columns", &[("x", 1)]),
+        ],
+        build: build_all_gather,
+        reference: Reference::Mesh(all_gather_mesh_reference),
+        flops: no_flops,
+        inputs: None,
+        xla: Some(xla::all_gather),
+        // A copy: exact.
+        cases: &[
+            Case {
+                params: &[],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("devices", "2"), ("S", "32"), ("C", "256")],
+                tol: 1e-30,
+            },
+        ],
+        bench: &[&[("S", "{collective_size}"), ("C", "{collective_size}")]],
+    },
+    KernelInfo {
+        name: "all_gather_matmul",
+        summary: "x[T,K] @ all_gather(w[K/devices,F]) over a ring of devices, each shard's \
+                  remote copy overlapping the matmul of the one before (collective matmul)",
+        params: &[
+            ParamInfo::compile_time("BT", "16", "rows of x per block"),
+            ParamInfo::compile_time("BF", "128", "columns of w per block"),
+            DTYPE,
+            DEVICES,
+            ParamInfo::size("T", "32", "rows of x", &[("x", 0)]),
+            ParamInfo::size(
+                "K",
+                "512",
+                "columns of x; w's rows on all devices together",
+                &[("x", 1)],
+            ),
+            ParamInfo::size("F", "256", "columns of w", &[("w", 1)]),
+        ],
+        build: build_all_gather_matmul,
+        reference: Reference::Mesh(all_gather_matmul_mesh_reference),
+        flops: all_gather_matmul_flops,
+        inputs: None,
+        xla: Some(xla::all_gather_matmul),
+        cases: &[
+            // f32 accumulation of K products of magnitude <= 1.
+            Case {
+                params: &[("dtype", "f32")],
+                tol: 1e-4,
+            },
+            Case {
+                params: &[("dtype", "f32"), ("devices", "2"), ("BF", "256")],
+                tol: 1e-4,
+            },
+            // Outputs (|out| < 32 here) rounded to bf16.
+            Case {
+                params: &[("dtype", "bf16")],
+                tol: 0.125,
+            },
+        ],
+        bench: &[
+            &[
+                ("dtype", "f32"),
+                ("BT", "256"),
+                ("BF", "256"),
+                ("T", "{collective_size}"),
+                ("K", "{collective_size}"),
+                ("F", "{collective_size}"),
+            ],
+            &[
+                ("dtype", "bf16"),
+                ("BT", "256"),
+                ("BF", "256"),
+                ("T", "{collective_size}"),
+                ("K", "{collective_size}"),
+                ("F", "{collective_size}"),
+            ],
+        ],
+    },
+];
