@@ -12,14 +12,14 @@ use tessera::dsl::{DType, HostArray, KernelDef, KernelRules};
 use tessera::kernels::collective::{
     all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
 };
-use tessera::kernels::memory::{ring_mesh, Ring};
+use tessera::kernels::memory::{ring_mesh, RingMesh};
 
 const N: usize = 4;
 
 fn matmul_def(dtype: DType) -> KernelDef {
     match dtype {
-        DType::BF16 => all_gather_matmul::<half::bf16, Ring, Context>(16, 128),
-        _ => all_gather_matmul::<f32, Ring, Context>(16, 128),
+        DType::BF16 => all_gather_matmul::<half::bf16, RingMesh, Context>(16, 128),
+        _ => all_gather_matmul::<f32, RingMesh, Context>(16, 128),
     }
 }
 
@@ -52,7 +52,7 @@ fn all_gather_over_four_devices_matches_its_reference_on_every_backend() {
     let want = all_gather_reference(&shards);
     for b in Backend::ALL {
         let out = backend::run_on_devices(
-            &all_gather::<Ring, Context>(),
+            &all_gather::<RingMesh, Context>(),
             &ring_mesh(N),
             &per_device,
             b,
@@ -94,7 +94,7 @@ fn mosaic_eval_on_four_devices_agrees_with_the_interpreter() {
     let gather_inputs: Vec<Vec<HostArray>> = (0..N)
         .map(|d| vec![HostArray::random(DType::F32, [16, 128], d as u64)])
         .collect();
-    let mut cases = vec![(all_gather::<Ring, Context>(), gather_inputs)];
+    let mut cases = vec![(all_gather::<RingMesh, Context>(), gather_inputs)];
     for dtype in [DType::F32, DType::BF16] {
         cases.push((matmul_def(dtype), matmul_inputs(dtype)));
     }
@@ -123,7 +123,7 @@ fn landing_points_and_interleavings_do_not_change_the_results() {
         .map(|d| vec![HostArray::random(DType::F32, [16, 128], d as u64)])
         .collect();
     let cases = [
-        (all_gather::<Ring, Context>(), gather_inputs),
+        (all_gather::<RingMesh, Context>(), gather_inputs),
         (matmul_def(DType::F32), matmul_inputs(DType::F32)),
     ];
     for (def, per_device) in &cases {

@@ -309,7 +309,7 @@ fn all_reduce_without_flow_control(
     local: DmaSem,
     send: DmaSem,
     recv: DmaSem,
-    devices: Devices<Ring>,
+    devices: Devices<RingMesh>,
 ) {
     let step = program_id(0);
     let n = devices.size::<Context>() as i32;
@@ -344,7 +344,7 @@ fn right_permute_without_barrier(
     #[shape(R, C)] mut out: HbmMut<f32>,
     send: DmaSem,
     recv: DmaSem,
-    devices: Devices<Ring>,
+    devices: Devices<RingMesh>,
 ) {
     remote_copy(&x, &mut out, &send, &recv, devices.next::<Context>()).wait();
 }
@@ -394,7 +394,7 @@ fn right_permute_without_barrier_if(
     #[shape(R, C)] mut out: HbmMut<f32>,
     send: DmaSem,
     recv: DmaSem,
-    devices: Devices<Ring>,
+    devices: Devices<RingMesh>,
 ) {
     when(go.get([0]).eq(1), || {
         remote_copy(&x, &mut out, &send, &recv, devices.next::<Context>()).wait();

@@ -6,7 +6,7 @@ use tessera::dsl::axes::Context;
 use tessera::dsl::prelude::*;
 use tessera::dsl::{mosaic, ArgSpec, DType, Kernel, KernelDef, KernelRules, Lowering, ProblemKind};
 use tessera::kernels::collective::{all_gather, all_gather_matmul};
-use tessera::kernels::memory::Ring;
+use tessera::kernels::memory::RingMesh;
 use tessera::kernels::memory::{gather_tiles, ring_all_gather, ring_mesh, ring_shift};
 use tessera::kernels::paged_attention;
 use tessera::runtime::{CompileOptions, Plugin};
@@ -81,14 +81,14 @@ fn memory_kernels_compile_for_v5p() {
     // The collectives over the 4 chips: x [256, 128] shards; x [512, 1024] and w shards
     // [256, 1024] (K / N = 256) in 256 x 512 blocks.
     cases.push(instantiate(
-        &all_gather::<Ring, Context>(),
+        &all_gather::<RingMesh, Context>(),
         &[f32s(&[256, 128])],
         4,
     ));
     for dtype in [DType::F32, DType::BF16] {
         let def = match dtype {
-            DType::BF16 => all_gather_matmul::<half::bf16, Ring, Context>(256, 512),
-            _ => all_gather_matmul::<f32, Ring, Context>(256, 512),
+            DType::BF16 => all_gather_matmul::<half::bf16, RingMesh, Context>(256, 512),
+            _ => all_gather_matmul::<f32, RingMesh, Context>(256, 512),
         };
         let args = [
             ArgSpec::new(dtype, [512, 1024]),

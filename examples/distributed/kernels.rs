@@ -3,7 +3,7 @@
 //! flow-control semaphores, a bidirectional reduce-scatter, and a manual double-buffered
 //! pipeline over an operand left in HBM. Each has an f64 reference written with plain loops.
 //!
-//! The collectives run on the one-axis mesh [`Ring`] (`context`), device `d`'s neighbours
+//! The collectives run on the one-axis mesh [`RingMesh`] (`context`), device `d`'s neighbours
 //! being `d - 1` (left, `prev`) and `d + 1` (right, `next`), wrapping around. Shapes follow
 //! Mosaic's rules for f32: copies move whole 128-lane tiles and multiples of 8 rows.
 
@@ -13,10 +13,10 @@ use tessera::prelude::*;
 
 mesh!(
     /// The mesh of the collective kernels: one ring of devices along `context`.
-    pub Ring = [Context]
+    pub RingMesh = [Context]
 );
 
-/// The mesh axes of [`Ring`] over `n` devices, to instantiate and run the kernels with.
+/// The mesh axes of [`RingMesh`] over `n` devices, to instantiate and run the kernels with.
 pub fn ring_mesh(n: usize) -> Vec<DeviceAxis> {
     vec![DeviceAxis::new("context", n)]
 }
@@ -32,7 +32,7 @@ const RIGHT: i32 = 1;
 /// the barrier semaphore and waits for their two signals, so neither neighbour can send a
 /// remote copy or a signal into this device before it has entered the kernel (and its
 /// buffers and semaphores exist), and vice versa.
-fn meet(devices: &Devices<Ring>) {
+fn meet(devices: &Devices<RingMesh>) {
     let barrier = devices.barrier();
     barrier.signal_to(1, devices.prev::<Context>());
     barrier.signal_to(1, devices.next::<Context>());
@@ -58,7 +58,7 @@ pub fn right_permute(
     #[shape(R, C)] mut out: HbmMut<f32>,
     send: DmaSem,
     recv: DmaSem,
-    devices: Devices<Ring>,
+    devices: Devices<RingMesh>,
 ) {
     let barrier = devices.barrier();
     barrier.signal_to(1, devices.prev::<Context>());
@@ -103,7 +103,7 @@ pub fn all_gather(
     local: DmaSem,
     send: DmaSem,
     #[scratch(devices.size::<Context>() - 1)] recv: DmaSem,
-    devices: Devices<Ring>,
+    devices: Devices<RingMesh>,
 ) {
     let step = program_id(0);
     let n = devices.size::<Context>() as i32;
@@ -172,7 +172,7 @@ pub fn all_reduce(
     send: DmaSem,
     recv: DmaSem,
     capacity: Sem,
-    devices: Devices<Ring>,
+    devices: Devices<RingMesh>,
 ) {
     let step = program_id(0);
     let n = devices.size::<Context>() as i32;
@@ -262,7 +262,7 @@ pub fn reduce_scatter(
     #[scratch(2)] send: DmaSem,
     #[scratch(2)] recv: DmaSem,
     #[scratch(2)] capacity: Sem,
-    devices: Devices<Ring>,
+    devices: Devices<RingMesh>,
 ) {
     let half = B / 2;
     let step = program_id(0);

@@ -286,7 +286,7 @@ fn param(p: &Param, role: Role, grid_rank: Option<usize>, errors: &mut Errors) {
         Role::Devices if p.elem.is_none() => errors.spanned_help(
             &p.ty,
             "`Devices` needs the mesh the kernel runs on",
-            "name it: `Devices<Ring>`, with `Ring` declared by `mesh!(pub Ring = [Context])`",
+            "name it: `Devices<RingMesh>`, with `RingMesh` declared by `mesh!(pub RingMesh = [Context])`",
         ),
         Role::DmaSem | Role::Sem if p.elem.is_some() || has_generic_args(&p.ty) => errors
             .spanned_help(
@@ -634,7 +634,7 @@ mod tests {
                     #[scratch(2)] b: Vmem<f32>,
                     #[scratch(2)] sems: DmaSem<i32>,
                     d: Devices,
-                    #[scratch(1)] e: Devices<Ring>,
+                    #[scratch(1)] e: Devices<RingMesh>,
                 ) -> u32 {}
             },
         );

@@ -11,7 +11,7 @@ pub const TILE_ROWS: usize = 8;
 
 mesh!(
     /// The mesh of [`ring_shift`]: one `context` axis.
-    pub Ring = [Context]
+    pub RingMesh = [Context]
 );
 
 /// The mesh axes of [`ring_shift`] on `n` devices, for instantiation.
@@ -68,7 +68,7 @@ pub fn gather_tiles_reference(tiles: &[i32], x: &HostArray) -> Vec<f64> {
         .collect()
 }
 
-/// `out = x` of the previous device along the `context` axis of [`Ring`]: every device
+/// `out = x` of the previous device along the `context` axis of [`RingMesh`]: every device
 /// copies its whole `x` (f32, left in HBM) into the `out` (HBM) of the next one. The devices
 /// first meet at the barrier semaphore (each signals both neighbours and waits for two
 /// signals), so no copy lands in a device that has not entered the kernel.
@@ -78,7 +78,7 @@ pub fn ring_shift(
     #[shape(R, C)] mut out: HbmMut<f32>,
     send: DmaSem,
     recv: DmaSem,
-    devices: Devices<Ring>,
+    devices: Devices<RingMesh>,
 ) {
     let barrier = devices.barrier();
     barrier.signal_to(1, devices.prev::<Context>());
@@ -105,7 +105,7 @@ pub fn ring_all_gather(
     #[shape(S, C)] x: Hbm<f32>,
     #[shape(devices.size::<Context>() * S, C)] mut out: HbmMut<f32>,
     #[scratch(3)] sems: DmaSem,
-    devices: Devices<Ring>,
+    devices: Devices<RingMesh>,
 ) {
     let n = devices.size::<Context>() as i32;
     let me = devices.index::<Context>();

@@ -7,7 +7,8 @@ use crate::kernels::collective::{
     all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
 };
 use crate::kernels::memory::{
-    ring_all_gather, ring_all_gather_reference, ring_mesh, ring_shift, ring_shift_reference, Ring,
+    ring_all_gather, ring_all_gather_reference, ring_mesh, ring_shift, ring_shift_reference,
+    RingMesh,
 };
 
 /// The ring of `devices` devices (the `context` axis) the collective kernels run on.
@@ -16,7 +17,7 @@ fn ring(p: &Params) -> Result<Vec<DeviceAxis>, RegistryError> {
 }
 
 fn build_all_gather(p: &Params, _name: &str) -> Result<Built, RegistryError> {
-    build_ring(p, all_gather::<Ring, Context>(), "S")
+    build_ring(p, all_gather::<RingMesh, Context>(), "S")
 }
 
 /// Argument `i` of every device (checking each device has `expected` arguments).
@@ -54,7 +55,7 @@ fn build_all_gather_matmul(p: &Params, _name: &str) -> Result<Built, RegistryErr
             "a multiple of `devices` (each device holds K / devices rows of w)",
         ));
     }
-    let def = with_float_type!(dtype, T => all_gather_matmul::<T, Ring, Context>(bt, bf));
+    let def = with_float_type!(dtype, T => all_gather_matmul::<T, RingMesh, Context>(bt, bf));
     Ok(Built::on_mesh(
         def,
         vec![ArgSpec::new(dtype, [t, k]), ArgSpec::new(dtype, [k / n, f])],
