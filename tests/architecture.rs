@@ -325,15 +325,6 @@ const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
         &["dsl/src/mosaic/", "dsl/src/rules/"],
         "the TPU rules and the Mosaic emitter share tpu_tile, vmem_bytes and SendSems",
     ),
-    (
-        &[
-            "dsl/src/trace/memory.rs",
-            "dsl/src/trace/ops.rs",
-            "dsl/src/trace/refs.rs",
-            "dsl/src/trace/state.rs",
-        ],
-        "the tracer's state and its op, ref and memory builders call each other",
-    ),
 ];
 
 /// No two modules of parallel/ or dsl/ import each other, directly or round a circle (see
