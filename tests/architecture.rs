@@ -310,10 +310,6 @@ fn the_readme_is_an_entrance_and_the_docs_links_resolve() {
 /// test below, and so does a listed one that is gone (so the list stays true).
 const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     (
-        &["dsl/src/error.rs", "dsl/src/ir/"],
-        "KernelError names IR locations and the IR's checks return KernelError",
-    ),
-    (
         &["dsl/src/instantiate.rs", "dsl/src/interpret/"],
         "instantiation runs the interpreter's coverage check (check_coverage)",
     ),

@@ -15,6 +15,7 @@ mod error;
 mod instantiate;
 pub mod interpret;
 pub mod ir;
+mod loc;
 mod lowering;
 pub mod mosaic;
 pub mod rules;

@@ -1,4 +1,5 @@
-//! Types of the kernel IR: value types, memory spaces, source locations.
+//! Types of the kernel IR: value types, memory spaces, literals (source locations are
+//! [`Loc`](crate::ir::Loc), in `loc.rs` below both the IR and the errors that name them).
 
 use std::fmt;
 
@@ -162,42 +163,6 @@ impl DimSemantics {
             DimSemantics::Parallel => "parallel",
             DimSemantics::Arbitrary => "arbitrary",
         }
-    }
-}
-
-/// A position in the kernel author's source, captured while tracing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Loc {
-    pub file: &'static str,
-    pub line: u32,
-    pub column: u32,
-}
-
-impl Loc {
-    /// The location of the caller of a `#[track_caller]` function.
-    #[track_caller]
-    pub fn caller() -> Loc {
-        let l = std::panic::Location::caller();
-        Loc {
-            file: l.file(),
-            line: l.line(),
-            column: l.column(),
-        }
-    }
-
-    /// A location for IR built by tessera itself rather than by a kernel author.
-    pub const fn internal() -> Loc {
-        Loc {
-            file: "<tessera>",
-            line: 0,
-            column: 0,
-        }
-    }
-}
-
-impl fmt::Display for Loc {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.file, self.line, self.column)
     }
 }
 
