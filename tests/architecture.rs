@@ -317,10 +317,6 @@ const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
         &["dsl/src/instantiate.rs", "dsl/src/interpret/mod.rs"],
         "the same circle, file by file",
     ),
-    (
-        &["dsl/src/mosaic/", "dsl/src/rules/"],
-        "the TPU rules and the Mosaic emitter share tpu_tile, vmem_bytes and SendSems",
-    ),
 ];
 
 /// No two modules of parallel/ or dsl/ import each other, directly or round a circle (see

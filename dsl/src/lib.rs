@@ -20,6 +20,7 @@ mod lowering;
 pub mod mosaic;
 pub mod rules;
 pub mod stablehlo;
+mod tpu_facts;
 mod trace;
 
 pub use array::HostArray;
