@@ -37,7 +37,6 @@ use crate::ir::{
     RefId, Region, Slice, ValueId,
 };
 use crate::rules::KernelRules;
-pub(crate) use tensor::garbage_literal;
 use tensor::{for_each_index, Data, Tensor};
 
 /// How the interpreter runs a kernel.

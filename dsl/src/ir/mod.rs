@@ -23,7 +23,7 @@ pub use types::{
 pub(crate) use verify::scoped_allocs;
 pub use verify::{verify, VerifyError};
 
-pub(crate) use types::join;
+pub(crate) use types::{garbage_literal, join};
 
 /// What a kernel operand is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,5 +1,7 @@
-//! Types of the kernel IR: value types, memory spaces, literals (source locations are
-//! [`Loc`](crate::ir::Loc), in `loc.rs` below both the IR and the errors that name them).
+//! Types of the kernel IR: value types, memory spaces, literals and the garbage literal
+//! uninitialised buffers hold (shared by the interpreter and the StableHLO lowering). Source
+//! locations are [`Loc`](crate::ir::Loc), in `loc.rs` below both the IR and the errors that
+//! name them.
 
 use std::fmt;
 
@@ -205,5 +207,16 @@ impl fmt::Display for Literal {
             Literal::Int(v) => write!(f, "{v}"),
             Literal::Bool(v) => write!(f, "{v}"),
         }
+    }
+}
+
+/// What uninitialised scratch and output buffers hold ([`DType::garbage`]: NaN for floats, a
+/// sentinel for ints), so a kernel that reads what it never wrote shows it.
+pub(crate) fn garbage_literal(dtype: DType) -> Literal {
+    let g = dtype.garbage();
+    match dtype {
+        d if d.is_float() => Literal::Float(g),
+        DType::Bool => Literal::Bool(g != 0.0),
+        _ => Literal::Int(g as i64),
     }
 }
