@@ -308,33 +308,7 @@ fn the_readme_is_an_entrance_and_the_docs_links_resolve() {
 
 /// The import circles left inside parallel/ and dsl/, each with why: a new circle fails the
 /// test below, and so does a listed one that is gone (so the list stays true).
-const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
-    (
-        &["dsl/src/error.rs", "dsl/src/ir/"],
-        "KernelError names IR locations and the IR's checks return KernelError",
-    ),
-    (
-        &["dsl/src/instantiate.rs", "dsl/src/interpret/"],
-        "instantiation runs the interpreter's coverage check (check_coverage)",
-    ),
-    (
-        &["dsl/src/instantiate.rs", "dsl/src/interpret/mod.rs"],
-        "the same circle, file by file",
-    ),
-    (
-        &["dsl/src/mosaic/", "dsl/src/rules/"],
-        "the TPU rules and the Mosaic emitter share tpu_tile, vmem_bytes and SendSems",
-    ),
-    (
-        &[
-            "dsl/src/trace/memory.rs",
-            "dsl/src/trace/ops.rs",
-            "dsl/src/trace/refs.rs",
-            "dsl/src/trace/state.rs",
-        ],
-        "the tracer's state and its op, ref and memory builders call each other",
-    ),
-];
+const KNOWN_CIRCLES: &[(&[&str], &str)] = &[];
 
 /// No two modules of parallel/ or dsl/ import each other, directly or round a circle (see
 /// `modules` for what counts as an import), beyond [`KNOWN_CIRCLES`].

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::ir::Loc;
+use crate::loc::Loc;
 
 /// Which stage found a problem.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

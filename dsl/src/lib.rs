@@ -14,11 +14,14 @@ mod compile_time;
 mod error;
 mod instantiate;
 pub mod interpret;
+mod interpret_def;
 pub mod ir;
+mod loc;
 mod lowering;
 pub mod mosaic;
 pub mod rules;
 pub mod stablehlo;
+mod tpu_facts;
 mod trace;
 
 pub use array::HostArray;

@@ -21,23 +21,28 @@
 //! - dynamic slices and block indices out of bounds are errors, not clamped;
 //! - copies are asynchronous and several devices run interleaved; races, deadlocks and
 //!   semaphores left non-zero are errors naming the lines involved ([`dma`] says how).
+//!
+//! [`run`] and [`run_on_devices`] take a kernel definition: they instantiate it, then run it.
+//! They live above both this module and instantiation (`interpret_def.rs`; instantiation runs
+//! `check_coverage` here, which evaluates index maps with the interpreter) and are
+//! re-exported here.
 
 pub mod dma;
 mod memory;
 mod tensor;
+
+pub use crate::interpret_def::{run, run_on_devices};
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::array::HostArray;
 use crate::error::{KernelError, Problem, ProblemKind};
-use crate::instantiate::{ArgSpec, KernelDef};
 use crate::ir::{
-    DType, DeviceAxis, DimSemantics, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole,
-    RefId, Region, Slice, ValueId,
+    DType, DimSemantics, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole, RefId, Region,
+    Slice, ValueId,
 };
 use crate::rules::KernelRules;
-pub(crate) use tensor::garbage_literal;
 use tensor::{for_each_index, Data, Tensor};
 
 /// How the interpreter runs a kernel.
@@ -108,18 +113,6 @@ impl InterpretOptions {
     }
 }
 
-/// Instantiates `def` for `args` and runs it. `args` are the kernel's arguments in order
-/// (scalar-prefetch arrays, then inputs); returns the outputs in order.
-pub fn run(
-    def: &KernelDef,
-    args: &[HostArray],
-    options: &InterpretOptions,
-) -> Result<Vec<HostArray>, KernelError> {
-    let specs: Vec<_> = args.iter().map(ArgSpec::of).collect();
-    let kernel = def.instantiate(&specs, &options.rules)?;
-    run_kernel(&kernel, args, options)
-}
-
 /// Runs an instantiated kernel on `args` (scalar prefetch and inputs, in declaration order).
 pub fn run_kernel(
     k: &Kernel,
@@ -140,20 +133,6 @@ pub fn run_kernel(
     }
     let mut outs = run_devices(k, &[args], options)?;
     Ok(outs.pop().unwrap_or_default())
-}
-
-/// Instantiates `def` on a device mesh (`mesh`: its axes with their sizes) and runs it on
-/// every device: `per_device[d]` are device `d`'s arguments. Returns each device's outputs.
-pub fn run_on_devices(
-    def: &KernelDef,
-    mesh: &[DeviceAxis],
-    per_device: &[Vec<HostArray>],
-    options: &InterpretOptions,
-) -> Result<Vec<Vec<HostArray>>, KernelError> {
-    let first = per_device.first().map(Vec::as_slice).unwrap_or_default();
-    let specs: Vec<_> = first.iter().map(ArgSpec::of).collect();
-    let kernel = def.instantiate_on(&specs, mesh, &options.rules)?;
-    run_kernel_on_devices(&kernel, per_device, options)
 }
 
 /// Runs an instantiated kernel on every device of its mesh (one argument list per device),

@@ -6,7 +6,7 @@
 use half::bf16;
 
 use crate::array::{ArrayData, HostArray};
-use crate::ir::{BinaryOp, CmpOp, DType, Literal, ReduceOp, UnaryOp};
+use crate::ir::{garbage_literal, BinaryOp, CmpOp, DType, Literal, ReduceOp, UnaryOp};
 
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Data {
@@ -20,17 +20,6 @@ pub(crate) struct Tensor {
     pub dtype: DType,
     pub shape: Vec<usize>,
     pub data: Data,
-}
-
-/// What uninitialised scratch and output buffers hold ([`DType::garbage`]: NaN for floats, a
-/// sentinel for ints), so a kernel that reads what it never wrote shows it.
-pub(crate) fn garbage_literal(dtype: DType) -> Literal {
-    let g = dtype.garbage();
-    match dtype {
-        d if d.is_float() => Literal::Float(g),
-        DType::Bool => Literal::Bool(g != 0.0),
-        _ => Literal::Int(g as i64),
-    }
 }
 
 pub(crate) fn round(dtype: DType, x: f32) -> f32 {

@@ -7,6 +7,7 @@ mod protocol;
 mod types;
 mod verify;
 
+pub use crate::loc::Loc;
 pub use infer_error::{InferError, NotCopyableWhy, WantedSemaphore};
 pub use ops::{
     broadcast_shapes, broadcastable, infer, squeezed, BinaryOp, CmpOp, InferContext, Inst, Op,
@@ -16,13 +17,13 @@ pub(crate) use ops::{dynamic_starts, format_print, print_format_pieces};
 pub use protocol::check_protocol;
 pub(crate) use protocol::eval_scalar;
 pub use types::{
-    device_count, DType, DeviceAxis, DimSemantics, Literal, Loc, MemorySpace, RefId, SemKind,
-    ValueId, ValueType,
+    device_count, DType, DeviceAxis, DimSemantics, Literal, MemorySpace, RefId, SemKind, ValueId,
+    ValueType,
 };
 pub(crate) use verify::scoped_allocs;
 pub use verify::{verify, VerifyError};
 
-pub(crate) use types::join;
+pub(crate) use types::{garbage_literal, join};
 
 /// What a kernel operand is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,4 +1,7 @@
-//! Types of the kernel IR: value types, memory spaces, source locations.
+//! Types of the kernel IR: value types, memory spaces, literals and the garbage literal
+//! uninitialised buffers hold (shared by the interpreter and the StableHLO lowering). Source
+//! locations are [`Loc`](crate::ir::Loc), in `loc.rs` below both the IR and the errors that
+//! name them.
 
 use std::fmt;
 
@@ -165,42 +168,6 @@ impl DimSemantics {
     }
 }
 
-/// A position in the kernel author's source, captured while tracing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Loc {
-    pub file: &'static str,
-    pub line: u32,
-    pub column: u32,
-}
-
-impl Loc {
-    /// The location of the caller of a `#[track_caller]` function.
-    #[track_caller]
-    pub fn caller() -> Loc {
-        let l = std::panic::Location::caller();
-        Loc {
-            file: l.file(),
-            line: l.line(),
-            column: l.column(),
-        }
-    }
-
-    /// A location for IR built by tessera itself rather than by a kernel author.
-    pub const fn internal() -> Loc {
-        Loc {
-            file: "<tessera>",
-            line: 0,
-            column: 0,
-        }
-    }
-}
-
-impl fmt::Display for Loc {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.file, self.line, self.column)
-    }
-}
-
 pub(crate) fn join<T: fmt::Display>(items: &[T], sep: &str) -> String {
     items
         .iter()
@@ -240,5 +207,16 @@ impl fmt::Display for Literal {
             Literal::Int(v) => write!(f, "{v}"),
             Literal::Bool(v) => write!(f, "{v}"),
         }
+    }
+}
+
+/// What uninitialised scratch and output buffers hold ([`DType::garbage`]: NaN for floats, a
+/// sentinel for ints), so a kernel that reads what it never wrote shows it.
+pub(crate) fn garbage_literal(dtype: DType) -> Literal {
+    let g = dtype.garbage();
+    match dtype {
+        d if d.is_float() => Literal::Float(g),
+        DType::Bool => Literal::Bool(g != 0.0),
+        _ => Literal::Int(g as i64),
     }
 }

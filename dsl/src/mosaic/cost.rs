@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use crate::ir::{CmpOp, Kernel, Literal, MemorySpace, Op, OperandRole, Region, UnaryOp, ValueId};
-use crate::rules::tpu_tile;
+use crate::tpu_facts::tpu_tile;
 
 /// Work of one kernel call, for XLA's scheduler (the custom call's `cost_estimate`).
 ///

@@ -17,89 +17,15 @@
 //! - `run_scoped` is a `tpu.region` whose VMEM buffers are `memref.alloca`s and whose
 //!   semaphores are `tpu.sem_alloc`s, yielding its results with `tpu.yield`.
 
-use std::collections::HashMap;
-
 use super::{memref_type, value_type, Emitter, R};
 use crate::ir::{
-    eval_scalar, squeezed, Inst, Kernel, Loc, MemorySpace, Op, RefId, RefWindow, Region, RemoteDma,
-    SemKind, SemRef, Slice, ValueId,
+    squeezed, Inst, Kernel, Loc, MemorySpace, Op, RefId, RefWindow, Region, RemoteDma, SemKind,
+    SemRef, Slice, ValueId,
 };
 
 /// The memref type of one semaphore of `kind`.
 fn sem_type(kind: SemKind) -> String {
     memref_type(&[], crate::ir::DType::I32, MemorySpace::Semaphore(kind))
-}
-
-/// One semaphore of an array: the operand and its index, each entry `None` where it is
-/// computed at run time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct SemKey {
-    r: RefId,
-    index: Vec<Option<i64>>,
-}
-
-impl SemKey {
-    /// Whether the two may name the same semaphore.
-    fn overlaps(&self, other: &SemKey) -> bool {
-        self.r == other.r
-            && self
-                .index
-                .iter()
-                .zip(&other.index)
-                .all(|(a, b)| a.is_none() || b.is_none() || a == b)
-    }
-}
-
-/// The DMA semaphores on which remote copies count their sends (on the sending device):
-/// Mosaic waits those differently from the arrival of a copy, so each wait is classified.
-#[derive(Debug, Default)]
-pub(crate) struct SendSems {
-    keys: Vec<SemKey>,
-    consts: HashMap<ValueId, i64>,
-}
-
-impl SendSems {
-    pub(crate) fn of(k: &Kernel) -> SendSems {
-        fn walk(k: &Kernel, r: &Region, s: &mut SendSems) {
-            for inst in &r.insts {
-                let get = |v: ValueId| s.consts.get(&v).copied();
-                if let (Some(x), [v]) = (eval_scalar(k, &inst.op, &get), inst.results.as_slice()) {
-                    s.consts.insert(*v, x);
-                }
-                if let Op::DmaStart {
-                    remote: Some(RemoteDma { send_sem, .. }),
-                    ..
-                } = &inst.op
-                {
-                    let key = s.key(send_sem);
-                    s.keys.push(key);
-                }
-                for nested in inst.op.regions() {
-                    walk(k, nested, s);
-                }
-            }
-        }
-        let mut s = SendSems::default();
-        walk(k, &k.body, &mut s);
-        s
-    }
-
-    fn key(&self, sem: &SemRef) -> SemKey {
-        SemKey {
-            r: sem.sem,
-            index: sem
-                .index
-                .iter()
-                .map(|v| self.consts.get(v).copied())
-                .collect(),
-        }
-    }
-
-    /// Whether `sem` may be a semaphore remote copies count their sends on.
-    pub(crate) fn may_be_send(&self, sem: &SemRef) -> bool {
-        let key = self.key(sem);
-        self.keys.iter().any(|k| k.overlaps(&key))
-    }
 }
 
 /// Whether the kernel communicates with other devices: remote copies or signals, or the

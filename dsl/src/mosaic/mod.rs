@@ -20,10 +20,11 @@
 mod cost;
 mod memory;
 mod schedule;
-pub(crate) use memory::SendSems;
 
 use std::collections::HashMap;
 use std::fmt::Write;
+
+use crate::tpu_facts::SendSems;
 
 pub(crate) use cost::estimate as cost_estimate;
 pub use cost::CostEstimate;
@@ -141,7 +142,7 @@ pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
         .collect();
     let scalar_prefetch = k.operands_with(OperandRole::ScalarPrefetch).count();
     let text = Emitter::new(k, &order).module()?;
-    let vmem_bytes = crate::rules::vmem_bytes(k);
+    let vmem_bytes = crate::tpu_facts::vmem_bytes(k);
     Ok(MosaicKernel {
         name: k.name.clone(),
         text,
@@ -341,7 +342,7 @@ struct Emitter<'k> {
     /// Scalar constants, so a broadcast of one becomes a dense vector constant.
     scalar_constants: HashMap<ValueId, Literal>,
     /// The semaphores remote copies count their sends on.
-    send_sems: memory::SendSems,
+    send_sems: SendSems,
 }
 
 type R<T> = Result<T, KernelError>;
@@ -357,7 +358,7 @@ impl<'k> Emitter<'k> {
             env: HashMap::new(),
             refs: HashMap::new(),
             scalar_constants: HashMap::new(),
-            send_sems: memory::SendSems::of(k),
+            send_sems: SendSems::of(k),
         }
     }
 

@@ -3,13 +3,19 @@
 //! The TPU rules are what Mosaic enforces; the interpreter checks them too by default, so a
 //! kernel that passes its tests here does not fail to compile for TPU. Portable targets
 //! (StableHLO on CPU/GPU) may relax them.
+//!
+//! What the rules share with the Mosaic emitter of how Mosaic lays a kernel out
+//! ([`tpu_tile`], [`vmem_bytes`], the semaphores remote copies send on) lives below both, in
+//! `tpu_facts.rs`; the first two are re-exported here.
 
 use crate::error::{Problem, ProblemKind};
-use crate::ir::{BlockDim, DType, Kernel, MemorySpace, OperandRole, RefId};
+use crate::ir::{BlockDim, Kernel, RefId};
+use crate::tpu_facts::vmem_items;
 
 mod mosaic_copies;
 mod mosaic_ops;
 
+pub use crate::tpu_facts::{tpu_tile, vmem_bytes};
 pub use mosaic_ops::check as check_mosaic_ops;
 
 /// Default scoped VMEM budget: v5e's 16 MiB default scoped limit.
@@ -75,15 +81,6 @@ impl KernelRules {
     pub fn with_vmem_limit(mut self, bytes: usize) -> Self {
         self.vmem_limit_bytes = Some(bytes);
         self
-    }
-}
-
-/// The (sublane, lane) tile of a dtype on TPU: 32-bit types pack 8 rows, bf16 16, 8-bit 32.
-pub fn tpu_tile(dtype: DType) -> (usize, usize) {
-    match dtype.size_bytes() {
-        4 => (8, 128),
-        2 => (16, 128),
-        _ => (32, 128),
     }
 }
 
@@ -168,31 +165,6 @@ pub fn check(k: &Kernel, rules: &KernelRules) -> Vec<Problem> {
         }
     }
     problems
-}
-
-/// The VMEM buffers of a kernel with their bytes: pipelined blocks are double-buffered,
-/// scratch is allocated once.
-fn vmem_items(k: &Kernel) -> Vec<(String, usize)> {
-    let mut items = Vec::new();
-    for (i, o) in k.operands.iter().enumerate() {
-        if o.memory != MemorySpace::Vmem {
-            continue;
-        }
-        let elems: usize = o.block_sizes().iter().product();
-        let bytes = elems * o.dtype.size_bytes();
-        let bytes = if o.role == OperandRole::Scratch {
-            bytes
-        } else {
-            2 * bytes
-        };
-        items.push((k.describe(RefId(i as u32)), bytes));
-    }
-    items
-}
-
-/// The VMEM a kernel needs: its double-buffered blocks plus its scratch.
-pub fn vmem_bytes(k: &Kernel) -> usize {
-    vmem_items(k).iter().map(|(_, b)| b).sum()
 }
 
 fn round_up(x: usize, m: usize) -> usize {

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use crate::error::{Problem, ProblemKind};
 use crate::ir::{BinaryOp, Inst, Kernel, Literal, Op, RefWindow, Region, Slice, ValueId};
-use crate::mosaic::SendSems;
+use crate::tpu_facts::SendSems;
 
 /// The lanes of a vector register: the tile of a window's last dim.
 const LANES: usize = 128;

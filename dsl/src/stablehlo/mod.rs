@@ -40,10 +40,9 @@ use schedule::Schedule;
 use tessera_hlo::{self as hlo, DotDims, FuncBuilder, HloError, Module, Reducer, TensorType};
 
 use crate::error::{KernelError, Problem, ProblemKind};
-use crate::interpret::garbage_literal;
 use crate::ir::{
-    BinaryOp, CmpOp, DType, Inst, Kernel, Literal, Loc, Op, OperandRole, ReduceOp, RefId, Region,
-    Slice, UnaryOp, ValueId,
+    garbage_literal, BinaryOp, CmpOp, DType, Inst, Kernel, Literal, Loc, Op, OperandRole, ReduceOp,
+    RefId, Region, Slice, UnaryOp, ValueId,
 };
 
 /// Lowers `k` into a module whose public `@main` takes the kernel's arguments (scalar

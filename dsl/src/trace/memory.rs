@@ -31,25 +31,8 @@ use super::refs::{
 };
 use super::state::{emit, trace_region, try_with_trace, with_trace, Value};
 use crate::ir::{
-    DType, DeviceAxis, Loc, MemorySpace, Op, Operand, OperandRole, RefId, RefWindow, RemoteDma,
-    SemKind, SemRef,
+    DType, Loc, MemorySpace, Op, Operand, OperandRole, RefId, RefWindow, RemoteDma, SemKind, SemRef,
 };
-
-/// What the manual-memory API remembers while a kernel is traced.
-#[derive(Debug, Default)]
-pub(crate) struct MemoryTrace {
-    /// The mesh the kernel declared with [`Devices`] (empty: none).
-    pub mesh: Vec<DeviceAxis>,
-    /// Refs allocated by `run_scoped` regions, and those whose region is open.
-    pub scoped: Vec<RefId>,
-    pub live: Vec<RefId>,
-    /// The barrier semaphore, once asked for.
-    pub barrier: Option<RefId>,
-    scopes: usize,
-    /// Pipelines traced so far (`Pipeline`s are numbered so that a step refuses another
-    /// pipeline's block handles).
-    pub pipelines: usize,
-}
 
 /// Identifies the region being traced: its depth and the instruction counts of the regions
 /// around it (frozen while it is open), so two distinct regions never compare equal.

@@ -1,9 +1,13 @@
-//! The thread-local trace state that tracer values append to.
+//! The thread-local trace state that tracer values append to, with what the manual-memory
+//! API (`memory.rs`) remembers while a kernel is traced ([`MemoryTrace`]): the state sits
+//! below the op, ref and memory builders, which all append to it.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
 
-use crate::ir::{infer, InferContext, Inst, Loc, Op, Operand, RefId, Region, ValueId, ValueType};
+use crate::ir::{
+    infer, DeviceAxis, InferContext, Inst, Loc, Op, Operand, RefId, Region, ValueId, ValueType,
+};
 
 /// A value computed by a kernel while it is traced: a scalar (rank 0) or a vector/matrix.
 ///
@@ -30,7 +34,24 @@ pub(crate) struct TraceState {
     pub problems: Vec<TraceProblem>,
     pub poisoned: HashSet<ValueId>,
     /// What the manual-memory API tracks while tracing (mesh, scopes).
-    pub memory: super::memory::MemoryTrace,
+    pub memory: MemoryTrace,
+}
+
+/// What the manual-memory API remembers while a kernel is traced.
+#[derive(Debug, Default)]
+pub(crate) struct MemoryTrace {
+    /// The mesh the kernel declared with [`Devices`](super::Devices) (empty: none).
+    pub mesh: Vec<DeviceAxis>,
+    /// Refs allocated by `run_scoped` regions, and those whose region is open.
+    pub scoped: Vec<RefId>,
+    pub live: Vec<RefId>,
+    /// The barrier semaphore, once asked for.
+    pub barrier: Option<RefId>,
+    /// `run_scoped` regions traced so far (each scope's buffers are named by its number).
+    pub scopes: usize,
+    /// Pipelines traced so far (`Pipeline`s are numbered so that a step refuses another
+    /// pipeline's block handles).
+    pub pipelines: usize,
 }
 
 thread_local! {

@@ -1,0 +1,119 @@
+//! What the TPU rules ([`rules`](crate::rules)) and the Mosaic emitter
+//! ([`mosaic`](crate::mosaic)) both know of how Mosaic lays a kernel out on a TPU: the
+//! (sublane, lane) tile of a dtype, the VMEM a kernel's blocks and scratch take, and which DMA
+//! semaphores remote copies count their sends on (Mosaic waits those differently). Below both,
+//! so that neither imports the other; `tpu_tile` and `vmem_bytes` are re-exported from
+//! `rules`, where the public API names them.
+
+use std::collections::HashMap;
+
+use crate::ir::{
+    eval_scalar, DType, Kernel, MemorySpace, Op, OperandRole, RefId, Region, RemoteDma, SemRef,
+    ValueId,
+};
+
+/// The (sublane, lane) tile of a dtype on TPU: 32-bit types pack 8 rows, bf16 16, 8-bit 32.
+pub fn tpu_tile(dtype: DType) -> (usize, usize) {
+    match dtype.size_bytes() {
+        4 => (8, 128),
+        2 => (16, 128),
+        _ => (32, 128),
+    }
+}
+
+/// The VMEM buffers of a kernel with their bytes: pipelined blocks are double-buffered,
+/// scratch is allocated once.
+pub(crate) fn vmem_items(k: &Kernel) -> Vec<(String, usize)> {
+    let mut items = Vec::new();
+    for (i, o) in k.operands.iter().enumerate() {
+        if o.memory != MemorySpace::Vmem {
+            continue;
+        }
+        let elems: usize = o.block_sizes().iter().product();
+        let bytes = elems * o.dtype.size_bytes();
+        let bytes = if o.role == OperandRole::Scratch {
+            bytes
+        } else {
+            2 * bytes
+        };
+        items.push((k.describe(RefId(i as u32)), bytes));
+    }
+    items
+}
+
+/// The VMEM a kernel needs: its double-buffered blocks plus its scratch.
+pub fn vmem_bytes(k: &Kernel) -> usize {
+    vmem_items(k).iter().map(|(_, b)| b).sum()
+}
+
+/// One semaphore of an array: the operand and its index, each entry `None` where it is
+/// computed at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SemKey {
+    r: RefId,
+    index: Vec<Option<i64>>,
+}
+
+impl SemKey {
+    /// Whether the two may name the same semaphore.
+    fn overlaps(&self, other: &SemKey) -> bool {
+        self.r == other.r
+            && self
+                .index
+                .iter()
+                .zip(&other.index)
+                .all(|(a, b)| a.is_none() || b.is_none() || a == b)
+    }
+}
+
+/// The DMA semaphores on which remote copies count their sends (on the sending device):
+/// Mosaic waits those differently from the arrival of a copy, so each wait is classified.
+#[derive(Debug, Default)]
+pub(crate) struct SendSems {
+    keys: Vec<SemKey>,
+    consts: HashMap<ValueId, i64>,
+}
+
+impl SendSems {
+    pub(crate) fn of(k: &Kernel) -> SendSems {
+        fn walk(k: &Kernel, r: &Region, s: &mut SendSems) {
+            for inst in &r.insts {
+                let get = |v: ValueId| s.consts.get(&v).copied();
+                if let (Some(x), [v]) = (eval_scalar(k, &inst.op, &get), inst.results.as_slice()) {
+                    s.consts.insert(*v, x);
+                }
+                if let Op::DmaStart {
+                    remote: Some(RemoteDma { send_sem, .. }),
+                    ..
+                } = &inst.op
+                {
+                    let key = s.key(send_sem);
+                    s.keys.push(key);
+                }
+                for nested in inst.op.regions() {
+                    walk(k, nested, s);
+                }
+            }
+        }
+        let mut s = SendSems::default();
+        walk(k, &k.body, &mut s);
+        s
+    }
+
+    fn key(&self, sem: &SemRef) -> SemKey {
+        SemKey {
+            r: sem.sem,
+            index: sem
+                .index
+                .iter()
+                .map(|v| self.consts.get(v).copied())
+                .collect(),
+        }
+    }
+
+    /// Whether `sem` may be a semaphore remote copies count their sends on.
+    pub(crate) fn may_be_send(&self, sem: &SemRef) -> bool {
+        let key = self.key(sem);
+        self.keys.iter().any(|k| k.overlaps(&key))
+    }
+}
