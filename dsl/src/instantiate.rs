@@ -308,7 +308,7 @@ impl KernelDef {
                 .collect()));
         }
         let mut problems = rules::check(&kernel, rules);
-        problems.extend(crate::interpret::check_coverage(&kernel));
+        problems.extend(crate::interpreter::check_coverage(&kernel));
         problems.extend(crate::ir::check_protocol(&kernel));
         if problems.is_empty() {
             Ok(kernel)

@@ -14,7 +14,7 @@ mod compile_time;
 mod error;
 mod instantiate;
 pub mod interpret;
-mod interpret_def;
+mod interpreter;
 pub mod ir;
 mod loc;
 mod lowering;

@@ -3,11 +3,11 @@
 //!
 //! A module's edges are the `crate::`, `super::` and `self::` paths of its `use` statements
 //! and of its code, each resolved to the file that defines the item (following `pub use`
-//! re-exports). A module's own `pub use` lines are its facade, not its needs, and a path into
-//! a module's own submodules is not an edge: a parent declares, lists and re-exports its
-//! children. Test modules (`#[cfg(test)]` to the end of a file) are left out. Why by hand: no
-//! crate reads a crate's module graph without compiling it (`cargo-modules` needs
-//! rust-analyzer), and this test must stay a fast source check.
+//! re-exports). A path into a module's own submodules is not an edge (a parent declares,
+//! lists and re-exports its children); a `pub use` of anything else is. Test modules
+//! (`#[cfg(test)]` to the end of a file) are left out. Why by hand: no crate reads a crate's
+//! module graph without compiling it (`cargo-modules` needs rust-analyzer), and this test
+//! must stay a fast source check.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -285,6 +285,11 @@ fn paths_of(
                 continue;
             };
             if at.public {
+                // A re-export of anything but the module's own submodules' items is a need
+                // too: the module's surface depends on it.
+                if !full.starts_with(module) {
+                    imports.push(full.clone());
+                }
                 reexports.insert(alias, full);
             } else {
                 imports.push(full);

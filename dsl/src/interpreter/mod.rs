@@ -31,8 +31,6 @@ pub mod dma;
 mod memory;
 mod tensor;
 
-pub use crate::interpret_def::{run, run_on_devices};
-
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 

@@ -1,13 +1,14 @@
-//! Running a kernel definition on the interpreter: instantiate it for the arguments' shapes,
-//! then interpret the kernel. Above both instantiation and the interpreter (instantiating runs
-//! the interpreter's coverage check, which evaluates index maps); re-exported as
-//! [`interpret::run`](crate::interpret::run) and
-//! [`interpret::run_on_devices`](crate::interpret::run_on_devices).
+//! The interpreter, the reference every backend is tested against: the core (`interpreter/`:
+//! the machine that runs an instantiated kernel, its DMA and race model, the coverage check
+//! instantiation runs) re-exported whole, and [`run`] / [`run_on_devices`], which instantiate
+//! a definition for its arguments and then interpret it. This module sits above both
+//! instantiation and the core (instantiating runs the core's coverage check, which evaluates
+//! index maps on it), so neither imports the other back.
 
 use crate::array::HostArray;
 use crate::error::KernelError;
 use crate::instantiate::{ArgSpec, KernelDef};
-use crate::interpret::{run_kernel, run_kernel_on_devices, InterpretOptions};
+pub use crate::interpreter::*;
 use crate::ir::DeviceAxis;
 
 /// Instantiates `def` for `args` and runs it. `args` are the kernel's arguments in order
