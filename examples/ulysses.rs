@@ -41,7 +41,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         strategy: Ulysses.into(),
         devices,
         load_balance: false,
-        target: Lowering::portable(),
+        lowering: Lowering::portable(),
     };
     let attention = UlyssesAttention::<Context>::new(&cp)?;
     let shape = [1, heads as i64, seq as i64, d as i64];

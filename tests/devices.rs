@@ -41,7 +41,7 @@ fn ring_attention(platform: Platform) -> ContextParallel {
         strategy: Strategy::parse("ring", 2).expect("ring is a strategy"),
         devices: 2,
         load_balance: false,
-        target: kernel_lowering(platform, &Lowering::portable()),
+        lowering: kernel_lowering(platform, &Lowering::portable()),
     }
 }
 

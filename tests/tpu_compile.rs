@@ -155,7 +155,7 @@ fn context_parallel(strategy: Strategy) -> ContextParallel {
         strategy,
         devices: 4,
         load_balance: false,
-        target: Lowering::tpu(),
+        lowering: Lowering::tpu(),
     }
 }
 

@@ -532,7 +532,7 @@ pub struct OutputOperandAlias {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub struct CustomCall {
     /// `call_target_name` (e.g. `tpu_custom_call`, `Sharding`).
-    pub target: String,
+    pub call_target_name: String,
     /// `backend_config` string (escaped on output); omitted when empty.
     pub backend_config: String,
     /// `has_side_effect`.
@@ -553,10 +553,10 @@ pub struct CustomCall {
 }
 
 impl CustomCall {
-    /// A call to `target` with default attributes.
-    pub fn new(target: impl Into<String>) -> Self {
+    /// A call to `call_target_name` with default attributes.
+    pub fn new(call_target_name: impl Into<String>) -> Self {
         CustomCall {
-            target: target.into(),
+            call_target_name: call_target_name.into(),
             ..CustomCall::default()
         }
     }

@@ -537,7 +537,7 @@ fn custom_call_attrs(c: &CustomCall, num_results: usize) -> Vec<String> {
     if !c.backend_config.is_empty() {
         v.push(format!("backend_config = {}", quote(&c.backend_config)));
     }
-    v.push(format!("call_target_name = {}", quote(&c.target)));
+    v.push(format!("call_target_name = {}", quote(&c.call_target_name)));
     if c.has_side_effect {
         v.push("has_side_effect = true".to_string());
     }

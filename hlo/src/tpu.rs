@@ -292,7 +292,7 @@ fn kernel_name(op: &Op) -> Option<String> {
     let OpKind::CustomCall(c) = &op.kind else {
         return None;
     };
-    if c.target != TPU_CUSTOM_CALL {
+    if c.call_target_name != TPU_CUSTOM_CALL {
         return None;
     }
     let (_, quoted) = c.extra_attrs.iter().find(|(n, _)| n == "kernel_name")?;

@@ -3,16 +3,16 @@
 use tessera_dsl::{KernelLowering, Lowering};
 use tessera_runtime::Platform;
 
-/// The target the kernels of a program that runs on `platform` are built for, starting from
-/// `target`: on TPU, Mosaic `tpu_custom_call`s (the program `tessera compile` compiles for a
-/// topology; [`Lowering::tpu`] unless `target` already lowers to Mosaic), elsewhere inline
-/// StableHLO (`target` itself, or its rules with inline lowering when it asked for Mosaic:
+/// The lowering the kernels of a program that runs on `platform` are built for, starting from
+/// `lowering`: on TPU, Mosaic `tpu_custom_call`s (the program `tessera compile` compiles for a
+/// topology; [`Lowering::tpu`] unless `lowering` already lowers to Mosaic), elsewhere inline
+/// StableHLO (`lowering` itself, or its rules with inline lowering when it asked for Mosaic:
 /// the XLA CPU and GPU compilers do not know the custom call).
-pub fn kernel_lowering(platform: Platform, target: &Lowering) -> Lowering {
-    match (platform.takes_mosaic_kernels(), target.kernels) {
-        (true, KernelLowering::Mosaic) | (false, KernelLowering::Inline) => target.clone(),
+pub fn kernel_lowering(platform: Platform, lowering: &Lowering) -> Lowering {
+    match (platform.takes_mosaic_kernels(), lowering.kernels) {
+        (true, KernelLowering::Mosaic) | (false, KernelLowering::Inline) => lowering.clone(),
         (true, KernelLowering::Inline) => Lowering::tpu(),
-        (false, KernelLowering::Mosaic) => Lowering::inline(target.rules.clone()),
+        (false, KernelLowering::Mosaic) => Lowering::inline(lowering.rules.clone()),
     }
 }
 

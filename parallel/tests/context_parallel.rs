@@ -44,7 +44,7 @@ fn config(
         strategy,
         devices,
         load_balance: false,
-        target: Lowering::portable(),
+        lowering: Lowering::portable(),
     }
 }
 
@@ -338,7 +338,7 @@ fn ulysses_holds_one_over_u_of_all_gathers_kv() {
             strategy,
             devices: 16,
             load_balance: false,
-            target: Lowering::portable(),
+            lowering: Lowering::portable(),
         };
         cp.stats().unwrap()
     };
@@ -391,7 +391,7 @@ fn load_balancing_evens_out_causal_work() {
         // two halves of the sequence, and reduce-scatters their dK/dV apart).
         let plain_cp = ContextParallel {
             load_balance: false,
-            target: Lowering::portable(),
+            lowering: Lowering::portable(),
             ..cp.clone()
         };
         let per_chunk = 2;

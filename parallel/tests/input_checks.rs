@@ -30,7 +30,7 @@ fn config(strategy: Strategy, d: Dims) -> ContextParallel {
         strategy,
         devices: 2,
         load_balance: false,
-        target: Lowering::portable(),
+        lowering: Lowering::portable(),
     }
 }
 

@@ -40,7 +40,7 @@ fn config(strategy: Strategy, devices: usize, batch: usize, seq: usize) -> Conte
         strategy,
         devices,
         load_balance: false,
-        target: Lowering::portable(),
+        lowering: Lowering::portable(),
     }
 }
 

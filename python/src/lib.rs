@@ -264,16 +264,16 @@ impl PyKernel {
         if let Some(refusal) = &self.tpu_refusal {
             return Err(error(refusal));
         }
-        let mut target = Lowering::tpu();
+        let mut lowering = Lowering::tpu();
         if let Some(bytes) = vmem_limit_bytes {
-            target.rules = target.rules.with_vmem_limit(bytes);
+            lowering.rules = lowering.rules.with_vmem_limit(bytes);
         }
         let call = py
             .detach(|| {
                 let kernel = self
                     .def
-                    .instantiate_on(&self.specs, &self.mesh, &target.rules)?;
-                target.mosaic_call(&kernel, self.active_steps, &[])
+                    .instantiate_on(&self.specs, &self.mesh, &lowering.rules)?;
+                lowering.mosaic_call(&kernel, self.active_steps, &[])
             })
             .map_err(error)?;
         let d = PyDict::new(py);

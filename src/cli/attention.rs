@@ -323,7 +323,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
             strategy,
             devices,
             load_balance: a.load_balance,
-            target: kernel_lowering(platform, &Lowering::portable()),
+            lowering: kernel_lowering(platform, &Lowering::portable()),
         };
         cp.validate().map_err(|e| anyhow!(e.describe(&FLAGS)))?;
         let x = CpInputs {

@@ -142,7 +142,7 @@ pub fn bench_command(a: &CpBenchArgs) -> Result<()> {
             strategy,
             devices: a.devices,
             load_balance,
-            target: Lowering::portable(),
+            lowering: Lowering::portable(),
         };
         cp.validate().map_err(|e| anyhow!(e.describe(&Flags)))?;
         let start = Instant::now();

@@ -282,7 +282,7 @@ fn print_summary(program: &Module, r: &CompileReport) {
     outln!();
 }
 
-fn attention_program(a: &CompileAttentionArgs, target: &Lowering) -> Result<Module> {
+fn attention_program(a: &CompileAttentionArgs, lowering: &Lowering) -> Result<Module> {
     let dims = Dims {
         batch: a.batch,
         heads: a.heads,
@@ -324,7 +324,7 @@ fn attention_program(a: &CompileAttentionArgs, target: &Lowering) -> Result<Modu
         ..SplashOptions::default()
     };
     let Some(strategy) = strategy else {
-        let attn = SplashAttention::new(mask, dims, dtype, blocks, options, target.clone())?;
+        let attn = SplashAttention::new(mask, dims, dtype, blocks, options, lowering.clone())?;
         let pass = match a.pass {
             PassArg::Forward => Pass::Forward,
             PassArg::Backward => Pass::Backward,
@@ -341,7 +341,7 @@ fn attention_program(a: &CompileAttentionArgs, target: &Lowering) -> Result<Modu
         strategy,
         devices,
         load_balance: a.load_balance,
-        target: target.clone(),
+        lowering: lowering.clone(),
     };
     cp.validate()
         .map_err(|e| anyhow!(e.describe(&AttentionFlags { compile: true })))?;
@@ -359,7 +359,7 @@ fn kernel_program(
     name: &str,
     params: &[(String, String)],
     args: &[ArgSpec],
-    target: &Lowering,
+    lowering: &Lowering,
 ) -> Result<Module> {
     let instance = registry::find(name)?.instance(params)?;
     let args = if args.is_empty() {
@@ -367,24 +367,24 @@ fn kernel_program(
     } else {
         args
     };
-    kernel_module(instance.def(), args, instance.mesh(), target)
+    kernel_module(instance.def(), args, instance.mesh(), lowering)
 }
 
 /// `def` instantiated for `args` on the device mesh `mesh` (empty: one device) under
-/// `target`'s rules, alone in a program: the program `--backend tpu` runs the kernel as
+/// `lowering`'s rules, alone in a program: the program `--backend tpu` runs the kernel as
 /// (`tessera::backend::kernel_program`), or for a kernel on a mesh one partition per device,
 /// each applying the kernel to its own arguments (`tessera::backend::kernel_spmd_program`).
 pub(super) fn kernel_module(
     def: &tessera::dsl::KernelDef,
     args: &[ArgSpec],
     mesh: &[tessera::dsl::DeviceAxis],
-    target: &Lowering,
+    lowering: &Lowering,
 ) -> Result<Module> {
-    let kernel = def.instantiate_on(args, mesh, &target.rules)?;
+    let kernel = def.instantiate_on(args, mesh, &lowering.rules)?;
     Ok(if kernel.num_devices() > 1 {
-        target.lower_module_spmd(&kernel)?
+        lowering.lower_module_spmd(&kernel)?
     } else {
-        target.lower_module(&kernel)?
+        lowering.lower_module(&kernel)?
     })
 }
 

@@ -57,7 +57,7 @@ pub fn train_config(
         .step
         .config_with(model, StepDefaults::MAXTEXT, Some(&mut search))
         .map_err(|e| anyhow!(e))?;
-    cfg.target = kernels.clone();
+    cfg.lowering = kernels.clone();
     let chip = target.chip();
     tessera_train::memory::check_fits(
         &cfg,
@@ -82,7 +82,7 @@ fn auto_blocks(
     kernels: &Lowering,
 ) -> std::result::Result<([usize; 4], String), String> {
     let mut c = cfg.clone();
-    c.target = kernels.clone();
+    c.lowering = kernels.clone();
     c.validate().map_err(|e| flag_error(&e))?;
     let cp = c.context_parallel();
     let local = cp.local_dims();

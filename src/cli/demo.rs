@@ -104,7 +104,7 @@ fn demo_context_parallel() -> Result<bool> {
             strategy,
             devices,
             load_balance: false,
-            target: Lowering::portable(),
+            lowering: Lowering::portable(),
         };
         let start = std::time::Instant::now();
         let x = CpInputs {

@@ -33,9 +33,9 @@
 //!
 //! The example kernels' block sizes are const generics, so a run-time choice dispatches over a
 //! fixed set of sizes ([`BLOCK_SIZES`]). The splash kernels are built as the splash plans
-//! build them: a [`SplashAttention`] configured from the parameters, and the stage of its
-//! forward or backward plan that runs the kernel (so the block-sparsity tables are the real
-//! ones).
+//! build them: a [`SplashAttention`](tessera_splash::SplashAttention) configured from the
+//! parameters, and the stage of its forward or backward plan that runs the kernel (so the
+//! block-sparsity tables are the real ones).
 
 mod xla;
 

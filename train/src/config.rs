@@ -253,7 +253,7 @@ pub struct TrainConfig {
     /// default) or [`Lowering::tpu`] (Mosaic `tpu_custom_call`s, for a TPU topology). The
     /// [`crate::Trainer`] builds for its platform's devices from it
     /// ([`tessera_parallel::kernel_lowering`]: Mosaic on TPU, inline elsewhere).
-    pub target: Lowering,
+    pub lowering: Lowering,
     /// Decoder layers per iteration of the layer loop (1, the default; must divide the
     /// layers). The step computes the same; the loop body holds that many layers, which is
     /// how `tessera compile train` measures what one layer costs in libtpu's cost analysis
@@ -294,7 +294,7 @@ impl TrainConfig {
             adam_eps: 1e-8,
             weight_decay: 0.1,
             gradient_clipping_threshold: 1.0,
-            target: Lowering::portable(),
+            lowering: Lowering::portable(),
             layers_per_iteration: 1,
             collective_matmul: false,
         }
@@ -314,7 +314,7 @@ impl TrainConfig {
 
     /// The attention of every layer as a context-parallel configuration: the batch of one
     /// data shard, the context devices, a causal mask, the strategy, the blocks and the
-    /// target. Its strategy's rules are the step's (validation, local lengths, the mesh).
+    /// lowering. Its strategy's rules are the step's (validation, local lengths, the mesh).
     pub fn context_parallel(&self) -> ContextParallel {
         let m = &self.model;
         ContextParallel {
@@ -334,7 +334,7 @@ impl TrainConfig {
             strategy: self.strategy.clone(),
             devices: self.ici_context_parallelism,
             load_balance: self.load_balance,
-            target: self.target.clone(),
+            lowering: self.lowering.clone(),
         }
     }
 
@@ -520,7 +520,7 @@ impl TrainConfig {
                 context: self.ici_context_parallelism,
             });
         }
-        if self.collective_matmul && self.target.is_tpu() {
+        if self.collective_matmul && self.lowering.is_tpu() {
             // The layers' matrices `[rows, columns]`: each device's rows over fsdp, and the
             // columns, in 128-lane tiles.
             let rows = [

@@ -492,7 +492,7 @@ impl<'a> Model<'a> {
             fsdp: cfg.fsdp(),
             dtype: cfg.dtype,
             layers_per_iteration: cfg.layers_per_iteration,
-            collective_matmul: (cfg.fsdp() && cfg.collective_matmul).then_some(&cfg.target),
+            collective_matmul: (cfg.fsdp() && cfg.collective_matmul).then_some(&cfg.lowering),
         }
     }
 

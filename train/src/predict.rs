@@ -212,7 +212,7 @@ impl StepSetup {
             strategy: self.strategy.clone(),
             devices: self.context,
             load_balance: self.load_balance,
-            target: Lowering::portable(),
+            lowering: Lowering::portable(),
         }
     }
 }

@@ -132,7 +132,7 @@ impl Trainer {
         tensors: Vec<Vec<f32>>,
         step: usize,
     ) -> Result<Self, TrainError> {
-        cfg.target = kernel_lowering(platform, &cfg.target);
+        cfg.lowering = kernel_lowering(platform, &cfg.lowering);
         let (layer, program) = train_step_program(&cfg)?;
         let specs = param_specs(&cfg.model);
         let start = Instant::now();
@@ -405,7 +405,7 @@ fn devices(cfg: &TrainConfig, platform: Platform) -> Result<Client, TrainError> 
 
 /// Validates `cfg` and builds its train step (forward, backward, gradient all-reduce,
 /// AdamW) with its attention layer, without compiling it: its kernels lowered for
-/// `cfg.target` (portable StableHLO by default; [`Lowering::tpu`](tessera_dsl::Lowering::tpu), as
+/// `cfg.lowering` (portable StableHLO by default; [`Lowering::tpu`](tessera_dsl::Lowering::tpu), as
 /// [`Trainer`] builds it for TPU devices and `tessera compile train` for a TPU topology).
 pub fn train_step_program(
     cfg: &TrainConfig,

@@ -243,7 +243,7 @@ pub(super) fn op_vjp(
         OpKind::CustomCall(c) => {
             return Err(no_rule(
                 op,
-                &format!("the target `{}` is opaque to autodiff", c.target),
+                &format!("the target `{}` is opaque to autodiff", c.call_target_name),
             ))
         }
     };

@@ -559,7 +559,7 @@ impl FuncBuilder<'_> {
         Ok(self.emit(kind, args.to_vec(), results, vec![]))
     }
 
-    /// `stablehlo.custom_call` to `spec.target` with the given result types. Layouts, when
+    /// `stablehlo.custom_call` to `spec.call_target_name` with the given result types. Layouts, when
     /// given, are minor-to-major permutations, one per operand / result.
     pub fn custom_call(
         &mut self,
@@ -568,7 +568,7 @@ impl FuncBuilder<'_> {
         result_types: &[TensorType],
     ) -> Result<Vec<Value>, HloError> {
         const OP: &str = "stablehlo.custom_call";
-        if spec.target.is_empty() {
+        if spec.call_target_name.is_empty() {
             return Err(HloError::attr(OP, "call_target_name", "must not be empty"));
         }
         if spec.sharding.is_some() && !self.module.mesh().is_empty() {

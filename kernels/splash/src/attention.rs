@@ -330,13 +330,13 @@ pub enum StageArg {
 }
 
 /// One kernel launch: the kernel, its arguments (scalar prefetch then inputs), the tensors
-/// its outputs become, and the target it is instantiated and lowered for.
+/// its outputs become, and the lowering it is instantiated and lowered for.
 #[derive(Debug, Clone)]
 pub struct Stage {
     pub def: KernelDef,
     pub args: Vec<StageArg>,
     pub outputs: Vec<Tensor>,
-    pub target: Lowering,
+    pub lowering: Lowering,
     /// The grid steps that do work, where the mask says (the blocks it computes; a skipped
     /// block's step does nothing): the Mosaic call's cost estimate counts these.
     pub active_steps: Option<u64>,
@@ -388,7 +388,7 @@ pub struct SplashAttention {
     block_sizes: BlockSizes,
     options: SplashOptions,
     scale: f32,
-    target: Lowering,
+    lowering: Lowering,
     fwd_info: MaskInfo,
     dq_info: Option<MaskInfo>,
     dkv_info: MaskInfo,
@@ -396,7 +396,7 @@ pub struct SplashAttention {
 
 impl SplashAttention {
     /// Validates everything and builds the forward, dQ and dK/dV tables. `dtype` is the
-    /// element type of q, k, v (f32 or bf16); `target` the hardware rules the kernels are
+    /// element type of q, k, v (f32 or bf16); `lowering` the hardware rules the kernels are
     /// checked against (`KernelRules::tpu()` keeps them valid for TPU; kernels lowered
     /// inline) or a whole [`Lowering`] (`Lowering::tpu()`: kernels become Mosaic custom calls).
     pub fn new(
@@ -405,11 +405,11 @@ impl SplashAttention {
         dtype: DType,
         block_sizes: BlockSizes,
         options: SplashOptions,
-        target: impl Into<Lowering>,
+        lowering: impl Into<Lowering>,
     ) -> Result<Self, SplashError> {
         let mask = mask.into();
-        let target = target.into();
-        let rules = &target.rules;
+        let lowering = lowering.into();
+        let rules = &lowering.rules;
         if !matches!(dtype, DType::F32 | DType::BF16) {
             return Err(SplashError::Shape(InputError::UnsupportedDtype { dtype }));
         }
@@ -467,7 +467,7 @@ impl SplashAttention {
             // dQ walks key blocks per query block; as Mosaic calls it computes
             // keys-by-queries tiles (`splash_dq`).
             let dq = info(b.block_q_dq, b.block_kv_dq, Major::Q, true)?;
-            Some(if target.is_tpu() {
+            Some(if lowering.is_tpu() {
                 dq.with_keys_by_queries_tiles()
             } else {
                 dq
@@ -486,7 +486,7 @@ impl SplashAttention {
             block_sizes,
             options,
             scale,
-            target,
+            lowering,
             fwd_info,
             dq_info,
             dkv_info,
@@ -519,12 +519,12 @@ impl SplashAttention {
     }
 
     pub fn rules(&self) -> &KernelRules {
-        &self.target.rules
+        &self.lowering.rules
     }
 
-    /// The target the kernels are checked against and lowered for.
-    pub fn target(&self) -> &Lowering {
-        &self.target
+    /// The lowering the kernels are checked against and lowered for.
+    pub fn lowering(&self) -> &Lowering {
+        &self.lowering
     }
 
     /// The forward kernel's tables.
@@ -585,7 +585,7 @@ impl SplashAttention {
     /// wide, else 1 (the StableHLO lowering keeps its cheaper `[bq, 1]` columns).
     fn lanes(&self, bkv_compute: usize) -> usize {
         let tiles = bkv_compute % NUM_LANES == 0 && self.dims.head_dim_v % NUM_LANES == 0;
-        if self.target.is_tpu() && tiles {
+        if self.lowering.is_tpu() && tiles {
             NUM_LANES
         } else {
             1
@@ -658,7 +658,7 @@ impl SplashAttention {
             def,
             args,
             outputs: vec![Tensor::Out, Tensor::Lse],
-            target: self.target.clone(),
+            lowering: self.lowering.clone(),
             active_steps: Some(self.computed_steps(info)),
         }]
     }
@@ -671,7 +671,7 @@ impl SplashAttention {
             // Its `lse` and `di` blocks are rows: queries on lanes.
             bq: default_block(self.dims.q_len),
             sinks: f.sinks,
-            rows_on_mxu: self.target.is_tpu(),
+            rows_on_mxu: self.lowering.is_tpu(),
         };
         let prep_def = with_float_type!(self.dtype, T => splash_bwd_prep::<T>(prep));
         let mut stages = vec![Stage {
@@ -683,7 +683,7 @@ impl SplashAttention {
                 StageArg::Tensor(Tensor::Lse),
             ],
             outputs: vec![Tensor::Di, Tensor::DSinks],
-            target: self.target.clone(),
+            lowering: self.lowering.clone(),
             active_steps: None,
         }];
         let residuals = [Tensor::Lse, Tensor::DOut, Tensor::Di].map(StageArg::Tensor);
@@ -704,7 +704,7 @@ impl SplashAttention {
                 def,
                 args,
                 outputs: vec![Tensor::DqPartial, Tensor::Dk, Tensor::Dv],
-                target: self.target.clone(),
+                lowering: self.lowering.clone(),
                 active_steps: Some(self.computed_steps(info)),
             });
             let bq = default_block(self.dims.q_len);
@@ -713,7 +713,7 @@ impl SplashAttention {
                 def,
                 args: vec![StageArg::Tensor(Tensor::DqPartial)],
                 outputs: vec![Tensor::Dq],
-                target: self.target.clone(),
+                lowering: self.lowering.clone(),
                 active_steps: None,
             });
         } else {
@@ -722,7 +722,7 @@ impl SplashAttention {
                 def,
                 args,
                 outputs: vec![Tensor::Dk, Tensor::Dv],
-                target: self.target.clone(),
+                lowering: self.lowering.clone(),
                 active_steps: Some(self.computed_steps(info)),
             });
             let info = self
@@ -741,7 +741,7 @@ impl SplashAttention {
                 def,
                 args,
                 outputs: vec![Tensor::Dq],
-                target: self.target.clone(),
+                lowering: self.lowering.clone(),
                 active_steps: Some(self.computed_steps(info)),
             });
         }

@@ -22,7 +22,7 @@ use crate::mask::{Mask, PositionOps};
 
 type Result<T, E = SplashError> = std::result::Result<T, E>;
 
-/// Lowers `stages` into the function `f` is building, each kernel for its stage's target
+/// Lowers `stages` into the function `f` is building, each kernel for its stage's lowering
 /// (inline StableHLO loops, or a Mosaic `tpu_custom_call` for
 /// [`Lowering::tpu`](tessera_dsl::Lowering::tpu)). `env` holds
 /// the program values of the tensors the stages read (inputs) and receives those they
@@ -71,7 +71,7 @@ pub fn lower_stages_on_shard(
             let shape: Vec<usize> = ty.dims.iter().map(|&d| d as usize).collect();
             specs.push(ArgSpec::new(ty.dtype, shape));
         }
-        let kernel = stage.def.instantiate(&specs, &stage.target.rules)?;
+        let kernel = stage.def.instantiate(&specs, &stage.lowering.rules)?;
         // The tables are host arrays: a Mosaic call's schedule counts the blocks they run.
         let known: Vec<ArgValues<'_>> = stage
             .args
@@ -82,9 +82,10 @@ pub fn lower_stages_on_shard(
                 StageArg::Tensor(_) => ArgValues::Unknown,
             })
             .collect();
-        let outs = stage
-            .target
-            .lower_into_known(&kernel, f, &args, stage.active_steps, &known)?;
+        let outs =
+            stage
+                .lowering
+                .lower_into_known(&kernel, f, &args, stage.active_steps, &known)?;
         env.extend(stage.outputs.iter().copied().zip(outs));
     }
     Ok(())
@@ -258,7 +259,7 @@ fn tensor_type(dtype: DType, shape: &[usize]) -> hlo::TensorType {
 }
 
 /// Splash attention (no sinks) as one StableHLO program over its kernels, each lowered for
-/// the attention's target. Arguments: `q, k, v`, then with `features.segmented` the query
+/// the attention's lowering. Arguments: `q, k, v`, then with `features.segmented` the query
 /// and key segment ids `[B, Sq]`, `[B, Skv]` int32, then for [`Pass::Backward`]
 /// `out, lse [B, H, Sq], dout` and for [`Pass::ForwardBackward`] `dout`.
 pub fn splash_program(attn: &SplashAttention, pass: Pass, features: Features) -> Result<Module> {

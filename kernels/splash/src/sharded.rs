@@ -34,10 +34,10 @@ impl ShardedSplash {
         dtype: DType,
         block_sizes: BlockSizes,
         options: SplashOptions,
-        target: impl Into<Lowering>,
+        lowering: impl Into<Lowering>,
         offsets: &[SeqOffsets],
     ) -> Result<Self, SplashError> {
-        let target = target.into();
+        let lowering = lowering.into();
         if offsets.is_empty() {
             return Err(SplashError::Options(OptionsError::NoShards));
         }
@@ -58,7 +58,7 @@ impl ShardedSplash {
                     dtype,
                     block_sizes,
                     options,
-                    target.clone(),
+                    lowering.clone(),
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -37,7 +37,7 @@ pub struct ContextParallel {
     /// What the kernels are lowered for: [`Lowering::portable`] (inline StableHLO, runs on the
     /// CPU plugin) or [`Lowering::tpu`] (Mosaic custom calls inside the manual-sharded program,
     /// compile-only for a TPU topology).
-    pub target: Lowering,
+    pub lowering: Lowering,
 }
 
 /// The natural chunk that part `part` of shard `shard` holds, of `ring` shards: with one
@@ -254,7 +254,7 @@ impl ContextParallel {
             .collect()
     }
 
-    /// One splash attention per shard at `offsets[shard]` (local dims), for the target.
+    /// One splash attention per shard at `offsets[shard]` (local dims), for the lowering.
     pub(crate) fn sharded_splash(&self, offsets: &[SeqOffsets]) -> Result<ShardedSplash, CpError> {
         Ok(ShardedSplash::new(
             self.mask.clone(),
@@ -262,7 +262,7 @@ impl ContextParallel {
             self.dtype,
             self.block_sizes,
             self.options,
-            self.target.clone(),
+            self.lowering.clone(),
             offsets,
         )?)
     }

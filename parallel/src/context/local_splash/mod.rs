@@ -54,7 +54,7 @@
 //!     strategy: Ulysses.into(),
 //!     devices: 2,
 //!     load_balance: false,
-//!     target: Lowering::portable(),
+//!     lowering: Lowering::portable(),
 //! };
 //! let attention = UlyssesAttention::<Context>::new(&cp)?;
 //! let mesh = Mesh::<ContextMesh>::new([2])?;

@@ -97,7 +97,7 @@ impl HalvesCalls {
                 cp.dtype,
                 cp.block_sizes,
                 cp.options,
-                cp.target.clone(),
+                cp.lowering.clone(),
                 &offsets,
             )
         };

@@ -26,6 +26,6 @@ pub fn config(strategy: impl Into<Strategy>) -> ContextParallel {
         strategy: strategy.into(),
         devices: 2,
         load_balance: false,
-        target: Lowering::portable(),
+        lowering: Lowering::portable(),
     }
 }
