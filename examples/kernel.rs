@@ -39,7 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .zip(b.to_f64_vec())
         .map(|(&a, b)| a / (1.0 + (-a).exp()) * b)
         .collect();
-    for backend in [Backend::Interpret, Backend::Cpu] {
+    for backend in [Backend::Interpret, Backend::CPU] {
         let out = backend::run(&def, &[a.clone(), b.clone()], backend, &KernelRules::tpu())?;
         let err = out[0]
             .to_f64_vec()

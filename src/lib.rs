@@ -6,6 +6,8 @@
 //! [`prelude`]. The `tessera` command-line tool is the crate's binary (the default `cli`
 //! feature); the library itself has no CLI dependencies.
 
+pub use tessera_backend as backend;
+pub use tessera_backend::test_device;
 pub use tessera_collectives as collectives;
 pub use tessera_dsl as dsl;
 pub use tessera_hlo as hlo;
@@ -13,7 +15,6 @@ pub use tessera_parallel as parallel;
 pub use tessera_runtime as runtime;
 pub use tessera_splash as splash;
 
-pub mod backend;
 pub mod kernels;
 pub mod npy;
 pub mod reference;

@@ -342,7 +342,7 @@ impl TpuTopology {
                 devices,
             });
         }
-        let options = compile_options(module)?;
+        let options = tessera_backend::tpu_compile_options(module)?;
         let start = Instant::now();
         let compiled =
             match topology.compile_with_dumps(&module.to_mlir(), &options, &cost::is_cost_file) {
@@ -367,16 +367,6 @@ impl TpuTopology {
         }
         Ok(report)
     }
-}
-
-/// The options a program compiles with for TPU, for a topology or for chips
-/// ([`crate::backend::run_program`]): its partitions, manually sharded; Shardy's partitioner
-/// for a program with a mesh (Shardy's form, `sdy.manual_computation`).
-pub fn compile_options(module: &Module) -> Result<CompileOptions, RuntimeError> {
-    Ok(
-        CompileOptions::manual_partitions(module.num_partitions() as usize)?
-            .with_shardy(!module.mesh().is_empty()),
-    )
 }
 
 fn report(

@@ -70,7 +70,7 @@ fn reference(x: &HostArray) -> Vec<f64> {
 fn an_aliased_output_keeps_the_inputs_values_where_the_grid_does_not_store() {
     let args = args();
     let want = reference(&args[1]);
-    for b in Backend::ALL {
+    for b in Backend::everywhere() {
         let out = backend::run(&update_listed_blocks(), &args, b, &KernelRules::tpu())
             .unwrap_or_else(|e| panic!("{}: {e}", b.name()));
         common::assert_close(&out[0].to_f64_vec(), &want, 1e-6, b.name());

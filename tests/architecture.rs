@@ -23,10 +23,26 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
         "dsl",
         &["tessera-array", "tessera-hlo", "tessera-macros"],
     ),
+    // Where a kernel runs (the interpreter or a PJRT platform): below every kernel family.
+    (
+        "tessera-backend",
+        "backend",
+        &[
+            "tessera-array",
+            "tessera-dsl",
+            "tessera-hlo",
+            "tessera-runtime",
+        ],
+    ),
     (
         "tessera-splash",
         "kernels/splash",
-        &["tessera-array", "tessera-dsl", "tessera-hlo"],
+        &[
+            "tessera-array",
+            "tessera-dsl",
+            "tessera-hlo",
+            "tessera-backend",
+        ],
     ),
     (
         "tessera-collectives",
@@ -44,6 +60,7 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
             "tessera-array",
             "tessera-dsl",
             "tessera-hlo",
+            "tessera-backend",
             "tessera-splash",
             "tessera-collectives",
             "tessera-runtime",

@@ -5,10 +5,11 @@ use std::process::Command;
 
 use npyz::WriterBuilder;
 
+use tessera::backend::Backend;
 use tessera::dsl::{DType, HostArray, KernelRules};
 use tessera::npy::{read_npy, write_npy};
 use tessera::reference::random;
-use tessera::splash::{BlockSizes, Dims, Inputs, Interpreter, Mask, SplashAttention};
+use tessera::splash::{BlockSizes, Dims, Inputs, Mask, SplashAttention};
 
 #[test]
 fn bf16_attention_from_float32_and_from_bits() {
@@ -31,7 +32,7 @@ fn bf16_attention_from_float32_and_from_bits() {
     )
     .unwrap();
     let x = Inputs::new(&bf16s[0], &bf16s[1], &bf16s[2]);
-    let expected = attn.forward(&Interpreter, &x).unwrap();
+    let expected = attn.forward(&Backend::Interpret, &x).unwrap();
     let expected_out: Vec<f64> = expected.out.to_f64_vec();
 
     for (kind, arrays) in [("f32", &f32s), ("bits", &bf16s)] {

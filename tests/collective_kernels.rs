@@ -50,7 +50,7 @@ fn all_gather_over_four_devices_matches_its_reference_on_every_backend() {
         .collect();
     let shards: Vec<HostArray> = per_device.iter().map(|a| a[0].clone()).collect();
     let want = all_gather_reference(&shards);
-    for b in Backend::ALL {
+    for b in Backend::everywhere() {
         let out = backend::run_on_devices(
             &all_gather::<RingMesh, Context>(),
             &ring_mesh(N),
@@ -71,7 +71,7 @@ fn all_gather_matmul_over_four_devices_matches_its_reference_on_every_backend() 
         let per_device = matmul_inputs(dtype);
         let shards: Vec<HostArray> = per_device.iter().map(|a| a[1].clone()).collect();
         let tol = if dtype == DType::BF16 { 0.25 } else { 1e-3 };
-        for b in Backend::ALL {
+        for b in Backend::everywhere() {
             let out = backend::run_on_devices(
                 &matmul_def(dtype),
                 &ring_mesh(N),

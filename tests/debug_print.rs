@@ -137,7 +137,7 @@ fn the_stablehlo_path_runs_the_kernel_without_prints_or_checks() {
         let out = backend::run(
             &doubled_with_prints(),
             &args,
-            Backend::Cpu,
+            Backend::CPU,
             &KernelRules::tpu(),
         )
         .unwrap_or_else(|e| panic!("{e}"));

@@ -135,3 +135,23 @@ fn tpu_programs_compile_for_a_topology() {
         ["splash_fwd", "splash_bwd_prep", "splash_dkv", "splash_dq"]
     );
 }
+
+/// The one line a run without GPU and TPU tests prints about them (`test_device!`).
+#[cfg(not(all(feature = "gpu-tests", feature = "tpu-tests")))]
+#[test]
+#[cfg_attr(
+    all(not(feature = "gpu-tests"), not(feature = "tpu-tests")),
+    ignore = "gpu and tpu device tests not compiled: run `cargo test --features \
+              gpu-tests,tpu-tests` where the devices are"
+)]
+#[cfg_attr(
+    all(feature = "gpu-tests", not(feature = "tpu-tests")),
+    ignore = "tpu device tests not compiled: run `cargo test --features tpu-tests` on a \
+              TPU VM"
+)]
+#[cfg_attr(
+    all(not(feature = "gpu-tests"), feature = "tpu-tests"),
+    ignore = "gpu device tests not compiled: run `cargo test --features gpu-tests` where \
+              a GPU is"
+)]
+fn gpu_and_tpu_device_tests() {}

@@ -174,7 +174,7 @@ fn landing_points_and_interleavings_do_not_change_the_results() {
 #[test]
 fn every_kernel_matches_its_reference_on_every_backend() {
     for case in cases() {
-        for b in Backend::ALL {
+        for b in Backend::everywhere() {
             let outs = backend::run_on_devices(
                 &case.def,
                 &case.mesh,

@@ -57,7 +57,7 @@ fn registered_kernels_on_interpret() {
 
 #[test]
 fn registered_kernels_on_cpu() {
-    registered_kernels_on(Backend::Cpu);
+    registered_kernels_on(Backend::CPU);
 }
 
 /// XLA's own programs that `tessera bench kernels` times beside the kernels compute what the

@@ -24,7 +24,7 @@ fn gather_tiles_matches_its_reference_on_every_backend() {
     let order = vec![9, 0, 15, 15, 4, 2, 11];
     let tiles = HostArray::i32([order.len()], order.clone()).unwrap();
     let want = gather_tiles_reference(&order, &x);
-    for b in Backend::ALL {
+    for b in Backend::everywhere() {
         let out = backend::run(
             &gather_tiles(),
             &[tiles.clone(), x.clone()],
@@ -42,7 +42,7 @@ fn ring_shift_over_four_devices_matches_its_reference_on_every_backend() {
     let per_device: Vec<Vec<HostArray>> = (0..4).map(|d| vec![array(8, 128, d)]).collect();
     let inputs: Vec<HostArray> = per_device.iter().map(|a| a[0].clone()).collect();
     let want = ring_shift_reference(&inputs);
-    for b in Backend::ALL {
+    for b in Backend::everywhere() {
         let out = backend::run_on_devices(
             &ring_shift(),
             &ring_mesh(4),
@@ -107,7 +107,7 @@ fn ring_all_gather_over_four_devices_matches_its_reference_on_every_backend() {
     let per_device: Vec<Vec<HostArray>> = (0..4).map(|d| vec![array(8, 128, d)]).collect();
     let shards: Vec<HostArray> = per_device.iter().map(|a| a[0].clone()).collect();
     let want = ring_all_gather_reference(&shards);
-    for b in Backend::ALL {
+    for b in Backend::everywhere() {
         let out = backend::run_on_devices(
             &ring_all_gather(),
             &ring_mesh(4),

@@ -9,12 +9,13 @@ use std::collections::HashMap;
 
 mod illegal_kernels;
 
+use tessera::backend::Backend;
 use tessera::dsl::mosaic;
 use tessera::dsl::{ArgSpec, DType, HostArray, Kernel, KernelDef, KernelRules, Lowering};
 use tessera::runtime::{CompileOptions, Plugin, Topology};
 use tessera::splash::{
-    BlockSizes, Dims, Executor, Inputs, Interpreter, Mask, SegmentIds, SplashAttention,
-    SplashError, SplashOptions,
+    BlockSizes, Dims, Executor, Inputs, Mask, SegmentIds, SplashAttention, SplashError,
+    SplashOptions,
 };
 
 /// A StableHLO module whose `main` is the kernel as one `tpu_custom_call`, built by the
@@ -127,7 +128,7 @@ impl Executor for CompileEach<'_> {
                 Err(e) => self.failures.borrow_mut().push(format!("{name}: {e}")),
             }
         }
-        Interpreter.run(def, args, rules)
+        Backend::Interpret.run(def, args, rules)
     }
 }
 

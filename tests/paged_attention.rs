@@ -75,7 +75,7 @@ fn paged_attention_matches_its_reference_on_every_backend() {
         let args = inputs(&c);
         let want = paged_attention_reference(&args[0], &args[1], &args[2], &c.lengths, &args[4]);
         let tol = if c.dtype == DType::BF16 { 2e-2 } else { 1e-5 };
-        for b in Backend::ALL {
+        for b in Backend::everywhere() {
             let out = backend::run(&def(c.dtype), &args, b, &KernelRules::tpu())
                 .unwrap_or_else(|e| panic!("{b}: {e}"));
             let err = max_error(&out[0], &want);

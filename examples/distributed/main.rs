@@ -80,7 +80,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ];
     let mut worst: f64 = 0.0;
     for (name, def, per_device, want) in &cases {
-        for backend in Backend::ALL {
+        for backend in Backend::everywhere() {
             let err = on_ring(def, per_device, want, backend)?;
             println!(
                 "{name:<20} {N} devices  {:<10} max error {err:.3e}",
@@ -95,7 +95,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let x = HostArray::random(DType::F32, [64, 256], 99);
     let want = double_buffered_sum_reference(&x);
-    for backend in Backend::ALL {
+    for backend in Backend::everywhere() {
         let out = backend::run(
             &double_buffered_sum(),
             std::slice::from_ref(&x),

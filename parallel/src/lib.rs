@@ -19,7 +19,6 @@
 
 pub mod collective_kernels;
 pub mod context;
-mod platform;
 
 pub use context::layer::AttentionLayer;
 pub use context::{
@@ -28,4 +27,4 @@ pub use context::{
     Quantity, RingAxis, Strategy, StrategyName, Term, TermKind, TokenLayout,
 };
 pub use context::{local_splash, strategy};
-pub use platform::kernel_lowering;
+pub use tessera_backend::kernel_lowering;

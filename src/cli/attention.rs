@@ -306,7 +306,7 @@ pub fn attention_command(a: &AttentionArgs) -> Result<()> {
         ..SplashOptions::default()
     };
     if let Some(strategy) = strategy {
-        let Some(platform) = a.backend.unwrap_or(Backend::Cpu).platform() else {
+        let Some(platform) = a.backend.unwrap_or(Backend::CPU).platform() else {
             bail!(
                 "--strategy runs one SPMD program on a platform's devices, and the interpreter \
                  runs kernels alone; use --backend cpu, gpu or tpu"

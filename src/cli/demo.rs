@@ -15,7 +15,7 @@ fn demo_case(info: &'static KernelInfo, case: &Case) -> Result<bool> {
     let inputs = instance.inputs(1)?;
     let devices = instance.devices();
     let mut all_ok = true;
-    for b in Backend::ALL {
+    for b in Backend::everywhere() {
         // The first run instantiates (and on `cpu` compiles) the kernel; time the second.
         instance
             .run(&inputs, b, &KernelRules::tpu())
@@ -90,8 +90,8 @@ fn demo_context_parallel() -> Result<bool> {
         KernelRules::tpu(),
     )?;
     let x = Inputs::new(&q, &k, &v);
-    let fwd = single.forward(&Backend::Cpu, &x)?;
-    let grads = single.backward(&Backend::Cpu, &x, &fwd, &dout)?;
+    let fwd = single.forward(&Backend::CPU, &x)?;
+    let grads = single.backward(&Backend::CPU, &x, &fwd, &dout)?;
     let want = [&fwd.out, &fwd.lse, &grads.dq, &grads.dk, &grads.dv];
     let mut all_ok = true;
     for strategy in Strategy::listed(devices) {

@@ -20,7 +20,7 @@ pub type Case = (&'static str, KernelDef, Vec<HostArray>, Vec<f64>);
 pub fn cases_on_every_backend(cases: Vec<Case>, tol: f64) {
     use tessera::backend::{run, Backend};
     for (name, def, args, want) in cases {
-        for backend in Backend::ALL {
+        for backend in Backend::everywhere() {
             let out = run(&def, &args, backend, &KernelRules::tpu())
                 .unwrap_or_else(|e| panic!("{name} on {backend}: {e}"));
             assert_close(

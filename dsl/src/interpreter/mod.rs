@@ -22,10 +22,10 @@
 //! - copies are asynchronous and several devices run interleaved; races, deadlocks and
 //!   semaphores left non-zero are errors naming the lines involved ([`dma`] says how).
 //!
-//! [`run`] and [`run_on_devices`] take a kernel definition: they instantiate it, then run it.
-//! They live above both this module and instantiation (`interpret_def.rs`; instantiation runs
-//! `check_coverage` here, which evaluates index maps with the interpreter) and are
-//! re-exported here.
+//! `run` and `run_on_devices`, which take a kernel definition (instantiate it, then run it),
+//! live in the public facade `interpret.rs`, above both this module and instantiation
+//! (instantiation runs `check_coverage` here, which evaluates index maps with the
+//! interpreter).
 
 pub mod dma;
 mod memory;

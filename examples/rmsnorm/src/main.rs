@@ -14,7 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let x = HostArray::random(DType::F32, [rows, cols], 1);
     let weight = HostArray::random(DType::F32, [1, cols], 2);
     let want = rms_norm_ref(&x.to_f64_vec(), Some(&weight.to_f64_vec()), rows, cols);
-    for backend in [Backend::Interpret, Backend::Cpu] {
+    for backend in [Backend::Interpret, Backend::CPU] {
         let inputs = [x.clone(), weight.clone()];
         let out = run(&rms_norm::<f32, 8>(), &inputs, backend, &KernelRules::tpu())?;
         let (err, _) = max_abs_diff(&out[0].to_f64_vec(), &want);

@@ -22,7 +22,7 @@ fn check(def: KernelDef, dtype: DType, with_weight: bool, tol: f64) {
         (def.without("weight").unwrap(), vec![x.clone()], None)
     };
     let want = rms_norm_ref(&x.to_f64_vec(), w.as_deref(), rows, cols);
-    for backend in [Backend::Interpret, Backend::Cpu] {
+    for backend in [Backend::Interpret, Backend::CPU] {
         let out = run(&def, &inputs, backend, &KernelRules::tpu()).unwrap();
         assert_eq!(out[0].dtype(), dtype);
         let (err, at) = max_abs_diff(&out[0].to_f64_vec(), &want);

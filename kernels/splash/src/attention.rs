@@ -1,11 +1,11 @@
 //! The user-facing splash attention: a configured attention (mask, shapes, block sizes,
 //! options) whose forward and backward are plans of kernel stages, run on any
-//! [`Executor`] (the interpreter here; the PJRT CPU backend in the `tessera` facade) or
-//! lowered into a larger StableHLO program.
+//! [`Executor`] (a [`Backend`]: the interpreter or a PJRT platform's devices) or lowered
+//! into a larger StableHLO program.
 
 use std::collections::HashMap;
 
-use tessera_dsl::interpret::{self, InterpretOptions};
+use tessera_backend::{Backend, RunError};
 use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 
 use crate::block_sizes::{default_block, BlockSizes, NUM_LANES};
@@ -349,7 +349,8 @@ pub struct Features {
     pub sinks: bool,
 }
 
-/// Runs one kernel on host arrays (a backend).
+/// Runs one kernel on host arrays: a [`Backend`], or a test's wrapper around one that watches
+/// or perturbs the kernels a plan runs.
 pub trait Executor {
     fn run(
         &self,
@@ -359,22 +360,18 @@ pub trait Executor {
     ) -> Result<Vec<HostArray>, SplashError>;
 }
 
-/// The tessera interpreter as an [`Executor`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Interpreter;
-
-impl Executor for Interpreter {
+/// Splash attention's plans run their kernels on any backend.
+impl Executor for Backend {
     fn run(
         &self,
         def: &KernelDef,
         args: &[HostArray],
         rules: &KernelRules,
     ) -> Result<Vec<HostArray>, SplashError> {
-        let options = InterpretOptions {
-            rules: rules.clone(),
-            ..InterpretOptions::default()
-        };
-        Ok(interpret::run(def, args, &options)?)
+        tessera_backend::run(def, args, *self, rules).map_err(|e| match e {
+            RunError::Kernel(k) => SplashError::Kernel(k),
+            other => SplashError::Backend(Box::new(other)),
+        })
     }
 }
 

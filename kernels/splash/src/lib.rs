@@ -8,8 +8,9 @@
 //! PJRT backend, and (through Mosaic) on TPU.
 //!
 //! ```
+//! use tessera_backend::Backend;
 //! use tessera_dsl::{DType, HostArray, KernelRules};
-//! use tessera_splash::{BlockSizes, Dims, Inputs, Interpreter, Mask, SplashAttention};
+//! use tessera_splash::{BlockSizes, Dims, Inputs, Mask, SplashAttention};
 //!
 //! let dims = Dims { batch: 1, heads: 2, kv_heads: 1, q_len: 256, kv_len: 256,
 //!                   head_dim: 64, head_dim_v: 64 };
@@ -21,7 +22,7 @@
 //! let q = HostArray::zeros(DType::F32, [1, 2, 256, 64]);
 //! let kv = HostArray::zeros(DType::F32, [1, 1, 256, 64]);
 //! let x = Inputs::new(&q, &kv, &kv);
-//! let fwd = attn.forward(&Interpreter, &x)?;
+//! let fwd = attn.forward(&Backend::Interpret, &x)?;
 //! assert_eq!(fwd.lse.shape(), &[1, 2, 256]);
 //! # Ok::<(), tessera_splash::SplashError>(())
 //! ```
@@ -48,8 +49,8 @@ pub mod reference;
 mod sharded;
 
 pub use attention::{
-    reshape, run_plan, stage_specs, Dims, Executor, Features, Forward, Grads, Inputs, Interpreter,
-    SegmentIds, SplashAttention, SplashOptions, Stage, StageArg, Tensor, DEFAULT_MASK_VALUE,
+    reshape, run_plan, stage_specs, Dims, Executor, Features, Forward, Grads, Inputs, SegmentIds,
+    SplashAttention, SplashOptions, Stage, StageArg, Tensor, DEFAULT_MASK_VALUE,
 };
 pub use block_sizes::{
     default_block, default_dq_compute_block, BlockSizes, MAX_DEFAULT_BLOCK, NUM_LANES,

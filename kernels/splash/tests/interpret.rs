@@ -1,11 +1,12 @@
 //! The splash kernels on the interpreter against the f64 reference (`tests/backends.rs` runs
 //! the full matrix on the interpreter and the XLA CPU plugin).
 
+use tessera_backend::Backend;
 use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 use tessera_splash::reference::{self, RefInputs};
 use tessera_splash::{
-    BlockSizes, Dims, Executor, Inputs, Interpreter, Mask, MultiHeadMask, SegmentIds,
-    SplashAttention, SplashError, SplashOptions,
+    BlockSizes, Dims, Executor, Inputs, Mask, MultiHeadMask, SegmentIds, SplashAttention,
+    SplashError, SplashOptions,
 };
 
 fn random(shape: &[usize], seed: u64, scale: f32) -> HostArray {
@@ -76,11 +77,11 @@ fn forward_and_both_backwards_match_the_reference() {
             soft_cap: Some(3.0),
             ..RefInputs::new(dims, (&qf, &kf, &vf), &heads, attn.scale() as f64)
         };
-        let fwd = attn.forward(&Interpreter, &x).unwrap();
+        let fwd = attn.forward(&Backend::Interpret, &x).unwrap();
         let want = reference::forward(&r);
         assert!(max_err(&fwd.out, &want.out) < 2e-4);
         assert!(max_err(&fwd.lse, &want.lse) < 2e-4);
-        let g = attn.backward(&Interpreter, &x, &fwd, &dout).unwrap();
+        let g = attn.backward(&Backend::Interpret, &x, &fwd, &dout).unwrap();
         let rg = reference::backward(&r, &dout.to_f64_vec());
         for (got, want) in [(&g.dq, &rg.dq), (&g.dk, &rg.dk), (&g.dv, &rg.dv)] {
             let scale = want.iter().map(|x| x.abs()).fold(0.0, f64::max);
@@ -132,14 +133,14 @@ fn bf16_inputs_and_traced_dead_paths() {
         let (qf, kf, vf) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
         let heads: MultiHeadMask = Mask::Full.into();
         let r = RefInputs::new(dims, (&qf, &kf, &vf), &heads, attn.scale() as f64);
-        let fwd = attn.forward(&Interpreter, &x).unwrap();
+        let fwd = attn.forward(&Backend::Interpret, &x).unwrap();
         assert_eq!(fwd.out.dtype(), DType::BF16);
         let want = reference::forward(&r);
         let (out_err, lse_err) = (max_err(&fwd.out, &want.out), max_err(&fwd.lse, &want.lse));
         println!("scale {scale:?}: out error {out_err:e}, lse error {lse_err:e}");
         assert!(out_err < 2e-2, "scale {scale:?}: out error {out_err}");
         assert!(lse_err < 1e-3, "scale {scale:?}: lse error {lse_err}");
-        let g = attn.backward(&Interpreter, &x, &fwd, &dout).unwrap();
+        let g = attn.backward(&Backend::Interpret, &x, &fwd, &dout).unwrap();
         let rg = reference::backward(&r, &dout.to_f64_vec());
         for (name, got, want) in [
             ("dq", &g.dq, &rg.dq),
@@ -173,7 +174,7 @@ impl Executor for ForwardScratch {
                 .borrow_mut()
                 .push(m.expect("the forward has m_scratch").array_shape.clone());
         }
-        Interpreter.run(def, args, rules)
+        Backend::Interpret.run(def, args, rules)
     }
 }
 

@@ -3,41 +3,17 @@
 //! within 1e-3 of the largest reference gradient).
 #![allow(dead_code)]
 
+use tessera_backend::Backend;
 use tessera_dsl::interpret::{self, InterpretOptions};
-use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules};
-use tessera_runtime::{Client, CompileOptions};
+use tessera_dsl::{DType, HostArray, KernelDef, KernelRules};
 use tessera_splash::reference::{self, RefInputs};
 use tessera_splash::{
-    BlockSizes, Dims, Executor, Inputs, Interpreter, MultiHeadMask, SegmentIds, SplashAttention,
-    SplashError, SplashOptions,
+    BlockSizes, Dims, Executor, Inputs, MultiHeadMask, SegmentIds, SplashAttention, SplashError,
+    SplashOptions,
 };
 
 fn random(dtype: DType, shape: &[usize], seed: u64) -> HostArray {
     HostArray::random(dtype, shape, seed)
-}
-
-/// The kernels lowered to StableHLO and run by the XLA CPU PJRT plugin (what the facade's
-/// `Backend::Cpu` does, without its executable cache).
-#[derive(Debug, Clone, Copy)]
-pub struct CpuPlugin;
-
-impl Executor for CpuPlugin {
-    fn run(
-        &self,
-        def: &KernelDef,
-        args: &[HostArray],
-        rules: &KernelRules,
-    ) -> Result<Vec<HostArray>, SplashError> {
-        let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-        let kernel = def.instantiate(&specs, rules)?;
-        let module = tessera_dsl::stablehlo::lower_module(&kernel)?;
-        let run = || -> Result<Vec<HostArray>, tessera_runtime::Error> {
-            let client = Client::cpu_shared(1)?;
-            let exe = client.compile(&module.to_mlir(), &CompileOptions::single_device())?;
-            Ok(exe.execute_arrays(&[args])?.pop().unwrap_or_default())
-        };
-        run().map_err(|e| SplashError::Backend(Box::new(e)))
-    }
 }
 
 /// Absolute tolerance of outputs and lse.
@@ -246,7 +222,8 @@ fn scale(a: &HostArray, s: f64) -> HostArray {
 
 /// Runs `case` on every backend (interpreter and PJRT CPU) and prints the errors.
 pub fn check_all(case: &Case) {
-    let backends: [(&dyn Executor, &str); 2] = [(&Interpreter, "interpret"), (&CpuPlugin, "cpu")];
+    let backends: [(&dyn Executor, &str); 2] =
+        [(&Backend::Interpret, "interpret"), (&Backend::CPU, "cpu")];
     for (exec, name) in backends {
         let e = check(case, exec, name);
         eprintln!(

@@ -1,8 +1,14 @@
 //! Where a kernel runs: the interpreter, or the devices of a PJRT [`Platform`] (cpu, gpu,
 //! tpu). The same kernel definition and host arrays go in; host arrays come out.
 //!
-//! A program with collectives (context parallelism, the train step) runs on a [`Platform`]
-//! alone: the interpreter runs kernels only. [`Backend::platform`] says which.
+//! [`Backend`] is the one device type of tessera: `Interpret` or `Pjrt(platform)`, listed
+//! once in [`Backend::ALL`]. Splash attention's plans, the registry's runner, `tessera run`,
+//! the examples and tessera-jax all run kernels through it. A program with collectives
+//! (context parallelism, the train step) runs on a [`Platform`] alone: the interpreter runs
+//! kernels only ([`Backend::program_platform`] says which).
+//!
+//! Below the kernels that use it (splash) and above what it drives (the kernel IR and its
+//! lowerings in `tessera-dsl`, the PJRT binding in `tessera-runtime`).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -11,11 +17,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tessera_dsl::interpret::{self, InterpretOptions};
 use tessera_dsl::{
-    ArgSpec, DeviceAxis, HostArray, Kernel, KernelDef, KernelError, KernelRules, Lowering,
+    ArgSpec, DeviceAxis, HostArray, Kernel, KernelDef, KernelError, KernelLowering, KernelRules,
+    Lowering,
 };
 use tessera_hlo::Module;
 use tessera_runtime::{Client, CompileOptions, LoadedExecutable, XlaOption};
-use tessera_splash::{Executor, SplashError};
 
 pub use tessera_runtime::{Platform, GPU_PLUGIN_ENV};
 
@@ -24,27 +30,40 @@ pub use tessera_runtime::{Platform, GPU_PLUGIN_ENV};
 pub enum Backend {
     /// The host interpreter (the reference).
     Interpret,
-    /// StableHLO compiled and run by the XLA CPU PJRT plugin.
-    Cpu,
-    /// StableHLO compiled and run by a GPU PJRT plugin (the CUDA plugin of the
-    /// `jax-cuda12-pjrt` wheel), named by `TESSERA_GPU_PJRT_PLUGIN`.
-    Gpu,
-    /// The kernel as a Mosaic `tpu_custom_call` compiled by libtpu and run on a TPU chip:
-    /// the program `tessera compile kernel` compiles for a topology.
-    Tpu,
+    /// The devices of a PJRT plugin: on cpu and gpu the kernel lowered to StableHLO and
+    /// compiled by XLA; on tpu the kernel as a Mosaic `tpu_custom_call` compiled by libtpu
+    /// (the program `tessera compile kernel` compiles for a topology).
+    Pjrt(Platform),
 }
 
 impl Backend {
-    /// The backends every machine runs (no accelerator needed).
-    pub const ALL: [Backend; 2] = [Backend::Interpret, Backend::Cpu];
+    /// The XLA CPU plugin: every machine has it.
+    pub const CPU: Backend = Backend::Pjrt(Platform::Cpu);
+    /// A GPU PJRT plugin (the CUDA plugin of the `jax-cuda12-pjrt` wheel), named by
+    /// [`GPU_PLUGIN_ENV`].
+    pub const GPU: Backend = Backend::Pjrt(Platform::Gpu);
+    /// libtpu and this machine's TPU chips.
+    pub const TPU: Backend = Backend::Pjrt(Platform::Tpu);
 
-    /// Every backend.
-    pub const EVERY: [Backend; 4] = [Backend::Interpret, Backend::Cpu, Backend::Gpu, Backend::Tpu];
+    /// Every backend: the interpreter, then every platform of [`Platform::ALL`].
+    pub const ALL: [Backend; 4] = [Backend::Interpret, Backend::CPU, Backend::GPU, Backend::TPU];
 
+    /// The backends of [`Backend::ALL`] that every machine runs (no accelerator needed): the
+    /// interpreter and the CPU plugin.
+    pub fn everywhere() -> impl Iterator<Item = Backend> {
+        Backend::ALL.into_iter().filter(|b| b.runs_everywhere())
+    }
+
+    /// Whether every machine runs this backend (it needs no accelerator).
+    pub fn runs_everywhere(self) -> bool {
+        matches!(self, Backend::Interpret | Backend::Pjrt(Platform::Cpu))
+    }
+
+    /// `interpret`, or the platform's name (`cpu`, `gpu`, `tpu`).
     pub fn name(self) -> &'static str {
-        match self.platform() {
-            None => "interpret",
-            Some(p) => p.name(),
+        match self {
+            Backend::Interpret => "interpret",
+            Backend::Pjrt(p) => p.name(),
         }
     }
 
@@ -52,9 +71,7 @@ impl Backend {
     pub fn platform(self) -> Option<Platform> {
         match self {
             Backend::Interpret => None,
-            Backend::Cpu => Some(Platform::Cpu),
-            Backend::Gpu => Some(Platform::Gpu),
-            Backend::Tpu => Some(Platform::Tpu),
+            Backend::Pjrt(p) => Some(p),
         }
     }
 
@@ -67,11 +84,7 @@ impl Backend {
 
 impl From<Platform> for Backend {
     fn from(p: Platform) -> Self {
-        match p {
-            Platform::Cpu => Backend::Cpu,
-            Platform::Gpu => Backend::Gpu,
-            Platform::Tpu => Backend::Tpu,
-        }
+        Backend::Pjrt(p)
     }
 }
 
@@ -81,28 +94,29 @@ impl fmt::Display for Backend {
     }
 }
 
-impl FromStr for Backend {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Backend::EVERY
-            .into_iter()
-            .find(|b| b.name() == s)
-            .ok_or_else(|| format!("unknown backend `{s}`; expected interpret, cpu, gpu or tpu"))
+/// A backend name that is none of [`Backend::ALL`]'s.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown backend `{name}`; expected {}", backend_names())]
+pub struct UnknownBackend {
+    pub name: String,
+}
+
+/// `interpret, cpu, gpu or tpu`, from [`Backend::ALL`].
+fn backend_names() -> String {
+    let names: Vec<_> = Backend::ALL.iter().map(|b| b.name()).collect();
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
     }
 }
 
-/// Splash attention's plans run their kernels on any backend.
-impl Executor for Backend {
-    fn run(
-        &self,
-        def: &KernelDef,
-        args: &[HostArray],
-        rules: &KernelRules,
-    ) -> Result<Vec<HostArray>, SplashError> {
-        run(def, args, *self, rules).map_err(|e| match e {
-            RunError::Kernel(k) => SplashError::Kernel(k),
-            other => SplashError::Backend(Box::new(other)),
-        })
+impl FromStr for Backend {
+    type Err = UnknownBackend;
+    fn from_str(s: &str) -> Result<Self, UnknownBackend> {
+        Backend::ALL
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| UnknownBackend { name: s.into() })
     }
 }
 
@@ -129,6 +143,19 @@ impl From<tessera_runtime::Error> for RunError {
     }
 }
 
+/// The lowering the kernels of a program that runs on `platform` are built for, starting from
+/// `lowering`: on TPU, Mosaic `tpu_custom_call`s (the program `tessera compile` compiles for a
+/// topology; [`Lowering::tpu`] unless `lowering` already lowers to Mosaic), elsewhere inline
+/// StableHLO (`lowering` itself, or its rules with inline lowering when it asked for Mosaic:
+/// the XLA CPU and GPU compilers do not know the custom call).
+pub fn kernel_lowering(platform: Platform, lowering: &Lowering) -> Lowering {
+    match (platform.takes_mosaic_kernels(), lowering.kernels) {
+        (true, KernelLowering::Mosaic) | (false, KernelLowering::Inline) => lowering.clone(),
+        (true, KernelLowering::Inline) => Lowering::tpu(),
+        (false, KernelLowering::Mosaic) => Lowering::inline(lowering.rules.clone()),
+    }
+}
+
 /// Runs `def` on `args` (scalar prefetch, then inputs) on `backend`, instantiated under
 /// `rules` (TPU rules by default, so what runs here also compiles for TPU).
 pub fn run(
@@ -148,13 +175,13 @@ pub fn run_kernel(
     args: &[HostArray],
     backend: Backend,
 ) -> Result<Vec<HostArray>, RunError> {
-    match backend.platform() {
-        None => Ok(interpret::run_kernel(
+    match backend {
+        Backend::Interpret => Ok(interpret::run_kernel(
             k,
             args,
             &InterpretOptions::default(),
         )?),
-        Some(platform) => {
+        Backend::Pjrt(platform) => {
             let client = platform.client(1).map_err(RunError::Devices)?;
             let mut per_device = compiled(k, platform, &client)?.execute_arrays(&[args])?;
             Ok(per_device.pop().unwrap_or_default())
@@ -163,15 +190,25 @@ pub fn run_kernel(
 }
 
 /// Compiles a one-device program for `platform` with the options `tessera compile` compiles
-/// it with for a TPU topology ([`crate::tpu::compile_options`]) and runs it on `args`.
+/// it with for a TPU topology ([`tpu_compile_options`]) and runs it on `args`.
 pub fn run_program(
     module: &Module,
     platform: Platform,
     args: &[HostArray],
 ) -> Result<Vec<HostArray>, RunError> {
     let client = platform.client(1).map_err(RunError::Devices)?;
-    let exe = client.compile(&module.to_mlir(), &crate::tpu::compile_options(module)?)?;
+    let exe = client.compile(&module.to_mlir(), &tpu_compile_options(module)?)?;
     Ok(exe.execute_arrays(&[args])?.pop().unwrap_or_default())
+}
+
+/// The options a program compiles with for TPU, for a topology or for chips
+/// ([`run_program`]): its partitions, manually sharded; Shardy's partitioner for a program
+/// with a mesh (Shardy's form, `sdy.manual_computation`).
+pub fn tpu_compile_options(module: &Module) -> Result<CompileOptions, tessera_runtime::Error> {
+    Ok(
+        CompileOptions::manual_partitions(module.num_partitions() as usize)?
+            .with_shardy(!module.mesh().is_empty()),
+    )
 }
 
 /// Compiled kernels by platform and IR text: a kernel compiles once per process.
@@ -180,12 +217,28 @@ fn executables() -> &'static Mutex<HashMap<String, Arc<LoadedExecutable>>> {
     CACHE.get_or_init(Default::default)
 }
 
+/// The executable cached under `key`, or `compile()`'s, cached.
+fn cached(
+    key: String,
+    compile: impl FnOnce() -> Result<LoadedExecutable, RunError>,
+) -> Result<Arc<LoadedExecutable>, RunError> {
+    let cache = executables();
+    if let Some(exe) = cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(Arc::clone(exe));
+    }
+    let exe = Arc::new(compile()?);
+    cache
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key, Arc::clone(&exe));
+    Ok(exe)
+}
+
 /// The one-device program `k` runs as on `platform`: the kernel alone in a module, lowered
-/// as the platform takes kernels ([`tessera_parallel::kernel_lowering`]): on TPU one Mosaic
-/// custom call, the program `tessera compile kernel` compiles for a topology; inline
-/// StableHLO elsewhere.
+/// as the platform takes kernels ([`kernel_lowering`]): on TPU one Mosaic custom call, the
+/// program `tessera compile kernel` compiles for a topology; inline StableHLO elsewhere.
 pub fn kernel_program(k: &Kernel, platform: Platform) -> Result<Module, KernelError> {
-    tessera_parallel::kernel_lowering(platform, &Lowering::portable()).lower_module(k)
+    kernel_lowering(platform, &Lowering::portable()).lower_module(k)
 }
 
 /// The program a kernel on a device mesh runs as on `platform`: one partition per device
@@ -193,7 +246,7 @@ pub fn kernel_program(k: &Kernel, platform: Platform) -> Result<Module, KernelEr
 /// custom call per device that communicates with the others, elsewhere the SPMD lowering
 /// (remote copies as `collective_permute`s).
 pub fn kernel_spmd_program(k: &Kernel, platform: Platform) -> Result<Module, KernelError> {
-    tessera_parallel::kernel_lowering(platform, &Lowering::portable()).lower_module_spmd(k)
+    kernel_lowering(platform, &Lowering::portable()).lower_module_spmd(k)
 }
 
 /// `k` compiled for `platform`'s first device ([`kernel_program`]), on TPU with the options
@@ -203,25 +256,14 @@ fn compiled(
     platform: Platform,
     client: &Client,
 ) -> Result<Arc<LoadedExecutable>, RunError> {
-    let key = format!("{platform}\n{}", k.to_text());
-    if let Some(exe) = executables()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-    {
-        return Ok(Arc::clone(exe));
-    }
-    let module = kernel_program(k, platform)?;
-    let options = match platform {
-        Platform::Tpu => crate::tpu::compile_options(&module)?,
-        Platform::Cpu | Platform::Gpu => compile_options(client),
-    };
-    let exe = Arc::new(client.compile(&module.to_mlir(), &options)?);
-    executables()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(key, Arc::clone(&exe));
-    Ok(exe)
+    cached(format!("{platform}\n{}", k.to_text()), || {
+        let module = kernel_program(k, platform)?;
+        let options = match platform {
+            Platform::Tpu => tpu_compile_options(&module)?,
+            Platform::Cpu | Platform::Gpu => compile_options(client),
+        };
+        Ok(client.compile(&module.to_mlir(), &options)?)
+    })
 }
 
 /// The options tessera compiles a lowered kernel with for `client`'s device: one device and,
@@ -231,7 +273,12 @@ fn compiled(
 /// (2048^3, 256 blocks) used 12% less processor time on XLA's default (oneDNN) dot; splash
 /// attention's dots, which XLA never sends to XNNPACK, are unaffected.
 pub fn compile_options(client: &Client) -> CompileOptions {
-    let options = CompileOptions::single_device();
+    without_xnnpack_on_cpu(CompileOptions::single_device(), client)
+}
+
+/// `options` with `xla_cpu_use_xnnpack=false` on the XLA CPU plugin ([`compile_options`]
+/// says why).
+fn without_xnnpack_on_cpu(options: CompileOptions, client: &Client) -> CompileOptions {
     if client.platform_name() == "cpu" {
         options.with_xla_option("xla_cpu_use_xnnpack", XlaOption::Bool(false))
     } else {
@@ -248,8 +295,8 @@ pub fn compile_options(client: &Client) -> CompileOptions {
 /// The `gpu` and `tpu` tests exist only in builds with the using crate's `gpu-tests` and
 /// `tpu-tests` features (which it declares, `gpu-tests = []`; `cargo test --features
 /// tpu-tests` on a TPU VM): without the device they fail, with the sentence that says what is
-/// missing. A plain `cargo test` compiles the
-/// interpret and cpu ones; the facade's own tests say in one line which kinds were left out.
+/// missing. A plain `cargo test` compiles the interpret and cpu ones; the facade's own tests
+/// say in one line which kinds were left out.
 #[macro_export]
 macro_rules! test_device {
     ($test:ident: $($kind:ident),+ $(,)?) => {
@@ -294,15 +341,15 @@ pub fn run_on_devices(
     let specs: Vec<_> = first.iter().map(ArgSpec::of).collect();
     let kernel = def.instantiate_on(&specs, mesh, rules)?;
     let n = kernel.num_devices();
-    match backend.platform() {
-        None => Ok(interpret::run_kernel_on_devices(
+    match backend {
+        Backend::Interpret => Ok(interpret::run_kernel_on_devices(
             &kernel,
             per_device,
             &InterpretOptions::default(),
         )?),
         // The SPMD program is plain StableHLO on every platform (copies and remote copies
         // have no Mosaic lowering yet, so a TPU runs the portable form too).
-        Some(platform) => run_spmd(
+        Backend::Pjrt(platform) => run_spmd(
             &kernel,
             per_device,
             platform,
@@ -319,34 +366,16 @@ fn run_spmd(
 ) -> Result<Vec<Vec<HostArray>>, RunError> {
     let n = k.num_devices();
     let key = format!("{}\nspmd {n}\n{}", client.platform_name(), k.to_text());
-    let cached = executables()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&key)
-        .cloned();
-    let exe = match cached {
-        Some(exe) => exe,
-        None => {
-            let module = kernel_spmd_program(k, platform)?;
-            let options = match platform {
-                Platform::Tpu => crate::tpu::compile_options(&module)?,
-                Platform::Cpu | Platform::Gpu => {
-                    let options = CompileOptions::manual_partitions(n)?;
-                    if client.platform_name() == "cpu" {
-                        options.with_xla_option("xla_cpu_use_xnnpack", XlaOption::Bool(false))
-                    } else {
-                        options
-                    }
-                }
-            };
-            let exe = Arc::new(client.compile(&module.to_mlir(), &options)?);
-            executables()
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, Arc::clone(&exe));
-            exe
-        }
-    };
+    let exe = cached(key, || {
+        let module = kernel_spmd_program(k, platform)?;
+        let options = match platform {
+            Platform::Tpu => tpu_compile_options(&module)?,
+            Platform::Cpu | Platform::Gpu => {
+                without_xnnpack_on_cpu(CompileOptions::manual_partitions(n)?, client)
+            }
+        };
+        Ok(client.compile(&module.to_mlir(), &options)?)
+    })?;
     Ok(exe.execute_arrays(per_device)?)
 }
 
@@ -356,13 +385,27 @@ mod tests {
 
     #[test]
     fn backends_parse_by_name_and_map_to_platforms() {
-        for b in Backend::EVERY {
+        let platforms: Vec<_> = Backend::ALL.iter().filter_map(|b| b.platform()).collect();
+        assert_eq!(
+            platforms,
+            Platform::ALL,
+            "Backend::ALL lists every platform once"
+        );
+        for b in Backend::ALL {
             assert_eq!(b.name().parse::<Backend>().unwrap(), b);
             if let Some(p) = b.platform() {
                 assert_eq!(Backend::from(p), b);
                 assert_eq!(p.name(), b.name());
             }
         }
+        assert_eq!(
+            Backend::everywhere().collect::<Vec<_>>(),
+            [Backend::Interpret, Backend::CPU]
+        );
+        assert_eq!(
+            "cuda".parse::<Backend>().unwrap_err().to_string(),
+            "unknown backend `cuda`; expected interpret, cpu, gpu or tpu"
+        );
         let e = Backend::Interpret
             .program_platform("a train step")
             .unwrap_err();
@@ -373,23 +416,28 @@ mod tests {
         );
     }
 
-    /// The one line a run without GPU and TPU tests prints about them (`test_device!`).
-    #[cfg(not(all(feature = "gpu-tests", feature = "tpu-tests")))]
     #[test]
-    #[cfg_attr(
-        all(not(feature = "gpu-tests"), not(feature = "tpu-tests")),
-        ignore = "gpu and tpu device tests not compiled: run `cargo test --features \
-                  gpu-tests,tpu-tests` where the devices are"
-    )]
-    #[cfg_attr(
-        all(feature = "gpu-tests", not(feature = "tpu-tests")),
-        ignore = "tpu device tests not compiled: run `cargo test --features tpu-tests` on a \
-                  TPU VM"
-    )]
-    #[cfg_attr(
-        all(not(feature = "gpu-tests"), feature = "tpu-tests"),
-        ignore = "gpu device tests not compiled: run `cargo test --features gpu-tests` where \
-                  a GPU is"
-    )]
-    fn gpu_and_tpu_device_tests() {}
+    fn tpu_takes_mosaic_and_the_others_inline_kernels() {
+        let budget = KernelRules::tpu().with_vmem_limit(1 << 20);
+        let tpu = Lowering {
+            rules: budget.clone(),
+            ..Lowering::tpu()
+        };
+        assert_eq!(kernel_lowering(Platform::Tpu, &tpu), tpu);
+        assert_eq!(
+            kernel_lowering(Platform::Tpu, &Lowering::portable()),
+            Lowering::tpu()
+        );
+        for p in [Platform::Cpu, Platform::Gpu] {
+            assert_eq!(
+                kernel_lowering(p, &tpu),
+                Lowering::inline(budget.clone()),
+                "{p}"
+            );
+            assert_eq!(
+                kernel_lowering(p, &Lowering::portable()),
+                Lowering::portable()
+            );
+        }
+    }
 }
