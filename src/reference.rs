@@ -1,6 +1,9 @@
 //! Naive f64 references, written for clarity and separately from the kernels: what every
 //! backend's results are checked against (tests, `tessera demo`).
 
+/// The largest absolute difference between two results (the registry's).
+pub use tessera_registry::max_abs_diff;
+
 use tessera_dsl::{DType, HostArray};
 
 /// Deterministic pseudo-random values in [-1, 1), rounded to `dtype`.
@@ -64,17 +67,4 @@ pub fn attention_ref(
         }
     }
     out
-}
-
-/// The largest absolute difference between `got` and `want` and where it is (NaN counts as
-/// the largest).
-pub fn max_abs_diff(got: &[f64], want: &[f64]) -> (f64, usize) {
-    got.iter()
-        .zip(want)
-        .enumerate()
-        .map(|(i, (g, w))| ((g - w).abs(), i))
-        .fold(
-            (0.0, 0),
-            |a, b| if b.0 > a.0 || b.0.is_nan() { b } else { a },
-        )
 }

@@ -34,6 +34,17 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
             "tessera-runtime",
         ],
     ),
+    // The registry's machinery: below every kernel family, so each registers itself.
+    (
+        "tessera-registry",
+        "kernels/registry",
+        &[
+            "tessera-array",
+            "tessera-dsl",
+            "tessera-hlo",
+            "tessera-backend",
+        ],
+    ),
     (
         "tessera-splash",
         "kernels/splash",
@@ -42,7 +53,18 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
             "tessera-dsl",
             "tessera-hlo",
             "tessera-backend",
+            "tessera-registry",
         ],
+    ),
+    (
+        "tessera-paged",
+        "kernels/paged",
+        &["tessera-dsl", "tessera-hlo", "tessera-registry"],
+    ),
+    (
+        "tessera-collective-kernels",
+        "kernels/collective",
+        &["tessera-dsl", "tessera-hlo", "tessera-registry"],
     ),
     (
         "tessera-collectives",
@@ -74,6 +96,7 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
             "tessera-dsl",
             "tessera-hlo",
             "tessera-splash",
+            "tessera-collective-kernels",
             "tessera-collectives",
             "tessera-parallel",
             "tessera-runtime",

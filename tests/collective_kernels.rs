@@ -6,13 +6,13 @@
 mod common;
 
 use tessera::backend::{self, Backend};
+use tessera::collective_kernels::collective::{
+    all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
+};
+use tessera::collective_kernels::memory::{ring_mesh, RingMesh};
 use tessera::dsl::axes::Context;
 use tessera::dsl::interpret::{self, InterpretOptions};
 use tessera::dsl::{DType, HostArray, KernelDef, KernelRules};
-use tessera::kernels::collective::{
-    all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
-};
-use tessera::kernels::memory::{ring_mesh, RingMesh};
 
 const N: usize = 4;
 

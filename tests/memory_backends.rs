@@ -6,10 +6,10 @@
 mod common;
 
 use tessera::backend::{self, Backend};
-use tessera::dsl::{HostArray, KernelRules};
-use tessera::kernels::memory::{
+use tessera::collective_kernels::memory::{
     gather_tiles, gather_tiles_reference, ring_mesh, ring_shift, ring_shift_reference, TILE_ROWS,
 };
+use tessera::dsl::{HostArray, KernelRules};
 
 fn array(rows: usize, cols: usize, seed: usize) -> HostArray {
     let v: Vec<f32> = (0..rows * cols)
@@ -81,13 +81,13 @@ fn landing_points_and_interleavings_do_not_change_the_results() {
             assert_eq!(outs[0], want[d], "seed {seed}, device {d}");
         }
         let gathered = interpret::run_on_devices(
-            &tessera::kernels::memory::ring_all_gather(),
+            &tessera::collective_kernels::memory::ring_all_gather(),
             &ring_mesh(4),
             &per_device,
             &options,
         )
         .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-        let all = tessera::kernels::memory::ring_all_gather_reference(&inputs);
+        let all = tessera::collective_kernels::memory::ring_all_gather_reference(&inputs);
         assert!(gathered.iter().all(|outs| outs[0] == all), "seed {seed}");
         let out = interpret::run(&gather_tiles(), &[tiles.clone(), x.clone()], &options)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
@@ -103,7 +103,7 @@ fn landing_points_and_interleavings_do_not_change_the_results() {
 /// a different slot): the StableHLO lowering sends the sender's offsets with the data.
 #[test]
 fn ring_all_gather_over_four_devices_matches_its_reference_on_every_backend() {
-    use tessera::kernels::memory::{ring_all_gather, ring_all_gather_reference};
+    use tessera::collective_kernels::memory::{ring_all_gather, ring_all_gather_reference};
     let per_device: Vec<Vec<HostArray>> = (0..4).map(|d| vec![array(8, 128, d)]).collect();
     let shards: Vec<HostArray> = per_device.iter().map(|a| a[0].clone()).collect();
     let want = ring_all_gather_reference(&shards);
@@ -126,8 +126,8 @@ fn ring_all_gather_over_four_devices_matches_its_reference_on_every_backend() {
 /// remote copies), equals the interpreter bit for bit.
 #[test]
 fn mosaic_eval_agrees_with_the_interpreter() {
+    use tessera::collective_kernels::memory::ring_all_gather;
     use tessera::dsl::interpret::{self, InterpretOptions};
-    use tessera::kernels::memory::ring_all_gather;
     let x = array(16 * TILE_ROWS, 256, 3);
     let tiles = HostArray::i32([7], vec![9, 0, 15, 15, 4, 2, 11]).unwrap();
     let args = vec![tiles, x];

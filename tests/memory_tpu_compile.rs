@@ -2,13 +2,13 @@
 //! (compile-only): one-device kernels alone in a program, collective kernels in a program of
 //! one partition per chip of `v5p:2x2x1`, where each device's call talks to the others.
 
+use tessera::collective_kernels::collective::{all_gather, all_gather_matmul};
+use tessera::collective_kernels::memory::RingMesh;
+use tessera::collective_kernels::memory::{gather_tiles, ring_all_gather, ring_mesh, ring_shift};
 use tessera::dsl::axes::Context;
 use tessera::dsl::prelude::*;
 use tessera::dsl::{mosaic, ArgSpec, DType, Kernel, KernelDef, KernelRules, Lowering, ProblemKind};
-use tessera::kernels::collective::{all_gather, all_gather_matmul};
-use tessera::kernels::memory::RingMesh;
-use tessera::kernels::memory::{gather_tiles, ring_all_gather, ring_mesh, ring_shift};
-use tessera::kernels::paged_attention;
+use tessera::paged::paged_attention;
 use tessera::runtime::{CompileOptions, Plugin};
 
 fn libtpu() -> Plugin {

@@ -5,7 +5,7 @@
 use tessera::backend::{self, Backend};
 use tessera::dsl::interpret::{self, InterpretOptions};
 use tessera::dsl::{mosaic, ArgSpec, DType, HostArray, KernelDef, KernelRules};
-use tessera::kernels::paged_attention::{paged_attention, paged_attention_reference};
+use tessera::paged::paged_attention::{paged_attention, paged_attention_reference};
 use tessera_mosaic_eval::{Module, OutputSpec};
 
 /// A decode batch: `q [B, H, D]`, pages `[KVH, P, page_size, D]`, lengths, page table.

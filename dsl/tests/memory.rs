@@ -103,7 +103,7 @@ fn meet(dev: &Devices<Ring>) {
 }
 
 /// A ring shift whose devices do not meet at the barrier before the remote copy (the
-/// correct kernel is `tessera::kernels::memory::ring_shift`).
+/// correct kernel is `tessera::collective_kernels::memory::ring_shift`).
 fn ring_shift_no_barrier() -> KernelDef {
     ring_kernel("ring_shift_no_barrier", 1, |p| {
         let mut out = p.out;

@@ -9,15 +9,10 @@
 //! [`Platform`](tessera_runtime::Platform), its kernels lowered as [`kernel_lowering`] says, and
 //! [`AttentionLayer`] puts the same composition inside a model's program.
 //!
-//! [`collective_kernels`]: kernels that move their own data between devices (an all-gather
-//! over a mesh axis, and the all-gather matmul a model's fsdp step can use for its weight
-//! matmuls).
-//!
 //! This crate knows no CLI; it uses `tessera-runtime` only to compile and run its programs.
 //! Its errors name model and mesh quantities; a command line renders them with its flags
 //! through [`Names`].
 
-pub mod collective_kernels;
 pub mod context;
 
 pub use context::layer::AttentionLayer;

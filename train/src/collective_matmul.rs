@@ -18,13 +18,13 @@
 use std::fmt;
 use std::rc::Rc;
 
+use tessera_collective_kernels::all_gather_matmul;
 use tessera_collectives::axes::Data;
 use tessera_collectives::{AxisGroups, Collective, CollectiveError, CollectiveRecorder, Spmd};
 use tessera_dsl::prelude::bf16;
 use tessera_dsl::{ArgSpec, DeviceAxis, KernelDef, Lowering};
 use tessera_hlo::autodiff::{VjpCall, VjpRule};
 use tessera_hlo::{DType, DotDims, FuncBuilder, HloError, Value};
-use tessera_parallel::collective_kernels::all_gather_matmul;
 use tessera_parallel::ModelMesh;
 
 /// The unit's name in autodiff messages.

@@ -260,7 +260,7 @@ pub struct TrainConfig {
     /// (which counts a loop body once).
     pub layers_per_iteration: usize,
     /// With fsdp: each layer's weight matmuls run the all-gather matmul kernel
-    /// (`tessera_parallel::collective_kernels::all_gather_matmul`: the remote copy of the
+    /// (`tessera_collective_kernels::all_gather_matmul`: the remote copy of the
     /// next weight shard overlaps the matmul of the current one) instead of an all-gather of
     /// the weight and a dot (`collective_matmul`; off by default). Refused without fsdp.
     pub collective_matmul: bool,

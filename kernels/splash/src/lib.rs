@@ -46,6 +46,7 @@ mod mask;
 mod mask_info;
 pub mod program;
 pub mod reference;
+pub mod registry;
 mod sharded;
 
 pub use attention::{

@@ -3,11 +3,18 @@
 //! the kernel (so the block-sparsity tables are the real ones); the residuals its backward
 //! kernels take, its f64 reference, flop counts, cases, bench sets and entries.
 
-use super::*;
-use tessera_splash::reference::{self as splash_reference, RefInputs};
-use tessera_splash::{
-    stage_specs, BlockSizes, Dims, Features, Mask, SplashAttention, SplashOptions, Stage, StageArg,
-    Tensor,
+use std::collections::HashMap;
+
+use tessera_dsl::{DType, HostArray, KernelRules};
+use tessera_registry::{
+    expect_inputs, Built, Case, KernelInfo, ParamInfo, Params, Reference, RegistryError, BKV, BQ,
+    DTYPE,
+};
+
+use crate::reference::{self as splash_reference, RefInputs};
+use crate::{
+    stage_specs, BlockSizes, Dims, Features, Mask, SplashAttention, SplashError, SplashOptions,
+    Stage, StageArg, Tensor,
 };
 
 /// A splash kernel as its plan runs it: the attention configured from the parameters, the
@@ -25,8 +32,8 @@ fn splash_setup(p: &Params, kernel: &str) -> Result<SplashSetup, RegistryError> 
     let (bq, bkv) = (p.usize("BQ")?, p.usize("BKV")?);
     let bkv_compute = p.usize_or_same_as("BKVC", "BKV")?;
     // The mask's own message names the mask and the forms it takes.
-    let mask = Mask::parse(&p.0["mask"])?;
-    let soft_cap = match p.0["soft_cap"].as_str() {
+    let mask = Mask::parse(p.get("mask"))?;
+    let soft_cap = match p.get("soft_cap") {
         "none" => None,
         v => match v.parse::<f32>() {
             Ok(c) if c.is_finite() && c > 0.0 => Some(c),
@@ -47,7 +54,7 @@ fn splash_setup(p: &Params, kernel: &str) -> Result<SplashSetup, RegistryError> 
     blocks.block_kv_compute = bkv_compute;
     blocks.block_kv_dkv_compute = bkv_compute;
     // dQ's own default split stands unless BKVC is given.
-    if p.0["BKVC"] != "BKV" {
+    if p.get("BKVC") != "BKV" {
         blocks.block_kv_dq_compute = Some(bkv_compute);
     }
     let options = SplashOptions {
@@ -465,7 +472,7 @@ const SPLASH_PARAMS: &[ParamInfo] = &[
 ];
 
 /// Splash attention's kernels.
-pub(super) const KERNELS: &[KernelInfo] = &[
+pub const KERNELS: &[KernelInfo] = &[
     splash_kernel(
         "splash_fwd",
         "splash attention forward: out and logsumexp over the mask's non-empty blocks",
@@ -491,3 +498,19 @@ pub(super) const KERNELS: &[KernelInfo] = &[
         "splash fused backward's dQ reduction over key blocks",
     ),
 ];
+
+/// A splash error in a registered kernel's parameters (a mask that does not parse, block
+/// sizes the rules refuse) is the family's error, kept typed as the source.
+impl From<SplashError> for RegistryError {
+    fn from(e: SplashError) -> Self {
+        RegistryError::Family(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn entries_are_complete() {
+        tessera_registry::check_family(super::KERNELS);
+    }
+}

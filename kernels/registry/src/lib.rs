@@ -1,56 +1,31 @@
-//! The built-in kernels by name: the one list that the CLI (`tessera kernels`, `ir`, `run`,
-//! `compile kernel`), `tessera demo`, `tessera bench kernels`, the backend tests and the TPU
-//! compile tests find kernels in. Adding a kernel to it adds it to all of them.
+//! The kernel registry's machinery: what every kernel family implements to register its
+//! kernels ([`KernelInfo`]: parameters, build, f64 reference, flop count, check cases, bench
+//! sets, XLA's own program), the bench sizes of `tessera bench kernels` ([`BENCH_SIZES`],
+//! written once), and an entry at given parameter values ([`Instance`]: its definition,
+//! inputs, reference, flops and one way to run it on any [`Backend`]).
 //!
-//! This file is the table's machinery (entries, parameters, instances, the bench sizes);
-//! each family writes its kernels' builds, references, flop counts, cases and bench sets in
-//! a file of its own and lists its entries there: `examples` (the small kernels of
-//! `src/kernels/`), `paged` (paged attention and the KV-cache kernels), `collective` (the
-//! kernels on a ring of devices) and `splash`; [`KERNELS`] puts the lists one after another.
-//!
-//! An entry ([`KernelInfo`]) carries the kernel's parameters (with defaults and help) and,
-//! for given parameter values ([`KernelInfo::instance`]):
-//! - the kernel definition, its default argument specs and the values of the arguments the
-//!   parameters fix (splash's block tables);
-//! - its f64 reference, written separately from the kernel, and inputs the reference is exact
-//!   for ([`Instance::inputs`]; splash's backward kernels get the forward's residuals);
-//! - its floating-point operations per call ([`Instance::flops`]);
-//! - the parameter sets it is checked at ([`KernelInfo::cases`], each with the largest error
-//!   allowed against the reference) and timed at ([`KernelInfo::bench`]);
-//! - where it has one, XLA's own program for the same computation ([`Instance::xla_program`],
-//!   `tessera bench kernels`' baseline).
-//!
-//! A kernel may run on a device mesh (the collectives: [`KernelInfo::on_mesh`]): its build
-//! gives the mesh ([`Instance::mesh`]), each device has its own arguments and outputs, and its
-//! reference computes every device's outputs from every device's arguments. [`Instance`] is
-//! per device throughout (a one-device kernel has one argument list), and
-//! [`Instance::run`] runs either kind, so every consumer has one code path.
+//! Each family lists its entries in its own home (`tessera_splash::registry`,
+//! `tessera_paged::registry`, `tessera_collective_kernels::registry`, the facade's example
+//! kernels); the facade's `registry::KERNELS` puts the lists one after another. This crate
+//! sits below every family, so none of them reaches up into the facade to register.
 //!
 //! Two kinds of parameter: compile-time ones (block sizes, dtype, mask, flags), which change
 //! the kernel, and sizes, which only set the default arguments (`tessera ir` instantiates
 //! with them; `tessera run` takes sizes from its inputs and checks any size given against
-//! them, [`KernelInfo::check_sizes`]).
-//!
-//! The example kernels' block sizes are const generics, so a run-time choice dispatches over a
-//! fixed set of sizes ([`BLOCK_SIZES`]). The splash kernels are built as the splash plans
-//! build them: a [`SplashAttention`](tessera_splash::SplashAttention) configured from the
-//! parameters, and the stage of its forward or backward plan that runs the kernel (so the
-//! block-sparsity tables are the real ones).
+//! them, [`KernelInfo::check_sizes`]). A kernel may run on a device mesh (the collectives:
+//! [`KernelInfo::on_mesh`]): its build gives the mesh, each device has its own arguments and
+//! outputs, and its reference computes every device's outputs from every device's
+//! arguments.
 
-mod xla;
+pub mod xla;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tessera_dsl::axes::Context;
+use tessera_backend::{self as backend, Backend, RunError};
 use tessera_dsl::{
-    with_float_type, ArgSpec, DType, DeviceAxis, HostArray, Kernel, KernelDef, KernelError,
-    KernelRules,
+    ArgSpec, DType, DeviceAxis, HostArray, Kernel, KernelDef, KernelError, KernelRules,
 };
-use tessera_splash::SplashError;
-
-use crate::backend::{self, Backend, RunError};
-use crate::reference::max_abs_diff;
 
 /// The block sizes the CLI can instantiate (each one a monomorphised kernel).
 pub const BLOCK_SIZES: [usize; 7] = [8, 16, 32, 64, 128, 256, 512];
@@ -66,7 +41,7 @@ pub struct BenchSize {
 }
 
 /// The sizes of `tessera bench kernels`, each written here once: the CLI makes its flags
-/// from them and the bench sets of [`KERNELS`] name them.
+/// from them and the bench sets of the registered kernels ([`KernelInfo::bench`]) name them.
 pub mod bench_size {
     use super::BenchSize;
 
@@ -254,8 +229,10 @@ pub enum RegistryError {
         kernel: String,
         reason: &'static str,
     },
+    /// A kernel family's own error for its parameters (a splash mask that does not parse,
+    /// block sizes its rules refuse, ...): the family's typed error as the source.
     #[error(transparent)]
-    Splash(#[from] SplashError),
+    Family(BoxedError),
     #[error(transparent)]
     Hlo(#[from] tessera_hlo::HloError),
     #[error(transparent)]
@@ -275,12 +252,12 @@ pub struct Built {
 
 impl Built {
     /// A one-device kernel whose arguments are all data.
-    fn data(def: KernelDef, args: Vec<ArgSpec>) -> Self {
+    pub fn data(def: KernelDef, args: Vec<ArgSpec>) -> Self {
         Self::on_mesh(def, args, Vec::new())
     }
 
     /// A kernel on the device mesh `mesh` whose arguments are all data.
-    fn on_mesh(def: KernelDef, args: Vec<ArgSpec>, mesh: Vec<DeviceAxis>) -> Self {
+    pub fn on_mesh(def: KernelDef, args: Vec<ArgSpec>, mesh: Vec<DeviceAxis>) -> Self {
         let fixed = vec![None; args.len()];
         Built {
             def,
@@ -291,26 +268,26 @@ impl Built {
     }
 }
 
-type BuildFn = fn(&Params, &str) -> Result<Built, RegistryError>;
-type ReferenceFn = fn(&Params, &str, &[HostArray]) -> Result<Vec<Vec<f64>>, RegistryError>;
+pub type BuildFn = fn(&Params, &str) -> Result<Built, RegistryError>;
+pub type ReferenceFn = fn(&Params, &str, &[HostArray]) -> Result<Vec<Vec<f64>>, RegistryError>;
 /// Every device's outputs from every device's arguments.
-type MeshReferenceFn =
+pub type MeshReferenceFn =
     fn(&Params, &str, &[Vec<HostArray>]) -> Result<Vec<Vec<Vec<f64>>>, RegistryError>;
 
 /// A kernel's f64 reference, written separately from the kernel.
 #[derive(Debug, Clone, Copy)]
-enum Reference {
+pub enum Reference {
     /// A one-device kernel's outputs from its arguments.
     Local(ReferenceFn),
     /// A kernel on a device mesh: every device's outputs from every device's arguments (an
     /// all-gather's output holds the others' inputs).
     Mesh(MeshReferenceFn),
 }
-type FlopsFn = fn(&Params, &str) -> Result<f64, RegistryError>;
-type InputsFn = fn(&Params, &str, u64) -> Result<Vec<HostArray>, RegistryError>;
+pub type FlopsFn = fn(&Params, &str) -> Result<f64, RegistryError>;
+pub type InputsFn = fn(&Params, &str, u64) -> Result<Vec<HostArray>, RegistryError>;
 /// XLA's own program for what the kernel computes, from each device's argument specs and
 /// the number of devices (one partition per device where more than one).
-type XlaFn = fn(&[ArgSpec], usize) -> Result<tessera_hlo::Module, tessera_hlo::HloError>;
+pub type XlaFn = fn(&[ArgSpec], usize) -> Result<tessera_hlo::Module, tessera_hlo::HloError>;
 
 /// A parameter set a kernel is checked at, and the largest absolute error allowed against
 /// its f64 reference (over every output).
@@ -327,7 +304,7 @@ impl Case {
     }
 }
 
-fn owned(params: &[(&str, &str)]) -> Vec<(String, String)> {
+pub fn owned(params: &[(&str, &str)]) -> Vec<(String, String)> {
     params
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -342,19 +319,19 @@ pub struct KernelInfo {
     pub params: &'static [ParamInfo],
     /// Builds from the parameters; gets the kernel's name (one builder serves every splash
     /// kernel).
-    build: BuildFn,
+    pub build: BuildFn,
     /// The kernel's outputs computed in f64 from its arguments, written separately from the
     /// kernel; a [`Reference::Mesh`] one for a kernel that runs on a device mesh.
-    reference: Reference,
+    pub reference: Reference,
     /// Floating-point operations of one call (on every device together; 0 for a kernel that
     /// only moves data).
-    flops: FlopsFn,
+    pub flops: FlopsFn,
     /// Arguments whose values the reference is exact for, where random data is not (splash's
     /// residuals); `None`: random data.
-    inputs: Option<InputsFn>,
+    pub inputs: Option<InputsFn>,
     /// XLA's own program for the same computation on the same arguments, written with the
     /// ordinary ops an XLA user writes: `tessera bench kernels` times it beside the kernel.
-    xla: Option<XlaFn>,
+    pub xla: Option<XlaFn>,
     /// Where `tessera demo`, the backend tests and the Mosaic tests check the kernel.
     pub cases: &'static [Case],
     /// Where `tessera bench kernels` times it: one row per set (sets differ by dtype); a
@@ -367,7 +344,7 @@ pub struct KernelInfo {
 pub struct Params(BTreeMap<String, String>);
 
 impl Params {
-    fn bad(&self, name: &str, expected: &'static str) -> RegistryError {
+    pub fn bad(&self, name: &str, expected: &'static str) -> RegistryError {
         RegistryError::BadValue {
             param: name.to_string(),
             value: self.0.get(name).cloned().unwrap_or_default(),
@@ -375,7 +352,13 @@ impl Params {
         }
     }
 
-    fn usize(&self, name: &str) -> Result<usize, RegistryError> {
+    /// The value of parameter `name` as given (or its default). Every parameter a kernel
+    /// declares has one; a name it does not declare is a bug in its family.
+    pub fn get(&self, name: &str) -> &str {
+        &self.0[name]
+    }
+
+    pub fn usize(&self, name: &str) -> Result<usize, RegistryError> {
         match self.0[name].parse() {
             Ok(n) if n > 0 => Ok(n),
             _ => Err(self.bad(name, "a positive integer")),
@@ -384,7 +367,7 @@ impl Params {
 
     /// A positive integer, or the value of parameter `other` when the value is its name
     /// (a default such as `BKVC = BKV`).
-    fn usize_or_same_as(&self, name: &str, other: &str) -> Result<usize, RegistryError> {
+    pub fn usize_or_same_as(&self, name: &str, other: &str) -> Result<usize, RegistryError> {
         if self.0[name] == other {
             self.usize(other)
         } else {
@@ -392,7 +375,7 @@ impl Params {
         }
     }
 
-    fn block(&self, name: &str) -> Result<usize, RegistryError> {
+    pub fn block(&self, name: &str) -> Result<usize, RegistryError> {
         let b = self.usize(name)?;
         if BLOCK_SIZES.contains(&b) {
             Ok(b)
@@ -405,21 +388,23 @@ impl Params {
     }
 
     /// The compute dtype (`DType::compute_from_name`).
-    fn dtype(&self) -> Result<DType, RegistryError> {
+    pub fn dtype(&self) -> Result<DType, RegistryError> {
         self.0
             .get("dtype")
             .and_then(|d| DType::compute_from_name(d))
             .ok_or_else(|| self.bad("dtype", "f32 or bf16"))
     }
 
-    fn bool(&self, name: &str) -> Result<bool, RegistryError> {
+    pub fn bool(&self, name: &str) -> Result<bool, RegistryError> {
         self.0[name]
             .parse()
             .map_err(|_| self.bad(name, "true or false"))
     }
 }
 
-/// Calls `$m!(.. const_value)` with the const matching a run-time block size.
+/// Calls `$m!(.. const_value)` with the const matching a run-time block size (one of
+/// [`BLOCK_SIZES`], which [`Params::block`] checks).
+#[macro_export]
 macro_rules! dispatch_block {
     ($value:expr, $m:ident ! ( $($args:tt)* )) => {
         match $value {
@@ -436,7 +421,11 @@ macro_rules! dispatch_block {
 }
 
 /// Checks that `inputs` are as many as `kernel` takes.
-fn expect_inputs(kernel: &str, inputs: &[HostArray], expected: usize) -> Result<(), RegistryError> {
+pub fn expect_inputs(
+    kernel: &str,
+    inputs: &[HostArray],
+    expected: usize,
+) -> Result<(), RegistryError> {
     if inputs.len() == expected {
         return Ok(());
     }
@@ -448,7 +437,7 @@ fn expect_inputs(kernel: &str, inputs: &[HostArray], expected: usize) -> Result<
 }
 
 /// Refuses any dtype but f32 (the kernels that move f32 arrays only).
-fn f32_only(p: &Params) -> Result<(), RegistryError> {
+pub fn f32_only(p: &Params) -> Result<(), RegistryError> {
     if p.dtype()? != DType::F32 {
         return Err(p.bad("dtype", "f32 (the kernel moves f32 arrays)"));
     }
@@ -456,69 +445,14 @@ fn f32_only(p: &Params) -> Result<(), RegistryError> {
 }
 
 /// The flops of a kernel that only moves data.
-fn no_flops(_: &Params, _: &str) -> Result<f64, RegistryError> {
+pub fn no_flops(_: &Params, _: &str) -> Result<f64, RegistryError> {
     Ok(0.0)
 }
 
 /// Parameters several families share.
-const DTYPE: ParamInfo = ParamInfo::compile_time("dtype", "f32", "input dtype: f32 or bf16");
-const BQ: ParamInfo = ParamInfo::compile_time("BQ", "128", "query rows per block");
-const BKV: ParamInfo = ParamInfo::compile_time("BKV", "128", "keys per block");
-
-// The families, each with its builds, references, flop counts, cases, bench sets and
-// entries in one file (after `dispatch_block!`, which they use).
-mod collective;
-mod examples;
-mod paged;
-mod splash;
-
-/// Every family's entries, in the order [`KERNELS`] lists them.
-const FAMILIES: &[&[KernelInfo]] = &[
-    examples::KERNELS,
-    paged::KERNELS,
-    collective::KERNELS,
-    splash::KERNELS,
-];
-
-/// Every built-in kernel: the families' entries, one after another.
-pub const KERNELS: &[KernelInfo] = &concat_families::<{ count_kernels(FAMILIES) }>(FAMILIES);
-
-const fn count_kernels(families: &[&[KernelInfo]]) -> usize {
-    let (mut family, mut count) = (0, 0);
-    while family < families.len() {
-        count += families[family].len();
-        family += 1;
-    }
-    count
-}
-
-/// The entries of `families` in one array, at compile time (so [`KERNELS`] stays a plain
-/// slice for its users).
-const fn concat_families<const N: usize>(families: &[&[KernelInfo]]) -> [KernelInfo; N] {
-    let mut all = [families[0][0]; N];
-    let (mut family, mut at) = (0, 0);
-    while family < families.len() {
-        let mut i = 0;
-        while i < families[family].len() {
-            all[at] = families[family][i];
-            at += 1;
-            i += 1;
-        }
-        family += 1;
-    }
-    all
-}
-
-/// Looks a kernel up by name.
-pub fn find(name: &str) -> Result<&'static KernelInfo, RegistryError> {
-    KERNELS
-        .iter()
-        .find(|k| k.name == name)
-        .ok_or_else(|| RegistryError::UnknownKernel {
-            name: name.to_string(),
-            known: KERNELS.iter().map(|k| k.name).collect(),
-        })
-}
+pub const DTYPE: ParamInfo = ParamInfo::compile_time("dtype", "f32", "input dtype: f32 or bf16");
+pub const BQ: ParamInfo = ParamInfo::compile_time("BQ", "128", "query rows per block");
+pub const BKV: ParamInfo = ParamInfo::compile_time("BKV", "128", "keys per block");
 
 impl KernelInfo {
     /// Whether the kernel runs on a device mesh (each device with its own arguments and
@@ -775,81 +709,76 @@ impl Instance {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every entry has cases and bench sets that build, bench values that name known knobs,
-    /// and a reference with one output per kernel output.
-    #[test]
-    fn every_kernel_has_cases_a_reference_and_bench_parameters() {
-        for info in KERNELS {
-            assert!(!info.cases.is_empty(), "{}: no cases", info.name);
-            assert!(!info.bench.is_empty(), "{}: no bench parameters", info.name);
-            for case in info.cases {
-                let inst = info
-                    .instance(&case.given())
-                    .unwrap_or_else(|e| panic!("{} {:?}: {e}", info.name, case.params));
-                assert!(case.tol > 0.0);
-                let inputs = inst.inputs(1).unwrap();
-                assert_eq!(inputs.len(), inst.devices(), "{}", info.name);
-                assert_eq!(info.on_mesh(), !inst.mesh().is_empty(), "{}", info.name);
-                for device in &inputs {
-                    assert_eq!(device.len(), inst.args().len(), "{}", info.name);
-                    for (a, spec) in device.iter().zip(inst.args()) {
-                        assert_eq!(&ArgSpec::of(a), spec, "{}", info.name);
+/// Checks a family's entries, panicking with the kernel and parameters at the first gap:
+/// every entry has cases and bench sets, each case builds and instantiates under the TPU
+/// rules with inputs that match its argument specs (one list per device), a reference with
+/// one output per kernel output and a flop count, and every bench set resolves its sizes
+/// ([`BENCH_SIZES`]) and builds. For a family's tests (each family runs it on its list; the
+/// facade on the whole table).
+pub fn check_family(kernels: &'static [KernelInfo]) {
+    for info in kernels {
+        assert!(!info.cases.is_empty(), "{}: no cases", info.name);
+        assert!(!info.bench.is_empty(), "{}: no bench parameters", info.name);
+        for case in info.cases {
+            let inst = info
+                .instance(&case.given())
+                .unwrap_or_else(|e| panic!("{} {:?}: {e}", info.name, case.params));
+            assert!(case.tol > 0.0);
+            let inputs = inst.inputs(1).unwrap();
+            assert_eq!(inputs.len(), inst.devices(), "{}", info.name);
+            assert_eq!(info.on_mesh(), !inst.mesh().is_empty(), "{}", info.name);
+            for device in &inputs {
+                assert_eq!(device.len(), inst.args().len(), "{}", info.name);
+                for (a, spec) in device.iter().zip(inst.args()) {
+                    assert_eq!(&ArgSpec::of(a), spec, "{}", info.name);
+                }
+            }
+            let outputs = inst
+                .instantiate(&KernelRules::tpu())
+                .unwrap_or_else(|e| panic!("{} {:?}: {e}", info.name, case.params))
+                .operands
+                .iter()
+                .filter(|o| o.role == tessera_dsl::ir::OperandRole::Output)
+                .map(|o| o.array_shape.iter().product::<usize>())
+                .collect::<Vec<_>>();
+            for want in inst.reference(&inputs).unwrap() {
+                let want: Vec<usize> = want.iter().map(Vec::len).collect();
+                assert_eq!(want, outputs, "{} {:?}", info.name, case.params);
+            }
+            // 0: a kernel that only moves data.
+            assert!(inst.flops().unwrap() >= 0.0, "{}", info.name);
+        }
+        for set in info.bench {
+            // Small values for every knob: the sets resolve and build.
+            let knob = |name: &str| -> Option<String> {
+                BENCH_SIZES.iter().any(|s| s.name == name).then(|| {
+                    match name {
+                        "heads" => "2",
+                        "head_dim" => "64",
+                        "collective_size" => "512",
+                        _ => "128",
                     }
-                }
-                let outputs = inst
-                    .instantiate(&KernelRules::tpu())
-                    .unwrap_or_else(|e| panic!("{} {:?}: {e}", info.name, case.params))
-                    .operands
-                    .iter()
-                    .filter(|o| o.role == tessera_dsl::ir::OperandRole::Output)
-                    .map(|o| o.array_shape.iter().product::<usize>())
-                    .collect::<Vec<_>>();
-                for want in inst.reference(&inputs).unwrap() {
-                    let want: Vec<usize> = want.iter().map(Vec::len).collect();
-                    assert_eq!(want, outputs, "{} {:?}", info.name, case.params);
-                }
-                // 0: a kernel that only moves data.
-                assert!(inst.flops().unwrap() >= 0.0, "{}", info.name);
-            }
-            for set in info.bench {
-                // Small values for every knob: the sets resolve and build.
-                let knob = |name: &str| -> Option<String> {
-                    BENCH_SIZES.iter().any(|s| s.name == name).then(|| {
-                        match name {
-                            "heads" => "2",
-                            "head_dim" => "64",
-                            "collective_size" => "512",
-                            _ => "128",
-                        }
-                        .to_string()
-                    })
-                };
-                info.bench_instance(set, knob)
-                    .unwrap_or_else(|e| panic!("{} bench: {e}", info.name));
-            }
+                    .to_string()
+                })
+            };
+            info.bench_instance(set, knob)
+                .unwrap_or_else(|e| panic!("{} bench: {e}", info.name));
         }
     }
+}
 
-    #[test]
-    fn errors_name_the_culprit() {
-        let matmul = find("matmul").unwrap();
-        let e = |given: &[(&str, &str)]| matmul.build(&owned(given)).unwrap_err().to_string();
-        assert!(e(&[("BM", "48")]).contains("block sizes"));
-        assert!(e(&[("dtype", "f64")]).contains("parameter dtype=f64: expected f32 or bf16"));
-        assert!(e(&[("nope", "1")]).contains("has no parameter `nope`"));
-        let e = find("conv").unwrap_err().to_string();
-        assert!(
-            e.starts_with("unknown kernel `conv`; built-in kernels: matmul"),
-            "{e}"
-        );
-        let e = matmul
-            .bench_instance(&[("M", "{size}")], |_| None)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("bench parameter M={size}"), "{e}");
-    }
+/// A family's own error, boxed ([`RegistryError::Family`]).
+pub type BoxedError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The largest absolute difference between `got` and `want` and where it is (NaN counts as
+/// the largest).
+pub fn max_abs_diff(got: &[f64], want: &[f64]) -> (f64, usize) {
+    got.iter()
+        .zip(want)
+        .enumerate()
+        .map(|(i, (g, w))| ((g - w).abs(), i))
+        .fold(
+            (0.0, 0),
+            |a, b| if b.0 > a.0 || b.0.is_nan() { b } else { a },
+        )
 }

@@ -1,8 +1,14 @@
-//! The small example kernels of `src/kernels/`: the tiled matmul and its `Pipeline` form,
-//! the row softmax and the single-head flash attention; their builds from the parameters,
-//! f64 references and flop counts, and their entries.
+//! The example kernels' registration: the tiled matmul and its `Pipeline` form, the row
+//! softmax and the single-head flash attention; their builds from the parameters, f64
+//! references and flop counts, and their entries ([`KERNELS`], which [`crate::registry`]
+//! lists first).
 
-use super::*;
+use tessera_dsl::{with_float_type, ArgSpec, HostArray};
+use tessera_registry::{
+    dispatch_block, expect_inputs, Built, Case, KernelInfo, ParamInfo, Params, Reference,
+    RegistryError, BKV, BQ, DTYPE,
+};
+
 use crate::kernels::{flash_attention, matmul, pipelined_matmul, row_softmax};
 use crate::reference::{attention_ref, matmul_ref, softmax_ref};
 
@@ -134,7 +140,7 @@ fn flash_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
 }
 
 /// The example kernels.
-pub(super) const KERNELS: &[KernelInfo] = &[
+pub const KERNELS: &[KernelInfo] = &[
     KernelInfo {
         name: "matmul",
         summary: "tiled matmul x[M,K] @ y[K,N] with an f32 scratch accumulator",

@@ -1,15 +1,60 @@
-//! The kernels that run on a ring of devices with remote copies (`ring_shift`,
-//! `ring_all_gather`, `all_gather`, `all_gather_matmul`): their builds on the device mesh,
-//! every device's f64 reference, flop counts and entries.
+//! The kernels that move their own data: `gather_tiles` (one device, copies from HBM) and
+//! the kernels on a ring of devices with remote copies (`ring_shift`, `ring_all_gather`,
+//! `all_gather`, `all_gather_matmul`): their builds (on the device mesh), every device's f64
+//! reference, flop counts, XLA's own collectives for the same data, and entries
+//! ([`KERNELS`], which the facade's registry lists).
 
-use super::*;
-use crate::kernels::collective::{
+use tessera_dsl::axes::Context;
+use tessera_dsl::{with_float_type, ArgSpec, DType, DeviceAxis, HostArray, KernelDef};
+use tessera_hlo::{DotDims, Grouping, HloError, Module};
+use tessera_registry::xla::{group, spmd};
+use tessera_registry::{
+    expect_inputs, f32_only, no_flops, Built, Case, KernelInfo, ParamInfo, Params, Reference,
+    RegistryError, DTYPE,
+};
+
+use crate::collective::{
     all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
 };
-use crate::kernels::memory::{
-    ring_all_gather, ring_all_gather_reference, ring_mesh, ring_shift, ring_shift_reference,
-    RingMesh,
+use crate::memory::{
+    gather_tiles, gather_tiles_reference, ring_all_gather, ring_all_gather_reference, ring_mesh,
+    ring_shift, ring_shift_reference, RingMesh, TILE_ROWS,
 };
+
+/// `gather_tiles`' tile order: tile `g` is `(7 g + 3) mod (R / 8)` (out of order, repeating
+/// where `G` exceeds the tiles of `x`).
+fn tile_order(p: &Params) -> Result<HostArray, RegistryError> {
+    let (g, r) = (p.usize("G")?, p.usize("R")?);
+    if r % TILE_ROWS != 0 {
+        return Err(p.bad("R", "a multiple of 8 (x is gathered in tiles of 8 rows)"));
+    }
+    let tiles = (0..g)
+        .map(|i| ((7 * i + 3) % (r / TILE_ROWS)) as i32)
+        .collect();
+    Ok(HostArray::i32([g], tiles).expect("one entry per step"))
+}
+
+fn build_gather_tiles(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    f32_only(p)?;
+    let tiles = tile_order(p)?;
+    let x = ArgSpec::new(DType::F32, [p.usize("R")?, p.usize("C")?]);
+    Ok(Built {
+        def: gather_tiles(),
+        args: vec![ArgSpec::of(&tiles), x],
+        fixed: vec![Some(tiles), None],
+        mesh: Vec::new(),
+    })
+}
+
+fn gather_tiles_ref(
+    _: &Params,
+    name: &str,
+    x: &[HostArray],
+) -> Result<Vec<Vec<f64>>, RegistryError> {
+    expect_inputs(name, x, 2)?;
+    let tiles: Vec<i32> = x[0].to_f64_vec().iter().map(|&t| t as i32).collect();
+    Ok(vec![gather_tiles_reference(&tiles, &x[1])])
+}
 
 /// The ring of `devices` devices (the `context` axis) the collective kernels run on.
 fn ring(p: &Params) -> Result<Vec<DeviceAxis>, RegistryError> {
@@ -114,8 +159,36 @@ const DEVICES: ParamInfo = ParamInfo::compile_time(
     "devices of the ring (the mesh's `context` axis) the kernel runs on",
 );
 
-/// The collective kernels.
-pub(super) const KERNELS: &[KernelInfo] = &[
+/// The kernels that move their own data: `gather_tiles`, then the ring kernels.
+pub const KERNELS: &[KernelInfo] = &[
+    KernelInfo {
+        name: "gather_tiles",
+        summary: "tiles of 8 rows of x[R,C] (left in HBM) in the order of a scalar-prefetched \
+                  table, each step's copy double-buffered behind the one before",
+        params: &[
+            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            ParamInfo::size("G", "6", "tiles gathered (grid steps)", &[("tiles", 0)]),
+            ParamInfo::size("R", "32", "rows of x (a multiple of 8)", &[("x", 0)]),
+            ParamInfo::size("C", "128", "columns", &[("x", 1)]),
+        ],
+        build: build_gather_tiles,
+        reference: Reference::Local(gather_tiles_ref),
+        flops: no_flops,
+        inputs: None,
+        xla: None,
+        // A copy: exact.
+        cases: &[
+            Case {
+                params: &[],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("G", "9"), ("R", "16"), ("C", "256")],
+                tol: 1e-30,
+            },
+        ],
+        bench: &[&[("R", "{collective_size}"), ("C", "{collective_size}")]],
+    },
     KernelInfo {
         name: "ring_shift",
         summary: "x[R,C] of the previous device on a ring, by one remote copy to the next \
@@ -130,7 +203,7 @@ pub(super) const KERNELS: &[KernelInfo] = &[
         reference: Reference::Mesh(ring_shift_mesh_reference),
         flops: no_flops,
         inputs: None,
-        xla: Some(xla::ring_shift),
+        xla: Some(xla_ring_shift),
         cases: &[
             Case {
                 params: &[],
@@ -157,7 +230,7 @@ pub(super) const KERNELS: &[KernelInfo] = &[
         reference: Reference::Mesh(ring_all_gather_mesh_reference),
         flops: no_flops,
         inputs: None,
-        xla: Some(xla::all_gather),
+        xla: Some(xla_all_gather),
         cases: &[
             Case {
                 params: &[],
@@ -184,7 +257,7 @@ pub(super) const KERNELS: &[KernelInfo] = &[
         reference: Reference::Mesh(all_gather_mesh_reference),
         flops: no_flops,
         inputs: None,
-        xla: Some(xla::all_gather),
+        xla: Some(xla_all_gather),
         // A copy: exact.
         cases: &[
             Case {
@@ -220,7 +293,7 @@ pub(super) const KERNELS: &[KernelInfo] = &[
         reference: Reference::Mesh(all_gather_matmul_mesh_reference),
         flops: all_gather_matmul_flops,
         inputs: None,
-        xla: Some(xla::all_gather_matmul),
+        xla: Some(xla_all_gather_matmul),
         cases: &[
             // f32 accumulation of K products of magnitude <= 1.
             Case {
@@ -257,3 +330,39 @@ pub(super) const KERNELS: &[KernelInfo] = &[
         ],
     },
 ];
+
+/// XLA's `all_gather` over every device: one partition per device (`devices`), each with
+/// its own `x`, every one getting the concatenation in device order.
+fn xla_all_gather(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
+    spmd(args, devices, "xla_all_gather", |f, x| {
+        f.all_gather(x[0], 0, &[group(devices)], Grouping::FlattenedIds)
+    })
+}
+
+/// XLA's `all_gather` of the weight's row shards, then its dot: `x @ all_gather(w)` on every
+/// device (`devices` partitions), f32 accumulation, output in the input dtype.
+fn xla_all_gather_matmul(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
+    let dtype = args[0].dtype;
+    spmd(args, devices, "xla_all_gather_matmul", |f, x| {
+        let w = f.all_gather(x[1], 0, &[group(devices)], Grouping::FlattenedIds)?;
+        let out = f.dot_general(x[0], w, &DotDims::contracting([1], [0]), DType::F32, None)?;
+        f.convert(out, dtype)
+    })
+}
+
+/// XLA's `collective_permute` around the ring: device `d` gets device `d - 1`'s `x`.
+fn xla_ring_shift(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
+    let n = devices as i64;
+    let pairs: Vec<(i64, i64)> = (0..n).map(|d| (d, (d + 1) % n)).collect();
+    spmd(args, devices, "xla_ring_shift", |f, x| {
+        f.collective_permute(x[0], &pairs, Grouping::FlattenedIds)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn entries_are_complete() {
+        tessera_registry::check_family(super::KERNELS);
+    }
+}

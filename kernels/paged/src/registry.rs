@@ -1,17 +1,22 @@
-//! Paged attention and the KV-cache kernels beside it (`cache_update`, `gather_tiles`): their
-//! builds (the page tables and slots the parameters fix), f64 references, flop counts and
-//! entries.
+//! Paged attention and the KV-cache update beside it: their builds (the page tables and
+//! slots the parameters fix), f64 references, flop counts, XLA's dense paged attention, and
+//! entries ([`KERNELS`], which the facade's registry lists).
 
-use super::*;
-use crate::kernels::cache_update::{block_rows, cache_update, cache_update_reference};
-use crate::kernels::memory::{gather_tiles, gather_tiles_reference, TILE_ROWS};
-use crate::kernels::paged_attention;
-use crate::kernels::paged_attention::paged_attention_reference;
+use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray};
+use tessera_hlo::{DotDims, FuncBuilder, HloError, Module, Reducer, TensorType, Value};
+use tessera_registry::xla::ty;
+use tessera_registry::{
+    expect_inputs, no_flops, Built, Case, KernelInfo, ParamInfo, Params, Reference, RegistryError,
+    DTYPE,
+};
+
+use crate::cache_update::{block_rows, cache_update, cache_update_reference};
+use crate::paged_attention::{paged_attention, paged_attention_reference, MASK_VALUE};
 
 /// The pages in paged attention's pool: `P`, or with `P=all` every sequence's own
 /// (`B * pages_per_seq`).
 fn paged_pool(p: &Params) -> Result<usize, RegistryError> {
-    if p.0["P"] == "all" {
+    if p.get("P") == "all" {
         Ok(p.usize("B")? * p.usize("pages_per_seq")?)
     } else {
         p.usize("P")
@@ -122,43 +127,8 @@ fn cache_update_ref(
     Ok(vec![cache_update_reference(&slots, &x[1], &x[2])])
 }
 
-/// `gather_tiles`' tile order: tile `g` is `(7 g + 3) mod (R / 8)` (out of order, repeating
-/// where `G` exceeds the tiles of `x`).
-fn tile_order(p: &Params) -> Result<HostArray, RegistryError> {
-    let (g, r) = (p.usize("G")?, p.usize("R")?);
-    if r % TILE_ROWS != 0 {
-        return Err(p.bad("R", "a multiple of 8 (x is gathered in tiles of 8 rows)"));
-    }
-    let tiles = (0..g)
-        .map(|i| ((7 * i + 3) % (r / TILE_ROWS)) as i32)
-        .collect();
-    Ok(HostArray::i32([g], tiles).expect("one entry per step"))
-}
-
-fn build_gather_tiles(p: &Params, _name: &str) -> Result<Built, RegistryError> {
-    f32_only(p)?;
-    let tiles = tile_order(p)?;
-    let x = ArgSpec::new(DType::F32, [p.usize("R")?, p.usize("C")?]);
-    Ok(Built {
-        def: gather_tiles(),
-        args: vec![ArgSpec::of(&tiles), x],
-        fixed: vec![Some(tiles), None],
-        mesh: Vec::new(),
-    })
-}
-
-fn gather_tiles_ref(
-    _: &Params,
-    name: &str,
-    x: &[HostArray],
-) -> Result<Vec<Vec<f64>>, RegistryError> {
-    expect_inputs(name, x, 2)?;
-    let tiles: Vec<i32> = x[0].to_f64_vec().iter().map(|&t| t as i32).collect();
-    Ok(vec![gather_tiles_reference(&tiles, &x[1])])
-}
-
-/// Paged attention and the KV-cache kernels.
-pub(super) const KERNELS: &[KernelInfo] = &[
+/// Paged attention and the KV-cache update.
+pub const KERNELS: &[KernelInfo] = &[
     KernelInfo {
         name: "paged_attention",
         summary: "decode attention over KV pages in HBM found through a page table (JAX's \
@@ -208,7 +178,7 @@ pub(super) const KERNELS: &[KernelInfo] = &[
         reference: Reference::Local(paged_reference),
         flops: paged_flops,
         inputs: None,
-        xla: Some(|args, _| xla::paged_attention(args)),
+        xla: Some(|args, _| xla_paged_attention(args)),
         cases: &[
             Case {
                 params: &[("dtype", "f32")],
@@ -282,32 +252,112 @@ pub(super) const KERNELS: &[KernelInfo] = &[
             ("C", "{collective_size}"),
         ]],
     },
-    KernelInfo {
-        name: "gather_tiles",
-        summary: "tiles of 8 rows of x[R,C] (left in HBM) in the order of a scalar-prefetched \
-                  table, each step's copy double-buffered behind the one before",
-        params: &[
-            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
-            ParamInfo::size("G", "6", "tiles gathered (grid steps)", &[("tiles", 0)]),
-            ParamInfo::size("R", "32", "rows of x (a multiple of 8)", &[("x", 0)]),
-            ParamInfo::size("C", "128", "columns", &[("x", 1)]),
-        ],
-        build: build_gather_tiles,
-        reference: Reference::Local(gather_tiles_ref),
-        flops: no_flops,
-        inputs: None,
-        xla: None,
-        // A copy: exact.
-        cases: &[
-            Case {
-                params: &[],
-                tol: 1e-30,
-            },
-            Case {
-                params: &[("G", "9"), ("R", "16"), ("C", "256")],
-                tol: 1e-30,
-            },
-        ],
-        bench: &[&[("R", "{collective_size}"), ("C", "{collective_size}")]],
-    },
 ];
+
+/// Paged attention as XLA computes it densely: every sequence's pages gathered out of the
+/// pools into `[B, KVH, pages_per_seq * page_size, D]` (a loop over the page table's columns,
+/// one dynamic slice per entry), then attention of each query head group over them with the positions past the
+/// sequence's length masked; f32 arithmetic, output in the input dtype. Arguments as the
+/// kernel's: `q, k_pages, v_pages, lengths, page_indices`.
+fn xla_paged_attention(args: &[ArgSpec]) -> Result<Module, HloError> {
+    let [q, k, _, _, table] = args else {
+        unreachable!("paged attention takes five arguments")
+    };
+    let (b, h, d) = (q.shape[0] as i64, q.shape[1] as i64, q.shape[2] as i64);
+    let (kvh, page) = (k.shape[0] as i64, k.shape[2] as i64);
+    let per_seq = table.shape[1] as i64;
+    let (group, t) = (h / kvh, per_seq * page);
+    let dtype = q.dtype;
+    let mut module = Module::new("xla_paged_attention");
+    let mut f = module.func("main");
+    let values: Vec<Value> = args
+        .iter()
+        .map(|a| f.arg(ty(a)))
+        .collect::<Result<_, _>>()?;
+    let [q, k_pages, v_pages, lengths, table] = values[..] else {
+        unreachable!("five arguments")
+    };
+    // A loop over the page table's columns: at column `j`, every sequence's page `j` sliced
+    // out of each pool (a dynamic slice per sequence) and stored at its place.
+    let gathered = TensorType::new(vec![b, kvh, per_seq, page, d], dtype);
+    let init = [
+        f.splat(0.0, gathered.clone())?,
+        f.splat(0.0, gathered)?,
+        k_pages,
+        v_pages,
+        table,
+    ];
+    let lower = f.scalar(0.0, DType::I32)?;
+    let upper = f.scalar(per_seq as f64, DType::I32)?;
+    let out = f.fori_loop::<HloError, _>(lower, upper, &init, |f, j, c| {
+        let zero = f.scalar(0.0, DType::I32)?;
+        let mut next = Vec::new();
+        for (buf, pool) in [(c[0], c[2]), (c[1], c[3])] {
+            let mut pages = Vec::new();
+            for s in 0..b {
+                let row = f.scalar(s as f64, DType::I32)?;
+                let entry = f.dynamic_slice(c[4], &[row, j], &[1, 1])?;
+                let entry = f.reshape(entry, &[])?;
+                let p = f.dynamic_slice(pool, &[zero, entry, zero, zero], &[kvh, 1, page, d])?;
+                pages.push(f.reshape(p, &[1, kvh, 1, page, d])?);
+            }
+            let column = f.concatenate(&pages, 0)?;
+            next.push(f.dynamic_update_slice(buf, column, &[zero, zero, j, zero, zero])?);
+        }
+        next.extend_from_slice(&c[2..]);
+        Ok(next)
+    })?;
+    let kv = |f: &mut FuncBuilder<'_>, x: Value| -> Result<Value, HloError> {
+        let x = f.reshape(x, &[b, kvh, t, d])?;
+        f.convert(x, DType::F32)
+    };
+    let (keys, vals) = (kv(&mut f, out[0])?, kv(&mut f, out[1])?);
+    let q = f.reshape(q, &[b, kvh, group, d])?;
+    let q = f.convert(q, DType::F32)?;
+    // [B, KVH, G, T]
+    let batch = DotDims::new([0, 1], [0, 1], [3], [3]);
+    let s = f.dot_general(q, keys, &batch, DType::F32, None)?;
+    let scores = [b, kvh, group, t];
+    let pos = f.iota(TensorType::new(scores.to_vec(), DType::I32), 3)?;
+    let len = f.broadcast_in_dim(lengths, &scores, &[0])?;
+    let visible = f.lt(pos, len)?;
+    let masked = f.splat(
+        f64::from(MASK_VALUE),
+        TensorType::new(scores.to_vec(), DType::F32),
+    )?;
+    let s = f.select(visible, s, masked)?;
+    let max = f.reduce(s, &[3], Reducer::Max)?;
+    let max = f.broadcast_in_dim(max, &scores, &[0, 1, 2])?;
+    let s = f.sub(s, max)?;
+    let p = f.exp(s)?;
+    // A sequence of length 0 gets zeros, as the kernel's: its weights are masked out.
+    let zeros = f.splat(0.0, TensorType::new(scores.to_vec(), DType::F32))?;
+    let p = f.select(visible, p, zeros)?;
+    let sum = f.reduce(p, &[3], Reducer::Sum)?;
+    let tiny = f.splat(
+        f64::from(f32::MIN_POSITIVE),
+        TensorType::new(vec![b, kvh, group], DType::F32),
+    )?;
+    let sum = f.max(sum, tiny)?;
+    let sum = f.broadcast_in_dim(sum, &scores, &[0, 1, 2])?;
+    let p = f.div(p, sum)?;
+    let o = f.dot_general(
+        p,
+        vals,
+        &DotDims::new([0, 1], [0, 1], [3], [2]),
+        DType::F32,
+        None,
+    )?;
+    let o = f.reshape(o, &[b, h, d])?;
+    let o = f.convert(o, dtype)?;
+    f.finish(&[o])?;
+    Ok(module)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn entries_are_complete() {
+        tessera_registry::check_family(super::KERNELS);
+    }
+}

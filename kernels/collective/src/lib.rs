@@ -1,0 +1,20 @@
+//! tessera-collective-kernels: kernels that move their own data, written as
+//! `#[tpu_kernel]`s, with their registry entries ([`registry::KERNELS`]).
+//!
+//! - [`memory`]: a double-buffered gather of tiles from an HBM operand (`gather_tiles`), a
+//!   ring shift of a whole array to the next device of a mesh axis with remote copies
+//!   (`ring_shift`), and an all-gather over that ring (`ring_all_gather`).
+//! - [`collective`]: collectives inside kernels on any mesh axis: an all-gather as a ring of
+//!   remote copies (JAX's `ops/tpu/all_gather.py`) and an all-gather matmul whose remote copy
+//!   of each weight shard overlaps the matmul of the shard before it (a collective matmul,
+//!   which the fsdp train step of `tessera-train` runs with `--collective-matmul`).
+//!
+//! Each kernel has an f64 reference written separately from it (every device's outputs from
+//! every device's arguments); the registry runs both on every backend.
+
+pub mod collective;
+pub mod memory;
+pub mod registry;
+
+pub use collective::{all_gather, all_gather_matmul};
+pub use memory::{gather_tiles, ring_all_gather, ring_shift, RingMesh};
