@@ -7,7 +7,7 @@ mod common;
 
 use tessera::backend::{self, Backend};
 use tessera::dsl::interpret::{self, InterpretOptions};
-use tessera::dsl::{ArgSpec, DType, HostArray, KernelRules, Lowering};
+use tessera::dsl::{ArgSpec, CallFacts, DType, HostArray, KernelRules, Lowering};
 use tessera::prelude::*;
 use tessera::runtime::{CompileOptions, Plugin};
 use tessera_mosaic_eval::RunOptions;
@@ -93,7 +93,9 @@ fn the_ir_and_the_custom_call_name_the_alias() {
         .unwrap();
     assert!(k.to_string().contains("aliases x"), "{k}");
     // Operands of the call: the prefetch table (0), then x (1).
-    let call = Lowering::tpu().mosaic_call(&k, None, &[]).unwrap();
+    let call = Lowering::tpu()
+        .mosaic_call(&k, CallFacts::default())
+        .unwrap();
     let aliases = &call.call.output_operand_aliases;
     assert_eq!(aliases.len(), 1);
     assert_eq!((aliases[0].output, aliases[0].operand), (0, 1));

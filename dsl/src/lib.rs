@@ -29,7 +29,9 @@ pub use compile_time::{KernelSize, LoopBounds, LoopInt, Precondition};
 pub use error::{KernelError, Problem, ProblemKind};
 pub use instantiate::{ArgDecl, ArgSpec, Builder, ComptimeValue, IndexMapFn, KernelDef, Stop};
 pub use ir::{DType, DeviceAxis, DimSemantics, Kernel};
-pub use lowering::{KernelCostEstimates, KernelLowering, Lowering, MosaicCall, SCHEDULE_ATTRIBUTE};
+pub use lowering::{
+    CallFacts, KernelCostEstimates, KernelLowering, Lowering, MosaicCall, SCHEDULE_ATTRIBUTE,
+};
 pub use rules::KernelRules;
 pub use tessera_hlo::{axes, axis, mesh, HasAxis, MeshAxis, MeshShape};
 pub use tessera_macros::tpu_kernel;

@@ -91,7 +91,9 @@ impl Lowering {
     /// prefetch and inputs, in order) and returns its outputs, the kernel lowered as
     /// [`Lowering::lower_into`] lowers it (for [`Lowering::tpu`], one `tpu_custom_call`).
     pub fn lower_module(&self, k: &Kernel) -> Result<hlo::Module, KernelError> {
-        crate::stablehlo::module_with(k, |k, f, args| self.lower_into(k, f, args))
+        crate::stablehlo::module_with(k, |k, f, args| {
+            self.lower_into(k, f, args, CallFacts::default())
+        })
     }
 
     /// The instantiated kernel `k`, which runs on a device mesh, alone in a manually
@@ -117,52 +119,25 @@ impl Lowering {
     ) -> Result<Vec<hlo::Value>, KernelError> {
         match self.kernels {
             KernelLowering::Inline => crate::stablehlo::lower_into_spmd(k, f, args),
-            KernelLowering::Mosaic => self.custom_call(k, f, args, None, &[]),
+            KernelLowering::Mosaic => self.custom_call(k, f, args, CallFacts::default()),
         }
     }
 
     /// Lowers the instantiated kernel `k` into the function `f` is building, applied to
     /// `args` (its scalar-prefetch and input arrays, in declaration order); returns its
-    /// output arrays.
+    /// output arrays. `facts` are what the caller knows of this call beyond the kernel
+    /// ([`CallFacts::default`]: nothing); a Mosaic call uses them, inline lowering ignores
+    /// them.
     pub fn lower_into(
         &self,
         k: &Kernel,
         f: &mut FuncBuilder<'_>,
         args: &[hlo::Value],
-    ) -> Result<Vec<hlo::Value>, KernelError> {
-        self.lower_into_with_work(k, f, args, None)
-    }
-
-    /// [`Lowering::lower_into`], where the caller knows how many grid steps do work (e.g.
-    /// splash, from its block tables: the steps of skipped blocks do nothing): the Mosaic
-    /// call's cost estimate counts the work of `active_grid_steps` steps instead of every
-    /// step. Inline lowering ignores it.
-    pub fn lower_into_with_work(
-        &self,
-        k: &Kernel,
-        f: &mut FuncBuilder<'_>,
-        args: &[hlo::Value],
-        active_grid_steps: Option<u64>,
-    ) -> Result<Vec<hlo::Value>, KernelError> {
-        self.lower_into_known(k, f, args, active_grid_steps, &[])
-    }
-
-    /// [`Lowering::lower_into_with_work`], where the caller also knows the host values of some
-    /// arguments (`known`, aligned with `args`; splash's block tables): a Mosaic call carries
-    /// its [`KernelSchedule`] (how often each top-level `when` runs), evaluated with those
-    /// values, in its `tessera_schedule` frontend attribute, which reading the compiled
-    /// kernel's cost uses. Inline lowering ignores both.
-    pub fn lower_into_known(
-        &self,
-        k: &Kernel,
-        f: &mut FuncBuilder<'_>,
-        args: &[hlo::Value],
-        active_grid_steps: Option<u64>,
-        known: &[ArgValues<'_>],
+        facts: CallFacts<'_>,
     ) -> Result<Vec<hlo::Value>, KernelError> {
         match self.kernels {
             KernelLowering::Inline => crate::stablehlo::lower_into(k, f, args),
-            KernelLowering::Mosaic => self.custom_call(k, f, args, active_grid_steps, known),
+            KernelLowering::Mosaic => self.custom_call(k, f, args, facts),
         }
     }
 
@@ -170,17 +145,12 @@ impl Lowering {
     /// module with the custom call's config (cost estimate, scoped VMEM limit), the order of
     /// its operands and its result types. [`Lowering::lower_into`] emits exactly this call;
     /// tools that build the call themselves (the `tessera-jax` package's TPU lowering rule)
-    /// take it from here. `active_grid_steps` and `known` as in [`Lowering::lower_into_known`].
-    pub fn mosaic_call(
-        &self,
-        k: &Kernel,
-        active_grid_steps: Option<u64>,
-        known: &[ArgValues<'_>],
-    ) -> Result<MosaicCall, KernelError> {
-        let schedule = KernelSchedule::of_kernel(k, known);
+    /// take it from here, with the same `facts`.
+    pub fn mosaic_call(&self, k: &Kernel, facts: CallFacts<'_>) -> Result<MosaicCall, KernelError> {
+        let schedule = KernelSchedule::of_kernel(k, facts.known);
         let mut mosaic = crate::mosaic::lower(k)?;
-        if active_grid_steps.is_some() {
-            mosaic.cost = crate::mosaic::cost_estimate(k, active_grid_steps);
+        if facts.active_grid_steps.is_some() {
+            mosaic.cost = crate::mosaic::cost_estimate(k, facts.active_grid_steps);
         }
         // The call takes the scalar-prefetch tables first, then the inputs (the order of the
         // Mosaic function's parameters); the kernel's arguments follow its declaration order.
@@ -257,14 +227,13 @@ impl Lowering {
         k: &Kernel,
         f: &mut FuncBuilder<'_>,
         args: &[hlo::Value],
-        active_grid_steps: Option<u64>,
-        known: &[ArgValues<'_>],
+        facts: CallFacts<'_>,
     ) -> Result<Vec<hlo::Value>, KernelError> {
         let MosaicCall {
             call,
             operand_order,
             results,
-        } = self.mosaic_call(k, active_grid_steps, known)?;
+        } = self.mosaic_call(k, facts)?;
         if operand_order.len() != args.len() {
             return Err(internal(
                 k,
@@ -279,6 +248,21 @@ impl Lowering {
         f.tpu_custom_call(&call, &operands, &results)
             .map_err(|e: HloError| internal(k, e.to_string()))
     }
+}
+
+/// What the caller of [`Lowering::lower_into`] knows about one call of a kernel beyond its
+/// IR. A Mosaic call uses these facts; inline lowering ignores them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CallFacts<'a> {
+    /// The grid steps that do work, where the caller knows it (splash, from its block
+    /// tables: the steps of skipped blocks do nothing): the Mosaic call's cost estimate
+    /// counts the work of that many steps instead of every step. `None`: every step.
+    pub active_grid_steps: Option<u64>,
+    /// Host values of some arguments, aligned with the call's arguments (splash's block
+    /// tables): the Mosaic call carries its [`KernelSchedule`] (how often each top-level
+    /// `when` runs), evaluated with these values, in its `tessera_schedule` frontend
+    /// attribute, which reading the compiled kernel's cost uses. Empty: none known.
+    pub known: &'a [ArgValues<'a>],
 }
 
 /// A kernel's `tpu_custom_call`, as [`Lowering::mosaic_call`] builds it.

@@ -30,7 +30,9 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use tessera::backend::{self, Backend};
 use tessera::dsl::ir::OperandRole;
-use tessera::dsl::{ArgSpec, DType, DeviceAxis, HostArray, KernelDef, KernelRules, Lowering};
+use tessera::dsl::{
+    ArgSpec, CallFacts, DType, DeviceAxis, HostArray, KernelDef, KernelRules, Lowering,
+};
 use tessera::registry;
 use tessera::runtime::{ElementType, HostBuffer};
 use tessera::splash::{
@@ -273,7 +275,13 @@ impl PyKernel {
                 let kernel = self
                     .def
                     .instantiate_on(&self.specs, &self.mesh, &lowering.rules)?;
-                lowering.mosaic_call(&kernel, self.active_steps, &[])
+                lowering.mosaic_call(
+                    &kernel,
+                    CallFacts {
+                        active_grid_steps: self.active_steps,
+                        known: &[],
+                    },
+                )
             })
             .map_err(error)?;
         let d = PyDict::new(py);

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use tessera::dsl::{
-    mosaic, ArgSpec, DeviceAxis, HostArray, Kernel, KernelDef, KernelRules, Lowering,
+    mosaic, ArgSpec, CallFacts, DeviceAxis, HostArray, Kernel, KernelDef, KernelRules, Lowering,
 };
 use tessera::npy::write_npy;
 use tessera_mosaic_eval::{EvalError, Module, OutputSpec, RunOptions};
@@ -82,7 +82,7 @@ fn parsed_mosaic(k: &Kernel) -> (Module, Vec<OutputSpec>) {
     let m = mosaic::lower(k).unwrap_or_else(|e| panic!("{e}"));
     let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{}: {e}\n{}", m.name, m.text));
     let call = Lowering::tpu()
-        .mosaic_call(k, None, &[])
+        .mosaic_call(k, CallFacts::default())
         .unwrap_or_else(|e| panic!("{e}"));
     let aliases = &call.call.output_operand_aliases;
     let outputs = m

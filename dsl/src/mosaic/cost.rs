@@ -12,7 +12,7 @@ use crate::tpu_facts::tpu_tile;
 /// bounds count once; and every grid step that does work counts as fetching its input
 /// blocks and writing its output blocks (the pipeline skips a fetch when the block index
 /// does not change). The steps that do work are every step, or as many as the caller says
-/// ([`crate::Lowering::lower_into_with_work`]). Operands left in HBM count the bytes of the
+/// ([`crate::CallFacts::active_grid_steps`]). Operands left in HBM count the bytes of the
 /// copies that read or write them, each time a copy starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct CostEstimate {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use tessera_dsl::mosaic::ArgValues;
-use tessera_dsl::{ArgSpec, DType, HostArray};
+use tessera_dsl::{ArgSpec, CallFacts, DType, HostArray};
 use tessera_hlo::autodiff::{VjpCall, VjpRule};
 use tessera_hlo::{
     self as hlo, ComparisonDirection, DotDims, FuncBuilder, HloError, Module, Reducer,
@@ -82,10 +82,11 @@ pub fn lower_stages_on_shard(
                 StageArg::Tensor(_) => ArgValues::Unknown,
             })
             .collect();
-        let outs =
-            stage
-                .lowering
-                .lower_into_known(&kernel, f, &args, stage.active_steps, &known)?;
+        let facts = CallFacts {
+            active_grid_steps: stage.active_steps,
+            known: &known,
+        };
+        let outs = stage.lowering.lower_into(&kernel, f, &args, facts)?;
         env.extend(stage.outputs.iter().copied().zip(outs));
     }
     Ok(())
