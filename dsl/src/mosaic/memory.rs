@@ -1,5 +1,7 @@
-//! The Mosaic rules of kernels that move their own data, in the forms JAX's Pallas TPU
-//! lowering emits (read from its output for `paged_attention` and `all_gather`):
+//! The Mosaic rules of memory: loads and stores of windows (`vector.load`,
+//! `tpu.vector_store`) and of SMEM scalars (`memref.load`, `memref.store`), and those of
+//! kernels that move their own data, in the forms JAX's Pallas TPU lowering emits (read from
+//! its output for `paged_attention` and `all_gather`):
 //!
 //! - a copy window is a `tpu.memref_slice` of its operand (i32 offsets), followed, when the
 //!   source and destination windows differ in their unit dims, by a `tpu.memref_squeeze` of
@@ -17,10 +19,10 @@
 //! - `run_scoped` is a `tpu.region` whose VMEM buffers are `memref.alloca`s and whose
 //!   semaphores are `tpu.sem_alloc`s, yielding its results with `tpu.yield`.
 
-use super::{memref_type, value_type, Emitter, R};
+use super::{memref_type, ref_type, value_type, vector_type, Emitter, R};
 use crate::ir::{
     squeezed, Inst, Kernel, Loc, MemorySpace, Op, RefId, RefWindow, Region, RemoteDma, SemKind,
-    SemRef, Slice, ValueId,
+    SemRef, Slice, ValueId, ValueType,
 };
 
 /// The memref type of one semaphore of `kind`.
@@ -56,6 +58,84 @@ pub(super) fn uses_barrier(k: &Kernel) -> bool {
 }
 
 impl Emitter<'_> {
+    /// `vector.load` of a window of `src`, cast to the result's shape.
+    pub(super) fn load(
+        &mut self,
+        src: &RefId,
+        slices: &[Slice],
+        ty: &ValueType,
+        loc: Loc,
+    ) -> String {
+        let k = self.k;
+        let (indices, shape) = self.window(*src, slices, loc);
+        let r = self.refs[src].clone();
+        let v = self.emit(
+            &format!(
+                "vector.load {r}[{}] : {}, {}",
+                indices.join(", "),
+                ref_type(k, *src),
+                vector_type(&shape, ty.dtype)
+            ),
+            loc,
+        );
+        self.shape_cast(&v, &shape, &ty.shape, ty.dtype, loc)
+    }
+
+    /// `tpu.vector_store` of `value` into a window of `dst`.
+    pub(super) fn store(&mut self, dst: &RefId, slices: &[Slice], value: &ValueId, loc: Loc) {
+        let k = self.k;
+        let (indices, shape) = self.window(*dst, slices, loc);
+        let vt = self.ty(*value);
+        let v = self.v(*value);
+        let v = self.shape_cast(&v, &vt.shape, &shape, vt.dtype, loc);
+        let r = self.refs[dst].clone();
+        self.line(
+            &format!(
+                "tpu.vector_store {r}[{}], {v} {{strides = array<i32>}} : {}, {},",
+                indices.join(", "),
+                ref_type(k, *dst),
+                vector_type(&shape, vt.dtype)
+            ),
+            loc,
+        );
+    }
+
+    /// `memref.load` of one element of `src` (SMEM scalars).
+    pub(super) fn load_scalar(&mut self, src: &RefId, indices: &[ValueId], loc: Loc) -> String {
+        let k = self.k;
+        let idx = self.index_values(indices, loc);
+        let r = self.refs[src].clone();
+        self.emit(
+            &format!(
+                "memref.load {r}[{}] : {}",
+                idx.join(", "),
+                ref_type(k, *src)
+            ),
+            loc,
+        )
+    }
+
+    /// `memref.store` of one element into `dst`.
+    pub(super) fn store_scalar(
+        &mut self,
+        dst: &RefId,
+        indices: &[ValueId],
+        value: &ValueId,
+        loc: Loc,
+    ) {
+        let k = self.k;
+        let idx = self.index_values(indices, loc);
+        let (r, v) = (self.refs[dst].clone(), self.v(*value));
+        self.line(
+            &format!(
+                "memref.store {v}, {r}[{}] : {}",
+                idx.join(", "),
+                ref_type(k, *dst)
+            ),
+            loc,
+        );
+    }
+
     /// Binds the barrier semaphore, when the kernel has one, at the top of the body.
     pub(super) fn barrier(&mut self) -> R<()> {
         let barrier = self

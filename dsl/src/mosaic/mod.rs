@@ -17,9 +17,11 @@
 //! is instantiated under [`KernelRules::tpu`](crate::KernelRules::tpu) (see
 //! [`rules`](crate::rules)).
 
+mod control;
 mod cost;
 mod memory;
 mod schedule;
+mod vector;
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -32,8 +34,8 @@ pub use schedule::{ArgValues, KernelSchedule, PathRuns, ScheduleError};
 
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{
-    BinaryOp, BlockDim, CmpOp, DType, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole,
-    ReduceOp, RefId, Region, SemKind, Slice, UnaryOp, ValueId, ValueType,
+    BlockDim, DType, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole, RefId, Region,
+    SemKind, Slice, ValueId, ValueType,
 };
 
 /// The `stable_mosaic.version` the emitted modules declare.
@@ -708,6 +710,9 @@ impl<'k> Emitter<'k> {
         }
     }
 
+    /// Emits one instruction and binds its result. The op families' emitters live beside
+    /// this file: `vector.rs` (elementwise ops, shapes, reductions, matmuls), `memory.rs`
+    /// (loads and stores, copies, semaphores, scopes) and `control.rs` (`when`, loops).
     fn inst(&mut self, inst: &Inst) -> R<()> {
         let k = self.k;
         let loc = inst.loc;
@@ -723,290 +728,40 @@ impl<'k> Emitter<'k> {
                 }
                 self.constant(*value, ty, loc)
             }
-            Op::Load { src, slices } => {
-                let (indices, shape) = self.window(*src, slices, loc);
-                let r = self.refs[src].clone();
-                let ty = result_ty(0);
-                let v = self.emit(
-                    &format!(
-                        "vector.load {r}[{}] : {}, {}",
-                        indices.join(", "),
-                        ref_type(k, *src),
-                        vector_type(&shape, ty.dtype)
-                    ),
-                    loc,
-                );
-                self.shape_cast(&v, &shape, &ty.shape, ty.dtype, loc)
-            }
+            Op::Load { src, slices } => self.load(src, slices, result_ty(0), loc),
             Op::Store { dst, slices, value } => {
-                let (indices, shape) = self.window(*dst, slices, loc);
-                let vt = self.ty(*value);
-                let v = self.v(*value);
-                let v = self.shape_cast(&v, &vt.shape, &shape, vt.dtype, loc);
-                let r = self.refs[dst].clone();
-                self.line(
-                    &format!(
-                        "tpu.vector_store {r}[{}], {v} {{strides = array<i32>}} : {}, {},",
-                        indices.join(", "),
-                        ref_type(k, *dst),
-                        vector_type(&shape, vt.dtype)
-                    ),
-                    loc,
-                );
+                self.store(dst, slices, value, loc);
                 return Ok(());
             }
-            Op::LoadScalar { src, indices } => {
-                let idx = self.index_values(indices, loc);
-                let r = self.refs[src].clone();
-                self.emit(
-                    &format!(
-                        "memref.load {r}[{}] : {}",
-                        idx.join(", "),
-                        ref_type(k, *src)
-                    ),
-                    loc,
-                )
-            }
+            Op::LoadScalar { src, indices } => self.load_scalar(src, indices, loc),
             Op::StoreScalar {
                 dst,
                 indices,
                 value,
             } => {
-                let idx = self.index_values(indices, loc);
-                let (r, v) = (self.refs[dst].clone(), self.v(*value));
-                self.line(
-                    &format!(
-                        "memref.store {v}, {r}[{}] : {}",
-                        idx.join(", "),
-                        ref_type(k, *dst)
-                    ),
-                    loc,
-                );
+                self.store_scalar(dst, indices, value, loc);
                 return Ok(());
             }
-            Op::Unary { op, x } => {
-                let t = self.ty(*x);
-                let (xs, ts) = (self.v(*x), value_type(t));
-                let float = t.dtype.is_float();
-                match op {
-                    UnaryOp::Neg if float => self.emit(&format!("arith.negf {xs} : {ts}"), loc),
-                    UnaryOp::Neg => {
-                        let zero = self.constant(Literal::Int(0), t, loc);
-                        self.emit(&format!("arith.subi {zero}, {xs} : {ts}"), loc)
-                    }
-                    UnaryOp::Exp => self.emit(&format!("math.exp {xs} : {ts}"), loc),
-                    UnaryOp::Log => self.emit(&format!("math.log {xs} : {ts}"), loc),
-                    UnaryOp::Tanh => self.emit(&format!("math.tanh {xs} : {ts}"), loc),
-                    UnaryOp::Sqrt => self.emit(&format!("math.sqrt {xs} : {ts}"), loc),
-                    UnaryOp::Rsqrt => self.emit(&format!("math.rsqrt {xs} : {ts}"), loc),
-                    UnaryOp::Abs if float => self.emit(&format!("math.absf {xs} : {ts}"), loc),
-                    UnaryOp::Abs => self.emit(&format!("math.absi {xs} : {ts}"), loc),
-                    UnaryOp::Not => {
-                        let one = self.constant(Literal::Bool(true), t, loc);
-                        self.emit(&format!("arith.xori {xs}, {one} : {ts}"), loc)
-                    }
-                }
-            }
-            Op::Binary { op, lhs, rhs } => {
-                let t = self.ty(*lhs);
-                let name = binary_op(*op, t.dtype);
-                let (a, b) = (self.v(*lhs), self.v(*rhs));
-                self.emit(&format!("{name} {a}, {b} : {}", value_type(t)), loc)
-            }
-            Op::Compare { op, lhs, rhs } => {
-                let t = self.ty(*lhs);
-                let (a, b) = (self.v(*lhs), self.v(*rhs));
-                let (name, pred) = compare_op(*op, t.dtype);
-                self.emit(&format!("{name} {pred}, {a}, {b} : {}", value_type(t)), loc)
-            }
+            Op::Unary { op, x } => self.unary(op, x, loc),
+            Op::Binary { op, lhs, rhs } => self.binary(op, lhs, rhs, loc),
+            Op::Compare { op, lhs, rhs } => self.compare(op, lhs, rhs, loc),
             Op::Select {
                 cond,
                 on_true,
                 on_false,
-            } => {
-                let (c, a, b) = (self.v(*cond), self.v(*on_true), self.v(*on_false));
-                let t = self.ty(*on_true);
-                let types = if t.is_scalar() {
-                    value_type(t)
-                } else {
-                    format!("{}, {}", value_type(self.ty(*cond)), value_type(t))
-                };
-                self.emit(&format!("arith.select {c}, {a}, {b} : {types}"), loc)
-            }
+            } => self.select(cond, on_true, on_false, loc),
             Op::Cast { x, to } => self.cast(*x, *to, loc),
-            Op::Broadcast { x, shape } => {
-                let t = self.ty(*x);
-                let to = ValueType::new(t.dtype, shape.clone());
-                if t.shape == *shape {
-                    self.v(*x)
-                } else if let Some(value) = self.scalar_constants.get(x).copied() {
-                    self.constant(value, &to, loc)
-                } else {
-                    let xs = self.v(*x);
-                    self.emit(
-                        &format!(
-                            "vector.broadcast {xs} : {} to {}",
-                            value_type(t),
-                            value_type(&to)
-                        ),
-                        loc,
-                    )
-                }
-            }
-            Op::Repeat { x, times, axis } => {
-                // As JAX lowers `pltpu.repeat`: one `tpu.concatenate` of the copies.
-                let t = self.ty(*x);
-                let xs = self.v(*x);
-                if *times == 1 {
-                    xs
-                } else {
-                    let mut shape = t.shape.clone();
-                    shape[*axis] *= times;
-                    let to = ValueType::new(t.dtype, shape);
-                    self.emit(
-                        &format!(
-                            "tpu.concatenate {} in {axis} : {} -> {}",
-                            vec![xs.as_str(); *times].join(", "),
-                            vec![value_type(t); *times].join(", "),
-                            value_type(&to)
-                        ),
-                        loc,
-                    )
-                }
-            }
-            Op::Reshape { x, shape } => {
-                let t = self.ty(*x);
-                let xs = self.v(*x);
-                let to = ValueType::new(t.dtype, shape.clone());
-                if t.shape == *shape {
-                    xs
-                } else if t.is_scalar() {
-                    self.emit(
-                        &format!(
-                            "vector.broadcast {xs} : {} to {}",
-                            value_type(t),
-                            value_type(&to)
-                        ),
-                        loc,
-                    )
-                } else if to.is_scalar() {
-                    let zeros = vec!["0"; t.rank()].join(", ");
-                    self.emit(
-                        &format!(
-                            "vector.extract {xs}[{zeros}] : {} from {}",
-                            t.dtype.mlir_name(),
-                            value_type(t)
-                        ),
-                        loc,
-                    )
-                } else if t.rank() == 2 && shape.len() == 2 && t.shape[0] != shape[0] {
-                    // A row as a column or back: through the 1-D vector (Mosaic casts a
-                    // rank-2 vector to rank 1 and back, not across its tiled dims at once).
-                    let flat = [t.shape.iter().product()];
-                    let line = self.shape_cast(&xs, &t.shape, &flat, t.dtype, loc);
-                    self.shape_cast(&line, &flat, shape, t.dtype, loc)
-                } else {
-                    self.shape_cast(&xs, &t.shape, shape, t.dtype, loc)
-                }
-            }
-            Op::Iota { ty, dim } => {
-                let i32_ty = ValueType::new(DType::I32, ty.shape.clone());
-                let iota = self.emit(
-                    &format!(
-                        "tpu.iota {{dimensions = array<i32: {dim}>}} : {}",
-                        value_type(&i32_ty)
-                    ),
-                    loc,
-                );
-                if ty.dtype == DType::I32 {
-                    iota
-                } else {
-                    self.emit(
-                        &format!(
-                            "arith.trunci {iota} : {} to {}",
-                            value_type(&i32_ty),
-                            value_type(ty)
-                        ),
-                        loc,
-                    )
-                }
-            }
-            Op::Reduce { op, x, axis } => {
-                let t = self.ty(*x);
-                let out_ty = result_ty(0);
-                // bf16 accumulates in f32 and rounds once, as the interpreter does.
-                let wide = t.dtype == DType::BF16;
-                let (src, acc_dtype) = if wide {
-                    let w = ValueType::new(DType::F32, t.shape.clone());
-                    let xs = self.v(*x);
-                    let e = self.emit(
-                        &format!("arith.extf {xs} : {} to {}", value_type(t), value_type(&w)),
-                        loc,
-                    );
-                    (e, DType::F32)
-                } else {
-                    (self.v(*x), t.dtype)
-                };
-                let in_ty = ValueType::new(acc_dtype, t.shape.clone());
-                let acc_ty = ValueType::new(acc_dtype, out_ty.shape.clone());
-                let (kind, init) = reduce_kind(*op, acc_dtype);
-                let acc = self.constant(init, &acc_ty, loc);
-                let red = self.emit(
-                    &format!(
-                        "vector.multi_reduction <{kind}>, {src}, {acc} [{axis}] : {} to {}",
-                        value_type(&in_ty),
-                        value_type(&acc_ty)
-                    ),
-                    loc,
-                );
-                if wide {
-                    self.emit(
-                        &format!(
-                            "arith.truncf {red} : {} to {}",
-                            value_type(&acc_ty),
-                            value_type(out_ty)
-                        ),
-                        loc,
-                    )
-                } else {
-                    red
-                }
-            }
+            Op::Broadcast { x, shape } => self.broadcast(x, shape, loc),
+            Op::Repeat { x, times, axis } => self.repeat(x, times, axis, loc),
+            Op::Reshape { x, shape } => self.reshape(x, shape, loc),
+            Op::Iota { ty, dim } => self.iota(ty, dim, loc),
+            Op::Reduce { op, x, axis } => self.reduce(op, x, axis, result_ty(0), loc),
             Op::Dot {
                 lhs,
                 rhs,
                 transpose_lhs,
                 transpose_rhs,
-            } => {
-                let (a, b) = (self.v(*lhs), self.v(*rhs));
-                let (ta, tb) = (self.ty(*lhs), self.ty(*rhs));
-                let out_ty = result_ty(0);
-                let zero = match out_ty.dtype {
-                    DType::I32 => Literal::Int(0),
-                    _ => Literal::Float(0.0),
-                };
-                let acc = self.constant(zero, out_ty, loc);
-                let (lc, ln) = if *transpose_lhs { (0, 1) } else { (1, 0) };
-                let (rc, rn) = if *transpose_rhs { (1, 0) } else { (0, 1) };
-                // f32 operands multiply at full f32 precision, as the interpreter does.
-                let precision = if ta.dtype == DType::F32 {
-                    ", precision = #tpu.contract_precision<fp32>"
-                } else {
-                    ""
-                };
-                self.emit(
-                    &format!(
-                        "tpu.matmul {a}, {b}, {acc} {{dimension_numbers = \
-                         #tpu.dot_dimension_numbers<[{lc}], [{rc}], [{ln}], [{rn}], \
-                         [0, {ln}, 1, {rn}], [], []>{precision}, transpose_lhs_hint = false}} : {}, {}, {} -> {}",
-                        value_type(ta),
-                        value_type(tb),
-                        value_type(out_ty),
-                        value_type(out_ty)
-                    ),
-                    loc,
-                )
-            }
+            } => self.dot(lhs, rhs, transpose_lhs, transpose_rhs, result_ty(0), loc),
             Op::DeviceId => self.emit("tpu.device_id : i32", loc),
             Op::DmaStart {
                 src,
@@ -1041,121 +796,13 @@ impl<'k> Emitter<'k> {
                 cond,
                 then,
                 otherwise,
-            } => {
-                let c = self.v(*cond);
-                self.open(&format!("scf.if {c} {{"));
-                self.region(then)?;
-                if !otherwise.insts.is_empty() {
-                    self.depth -= 1;
-                    self.open("} else {");
-                    self.region(otherwise)?;
-                }
-                self.close(Some(loc));
-                return Ok(());
-            }
+            } => return self.when(cond, then, otherwise, loc),
             Op::ForLoop { lo, hi, init, body } => {
-                let one = self.emit("arith.constant 1 : i32", loc);
-                let (lo, hi) = (self.v(*lo), self.v(*hi));
-                let iv = format!("%v{}", body.params[0].0);
-                self.env.insert(body.params[0], iv.clone());
-                let mut iter_args = Vec::new();
-                let mut types = Vec::new();
-                for (&p, &i) in body.params[1..].iter().zip(init) {
-                    let name = format!("%v{}", p.0);
-                    iter_args.push(format!("{name} = {}", self.v(i)));
-                    types.push(value_type(self.ty(i)));
-                    self.env.insert(p, name);
-                }
-                let results = match inst.results.len() {
-                    0 => String::new(),
-                    1 => format!("%v{} = ", inst.results[0].0),
-                    n => format!("%v{}:{n} = ", inst.results[0].0),
-                };
-                let carried = if init.is_empty() {
-                    String::new()
-                } else {
-                    format!(
-                        " iter_args({}) -> ({})",
-                        iter_args.join(", "),
-                        types.join(", ")
-                    )
-                };
-                self.open(&format!(
-                    "{results}scf.for {iv} = {lo} to {hi} step {one}{carried} : i32 {{"
-                ));
-                self.region(body)?;
-                if !body.yields.is_empty() {
-                    let ys: Vec<String> = body.yields.iter().map(|y| self.v(*y)).collect();
-                    self.line(
-                        &format!("scf.yield {} : {}", ys.join(", "), types.join(", ")),
-                        loc,
-                    );
-                }
-                self.close(Some(loc));
-                match inst.results.len() {
-                    0 => {}
-                    1 => {
-                        self.env
-                            .insert(inst.results[0], format!("%v{}", inst.results[0].0));
-                    }
-                    _ => {
-                        let base = inst.results[0].0;
-                        for (i, &r) in inst.results.iter().enumerate() {
-                            self.env.insert(r, format!("%v{base}#{i}"));
-                        }
-                    }
-                }
-                return Ok(());
+                return self.for_loop(inst, lo, hi, init, body, loc)
             }
         };
         self.env.insert(inst.results[0], out);
         Ok(())
-    }
-
-    /// `x` converted to `to` with the interpreter's semantics (bools are 0 and 1; floats
-    /// truncate toward zero into ints; nonzero is true).
-    fn cast(&mut self, x: ValueId, to: DType, loc: Loc) -> String {
-        let t = self.ty(x);
-        let from = t.dtype;
-        let xs = self.v(x);
-        if from == to {
-            return xs;
-        }
-        let src = value_type(t);
-        let dst_ty = ValueType::new(to, t.shape.clone());
-        let dst = value_type(&dst_ty);
-        let conv = |op: &str| format!("{op} {xs} : {src} to {dst}");
-        match (from, to) {
-            (DType::BF16, DType::F32) => self.emit(&conv("arith.extf"), loc),
-            (DType::F32, DType::BF16) => self.emit(&conv("arith.truncf"), loc),
-            (f, i) if f.is_float() && i.is_int() => self.emit(&conv("arith.fptosi"), loc),
-            (i, f) if i.is_int() && f.is_float() => self.emit(&conv("arith.sitofp"), loc),
-            (DType::I8, DType::I32) => self.emit(&conv("arith.extsi"), loc),
-            (DType::I32, DType::I8) => self.emit(&conv("arith.trunci"), loc),
-            (f, DType::Bool) => {
-                let zero = self.constant(Literal::Int(0), t, loc);
-                let (name, pred) = if f.is_float() {
-                    ("arith.cmpf", "une")
-                } else {
-                    ("arith.cmpi", "ne")
-                };
-                self.emit(&format!("{name} {pred}, {xs}, {zero} : {src}"), loc)
-            }
-            (DType::Bool, i) if i.is_int() => self.emit(&conv("arith.extui"), loc),
-            (DType::Bool, _) => {
-                // bool -> i32 -> float.
-                let wide = ValueType::new(DType::I32, t.shape.clone());
-                let w = self.emit(
-                    &format!("arith.extui {xs} : {src} to {}", value_type(&wide)),
-                    loc,
-                );
-                self.emit(
-                    &format!("arith.sitofp {w} : {} to {dst}", value_type(&wide)),
-                    loc,
-                )
-            }
-            (f, t) => unreachable!("every dtype pair is covered above: {f} -> {t}"),
-        }
     }
 }
 
@@ -1170,88 +817,6 @@ fn symbol(name: &str) -> String {
         name.to_string()
     } else {
         string_literal(name)
-    }
-}
-
-fn binary_op(op: BinaryOp, dtype: DType) -> &'static str {
-    if dtype.is_float() {
-        match op {
-            BinaryOp::Add => "arith.addf",
-            BinaryOp::Sub => "arith.subf",
-            BinaryOp::Mul => "arith.mulf",
-            BinaryOp::Div => "arith.divf",
-            BinaryOp::Rem => "arith.remf",
-            BinaryOp::Max => "arith.maximumf",
-            BinaryOp::Min => "arith.minimumf",
-            // Verified: logical ops only on ints and bools.
-            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => unreachable!("logical op on floats"),
-        }
-    } else {
-        match op {
-            BinaryOp::Add => "arith.addi",
-            BinaryOp::Sub => "arith.subi",
-            BinaryOp::Mul => "arith.muli",
-            BinaryOp::Div => "arith.divsi",
-            BinaryOp::Rem => "arith.remsi",
-            BinaryOp::Max => "arith.maxsi",
-            BinaryOp::Min => "arith.minsi",
-            BinaryOp::And => "arith.andi",
-            BinaryOp::Or => "arith.ori",
-            BinaryOp::Xor => "arith.xori",
-        }
-    }
-}
-
-/// The compare op and predicate: ordered float compares (false on NaN) except `ne`, which is
-/// true on NaN as in Rust; bools compare unsigned (false < true).
-fn compare_op(op: CmpOp, dtype: DType) -> (&'static str, &'static str) {
-    if dtype.is_float() {
-        let p = match op {
-            CmpOp::Eq => "oeq",
-            CmpOp::Ne => "une",
-            CmpOp::Lt => "olt",
-            CmpOp::Le => "ole",
-            CmpOp::Gt => "ogt",
-            CmpOp::Ge => "oge",
-        };
-        ("arith.cmpf", p)
-    } else {
-        let signed = !dtype.is_bool();
-        let p = match (op, signed) {
-            (CmpOp::Eq, _) => "eq",
-            (CmpOp::Ne, _) => "ne",
-            (CmpOp::Lt, true) => "slt",
-            (CmpOp::Le, true) => "sle",
-            (CmpOp::Gt, true) => "sgt",
-            (CmpOp::Ge, true) => "sge",
-            (CmpOp::Lt, false) => "ult",
-            (CmpOp::Le, false) => "ule",
-            (CmpOp::Gt, false) => "ugt",
-            (CmpOp::Ge, false) => "uge",
-        };
-        ("arith.cmpi", p)
-    }
-}
-
-/// The `vector.multi_reduction` kind and its neutral element.
-fn reduce_kind(op: ReduceOp, dtype: DType) -> (&'static str, Literal) {
-    if dtype.is_float() {
-        match op {
-            ReduceOp::Sum => ("add", Literal::Float(0.0)),
-            ReduceOp::Max => ("maximumf", Literal::Float(f64::NEG_INFINITY)),
-            ReduceOp::Min => ("minimumf", Literal::Float(f64::INFINITY)),
-        }
-    } else {
-        let (lo, hi) = if dtype == DType::I8 {
-            (i8::MIN as i64, i8::MAX as i64)
-        } else {
-            (i32::MIN as i64, i32::MAX as i64)
-        };
-        match op {
-            ReduceOp::Sum => ("add", Literal::Int(0)),
-            ReduceOp::Max => ("maxsi", Literal::Int(lo)),
-            ReduceOp::Min => ("minsi", Literal::Int(hi)),
-        }
     }
 }
 
