@@ -1,0 +1,261 @@
+//! The forward pass on one device: embedding, the decoder layers as one loop over the
+//! stacked weights (attention through [`AttentionLayer`], SwiGLU MLP), the LM head and the
+//! summed cross-entropy.
+
+use super::*;
+
+/// This device's token rows `[b * s, d]` of the residual stream: its batch block over `data`,
+/// its sequence block over `context` (and `ring`, which one dim cannot say). A layer's
+/// input and output.
+pub(super) type TokenRows = (Split<Data>, Replicated);
+
+/// The model's values in one program.
+pub(super) struct Model<'a> {
+    pub(super) m: &'a ModelConfig,
+    pub(super) layer: &'a AttentionLayer,
+    pub(super) embed: Value,
+    /// Every layer's parameters stacked `[L, ...]`.
+    pub(super) layers: LayerParams,
+    pub(super) final_norm: Value,
+    pub(super) lm_head: Value,
+    /// Sequences and tokens per sequence on each device.
+    pub(super) b: i64,
+    pub(super) s: i64,
+    /// Whether the weights are shards to gather before use.
+    pub(super) fsdp: bool,
+    /// The compute dtype of the matmuls and the attention ([`TrainConfig::dtype`]).
+    pub(super) dtype: DType,
+    /// [`TrainConfig::layers_per_iteration`].
+    pub(super) layers_per_iteration: usize,
+    /// With [`TrainConfig::collective_matmul`], the kernels' lowering: the layers' weight
+    /// matmuls run the all-gather matmul.
+    pub(super) collective_matmul: Option<&'a Lowering>,
+}
+
+impl<'a> Model<'a> {
+    pub(super) fn new(
+        m: &'a ModelConfig,
+        params: &[Value],
+        cfg: &'a TrainConfig,
+        layer: &'a AttentionLayer,
+    ) -> Self {
+        let layers = LayerParams::from_slice(&params[1..1 + PER_LAYER]);
+        let cp = cfg.ici_context_parallelism;
+        Model {
+            m,
+            layer,
+            embed: params[0],
+            layers,
+            final_norm: params[params.len() - 2],
+            lm_head: params[params.len() - 1],
+            b: cfg.sequences_per_shard() as i64,
+            s: (cfg.max_target_length / cp) as i64,
+            fsdp: cfg.fsdp(),
+            dtype: cfg.dtype,
+            layers_per_iteration: cfg.layers_per_iteration,
+            collective_matmul: (cfg.fsdp() && cfg.collective_matmul).then_some(&cfg.lowering),
+        }
+    }
+
+    /// The cross-entropy summed over this device's tokens (f32 scalar).
+    pub(super) fn forward(
+        &self,
+        p: &Spmd<'_, ModelMesh>,
+        ids: [Value; 3],
+    ) -> Result<Value, CollectiveError> {
+        let m = self.m;
+        let n = self.b * self.s;
+        let dtype = self.dtype;
+        let (embed, lm_head) = if self.fsdp {
+            let embed = p.declare::<(Split<Context>, Split<Data>), Invariant>(self.embed)?;
+            let lm_head = p.declare::<(Split<Data>, Split<Context>), Invariant>(self.lm_head)?;
+            // Cast before the gathers, so they move `dtype` bytes.
+            let (embed, lm_head) = if dtype == DType::F32 {
+                (embed, lm_head)
+            } else {
+                (embed.convert(dtype)?, lm_head.convert(dtype)?)
+            };
+            (
+                embed
+                    .all_gather::<Data, 1>()?
+                    .all_gather::<Context, 0>()?
+                    .value(),
+                lm_head
+                    .all_gather::<Data, 0>()?
+                    .all_gather::<Context, 1>()?
+                    .value(),
+            )
+        } else {
+            p.with_builder(|f| Ok((cast(f, self.embed, dtype)?, cast(f, self.lm_head, dtype)?)))?
+        };
+        let (target_onehot, cos, sin, x) = p.with_builder(|f| {
+            let flat = |f: &mut FuncBuilder<'_>, v| f.reshape(v, &[n]);
+            let (tokens, targets, positions) =
+                (flat(f, ids[0])?, flat(f, ids[1])?, flat(f, ids[2])?);
+            let onehot = one_hot(f, tokens, m.vocab)?;
+            let target_onehot = one_hot(f, targets, m.vocab)?;
+            let (cos, sin) = rope_tables(f, positions, m.head_dim, m.rope_theta)?;
+            let (cos, sin) = (cast(f, cos, dtype)?, cast(f, sin, dtype)?);
+            let onehot = cast(f, onehot, dtype)?;
+            let x = f.matmul(onehot, embed, dtype)?;
+            Ok((target_onehot, cos, sin, x))
+        })?;
+        let x0 = p.declare::<TokenRows, Invariant>(x)?;
+        let x = if self.fsdp {
+            self.layers::<FsdpStackedMatrix>(p, &x0, cos, sin)?
+        } else {
+            self.layers::<StackedMatrix>(p, &x0, cos, sin)?
+        };
+        p.with_builder(|f| {
+            let x = cast(f, x, DType::F32)?;
+            let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
+            let h = cast(f, h, dtype)?;
+            let logits = f.matmul(h, lm_head, DType::F32)?;
+            let lse = logsumexp(f, logits)?;
+            let picked = f.mul(logits, target_onehot)?;
+            let picked = f.reduce(picked, &[1], Reducer::Sum)?;
+            let per_token = f.sub(lse, picked)?;
+            Ok(f.reduce(per_token, &[0], Reducer::Sum)?)
+        })
+    }
+
+    /// The decoder layers on the token rows `x0`: one loop over the stacked weights, whose
+    /// matrices are laid out as `W`.
+    pub(super) fn layers<W: StackedWeights>(
+        &self,
+        p: &Spmd<'_, ModelMesh>,
+        x0: &DTensor<'_, ModelMesh, TokenRows>,
+        cos: Value,
+        sin: Value,
+    ) -> Result<Value, CollectiveError> {
+        let stacks = &self.layers;
+        let vectors = [stacks.attention_norm, stacks.mlp_norm]
+            .map(|v| p.declare::<StackedVector, Invariant>(v))
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let matrices = [
+            stacks.wq, stacks.wk, stacks.wv, stacks.wo, stacks.w1, stacks.w3, stacks.w2,
+        ]
+        .map(|v| p.declare::<W, Invariant>(v))
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+        // With `k` layers per iteration, group `j` holds layers `j, j + k, j + 2k, ...`, so
+        // iteration `i` runs layers `i k .. i k + k` in order.
+        let k = self.layers_per_iteration;
+        let groups = (0..k)
+            .map(|j| -> Result<_, CollectiveError> {
+                Ok((
+                    vectors
+                        .iter()
+                        .map(|t| every_kth_layer(t, j, k))
+                        .collect::<Result<Vec<_>, _>>()?,
+                    matrices
+                        .iter()
+                        .map(|t| every_kth_layer(t, j, k))
+                        .collect::<Result<Vec<_>, _>>()?,
+                ))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let x = p.scan(self.m.layers / k, x0, &groups, |p, _i, mut x, groups| {
+            // With the all-gather matmul, each matrix enters its matmul as this device's
+            // rows; otherwise whole.
+            let collective = self.collective_matmul.map(|l| CollectiveMatmul::new(p, l));
+            let matrix = |row: &DTensor<'_, ModelMesh, W::Row>| {
+                if collective.is_some() {
+                    W::rows(row, self.dtype)
+                } else {
+                    W::whole(row, self.dtype)
+                }
+            };
+            for (vectors, matrices) in groups {
+                let w = LayerParams {
+                    attention_norm: vectors[0].value(),
+                    mlp_norm: vectors[1].value(),
+                    wq: matrix(&matrices[0])?,
+                    wk: matrix(&matrices[1])?,
+                    wv: matrix(&matrices[2])?,
+                    wo: matrix(&matrices[3])?,
+                    w1: matrix(&matrices[4])?,
+                    w3: matrix(&matrices[5])?,
+                    w2: matrix(&matrices[6])?,
+                };
+                let mm = Matmul {
+                    dtype: self.dtype,
+                    collective: collective.as_ref(),
+                };
+                let y = self.layer(p, x.value(), &w, mm, cos, sin)?;
+                x = p.declare::<TokenRows, Invariant>(y)?;
+            }
+            Ok(x)
+        })?;
+        Ok(x.value())
+    }
+
+    /// One decoder layer on the token rows `x` with the weights `w` (one layer's) and their
+    /// matmul `mm`, built on `p` (the layer loop's body).
+    pub(super) fn layer(
+        &self,
+        p: &Spmd<'_, ModelMesh>,
+        x: Value,
+        w: &LayerParams,
+        mm: Matmul<'_>,
+        cos: Value,
+        sin: Value,
+    ) -> Result<Value, CollectiveError> {
+        let m = self.m;
+        let (q, k, v) = p.with_builder(|f| {
+            let x = cast(f, x, DType::F32)?;
+            let (h, _) = rms_norm(f, x, w.attention_norm, m.norm_eps)?;
+            let h = cast(f, h, self.dtype)?;
+            let q = mm.apply(f, h, w.wq)?;
+            let k = mm.apply(f, h, w.wk)?;
+            let v = mm.apply(f, h, w.wv)?;
+            let q = rope(f, q, m.heads, cos, sin)?;
+            let k = rope(f, k, m.kv_heads, cos, sin)?;
+            Ok((
+                to_heads(f, q, self.b, self.s, m.heads)?,
+                to_heads(f, k, self.b, self.s, m.kv_heads)?,
+                to_heads(f, v, self.b, self.s, m.kv_heads)?,
+            ))
+        })?;
+        let (out, _lse) = self.layer.forward(p, q, k, v)?;
+        p.with_builder(|f| {
+            let out = from_heads(f, out)?;
+            let proj = mm.apply(f, out, w.wo)?;
+            // The residual stream is in the compute dtype (MaxText's activation dtype), so
+            // the layer loop saves each layer's input in it; the norms compute in f32.
+            let x1 = f.add(x, proj)?;
+            let x1_f32 = cast(f, x1, DType::F32)?;
+            let (h2, _) = rms_norm(f, x1_f32, w.mlp_norm, m.norm_eps)?;
+            let h2 = cast(f, h2, self.dtype)?;
+            let a = mm.apply(f, h2, w.w1)?;
+            let c = mm.apply(f, h2, w.w3)?;
+            let act = silu(f, a)?;
+            let gated = f.mul(act, c)?;
+            let down = mm.apply(f, gated, w.w2)?;
+            Ok(f.add(x1, down)?)
+        })
+    }
+}
+
+/// How a layer multiplies its activations by a weight matrix: a dot with the whole matrix
+/// in the compute dtype, or the all-gather matmul of this device's rows of it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Matmul<'c> {
+    pub(super) dtype: DType,
+    pub(super) collective: Option<&'c CollectiveMatmul>,
+}
+
+impl Matmul<'_> {
+    pub(super) fn apply(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        x: Value,
+        w: Value,
+    ) -> Result<Value, CollectiveError> {
+        match self.collective {
+            Some(c) => c.apply(f, x, w),
+            None => Ok(f.matmul(x, w, self.dtype)?),
+        }
+    }
+}
