@@ -38,12 +38,7 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
     (
         "tessera-registry",
         "kernels/registry",
-        &[
-            "tessera-array",
-            "tessera-dsl",
-            "tessera-hlo",
-            "tessera-backend",
-        ],
+        &["tessera-dsl", "tessera-hlo", "tessera-backend"],
     ),
     (
         "tessera-splash",
