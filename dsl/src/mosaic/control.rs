@@ -1,7 +1,7 @@
 //! The Mosaic rules of control flow: `when` as `scf.if` (with its `else` region) and loops as
 //! `scf.for` over i32 bounds with their carried values.
 
-use super::{value_type, Emitter, R};
+use super::{results_prefix, value_type, Emitter, R};
 use crate::ir::{Inst, Loc, Region, ValueId};
 
 impl Emitter<'_> {
@@ -47,11 +47,7 @@ impl Emitter<'_> {
             types.push(value_type(self.ty(i)));
             self.env.insert(p, name);
         }
-        let results = match inst.results.len() {
-            0 => String::new(),
-            1 => format!("%v{} = ", inst.results[0].0),
-            n => format!("%v{}:{n} = ", inst.results[0].0),
-        };
+        let results = results_prefix(inst);
         let carried = if init.is_empty() {
             String::new()
         } else {
@@ -73,19 +69,7 @@ impl Emitter<'_> {
             );
         }
         self.close(Some(loc));
-        match inst.results.len() {
-            0 => {}
-            1 => {
-                self.env
-                    .insert(inst.results[0], format!("%v{}", inst.results[0].0));
-            }
-            _ => {
-                let base = inst.results[0].0;
-                for (i, &r) in inst.results.iter().enumerate() {
-                    self.env.insert(r, format!("%v{base}#{i}"));
-                }
-            }
-        }
+        self.bind_results(inst);
         Ok(())
     }
 }

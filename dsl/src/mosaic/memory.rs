@@ -19,7 +19,7 @@
 //! - `run_scoped` is a `tpu.region` whose VMEM buffers are `memref.alloca`s and whose
 //!   semaphores are `tpu.sem_alloc`s, yielding its results with `tpu.yield`.
 
-use super::{memref_type, ref_type, value_type, vector_type, Emitter, R};
+use super::{memref_type, ref_type, results_prefix, value_type, vector_type, Emitter, R};
 use crate::ir::{
     squeezed, Inst, Kernel, Loc, MemorySpace, Op, RefId, RefWindow, Region, RemoteDma, SemKind,
     SemRef, Slice, ValueId, ValueType,
@@ -348,11 +348,7 @@ impl Emitter<'_> {
             .iter()
             .map(|&r| value_type(self.k.value_type(r)))
             .collect();
-        let results = match inst.results.len() {
-            0 => String::new(),
-            1 => format!("%v{} = ", inst.results[0].0),
-            n => format!("%v{}:{n} = ", inst.results[0].0),
-        };
+        let results = results_prefix(inst);
         self.open(&format!("{results}\"tpu.region\"() ({{"));
         for &a in allocs {
             let o = self.k.operand(a);
@@ -384,19 +380,7 @@ impl Emitter<'_> {
             types.join(", "),
             super::loc_attr(loc)
         ));
-        match inst.results.len() {
-            0 => {}
-            1 => {
-                self.env
-                    .insert(inst.results[0], format!("%v{}", inst.results[0].0));
-            }
-            _ => {
-                let base = inst.results[0].0;
-                for (i, &r) in inst.results.iter().enumerate() {
-                    self.env.insert(r, format!("%v{base}#{i}"));
-                }
-            }
-        }
+        self.bind_results(inst);
         Ok(())
     }
 }

@@ -302,6 +302,16 @@ fn round(x: f32, dtype: DType) -> f32 {
     }
 }
 
+/// What an op with a region (`scf.for`, `tpu.region`) is assigned to: nothing, `%vN = ` or
+/// `%vN:k = ` for `k` results ([`Emitter::bind_results`] binds them).
+fn results_prefix(inst: &Inst) -> String {
+    match inst.results.len() {
+        0 => String::new(),
+        1 => format!("%v{} = ", inst.results[0].0),
+        n => format!("%v{}:{n} = ", inst.results[0].0),
+    }
+}
+
 fn loc_attr(loc: Loc) -> String {
     format!(
         "loc({}:{}:{})",
@@ -692,6 +702,24 @@ impl<'k> Emitter<'k> {
     }
 
     /// A splat of `value` as a dense vector constant, or a scalar constant.
+    /// Binds the results of an op with a region (`scf.for`, `tpu.region`), emitted after
+    /// [`results_prefix`]: one result is `%vN`, several are `%vN#0`, `%vN#1`, ...
+    fn bind_results(&mut self, inst: &Inst) {
+        match inst.results.len() {
+            0 => {}
+            1 => {
+                self.env
+                    .insert(inst.results[0], format!("%v{}", inst.results[0].0));
+            }
+            _ => {
+                let base = inst.results[0].0;
+                for (i, &r) in inst.results.iter().enumerate() {
+                    self.env.insert(r, format!("%v{base}#{i}"));
+                }
+            }
+        }
+    }
+
     fn constant(&mut self, value: Literal, ty: &ValueType, loc: Loc) -> String {
         let lit = literal(value, ty.dtype);
         if ty.is_scalar() && ty.dtype == DType::Bool {

@@ -82,15 +82,20 @@ impl Emitter<'_> {
             self.constant(value, &to, loc)
         } else {
             let xs = self.v(*x);
-            self.emit(
-                &format!(
-                    "vector.broadcast {xs} : {} to {}",
-                    value_type(t),
-                    value_type(&to)
-                ),
-                loc,
-            )
+            self.vector_broadcast(&xs, t, &to, loc)
         }
+    }
+
+    /// `vector.broadcast` of the value `xs` of type `from` to `to`.
+    fn vector_broadcast(&mut self, xs: &str, from: &ValueType, to: &ValueType, loc: Loc) -> String {
+        self.emit(
+            &format!(
+                "vector.broadcast {xs} : {} to {}",
+                value_type(from),
+                value_type(to)
+            ),
+            loc,
+        )
     }
 
     /// `x` repeated `times` times along `axis`.
@@ -124,14 +129,7 @@ impl Emitter<'_> {
         if t.shape == *shape {
             xs
         } else if t.is_scalar() {
-            self.emit(
-                &format!(
-                    "vector.broadcast {xs} : {} to {}",
-                    value_type(t),
-                    value_type(&to)
-                ),
-                loc,
-            )
+            self.vector_broadcast(&xs, t, &to, loc)
         } else if to.is_scalar() {
             let zeros = vec!["0"; t.rank()].join(", ");
             self.emit(
