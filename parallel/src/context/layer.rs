@@ -18,11 +18,10 @@
 use std::fmt;
 use std::rc::Rc;
 
-use tessera_collectives::{CollectiveError, Invariant, Mesh, Spmd};
-use tessera_hlo::Value;
+use tessera_collectives::{CollectiveError, Mesh, Spmd};
 
 use super::error::{ConfigError, CpError, Quantity};
-use super::layout::{ModelMesh, Seq};
+use super::layout::{ModelMesh, SeqLseTensor, SeqTensor};
 use super::strategy::Composition;
 use super::ContextParallel;
 
@@ -95,17 +94,15 @@ impl AttentionLayer {
         self.cp.sequence_order()
     }
 
-    /// `out [b, H, s, D]` (the configuration's dtype) and `lse [b, H, s]` (f32) of the local
-    /// `q`, `k`, `v` of every device.
-    pub fn forward(
+    /// `out [b, H, s, D]` (the configuration's dtype) and `lse [b, H, s]` (f32) of `q`, `k`,
+    /// `v`, each device's `[b, H, s, D]` block of the sequence ([`Seq`](crate::context::Seq)).
+    pub fn forward<'p>(
         &self,
-        p: &Spmd<'_, ModelMesh>,
-        q: Value,
-        k: Value,
-        v: Value,
-    ) -> Result<(Value, Value), CollectiveError> {
-        let [q, k, v] = [q, k, v].map(|x| p.declare::<Seq, Invariant>(x));
-        let (out, lse) = self.composition.attend(p, [&q?, &k?, &v?], None)?;
-        Ok((out.value(), lse.value()))
+        p: &'p Spmd<'_, ModelMesh>,
+        q: &SeqTensor<'p>,
+        k: &SeqTensor<'p>,
+        v: &SeqTensor<'p>,
+    ) -> Result<(SeqTensor<'p>, SeqLseTensor<'p>), CollectiveError> {
+        self.composition.attend(p, [q, k, v], None)
     }
 }

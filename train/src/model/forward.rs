@@ -57,11 +57,12 @@ impl<'a> Model<'a> {
         }
     }
 
-    /// The cross-entropy summed over this device's tokens (f32 scalar).
-    pub(super) fn forward(
+    /// The cross-entropy summed over this device's tokens (f32 scalar), from each device's
+    /// `[tokens, targets, positions]`.
+    pub(super) fn forward<'p>(
         &self,
-        p: &Spmd<'_, ModelMesh>,
-        ids: [Value; 3],
+        p: &'p Spmd<'_, ModelMesh>,
+        ids: &[DTensor<'p, ModelMesh, TokenLayout>; 3],
     ) -> Result<Value, CollectiveError> {
         let m = self.m;
         let n = self.b * self.s;
@@ -86,27 +87,42 @@ impl<'a> Model<'a> {
                     .value(),
             )
         } else {
-            p.with_builder(|f| Ok((cast(f, self.embed, dtype)?, cast(f, self.lm_head, dtype)?)))?
+            let embed = p.declare::<(Replicated, Replicated), Invariant>(self.embed)?;
+            let lm_head = p.declare::<(Replicated, Replicated), Invariant>(self.lm_head)?;
+            (
+                in_dtype(&embed, dtype)?.value(),
+                in_dtype(&lm_head, dtype)?.value(),
+            )
         };
-        let (target_onehot, cos, sin, x) = p.with_builder(|f| {
-            let flat = |f: &mut FuncBuilder<'_>, v| f.reshape(v, &[n]);
-            let (tokens, targets, positions) =
-                (flat(f, ids[0])?, flat(f, ids[1])?, flat(f, ids[2])?);
-            let onehot = one_hot(f, tokens, m.vocab)?;
-            let target_onehot = one_hot(f, targets, m.vocab)?;
-            let (cos, sin) = rope_tables(f, positions, m.head_dim, m.rope_theta)?;
-            let (cos, sin) = (cast(f, cos, dtype)?, cast(f, sin, dtype)?);
+        // Each device's tokens as rows: the one-hot embedding, the targets one-hot, and the
+        // RoPE tables at the tokens' global positions.
+        let [tokens, targets, positions] = ids;
+        let flat = |f: &mut FuncBuilder<'_>, v| f.reshape(v, &[n]);
+        let x0 = tokens.map_local_as::<TokenRows, Invariant>(|f, t| {
+            let t = flat(f, t)?;
+            let onehot = one_hot(f, t, m.vocab)?;
             let onehot = cast(f, onehot, dtype)?;
-            let x = f.matmul(onehot, embed, dtype)?;
-            Ok((target_onehot, cos, sin, x))
+            Ok(f.matmul(onehot, embed, dtype)?)
         })?;
-        let x0 = p.declare::<TokenRows, Invariant>(x)?;
+        let target_onehot = targets.map_local_as::<TokenRows, Invariant>(|f, t| {
+            let t = flat(f, t)?;
+            one_hot(f, t, m.vocab)
+        })?;
+        let rope_table = |sine: bool| {
+            positions.map_local_as::<TokenRows, Invariant>(|f, pos| {
+                let pos = flat(f, pos)?;
+                let (cos, sin) = rope_tables(f, pos, m.head_dim, m.rope_theta)?;
+                cast(f, if sine { sin } else { cos }, dtype)
+            })
+        };
+        let (cos, sin) = (rope_table(false)?.value(), rope_table(true)?.value());
         let x = if self.fsdp {
             self.layers::<FsdpStackedMatrix>(p, &x0, cos, sin)?
         } else {
             self.layers::<StackedMatrix>(p, &x0, cos, sin)?
         };
-        p.with_builder(|f| {
+        let target_onehot = target_onehot.value();
+        let loss = x.map_local_as::<(), Invariant>(|f, x| {
             let x = cast(f, x, DType::F32)?;
             let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
             let h = cast(f, h, dtype)?;
@@ -116,18 +132,19 @@ impl<'a> Model<'a> {
             let picked = f.reduce(picked, &[1], Reducer::Sum)?;
             let per_token = f.sub(lse, picked)?;
             Ok(f.reduce(per_token, &[0], Reducer::Sum)?)
-        })
+        })?;
+        Ok(loss.value())
     }
 
     /// The decoder layers on the token rows `x0`: one loop over the stacked weights, whose
     /// matrices are laid out as `W`.
-    pub(super) fn layers<W: StackedWeights>(
+    pub(super) fn layers<'p, W: StackedWeights>(
         &self,
-        p: &Spmd<'_, ModelMesh>,
-        x0: &DTensor<'_, ModelMesh, TokenRows>,
+        p: &'p Spmd<'_, ModelMesh>,
+        x0: &DTensor<'p, ModelMesh, TokenRows>,
         cos: Value,
         sin: Value,
-    ) -> Result<Value, CollectiveError> {
+    ) -> Result<DTensor<'p, ModelMesh, TokenRows>, CollectiveError> {
         let stacks = &self.layers;
         let vectors = [stacks.attention_norm, stacks.mlp_norm]
             .map(|v| p.declare::<StackedVector, Invariant>(v))
@@ -156,7 +173,7 @@ impl<'a> Model<'a> {
                 ))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let x = p.scan(self.m.layers / k, x0, &groups, |p, _i, mut x, groups| {
+        p.scan(self.m.layers / k, x0, &groups, |p, _i, mut x, groups| {
             // With the all-gather matmul, each matrix enters its matmul as this device's
             // rows; otherwise whole.
             let collective = self.collective_matmul.map(|l| CollectiveMatmul::new(p, l));
@@ -183,48 +200,54 @@ impl<'a> Model<'a> {
                     dtype: self.dtype,
                     collective: collective.as_ref(),
                 };
-                let y = self.layer(p, x.value(), &w, mm, cos, sin)?;
-                x = p.declare::<TokenRows, Invariant>(y)?;
+                x = self.layer(p, &x, &w, mm, cos, sin)?;
             }
             Ok(x)
-        })?;
-        Ok(x.value())
+        })
     }
 
     /// One decoder layer on the token rows `x` with the weights `w` (one layer's) and their
-    /// matmul `mm`, built on `p` (the layer loop's body).
-    pub(super) fn layer(
+    /// matmul `mm`, built on `p` (the layer loop's body): each block a local computation of
+    /// a typed tensor, the attention between them on the strategy's [`Seq`] blocks.
+    pub(super) fn layer<'p>(
         &self,
-        p: &Spmd<'_, ModelMesh>,
-        x: Value,
+        p: &'p Spmd<'_, ModelMesh>,
+        x: &DTensor<'p, ModelMesh, TokenRows>,
         w: &LayerParams,
         mm: Matmul<'_>,
         cos: Value,
         sin: Value,
-    ) -> Result<Value, CollectiveError> {
+    ) -> Result<DTensor<'p, ModelMesh, TokenRows>, CollectiveError> {
         let m = self.m;
-        let (q, k, v) = p.with_builder(|f| {
+        let h = x.map_local(|f, x| {
             let x = cast(f, x, DType::F32)?;
             let (h, _) = rms_norm(f, x, w.attention_norm, m.norm_eps)?;
-            let h = cast(f, h, self.dtype)?;
-            let q = mm.apply(f, h, w.wq)?;
-            let k = mm.apply(f, h, w.wk)?;
-            let v = mm.apply(f, h, w.wv)?;
-            let q = rope(f, q, m.heads, cos, sin)?;
-            let k = rope(f, k, m.kv_heads, cos, sin)?;
-            Ok((
-                to_heads(f, q, self.b, self.s, m.heads)?,
-                to_heads(f, k, self.b, self.s, m.kv_heads)?,
-                to_heads(f, v, self.b, self.s, m.kv_heads)?,
-            ))
+            cast(f, h, self.dtype)
         })?;
-        let (out, _lse) = self.layer.forward(p, q, k, v)?;
-        p.with_builder(|f| {
+        // q, k (rotated) and v as each device's `[b, heads, s, head_dim]` block.
+        let project = |weight: Value, heads: usize, rotate: bool| {
+            h.map_local_as::<Seq, Invariant>(|f, h| {
+                let y = mm.apply(f, h, weight)?;
+                let y = if rotate {
+                    rope(f, y, heads, cos, sin)?
+                } else {
+                    y
+                };
+                to_heads(f, y, self.b, self.s, heads)
+            })
+        };
+        let q = project(w.wq, m.heads, true)?;
+        let k = project(w.wk, m.kv_heads, true)?;
+        let v = project(w.wv, m.kv_heads, false)?;
+        let (out, _lse) = self.layer.forward(p, &q, &k, &v)?;
+        let proj = out.map_local_as::<TokenRows, Invariant>(|f, out| {
             let out = from_heads(f, out)?;
-            let proj = mm.apply(f, out, w.wo)?;
-            // The residual stream is in the compute dtype (MaxText's activation dtype), so
-            // the layer loop saves each layer's input in it; the norms compute in f32.
-            let x1 = f.add(x, proj)?;
+            mm.apply(f, out, w.wo)
+        })?;
+        // The residual stream is in the compute dtype (MaxText's activation dtype), so the
+        // layer loop saves each layer's input in it; the norms compute in f32.
+        let x1 = x.add(&proj)?;
+        let down = x1.map_local(|f, x1| {
             let x1_f32 = cast(f, x1, DType::F32)?;
             let (h2, _) = rms_norm(f, x1_f32, w.mlp_norm, m.norm_eps)?;
             let h2 = cast(f, h2, self.dtype)?;
@@ -232,9 +255,9 @@ impl<'a> Model<'a> {
             let c = mm.apply(f, h2, w.w3)?;
             let act = silu(f, a)?;
             let gated = f.mul(act, c)?;
-            let down = mm.apply(f, gated, w.w2)?;
-            Ok(f.add(x1, down)?)
-        })
+            mm.apply(f, gated, w.w2)
+        })?;
+        x1.add(&down)
     }
 }
 

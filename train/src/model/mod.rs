@@ -45,6 +45,7 @@ use tessera_collectives::{
     Unstack,
 };
 use tessera_hlo::{DType, FuncBuilder, Grouping, HostArray, Reducer, TensorType, UnaryOp, Value};
+use tessera_parallel::context::Seq;
 use tessera_parallel::{AttentionLayer, ModelMesh, RingAxis, TokenLayout};
 
 use tessera_dsl::Lowering;
@@ -172,12 +173,12 @@ pub fn build_program(
             };
             let token_dims = layer.token_dims();
             let ids = [
-                p.arg::<TokenLayout>(token_dims, DType::I32)?.value(),
-                p.arg::<TokenLayout>(token_dims, DType::I32)?.value(),
-                p.arg::<TokenLayout>(token_dims, DType::I32)?.value(),
+                p.arg::<TokenLayout>(token_dims, DType::I32)?,
+                p.arg::<TokenLayout>(token_dims, DType::I32)?,
+                p.arg::<TokenLayout>(token_dims, DType::I32)?,
             ];
             let model = Model::new(&m, &params, cfg, layer);
-            let loss_sum = model.forward(p, ids)?;
+            let loss_sum = model.forward(p, &ids)?;
             if kind == StepKind::Forward {
                 let loss = p.with_builder(|f| {
                     let all = all_reduce_sum(f, loss_sum, devices)?;
