@@ -157,3 +157,40 @@ fn emitted_files_appear_whole_when_the_compile_succeeds() {
     assert_eq!(d.files(), ["mosaic", "program.mlir"]);
     assert_eq!(std::fs::read_dir(d.0.join("mosaic")).unwrap().count(), 1);
 }
+
+/// `tessera tune` checks its block bounds and VMEM budget before compiling anything, as
+/// `tessera compile` checks its budget.
+#[test]
+fn misuses_of_tune_are_refused_before_compiling() {
+    let d = Dir::new("tune-errors");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--min-block", "3", "attention"],
+            "--min-block 3 is not a power of two; the search tries powers of two (e.g. \
+             --min-block 4)",
+        ),
+        (
+            &["--max-block", "1000", "kernel", "matmul"],
+            "--max-block 1000 is not a power of two",
+        ),
+        (
+            &["--min-block", "4096", "attention"],
+            "--min-block 4096 is above --max-block 2048",
+        ),
+        (
+            &["--vmem-limit-kib", "1073741824", "attention"],
+            "--vmem-limit-kib 1073741824 is more than the 64 MiB of VMEM a v5p TensorCore has; \
+             give at most 65536",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .current_dir(&d.0)
+            .args(["tune", "--target", "tpu:v5p:2x2x1"])
+            .args(*args)
+            .output()
+            .unwrap();
+        assert_refused(&format!("tune {args:?}"), &out, want);
+        assert!(d.files().is_empty(), "{args:?} left {:?}", d.files());
+    }
+}

@@ -152,7 +152,12 @@ pub struct CompileAttentionArgs {
 
 /// The VMEM budget `count` units of `unit` bytes (`flag` named it), checked against what
 /// `target`'s chip has, without overflow.
-fn vmem_limit(flag: &str, count: usize, unit: usize, target: &TpuTopology) -> Result<usize> {
+pub(super) fn vmem_limit(
+    flag: &str,
+    count: usize,
+    unit: usize,
+    target: &TpuTopology,
+) -> Result<usize> {
     if count == 0 {
         bail!("{flag} must be at least 1");
     }

@@ -432,13 +432,37 @@ pub fn tune_attention(
     Ok((rank(rows, compiled, "splash attention")?, blocks))
 }
 
-/// The kernels' `lowering` with the VMEM budget of `kib`.
-fn tpu_lowering(kib: Option<usize>) -> Lowering {
+/// The kernels' `lowering` with the VMEM budget of `--vmem-limit-kib`, checked against the
+/// target's VMEM as `tessera compile` checks it.
+fn tpu_lowering(kib: Option<usize>, target: &TpuTopology) -> Result<Lowering> {
     let mut kernels = Lowering::tpu();
     if let Some(kib) = kib {
-        kernels.rules = kernels.rules.with_vmem_limit(kib << 10);
+        let bytes = super::compile::vmem_limit("--vmem-limit-kib", kib, 1 << 10, target)?;
+        kernels.rules = kernels.rules.with_vmem_limit(bytes);
     }
-    kernels
+    Ok(kernels)
+}
+
+/// `--min-block` and `--max-block`: powers of two (the search doubles from one to the
+/// other), the smaller first.
+fn block_range(a: &TuneArgs) -> Result<(usize, usize)> {
+    for (flag, block) in [("--min-block", a.min_block), ("--max-block", a.max_block)] {
+        if !block.is_power_of_two() {
+            bail!(
+                "{flag} {block} is not a power of two; the search tries powers of two \
+                 (e.g. {flag} {})",
+                block.next_power_of_two()
+            );
+        }
+    }
+    if a.min_block > a.max_block {
+        bail!(
+            "--min-block {} is above --max-block {}; give the smaller bound first",
+            a.min_block,
+            a.max_block
+        );
+    }
+    Ok((a.min_block, a.max_block))
 }
 
 fn print_table(t: &Tuned, fwd_name: &str, bwd_name: Option<&str>) {
@@ -482,8 +506,8 @@ fn print_table(t: &Tuned, fwd_name: &str, bwd_name: Option<&str>) {
 /// `tessera tune`.
 pub fn tune(a: &TuneArgs) -> Result<()> {
     let tpu = TpuTopology::parse(&a.target)?;
-    let kernels = tpu_lowering(a.vmem_limit_kib);
-    let range = (a.min_block, a.max_block);
+    let kernels = tpu_lowering(a.vmem_limit_kib, &tpu)?;
+    let range = block_range(a)?;
     match &a.what {
         TuneWhat::Attention(s) => {
             let dims = Dims {
