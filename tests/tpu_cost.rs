@@ -168,5 +168,17 @@ fn the_cli_reads_a_dump_directory_as_it_reads_its_own_compile() {
         assert_eq!(want.len(), 1, "{name} in {compiled}");
         assert_eq!(field(&read, name), want, "{name}");
     }
+    // A dump directory that does not exist yet is made (libtpu does not make it).
+    let fresh = dir.join("new").join("dumps");
+    let (ok, _, err) = run(
+        &["compile", "--target", "tpu:v5p:2x2x1", "kernel", "matmul"],
+        Some(format!("--xla_jf_dump_to={}", fresh.display())),
+    );
+    assert!(ok, "{err}");
+    assert!(
+        std::fs::read_dir(&fresh).is_ok_and(|mut d| d.next().is_some()),
+        "no dumps in {}",
+        fresh.display()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -72,7 +72,7 @@ impl Drop for LibtpuDumps {
 /// Makes libtpu dump every kernel it compiles in this process: creates a private temporary
 /// directory and appends `--xla_jf_dump_to=DIR --xla_jf_dump_llo_pass_label_regex=final` to
 /// `LIBTPU_INIT_ARGS` (keeping the user's flags), unless `LIBTPU_INIT_ARGS` already names a
-/// dump directory, which is then used as it is and never emptied.
+/// dump directory, which is then used as it is (created when missing) and never emptied.
 ///
 /// Call it at the start of `main`, before other threads start (it changes the environment)
 /// and before libtpu loads (libtpu reads the variable then, once); after libtpu has loaded it
@@ -84,6 +84,17 @@ pub fn enable_libtpu_dumps() -> Result<LibtpuDumps> {
     }
     let current = std::env::var(LIBTPU_INIT_ARGS).unwrap_or_default();
     if let Some(path) = dump_dir_in(&current) {
+        // libtpu no longer creates it when it loads (0.0.50.1), and the first compile lists
+        // it: made here, as a dump flag the user gives promises.
+        std::fs::create_dir_all(&path).map_err(|e| {
+            Error::io(
+                format!(
+                    "creating {} (the dump directory {LIBTPU_INIT_ARGS} names)",
+                    path.display()
+                ),
+                e,
+            )
+        })?;
         return Ok(LibtpuDumps {
             path,
             private: false,
