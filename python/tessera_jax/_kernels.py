@@ -31,6 +31,17 @@ def _param_text(value) -> str:
     return str(value)
 
 
+def _check_shape(name: str, index: int, shape: Sequence[Any]) -> None:
+    """Refuses a shape with a dim that is not a count of elements, with a sentence (tessera
+    takes dims as unsigned integers: a negative one would fail in Python's conversion)."""
+    for dim in shape:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 0:
+            raise _tessera.TesseraError(
+                f"argument {index} of `{name}` has shape {tuple(shape)}: dim {dim!r} is not "
+                "a count of elements (a whole number, 0 or more)"
+            )
+
+
 def kernel(
     name: str,
     params: Mapping[str, Any] | None = None,
@@ -45,9 +56,10 @@ def kernel(
     specs = None
     if args is not None:
         specs = []
-        for a in args:
+        for i, a in enumerate(args):
             if isinstance(a, tuple) and len(a) == 2 and not hasattr(a, "shape"):
                 shape, dtype = a
+                _check_shape(name, i, shape)
                 specs.append((list(shape), dtype if isinstance(dtype, str) else tessera_dtype(dtype)))
             else:
                 specs.append((list(jax.numpy.shape(a)), tessera_dtype(a.dtype)))

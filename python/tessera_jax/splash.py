@@ -42,6 +42,19 @@ class BlockSizes:
     block_kv_dq_compute: int | None = None
     use_fused_bwd_kernel: bool = False
 
+    def __post_init__(self):
+        # Checked here: a negative size would reach tessera as an unsigned integer and fail
+        # with Python's OverflowError instead of a sentence.
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.name == "use_fused_bwd_kernel" or value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise _tessera.TesseraError(
+                    f"BlockSizes.{field.name} = {value!r}: a block size is a positive whole "
+                    "number of queries or keys (e.g. 128)"
+                )
+
 
 @functools.lru_cache(maxsize=64)
 def _plan(q, k, v, dtype, mask, blocks: BlockSizes, segmented, sinks, soft_cap, scale):

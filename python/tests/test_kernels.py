@@ -193,6 +193,13 @@ def test_tessera_errors_are_raised_with_tesseras_sentence():
             *(jnp.zeros((1, 2, 256, 64), jnp.float32),) * 3, mask="causal",
             block_sizes=tj.BlockSizes(block_q=96, block_kv=128),
         )
+    # Negative sizes are sentences too, not Python's OverflowError.
+    with pytest.raises(tj.TesseraError, match=r"argument 0 of `matmul` has shape \(-64, 64\)"):
+        tj.kernel("matmul", {}, [((-64, 64), "f32"), ((64, 64), "f32")])
+    with pytest.raises(tj.TesseraError, match=r"BlockSizes.block_q = -128: a block size is"):
+        tj.BlockSizes(block_q=-128)
+    with pytest.raises(tj.TesseraError, match=r"BlockSizes.block_kv_dq = 0"):
+        tj.BlockSizes(block_kv_dq=0)
 
 
 def test_vmap_and_grad_of_a_raw_kernel_are_refused_with_a_sentence():
