@@ -268,3 +268,36 @@ fn kernels_at_a_barrier_get_a_collective_id_each_per_program() {
         .compile(&text, &options)
         .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// A run-time lane offset Mosaic cannot prove aligned: the all-gather matmul with K = 500
+/// over 4 devices loads each 125-row shard's columns of `x` at `j * 125`. The TPU rules refuse
+/// it with the kernel line, once; libtpu refuses the same kernel instantiated without them
+/// (E2003, "cannot statically prove that index in dimension 1 is a multiple of 128").
+#[test]
+fn an_unaligned_lane_offset_is_refused_by_the_rules_and_by_libtpu() {
+    let def = all_gather_matmul::<f32, RingMesh, Context>(16, 128);
+    let args = [
+        ArgSpec::new(DType::F32, [32, 500]),
+        ArgSpec::new(DType::F32, [125, 256]),
+    ];
+    let mesh = ring_mesh(4);
+    let e = def
+        .instantiate_on(&args, &mesh, &KernelRules::tpu())
+        .expect_err("K = 500 under the TPU rules");
+    let text = e.to_string();
+    assert!(e.has(ProblemKind::TpuOp), "{text}");
+    assert!(
+        text.contains("collective.rs:")
+            && text.contains(
+                "`x` is loaded at a run-time offset along its last dim that Mosaic cannot \
+                 prove a multiple of 128"
+            ),
+        "{text}"
+    );
+    assert_eq!(text.matches("cannot prove").count(), 1, "{text}");
+    let k = def
+        .instantiate_on(&args, &mesh, &KernelRules::portable())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let err = compile(&k).expect_err("libtpu compiled K = 500");
+    assert!(err.contains("E2003"), "{err}");
+}

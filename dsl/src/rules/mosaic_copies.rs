@@ -7,6 +7,9 @@
 //!   last dim's offset must be a multiple of 128 (Mosaic proves it from the arithmetic that
 //!   computes it: constants, products, sums, remainders) and its length the whole dim or a
 //!   multiple of 128. Offsets and lengths along the other dims are free.
+//! - A vector load or store at a run-time offset along a window's last dim needs that offset
+//!   proven a multiple of 128 the same way (libtpu's `E2003`, "cannot statically prove that
+//!   index in dimension 1 is a multiple of 128", for `x.at(&[all(), ds(j * 125, 125)])`).
 //! - Mosaic waits a remote copy's send side differently from the arrival of a copy
 //!   ([`crate::mosaic`]), so a DMA semaphore remote copies count their sends on may not also
 //!   count arrivals.
@@ -14,7 +17,7 @@
 use std::collections::HashMap;
 
 use crate::error::{Problem, ProblemKind};
-use crate::ir::{BinaryOp, Inst, Kernel, Literal, Op, RefWindow, Region, Slice, ValueId};
+use crate::ir::{BinaryOp, Inst, Kernel, Literal, Op, RefId, RefWindow, Region, Slice, ValueId};
 use crate::tpu_facts::SendSems;
 
 /// The lanes of a vector register: the tile of a window's last dim.
@@ -86,6 +89,11 @@ impl Copies<'_> {
     fn region(&mut self, r: &Region) {
         for inst in &r.insts {
             self.learn(inst);
+            match &inst.op {
+                Op::Load { src: r, slices } => self.lane_offset(inst, *r, slices, "loaded"),
+                Op::Store { dst: r, slices, .. } => self.lane_offset(inst, *r, slices, "stored"),
+                _ => {}
+            }
             if let Op::DmaStart {
                 src,
                 dst,
@@ -116,6 +124,27 @@ impl Copies<'_> {
                 self.region(nested);
             }
         }
+    }
+
+    /// Checks the run-time offset along the last dim of a vector load or store (`how`:
+    /// loaded, stored).
+    fn lane_offset(&mut self, inst: &Inst, r: RefId, slices: &[Slice], how: &str) {
+        let Some(&Slice::Dynamic { start, .. }) = slices.last() else {
+            return;
+        };
+        if self.multiple(start) % LANES as u64 == 0 {
+            return;
+        }
+        let name = self.k.operand(r).name.clone();
+        self.problem(
+            inst,
+            format!(
+                "`{name}` is {how} at a run-time offset along its last dim that Mosaic cannot \
+                 prove a multiple of 128 (its 128-lane tiles); compute the offset as a \
+                 multiple of 128 (`i * 128`), e.g. by choosing sizes whose shards span whole \
+                 tiles"
+            ),
+        );
     }
 
     /// Checks the last dim of one window of a copy.
@@ -155,12 +184,21 @@ impl Copies<'_> {
         }
     }
 
+    /// Records a problem once: a helper the kernel traces twice (a closure called in two
+    /// places) breaks a rule at the same line twice.
     fn problem(&mut self, inst: &Inst, message: String) {
-        self.problems.push(Problem {
-            kind: ProblemKind::TpuOp,
-            subject: format!("`{}`", inst.op.name()),
-            message,
-            loc: Some(inst.loc),
-        });
+        let subject = format!("`{}`", inst.op.name());
+        let seen = self
+            .problems
+            .iter()
+            .any(|p| p.loc == Some(inst.loc) && p.subject == subject && p.message == message);
+        if !seen {
+            self.problems.push(Problem {
+                kind: ProblemKind::TpuOp,
+                subject,
+                message,
+                loc: Some(inst.loc),
+            });
+        }
     }
 }
