@@ -42,6 +42,7 @@ pub mod bundles;
 pub mod cost;
 
 use std::fmt::Write as _;
+use std::path::PathBuf;
 
 use base64::Engine as _;
 use std::time::Instant;
@@ -162,9 +163,23 @@ pub enum TpuCompileError {
         devices: usize,
     },
     /// The TPU compiler rejected the program; `culprit` names the kernel when one kernel
-    /// compiled alone is rejected, and `message` is the compiler's, verbatim.
-    #[error("the TPU compiler rejected {culprit}:\n{message}")]
-    Compiler { culprit: String, message: String },
+    /// compiled alone is rejected, and `message` is the compiler's, verbatim. Shown as the
+    /// compiler's first line and the kernel line it names; the whole text is written to
+    /// `full_message` (a file in the temporary directory) when it has more to say.
+    #[error(
+        "the TPU compiler rejected {culprit}{}: {}{}",
+        kernel_line(message),
+        first_line(message),
+        full_message
+            .as_ref()
+            .map(|p| format!("\nthe compiler's whole message: {}", p.display()))
+            .unwrap_or_default()
+    )]
+    Compiler {
+        culprit: String,
+        message: String,
+        full_message: Option<PathBuf>,
+    },
     /// libtpu's dumps of the compiled kernels could not be read.
     #[error(transparent)]
     Dumps(#[from] cost::DumpError),
@@ -460,6 +475,55 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 }
 
 /// The compiler's own message of a PJRT error (the whole error for other kinds).
+/// The compiler's first non-empty line.
+fn first_line(message: &str) -> &str {
+    message
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("(no message)")
+}
+
+/// ` at FILE:LINE:COL` for the kernel line the compiler names (`loc("FILE":LINE:COL)`, the
+/// location tessera gives each Mosaic op), or nothing.
+fn kernel_line(message: &str) -> String {
+    let Some(start) = message.find("loc(\"") else {
+        return String::new();
+    };
+    let rest = &message[start + 5..];
+    let Some(end) = rest.find(')') else {
+        return String::new();
+    };
+    format!(" at {}", rest[..end].replacen('"', "", 2))
+}
+
+/// The compiler's whole `message`, written to a file of its own in the temporary directory
+/// when it is more than one line (the error shows its first line); `None` when it is one
+/// line or cannot be written.
+fn write_full_message(message: &str) -> Option<PathBuf> {
+    if message.trim().lines().count() <= 1 {
+        return None;
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let path = std::env::temp_dir().join(format!(
+        "tessera-tpu-compiler-{}-{nanos}.txt",
+        std::process::id()
+    ));
+    std::fs::write(&path, message).ok()?;
+    Some(path)
+}
+
+/// The compiler rejected `culprit`, saying `message`.
+fn rejected(culprit: String, message: String) -> TpuCompileError {
+    TpuCompileError::Compiler {
+        culprit,
+        full_message: write_full_message(&message),
+        message,
+    }
+}
+
 fn compiler_message(e: &RuntimeError) -> String {
     match e {
         RuntimeError::Pjrt { message, .. } => message.trim_end().to_string(),
@@ -475,10 +539,7 @@ fn blame(topology: &Topology, module: &Module, program_error: &RuntimeError) -> 
         for (name, alone) in &kernels {
             if let Err(e @ RuntimeError::Pjrt { .. }) = topology.compile(&alone.to_mlir(), &options)
             {
-                return TpuCompileError::Compiler {
-                    culprit: format!("kernel `{name}`"),
-                    message: compiler_message(&e),
-                };
+                return rejected(format!("kernel `{name}`"), compiler_message(&e));
             }
         }
     }
@@ -491,10 +552,10 @@ fn blame(topology: &Topology, module: &Module, program_error: &RuntimeError) -> 
         .map(|(name, _)| name)
         .collect();
     if let [name] = named.as_slice() {
-        return TpuCompileError::Compiler {
-            culprit: format!("kernel `{name}` (in the program; it compiles alone)"),
+        return rejected(
+            format!("kernel `{name}` (in the program; it compiles alone)"),
             message,
-        };
+        );
     }
     let culprit = if kernels.is_empty() {
         format!("the program `{}`", module.name())
@@ -506,7 +567,7 @@ fn blame(topology: &Topology, module: &Module, program_error: &RuntimeError) -> 
             names.join(", ")
         )
     };
-    TpuCompileError::Compiler { culprit, message }
+    rejected(culprit, message)
 }
 
 /// Whether the compiler's `message` shows a custom call with the results of the kernel

@@ -65,7 +65,12 @@ fn the_compilers_message_comes_with_the_kernels_name() {
         .unwrap()
         .compile(&module)
         .unwrap_err();
-    let TpuCompileError::Compiler { culprit, message } = &err else {
+    let TpuCompileError::Compiler {
+        culprit,
+        message,
+        full_message,
+    } = &err
+    else {
         panic!("{err}")
     };
     assert_eq!(culprit, "kernel `broken_double`");
@@ -75,9 +80,16 @@ fn the_compilers_message_comes_with_the_kernels_name() {
             .contains("'arith.addi' op operand #0 must be signless-non-zero-bitwidth-integer-like"),
         "{message}"
     );
+    // Shown short: the compiler's first line, and where its whole message was written.
     let shown = err.to_string();
     assert!(
-        shown.starts_with("the TPU compiler rejected kernel `broken_double`:\n"),
+        shown.starts_with("the TPU compiler rejected kernel `broken_double`"),
         "{shown}"
     );
+    assert!(shown.lines().count() <= 2, "{shown}");
+    if let Some(path) = full_message {
+        assert!(shown.contains(&path.display().to_string()), "{shown}");
+        assert_eq!(&std::fs::read_to_string(path).unwrap(), message);
+        std::fs::remove_file(path).unwrap();
+    }
 }
