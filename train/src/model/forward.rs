@@ -108,6 +108,8 @@ impl<'a> Model<'a> {
             let t = flat(f, t)?;
             one_hot(f, t, m.vocab)
         })?;
+        // One local op per table (a typed tensor holds one value); XLA merges their common
+        // work.
         let rope_table = |sine: bool| {
             positions.map_local_as::<TokenRows, Invariant>(|f, pos| {
                 let pos = flat(f, pos)?;
