@@ -474,7 +474,6 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// The compiler's own message of a PJRT error (the whole error for other kinds).
 /// The compiler's first non-empty line.
 fn first_line(message: &str) -> &str {
     message
@@ -524,6 +523,7 @@ fn rejected(culprit: String, message: String) -> TpuCompileError {
     }
 }
 
+/// The compiler's own message of a PJRT error (the whole error for other kinds).
 fn compiler_message(e: &RuntimeError) -> String {
     match e {
         RuntimeError::Pjrt { message, .. } => message.trim_end().to_string(),
