@@ -421,7 +421,7 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 /// `a, b or c`.
-fn or_list(items: &[&str]) -> String {
+pub(crate) fn or_list(items: &[&str]) -> String {
     join_last(items, "or")
 }
 

@@ -19,7 +19,7 @@
 
 use std::sync::Arc;
 
-use super::error::ConfigError;
+use super::error::{or_list, ConfigError};
 
 pub use super::config::contract::{
     Composition, ContextStrategy, Exchange, Fixed, KernelCalls, Listing, Shards, Strategy,
@@ -80,11 +80,7 @@ impl Strategy {
     /// (all_gather), ring or usp (usp:UxR: ...)`.
     pub fn spellings() -> String {
         let all: Vec<&str> = LISTED.iter().map(|l| l.spellings).collect();
-        match all.split_last() {
-            Some((last, [])) => last.to_string(),
-            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
-            None => String::new(),
-        }
+        or_list(&all)
     }
 
     /// The listed strategies that balance causal load, as their base spelling parses.
