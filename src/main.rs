@@ -48,7 +48,7 @@ fn main() -> ExitCode {
             rules,
         } => cli::kernel::run_kernel(&kernel, &params, &inputs, &outputs, backend, &rules)
             .map(|()| true),
-        Command::Demo => cli::demo::demo(),
+        Command::Demo { backends } => cli::demo::demo(&backends),
         Command::Attention(args) => cli::attention::attention_command(&args).map(|()| true),
         Command::Compile(args) => cli::compile::compile_command(&args).map(|()| true),
         Command::Bench { what } => cli::bench::bench(&what).map(|()| true),

@@ -106,8 +106,15 @@ pub enum Command {
         #[arg(long, default_value = "tpu")]
         rules: String,
     },
-    /// Run the example kernels on every backend and check them against naive f64 references.
-    Demo,
+    /// Run every registered kernel on each backend and check it against its f64 reference,
+    /// then context-parallel splash on 4 devices of each device backend that has them.
+    Demo {
+        /// A backend to run on (repeatable): interpret, cpu, gpu (the CUDA PJRT plugin named
+        /// by TESSERA_GPU_PJRT_PLUGIN) or tpu. Default: interpret and cpu, the two every
+        /// machine has.
+        #[arg(long = "backend")]
+        backends: Vec<Backend>,
+    },
     /// Splash attention on .npy inputs: forward (out, lse) and, with --dout, gradients.
     Attention(Box<attention::AttentionArgs>),
     /// Compile for a TPU topology with the TPU compiler (libtpu, compile-only): splash
