@@ -18,7 +18,8 @@ is the instantiated kernel (`tessera_jax.Kernel`).
 
 The lowering uses JAX-private APIs (`jax._src.interpreters.mlir.custom_call`, the module
 context's symbol table and cache, `ShapedArray`'s manual-axis type for `shard_map`); the
-package pins jax==0.10.2 and its tests exercise each of them.
+package declares the JAX versions it is tested with (0.10.2 to 0.12.x: CI runs its tests on
+jax 0.10.2 and on jax 0.12.0.1), and those tests exercise each of them.
 """
 
 from __future__ import annotations

@@ -1,28 +1,67 @@
 """Compiling JAX programs with tessera kernels for a TPU topology on a machine without a TPU:
-the libtpu tessera pins, and what the compiler gave each Mosaic kernel."""
+the libtpu the installed JAX requires, provisioned by tessera, and what the compiler gave
+each Mosaic kernel."""
 
 from __future__ import annotations
 
 import base64
+import importlib.metadata
 import json
 import os
 import re
 
 from . import _tessera
 
+# The libtpu wheel tessera provisions for the libtpu series each tested JAX's `jax[tpu]`
+# requires (`libtpu==0.0.N.*`): JAX's Pallas kernels carry fields an older libtpu rejects
+# (jax 0.12's `debug_locations` in libtpu 0.0.42.1), so JAX and libtpu go together.
+_LIBTPU_FOR_SERIES = {"0.0.42": "0.0.42.1", "0.0.50": "0.0.50.1"}
+
+
+def libtpu_series_jax_requires() -> str | None:
+    """The libtpu series (`0.0.N`) the installed JAX's `tpu` extra requires, read from its
+    metadata; None when it names none."""
+    pattern = re.compile(r'\s*libtpu\s*==\s*([0-9.]+?)(?:\.\*)?\s*;.*extra\s*==\s*"tpu"')
+    for requirement in importlib.metadata.requires("jax") or []:
+        m = pattern.match(requirement)
+        if m:
+            return m.group(1)
+    return None
+
+
+def _choose_libtpu_wheel() -> None:
+    """Asks tessera for the libtpu wheel the installed JAX requires, unless the user chose a
+    library or wheel (`TESSERA_LIBTPU`, `TESSERA_LIBTPU_WHEEL`)."""
+    if os.environ.get("TESSERA_LIBTPU") or os.environ.get("TESSERA_LIBTPU_WHEEL"):
+        return
+    series = libtpu_series_jax_requires()
+    if series is None:
+        return  # tessera's default
+    known = _LIBTPU_FOR_SERIES.values()
+    version = _LIBTPU_FOR_SERIES.get(series) or (series if series in known else None)
+    if version is None:
+        raise _tessera.TesseraError(
+            f"jax {importlib.metadata.version('jax')} requires libtpu {series}.*, a series "
+            f"tessera-jax has not been tested with (tested: "
+            f"{', '.join(known)}); set TESSERA_LIBTPU_WHEEL="
+            f"libtpu==<version> (or TESSERA_LIBTPU=/path/libtpu.so) to use it"
+        )
+    os.environ["TESSERA_LIBTPU_WHEEL"] = f"libtpu=={version}"
+
 
 def use_tessera_libtpu() -> str:
-    """Points JAX at the libtpu tessera compiles with (`libtpu==0.0.42.1`, the one
-    `jax[tpu]==0.10.2` brings; downloaded once into tessera's cache, or `TESSERA_LIBTPU`)
-    through `TPU_LIBRARY_PATH`, unless that is set, and sets the environment libtpu needs
-    for compile-only use (no cloud metadata queries, several processes at once) where unset.
-    Call it before JAX first touches the TPU platform (e.g.
-    `jax.experimental.topologies.get_topology_desc(..., platform="tpu")`). Returns the
-    library's path."""
+    """Points JAX at the libtpu its `jax[tpu]` requires (0.0.50.1 for jax 0.12.0.1, 0.0.42.1
+    for jax 0.10.2), provisioned by tessera (downloaded once into tessera's cache;
+    `TESSERA_LIBTPU_WHEEL` or `TESSERA_LIBTPU` choose another), through `TPU_LIBRARY_PATH`
+    unless that is set, and sets the environment libtpu needs for compile-only use (no cloud
+    metadata queries, several processes at once) where unset. Call it before JAX first
+    touches the TPU platform (e.g. `jax.experimental.topologies.get_topology_desc(...,
+    platform="tpu")`). Returns the library's path."""
     for name, value in _tessera.libtpu_compile_only_env():
         os.environ.setdefault(name, value)
     path = os.environ.get("TPU_LIBRARY_PATH")
     if not path:
+        _choose_libtpu_wheel()
         path = _tessera.libtpu_path()
         os.environ["TPU_LIBRARY_PATH"] = path
     return path

@@ -70,7 +70,9 @@ pub use element::{ElementType, HostBuffer, NativeType};
 pub use error::{CompileOptionsError, Error, ErrorCode, Result};
 pub use options::{CompileOptions, DeviceAssignment, XlaOption};
 pub use plugin::{configure_plugin_logs, NamedValue, Plugin, VERBOSE_VAR};
-pub use provision::{cpu_plugin_path, libtpu_path, ProvisionedPlugin, Provisioner, WheelSpec};
+pub use provision::{
+    cpu_plugin_path, libtpu_path, libtpu_wheel, ProvisionedPlugin, Provisioner, WheelSpec,
+};
 pub use shape::ArrayShape;
 pub use tessera_array::{ArrayData, DType, HostArray};
 pub use topology::{

@@ -100,11 +100,14 @@ impl WheelSpec {
         )
     }
 
-    /// `libtpu==0.0.42.1`: the TPU compiler and runtime (`libtpu/libtpu.so`, C API 0.112),
-    /// used compile-only through a topology. Pinned to the version `jax[tpu]==0.10.2`
-    /// requires, so tessera's programs and JAX's are compiled by the same compiler.
+    /// `libtpu==0.0.50.1`: the TPU compiler and runtime (`libtpu/libtpu.so`), used
+    /// compile-only through a topology. Pinned to the version the current `jax[tpu]==0.12.0.1`
+    /// requires, so tessera's programs and JAX's are compiled by the compiler on today's TPU
+    /// VMs. The previous pin, 0.0.42.1 (C API 0.112, the one `jax[tpu]==0.10.2` requires and
+    /// tessera-jax uses under jax 0.10.2), stays selectable with
+    /// `TESSERA_LIBTPU_WHEEL=libtpu==0.0.42.1`.
     pub fn libtpu() -> Self {
-        Self::known("libtpu", "0.0.42.1", "libtpu/libtpu.so")
+        Self::known("libtpu", "0.0.50.1", "libtpu/libtpu.so")
     }
 
     fn known(name: &str, version: &str, library: &str) -> Self {

@@ -110,13 +110,16 @@ fn bf16_scalar(
 }
 
 /// One illegal kernel: its name, definition, arguments, the marker of the line that breaks
-/// the rule, and a phrase of the fix the message must give.
+/// the rule, a phrase of the fix the message must give, and the libtpu versions that compile
+/// it all the same (the TPU rules hold what every libtpu tessera supports refuses: 0.0.42.1,
+/// jax 0.10.2's, refuses each of these; 0.0.50.1 compiles three of them).
 pub struct Illegal {
     pub name: &'static str,
     pub def: KernelDef,
     pub args: Vec<ArgSpec>,
     pub marker: &'static str,
     pub fix: &'static str,
+    pub compiled_by: &'static [&'static str],
 }
 
 pub fn all() -> Vec<Illegal> {
@@ -130,6 +133,7 @@ pub fn all() -> Vec<Illegal> {
             args: vec![ArgSpec::new(DType::Bool, [8, 128])],
             marker: "breaks: bool operand",
             fix: "pass it as i32",
+            compiled_by: &[],
         },
         Illegal {
             name: "i8_arithmetic",
@@ -137,6 +141,7 @@ pub fn all() -> Vec<Illegal> {
             args: i8s(&[32, 128]),
             marker: "breaks: i8 arithmetic",
             fix: "cast it to i32 after loading",
+            compiled_by: &[],
         },
         Illegal {
             name: "i8_to_bool",
@@ -144,6 +149,7 @@ pub fn all() -> Vec<Illegal> {
             args: i8s(&[32, 128]),
             marker: "breaks: i8 cast",
             fix: "cast through i32",
+            compiled_by: &["0.0.50.1"],
         },
         Illegal {
             name: "rank1_iota",
@@ -151,6 +157,7 @@ pub fn all() -> Vec<Illegal> {
             args: i32s(&[8, 128]),
             marker: "breaks: rank-1 iota",
             fix: "use a shape like [1, 128]",
+            compiled_by: &[],
         },
         Illegal {
             name: "reduce_to_scalar",
@@ -158,6 +165,7 @@ pub fn all() -> Vec<Illegal> {
             args: f32s(&[8, 128]),
             marker: "breaks: rank-1 reduction",
             fix: "reshape to [1, n] first",
+            compiled_by: &["0.0.50.1"],
         },
         Illegal {
             name: "retiling_reshape",
@@ -165,6 +173,7 @@ pub fn all() -> Vec<Illegal> {
             args: f32s(&[8, 128]),
             marker: "breaks: reshape",
             fix: "the last two dims stay the same",
+            compiled_by: &["0.0.50.1"],
         },
         Illegal {
             name: "integer_dot",
@@ -172,6 +181,7 @@ pub fn all() -> Vec<Illegal> {
             args: i32s(&[8, 128]),
             marker: "breaks: integer dot",
             fix: "cast the operands to bf16 or f32",
+            compiled_by: &[],
         },
         Illegal {
             name: "bf16_scalar",
@@ -179,6 +189,7 @@ pub fn all() -> Vec<Illegal> {
             args: vec![ArgSpec::new(DType::BF16, [16, 128])],
             marker: "breaks: bf16 scalar",
             fix: "compute it in f32",
+            compiled_by: &[],
         },
     ]
 }
