@@ -95,6 +95,17 @@ fn names(specs: &[ParamSpec]) -> Vec<String> {
 /// temporary file). Refuses a `path` that exists and is not a regular file (a directory, a
 /// device such as `/dev/null`, a pipe): renaming over it would replace it.
 pub fn save(path: &Path, specs: &[ParamSpec], ck: &Checkpoint) -> Result<(), TrainError> {
+    save_with_tokenizer(path, specs, ck, None)
+}
+
+/// [`save`], with the `tokenizer.json` text of a run on text in the metadata (`tokenizer`),
+/// which a resume and sampling read back ([`saved_tokenizer`]).
+pub fn save_with_tokenizer(
+    path: &Path,
+    specs: &[ParamSpec],
+    ck: &Checkpoint,
+    tokenizer: Option<&str>,
+) -> Result<(), TrainError> {
     if let Ok(m) = std::fs::metadata(path) {
         if !m.is_file() {
             return Err(err(
@@ -134,6 +145,9 @@ pub fn save(path: &Path, specs: &[ParamSpec], ck: &Checkpoint) -> Result<(), Tra
     for (_, key, value) in ck.schedule.entries() {
         metadata.insert(key.to_string(), value);
     }
+    if let Some(json) = tokenizer {
+        metadata.insert(TOKENIZER_KEY.to_string(), json.to_string());
+    }
     let data =
         safetensors::serialize(views, Some(metadata)).map_err(|e| err(path, e.to_string()))?;
     let dir = match path.parent() {
@@ -157,6 +171,30 @@ pub fn save(path: &Path, specs: &[ParamSpec], ck: &Checkpoint) -> Result<(), Tra
 /// The step a checkpoint was saved at, read from its header alone (so a run can refuse a
 /// resume that would train nothing before it builds anything).
 pub fn saved_step(path: &Path) -> Result<usize, TrainError> {
+    header_metadata(path)?["step"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| err(path, "not a tessera-train checkpoint (no step metadata)"))
+}
+
+/// The metadata key of a run on text's tokenizer.
+const TOKENIZER_KEY: &str = "tokenizer";
+
+/// The `tokenizer.json` text a checkpoint was trained with, or `None` for one trained on
+/// synthetic data; read from its header alone.
+pub fn saved_tokenizer(path: &Path) -> Result<Option<String>, TrainError> {
+    let meta = header_metadata(path)?;
+    if meta["format"].as_str() != Some("tessera-train") {
+        return Err(err(
+            path,
+            "not a tessera-train checkpoint (no format metadata)",
+        ));
+    }
+    Ok(meta[TOKENIZER_KEY].as_str().map(str::to_string))
+}
+
+/// A checkpoint's `__metadata__`, read from its header alone.
+fn header_metadata(path: &Path) -> Result<serde_json::Value, TrainError> {
     use std::io::Read;
     let mut file = std::fs::File::open(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
     let not = |why: String| err(path, format!("not a safetensors file ({why})"));
@@ -172,16 +210,34 @@ pub fn saved_step(path: &Path) -> Result<usize, TrainError> {
         .map_err(|e| not(e.to_string()))?;
     let header: serde_json::Value =
         serde_json::from_slice(&header).map_err(|e| not(e.to_string()))?;
-    header["__metadata__"]["step"]
-        .as_str()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| err(path, "not a tessera-train checkpoint (no step metadata)"))
+    Ok(header["__metadata__"].clone())
 }
 
 /// Reads a checkpoint of `cfg`'s model (parameters `specs`) for a run of `cfg`; fails with
 /// what differs when it was written by another model, seed or schedule, and when it holds a
 /// number that is not finite.
 pub fn load(path: &Path, specs: &[ParamSpec], cfg: &TrainConfig) -> Result<Checkpoint, TrainError> {
+    load_checked(path, specs, cfg, true)
+}
+
+/// The parameters of a checkpoint of `cfg`'s model (its seed and schedule not checked: for
+/// sampling, which trains nothing); the first `specs.len()` tensors of the result.
+pub fn load_parameters(
+    path: &Path,
+    specs: &[ParamSpec],
+    cfg: &TrainConfig,
+) -> Result<Vec<Vec<f32>>, TrainError> {
+    let mut ck = load_checked(path, specs, cfg, false)?;
+    ck.tensors.truncate(specs.len());
+    Ok(ck.tensors)
+}
+
+fn load_checked(
+    path: &Path,
+    specs: &[ParamSpec],
+    cfg: &TrainConfig,
+    same_run: bool,
+) -> Result<Checkpoint, TrainError> {
     let (model, seed) = (&cfg.model, cfg.seed);
     let data = std::fs::read(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
     let (_, meta) = SafeTensors::read_metadata(&data)
@@ -208,7 +264,7 @@ pub fn load(path: &Path, specs: &[ParamSpec], cfg: &TrainConfig) -> Result<Check
         .into());
     }
     let saved_seed: u64 = get("seed")?.parse().map_err(|_| err(path, "bad seed"))?;
-    if saved_seed != seed {
+    if same_run && saved_seed != seed {
         return Err(SettingError::CheckpointSeed {
             path: path.display().to_string(),
             saved: saved_seed,
@@ -219,7 +275,7 @@ pub fn load(path: &Path, specs: &[ParamSpec], cfg: &TrainConfig) -> Result<Check
     let schedule = Schedule::of(cfg);
     for (setting, key, run) in schedule.entries() {
         let saved = get(key)?;
-        if saved != run {
+        if same_run && saved != run {
             return Err(SettingError::CheckpointSchedule {
                 path: path.display().to_string(),
                 setting,

@@ -264,6 +264,11 @@ pub struct TrainConfig {
     /// next weight shard overlaps the matmul of the current one) instead of an all-gather of
     /// the weight and a dot (`collective_matmul`; off by default). Refused without fsdp.
     pub collective_matmul: bool,
+    /// Whether the step takes text's packed rows (off: synthetic data): per-document segment
+    /// ids (each query attends to its own document's keys only, through every strategy),
+    /// positions from the data, and targets of -1 where a position has none (padding); the
+    /// loss is then the mean over the real targets. [`crate::Trainer`] sets it from its data.
+    pub segment_ids: bool,
 }
 
 impl TrainConfig {
@@ -297,6 +302,7 @@ impl TrainConfig {
             lowering: Lowering::portable(),
             layers_per_iteration: 1,
             collective_matmul: false,
+            segment_ids: false,
         }
     }
 

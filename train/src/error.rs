@@ -522,6 +522,9 @@ pub enum TrainError {
     /// The platform's devices could not be had (none on this machine, too few, ...).
     #[error(transparent)]
     Devices(tessera_runtime::Error),
+    /// Text data, its tokenizer, or a checkpoint's tokenizer that cannot be used.
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
     /// A checkpoint that cannot be written or read, or does not fit this run.
     #[error("checkpoint {path}: {reason}")]
     Checkpoint { path: String, reason: String },
@@ -562,6 +565,7 @@ impl TrainError {
         match self {
             TrainError::Setting(e) => e.describe(names),
             TrainError::ContextParallel(e) => e.describe(names),
+            TrainError::Data(e) => e.describe(names),
             other => other.to_string(),
         }
     }

@@ -30,9 +30,10 @@ pub mod flops;
 pub mod memory;
 pub mod model;
 pub mod predict;
+pub mod sample;
 mod trainer;
 
 pub use config::{ModelConfig, TrainConfig};
-pub use data::SyntheticData;
+pub use data::{SyntheticData, TextData};
 pub use error::{Setting, SettingError, TrainError, WeightDim};
-pub use trainer::{learning_rate, train_step_program, StepMetrics, StepTimes, Trainer};
+pub use trainer::{learning_rate, train_step_program, Dataset, StepMetrics, StepTimes, Trainer};

@@ -9,8 +9,37 @@ use tessera_parallel::{kernel_lowering, AttentionLayer, ModelMesh};
 use tessera_runtime::{Client, HostBuffer, Platform};
 
 use crate::checkpoint::{self, Checkpoint};
+use crate::data::{DataError, TextBatch, TextData};
 use crate::model::{build_program, param_specs, Init, ParamSpec, StepKind};
 use crate::{SettingError, SyntheticData, TrainConfig, TrainError};
+
+/// What a run trains on.
+#[derive(Debug, Clone)]
+pub enum Dataset {
+    /// The seed's Markov chain ([`SyntheticData`]).
+    Synthetic,
+    /// Text: packed rows with segment ids, a held-out split for eval.
+    Text(Box<TextData>),
+}
+
+/// The data of a running trainer.
+#[derive(Debug, Clone)]
+enum Feed {
+    Synthetic(SyntheticData),
+    Text(Box<TextData>),
+}
+
+/// Where a synthetic run's held-out batches start: steps no run reaches.
+const SYNTHETIC_EVAL_STEP: usize = 1 << 40;
+
+/// A step's token arrays on the devices: tokens, targets, and with text their positions and
+/// segment ids.
+struct DeviceBatch {
+    tokens: DeviceArray,
+    targets: DeviceArray,
+    positions: Option<DeviceArray>,
+    segments: Option<DeviceArray>,
+}
 
 /// What one step did.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -78,8 +107,11 @@ pub struct Trainer {
     client: Client,
     /// Parameters, `mu`, `nu` (3 per parameter), on the devices.
     state: Vec<DeviceArray>,
-    positions: DeviceArray,
-    data: SyntheticData,
+    /// Synthetic data's positions (the same every step); text's come with each batch.
+    positions: Option<DeviceArray>,
+    data: Feed,
+    /// The forward alone, for eval (compiled at the first eval).
+    eval_exe: Option<Executable<ModelMesh>>,
     step: usize,
     compile_s: f64,
 }
@@ -99,30 +131,77 @@ impl Trainer {
     /// initialises the parameters from the seed and puts them (and zero moments) on the
     /// devices.
     pub fn new(cfg: TrainConfig, platform: Platform) -> Result<Self, TrainError> {
+        Self::with_data(cfg, platform, Dataset::Synthetic, None)
+    }
+
+    /// [`Trainer::new`] (or, with `resume`, [`Trainer::resume`]) on `data`. With text the
+    /// step takes segment ids ([`TrainConfig::segment_ids`]); its rows must have the run's
+    /// sequence length and its tokenizer no more tokens than the model's vocabulary. A
+    /// checkpoint resumed must have been trained on the same kind of data, on text with the
+    /// same tokenizer.
+    pub fn with_data(
+        mut cfg: TrainConfig,
+        platform: Platform,
+        data: Dataset,
+        resume: Option<&Path>,
+    ) -> Result<Self, TrainError> {
+        cfg.segment_ids = matches!(data, Dataset::Text(_));
+        if let Dataset::Text(text) = &data {
+            let rows = text.train_rows().seq;
+            if rows != cfg.max_target_length {
+                return Err(DataError::RowLength {
+                    rows,
+                    seq: cfg.max_target_length,
+                }
+                .into());
+            }
+            let size = text.tokenizer().vocab_size();
+            if size > cfg.model.vocab {
+                return Err(DataError::TokenizerVocab {
+                    path: "the tokenizer".into(),
+                    size,
+                    vocab: cfg.model.vocab,
+                }
+                .into());
+            }
+        }
+        if let Some(path) = resume {
+            check_checkpoint_data(path, &data)?;
+        }
         let client = devices(&cfg, platform)?;
         let specs = param_specs(&cfg.model);
-        let init = init_params(&specs, cfg.seed);
-        let zeros: Vec<Vec<f32>> = init.iter().map(|p| vec![0.0; p.len()]).collect();
-        let tensors = init.iter().chain(&zeros).chain(&zeros).cloned().collect();
-        Self::with_state(cfg, platform, client, tensors, 0)
+        let (tensors, step) = match resume {
+            Some(path) => {
+                let ck = checkpoint::load(path, &specs, &cfg)?;
+                if ck.step >= cfg.steps {
+                    return Err(SettingError::ResumeAtEnd {
+                        path: path.display().to_string(),
+                        step: ck.step,
+                        steps: cfg.steps,
+                    }
+                    .into());
+                }
+                (ck.tensors, ck.step)
+            }
+            None => {
+                let init = init_params(&specs, cfg.seed);
+                let zeros: Vec<Vec<f32>> = init.iter().map(|p| vec![0.0; p.len()]).collect();
+                let tensors = init.iter().chain(&zeros).chain(&zeros).cloned().collect();
+                (tensors, 0)
+            }
+        };
+        let feed = match data {
+            Dataset::Synthetic => Feed::Synthetic(SyntheticData::new(cfg.seed, cfg.model.vocab)),
+            Dataset::Text(text) => Feed::Text(text),
+        };
+        Self::with_state(cfg, platform, client, tensors, step, feed)
     }
 
     /// Continues the run saved at `path`: its parameters, moments and step (the data goes
     /// on from that step), on `platform` as [`Trainer::new`]. `cfg` must have the
     /// checkpoint's model and seed.
     pub fn resume(cfg: TrainConfig, path: &Path, platform: Platform) -> Result<Self, TrainError> {
-        let client = devices(&cfg, platform)?;
-        let specs = param_specs(&cfg.model);
-        let ck = checkpoint::load(path, &specs, &cfg)?;
-        if ck.step >= cfg.steps {
-            return Err(SettingError::ResumeAtEnd {
-                path: path.display().to_string(),
-                step: ck.step,
-                steps: cfg.steps,
-            }
-            .into());
-        }
-        Self::with_state(cfg, platform, client, ck.tensors, ck.step)
+        Self::with_data(cfg, platform, Dataset::Synthetic, Some(path))
     }
 
     fn with_state(
@@ -131,6 +210,7 @@ impl Trainer {
         client: Client,
         tensors: Vec<Vec<f32>>,
         step: usize,
+        data: Feed,
     ) -> Result<Self, TrainError> {
         cfg.lowering = kernel_lowering(platform, &cfg.lowering);
         let (layer, program) = train_step_program(&cfg)?;
@@ -145,13 +225,17 @@ impl Trainer {
             .enumerate()
             .map(|(i, (t, s))| Ok(exe.upload(i, &f32_buffer(&s.shape, t)?)?))
             .collect::<Result<Vec<_>, TrainError>>()?;
-        let order = layer.sequence_order();
-        let batch = cfg.global_batch();
-        let positions: Vec<i32> = (0..batch)
-            .flat_map(|_| order.iter().map(|&p| p as i32))
-            .collect();
-        let positions = exe.upload(3 * specs.len() + 3, &token_buffer(&layer, &positions)?)?;
-        let data = SyntheticData::new(cfg.seed, cfg.model.vocab);
+        let positions = match data {
+            Feed::Synthetic(_) => {
+                let order = layer.sequence_order();
+                let positions: Vec<i32> = (0..cfg.global_batch())
+                    .flat_map(|_| order.iter().map(|&p| p as i32))
+                    .collect();
+                let buffer = token_buffer(&layer, &positions)?;
+                Some(exe.upload(3 * specs.len() + 3, &buffer)?)
+            }
+            Feed::Text(_) => None,
+        };
         Ok(Trainer {
             cfg,
             layer,
@@ -162,9 +246,43 @@ impl Trainer {
             state,
             positions,
             data,
+            eval_exe: None,
             step,
             compile_s,
         })
+    }
+
+    /// The text a run trains on (`None` for synthetic data).
+    pub fn text(&self) -> Option<&TextData> {
+        match &self.data {
+            Feed::Text(t) => Some(t),
+            Feed::Synthetic(_) => None,
+        }
+    }
+
+    /// The mean loss over `batches` held-out batches (text: the held-out split from its
+    /// start, wrapping around; synthetic: batches of steps no run reaches), from the forward
+    /// alone on the current parameters (a program compiled at the first call), weighted by
+    /// each batch's targets.
+    pub fn eval_loss(&mut self, batches: usize) -> Result<f64, TrainError> {
+        if self.eval_exe.is_none() {
+            let program = build_program(&self.cfg, &self.layer, StepKind::Forward)?;
+            self.eval_exe = Some(program.compile(&self.client)?);
+        }
+        let exe = self.eval_exe.as_ref().expect("compiled above");
+        let n = self.specs.len();
+        let (mut sum, mut weight) = (0.0, 0.0);
+        for k in 0..batches.max(1) {
+            let (batch, targets) = self.upload_batch(exe, n, k, true)?;
+            let mut inputs: Vec<MeshArgument<'_>> =
+                self.state[..n].iter().map(MeshArgument::Lent).collect();
+            self.push_batch(&mut inputs, &batch);
+            let out = exe.run_on_devices(inputs)?;
+            let loss = scalar(exe, 0, &out[0])?;
+            sum += loss * targets as f64;
+            weight += targets as f64;
+        }
+        Ok(sum / weight.max(1.0))
     }
 
     /// The run's settings.
@@ -213,17 +331,13 @@ impl Trainer {
         ]
         .map(|x| x as f32);
         let hyper = self.exe.upload(3 * n, &f32_buffer(&[3], &hyper)?)?;
-        let (tokens, targets) = self.batch(k)?;
+        let (batch, _) = self.upload_batch(&self.exe, 3 * n + 1, k, false)?;
         let mut inputs: Vec<MeshArgument<'_>> = std::mem::take(&mut self.state)
             .into_iter()
             .map(MeshArgument::Donated)
             .collect();
-        inputs.extend([
-            MeshArgument::Lent(&hyper),
-            MeshArgument::Lent(&tokens),
-            MeshArgument::Lent(&targets),
-            MeshArgument::Lent(&self.positions),
-        ]);
+        inputs.push(MeshArgument::Lent(&hyper));
+        self.push_batch(&mut inputs, &batch);
         let mut outputs = self.exe.run_on_devices(inputs)?;
         let rest = outputs.split_off(3 * n);
         self.state = outputs;
@@ -250,24 +364,70 @@ impl Trainer {
         })
     }
 
-    /// The batch of step `k` on the devices: tokens and targets in the program's order.
-    fn batch(&self, k: usize) -> Result<(DeviceArray, DeviceArray), TrainError> {
+    /// Batch `k` of the train data (step `k`) or of the held-out data (`eval`), on the
+    /// devices as `exe` takes its arguments from `base` on: tokens, targets and positions in
+    /// the program's sequence order, segment ids in natural order. Also returns the batch's
+    /// targets (positions that have one).
+    fn upload_batch(
+        &self,
+        exe: &Executable<ModelMesh>,
+        base: usize,
+        k: usize,
+        eval: bool,
+    ) -> Result<(DeviceBatch, usize), TrainError> {
         let (b, s) = (self.cfg.global_batch(), self.cfg.max_target_length);
-        let batch = self.data.batch(k, b, s);
+        let batch = match &self.data {
+            Feed::Synthetic(d) => {
+                let step = if eval { SYNTHETIC_EVAL_STEP + k } else { k };
+                let batch = d.batch(step, b, s);
+                TextBatch {
+                    tokens: batch.tokens,
+                    targets: batch.targets,
+                    positions: Vec::new(),
+                    segment_ids: Vec::new(),
+                }
+            }
+            Feed::Text(t) if eval => t.eval_batch(k, b),
+            Feed::Text(t) => t.batch(k, b),
+        };
         let order = self.layer.sequence_order();
         let lay = |x: &[i32]| -> Vec<i32> {
             (0..b)
                 .flat_map(|row| order.iter().map(move |&j| x[row * s + j]))
                 .collect()
         };
-        let base = 3 * self.specs.len() + 1;
-        let tokens = self
-            .exe
-            .upload(base, &token_buffer(&self.layer, &lay(&batch.tokens))?)?;
-        let targets = self
-            .exe
-            .upload(base + 1, &token_buffer(&self.layer, &lay(&batch.targets))?)?;
-        Ok((tokens, targets))
+        let up = |i: usize, x: &[i32]| -> Result<DeviceArray, TrainError> {
+            Ok(exe.upload(base + i, &token_buffer(&self.layer, &lay(x))?)?)
+        };
+        let text = matches!(self.data, Feed::Text(_));
+        let device = DeviceBatch {
+            tokens: up(0, &batch.tokens)?,
+            targets: up(1, &batch.targets)?,
+            positions: text.then(|| up(2, &batch.positions)).transpose()?,
+            segments: text
+                .then(|| -> Result<DeviceArray, TrainError> {
+                    let buffer = HostBuffer::from_slice(&[b as i64, s as i64], &batch.segment_ids)?;
+                    Ok(exe.upload(base + 3, &buffer)?)
+                })
+                .transpose()?,
+        };
+        let targets = batch.targets.iter().filter(|&&t| t >= 0).count();
+        Ok((device, targets))
+    }
+
+    /// A batch's arguments, after the state (and the step's scalars).
+    fn push_batch<'a>(&'a self, inputs: &mut Vec<MeshArgument<'a>>, batch: &'a DeviceBatch) {
+        let positions = batch
+            .positions
+            .as_ref()
+            .or(self.positions.as_ref())
+            .expect("text batches have positions, synthetic runs their own");
+        inputs.extend([
+            MeshArgument::Lent(&batch.tokens),
+            MeshArgument::Lent(&batch.targets),
+            MeshArgument::Lent(positions),
+        ]);
+        inputs.extend(batch.segments.as_ref().map(MeshArgument::Lent));
     }
 
     /// The parameters, `mu` and `nu` copied to the host (each checked equal on every
@@ -289,7 +449,8 @@ impl Trainer {
             schedule: checkpoint::Schedule::of(&self.cfg),
             tensors: self.state_on_host()?,
         };
-        checkpoint::save(path, &self.specs, &ck)
+        let tokenizer = self.text().map(|t| t.tokenizer().to_json());
+        checkpoint::save_with_tokenizer(path, &self.specs, &ck, tokenizer)
     }
 
     /// Times the step's stages (best of `reps` runs each, after a warm-up) on this run's
@@ -297,13 +458,14 @@ impl Trainer {
     pub fn time_split(&self, reps: usize) -> Result<StepTimes, TrainError> {
         let n = self.specs.len();
         let params = &self.state[..n];
-        let (tokens, targets) = self.batch(self.step)?;
         let best = |exe: &Executable<ModelMesh>, with_moments: bool| -> Result<f64, TrainError> {
             let hyper = with_moments
                 .then(|| -> Result<DeviceArray, TrainError> {
                     Ok(exe.upload(3 * n, &f32_buffer(&[3], &[1e-9, 1.0, 1.0])?)?)
                 })
                 .transpose()?;
+            let base = if with_moments { 3 * n + 1 } else { n };
+            let (batch, _) = self.upload_batch(exe, base, self.step, false)?;
             let mut best = f64::INFINITY;
             for _ in 0..reps.max(1) + 1 {
                 let state = if with_moments {
@@ -314,11 +476,7 @@ impl Trainer {
                 let mut inputs: Vec<MeshArgument<'_>> =
                     state.iter().map(MeshArgument::Lent).collect();
                 inputs.extend(hyper.as_ref().map(MeshArgument::Lent));
-                inputs.extend([
-                    MeshArgument::Lent(&tokens),
-                    MeshArgument::Lent(&targets),
-                    MeshArgument::Lent(&self.positions),
-                ]);
+                self.push_batch(&mut inputs, &batch);
                 let start = Instant::now();
                 let out = exe.run_on_devices(inputs)?;
                 let _ = out
@@ -398,7 +556,7 @@ impl Trainer {
 
 /// Validates `cfg` and gets its devices of `platform`: before anything is built, so a
 /// platform this machine does not have is refused at once.
-fn devices(cfg: &TrainConfig, platform: Platform) -> Result<Client, TrainError> {
+pub(crate) fn devices(cfg: &TrainConfig, platform: Platform) -> Result<Client, TrainError> {
     cfg.validate()?;
     platform.client(cfg.devices()).map_err(TrainError::Devices)
 }
@@ -417,7 +575,7 @@ pub fn train_step_program(
 }
 
 /// The attention layer of `cfg` ([`TrainConfig::context_parallel`]) on its batch shards.
-fn attention_layer(cfg: &TrainConfig) -> Result<AttentionLayer, TrainError> {
+pub(crate) fn attention_layer(cfg: &TrainConfig) -> Result<AttentionLayer, TrainError> {
     Ok(AttentionLayer::new(
         cfg.context_parallel(),
         cfg.batch_shards(),
@@ -472,14 +630,14 @@ fn fill(out: &mut Vec<f32>, init: Init, len: usize, rng: &mut fastrand::Rng) {
     }
 }
 
-fn f32_buffer(shape: &[usize], data: &[f32]) -> Result<HostBuffer, TrainError> {
+pub(crate) fn f32_buffer(shape: &[usize], data: &[f32]) -> Result<HostBuffer, TrainError> {
     let dims: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
     Ok(HostBuffer::from_slice(&dims, data)?)
 }
 
 /// A `[B, S]` int32 array (in the program's sequence order) as the program's
 /// `[B, R, S/R]` token input.
-fn token_buffer(layer: &AttentionLayer, data: &[i32]) -> Result<HostBuffer, TrainError> {
+pub(crate) fn token_buffer(layer: &AttentionLayer, data: &[i32]) -> Result<HostBuffer, TrainError> {
     Ok(HostBuffer::from_slice(&layer.token_dims(), data)?)
 }
 
@@ -487,4 +645,25 @@ fn token_buffer(layer: &AttentionLayer, data: &[i32]) -> Result<HostBuffer, Trai
 fn scalar(exe: &Executable<ModelMesh>, output: usize, a: &DeviceArray) -> Result<f64, TrainError> {
     let v = exe.download(output, a)?.to_vec::<f32>()?;
     Ok(f64::from(v[0]))
+}
+
+/// Refuses to resume `path` on `data` when it was trained on the other kind of data, or on
+/// text with another tokenizer (read from its header).
+fn check_checkpoint_data(path: &Path, data: &Dataset) -> Result<(), TrainError> {
+    let saved = checkpoint::saved_tokenizer(path)?;
+    let shown = path.display().to_string();
+    let e = match (saved, data) {
+        (None, Dataset::Synthetic) => return Ok(()),
+        (Some(json), Dataset::Text(t)) if json == t.tokenizer().to_json() => return Ok(()),
+        (Some(_), Dataset::Text(_)) => DataError::CheckpointTokenizer { path: shown },
+        (None, Dataset::Text(_)) => DataError::CheckpointData {
+            path: shown,
+            text: true,
+        },
+        (Some(_), Dataset::Synthetic) => DataError::CheckpointData {
+            path: shown,
+            text: false,
+        },
+    };
+    Err(e.into())
 }

@@ -21,7 +21,7 @@ use std::rc::Rc;
 use tessera_collectives::{CollectiveError, Mesh, Spmd};
 
 use super::error::{ConfigError, CpError, Quantity};
-use super::layout::{ModelMesh, SeqLseTensor, SeqTensor};
+use super::layout::{ModelMesh, SeqLseTensor, SeqTensor, WholeSegments};
 use super::strategy::Composition;
 use super::ContextParallel;
 
@@ -104,5 +104,20 @@ impl AttentionLayer {
         v: &SeqTensor<'p>,
     ) -> Result<(SeqTensor<'p>, SeqLseTensor<'p>), CollectiveError> {
         self.composition.attend(p, [q, k, v], None)
+    }
+
+    /// [`Self::forward`] of packed sequences: a query attends only to the keys of its own
+    /// segment (`segment_ids`, whole `[b, S]` on every device in natural order, one id per
+    /// document), so documents packed into one sequence do not see each other, whichever
+    /// devices their tokens are on.
+    pub fn forward_segmented<'p>(
+        &self,
+        p: &'p Spmd<'_, ModelMesh>,
+        q: &SeqTensor<'p>,
+        k: &SeqTensor<'p>,
+        v: &SeqTensor<'p>,
+        segment_ids: &WholeSegments<'p>,
+    ) -> Result<(SeqTensor<'p>, SeqLseTensor<'p>), CollectiveError> {
+        self.composition.attend(p, [q, k, v], Some(segment_ids))
     }
 }

@@ -30,6 +30,13 @@ pub(super) struct Model<'a> {
     /// With [`TrainConfig::collective_matmul`], the kernels' lowering: the layers' weight
     /// matmuls run the all-gather matmul.
     pub(super) collective_matmul: Option<&'a Lowering>,
+    /// With [`TrainConfig::segment_ids`]: the `[b, S]` segment ids (whole rows, natural
+    /// order) the attention keeps documents apart with; the loss then leaves out the
+    /// positions whose target is -1.
+    pub(super) segments: Option<Value>,
+    /// Instead of the loss, the logits `[vocab]` summed over this device's positions whose
+    /// target is not -1 (sampling marks the one position it reads).
+    pub(super) logits: bool,
 }
 
 impl<'a> Model<'a> {
@@ -54,11 +61,14 @@ impl<'a> Model<'a> {
             dtype: cfg.dtype,
             layers_per_iteration: cfg.layers_per_iteration,
             collective_matmul: (cfg.fsdp() && cfg.collective_matmul).then_some(&cfg.lowering),
+            segments: None,
+            logits: false,
         }
     }
 
     /// The cross-entropy summed over this device's tokens (f32 scalar), from each device's
-    /// `[tokens, targets, positions]`.
+    /// `[tokens, targets, positions]` (with [`Model::logits`], the logits of its marked
+    /// positions instead).
     pub(super) fn forward<'p>(
         &self,
         p: &'p Spmd<'_, ModelMesh>,
@@ -108,6 +118,17 @@ impl<'a> Model<'a> {
             let t = flat(f, t)?;
             one_hot(f, t, m.vocab)
         })?;
+        let mask = match self.segments {
+            Some(_) => Some(
+                targets
+                    .map_local_as::<TokenRows, Invariant>(|f, t| {
+                        let mask = target_mask(f, t)?;
+                        Ok(f.reshape(mask, &[n, 1])?)
+                    })?
+                    .value(),
+            ),
+            None => None,
+        };
         // One local op per table (a typed tensor holds one value); XLA merges their common
         // work.
         let rope_table = |sine: bool| {
@@ -124,6 +145,22 @@ impl<'a> Model<'a> {
             self.layers::<StackedMatrix>(p, &x0, cos, sin)?
         };
         let target_onehot = target_onehot.value();
+        if self.logits {
+            let mask = mask.ok_or_else(|| {
+                CollectiveError::local("the logits of a position need text's targets")
+            })?;
+            let picked = x.map_local_as::<(Replicated,), Invariant>(|f, x| {
+                let x = cast(f, x, DType::F32)?;
+                let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
+                let h = cast(f, h, dtype)?;
+                let logits = f.matmul(h, lm_head, DType::F32)?;
+                let mask = f.reshape(mask, &[n])?;
+                let mask = bcast(f, mask, &[n, m.vocab as i64], &[0])?;
+                let picked = f.mul(logits, mask)?;
+                Ok(f.reduce(picked, &[0], Reducer::Sum)?)
+            })?;
+            return Ok(picked.value());
+        }
         let loss = x.map_local_as::<(), Invariant>(|f, x| {
             let x = cast(f, x, DType::F32)?;
             let (h, _) = rms_norm(f, x, self.final_norm, m.norm_eps)?;
@@ -132,7 +169,11 @@ impl<'a> Model<'a> {
             let lse = logsumexp(f, logits)?;
             let picked = f.mul(logits, target_onehot)?;
             let picked = f.reduce(picked, &[1], Reducer::Sum)?;
-            let per_token = f.sub(lse, picked)?;
+            let mut per_token = f.sub(lse, picked)?;
+            if let Some(mask) = mask {
+                let mask = f.reshape(mask, &[n])?;
+                per_token = f.mul(per_token, mask)?;
+            }
             Ok(f.reduce(per_token, &[0], Reducer::Sum)?)
         })?;
         Ok(loss.value())
@@ -241,7 +282,13 @@ impl<'a> Model<'a> {
         let q = project(w.wq, m.heads, true)?;
         let k = project(w.wk, m.kv_heads, true)?;
         let v = project(w.wv, m.kv_heads, false)?;
-        let (out, _lse) = self.layer.forward(p, &q, &k, &v)?;
+        let (out, _lse) = match self.segments {
+            Some(segments) => {
+                let segments = p.declare::<(Split<Data>, Replicated), Invariant>(segments)?;
+                self.layer.forward_segmented(p, &q, &k, &v, &segments)?
+            }
+            None => self.layer.forward(p, &q, &k, &v)?,
+        };
         let proj = out.map_local_as::<TokenRows, Invariant>(|f, out| {
             let out = from_heads(f, out)?;
             mm.apply(f, out, w.wo)

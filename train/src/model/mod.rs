@@ -117,6 +117,9 @@ pub enum StepKind {
     Forward,
     /// Forward and backward with the all-reduce: the loss and the gradient norm, no update.
     Gradients,
+    /// The forward to the LM head: the logits `[vocab]` of the positions whose target is not
+    /// -1, summed (sampling marks one). Text only ([`TrainConfig::segment_ids`]).
+    Logits,
 }
 
 /// Bytes of training state (parameters, `mu`, `nu`) each device holds in a train step
@@ -150,6 +153,7 @@ pub fn build_program(
             StepKind::Train => "train_step",
             StepKind::Forward => "forward",
             StepKind::Gradients => "gradients",
+            StepKind::Logits => "logits",
         },
         &mesh,
         |p| {
@@ -177,18 +181,37 @@ pub fn build_program(
                 p.arg::<TokenLayout>(token_dims, DType::I32)?,
                 p.arg::<TokenLayout>(token_dims, DType::I32)?,
             ];
-            let model = Model::new(&m, &params, cfg, layer);
+            // Text's segment ids: whole `[B, S]` rows on each device, in natural order.
+            let segments = if cfg.segment_ids {
+                let dims = [token_dims[0], cfg.max_target_length as i64];
+                Some(
+                    p.arg::<(Split<Data>, Replicated)>(dims, DType::I32)?
+                        .value(),
+                )
+            } else {
+                None
+            };
+            let mut model = Model::new(&m, &params, cfg, layer);
+            model.segments = segments;
+            model.logits = kind == StepKind::Logits;
             let loss_sum = model.forward(p, &ids)?;
+            if kind == StepKind::Logits {
+                let all = p.with_builder(|f| all_reduce_sum(f, loss_sum, devices))?;
+                return p
+                    .declare::<(Replicated,), Invariant>(all)?
+                    .output::<(Replicated,)>();
+            }
+            let norm = loss_norm(p, &ids[1], cfg, devices)?;
             if kind == StepKind::Forward {
                 let loss = p.with_builder(|f| {
                     let all = all_reduce_sum(f, loss_sum, devices)?;
-                    scale(f, all, 1.0 / cfg.tokens_per_step() as f64)
+                    norm.apply(f, all)
                 })?;
                 return scalar_output(p, loss);
             }
-            let grads = gradients(p, loss_sum, &params, &specs, cfg)?;
+            let grads = gradients(p, loss_sum, &params, &specs, cfg, norm)?;
             let (loss, grads) =
-                p.with_builder(|f| reduce_gradients(f, &grads, loss_sum, cfg, &groups))?;
+                p.with_builder(|f| reduce_gradients(f, &grads, loss_sum, norm, &groups))?;
             if kind == StepKind::Gradients {
                 // The global norm depends on every gradient, so nothing is pruned, and the
                 // program writes no more than the full step does.
@@ -253,18 +276,70 @@ fn scalar_output(p: &Spmd<'_, ModelMesh>, v: Value) -> Result<(), CollectiveErro
     p.declare::<(), Invariant>(v)?.output::<()>()
 }
 
+/// What turns the loss summed over the step's targets into their mean.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum LossNorm {
+    /// `1 / tokens per step`: every position has a target (synthetic data).
+    Tokens(f64),
+    /// `1 / (real targets of the step)`, a replicated f32 scalar the program computes from
+    /// the targets (text: padding has none).
+    Targets(Value),
+}
+
+impl LossNorm {
+    /// `x` times the norm.
+    pub(super) fn apply(self, f: &mut FuncBuilder<'_>, x: Value) -> Result<Value, CollectiveError> {
+        match self {
+            LossNorm::Tokens(c) => scale(f, x, c),
+            LossNorm::Targets(v) => Ok(f.mul(x, v)?),
+        }
+    }
+
+    /// The norm as an f32 scalar.
+    fn value(self, f: &mut FuncBuilder<'_>) -> Result<Value, CollectiveError> {
+        match self {
+            LossNorm::Tokens(c) => Ok(f.scalar(c, DType::F32)?),
+            LossNorm::Targets(v) => Ok(v),
+        }
+    }
+}
+
+/// The step's [`LossNorm`]: with segment ids, one over the targets that are not -1 counted
+/// on every device and summed over all of them (at least 1).
+fn loss_norm<'p>(
+    p: &'p Spmd<'_, ModelMesh>,
+    targets: &DTensor<'p, ModelMesh, TokenLayout>,
+    cfg: &TrainConfig,
+    devices: usize,
+) -> Result<LossNorm, CollectiveError> {
+    if !cfg.segment_ids {
+        return Ok(LossNorm::Tokens(1.0 / cfg.tokens_per_step() as f64));
+    }
+    let count = targets.map_local_as::<(), Invariant>(|f, t| {
+        let mask = target_mask(f, t)?;
+        Ok(f.reduce(mask, &[0], Reducer::Sum)?)
+    })?;
+    let norm = p.with_builder(|f| {
+        let all = all_reduce_sum(f, count.value(), devices)?;
+        let one = f.scalar(1.0, DType::F32)?;
+        let at_least_one = f.max(all, one)?;
+        Ok(f.div(one, at_least_one)?)
+    })?;
+    Ok(LossNorm::Targets(norm))
+}
+
 /// The gradient of the step's mean loss with respect to every parameter, from this device's
 /// tokens (summed over the devices afterwards): the VJP of the device's summed loss with the
-/// cotangent `1 / tokens per step`.
+/// cotangent `norm` (one over the step's targets).
 fn gradients(
     p: &Spmd<'_, ModelMesh>,
     loss_sum: Value,
     params: &[Value],
     specs: &[ParamSpec],
     cfg: &TrainConfig,
+    norm: LossNorm,
 ) -> Result<Vec<Value>, CollectiveError> {
-    let inv_tokens = 1.0 / cfg.tokens_per_step() as f64;
-    let seed = p.with_builder(|f| Ok(f.scalar(inv_tokens, DType::F32)?))?;
+    let seed = p.with_builder(|f| norm.value(f))?;
     let loss = p.declare::<(), Invariant>(loss_sum)?;
     let seed = p.declare::<(), Invariant>(seed)?;
     let wrt = params

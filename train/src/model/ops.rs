@@ -157,3 +157,17 @@ pub(super) fn logsumexp(f: &mut FuncBuilder<'_>, logits: Value) -> Result<Value,
     let log_sum = f.log(sum)?;
     Ok(f.add(log_sum, max)?)
 }
+
+/// 1.0 where a target (any shape, int32) is a token, 0.0 where it is -1 (no target), as a
+/// flat `[N]` f32 vector.
+pub(super) fn target_mask(
+    f: &mut FuncBuilder<'_>,
+    targets: Value,
+) -> Result<Value, CollectiveError> {
+    let n: i64 = f.value_type(targets)?.dims.iter().product();
+    let t = f.reshape(targets, &[n])?;
+    let zero = f.scalar(0.0, DType::I32)?;
+    let zero = bcast(f, zero, &[n], &[])?;
+    let real = f.compare(tessera_hlo::ComparisonDirection::Ge, t, zero)?;
+    Ok(f.convert(real, DType::F32)?)
+}

@@ -85,7 +85,7 @@ pub(super) fn reduce_gradients(
     f: &mut FuncBuilder<'_>,
     grads: &[Value],
     loss_sum: Value,
-    cfg: &TrainConfig,
+    norm: LossNorm,
     groups: &ReduceGroups,
 ) -> Result<(Value, Vec<Value>), CollectiveError> {
     let (mut whole, mut shards) = (Vec::new(), Vec::new());
@@ -103,7 +103,7 @@ pub(super) fn reduce_gradients(
     let loss = whole
         .next()
         .ok_or_else(|| CollectiveError::local("the loss after the gradients"))?;
-    let loss = scale(f, loss, 1.0 / cfg.tokens_per_step() as f64)?;
+    let loss = norm.apply(f, loss)?;
     Ok((loss, out))
 }
 

@@ -1,0 +1,135 @@
+//! Training on text on 4 virtual CPU devices: Cicero's De finibus, book I (the `lipsum`
+//! crate's public-domain text, written to a temporary file and read as a `.txt` data set),
+//! a byte-level BPE trained on it, packed rows with segment ids through the context-parallel
+//! attention.
+
+mod common;
+
+use std::path::Path;
+
+use common::micro;
+use tessera_parallel::strategy::{AllGather, Ring, Ulysses};
+use tessera_parallel::Strategy;
+use tessera_runtime::Platform;
+use tessera_train::data::{TextData, TextOptions, TextTokenizer};
+use tessera_train::{Dataset, StepMetrics, TrainConfig, Trainer};
+
+/// The tests that train run one at a time: each already uses every core (4 devices).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The micro model with a vocabulary for a small BPE (the 256 bytes, end-of-text and 63
+/// merges).
+fn text_config() -> TrainConfig {
+    let mut cfg = micro();
+    cfg.model.vocab = 320;
+    cfg.model.d_model = 64;
+    cfg.model.mlp_dim = 128;
+    cfg.learning_rate = 1e-2;
+    cfg.warmup_steps = 5;
+    cfg
+}
+
+/// The shipped text as a data set in `dir`, read, tokenized and packed for `cfg`.
+fn shipped_text(dir: &Path, cfg: &TrainConfig, packing: bool) -> TextData {
+    let path = dir.join("liber_primus.txt");
+    std::fs::write(&path, lipsum::LIBER_PRIMUS).unwrap();
+    let opts = TextOptions {
+        path,
+        column: "text".into(),
+        tokenizer: None,
+        vocab: cfg.model.vocab,
+        seq: cfg.max_target_length,
+        packing,
+    };
+    TextData::load(&opts, None, cfg.seed).unwrap()
+}
+
+fn run(cfg: TrainConfig, text: &TextData, steps: usize) -> (Trainer, Vec<StepMetrics>) {
+    let data = Dataset::Text(Box::new(text.clone()));
+    let mut t = Trainer::with_data(cfg, Platform::Cpu, data, None).unwrap();
+    let m = (0..steps).map(|_| t.train_step().unwrap()).collect();
+    (t, m)
+}
+
+/// With packing and Ulysses the held-out loss falls below the text's unigram entropy (the
+/// model learns more than how often each token comes); all-gather takes the same 20 steps
+/// within 1e-3.
+#[test]
+fn packed_text_learns_below_the_unigram_entropy_and_strategies_agree() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = text_config();
+    cfg.steps = 60;
+    let text = shipped_text(dir.path(), &cfg, true);
+    let entropy = text.unigram_entropy();
+    assert!(entropy > 2.0, "a unigram entropy of text: {entropy}");
+    let (mut trainer, ulysses) = run(cfg.clone(), &text, cfg.steps);
+    let eval = trainer.eval_loss(4).unwrap();
+    assert!(
+        eval < entropy,
+        "eval loss {eval} after {} steps, unigram entropy {entropy}",
+        cfg.steps
+    );
+    let mut gather = cfg.clone();
+    gather.strategy = Strategy::from(AllGather);
+    let (_, all_gather) = run(gather, &text, 20);
+    for (a, b) in ulysses.iter().zip(&all_gather) {
+        assert!(
+            (a.loss - b.loss).abs() <= 1e-3,
+            "step {}: ulysses {} all_gather {}",
+            a.step,
+            a.loss,
+            b.loss
+        );
+    }
+}
+
+/// Documents two to a row (packed, segment ids keeping them apart, positions from 0 in each)
+/// give the losses of the same documents one to a row with padding (twice the rows): on
+/// Ulysses and on the ring, whose shards cut the documents.
+#[test]
+fn packed_rows_give_the_losses_of_one_document_a_row() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a.txt"), lipsum::LIBER_PRIMUS).unwrap();
+    let cfg = text_config();
+    let docs = tessera_train::data::read_documents(dir.path(), "text").unwrap();
+    let tokenizer = TextTokenizer::train_bpe(&docs, cfg.model.vocab).unwrap();
+    // Nine documents of 21..=31 tokens (22..=32 pairs: two fit a row of 64, three do not);
+    // the last is held out.
+    let ids: Vec<Vec<u32>> = tokenizer
+        .encode(lipsum::LIBER_PRIMUS)
+        .unwrap()
+        .chunks(32)
+        .take(9)
+        .enumerate()
+        .map(|(i, c)| c[..21 + (i * 7) % 11].to_vec())
+        .collect();
+    for strategy in [Strategy::from(Ulysses), Strategy::from(Ring)] {
+        let mut packed_cfg = cfg.clone();
+        packed_cfg.strategy = strategy.clone();
+        let mut unpacked_cfg = packed_cfg.clone();
+        unpacked_cfg.per_device_batch_size = 2.0;
+        let packed = TextData::from_token_ids(&ids, tokenizer.clone(), 64, true, 1).unwrap();
+        let unpacked = TextData::from_token_ids(&ids, tokenizer.clone(), 64, false, 1).unwrap();
+        assert_eq!(packed.train_rows().len(), 4);
+        assert_eq!(unpacked.train_rows().len(), 8);
+        let (_, a) = run(packed_cfg, &packed, 3);
+        let (_, b) = run(unpacked_cfg, &unpacked, 3);
+        for (a, b) in a.iter().zip(&b) {
+            assert!(
+                (a.loss - b.loss).abs() <= 1e-4,
+                "{strategy}: step {}: packed {} unpacked {}",
+                a.step,
+                a.loss,
+                b.loss
+            );
+        }
+    }
+}
