@@ -7,7 +7,13 @@
 //! cargo run --release --example train                       # tiny, 4 devices, Ulysses
 //! cargo run --release --example train -- --context-parallel-strategy ring --steps 50
 //! cargo run --release --example train -- --model small --steps 3 --bench
+//! cargo run --release --example train -- --dataset-type hf --dataset-path book.txt --vocab 512
 //! ```
+//!
+//! With `--dataset-type hf` it trains on the text of `--dataset-path` (the library's
+//! `tessera_train::data`: documents, a tokenizer, packed rows with segment ids, the last
+//! tenth of the documents held out) and prints the text's unigram entropy beside the loss;
+//! `--eval-interval N` shows the held-out loss every N steps (`--eval-steps` batches).
 //!
 //! Per step it prints loss, step time, tokens/s, model TFLOP/s per device and MFU against a
 //! peak (`--peak-tflops` per device; on cpu by default the machine's measured f32 matmul peak
@@ -27,20 +33,21 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::prelude::*;
 use tessera::backend::{Backend, Platform};
-use tessera_train::data::ENTROPY_NATS;
+use tessera_train::data::{TextData, TextTokenizer, ENTROPY_NATS};
 use tessera_train::flops::{matmul_peak, model_flops_per_step};
 use tessera_train::{StepMetrics, TrainConfig, Trainer};
 
 #[path = "../src/cli/train_flags.rs"]
 mod train_flags;
-use train_flags::{flag_error, ModelFlags, StepFlags};
+use train_flags::{flag_error, DataFlags, ModelFlags, StepFlags};
 // The CLI's output layer; the example uses part of it.
 #[path = "../src/cli/outputs.rs"]
 #[allow(dead_code)]
 mod outputs;
 use outputs::Outputs;
-use tessera_train::checkpoint::saved_step;
-use tessera_train::{SettingError, TrainError};
+use tessera_train::checkpoint::{saved_step, saved_tokenizer};
+use tessera_train::sample::{SampleOptions, Sampler};
+use tessera_train::{Dataset, SettingError, TrainError};
 
 /// Train a small Llama-style model with context-parallel splash attention (MaxText's flags).
 #[derive(Parser, Debug)]
@@ -61,6 +68,15 @@ struct Args {
     stop_at: Option<usize>,
     #[command(flatten)]
     step: StepFlags,
+    #[command(flatten)]
+    data: DataFlags,
+    /// Every N steps (and at the last), the loss on the held-out data, forward only
+    /// (MaxText's `eval_interval`; 0: never).
+    #[arg(long, default_value_t = 0)]
+    eval_interval: usize,
+    /// Held-out batches each eval averages (MaxText's `eval_steps`).
+    #[arg(long, default_value_t = 4)]
+    eval_steps: usize,
     /// Peak learning rate (after warmup; cosine to a tenth of it at --steps).
     #[arg(long, default_value_t = 3e-3)]
     learning_rate: f64,
@@ -91,6 +107,20 @@ struct Args {
     /// Print the train step's StableHLO to PATH.
     #[arg(long)]
     dump_hlo: Option<PathBuf>,
+    /// Continue TEXT with the model and print it: with --resume, the checkpoint's model (one
+    /// trained on text, whose tokenizer it holds) and nothing is trained; without, the model
+    /// this run trains on text, at its end.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Sampling temperature (0: the most likely token each time).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f64,
+    /// Draw among the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Tokens to add to the prompt at most (sampling stops at the end-of-text token).
+    #[arg(long, default_value_t = 64)]
+    max_new_tokens: usize,
 }
 
 fn main() {
@@ -200,9 +230,31 @@ fn outputs(a: &Args, plot: &Path) -> Result<Outputs, String> {
     Outputs::prepare(&files, &inputs).map_err(|e| format!("{e:#}"))
 }
 
-/// One step's JSON line (a non-finite number, which JSON cannot hold, as null).
-fn json_line(m: &StepMetrics, tflops: f64, mfu: Option<f64>) -> String {
-    serde_json::json!({
+/// The data of the run: synthetic, or the text of `--dataset-path` (tokenized with the
+/// checkpoint's tokenizer on a resume without `--tokenizer-path`).
+fn dataset(a: &Args, cfg: &TrainConfig) -> Result<Dataset, String> {
+    let Some(opts) = a.data.text_options(&cfg.model, cfg.max_target_length)? else {
+        return Ok(Dataset::Synthetic);
+    };
+    let saved = match (&a.resume, &opts.tokenizer) {
+        (Some(path), None) => saved_tokenizer(path).map_err(|e| flag_error(&e))?,
+        _ => None,
+    };
+    let tokenizer = saved
+        .map(|json| {
+            let shown = a.resume.as_ref().map(|p| p.display().to_string());
+            TextTokenizer::from_json(&json, &shown.unwrap_or_default())
+        })
+        .transpose()
+        .map_err(|e| flag_error(&e.into()))?;
+    let text = TextData::load(&opts, tokenizer, cfg.seed).map_err(|e| flag_error(&e.into()))?;
+    Ok(Dataset::Text(Box::new(text)))
+}
+
+/// One step's JSON line (a non-finite number, which JSON cannot hold, as null); the
+/// held-out loss when the step had an eval.
+fn json_line(m: &StepMetrics, tflops: f64, mfu: Option<f64>, eval: Option<f64>) -> String {
+    let mut line = serde_json::json!({
         "step": m.step,
         "loss": m.loss,
         "step_time_s": m.step_time_s,
@@ -211,8 +263,37 @@ fn json_line(m: &StepMetrics, tflops: f64, mfu: Option<f64>) -> String {
         "mfu": mfu,
         "grad_norm": m.grad_norm,
         "learning_rate": m.learning_rate,
+    });
+    if let Some(loss) = eval {
+        line["eval_loss"] = serde_json::json!(loss);
+    }
+    line.to_string()
+}
+
+/// How `--prompt` is continued.
+fn sample_options(a: &Args) -> Result<SampleOptions, String> {
+    if !(a.temperature.is_finite() && a.temperature >= 0.0) {
+        return Err(format!(
+            "--temperature {} is not a number at or above 0",
+            a.temperature
+        ));
+    }
+    Ok(SampleOptions {
+        temperature: a.temperature,
+        top_k: a.top_k,
+        max_new_tokens: a.max_new_tokens,
+        seed: a.seed,
     })
-    .to_string()
+}
+
+/// Prints `prompt` and the continuation `sampler` draws.
+fn print_sample(sampler: &Sampler, prompt: &str, opts: SampleOptions) -> Result<(), String> {
+    let text = sampler.sample(prompt, opts).map_err(|e| flag_error(&e))?;
+    println!(
+        "sample (temperature {}, top-k {}): {prompt}{text}",
+        opts.temperature, opts.top_k
+    );
+    Ok(())
 }
 
 fn run(a: &Args) -> Result<(), String> {
@@ -222,6 +303,20 @@ fn run(a: &Args) -> Result<(), String> {
             .to_string()
     })?;
     let cfg = config(a, platform)?;
+    if let (Some(prompt), Some(path)) = (&a.prompt, &a.resume) {
+        // Sampling from a checkpoint: nothing trained, nothing written.
+        let opts = sample_options(a)?;
+        let sampler = Sampler::from_checkpoint(cfg, path, platform).map_err(|e| flag_error(&e))?;
+        return print_sample(&sampler, prompt, opts);
+    }
+    let sampling = a.prompt.as_ref().map(|_| sample_options(a)).transpose()?;
+    if a.prompt.is_some() && a.data.dataset_type == train_flags::DatasetType::Synthetic {
+        return Err(
+            "--prompt continues text, but this run trains on synthetic data; train on \
+                    text (--dataset-type hf) or --resume a checkpoint trained on text"
+                .to_string(),
+        );
+    }
     let stop = stop_step(a)?;
     if let Some(p) = a.peak_tflops.filter(|p| !(p.is_finite() && *p > 0.0)) {
         return Err(format!("--peak-tflops {p} is not a positive number"));
@@ -235,6 +330,33 @@ fn run(a: &Args) -> Result<(), String> {
     let devices = cfg.devices();
     // The devices first: a platform this machine lacks is refused before anything is built.
     platform.client(devices).map_err(|e| e.to_string())?;
+    let data = dataset(a, &cfg)?;
+    // The entropy the loss is measured against: the chain's, or the text's unigram entropy.
+    let entropy = match &data {
+        Dataset::Synthetic => ENTROPY_NATS,
+        Dataset::Text(text) => {
+            let [train, held] = text.documents();
+            println!(
+                "text: {train} documents ({} tokens in {} rows) to train on, {held} held out \
+                 ({} rows), {}; tokenizer of {} tokens; unigram entropy {:.3} nats",
+                text.train_rows().real_targets(),
+                text.train_rows().len(),
+                text.eval_rows().len(),
+                if a.data.packing.unwrap_or(true) {
+                    "packed"
+                } else {
+                    "one document a row"
+                },
+                text.tokenizer().vocab_size(),
+                text.unigram_entropy()
+            );
+            text.unigram_entropy()
+        }
+    };
+    let entropy_name = match &data {
+        Dataset::Synthetic => "the data's entropy",
+        Dataset::Text(_) => "the text's unigram entropy",
+    };
     println!(
         "model {} ({} parameters), {} {} devices = {} {} x context {}, {}{}, global batch {} \
          x {} tokens, splash blocks q {} kv {}",
@@ -256,11 +378,8 @@ fn run(a: &Args) -> Result<(), String> {
         cfg.sa_block_q,
         cfg.sa_block_kv
     );
-    let mut trainer = match &a.resume {
-        Some(path) => Trainer::resume(cfg.clone(), path, platform),
-        None => Trainer::new(cfg.clone(), platform),
-    }
-    .map_err(|e| flag_error(&e))?;
+    let mut trainer = Trainer::with_data(cfg.clone(), platform, data, a.resume.as_deref())
+        .map_err(|e| flag_error(&e))?;
     println!(
         "compiled the train step in {:.1} s; starting at step {}; parameters and AdamW \
          moments take {:.2} MiB per device",
@@ -301,11 +420,21 @@ fn run(a: &Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?,
     );
     let mut history: Vec<StepMetrics> = Vec::new();
+    let mut evals: Vec<(usize, f64)> = Vec::new();
     while trainer.step_count() < stop {
         let m = trainer.train_step().map_err(|e| flag_error(&e))?;
         let tflops = flops / m.step_time_s / devices as f64 / 1e12;
         let mfu = peak_per_device.map(|p| tflops * 1e12 / p);
-        let line = format!(
+        let eval = if a.eval_interval > 0 && (m.step % a.eval_interval == 0 || m.step == stop) {
+            let loss = trainer
+                .eval_loss(a.eval_steps)
+                .map_err(|e| flag_error(&e))?;
+            evals.push((m.step, loss));
+            Some(loss)
+        } else {
+            None
+        };
+        let mut line = format!(
             "completed step: {}, seconds: {:.3}, TFLOP/s/device: {:.4}, Tokens/s/device: {:.0}, \
              MFU: {}, loss: {:.4}, grad_norm: {:.3}, lr: {:.2e}",
             m.step,
@@ -317,6 +446,11 @@ fn run(a: &Args) -> Result<(), String> {
             m.grad_norm,
             m.learning_rate
         );
+        if let Some(loss) = eval {
+            line.push_str(&format!(
+                ", eval_loss: {loss:.4} ({entropy_name}: {entropy:.4})"
+            ));
+        }
         // Above the bar (or plainly when there is no terminal to draw it on).
         if bar.is_hidden() {
             println!("{line}");
@@ -325,7 +459,7 @@ fn run(a: &Args) -> Result<(), String> {
         }
         bar.inc(1);
         bar.set_message(format!("loss {:.3}", m.loss));
-        log.push_str(&json_line(&m, tflops, mfu));
+        log.push_str(&json_line(&m, tflops, mfu, eval));
         log.push('\n');
         history.push(m);
     }
@@ -335,15 +469,21 @@ fn run(a: &Args) -> Result<(), String> {
         let times: Vec<f64> = history.iter().skip(1).map(|m| m.step_time_s).collect();
         let mean = times.iter().sum::<f64>() / times.len().max(1) as f64;
         println!(
-            "loss {:.4} (step {}) -> {:.4} (step {}), {:.1}% of the first; the data's entropy \
+            "loss {:.4} (step {}) -> {:.4} (step {}), {:.1}% of the first; {entropy_name} \
              is {:.3}; mean step time {:.3} s after the first",
             f.loss,
             f.step,
             l.loss,
             l.step,
             100.0 * l.loss / f.loss,
-            ENTROPY_NATS,
+            entropy,
             mean
+        );
+    }
+    if let (Some(f), Some(l)) = (evals.first(), evals.last()) {
+        println!(
+            "eval loss {:.4} (step {}) -> {:.4} (step {}); {entropy_name} is {entropy:.3}",
+            f.1, f.0, l.1, l.0
         );
     }
     if a.save.is_some() {
@@ -353,7 +493,8 @@ fn run(a: &Args) -> Result<(), String> {
     }
     outputs
         .write_with("--plot", |temp| {
-            draw_loss(temp, &history, &cfg).map_err(|e| anyhow::anyhow!("--plot {e}"))
+            draw_loss(temp, &history, &evals, entropy, &cfg)
+                .map_err(|e| anyhow::anyhow!("--plot {e}"))
         })
         .map_err(failed)?;
     if a.bench {
@@ -379,6 +520,14 @@ fn run(a: &Args) -> Result<(), String> {
             ))
         );
     }
+    if let (Some(prompt), Some(opts), Some(text)) = (&a.prompt, sampling, trainer.text()) {
+        let n = trainer.param_specs().len();
+        let mut params = trainer.state_on_host().map_err(|e| flag_error(&e))?;
+        params.truncate(n);
+        let sampler = Sampler::new(cfg.clone(), platform, params, text.tokenizer().clone())
+            .map_err(|e| flag_error(&e))?;
+        print_sample(&sampler, prompt, opts)?;
+    }
     outputs.commit().map_err(failed)?;
     if let Some(path) = &a.save {
         println!("saved step {} to {}", trainer.step_count(), path.display());
@@ -387,8 +536,15 @@ fn run(a: &Args) -> Result<(), String> {
     Ok(())
 }
 
-/// The loss per step as an SVG line chart.
-fn draw_loss(path: &Path, history: &[StepMetrics], cfg: &TrainConfig) -> Result<(), String> {
+/// The loss per step as an SVG line chart, the held-out losses (`evals`, by step) as a
+/// second line, and `entropy` as a reference line.
+fn draw_loss(
+    path: &Path,
+    history: &[StepMetrics],
+    evals: &[(usize, f64)],
+    entropy: f64,
+    cfg: &TrainConfig,
+) -> Result<(), String> {
     let err = |e: &dyn std::fmt::Display| format!("plotting: {e}");
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
     let (Some(first), Some(last)) = (history.first(), history.last()) else {
@@ -396,7 +552,12 @@ fn draw_loss(path: &Path, history: &[StepMetrics], cfg: &TrainConfig) -> Result<
     };
     let (first, last) = (first.step as f64, last.step as f64);
     root.fill(&WHITE).map_err(|e| err(&e))?;
-    let max = history.iter().map(|m| m.loss).fold(0.0, f64::max) * 1.05;
+    let max = history
+        .iter()
+        .map(|m| m.loss)
+        .chain(evals.iter().map(|e| e.1))
+        .fold(entropy, f64::max)
+        * 1.05;
     let mut chart = ChartBuilder::on(&root)
         .caption(
             format!(
@@ -425,9 +586,17 @@ fn draw_loss(path: &Path, history: &[StepMetrics], cfg: &TrainConfig) -> Result<
         .map_err(|e| err(&e))?;
     chart
         .draw_series(LineSeries::new(
-            [(first, ENTROPY_NATS), (last, ENTROPY_NATS)],
+            [(first, entropy), (last, entropy)],
             &RED.mix(0.5),
         ))
         .map_err(|e| err(&e))?;
+    if !evals.is_empty() {
+        chart
+            .draw_series(LineSeries::new(
+                evals.iter().map(|&(step, loss)| (step as f64, loss)),
+                &GREEN,
+            ))
+            .map_err(|e| err(&e))?;
+    }
     root.present().map_err(|e| err(&e))
 }

@@ -144,6 +144,89 @@ pub struct StepFlags {
     pub collective_matmul: bool,
 }
 
+/// Where a run's data comes from (MaxText's `dataset_type`).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(dead_code)] // used by examples/train.rs, which includes this file
+pub enum DatasetType {
+    /// A seeded Markov chain with structure to learn (no files).
+    Synthetic,
+    /// Local files in the formats Hugging Face datasets stores and reads with its `text`,
+    /// `json` and `parquet` builders (MaxText's `hf` pipeline loads a dataset through HF
+    /// datasets; here its files are read directly, nothing downloaded): `hf` is the MaxText
+    /// value for those formats, the others (grain, tfds) read formats this does not.
+    Hf,
+}
+
+/// The data a run trains on, MaxText's names: `--dataset-type`, `--dataset-path`,
+/// `--train-data-columns`, `--tokenizer-path`, `--packing`.
+#[derive(Args, Debug, Clone)]
+#[allow(dead_code)] // used by examples/train.rs, which includes this file
+pub struct DataFlags {
+    /// synthetic (default: a seeded Markov chain) or hf: the text of --dataset-path.
+    #[arg(long, value_enum, default_value = "synthetic")]
+    pub dataset_type: DatasetType,
+    /// With --dataset-type hf: a file or a directory of files: .txt (one document per
+    /// blank-line-separated paragraph), .jsonl/.json (one JSON object per line, the text under
+    /// --train-data-columns) or .parquet (that column, uncompressed or snappy).
+    #[arg(long)]
+    pub dataset_path: Option<std::path::PathBuf>,
+    /// The JSON or Parquet column holding the text (MaxText's `train_data_columns`, one
+    /// column; `--text-field` is another spelling).
+    #[arg(long, default_value = "text", alias = "text-field")]
+    pub train_data_columns: String,
+    /// A Hugging Face tokenizer.json (its vocabulary size must be --vocab, and it needs an
+    /// end-of-text token). Default: a byte-level BPE of --vocab tokens trained on the data.
+    #[arg(long)]
+    pub tokenizer_path: Option<std::path::PathBuf>,
+    /// Documents packed several to a row, kept apart by segment ids (MaxText's `packing`):
+    /// `--packing` (or `=true`, the default) on, `--packing=false` one document a row.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub packing: Option<bool>,
+}
+
+impl DataFlags {
+    /// The text `model` trains on with a sequence of `seq` tokens, or `None` for synthetic
+    /// data; refuses text flags without `--dataset-type hf` and `hf` without a path.
+    #[allow(dead_code)] // used by examples/train.rs, which includes this file
+    pub fn text_options(
+        &self,
+        model: &ModelConfig,
+        seq: usize,
+    ) -> Result<Option<tessera_train::data::TextOptions>, String> {
+        match self.dataset_type {
+            DatasetType::Synthetic => {
+                let given = [
+                    ("--dataset-path", self.dataset_path.is_some()),
+                    ("--tokenizer-path", self.tokenizer_path.is_some()),
+                    ("--packing", self.packing.is_some()),
+                ];
+                match given.iter().find(|(_, set)| *set) {
+                    Some((flag, _)) => Err(format!(
+                        "{flag} is for text, but --dataset-type is synthetic; add \
+                         --dataset-type hf"
+                    )),
+                    None => Ok(None),
+                }
+            }
+            DatasetType::Hf => {
+                let path = self.dataset_path.clone().ok_or_else(|| {
+                    "--dataset-type hf reads local files; name them with --dataset-path (a \
+                     file or a directory)"
+                        .to_string()
+                })?;
+                Ok(Some(tessera_train::data::TextOptions {
+                    path,
+                    column: self.train_data_columns.clone(),
+                    tokenizer: self.tokenizer_path.clone(),
+                    vocab: model.vocab,
+                    seq,
+                    packing: self.packing.unwrap_or(true),
+                }))
+            }
+        }
+    }
+}
+
 /// A splash block flag: a size, or `auto` (chosen by a search, see [`StepFlags::config_with`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BlockFlag {
@@ -309,6 +392,9 @@ impl Names for MaxTextFlags {
             "seed" => "--seed",
             "resume" => "--resume",
             "collective_matmul" => "--collective-matmul",
+            "dataset_path" => "--dataset-path",
+            "train_data_columns" => "--train-data-columns",
+            "tokenizer_path" => "--tokenizer-path",
             _ => return None,
         })
     }
