@@ -252,6 +252,89 @@ fn parquet_texts(path: &Path, column: &str) -> Result<Vec<String>, DataError> {
 mod tests {
     use super::*;
 
+    use std::sync::Arc;
+
+    use parquet::basic::Compression;
+    use parquet::data_type::{ByteArray, ByteArrayType, Int32Type};
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    use parquet::schema::parser::parse_message_type;
+
+    /// A snappy Parquet file as pyarrow writes HF datasets' rows: `id` (int32), `text`.
+    fn write_parquet(path: &Path, texts: &[&str]) {
+        let schema = parse_message_type(
+            "message schema { REQUIRED INT32 id; REQUIRED BYTE_ARRAY text (UTF8); }",
+        )
+        .unwrap();
+        let props = WriterProperties::builder()
+            .set_compression(Compression::SNAPPY)
+            .build();
+        let file = File::create(path).unwrap();
+        let mut writer =
+            SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props)).unwrap();
+        let mut group = writer.next_row_group().unwrap();
+        let mut column = group.next_column().unwrap().unwrap();
+        let ids: Vec<i32> = (0..texts.len() as i32).collect();
+        column
+            .typed::<Int32Type>()
+            .write_batch(&ids, None, None)
+            .unwrap();
+        column.close().unwrap();
+        let mut column = group.next_column().unwrap().unwrap();
+        let values: Vec<ByteArray> = texts.iter().map(|t| ByteArray::from(*t)).collect();
+        column
+            .typed::<ByteArrayType>()
+            .write_batch(&values, None, None)
+            .unwrap();
+        column.close().unwrap();
+        group.close().unwrap();
+        writer.close().unwrap();
+    }
+
+    /// A directory of every format, read in name order, its README left out; a Parquet
+    /// column named otherwise is refused naming the file.
+    #[test]
+    fn a_directory_of_every_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::write(d.join("README.md"), "# card").unwrap();
+        std::fs::write(d.join("a.txt"), "first\nparagraph\n\nsecond").unwrap();
+        std::fs::write(
+            d.join("b.jsonl"),
+            "{\"text\": \"json one\"}\n\n{\"text\": \"json two\"}\n",
+        )
+        .unwrap();
+        std::fs::write(d.join("c.json"), "[{\"body\": \"x\", \"text\": \"array\"}]").unwrap();
+        std::fs::create_dir(d.join("d")).unwrap();
+        write_parquet(
+            &d.join("d/train-00000.parquet"),
+            &["parquet one", "parquet two"],
+        );
+        let docs = read_documents(d, "text").unwrap();
+        let texts: Vec<&str> = docs.iter().map(|d| d.text.as_str()).collect();
+        assert_eq!(
+            texts,
+            [
+                "first\nparagraph",
+                "second",
+                "json one",
+                "json two",
+                "array",
+                "parquet one",
+                "parquet two"
+            ]
+        );
+        assert!(docs[5].file.ends_with("d/train-00000.parquet"));
+        let e = read_documents(&d.join("d"), "content").unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("train-00000.parquet (its schema) has no text column `content`"),
+            "{e}"
+        );
+        let body = read_documents(&d.join("c.json"), "body").unwrap();
+        assert_eq!(body[0].text, "x");
+    }
+
     #[test]
     fn paragraphs_split_on_blank_lines() {
         let p = paragraphs("a b\nc\n\n \nd\r\ne\n\n\nf");
