@@ -59,6 +59,11 @@ def use_tessera_libtpu() -> str:
     platform="tpu")`). Returns the library's path."""
     for name, value in _tessera.libtpu_compile_only_env():
         os.environ.setdefault(name, value)
+    # libtpu 0.0.50.1 otherwise writes a line about huge pages to stderr when it starts
+    # (tessera_runtime::provision::LIBTPU_NO_HUGEPAGE_TEXT_FLAG says why).
+    init_args = os.environ.get("LIBTPU_INIT_ARGS", "")
+    if "hugepage_text" not in init_args:
+        os.environ["LIBTPU_INIT_ARGS"] = f"{init_args} --hugepage_text=false".strip()
     path = os.environ.get("TPU_LIBRARY_PATH")
     if not path:
         _choose_libtpu_wheel()

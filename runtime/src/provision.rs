@@ -645,14 +645,28 @@ pub const LIBTPU_COMPILE_ONLY_ENV: [(&str, &str); 4] = [
     ("TPU_ACCELERATOR_TYPE", "v5p-8"),
 ];
 
-/// Sets each of [`LIBTPU_COMPILE_ONLY_ENV`] that is not set yet. Call it before other threads
-/// read the environment (at the start of `main`; tests get them from `.cargo/config.toml`):
-/// changing the environment while another thread reads it is a data race in libc.
+/// The libtpu flag that keeps libtpu from remapping the program's text to huge pages: libtpu
+/// 0.0.50.1 tries it when it starts and, where the binary's text is not 2 MiB-aligned in its
+/// file (tessera's, on these machines), writes `E... hugepage_text.cc:344] RAW: File offset
+/// incorrectly aligned for file-backed THP` to stderr, past `TF_CPP_MIN_LOG_LEVEL`. A
+/// compile gains nothing from the remap; 0.0.42.1 accepts the flag too.
+pub const LIBTPU_NO_HUGEPAGE_TEXT_FLAG: &str = "--hugepage_text=false";
+
+/// Sets each of [`LIBTPU_COMPILE_ONLY_ENV`] that is not set yet, and adds
+/// [`LIBTPU_NO_HUGEPAGE_TEXT_FLAG`] to `LIBTPU_INIT_ARGS` unless it names `hugepage_text`
+/// already. Call it before other threads read the environment (at the start of `main`; tests
+/// get them from `.cargo/config.toml`): changing the environment while another thread reads
+/// it is a data race in libc.
 pub fn set_libtpu_compile_only_env() {
     for (name, value) in LIBTPU_COMPILE_ONLY_ENV {
         if env::var_os(name).is_none() {
             env::set_var(name, value);
         }
+    }
+    let init_args = env::var(crate::LIBTPU_INIT_ARGS).unwrap_or_default();
+    if !init_args.contains("hugepage_text") {
+        let flags = format!("{init_args} {LIBTPU_NO_HUGEPAGE_TEXT_FLAG}");
+        env::set_var(crate::LIBTPU_INIT_ARGS, flags.trim_start());
     }
 }
 

@@ -57,6 +57,7 @@ fn the_binary_prints_only_its_results() {
         "ALLOW_MULTIPLE_LIBTPU_LOAD",
         "TPU_WORKER_HOSTNAMES",
         "TPU_ACCELERATOR_TYPE",
+        "LIBTPU_INIT_ARGS",
     ] {
         command.env_remove(var);
     }
