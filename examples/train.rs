@@ -33,7 +33,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 use plotters::prelude::*;
 use tessera::backend::{Backend, Platform};
-use tessera_train::data::{TextData, TextTokenizer, ENTROPY_NATS};
+use tessera_train::data::{DataError, TextData, TextTokenizer, ENTROPY_NATS};
 use tessera_train::flops::{matmul_peak, model_flops_per_step};
 use tessera_train::{StepMetrics, TrainConfig, Trainer};
 
@@ -305,7 +305,31 @@ fn run(a: &Args) -> Result<(), String> {
     let cfg = config(a, platform)?;
     if let (Some(prompt), Some(path)) = (&a.prompt, &a.resume) {
         // Sampling from a checkpoint: nothing trained, nothing written.
+        let outputs = [
+            ("--save", a.save.is_some()),
+            ("--log-json", a.log_json.is_some()),
+            ("--plot", a.plot.is_some()),
+            ("--dump-hlo", a.dump_hlo.is_some()),
+        ];
+        if let Some((flag, _)) = outputs.iter().find(|(_, set)| *set) {
+            return Err(format!(
+                "{flag} writes nothing when --prompt samples from --resume (nothing is \
+                 trained); leave it out"
+            ));
+        }
         let opts = sample_options(a)?;
+        if let Some(given) = &a.data.tokenizer_path {
+            // The checkpoint's tokenizer is the one it samples with; another is refused.
+            let given = TextTokenizer::from_file(given, cfg.model.vocab)
+                .map_err(|e| flag_error(&e.into()))?;
+            let saved = saved_tokenizer(path).map_err(|e| flag_error(&e))?;
+            if saved.as_deref().is_some_and(|s| s != given.to_json()) {
+                let e = DataError::CheckpointTokenizer {
+                    path: path.display().to_string(),
+                };
+                return Err(flag_error(&e.into()));
+            }
+        }
         let sampler = Sampler::from_checkpoint(cfg, path, platform).map_err(|e| flag_error(&e))?;
         return print_sample(&sampler, prompt, opts);
     }

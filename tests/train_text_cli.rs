@@ -230,6 +230,13 @@ fn bad_data_tokenizers_and_checkpoints_are_refused_naming_the_file() {
     // Checkpoints: of another tokenizer, of synthetic data, of text resumed as synthetic.
     let own = TextTokenizer::train_bpe(&docs, 300).unwrap();
     file("own.json", own.to_json().as_bytes());
+    // Another tokenizer of the model's size: its merges learnt from the text in capitals.
+    file("upper.txt", lipsum::LIBER_PRIMUS.to_uppercase().as_bytes());
+    let upper = read_documents(&d.0.join("upper.txt"), "text").unwrap();
+    let other = TextTokenizer::train_bpe(&upper, 300).unwrap();
+    assert_eq!(other.vocab_size(), 300);
+    assert_ne!(other.to_json(), own.to_json());
+    file("other.json", other.to_json().as_bytes());
     write_checkpoint(&d.0.join("other.safetensors"), Some(tokenizer.to_json()));
     write_checkpoint(&d.0.join("synthetic.safetensors"), None);
     write_checkpoint(&d.0.join("text.safetensors"), Some(own.to_json()));
@@ -260,6 +267,30 @@ fn bad_data_tokenizers_and_checkpoints_are_refused_naming_the_file() {
         &["--resume", "synthetic.safetensors", "--prompt", "Non eram"],
         "checkpoint synthetic.safetensors was trained on synthetic data and holds no tokenizer",
     );
+    refused(
+        &d,
+        &[
+            "--resume",
+            "text.safetensors",
+            "--prompt",
+            "Non eram",
+            "--tokenizer-path",
+            "other.json",
+        ],
+        "checkpoint text.safetensors was trained with another tokenizer than this run's",
+    );
+    refused(
+        &d,
+        &[
+            "--resume",
+            "text.safetensors",
+            "--prompt",
+            "Non eram",
+            "--save",
+            "x.safetensors",
+        ],
+        "--save writes nothing when --prompt samples from --resume (nothing is trained)",
+    );
 }
 
 /// The README's text run, small: trains on the shipped text with Ulysses and packing on 4
@@ -276,6 +307,8 @@ fn a_text_run_logs_eval_losses_saves_its_tokenizer_and_samples() {
             "--dataset-path",
             "book.txt",
             "--steps",
+            "6",
+            "--stop-at",
             "4",
             "--eval-interval",
             "2",
@@ -318,6 +351,28 @@ fn a_text_run_logs_eval_losses_saves_its_tokenizer_and_samples() {
     assert!(evals.iter().all(|e| e.1.is_finite() && e.1 > 0.0), "{log}");
     let saved = checkpoint::saved_tokenizer(&d.0.join("ck.safetensors")).unwrap();
     assert!(saved.is_some_and(|t| t.contains("<|endoftext|>")));
+    // Resumed on the same text, with the tokenizer the checkpoint holds.
+    let out = train(
+        &d,
+        &[
+            "--dataset-type",
+            "hf",
+            "--dataset-path",
+            "book.txt",
+            "--steps",
+            "6",
+            "--resume",
+            "ck.safetensors",
+            "--save",
+            "ck6.safetensors",
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("starting at step 4"),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // Sampling from the checkpoint trains and writes nothing.
     let before = contents(&d.0);
     let out = train(

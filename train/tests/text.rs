@@ -103,8 +103,8 @@ fn packed_text_learns_below_the_unigram_entropy_and_strategies_agree() {
 
 /// Documents two to a row (packed, segment ids keeping them apart, positions from 0 in each)
 /// give the losses of the same documents one to a row with padding (twice the rows), before
-/// and after an update: on every strategy (the ring and all-gather load balanced), whose
-/// context shards of 16 tokens cut the documents of 22 to 32.
+/// and after an update: on every strategy (the ring and all-gather load balanced; Ulysses on
+/// data 2 x context 2), whose context shards cut the documents of 22 to 32 tokens.
 #[test]
 fn packed_rows_give_the_losses_of_one_document_a_row() {
     let _serial = serial();
@@ -143,6 +143,12 @@ fn packed_rows_give_the_losses_of_one_document_a_row() {
             packed_cfg.sa_block_q_dkv = 8;
             packed_cfg.sa_block_kv_dkv = 8;
         }
+        if strategy == Strategy::from(Ulysses) {
+            // And the batch over 2 data shards (the rows' segment ids split with them).
+            packed_cfg.ici_data_parallelism = 2;
+            packed_cfg.ici_context_parallelism = 2;
+        }
+        let name = format!("{strategy} on data {}", packed_cfg.ici_data_parallelism);
         let mut unpacked_cfg = packed_cfg.clone();
         unpacked_cfg.per_device_batch_size = 2.0;
         let packed = TextData::from_token_ids(&ids, tokenizer.clone(), 64, true, 1).unwrap();
@@ -152,14 +158,14 @@ fn packed_rows_give_the_losses_of_one_document_a_row() {
         let (_, a) = run(packed_cfg, &packed, 2);
         let (_, b) = run(unpacked_cfg, &unpacked, 2);
         eprintln!(
-            "{strategy}: packed {:?}, unpacked {:?}",
+            "{name}: packed {:?}, unpacked {:?}",
             a.iter().map(|m| m.loss).collect::<Vec<_>>(),
             b.iter().map(|m| m.loss).collect::<Vec<_>>()
         );
         for (a, b) in a.iter().zip(&b) {
             assert!(
                 (a.loss - b.loss).abs() <= 1e-4,
-                "{strategy}: step {}: packed {} unpacked {}",
+                "{name}: step {}: packed {} unpacked {}",
                 a.step,
                 a.loss,
                 b.loss
