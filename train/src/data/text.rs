@@ -150,15 +150,22 @@ impl TextData {
     /// order drawn from the seed and the epoch.
     pub fn batch(&self, step: usize, batch: usize) -> TextBatch {
         let n = self.train.len();
-        let picks = (0..batch).map(|r| {
-            let i = step * batch + r;
-            let (epoch, k) = (i / n, i % n);
-            let mut order: Vec<usize> = (0..n).collect();
-            fastrand::Rng::with_seed(self.seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9))
-                .shuffle(&mut order);
-            order[k]
-        });
-        gather(&self.train, picks)
+        // The epoch's order, drawn once per epoch the batch spans.
+        let mut orders = std::collections::HashMap::<usize, Vec<usize>>::new();
+        let picks: Vec<usize> = (0..batch)
+            .map(|r| {
+                let i = step * batch + r;
+                let (epoch, k) = (i / n, i % n);
+                let order = orders.entry(epoch).or_insert_with(|| {
+                    let mut order: Vec<usize> = (0..n).collect();
+                    fastrand::Rng::with_seed(self.seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9))
+                        .shuffle(&mut order);
+                    order
+                });
+                order[k]
+            })
+            .collect();
+        gather(&self.train, picks.into_iter())
     }
 
     /// Held-out batch `k`: rows `k * batch ..` of the held-out split, in order, wrapping
@@ -190,4 +197,40 @@ fn gather(rows: &Rows, picks: impl Iterator<Item = usize>) -> TextBatch {
         b.segment_ids.extend_from_slice(&rows.segment_ids[r]);
     }
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each epoch takes every train row once; the held-out batches wrap around in order.
+    #[test]
+    fn epochs_take_every_row_once() {
+        let docs: Vec<Document> = (0..20)
+            .map(|i| Document {
+                text: format!("document {i} says {}", "la ".repeat(i)),
+                file: "x.txt".into(),
+            })
+            .collect();
+        let tokenizer = TextTokenizer::train_bpe(&docs, 300).unwrap();
+        let data = TextData::from_documents(&docs, tokenizer, 16, false, 5).unwrap();
+        assert_eq!(data.documents(), [18, 2]);
+        let n = data.train_rows().len();
+        let rows =
+            |b: &TextBatch| -> Vec<Vec<i32>> { b.tokens.chunks(16).map(<[i32]>::to_vec).collect() };
+        let mut seen: Vec<Vec<i32>> = (0..n).flat_map(|k| rows(&data.batch(k, 1))).collect();
+        let mut all: Vec<Vec<i32>> = data
+            .train_rows()
+            .tokens
+            .chunks(16)
+            .map(<[i32]>::to_vec)
+            .collect();
+        seen.sort();
+        all.sort();
+        assert_eq!(seen, all);
+        assert_eq!(data.batch(3, 2), data.batch(3, 2));
+        let m = data.eval_rows().len();
+        assert_eq!(data.eval_batch(0, 1), data.eval_batch(m, 1));
+        assert!(data.unigram_entropy() > 0.0);
+    }
 }
