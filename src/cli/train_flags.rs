@@ -553,6 +553,59 @@ mod tests {
         assert_eq!(e, "no candidate");
     }
 
+    /// The data flags: synthetic by default (text flags refused without `hf`), `hf` needs a
+    /// path, packs by default, and takes the column as `--train-data-columns` or
+    /// `--text-field`.
+    #[test]
+    fn data_flags_say_what_text_to_read() {
+        #[derive(Parser, Debug)]
+        struct DataCli {
+            #[command(flatten)]
+            data: super::DataFlags,
+        }
+        let parse = |args: &[&str]| {
+            let mut all = vec!["tessera"];
+            all.extend_from_slice(args);
+            DataCli::try_parse_from(all).unwrap().data
+        };
+        let model = ModelConfig::tiny();
+        assert_eq!(parse(&[]).text_options(&model, 64).unwrap(), None);
+        let e = parse(&["--packing=false"])
+            .text_options(&model, 64)
+            .unwrap_err();
+        assert!(e.starts_with("--packing is for text"), "{e}");
+        let e = parse(&["--dataset-type", "hf"])
+            .text_options(&model, 64)
+            .unwrap_err();
+        assert!(e.contains("name them with --dataset-path"), "{e}");
+        let opts = parse(&[
+            "--dataset-type",
+            "hf",
+            "--dataset-path",
+            "d",
+            "--text-field",
+            "body",
+        ])
+        .text_options(&model, 64)
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (opts.column.as_str(), opts.packing, opts.vocab, opts.seq),
+            ("body", true, model.vocab, 64)
+        );
+        let opts = parse(&[
+            "--dataset-type",
+            "hf",
+            "--dataset-path",
+            "d",
+            "--packing=false",
+        ])
+        .text_options(&model, 64)
+        .unwrap()
+        .unwrap();
+        assert!(!opts.packing);
+    }
+
     /// A valid configuration: 4 heads of 8 (2 KV heads), 64 tokens on 4 context devices,
     /// blocks 16.
     fn micro() -> TrainConfig {
