@@ -293,12 +293,17 @@ fn bad_data_tokenizers_and_checkpoints_are_refused_naming_the_file() {
     );
 }
 
-/// The README's text run, small: trains on the shipped text with Ulysses and packing on 4
-/// CPU devices, logs eval losses as JSON, saves, and samples from the checkpoint.
+/// The README's text run, small and with a given tokenizer.json: trains on the shipped text
+/// with Ulysses and packing on 4 CPU devices, logs eval losses as JSON, samples at its end,
+/// saves the tokenizer with the checkpoint, resumes on it, and samples from the checkpoint.
 #[test]
 fn a_text_run_logs_eval_losses_saves_its_tokenizer_and_samples() {
     let d = Dir::new("train-text-run");
     std::fs::write(d.0.join("book.txt"), lipsum::LIBER_PRIMUS).unwrap();
+    // A tokenizer.json of 300 tokens, as a user would bring one.
+    let docs = read_documents(&d.0.join("book.txt"), "text").unwrap();
+    let tokenizer = TextTokenizer::train_bpe(&docs, 300).unwrap();
+    std::fs::write(d.0.join("tokenizer.json"), tokenizer.to_json()).unwrap();
     let out = train(
         &d,
         &[
@@ -306,6 +311,8 @@ fn a_text_run_logs_eval_losses_saves_its_tokenizer_and_samples() {
             "hf",
             "--dataset-path",
             "book.txt",
+            "--tokenizer-path",
+            "tokenizer.json",
             "--steps",
             "6",
             "--stop-at",
@@ -350,8 +357,9 @@ fn a_text_run_logs_eval_losses_saves_its_tokenizer_and_samples() {
     );
     assert!(evals.iter().all(|e| e.1.is_finite() && e.1 > 0.0), "{log}");
     let saved = checkpoint::saved_tokenizer(&d.0.join("ck.safetensors")).unwrap();
-    assert!(saved.is_some_and(|t| t.contains("<|endoftext|>")));
-    // Resumed on the same text, with the tokenizer the checkpoint holds.
+    assert_eq!(saved.as_deref(), Some(tokenizer.to_json()));
+    // Resumed on the same text, with the tokenizer the checkpoint holds (no
+    // --tokenizer-path).
     let out = train(
         &d,
         &[
