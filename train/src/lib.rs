@@ -11,9 +11,13 @@
 //!   where).
 //! * [`Trainer`]: compiles the step once for the devices of a
 //!   [`Platform`](tessera_runtime::Platform), keeps parameters and AdamW moments on them
-//!   (each step's outputs are the next step's inputs), feeds [`SyntheticData`], and copies to
-//!   the host only the loss and gradient norm of each step, and checkpoints
-//!   ([`checkpoint`], safetensors).
+//!   (each step's outputs are the next step's inputs), feeds its [`Dataset`] ([`SyntheticData`],
+//!   or [`TextData`]: packed rows with segment ids), and copies to the host only the loss and
+//!   gradient norm of each step; the held-out loss ([`Trainer::eval_loss`]), and checkpoints
+//!   ([`checkpoint`], safetensors, with a text run's tokenizer).
+//! * [`data`]: the synthetic chain, and text: documents from `.txt`, `.jsonl`/`.json` and
+//!   `.parquet` files, a Hugging Face tokenizer or a byte-level BPE trained on them, packing.
+//! * [`sample`]: a continuation of a prompt from a model trained on text.
 //! * [`flops`]: model FLOPs per step as MaxText counts them, and the machine's measured
 //!   matmul peak for MFU.
 //! * [`predict`]: a transparent step-time model of the step on a TPU slice (matmul and
