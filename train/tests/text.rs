@@ -69,12 +69,22 @@ fn packed_text_learns_below_the_unigram_entropy_and_strategies_agree() {
     let text = shipped_text(dir.path(), &cfg, true);
     let entropy = text.unigram_entropy();
     assert!(entropy > 2.0, "a unigram entropy of text: {entropy}");
-    let (mut trainer, ulysses) = run(cfg.clone(), &text, cfg.steps);
+    let data = Dataset::Text(Box::new(text.clone()));
+    let mut trainer = Trainer::with_data(cfg.clone(), Platform::Cpu, data, None).unwrap();
+    let before = trainer.eval_loss(4).unwrap();
+    let ulysses: Vec<StepMetrics> = (0..cfg.steps)
+        .map(|_| trainer.train_step().unwrap())
+        .collect();
     let eval = trainer.eval_loss(4).unwrap();
     eprintln!(
-        "ulysses, packed: loss {:.4} -> {:.4}, eval loss {eval:.4}, unigram entropy {entropy:.4}",
+        "ulysses, packed: loss {:.4} -> {:.4}, eval loss {before:.4} -> {eval:.4}, unigram \
+         entropy {entropy:.4}",
         ulysses[0].loss,
         ulysses[ulysses.len() - 1].loss
+    );
+    assert!(
+        before > entropy,
+        "an untrained model is no better than unigrams: {before}"
     );
     assert!(
         eval < entropy,
