@@ -85,7 +85,10 @@ fn python_package_tests(python_version: &str, jax_version: &str) {
         .trim()
         .to_string();
     let jax = Command::new(&venv_python)
-        .args(["-c", "import jax; print(jax.__version__)"])
+        .args([
+            "-c",
+            "from importlib.metadata import version; print(version('jax'))",
+        ])
         .output()
         .unwrap_or_else(|e| panic!("cannot run {venv_python}: {e}"));
     assert_eq!(
