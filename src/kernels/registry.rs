@@ -158,6 +158,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: matmul_flops,
         inputs: None,
         xla: None,
+        check_inputs: None,
         // f32 accumulation of K products of magnitude <= 1.
         cases: &[
             Case {
@@ -214,6 +215,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: matmul_flops,
         inputs: None,
         xla: None,
+        check_inputs: None,
         // f32 accumulation of K products of magnitude <= 1.
         cases: &[
             Case {
@@ -258,6 +260,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: softmax_flops,
         inputs: None,
         xla: None,
+        check_inputs: None,
         cases: &[
             Case {
                 params: &[("dtype", "f32"), ("C", "256")],
@@ -300,6 +303,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: flash_flops,
         inputs: None,
         xla: None,
+        check_inputs: None,
         cases: &[
             Case {
                 params: &[("BQ", "64"), ("S", "256")],

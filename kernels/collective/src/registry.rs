@@ -176,6 +176,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: no_flops,
         inputs: None,
         xla: None,
+        check_inputs: None,
         // A copy: exact.
         cases: &[
             Case {
@@ -204,6 +205,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: no_flops,
         inputs: None,
         xla: Some(xla_ring_shift),
+        check_inputs: None,
         cases: &[
             Case {
                 params: &[],
@@ -231,6 +233,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: no_flops,
         inputs: None,
         xla: Some(xla_all_gather),
+        check_inputs: None,
         cases: &[
             Case {
                 params: &[],
@@ -258,6 +261,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: no_flops,
         inputs: None,
         xla: Some(xla_all_gather),
+        check_inputs: None,
         // A copy: exact.
         cases: &[
             Case {
@@ -294,6 +298,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: all_gather_matmul_flops,
         inputs: None,
         xla: Some(xla_all_gather_matmul),
+        check_inputs: None,
         cases: &[
             // f32 accumulation of K products of magnitude <= 1.
             Case {

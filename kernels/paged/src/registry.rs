@@ -179,6 +179,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: paged_flops,
         inputs: None,
         xla: Some(|args, _| xla_paged_attention(args)),
+        check_inputs: None,
         cases: &[
             Case {
                 params: &[("dtype", "f32")],
@@ -235,6 +236,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: no_flops,
         inputs: None,
         xla: None,
+        check_inputs: None,
         // A copy: exact.
         cases: &[
             Case {

@@ -1,8 +1,9 @@
 //! The kernel registry's machinery: what every kernel family implements to register its
-//! kernels ([`KernelInfo`]: parameters, build, f64 reference, flop count, check cases, bench
-//! sets, XLA's own program), the bench sizes of `tessera bench kernels` ([`BENCH_SIZES`],
-//! written once), and an entry at given parameter values ([`Instance`]: its definition,
-//! inputs, reference, flops and one way to run it on any [`Backend`]).
+//! kernels ([`KernelInfo`]: parameters, build, f64 reference, flop count, run-time data
+//! check, check cases, bench sets, XLA's own program), the bench sizes of `tessera bench
+//! kernels` ([`BENCH_SIZES`], written once), and an entry at given parameter values
+//! ([`Instance`]: its definition, inputs, reference, flops and one way to run it on any
+//! [`Backend`], its run-time data checked first).
 //!
 //! Each family lists its entries in its own home (`tessera_splash::registry`,
 //! `tessera_paged::registry`, `tessera_collective_kernels::registry`, the facade's example
@@ -239,6 +240,16 @@ pub enum RegistryError {
     Kernel(#[from] KernelError),
 }
 
+/// Why [`Instance::run`] gave no outputs: its run-time data check refused the arguments, or
+/// the backend failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error(transparent)]
+    Inputs(#[from] RegistryError),
+    #[error(transparent)]
+    Run(#[from] RunError),
+}
+
 /// A kernel definition, its default arguments (each device's, for a kernel on a mesh), the
 /// values of the arguments the parameters fix (by position; `None` for data) and the device
 /// mesh it runs on (empty: one device).
@@ -285,6 +296,15 @@ pub enum Reference {
 }
 pub type FlopsFn = fn(&Params, &str) -> Result<f64, RegistryError>;
 pub type InputsFn = fn(&Params, &str, u64) -> Result<Vec<HostArray>, RegistryError>;
+/// Checks a call's run-time data before any backend runs it: the values a kernel indexes
+/// with (page tables, lengths), which no shape or dtype check sees. Gets the parameters, the
+/// kernel's name, every argument's spec (scalar prefetch, then inputs) and, by position, the
+/// values at hand: all of them in `tessera run` and [`Instance::run`]; tessera-jax's `call`
+/// passes only the scalar-prefetch arguments (the data stays on its device), and under
+/// `jax.jit` none; a check checks what it is given. Refuses with the family's sentence
+/// ([`RegistryError::Family`]).
+pub type CheckInputsFn =
+    fn(&Params, &str, &[ArgSpec], &[Option<&HostArray>]) -> Result<(), RegistryError>;
 /// XLA's own program for what the kernel computes, from each device's argument specs and
 /// the number of devices (one partition per device where more than one).
 pub type XlaFn = fn(&[ArgSpec], usize) -> Result<tessera_hlo::Module, tessera_hlo::HloError>;
@@ -332,6 +352,11 @@ pub struct KernelInfo {
     /// XLA's own program for the same computation on the same arguments, written with the
     /// ordinary ops an XLA user writes: `tessera bench kernels` times it beside the kernel.
     pub xla: Option<XlaFn>,
+    /// Refuses run-time data the kernel must not be run on (a page index outside the pool):
+    /// `tessera run`, [`Instance::run`] (so `tessera demo`) and tessera-jax's `call` call it
+    /// before any backend ([`KernelInfo::check_inputs`]); `None`: any values of the right
+    /// shapes and dtypes are legal.
+    pub check_inputs: Option<CheckInputsFn>,
     /// Where `tessera demo`, the backend tests and the Mosaic tests check the kernel.
     pub cases: &'static [Case],
     /// Where `tessera bench kernels` times it: one row per set (sets differ by dtype); a
@@ -523,6 +548,21 @@ impl KernelInfo {
         self.instance(&given)
     }
 
+    /// Runs the entry's run-time data check ([`KernelInfo::check_inputs`], a no-op where it
+    /// has none) on a call's arguments: `specs` every argument's, `values` by position those
+    /// at hand (`None`: not known here).
+    pub fn check_inputs(
+        &self,
+        given: &[(String, String)],
+        specs: &[ArgSpec],
+        values: &[Option<&HostArray>],
+    ) -> Result<(), RegistryError> {
+        match self.check_inputs {
+            Some(check) => check(&self.params_of(given)?, self.name, specs, values),
+            None => Ok(()),
+        }
+    }
+
     /// Checks the size parameters in `given` against the arguments `args` of `def` (as run:
     /// sizes come from the inputs); a size given that disagrees with them is an error naming
     /// the parameter and the argument.
@@ -668,19 +708,36 @@ impl Instance {
     pub fn flops(&self) -> Result<f64, RegistryError> {
         (self.info.flops)(&self.params, self.info.name)
     }
+    /// Checks each device's arguments `inputs` with the entry's run-time data check
+    /// ([`KernelInfo::check_inputs`]; every value at hand).
+    pub fn check_inputs(&self, inputs: &[Vec<HostArray>]) -> Result<(), RegistryError> {
+        let Some(check) = self.info.check_inputs else {
+            return Ok(());
+        };
+        for device in inputs {
+            let specs: Vec<ArgSpec> = device.iter().map(ArgSpec::of).collect();
+            let values: Vec<Option<&HostArray>> = device.iter().map(Some).collect();
+            check(&self.params, self.info.name, &specs, &values)?;
+        }
+        Ok(())
+    }
     /// Runs the kernel on `backend` under `rules`: `inputs[d]` are device `d`'s arguments;
-    /// returns each device's outputs. A one-device kernel runs as
-    /// [`backend::run`], a kernel on a mesh as [`backend::run_on_devices`].
+    /// returns each device's outputs. The entry's run-time data check
+    /// ([`Instance::check_inputs`]) runs first, on every backend; then a one-device kernel
+    /// runs as [`backend::run`], a kernel on a mesh as [`backend::run_on_devices`].
     pub fn run(
         &self,
         inputs: &[Vec<HostArray>],
         backend: Backend,
         rules: &KernelRules,
-    ) -> Result<Vec<Vec<HostArray>>, RunError> {
-        match (self.built.mesh.is_empty(), inputs) {
-            (true, [one]) => Ok(vec![backend::run(&self.built.def, one, backend, rules)?]),
-            _ => backend::run_on_devices(&self.built.def, &self.built.mesh, inputs, backend, rules),
-        }
+    ) -> Result<Vec<Vec<HostArray>>, CallError> {
+        self.check_inputs(inputs)?;
+        Ok(match (self.built.mesh.is_empty(), inputs) {
+            (true, [one]) => vec![backend::run(&self.built.def, one, backend, rules)?],
+            _ => {
+                backend::run_on_devices(&self.built.def, &self.built.mesh, inputs, backend, rules)?
+            }
+        })
     }
     /// The largest absolute difference between `outputs` (each device's, of a run on
     /// `inputs`) and the reference, over every device and output (NaN counts as the

@@ -377,6 +377,7 @@ const fn splash_kernel(name: &'static str, summary: &'static str) -> KernelInfo 
         flops: splash_flops,
         inputs: Some(splash_inputs),
         xla: None,
+        check_inputs: None,
         cases: SPLASH_CASES,
         bench: SPLASH_BENCH,
     }
