@@ -1,12 +1,18 @@
 //! Paged attention (JAX's `paged_attention` semantics) against its f64 reference on the
 //! interpreter and the CPU plugin, MHA and GQA, f32 and bf16; the Mosaic lowering run by the
-//! evaluator equals the interpreter bit for bit.
+//! evaluator equals the interpreter bit for bit. Its tables are checked: the registry's
+//! runner refuses a page index outside the pool or a length past the table on every backend
+//! with one sentence, the kernel itself stops at its `debug_check` on the interpreter and
+//! mosaic-eval, and padding past a length and pages shared between sequences run.
+
+mod common;
 
 use tessera::backend::{self, Backend};
-use tessera::dsl::interpret::{self, InterpretOptions};
+use tessera::dsl::interpret::{self, DebugLog, InterpretOptions};
 use tessera::dsl::{mosaic, ArgSpec, DType, HostArray, KernelDef, KernelRules};
 use tessera::paged::paged_attention::{paged_attention, paged_attention_reference};
-use tessera_mosaic_eval::{Module, OutputSpec};
+use tessera::registry::{self, Instance};
+use tessera_mosaic_eval::{Module, OutputSpec, RunOptions};
 
 /// A decode batch: `q [B, H, D]`, pages `[KVH, P, page_size, D]`, lengths, page table.
 struct Case {
@@ -110,4 +116,197 @@ fn mosaic_eval_agrees_with_the_interpreter() {
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got, want, "{} H={} KVH={}", c.dtype, c.heads, c.kv_heads);
     }
+}
+
+/// `def`'s Mosaic lowering for `args` (declaration order) run by mosaic-eval.
+fn mosaic_evaluated(
+    def: &KernelDef,
+    args: &[HostArray],
+    options: &RunOptions,
+) -> Result<Vec<HostArray>, tessera_mosaic_eval::EvalError> {
+    let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+    let k = def.instantiate(&specs, &KernelRules::tpu()).unwrap();
+    let module = Module::parse(&mosaic::lower(&k).unwrap().text).unwrap();
+    let outputs = [OutputSpec {
+        dtype: args[0].dtype(),
+        shape: args[0].shape().to_vec(),
+        aliases: None,
+    }];
+    module.run_with(&mosaic::call_order(&k, args), &outputs, options)
+}
+
+/// The registry's paged attention at its defaults (f32; B 4, H 8, KVH 2, D 128, a pool of 64
+/// pages of 16 tokens, 8 entries per sequence, 4 pages per block: lengths 128, 93, 64 and 29
+/// use 8, 6, 4 and 2 entries) and its inputs.
+fn registry_case() -> (Instance, Vec<HostArray>) {
+    let instance = registry::find("paged_attention")
+        .unwrap()
+        .instance(&[])
+        .unwrap();
+    let mut inputs = instance.inputs(1).unwrap();
+    let args = inputs.remove(0);
+    assert_eq!(args[3].to_f64_vec(), [128.0, 93.0, 64.0, 29.0]);
+    (instance, args)
+}
+
+fn with_i32(args: &[HostArray], arg: usize, at: usize, value: i32) -> Vec<HostArray> {
+    let mut args = args.to_vec();
+    let mut data: Vec<i32> = args[arg].to_f64_vec().iter().map(|&x| x as i32).collect();
+    data[at] = value;
+    args[arg] = HostArray::i32(args[arg].shape().to_vec(), data).unwrap();
+    args
+}
+
+/// Bad tables for the registry case, each with the sentence refusing it: entry 3 of sequence
+/// 2 (used: its 64 tokens fill entries 0 to 3) outside the pool, and sequence 1's length
+/// outside 0..=128.
+fn bad_tables(args: &[HostArray]) -> Vec<(Vec<HostArray>, String)> {
+    let mut out = Vec::new();
+    for page in [64, 100, -1, i32::MIN, i32::MAX] {
+        out.push((
+            with_i32(args, 4, 2 * 8 + 3, page),
+            format!(
+                "paged attention: sequence 2 reads entry page_indices[2, 3] = {page}, which \
+                 is no page of the pool's 64 (0 to 63); its 64 tokens use entries 0 to 3"
+            ),
+        ));
+    }
+    for length in [129, -1, i32::MIN, i32::MAX] {
+        out.push((
+            with_i32(args, 3, 1, length),
+            format!(
+                "paged attention: sequence 1 has length lengths[1] = {length}, outside 0 to \
+                 128 (its table row holds 8 pages of 16 tokens)"
+            ),
+        ));
+    }
+    out
+}
+
+#[test]
+fn the_registry_runner_refuses_bad_tables_on_every_backend() {
+    let (instance, args) = registry_case();
+    for (bad, sentence) in bad_tables(&args) {
+        for b in Backend::everywhere() {
+            let e = instance
+                .run(std::slice::from_ref(&bad), b, &KernelRules::tpu())
+                .expect_err(&sentence);
+            assert_eq!(e.to_string(), sentence, "{b}");
+        }
+    }
+}
+
+/// Entries past a sequence's length hold anything (-1, 64, i32::MIN, ...), and sequence 3
+/// reads sequence 0's first two pages: the registry's runner, the interpreter, the CPU
+/// plugin and mosaic-eval run it, to the reference.
+#[test]
+fn padding_past_a_length_and_shared_pages_run_on_every_backend() {
+    let (instance, mut args) = registry_case();
+    let mut table: Vec<i32> = args[4].to_f64_vec().iter().map(|&x| x as i32).collect();
+    let padding = [-1, 64, 100, i32::MIN, i32::MAX];
+    for (seq, used) in [(1, 6), (2, 4), (3, 2)] {
+        for (e, entry) in table[seq * 8..][used..8].iter_mut().enumerate() {
+            *entry = padding[(seq + e) % padding.len()];
+        }
+    }
+    table[3 * 8] = table[0];
+    table[3 * 8 + 1] = table[1];
+    args[4] = HostArray::i32([4, 8], table).unwrap();
+    let want = instance.reference(std::slice::from_ref(&args)).unwrap();
+    let mut interpreted = None;
+    for b in Backend::everywhere() {
+        let got = instance
+            .run(std::slice::from_ref(&args), b, &KernelRules::tpu())
+            .unwrap_or_else(|e| panic!("{b}: {e}"));
+        common::assert_close(&got[0][0].to_f64_vec(), &want[0][0], 1e-5, b.name());
+        if b == Backend::Interpret {
+            interpreted = Some(got[0][0].clone());
+        }
+    }
+    let evaluated = mosaic_evaluated(instance.def(), &args, &RunOptions::default()).unwrap();
+    assert_eq!(Some(evaluated[0].clone()), interpreted, "mosaic-eval");
+}
+
+/// Past every host check (the kernel run as it is), the interpreter and mosaic-eval stop at
+/// the kernel's `debug_check` with its line, the bound and the grid step (the sequence), and
+/// print the values.
+#[test]
+fn the_kernel_checks_its_tables_itself() {
+    let (instance, args) = registry_case();
+    let source = include_str!("../kernels/paged/src/paged_attention.rs");
+    let line_of = |start: &str| {
+        let at = source
+            .lines()
+            .position(|l| l.trim_start().starts_with(start))
+            .unwrap_or_else(|| panic!("no `{start}` in paged_attention.rs"));
+        format!("paged_attention.rs:{}:", at + 1)
+    };
+    let page = (
+        with_i32(&args, 4, 2 * 8 + 3, 64),
+        line_of("debug_check(page_ok"),
+        "debug_check: failed: page_indices[b, e] is outside the pool's pages 0..64",
+        "at grid step [2]",
+        "grid step [2]: paged_attention: sequence 2 entry 3 is page 64",
+    );
+    let length = (
+        with_i32(&args, 3, 1, i32::MAX),
+        line_of("debug_check(length_ok"),
+        "debug_check: failed: lengths[b] is outside 0..=128 (8 pages of 16 tokens per \
+         sequence)",
+        "at grid step [1]",
+        "grid step [1]: paged_attention: sequence 1 has length 2147483647",
+    );
+    for (bad, line, message, step, printed) in [page, length] {
+        let log = DebugLog::new();
+        let options = InterpretOptions {
+            debug_log: Some(log.clone()),
+            ..InterpretOptions::default()
+        };
+        let e = interpret::run(instance.def(), &bad, &options)
+            .unwrap_err()
+            .to_string();
+        let eval_log = tessera_mosaic_eval::DebugLog::default();
+        let eval_options = RunOptions {
+            debug_log: Some(eval_log.clone()),
+            ..RunOptions::default()
+        };
+        let eval = mosaic_evaluated(instance.def(), &bad, &eval_options)
+            .unwrap_err()
+            .to_string();
+        for (what, e, lines) in [
+            ("interpret", e, log.lines()),
+            ("mosaic-eval", eval, eval_log.lock().unwrap().clone()),
+        ] {
+            assert!(e.contains(&line), "{what}: {e}");
+            assert!(e.contains(message), "{what}: {e}");
+            assert!(e.contains(step), "{what}: {e}");
+            assert!(lines.iter().any(|l| l == printed), "{what}: {lines:#?}");
+        }
+    }
+}
+
+/// The Mosaic for TPU carries the kernel's checks: `cf.assert` on the length and on every
+/// page copy it starts (4 per block, in the first block's fetch and the next block's), each
+/// with its `tpu.log` of the values under the failing condition (tests/memory_tpu_compile.rs
+/// compiles the kernel with libtpu for v5p).
+#[test]
+fn the_mosaic_for_tpu_carries_the_checks() {
+    let (instance, args) = registry_case();
+    let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
+    let k = instance
+        .def()
+        .instantiate(&specs, &KernelRules::tpu())
+        .unwrap();
+    let text = mosaic::lower(&k).unwrap().text;
+    let asserts: Vec<&str> = text.lines().filter(|l| l.contains("cf.assert")).collect();
+    let lengths = asserts
+        .iter()
+        .filter(|l| l.contains("lengths[b] is outside 0..=128"))
+        .count();
+    let pages = asserts
+        .iter()
+        .filter(|l| l.contains("page_indices[b, e] is outside the pool's pages 0..64"))
+        .count();
+    assert_eq!((lengths, pages, asserts.len()), (1, 8, 9), "{asserts:#?}");
+    assert_eq!(text.matches("tpu.log").count(), 9, "{text}");
 }

@@ -15,4 +15,4 @@ pub mod paged_attention;
 pub mod registry;
 
 pub use cache_update::cache_update;
-pub use paged_attention::paged_attention;
+pub use paged_attention::{paged_attention, validate_tables, TableError};

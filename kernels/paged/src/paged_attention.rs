@@ -13,7 +13,18 @@
 //! per page holding every KV head (`k_pages[:, page]`), into one half of a two-block VMEM
 //! buffer while the other half is computed on (double buffering within the step); the
 //! softmax is online across pages, per KV head group, with the running max, sum and output
-//! in scratch.
+//! in scratch. Only the pages a sequence uses are copied and computed on: the first
+//! `ceil(length / page_size)` entries of its table row.
+//!
+//! The tables are run-time data: a page index outside the pool would copy another
+//! sequence's (another tenant's) pages, a length past the table would read past the row.
+//! [`validate_tables`] states the rules and refuses a bad entry with a sentence naming the
+//! sequence, the entry and the bound; every host path runs it before the kernel (`tessera
+//! run`, the registry's `Instance::run`, tessera-jax's `call` on concrete arrays). The kernel
+//! checks the same rules itself with `debug_check` before each copy (the interpreter and
+//! mosaic-eval stop with the kernel line, the grid step and a `debug_print` line of the
+//! values; on TPU a `cf.assert`); the StableHLO path (CPU, GPU) leaves in-kernel checks out,
+//! so there the host check is the one that holds.
 
 use tessera_dsl::prelude::*;
 use tessera_dsl::{CopyDescriptor, HostArray};
@@ -29,6 +40,11 @@ pub const MASK_VALUE: f32 = -0.7 * f32::MAX;
     require(
         H % KVH == 0,
         "{KVH} KV heads do not divide q's {H} heads; each KV head serves a group of query heads"
+    ),
+    require(
+        (PAGES_PER_SEQ + pages_per_block) * PAGE_SIZE <= i32::MAX as usize,
+        "{PAGES_PER_SEQ} pages of {PAGE_SIZE} tokens per sequence (and a block of \
+         {pages_per_block} more) do not fit the i32 lengths and positions the kernel counts with"
     ),
     require(
         pages_per_block > 0 && PAGES_PER_SEQ % pages_per_block == 0,
@@ -60,14 +76,29 @@ pub fn paged_attention<T: Element>(
     let group = H / KVH;
     let b = program_id(0);
     let length = lengths.get([b]);
+    // The host checks these (`validate_tables`); the kernel checks them again before they
+    // count anything (the interpreter, mosaic-eval and TPU; the StableHLO path leaves it out).
+    let max_len = (PAGES_PER_SEQ * PAGE_SIZE) as i32;
+    let length_ok = length.ge(0) & length.le(max_len);
+    when(!length_ok, || {
+        debug_print!("paged_attention: sequence {} has length {}", b, length)
+    });
+    let length_message = format!(
+        "lengths[b] is outside 0..={max_len} ({PAGES_PER_SEQ} pages of {PAGE_SIZE} tokens per \
+         sequence)"
+    );
+    debug_check(length_ok, &length_message);
     let block_len = (ppb * PAGE_SIZE) as i32;
     let blocks = (length + (block_len - 1)) / block_len;
+    // The table entries the sequence uses; the rest are never read.
+    let used = (length + (PAGE_SIZE as i32 - 1)) / PAGE_SIZE as i32;
     m.store(f32::NEG_INFINITY);
     l.store(0.0);
     acc.store(0.0);
     // The copies of page `j` of block `i` into slot `slot` of the buffers (K and V): started
-    // one block ahead, waited by the block that computes on them.
-    let page_of = |i: Value, j: usize| page_indices.get([b, i * ppb as i32 + j as i32]);
+    // one block ahead, waited by the block that computes on them; only for used entries.
+    let entry = |i: Value, j: usize| i * ppb as i32 + j as i32;
+    let page_of = |i: Value, j: usize| page_indices.get([b, entry(i, j)]);
     let page_copies = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, i: Value, slot: Value, j| {
         let (at, to) = (page(page_of(i, j)), slot_page(slot, j));
         [
@@ -75,11 +106,25 @@ pub fn paged_attention<T: Element>(
             make_async_copy(v_pages.at(&at), v_buf.at_mut(&to), v_sems.at(slot)),
         ]
     };
+    let page_message = format!("page_indices[b, e] is outside the pool's pages 0..{P}");
     let fetch = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, i: Value, slot: Value| {
         for j in 0..ppb {
-            page_copies(k_buf, v_buf, i, slot, j)
-                .iter()
-                .for_each(CopyDescriptor::start);
+            when(entry(i, j).lt(used), || {
+                let p = page_of(i, j);
+                let page_ok = p.ge(0) & p.lt(P as i32);
+                when(!page_ok, || {
+                    debug_print!(
+                        "paged_attention: sequence {} entry {} is page {}",
+                        b,
+                        entry(i, j),
+                        p
+                    )
+                });
+                debug_check(page_ok, &page_message);
+                page_copies(k_buf, v_buf, i, slot, j)
+                    .iter()
+                    .for_each(CopyDescriptor::start);
+            });
         }
     };
     when(blocks.gt(0), || {
@@ -93,16 +138,20 @@ pub fn paged_attention<T: Element>(
             fetch(&mut k_buf, &mut v_buf, next, next % 2)
         });
         for j in 0..ppb {
-            page_copies(&mut k_buf, &mut v_buf, i, slot, j)
-                .iter()
-                .for_each(CopyDescriptor::wait);
+            when(entry(i, j).lt(used), || {
+                page_copies(&mut k_buf, &mut v_buf, i, slot, j)
+                    .iter()
+                    .for_each(CopyDescriptor::wait)
+            });
         }
-        // Every KV head's group of query heads, over the block's pages.
+        // The block's pages the sequence uses (the last block may hold fewer).
+        let pages_here = (used - i * ppb as i32).minimum(ppb as i32);
+        // Every KV head's group of query heads, over those pages.
         for g in 0..KVH {
             let rows = [ds(g * group, group), all()];
             let qg = q.at(&rows).load().cast(DType::F32);
             let state = (m.at(&rows).load(), l.at(&rows).load(), acc.at(&rows).load());
-            let (mg, lg, accg) = fori_loop(0, ppb as i32, state, |j, (mg, lg, accg)| {
+            let (mg, lg, accg) = fori_loop(0, pages_here, state, |j, (mg, lg, accg)| {
                 let at = [ds(slot, 1), ds(j, 1), ds(g, 1), all(), all()];
                 let k = k_buf.at(&at).load().reshape(&[PAGE_SIZE, D]);
                 let v = v_buf.at(&at).load().reshape(&[PAGE_SIZE, D]);
@@ -125,6 +174,102 @@ pub fn paged_attention<T: Element>(
     // A sequence of length 0 has `l == 0` and `acc == 0`: zeros.
     let l_all = l.load();
     out.store((acc.load() / l_all.maximum(f32::MIN_POSITIVE)).cast(T::DTYPE));
+}
+
+/// A page table or lengths paged attention refuses to run on ([`validate_tables`]): one
+/// sentence naming the sequence, the entry and the bound.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TableError {
+    /// A length below 0 or past what the sequence's table row holds.
+    #[error(
+        "paged attention: sequence {seq} has length lengths[{seq}] = {length}, outside 0 to \
+         {max} (its table row holds {pages_per_seq} pages of {page_size} tokens)"
+    )]
+    Length {
+        seq: usize,
+        length: i32,
+        /// `pages_per_seq * page_size`.
+        max: usize,
+        pages_per_seq: usize,
+        page_size: usize,
+    },
+    /// An entry the sequence uses that is no page of the pool.
+    #[error(
+        "paged attention: sequence {seq} reads entry page_indices[{seq}, {entry}] = {page}, \
+         which is no page of the pool's {pages} (0 to {last}); its {length} tokens use entries \
+         0 to {last_used}",
+        last = *.pages as i64 - 1,
+        last_used = *.used as i64 - 1
+    )]
+    Page {
+        seq: usize,
+        entry: usize,
+        page: i32,
+        pages: usize,
+        length: i32,
+        /// The entries the sequence uses: `ceil(length / page_size)`.
+        used: usize,
+    },
+    /// Tables whose sizes do not agree with each other.
+    #[error(
+        "paged attention: page_indices holds {entries} entries and lengths {sequences}; the \
+         table holds {pages_per_seq} entries per sequence, so it needs {}",
+        .sequences * .pages_per_seq
+    )]
+    Shape {
+        entries: usize,
+        sequences: usize,
+        pages_per_seq: usize,
+    },
+}
+
+/// Checks paged attention's run-time tables against the pool, the rules the kernel relies
+/// on: `lengths[b]` (one per sequence) in `0..=pages_per_seq * page_size`, and the entries
+/// sequence `b` uses, `page_indices[b, e]` for `e < ceil(lengths[b] / page_size)` (the table
+/// row-major, `pages_per_seq` entries per sequence), pages of the pool (`0..pages`). The
+/// entries past a sequence's pages are never read and may hold anything (a scheduler's
+/// padding); sequences may share pages. The first bad entry is the error, by sequence.
+pub fn validate_tables(
+    lengths: &[i32],
+    page_indices: &[i32],
+    pages_per_seq: usize,
+    page_size: usize,
+    pages: usize,
+) -> Result<(), TableError> {
+    if lengths.len().checked_mul(pages_per_seq) != Some(page_indices.len()) {
+        return Err(TableError::Shape {
+            entries: page_indices.len(),
+            sequences: lengths.len(),
+            pages_per_seq,
+        });
+    }
+    let max = pages_per_seq.saturating_mul(page_size);
+    for (seq, &length) in lengths.iter().enumerate() {
+        let Some(tokens) = usize::try_from(length).ok().filter(|&t| t <= max) else {
+            return Err(TableError::Length {
+                seq,
+                length,
+                max,
+                pages_per_seq,
+                page_size,
+            });
+        };
+        let used = tokens.div_ceil(page_size.max(1));
+        let row = &page_indices[seq * pages_per_seq..][..used];
+        for (entry, &page) in row.iter().enumerate() {
+            if usize::try_from(page).map_or(true, |p| p >= pages) {
+                return Err(TableError::Page {
+                    seq,
+                    entry,
+                    page,
+                    pages,
+                    length,
+                    used,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The window of page `page` of every KV head in HBM, and of slot `slot`, page `j` of a VMEM
@@ -177,4 +322,73 @@ pub fn paged_attention_reference(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{validate_tables, TableError};
+
+    /// Two sequences of a 64-page pool, 4 entries of 16 tokens each: 40 tokens use 3
+    /// entries (the 4th is padding), 16 tokens use 1; they share page 5.
+    fn check(lengths: [i32; 2], table: [i32; 8]) -> Result<(), TableError> {
+        validate_tables(&lengths, &table, 4, 16, 64)
+    }
+    const GOOD: [i32; 8] = [5, 9, 63, -7, 5, i32::MIN, 100, i32::MAX];
+
+    #[test]
+    fn unused_entries_and_shared_pages_are_legal() {
+        assert_eq!(check([40, 16], GOOD), Ok(()));
+        assert_eq!(check([64, 0], [0, 1, 2, 3, -1, -1, -1, -1]), Ok(()));
+    }
+
+    #[test]
+    fn every_page_a_sequence_uses_is_in_the_pool() {
+        for bad in [64, 100, -1, i32::MIN, i32::MAX] {
+            let mut table = GOOD;
+            table[5] = bad;
+            let e = check([40, 17], table).unwrap_err();
+            assert_eq!(
+                e,
+                TableError::Page {
+                    seq: 1,
+                    entry: 1,
+                    page: bad,
+                    pages: 64,
+                    length: 17,
+                    used: 2
+                }
+            );
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "paged attention: sequence 1 reads entry page_indices[1, 1] = {bad}, which \
+                     is no page of the pool's 64 (0 to 63); its 17 tokens use entries 0 to 1"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn lengths_fit_the_table() {
+        for bad in [65, -1, i32::MIN, i32::MAX] {
+            let e = check([40, bad], GOOD).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "paged attention: sequence 1 has length lengths[1] = {bad}, outside 0 to \
+                     64 (its table row holds 4 pages of 16 tokens)"
+                )
+            );
+        }
+    }
+
+    #[test]
+    fn tables_of_other_sizes_are_refused() {
+        let e = validate_tables(&[1, 2], &[0; 7], 4, 16, 64).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "paged attention: page_indices holds 7 entries and lengths 2; the table holds 4 \
+             entries per sequence, so it needs 8"
+        );
+    }
 }

@@ -11,7 +11,9 @@ use tessera_registry::{
 };
 
 use crate::cache_update::{block_rows, cache_update, cache_update_reference};
-use crate::paged_attention::{paged_attention, paged_attention_reference, MASK_VALUE};
+use crate::paged_attention::{
+    paged_attention, paged_attention_reference, validate_tables, MASK_VALUE,
+};
 
 /// The pages in paged attention's pool: `P`, or with `P=all` every sequence's own
 /// (`B * pages_per_seq`).
@@ -66,6 +68,30 @@ fn build_paged(p: &Params, _name: &str) -> Result<Built, RegistryError> {
         fixed: vec![None, None, None, Some(lengths), Some(table)],
         mesh: Vec::new(),
     })
+}
+
+/// Paged attention's run-time data check: [`validate_tables`] on `lengths` and
+/// `page_indices` against the pool of `k_pages` (`[KVH, P, page_size, D]`), when both tables
+/// are at hand. Arguments of other kinds or shapes are left to the instantiation, which
+/// refuses them with its own sentence.
+fn check_paged_tables(
+    _: &Params,
+    _name: &str,
+    specs: &[ArgSpec],
+    values: &[Option<&HostArray>],
+) -> Result<(), RegistryError> {
+    let ([_, k_pages, _, _, _], [_, _, _, Some(lengths), Some(table)]) = (specs, values) else {
+        return Ok(());
+    };
+    let (&[_, pages, page_size, _], &[_, per_seq]) = (&k_pages.shape[..], table.shape()) else {
+        return Ok(());
+    };
+    if lengths.dtype() != DType::I32 || table.dtype() != DType::I32 {
+        return Ok(());
+    }
+    let ints = |a: &HostArray| a.to_f64_vec().iter().map(|&x| x as i32).collect::<Vec<_>>();
+    validate_tables(&ints(lengths), &ints(table), per_seq, page_size, pages)
+        .map_err(|e| RegistryError::Family(Box::new(e)))
 }
 
 fn paged_reference(
@@ -179,7 +205,7 @@ pub const KERNELS: &[KernelInfo] = &[
         flops: paged_flops,
         inputs: None,
         xla: Some(|args, _| xla_paged_attention(args)),
-        check_inputs: None,
+        check_inputs: Some(check_paged_tables),
         cases: &[
             Case {
                 params: &[("dtype", "f32")],
