@@ -54,8 +54,9 @@ pub fn print_ir(
     Ok(())
 }
 
-/// Runs `tessera run`: reads the inputs, checks them, the parameters and the output paths
-/// against the kernel, then runs it; the outputs appear only when everything succeeded.
+/// Runs `tessera run`: reads the inputs, checks them (their sizes, and the values the kernel
+/// indexes with where its entry has a run-time data check), the parameters and the output
+/// paths against the kernel, then runs it; the outputs appear only when everything succeeded.
 pub fn run_kernel(
     kernel: &str,
     params: &[(String, String)],
@@ -103,6 +104,10 @@ pub fn run_kernel(
     let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
     info.check_sizes(params, &def, &specs)?;
     let k = def.instantiate(&specs, &rules(rules_name)?)?;
+    // The values the kernel indexes with (paged attention's page table and lengths), checked
+    // before any backend: the CPU plugin would clamp an index outside its buffer.
+    let values: Vec<Option<&HostArray>> = args.iter().map(Some).collect();
+    info.check_inputs(params, &specs, &values)?;
     let results = k
         .operands
         .iter()
