@@ -2,9 +2,10 @@
 //! (compile-only): one-device kernels alone in a program, collective kernels in a program of
 //! one partition per chip of `v5p:2x2x1`, where each device's call talks to the others.
 
-use tessera::collective_kernels::collective::{all_gather, all_gather_matmul};
+use tessera::collective_kernels::collective::{all_gather, all_gather_matmul, all_gather_of};
 use tessera::collective_kernels::memory::RingMesh;
 use tessera::collective_kernels::memory::{gather_tiles, ring_all_gather, ring_mesh, ring_shift};
+use tessera::collective_kernels::memory::{gather_tiles_of, ring_all_gather_of, ring_shift_of};
 use tessera::dsl::axes::Context;
 use tessera::dsl::prelude::*;
 use tessera::dsl::{mosaic, ArgSpec, DType, Kernel, KernelDef, KernelRules, Lowering, ProblemKind};
@@ -95,6 +96,40 @@ fn memory_kernels_compile_for_v5p() {
             ArgSpec::new(dtype, [256, 1024]),
         ];
         cases.push(instantiate(&def, &args, 4));
+    }
+    // The kernels that only copy in bf16, i32 and i8 (bf16 with slots and halves of 8 rows,
+    // half its (16, 128) tile; gather_tiles in tiles of 16 rows of bf16); 8-bit gather_tiles
+    // is refused by the TPU rules (its tile's reshape).
+    let table = ArgSpec::new(DType::I32, [7]);
+    for dtype in [DType::BF16, DType::I32, DType::I8] {
+        let x = |s: &[usize]| ArgSpec::new(dtype, s.to_vec());
+        let (gather, shift, ring, all) = match dtype {
+            DType::BF16 => (
+                Some(gather_tiles_of::<half::bf16>()),
+                ring_shift_of::<half::bf16>(),
+                ring_all_gather_of::<half::bf16>(),
+                all_gather_of::<half::bf16, RingMesh, Context>(),
+            ),
+            DType::I32 => (
+                Some(gather_tiles_of::<i32>()),
+                ring_shift_of::<i32>(),
+                ring_all_gather_of::<i32>(),
+                all_gather_of::<i32, RingMesh, Context>(),
+            ),
+            _ => (
+                None,
+                ring_shift_of::<i8>(),
+                ring_all_gather_of::<i8>(),
+                all_gather_of::<i8, RingMesh, Context>(),
+            ),
+        };
+        if let Some(gather) = gather {
+            cases.push(instantiate(&gather, &[table.clone(), x(&[128, 256])], 1));
+        }
+        cases.push(instantiate(&shift, &[x(&[8, 128])], 4));
+        cases.push(instantiate(&ring, &[x(&[8, 128])], 4));
+        cases.push(instantiate(&all, &[x(&[16, 128])], 4));
+        cases.push(instantiate(&all, &[x(&[256, 128])], 4));
     }
     let failures: Vec<String> = cases
         .iter()

@@ -6,7 +6,7 @@
 //! `i`, the others of the mesh take part in their own rings.
 
 use tessera_dsl::prelude::*;
-use tessera_dsl::{wait_copy_within, HasAxis, HostArray, MeshAxis, MeshShape};
+use tessera_dsl::{wait_copy_within, HasAxis, HostArray, KernelDef, MeshAxis, MeshShape};
 
 /// Every device signals its two neighbours along `A` on the barrier semaphore and waits for
 /// theirs: no remote copy lands in a device that has not reached this point.
@@ -18,22 +18,23 @@ fn meet<M: MeshShape + HasAxis<A>, A: MeshAxis>(devices: &Devices<M>) {
 }
 
 /// `out = concat(x of every device along A)` on every device (JAX's `all_gather`): `x [S,
-/// C]` and `out [N S, C]` in HBM. Each device copies its shard into its own slot of `out`,
-/// meets its neighbours at the barrier, then for `N - 1` steps sends the upper half of the
-/// slot it received last (its own first) to the next device and the lower half of another
-/// to the previous one, into the same slots there: the two halves travel the ring in
-/// opposite directions, so after `N - 1` steps every slot has reached every device. `S` must
-/// be even.
+/// C]` and `out [N S, C]` in HBM, of any element type `T` (the kernel only copies; bool is
+/// refused by the TPU rules). Each device copies its shard into its own slot of `out`, meets
+/// its neighbours at the barrier, then for `N - 1` steps sends the upper half of the slot it
+/// received last (its own first) to the next device and the lower half of another to the
+/// previous one, into the same slots there: the two halves travel the ring in opposite
+/// directions, so after `N - 1` steps every slot has reached every device. `S` must be even.
 #[tpu_kernel(
     grid = 1,
+    name = "all_gather",
     require(
         S % 2 == 0,
         "{S} rows do not split in two halves; the halves travel the ring in opposite directions"
     )
 )]
-pub fn all_gather<M: MeshShape + HasAxis<A>, A: MeshAxis>(
-    #[shape(S, C)] x: Hbm<f32>,
-    #[shape(devices.size::<A>() * S, C)] mut out: HbmMut<f32>,
+pub fn all_gather_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
+    #[shape(S, C)] x: Hbm<T>,
+    #[shape(devices.size::<A>() * S, C)] mut out: HbmMut<T>,
     #[scratch(2)] send: DmaSem,
     #[scratch(2)] recv: DmaSem,
     devices: Devices<M>,
@@ -65,13 +66,19 @@ pub fn all_gather<M: MeshShape + HasAxis<A>, A: MeshAxis>(
     });
 }
 
-/// The reference of [`all_gather`]: every device gets the shards in device order along the
-/// axis (one ring: `per_device` in axis order).
+/// [`all_gather_of`] for f32.
+pub fn all_gather<M: MeshShape + HasAxis<A>, A: MeshAxis>() -> KernelDef {
+    all_gather_of::<f32, M, A>()
+}
+
+/// The reference of [`all_gather_of`]: every device gets the shards in device order along
+/// the axis (one ring: `per_device` in axis order), in their dtype.
 pub fn all_gather_reference(per_device: &[HostArray]) -> HostArray {
     let cols = per_device[0].shape()[1];
     let rows: usize = per_device.iter().map(|a| a.shape()[0]).sum();
-    let data: Vec<f32> = per_device.iter().flat_map(|a| a.to_f32_vec()).collect();
-    HostArray::f32([rows, cols], data).expect("the shards fill the array")
+    let data: Vec<f64> = per_device.iter().flat_map(|a| a.to_f64_vec()).collect();
+    HostArray::from_f64(per_device[0].dtype(), [rows, cols], &data)
+        .expect("the shards fill the array")
 }
 
 /// `out = x @ all_gather(w)` over axis `A` (a collective matmul): `x [T, K]` (blocks of

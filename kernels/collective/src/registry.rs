@@ -9,37 +9,79 @@ use tessera_dsl::{with_float_type, ArgSpec, DType, DeviceAxis, HostArray, Kernel
 use tessera_hlo::{DotDims, Grouping, HloError, Module};
 use tessera_registry::xla::{group, spmd};
 use tessera_registry::{
-    expect_inputs, f32_only, no_flops, Built, Case, KernelInfo, ParamInfo, Params, Reference,
-    RegistryError, DTYPE,
+    expect_inputs, no_flops, Built, Case, KernelInfo, ParamInfo, Params, Reference, RegistryError,
+    DTYPE,
 };
 
 use crate::collective::{
-    all_gather, all_gather_matmul, all_gather_matmul_reference, all_gather_reference,
+    all_gather_matmul, all_gather_matmul_reference, all_gather_of, all_gather_reference,
 };
 use crate::memory::{
-    gather_tiles, gather_tiles_reference, ring_all_gather, ring_all_gather_reference, ring_mesh,
-    ring_shift, ring_shift_reference, RingMesh, TILE_ROWS,
+    gather_tiles_of, gather_tiles_reference, ring_all_gather_of, ring_all_gather_reference,
+    ring_mesh, ring_shift_of, ring_shift_reference, tile_rows, RingMesh,
 };
 
-/// `gather_tiles`' tile order: tile `g` is `(7 g + 3) mod (R / 8)` (out of order, repeating
-/// where `G` exceeds the tiles of `x`).
-fn tile_order(p: &Params) -> Result<HostArray, RegistryError> {
-    let (g, r) = (p.usize("G")?, p.usize("R")?);
-    if r % TILE_ROWS != 0 {
-        return Err(p.bad("R", "a multiple of 8 (x is gathered in tiles of 8 rows)"));
+/// The element dtype of a kernel that only copies: any kernel element type (bool builds, and
+/// the TPU rules refuse it with their sentence: Mosaic keeps no `i1` arrays in memory).
+fn copy_dtype(p: &Params) -> Result<DType, RegistryError> {
+    let name = p.get("dtype");
+    DType::compute_from_name(name)
+        .or_else(|| DType::from_name(name))
+        .ok_or_else(|| p.bad("dtype", "f32, bf16, i32, i8 or bool"))
+}
+
+/// Evaluates `$body` with `$T` the Rust element type of `$dtype`.
+macro_rules! with_copy_type {
+    ($dtype:expr, $T:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $T = f32;
+                $body
+            }
+            DType::BF16 => {
+                type $T = tessera_dsl::prelude::bf16;
+                $body
+            }
+            DType::I32 => {
+                type $T = i32;
+                $body
+            }
+            DType::I8 => {
+                type $T = i8;
+                $body
+            }
+            DType::Bool => {
+                type $T = bool;
+                $body
+            }
+        }
+    };
+}
+
+/// `gather_tiles`' tile order: tile `g` is `(7 g + 3) mod (R / r)` with `r` rows per tile
+/// (`tile_rows` of the dtype: out of order, repeating where `G` exceeds the tiles of `x`).
+fn tile_order(p: &Params, dtype: DType) -> Result<HostArray, RegistryError> {
+    let (g, r, rows) = (p.usize("G")?, p.usize("R")?, tile_rows(dtype));
+    if r % rows != 0 {
+        return Err(p.bad(
+            "R",
+            match rows {
+                8 => "a multiple of 8 (x is gathered in tiles of 8 rows, 32-bit TPU tiles)",
+                16 => "a multiple of 16 (x is gathered in tiles of 16 rows, bf16 TPU tiles)",
+                _ => "a multiple of 32 (x is gathered in tiles of 32 rows, 8-bit TPU tiles)",
+            },
+        ));
     }
-    let tiles = (0..g)
-        .map(|i| ((7 * i + 3) % (r / TILE_ROWS)) as i32)
-        .collect();
+    let tiles = (0..g).map(|i| ((7 * i + 3) % (r / rows)) as i32).collect();
     Ok(HostArray::i32([g], tiles).expect("one entry per step"))
 }
 
 fn build_gather_tiles(p: &Params, _name: &str) -> Result<Built, RegistryError> {
-    f32_only(p)?;
-    let tiles = tile_order(p)?;
-    let x = ArgSpec::new(DType::F32, [p.usize("R")?, p.usize("C")?]);
+    let dtype = copy_dtype(p)?;
+    let tiles = tile_order(p, dtype)?;
+    let x = ArgSpec::new(dtype, [p.usize("R")?, p.usize("C")?]);
     Ok(Built {
-        def: gather_tiles(),
+        def: with_copy_type!(dtype, T => gather_tiles_of::<T>()),
         args: vec![ArgSpec::of(&tiles), x],
         fixed: vec![Some(tiles), None],
         mesh: Vec::new(),
@@ -62,7 +104,58 @@ fn ring(p: &Params) -> Result<Vec<DeviceAxis>, RegistryError> {
 }
 
 fn build_all_gather(p: &Params, _name: &str) -> Result<Built, RegistryError> {
-    build_ring(p, all_gather::<RingMesh, Context>(), "S")
+    build_ring(
+        p,
+        "S",
+        |d| with_copy_type!(d, T => all_gather_of::<T, RingMesh, Context>()),
+    )
+}
+
+/// SplitMix64: the integer data of [`copy_inputs`].
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// One device's arguments of a kernel that only copies: the ones the parameters fix as
+/// fixed, floats uniform in [-1, 1) as for every kernel (argument `i` from seed `seed + i`),
+/// integers over their whole range (random data rounds to zeros there, which a copy to the
+/// wrong place would not show).
+fn copy_inputs(p: &Params, name: &str, seed: u64) -> Result<Vec<HostArray>, RegistryError> {
+    let info = KERNELS
+        .iter()
+        .find(|k| k.name == name)
+        .expect("a kernel of this family");
+    let built = (info.build)(p, name)?;
+    Ok(built
+        .args
+        .iter()
+        .zip(built.fixed)
+        .enumerate()
+        .map(|(i, (spec, fixed))| {
+            let seed = seed + i as u64;
+            match (fixed, spec.dtype) {
+                (Some(a), _) => a,
+                (None, d) if d.is_float() => HostArray::random(d, spec.shape.clone(), seed),
+                (None, d) => {
+                    let mut state = seed;
+                    let n: usize = spec.shape.iter().product();
+                    let values: Vec<f64> = (0..n)
+                        .map(|_| match d {
+                            DType::I8 => splitmix(&mut state) as i8 as f64,
+                            DType::Bool => (splitmix(&mut state) & 1) as f64,
+                            _ => splitmix(&mut state) as i32 as f64,
+                        })
+                        .collect();
+                    HostArray::from_f64(d, spec.shape.clone(), &values)
+                        .expect("the shape matches the values")
+                }
+            }
+        })
+        .collect())
 }
 
 /// Argument `i` of every device (checking each device has `expected` arguments).
@@ -124,11 +217,16 @@ fn all_gather_matmul_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
     Ok(per_device * p.usize("devices")? as f64)
 }
 
-/// The f32 `[rows, C]` argument of the ring kernels, on a ring of `devices`.
-fn build_ring(p: &Params, def: KernelDef, rows: &str) -> Result<Built, RegistryError> {
-    f32_only(p)?;
-    let spec = ArgSpec::new(DType::F32, [p.usize(rows)?, p.usize("C")?]);
-    Ok(Built::on_mesh(def, vec![spec], ring(p)?))
+/// The `[rows, C]` argument of the ring kernels, in the dtype parameter, on a ring of
+/// `devices`; `def` gives the kernel for that dtype.
+fn build_ring(
+    p: &Params,
+    rows: &str,
+    def: impl FnOnce(DType) -> KernelDef,
+) -> Result<Built, RegistryError> {
+    let dtype = copy_dtype(p)?;
+    let spec = ArgSpec::new(dtype, [p.usize(rows)?, p.usize("C")?]);
+    Ok(Built::on_mesh(def(dtype), vec![spec], ring(p)?))
 }
 
 fn ring_shift_mesh_reference(
@@ -153,6 +251,13 @@ fn ring_all_gather_mesh_reference(
     Ok(vec![vec![gathered]; x.len()])
 }
 
+/// The dtype of the kernels that only copy.
+const COPY_DTYPE: ParamInfo = ParamInfo::compile_time(
+    "dtype",
+    "f32",
+    "element dtype: f32, bf16, i32 or i8 (bool: the TPU rules refuse it)",
+);
+
 const DEVICES: ParamInfo = ParamInfo::compile_time(
     "devices",
     "4",
@@ -166,7 +271,7 @@ pub const KERNELS: &[KernelInfo] = &[
         summary: "tiles of 8 rows of x[R,C] (left in HBM) in the order of a scalar-prefetched \
                   table, each step's copy double-buffered behind the one before",
         params: &[
-            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            COPY_DTYPE,
             ParamInfo::size("G", "6", "tiles gathered (grid steps)", &[("tiles", 0)]),
             ParamInfo::size("R", "32", "rows of x (a multiple of 8)", &[("x", 0)]),
             ParamInfo::size("C", "128", "columns", &[("x", 1)]),
@@ -174,7 +279,7 @@ pub const KERNELS: &[KernelInfo] = &[
         build: build_gather_tiles,
         reference: Reference::Local(gather_tiles_ref),
         flops: no_flops,
-        inputs: None,
+        inputs: Some(copy_inputs),
         xla: None,
         check_inputs: None,
         // A copy: exact.
@@ -187,6 +292,15 @@ pub const KERNELS: &[KernelInfo] = &[
                 params: &[("G", "9"), ("R", "16"), ("C", "256")],
                 tol: 1e-30,
             },
+            // Tiles of 16 rows in bf16.
+            Case {
+                params: &[("dtype", "bf16"), ("R", "64")],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("dtype", "i32")],
+                tol: 1e-30,
+            },
         ],
         bench: &[&[("R", "{collective_size}"), ("C", "{collective_size}")]],
     },
@@ -196,14 +310,14 @@ pub const KERNELS: &[KernelInfo] = &[
                   device after meeting at the barrier; runs on `devices` devices",
         params: &[
             DEVICES,
-            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            COPY_DTYPE,
             ParamInfo::size("R", "8", "rows", &[("x", 0)]),
             ParamInfo::size("C", "128", "columns", &[("x", 1)]),
         ],
-        build: |p, _| build_ring(p, ring_shift(), "R"),
+        build: |p, _| build_ring(p, "R", |d| with_copy_type!(d, T => ring_shift_of::<T>())),
         reference: Reference::Mesh(ring_shift_mesh_reference),
         flops: no_flops,
-        inputs: None,
+        inputs: Some(copy_inputs),
         xla: Some(xla_ring_shift),
         check_inputs: None,
         cases: &[
@@ -215,6 +329,18 @@ pub const KERNELS: &[KernelInfo] = &[
                 params: &[("devices", "2"), ("R", "16")],
                 tol: 1e-30,
             },
+            Case {
+                params: &[("dtype", "bf16")],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("dtype", "i32")],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("dtype", "i8"), ("devices", "2"), ("R", "32")],
+                tol: 1e-30,
+            },
         ],
         bench: &[&[("R", "{collective_size}"), ("C", "{collective_size}")]],
     },
@@ -224,14 +350,20 @@ pub const KERNELS: &[KernelInfo] = &[
                   received last (a fori_loop of remote copies); runs on `devices` devices",
         params: &[
             DEVICES,
-            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            COPY_DTYPE,
             ParamInfo::size("S", "8", "rows per device", &[("x", 0)]),
             ParamInfo::size("C", "128", "columns", &[("x", 1)]),
         ],
-        build: |p, _| build_ring(p, ring_all_gather(), "S"),
+        build: |p, _| {
+            build_ring(
+                p,
+                "S",
+                |d| with_copy_type!(d, T => ring_all_gather_of::<T>()),
+            )
+        },
         reference: Reference::Mesh(ring_all_gather_mesh_reference),
         flops: no_flops,
-        inputs: None,
+        inputs: Some(copy_inputs),
         xla: Some(xla_all_gather),
         check_inputs: None,
         cases: &[
@@ -243,6 +375,19 @@ pub const KERNELS: &[KernelInfo] = &[
                 params: &[("devices", "2"), ("S", "16"), ("C", "256")],
                 tol: 1e-30,
             },
+            // Slots of 8 rows, half a bf16 tile: libtpu copies them.
+            Case {
+                params: &[("dtype", "bf16")],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("dtype", "i32"), ("devices", "2"), ("S", "16")],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("dtype", "i8"), ("S", "32"), ("C", "256")],
+                tol: 1e-30,
+            },
         ],
         bench: &[&[("S", "{collective_size}"), ("C", "{collective_size}")]],
     },
@@ -252,14 +397,14 @@ pub const KERNELS: &[KernelInfo] = &[
                   travelling both ways (JAX's all_gather); runs on `devices` devices",
         params: &[
             DEVICES,
-            ParamInfo::compile_time("dtype", "f32", "input dtype: f32"),
+            COPY_DTYPE,
             ParamInfo::size("S", "16", "rows per device (even)", &[("x", 0)]),
             ParamInfo::size("C", "128", "columns", &[("x", 1)]),
         ],
         build: build_all_gather,
         reference: Reference::Mesh(all_gather_mesh_reference),
         flops: no_flops,
-        inputs: None,
+        inputs: Some(copy_inputs),
         xla: Some(xla_all_gather),
         check_inputs: None,
         // A copy: exact.
@@ -270,6 +415,28 @@ pub const KERNELS: &[KernelInfo] = &[
             },
             Case {
                 params: &[("devices", "2"), ("S", "32"), ("C", "256")],
+                tol: 1e-30,
+            },
+            // Halves of 8 rows, half a bf16 tile: libtpu copies them.
+            Case {
+                params: &[("dtype", "bf16")],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[
+                    ("dtype", "bf16"),
+                    ("devices", "2"),
+                    ("S", "32"),
+                    ("C", "256"),
+                ],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("dtype", "i32")],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("dtype", "i8"), ("S", "64")],
                 tol: 1e-30,
             },
         ],
@@ -366,8 +533,70 @@ fn xla_ring_shift(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> 
 
 #[cfg(test)]
 mod tests {
+    use tessera_dsl::KernelRules;
+    use tessera_registry::{owned, KernelInfo};
+
     #[test]
     fn entries_are_complete() {
         tessera_registry::check_family(super::KERNELS);
+    }
+
+    fn entry(name: &str) -> &'static KernelInfo {
+        super::KERNELS.iter().find(|k| k.name == name).unwrap()
+    }
+
+    /// The TPU rules' refusal of `name` at `params`, under which it builds.
+    fn refusal(name: &str, params: &[(&str, &str)]) -> String {
+        let inst = entry(name).instance(&owned(params)).unwrap();
+        inst.instantiate(&KernelRules::tpu())
+            .unwrap_err()
+            .to_string()
+    }
+
+    /// A dtype the data path refuses is refused by the TPU rules with their sentence: bool
+    /// by every copy kernel (libtpu: "Only arguments with ... bfloat16 or 32-bit element
+    /// types are supported"), i8 by gather_tiles, whose tile goes through a vector reshape.
+    #[test]
+    fn the_tpu_rules_refuse_bool_and_an_i8_gather_of_tiles() {
+        for name in [
+            "gather_tiles",
+            "ring_shift",
+            "ring_all_gather",
+            "all_gather",
+        ] {
+            let e = refusal(name, &[("dtype", "bool")]);
+            assert!(
+                e.contains("holds bool, which Mosaic cannot keep in memory"),
+                "{e}"
+            );
+        }
+        let e = refusal("gather_tiles", &[("dtype", "i8"), ("R", "64")]);
+        assert!(
+            e.contains("Mosaic computes on 32-bit (and 16-bit) vectors, not i8"),
+            "{e}"
+        );
+        // Every other dtype instantiates under the rules.
+        for name in ["ring_shift", "ring_all_gather", "all_gather"] {
+            for dtype in ["f32", "bf16", "bfloat16", "i32", "i8"] {
+                let inst = entry(name).instance(&owned(&[("dtype", dtype)])).unwrap();
+                inst.instantiate(&KernelRules::tpu())
+                    .unwrap_or_else(|e| panic!("{name} {dtype}: {e}"));
+            }
+        }
+    }
+
+    /// gather_tiles' tiles are the dtype's TPU tile of rows; R must hold whole ones.
+    #[test]
+    fn gather_tiles_take_whole_tiles_of_the_dtype() {
+        let e = entry("gather_tiles")
+            .instance(&owned(&[("dtype", "bf16"), ("R", "24")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a multiple of 16"), "{e}");
+        let e = entry("all_gather")
+            .instance(&owned(&[("dtype", "f64")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("f32, bf16, i32, i8 or bool"), "{e}");
     }
 }
