@@ -80,8 +80,10 @@ struct Args {
     /// Peak learning rate (after warmup; cosine to a tenth of it at --steps).
     #[arg(long, default_value_t = 3e-3)]
     learning_rate: f64,
-    #[arg(long, default_value_t = 10)]
-    warmup_steps: usize,
+    /// Linear warmup steps up to the peak learning rate, at most --steps [default: 10, or
+    /// --steps when the run is shorter]
+    #[arg(long)]
+    warmup_steps: Option<usize>,
     /// Seed of the initialisation and the synthetic data.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -131,13 +133,16 @@ fn main() {
     }
 }
 
+/// The warmup of a run that does not give `--warmup-steps` (or all of a shorter run).
+const DEFAULT_WARMUP_STEPS: usize = 10;
+
 /// The run's settings, refused (before anything is built or allocated) when they do not fit
 /// this machine's memory (on cpu; [`check_memory`]) or do not validate.
 fn config(a: &Args, platform: Platform) -> Result<TrainConfig, String> {
     let mut cfg = a.step.config(a.model.model()?)?;
     cfg.steps = a.steps;
     cfg.learning_rate = a.learning_rate;
-    cfg.warmup_steps = a.warmup_steps;
+    cfg.warmup_steps = a.warmup_steps.unwrap_or(a.steps.min(DEFAULT_WARMUP_STEPS));
     cfg.seed = a.seed;
     // Before validating: the estimate cannot overflow, and what it lets through has dims
     // whose products fit.

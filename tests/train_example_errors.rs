@@ -1,6 +1,7 @@
-//! The train example misused as a new user would (issue 23): each misuse gets one sentence,
-//! an exit status below 124, no panic, and leaves nothing behind (no output, no temporary
-//! file, an existing checkpoint untouched); a run that succeeds writes valid JSON lines.
+//! The train example misused as a new user would (issues 23 and 37): each misuse gets one
+//! sentence, an exit status below 124, no panic, and leaves nothing behind (no output, no
+//! temporary file, an existing checkpoint untouched); a run that succeeds writes valid JSON
+//! lines.
 
 mod common;
 
@@ -48,12 +49,13 @@ fn contents(dir: &Dir) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-/// The example's run with `--steps steps` and its other defaults (tiny, seed 0).
+/// The example's run with `--steps steps` and its other defaults (tiny, seed 0; a warmup of
+/// 10 steps, or all of a shorter run).
 fn example_config(steps: usize) -> TrainConfig {
     let mut cfg = TrainConfig::new(ModelConfig::tiny());
     cfg.steps = steps;
     cfg.learning_rate = 3e-3;
-    cfg.warmup_steps = 10;
+    cfg.warmup_steps = steps.min(10);
     cfg.seed = 0;
     cfg
 }
@@ -155,11 +157,29 @@ fn bad_outputs_and_steps_are_refused_before_anything_runs() {
                 "--steps",
                 "3",
                 "--warmup-steps",
-                "5",
+                "2",
                 "--resume",
                 "ck.safetensors",
             ],
-            "it was saved with --warmup-steps 10, this run has --warmup-steps 5",
+            "it was saved with --warmup-steps 3, this run has --warmup-steps 2",
+        ),
+        // A warmup longer than the run (the default follows a short run: 3 steps here).
+        (
+            &["--steps", "3", "--warmup-steps", "100"],
+            "--warmup-steps 100 is longer than the run (--steps 3): the learning rate would \
+             never reach its peak, and the cosine after it would have no steps; use \
+             --warmup-steps 3 or less, or more --steps",
+        ),
+        (
+            &[
+                "--steps",
+                "3",
+                "--warmup-steps",
+                "4",
+                "--save",
+                "new.safetensors",
+            ],
+            "--warmup-steps 4 is longer than the run (--steps 3)",
         ),
         (
             &[

@@ -712,6 +712,15 @@ mod tests {
                 Box::new(|c| c.sa_block_kv_dkv = 0),
                 "--sa-block-kv-dkv is 0; it must be at least 1",
             ),
+            (
+                Box::new(|c| {
+                    c.steps = 3;
+                    c.warmup_steps = 100;
+                }),
+                "--warmup-steps 100 is longer than the run (--steps 3): the learning rate \
+                 would never reach its peak, and the cosine after it would have no steps; use \
+                 --warmup-steps 3 or less, or more --steps",
+            ),
         ];
         for (change, expected) in cases {
             let mut cfg = micro();

@@ -236,7 +236,8 @@ pub struct TrainConfig {
     pub sa_block_kv_dkv: usize,
     /// Peak learning rate (`learning_rate`).
     pub learning_rate: f64,
-    /// Linear warmup steps (`warmup_steps_fraction` x steps in MaxText; here a count).
+    /// Linear warmup steps (`warmup_steps_fraction` x steps in MaxText; here a count), at
+    /// most `steps` ([`TrainConfig::validate`] refuses a longer one).
     pub warmup_steps: usize,
     /// The learning rate at the end of the cosine, as a fraction of the peak.
     pub final_lr_fraction: f64,
@@ -395,7 +396,7 @@ impl TrainConfig {
     }
 
     /// Checks every setting and combination before anything is built: the model's dims,
-    /// the run's counts, the batch axis, and the attention's context-parallel configuration
+    /// the run's counts (a warmup no longer than the run), the batch axis, and the attention's context-parallel configuration
     /// by its strategy's rules ([`ContextParallel::check`]).
     pub fn validate(&self) -> Result<(), TrainError> {
         self.model.check()?;
@@ -407,6 +408,13 @@ impl TrainConfig {
         ];
         if let Some(&(setting, _)) = counts.iter().find(|(_, n)| *n == 0) {
             return Err(SettingError::Zero { setting }.into());
+        }
+        if self.warmup_steps > self.steps {
+            return Err(SettingError::WarmupPastRun {
+                warmup: self.warmup_steps,
+                steps: self.steps,
+            }
+            .into());
         }
         if !(self.learning_rate.is_finite() && self.learning_rate > 0.0) {
             return Err(SettingError::NotPositive {
@@ -567,5 +575,27 @@ impl TrainConfig {
     /// Ulysses degree; the ring axis keeps the weights replicated).
     pub fn weight_context_shards(&self) -> usize {
         self.context_parallel().mesh_sizes(1)[1]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_warmup_longer_than_the_run_is_refused() {
+        let mut cfg = TrainConfig::new(ModelConfig::tiny());
+        cfg.steps = 3;
+        for warmup in [0, 3] {
+            cfg.warmup_steps = warmup;
+            cfg.validate().unwrap();
+        }
+        cfg.warmup_steps = 4;
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "warmup_steps = 4 is longer than the run (steps = 3): the learning rate would never \
+             reach its peak, and the cosine after it would have no steps; use warmup_steps 3 or \
+             less, or more steps"
+        );
     }
 }

@@ -170,6 +170,9 @@ pub enum SettingError {
     },
     /// The step to stop at is not in `1..=steps`.
     StopAt { stop_at: usize, steps: usize },
+    /// A warmup longer than the run: the learning rate would never reach its peak, and the
+    /// cosine after it would have no steps.
+    WarmupPastRun { warmup: usize, steps: usize },
     /// The checkpoint resumed from is already at or past the step to stop at.
     ResumePastStop {
         path: String,
@@ -351,6 +354,15 @@ impl SettingError {
                 "{} is outside 1..={steps} ({}); stop at a step the run has",
                 t(Setting::StopAt).value(names, stop_at),
                 t(Setting::Steps).value(names, steps)
+            ),
+            SettingError::WarmupPastRun { warmup, steps } => format!(
+                "{} is longer than the run ({}): the learning rate would never reach its \
+                 peak, and the cosine after it would have no steps; use {} {steps} or less, or \
+                 more {}",
+                t(Setting::WarmupSteps).value(names, warmup),
+                t(Setting::Steps).value(names, steps),
+                t(Setting::WarmupSteps).name(names),
+                t(Setting::Steps).name(names)
             ),
             SettingError::ResumePastStop {
                 path,

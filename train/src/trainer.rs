@@ -85,7 +85,8 @@ impl StepTimes {
 }
 
 /// The learning rate of update `k` (0-based): linear warmup to the peak over
-/// `warmup_steps`, then a cosine down to `final_lr_fraction` of it at `steps`.
+/// `warmup_steps` (at most `steps`, which [`TrainConfig::validate`] requires), then a cosine
+/// down to `final_lr_fraction` of it at `steps`.
 pub fn learning_rate(cfg: &TrainConfig, k: usize) -> f64 {
     let peak = cfg.learning_rate;
     if k < cfg.warmup_steps {
