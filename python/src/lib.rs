@@ -33,7 +33,7 @@ use tessera::dsl::ir::OperandRole;
 use tessera::dsl::{
     ArgSpec, CallFacts, DType, DeviceAxis, HostArray, KernelDef, KernelRules, Lowering,
 };
-use tessera::registry;
+use tessera::registry::{self, KernelInfo};
 use tessera::runtime::{ElementType, HostBuffer};
 use tessera::splash::{
     stage_specs, BlockSizes, Dims, Features, Mask, SplashAttention, SplashOptions, Stage, StageArg,
@@ -137,6 +137,9 @@ struct PyKernel {
     /// Why the TPU rules refuse the plan the kernel belongs to (splash's block sizes), where
     /// they do: its TPU lowering raises this instead of building a call.
     tpu_refusal: Option<String>,
+    /// The registry entry and parameters a registry kernel was made from: its run-time data
+    /// check (`KernelInfo::check_inputs`) runs on a call's concrete arrays.
+    entry: Option<(&'static KernelInfo, Vec<(String, String)>)>,
 }
 
 impl PyKernel {
@@ -161,6 +164,7 @@ impl PyKernel {
             active_steps,
             hash: h.finish(),
             tpu_refusal: None,
+            entry: None,
         })
     }
 
@@ -307,6 +311,37 @@ impl PyKernel {
         Ok(d)
     }
 
+    /// Whether the kernel's registry entry checks a call's run-time data
+    /// ([`check_inputs`](Self::check_inputs) does something).
+    #[getter]
+    fn checks_inputs(&self) -> bool {
+        self.entry
+            .as_ref()
+            .is_some_and(|(info, _)| info.check_inputs.is_some())
+    }
+
+    /// Runs the registry entry's run-time data check (paged attention's page table and
+    /// lengths) on a call's arrays: `arrays[i]` is argument `i` (`(bytes, shape, dtype)`, in
+    /// `args` order) or `None` where it is not at hand (a tracer under `jax.jit`, or data the
+    /// check does not read); a `TesseraError` with the entry's sentence refuses them. A
+    /// no-op for a kernel without one (splash's plan stages, most registry kernels).
+    fn check_inputs(&self, py: Python<'_>, arrays: Vec<Option<PyArray<'_>>>) -> PyResult<()> {
+        let Some((info, given)) = &self.entry else {
+            return Ok(());
+        };
+        let host = arrays
+            .iter()
+            .map(|a| {
+                a.as_ref()
+                    .map(|(b, shape, dtype)| to_host(b.as_bytes(), shape, dtype))
+                    .transpose()
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        let values: Vec<Option<&HostArray>> = host.iter().map(Option::as_ref).collect();
+        py.detach(|| info.check_inputs(given, &self.specs, &values))
+            .map_err(error)
+    }
+
     /// Runs the kernel in tessera's interpreter (the reference every tessera backend is
     /// checked against) on `arrays` (`(bytes, shape, dtype)`, in `args` order); returns the
     /// outputs the same way.
@@ -327,6 +362,11 @@ impl PyKernel {
             .iter()
             .map(|(b, shape, dtype)| to_host(b.as_bytes(), shape, dtype))
             .collect::<PyResult<Vec<_>>>()?;
+        if let Some((info, given)) = &self.entry {
+            let values: Vec<Option<&HostArray>> = host.iter().map(Some).collect();
+            info.check_inputs(given, &self.specs, &values)
+                .map_err(error)?;
+        }
         let outs = py
             .detach(|| {
                 backend::run(
@@ -418,7 +458,10 @@ fn kernel(
             specs
         }
     };
-    PyKernel::new(def, specs, mesh, None)
+    Ok(PyKernel {
+        entry: Some((info, params)),
+        ..PyKernel::new(def, specs, mesh, None)?
+    })
 }
 
 /// One kernel launch of a splash plan.

@@ -11,6 +11,9 @@ through the tessera library itself (a Rust extension, no subprocess):
   Mosaic `tpu_custom_call` on TPU and to tessera's StableHLO elsewhere. A kernel on a device
   mesh (`k.devices > 1`: remote copies, semaphores across devices) is called inside
   `jax.shard_map` over a mesh of that many devices, each device on its own blocks.
+  A kernel whose registry entry checks its run-time data (paged attention's page table and
+  lengths) is checked by `call` on concrete arrays; `check_inputs(k, *arrays)` checks the
+  arrays a jitted function will get (under `jax.jit` they are tracers: not checked there).
 - `splash_attention(q, k, v, mask=..., block_sizes=BlockSizes(...))`: differentiable splash
   attention over tessera's forward and backward kernels (jit, grad, shard_map).
 - `use_tessera_libtpu()` points JAX at the libtpu tessera pins, for compiling for a TPU
@@ -22,7 +25,7 @@ Errors from tessera are `TesseraError`s carrying tessera's sentence.
 
 from ._tessera import Kernel, TesseraError
 from ._kernels import describe, kernel, kernels, run_reference, run_reference_on_devices
-from ._primitive import call, tessera_kernel_p
+from ._primitive import call, check_inputs, tessera_kernel_p
 from ._tpu import compiled_kernel_vmem, use_tessera_libtpu
 from .splash import BlockSizes, splash_attention
 
@@ -31,6 +34,7 @@ __all__ = [
     "Kernel",
     "TesseraError",
     "call",
+    "check_inputs",
     "compiled_kernel_vmem",
     "describe",
     "kernel",

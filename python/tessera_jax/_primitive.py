@@ -37,7 +37,7 @@ from jax.extend.mlir.dialects import func as func_dialect
 from jax._src.lib.mlir.dialects import hlo
 from jax.interpreters import ad, batching, mlir
 
-from ._arrays import numpy_dtype, tessera_dtype
+from ._arrays import numpy_dtype, tessera_dtype, to_triple
 from ._tessera import Kernel, TesseraError
 
 tessera_kernel_p = Primitive("tessera_kernel")
@@ -47,7 +47,15 @@ tessera_kernel_p.multiple_results = True
 def call(kernel: Kernel, *args):
     """Calls the tessera `kernel` on JAX arrays `args` (its scalar-prefetch and input arrays,
     in `kernel.args` order); returns its outputs as a list. Inside `jax.jit` the call lowers
-    to the kernel itself (a Mosaic custom call on TPU, tessera's StableHLO elsewhere)."""
+    to the kernel itself (a Mosaic custom call on TPU, tessera's StableHLO elsewhere).
+
+    A registry kernel whose entry checks its run-time data (paged attention: every page
+    index a sequence uses in the pool, each length within its table row) runs the check on
+    the scalar-prefetch arrays (the tables; the data stays on its device) when they are
+    concrete, raising `TesseraError` with the sentence naming the sequence, the entry and
+    the bound. Under `jax.jit` they are tracers: nothing is checked on the host, and only
+    the kernel's own checks remain (`debug_check`: `cf.assert` on TPU; the StableHLO path
+    of CPU and GPU leaves them out, so check the tables before the jitted function there)."""
     expected = kernel.args
     if len(args) != len(expected):
         names = ", ".join(a[0] for a in expected)
@@ -63,7 +71,41 @@ def call(kernel: Kernel, *args):
                 f"{dtype}{list(shape)}, got {tessera_name(got_dtype)}{list(got_shape)}; "
                 "instantiate the kernel for these arguments"
             )
+    _check_values(kernel, args)
     return tessera_kernel_p.bind(*args, kernel=kernel)
+
+
+def check_inputs(kernel: Kernel, *args) -> None:
+    """Runs `kernel`'s run-time data check (its registry entry's: paged attention's page
+    table and lengths) on `args`, as `call` takes them, and raises `TesseraError` with the
+    sentence naming what is out of range; a kernel without one passes everything. `call`
+    does this itself on concrete arrays; this is the check for tables that a jitted function
+    will get (under `jax.jit` they are tracers, which no host check can read: a tracer among
+    the tables is refused here)."""
+    _check_values(kernel, args, tracers_refused=True)
+
+
+def _check_values(kernel: Kernel, args, *, tracers_refused: bool = False) -> None:
+    """The registry entry's run-time data check on the concrete scalar-prefetch arguments
+    (the tables: the data arrays stay on their device; a tracer is passed as not at hand)."""
+    if not kernel.checks_inputs:
+        return
+    values = []
+    for x, (name, role, _shape, _dtype) in zip(args, kernel.args):
+        if role != "scalar_prefetch":
+            values.append(None)
+        elif isinstance(x, jax_core.Tracer):
+            if tracers_refused:
+                raise TesseraError(
+                    f"tessera_jax.check_inputs: argument `{name}` of `{kernel.name}` is a "
+                    "tracer (inside jax.jit, vmap or grad), whose values no host check can "
+                    "read; check the concrete arrays before the traced function"
+                )
+            values.append(None)
+        else:
+            values.append(to_triple(x))
+    if any(v is not None for v in values):
+        kernel.check_inputs(values)
 
 
 def tessera_name(dtype) -> str:
