@@ -13,8 +13,9 @@
 //! per page holding every KV head (`k_pages[:, page]`), into one half of a two-block VMEM
 //! buffer while the other half is computed on (double buffering within the step); the
 //! softmax is online across pages, per KV head group, with the running max, sum and output
-//! in scratch. Only the pages a sequence uses are copied and computed on: the first
-//! `ceil(length / page_size)` entries of its table row.
+//! in scratch. Only the entries a sequence uses are read (the first `ceil(length /
+//! page_size)` of its table row): a block's pages past them are copied from the sequence's
+//! first page, and their positions masked.
 //!
 //! The tables are run-time data: a page index outside the pool would copy another
 //! sequence's (another tenant's) pages, a length past the table would read past the row.
@@ -90,15 +91,22 @@ pub fn paged_attention<T: Element>(
     debug_check(length_ok, &length_message);
     let block_len = (ppb * PAGE_SIZE) as i32;
     let blocks = (length + (block_len - 1)) / block_len;
-    // The table entries the sequence uses; the rest are never read.
+    // The table entries the sequence uses. A block's pages past them (the last block's) are
+    // copied from the sequence's first page instead (entry 0, used whenever a block is, and
+    // checked), so that every page copied is one the sequence owns and the compute, which
+    // masks those positions, stays one static loop over the block's pages.
     let used = (length + (PAGE_SIZE as i32 - 1)) / PAGE_SIZE as i32;
     m.store(f32::NEG_INFINITY);
     l.store(0.0);
     acc.store(0.0);
-    // The copies of page `j` of block `i` into slot `slot` of the buffers (K and V): started
-    // one block ahead, waited by the block that computes on them; only for used entries.
-    let entry = |i: Value, j: usize| i * ppb as i32 + j as i32;
+    // The entry page `j` of block `i` is copied from, and its page.
+    let entry = |i: Value, j: usize| {
+        let e = i * ppb as i32 + j as i32;
+        select(e.lt(used), e, 0)
+    };
     let page_of = |i: Value, j: usize| page_indices.get([b, entry(i, j)]);
+    // The copies of page `j` of block `i` into slot `slot` of the buffers (K and V): started
+    // one block ahead, waited by the block that computes on them.
     let page_copies = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, i: Value, slot: Value, j| {
         let (at, to) = (page(page_of(i, j)), slot_page(slot, j));
         [
@@ -109,22 +117,20 @@ pub fn paged_attention<T: Element>(
     let page_message = format!("page_indices[b, e] is outside the pool's pages 0..{P}");
     let fetch = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, i: Value, slot: Value| {
         for j in 0..ppb {
-            when(entry(i, j).lt(used), || {
-                let p = page_of(i, j);
-                let page_ok = p.ge(0) & p.lt(P as i32);
-                when(!page_ok, || {
-                    debug_print!(
-                        "paged_attention: sequence {} entry {} is page {}",
-                        b,
-                        entry(i, j),
-                        p
-                    )
-                });
-                debug_check(page_ok, &page_message);
-                page_copies(k_buf, v_buf, i, slot, j)
-                    .iter()
-                    .for_each(CopyDescriptor::start);
+            let p = page_of(i, j);
+            let page_ok = p.ge(0) & p.lt(P as i32);
+            when(!page_ok, || {
+                debug_print!(
+                    "paged_attention: sequence {} entry {} is page {}",
+                    b,
+                    entry(i, j),
+                    p
+                )
             });
+            debug_check(page_ok, &page_message);
+            page_copies(k_buf, v_buf, i, slot, j)
+                .iter()
+                .for_each(CopyDescriptor::start);
         }
     };
     when(blocks.gt(0), || {
@@ -138,20 +144,16 @@ pub fn paged_attention<T: Element>(
             fetch(&mut k_buf, &mut v_buf, next, next % 2)
         });
         for j in 0..ppb {
-            when(entry(i, j).lt(used), || {
-                page_copies(&mut k_buf, &mut v_buf, i, slot, j)
-                    .iter()
-                    .for_each(CopyDescriptor::wait)
-            });
+            page_copies(&mut k_buf, &mut v_buf, i, slot, j)
+                .iter()
+                .for_each(CopyDescriptor::wait);
         }
-        // The block's pages the sequence uses (the last block may hold fewer).
-        let pages_here = (used - i * ppb as i32).minimum(ppb as i32);
-        // Every KV head's group of query heads, over those pages.
+        // Every KV head's group of query heads, over the block's pages.
         for g in 0..KVH {
             let rows = [ds(g * group, group), all()];
             let qg = q.at(&rows).load().cast(DType::F32);
             let state = (m.at(&rows).load(), l.at(&rows).load(), acc.at(&rows).load());
-            let (mg, lg, accg) = fori_loop(0, pages_here, state, |j, (mg, lg, accg)| {
+            let (mg, lg, accg) = fori_loop(0, ppb as i32, state, |j, (mg, lg, accg)| {
                 let at = [ds(slot, 1), ds(j, 1), ds(g, 1), all(), all()];
                 let k = k_buf.at(&at).load().reshape(&[PAGE_SIZE, D]);
                 let v = v_buf.at(&at).load().reshape(&[PAGE_SIZE, D]);
