@@ -461,14 +461,6 @@ pub fn expect_inputs(
     })
 }
 
-/// Refuses any dtype but f32 (the kernels that move f32 arrays only).
-pub fn f32_only(p: &Params) -> Result<(), RegistryError> {
-    if p.dtype()? != DType::F32 {
-        return Err(p.bad("dtype", "f32 (the kernel moves f32 arrays)"));
-    }
-    Ok(())
-}
-
 /// The flops of a kernel that only moves data.
 pub fn no_flops(_: &Params, _: &str) -> Result<f64, RegistryError> {
     Ok(0.0)
