@@ -46,26 +46,27 @@ fn max_error(got: &HostArray, want: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-#[test]
-fn all_gather_over_four_devices_matches_its_reference_on_every_backend() {
+/// The all-gather `def` of [16, 128] shards of `dtype` on 4 devices, on every backend: each
+/// device's output is the shards in device order, bit for bit.
+fn check_all_gather(def: &KernelDef, dtype: DType) {
     let per_device: Vec<Vec<HostArray>> = (0..N)
-        .map(|d| vec![HostArray::random(DType::F32, [16, 128], d as u64)])
+        .map(|d| vec![HostArray::random(dtype, [16, 128], d as u64)])
         .collect();
     let shards: Vec<HostArray> = per_device.iter().map(|a| a[0].clone()).collect();
     let want = all_gather_reference(&shards);
+    assert_eq!(want.dtype(), dtype);
     for b in Backend::everywhere() {
-        let out = backend::run_on_devices(
-            &all_gather::<RingMesh, Context>(),
-            &ring_mesh(N),
-            &per_device,
-            b,
-            &KernelRules::tpu(),
-        )
-        .unwrap_or_else(|e| panic!("{b}: {e}"));
+        let out = backend::run_on_devices(def, &ring_mesh(N), &per_device, b, &KernelRules::tpu())
+            .unwrap_or_else(|e| panic!("{b}: {e}"));
         for (d, outs) in out.iter().enumerate() {
             assert_eq!(outs[0], want, "{b}, device {d}");
         }
     }
+}
+
+#[test]
+fn all_gather_over_four_devices_matches_its_reference_on_every_backend() {
+    check_all_gather(&all_gather::<RingMesh, Context>(), DType::F32);
 }
 
 #[test]
@@ -149,25 +150,10 @@ fn landing_points_and_interleavings_do_not_change_the_results() {
 /// bit for bit, on every backend (halves of 8 rows: half a bf16 tile).
 #[test]
 fn bf16_all_gather_over_four_devices_is_exact_on_every_backend() {
-    let per_device: Vec<Vec<HostArray>> = (0..N)
-        .map(|d| vec![HostArray::random(DType::BF16, [16, 128], d as u64)])
-        .collect();
-    let shards: Vec<HostArray> = per_device.iter().map(|a| a[0].clone()).collect();
-    let want = all_gather_reference(&shards);
-    assert_eq!(want.dtype(), DType::BF16);
-    for b in Backend::everywhere() {
-        let out = backend::run_on_devices(
-            &all_gather_of::<half::bf16, RingMesh, Context>(),
-            &ring_mesh(N),
-            &per_device,
-            b,
-            &KernelRules::tpu(),
-        )
-        .unwrap_or_else(|e| panic!("{b}: {e}"));
-        for (d, outs) in out.iter().enumerate() {
-            assert_eq!(outs[0], want, "{b}, device {d}");
-        }
-    }
+    check_all_gather(
+        &all_gather_of::<half::bf16, RingMesh, Context>(),
+        DType::BF16,
+    );
 }
 
 /// Every registered case of the kernels that only copy (f32, bf16, i32, i8), on the
