@@ -1,5 +1,5 @@
-//! `--backend interpret|cpu|gpu|tpu` on `tessera run`, `tessera attention` and the train
-//! example: a device this machine lacks is refused with one sentence, a non-zero exit and no
+//! `--backend interpret|cpu|gpu|tpu` on `tessera run`, `tessera attention`, `tessera demo` and
+//! the train example: a device this machine lacks is refused with one sentence, a non-zero exit and no
 //! output left behind; so is a multi-process request the platform cannot honour; cpu runs.
 //!
 //! A machine with TPU chips (`tessera::runtime::tpu_chips`) runs the tpu cases instead of
@@ -165,6 +165,20 @@ fn run_refuses_missing_devices() {
         "error: invalid value 'npu' for '--backend <BACKEND>': unknown backend `npu`; expected \
          interpret, cpu, gpu or tpu",
     );
+}
+
+/// `tessera demo --backend B`: a device this machine lacks is refused before any kernel runs
+/// (what the demo checks on interpret and cpu, every registered case against its reference, is
+/// each family's `check_family` test and tests/kernels_backends.rs).
+#[test]
+fn demo_refuses_missing_devices() {
+    refused(&tessera(&["demo", "--backend", "gpu"], &[]), NO_GPU);
+    if !has_tpu() {
+        refused(
+            &tessera(&["demo", "--backend", "interpret", "--backend", "tpu"], &[]),
+            NO_TPU,
+        );
+    }
 }
 
 /// The train example: cpu trains (a micro model, two steps), the others are refused before

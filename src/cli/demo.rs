@@ -15,11 +15,8 @@ use tessera::registry::{self, Case, KernelInfo};
 fn devices_of(backend: Backend) -> Result<usize> {
     match backend {
         Backend::Interpret | Backend::Pjrt(Platform::Cpu) => Ok(usize::MAX),
-        Backend::Pjrt(platform) => Ok(platform
-            .client(1)
-            .with_context(|| format!("opening the {platform} backend"))?
-            .devices()
-            .len()),
+        // The platform's own refusal (no plugin, no chips) names the backend and the fix.
+        Backend::Pjrt(platform) => Ok(platform.client(1)?.devices().len()),
     }
 }
 
