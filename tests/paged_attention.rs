@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::with_i32;
 use tessera::backend::{self, Backend};
 use tessera::dsl::interpret::{self, DebugLog, InterpretOptions};
 use tessera::dsl::{mosaic, ArgSpec, DType, HostArray, KernelDef, KernelRules};
@@ -147,14 +148,6 @@ fn registry_case() -> (Instance, Vec<HostArray>) {
     let args = inputs.remove(0);
     assert_eq!(args[3].to_f64_vec(), [128.0, 93.0, 64.0, 29.0]);
     (instance, args)
-}
-
-fn with_i32(args: &[HostArray], arg: usize, at: usize, value: i32) -> Vec<HostArray> {
-    let mut args = args.to_vec();
-    let mut data: Vec<i32> = args[arg].to_f64_vec().iter().map(|&x| x as i32).collect();
-    data[at] = value;
-    args[arg] = HostArray::i32(args[arg].shape().to_vec(), data).unwrap();
-    args
 }
 
 /// Bad tables for the registry case, each with the sentence refusing it: entry 3 of sequence

@@ -13,7 +13,7 @@ use tessera::dsl::HostArray;
 use tessera::npy::read_npy;
 use tessera::registry;
 
-use common::{assert_one_line_error, assert_refused, Dir};
+use common::{assert_one_line_error, assert_refused, with_i32, Dir};
 
 /// The registry's paged attention inputs at its defaults (f32; B 4, a pool of 64 pages of 16
 /// tokens, 8 entries per sequence: lengths 128, 93, 64 and 29 use 8, 6, 4 and 2 entries).
@@ -23,14 +23,6 @@ fn default_inputs() -> Vec<HostArray> {
         .instance(&[])
         .unwrap();
     instance.inputs(1).unwrap().remove(0)
-}
-
-fn with_i32(args: &[HostArray], arg: usize, at: usize, value: i32) -> Vec<HostArray> {
-    let mut args = args.to_vec();
-    let mut data: Vec<i32> = args[arg].to_f64_vec().iter().map(|&x| x as i32).collect();
-    data[at] = value;
-    args[arg] = HostArray::i32(args[arg].shape().to_vec(), data).unwrap();
-    args
 }
 
 /// Saves `args` as `NAME-<tag>.npy`; the `tessera run` arguments for them on `backend`,

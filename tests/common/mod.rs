@@ -16,6 +16,15 @@ pub use tessera::reference::*;
 /// first output.
 pub type Case = (&'static str, KernelDef, Vec<HostArray>, Vec<f64>);
 
+/// `args` with element `at` (row-major) of the i32 argument `arg` set to `value`.
+pub fn with_i32(args: &[HostArray], arg: usize, at: usize, value: i32) -> Vec<HostArray> {
+    let mut args = args.to_vec();
+    let mut data: Vec<i32> = args[arg].to_f64_vec().iter().map(|&x| x as i32).collect();
+    data[at] = value;
+    args[arg] = HostArray::i32(args[arg].shape().to_vec(), data).unwrap();
+    args
+}
+
 /// Runs each case on every backend (under the TPU rules) against its reference.
 pub fn cases_on_every_backend(cases: Vec<Case>, tol: f64) {
     use tessera::backend::{run, Backend};
