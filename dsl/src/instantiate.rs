@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{
-    verify, BlockDim, BlockMapping, DType, DeviceAxis, DimSemantics, Kernel, Loc, MemorySpace,
-    OperandRole, Param, RefId, SemKind, ValueType,
+    verify, BlockDim, BlockMapping, Buffering, DType, DeviceAxis, DimSemantics, Kernel, Loc,
+    MemorySpace, OperandRole, Param, RefId, SemKind, ValueType,
 };
 use crate::rules::{self, KernelRules};
 use crate::trace::Element;
@@ -472,7 +472,12 @@ impl Builder {
         r
     }
 
-    fn mapping(&mut self, block: Vec<BlockDim>, index_map: IndexMapFn<'_>) -> BlockMapping {
+    fn mapping(
+        &mut self,
+        block: Vec<BlockDim>,
+        index_map: IndexMapFn<'_>,
+        buffering: Buffering,
+    ) -> BlockMapping {
         let rank = self.grid.len();
         let (mut region, yields) = crate::trace::trace_region(
             vec![ValueType::scalar(DType::I32); rank],
@@ -482,10 +487,12 @@ impl Builder {
         BlockMapping {
             block_shape: block,
             index_map: region,
+            buffering,
         }
     }
 
     /// Declares a blocked VMEM input or output.
+    #[allow(clippy::too_many_arguments)]
     fn blocked<T: Element>(
         &mut self,
         name: &str,
@@ -493,9 +500,10 @@ impl Builder {
         shape: Vec<usize>,
         block: Vec<BlockDim>,
         index_map: IndexMapFn<'_>,
+        buffering: Buffering,
         loc: Loc,
     ) -> RefId {
-        let block = Some(self.mapping(block, index_map));
+        let block = Some(self.mapping(block, index_map, buffering));
         self.declare(name, role, T::DTYPE, MemorySpace::Vmem, shape, block, loc)
     }
 
@@ -506,9 +514,11 @@ impl Builder {
         shape: Vec<usize>,
         block: Vec<BlockDim>,
         index_map: IndexMapFn<'_>,
+        buffering: Buffering,
         loc: Loc,
     ) -> Ref<T> {
-        Ref::__from_id(self.blocked::<T>(name, OperandRole::Input, shape, block, index_map, loc))
+        let input = OperandRole::Input;
+        Ref::__from_id(self.blocked::<T>(name, input, shape, block, index_map, buffering, loc))
     }
 
     #[doc(hidden)]
@@ -518,16 +528,11 @@ impl Builder {
         shape: Vec<usize>,
         block: Vec<BlockDim>,
         index_map: IndexMapFn<'_>,
+        buffering: Buffering,
         loc: Loc,
     ) -> RefMut<T> {
-        RefMut::__from_id(self.blocked::<T>(
-            name,
-            OperandRole::Output,
-            shape,
-            block,
-            index_map,
-            loc,
-        ))
+        let output = OperandRole::Output;
+        RefMut::__from_id(self.blocked::<T>(name, output, shape, block, index_map, buffering, loc))
     }
 
     #[doc(hidden)]

@@ -28,7 +28,7 @@ pub use array::HostArray;
 pub use compile_time::{KernelSize, LoopBounds, LoopInt, Precondition};
 pub use error::{KernelError, Problem, ProblemKind};
 pub use instantiate::{ArgDecl, ArgSpec, Builder, ComptimeValue, IndexMapFn, KernelDef, Stop};
-pub use ir::{DType, DeviceAxis, DimSemantics, Kernel};
+pub use ir::{Buffering, DType, DeviceAxis, DimSemantics, Kernel};
 pub use lowering::{
     CallFacts, KernelCostEstimates, KernelLowering, Lowering, MosaicCall, SCHEDULE_ATTRIBUTE,
 };
@@ -116,7 +116,7 @@ pub mod prelude {
 pub mod __private {
     pub use crate::instantiate::__type_param_name;
     pub use crate::instantiate::{ArgDecl, Builder, KernelDef, Stop};
-    pub use crate::ir::{BlockDim, DType, DimSemantics, Loc, OperandRole, Param};
+    pub use crate::ir::{BlockDim, Buffering, DType, DimSemantics, Loc, OperandRole, Param};
     pub use crate::trace::{
         Devices, DmaSem, Element, Hbm, HbmMut, Ref, RefMut, Scratch, Sem, Smem, Value, Vmem,
     };

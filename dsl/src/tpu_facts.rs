@@ -21,8 +21,8 @@ pub fn tpu_tile(dtype: DType) -> (usize, usize) {
     }
 }
 
-/// The VMEM buffers of a kernel with their bytes: pipelined blocks are double-buffered,
-/// scratch is allocated once.
+/// The VMEM buffers of a kernel with their bytes: pipelined blocks are double-buffered
+/// unless they ask for one buffer ([`crate::Buffering`]), scratch is allocated once.
 pub(crate) fn vmem_items(k: &Kernel) -> Vec<(String, usize)> {
     let mut items = Vec::new();
     for (i, o) in k.operands.iter().enumerate() {
@@ -31,17 +31,18 @@ pub(crate) fn vmem_items(k: &Kernel) -> Vec<(String, usize)> {
         }
         let elems: usize = o.block_sizes().iter().product();
         let bytes = elems * o.dtype.size_bytes();
-        let bytes = if o.role == OperandRole::Scratch {
-            bytes
-        } else {
-            2 * bytes
-        };
+        let buffers = o.block.as_ref().map_or(
+            // Scratch is allocated once; a VMEM operand without a block, pipelined as one.
+            if o.role == OperandRole::Scratch { 1 } else { 2 },
+            |b| b.buffering.count(),
+        );
+        let bytes = buffers * bytes;
         items.push((k.describe(RefId(i as u32)), bytes));
     }
     items
 }
 
-/// The VMEM a kernel needs: its double-buffered blocks plus its scratch.
+/// The VMEM a kernel needs: its pipelined blocks' buffers plus its scratch.
 pub fn vmem_bytes(k: &Kernel) -> usize {
     vmem_items(k).iter().map(|(_, b)| b).sum()
 }

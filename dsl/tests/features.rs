@@ -1,9 +1,10 @@
 //! Kernel features end to end on the interpreter: run-time loops, scalar prefetch driving
-//! index maps, squeezed block dims, compile-time specialisation, windows.
+//! index maps, squeezed block dims, compile-time specialisation, windows, single-buffered
+//! blocks.
 
 use tessera_dsl::interpret::{run, InterpretOptions};
 use tessera_dsl::prelude::*;
-use tessera_dsl::{ArgSpec, HostArray, KernelRules};
+use tessera_dsl::{ArgSpec, Buffering, HostArray, KernelRules};
 
 /// Sums the rows of each block with a run-time loop over row windows.
 #[tpu_kernel(grid = (R / 64,), dimension_semantics = (parallel,))]
@@ -144,4 +145,72 @@ fn compile_time_parameters_specialise_the_ir() {
     let x = HostArray::f32([8, 128], vec![2.0; 1024]).unwrap();
     let out = run(&power::<3>(true), &[x], &InterpretOptions::default()).unwrap();
     assert!(out[0].to_f32_vec().iter().all(|&v| v == -8.0));
+}
+
+/// `x` is one `[8, 128]` block per row of the grid, `w` the same block at every step.
+#[tpu_kernel(grid = (M / 8,))]
+fn scale_rows(
+    #[shape(M, 128)]
+    #[block((8, 128), |i| (i, 0))]
+    x: Ref<f32>,
+    #[shape(8, 128)]
+    #[block((8, 128), |_| (0, 0), buffers = 1)]
+    w: Ref<f32>,
+    #[shape(M, 128)]
+    #[block((8, 128), |i| (i, 0), buffers = 2)]
+    out: RefMut<f32>,
+) {
+    out.store(x.load() * w.load());
+}
+
+#[test]
+fn a_block_may_keep_one_buffer() {
+    let specs = [
+        ArgSpec::new(DType::F32, [64, 128]),
+        ArgSpec::new(DType::F32, [8, 128]),
+    ];
+    let k = scale_rows()
+        .instantiate(&specs, &KernelRules::tpu())
+        .unwrap();
+    let buffering: Vec<_> = k
+        .operands
+        .iter()
+        .map(|o| o.block.as_ref().unwrap().buffering)
+        .collect();
+    assert_eq!(
+        buffering,
+        [Buffering::Double, Buffering::Single, Buffering::Double]
+    );
+    assert_eq!(k.to_text().matches(" single-buffered").count(), 1);
+    // Two buffers of x and of out, one of w: 5 blocks of 4 KiB.
+    let block = 8 * 128 * 4;
+    assert_eq!(tessera_dsl::rules::vmem_bytes(&k), 5 * block);
+    let refused =
+        scale_rows().instantiate(&specs, &KernelRules::tpu().with_vmem_limit(5 * block - 1));
+    assert!(refused.is_err());
+    let text = tessera_dsl::mosaic::lower(&k).unwrap().text;
+    let synchronous = "pipeline_mode = #tpu.pipeline_mode<synchronous>";
+    assert_eq!(text.matches(synchronous).count(), 1, "{text}");
+    let window_of_w = text
+        .split("window_params")
+        .nth(1)
+        .unwrap()
+        .split('}')
+        .nth(1)
+        .unwrap();
+    assert!(window_of_w.contains(synchronous), "{window_of_w}");
+    // What the kernel computes does not change.
+    let xs: Vec<f32> = (0..64 * 128).map(|i| (i % 13) as f32).collect();
+    let ws: Vec<f32> = (0..8 * 128).map(|i| (i % 5) as f32 - 2.0).collect();
+    let args = [
+        HostArray::f32([64, 128], xs.clone()).unwrap(),
+        HostArray::f32([8, 128], ws.clone()).unwrap(),
+    ];
+    let got = run(&scale_rows(), &args, &InterpretOptions::default()).unwrap();
+    let want: Vec<f32> = xs
+        .iter()
+        .enumerate()
+        .map(|(i, x)| x * ws[i % (8 * 128)])
+        .collect();
+    assert_eq!(got[0].to_f32_vec(), want);
 }

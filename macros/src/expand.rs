@@ -384,7 +384,12 @@ pub fn expand(k: &Kernel) -> TokenStream {
                 } else {
                     "__output"
                 };
-                (method, Some(quote!(#block, #index,)))
+                let buffering = if h.block.as_ref().is_some_and(|b| b.single_buffered) {
+                    quote!(#api::Buffering::Single)
+                } else {
+                    quote!(#api::Buffering::Double)
+                };
+                (method, Some(quote!(#block, #index, #buffering,)))
             }
             Role::Comptime | Role::Devices => unreachable!("filtered"),
         };

@@ -34,7 +34,8 @@ use quote::ToTokens;
 ///
 /// Parameters, each a kind Pallas declares:
 /// - arguments, in signature order, each with `#[shape(..)]`: `Ref<T>` inputs the grid
-///   pipelines (optionally `#[block((..), |grid idx| (block idx))]`), `Hbm<T>` inputs left in
+///   pipelines (optionally `#[block((..), |grid idx| (block idx))]`, and `, buffers = 1` in
+///   it for one VMEM buffer instead of two, Pallas' `pl.Buffered(1)`), `Hbm<T>` inputs left in
 ///   HBM (`memory_space=ANY`: the kernel copies windows itself), `Smem<T>` scalar prefetch
 ///   (declared before any index map that reads it);
 /// - outputs, with `#[shape(..)]` computed from known sizes: `RefMut<T>` (pipelined, with an

@@ -128,7 +128,7 @@ pub enum BlockDim {
     Squeezed,
 }
 
-/// `#[block((BM, BK), |i, j, kk| (i, kk))]`.
+/// `#[block((BM, BK), |i, j, kk| (i, kk))]`, optionally `, buffers = 1`.
 pub struct Block {
     /// The whole attribute, for errors about it.
     pub attr: TokenStream,
@@ -136,6 +136,8 @@ pub struct Block {
     pub shape: Expr,
     pub dims: Vec<BlockDim>,
     pub index: Option<ExprClosure>,
+    /// `buffers = 1`: the pipeline keeps one VMEM buffer for the block instead of two.
+    pub single_buffered: bool,
 }
 
 pub struct Param {
@@ -476,15 +478,42 @@ fn parse_block(attr: TokenStream, items: Vec<Expr>, errors: &mut Errors) -> Opti
             None
         }
     };
+    let mut single_buffered = false;
     if let Some(extra) = items.next() {
-        errors.spanned(extra, "unexpected argument after the index map");
+        match buffers_option(&extra) {
+            Some(1) => single_buffered = true,
+            Some(2) => {}
+            _ => errors.spanned(
+                extra,
+                "expected `buffers = 1` or `buffers = 2` after the index map: how many VMEM \
+                 buffers the pipeline keeps for the block (2, the default, overlaps the next \
+                 step's copy with this step's compute; 1 halves the VMEM)",
+            ),
+        }
+    }
+    if let Some(extra) = items.next() {
+        errors.spanned(extra, "unexpected argument after `buffers = ..`");
     }
     Some(Block {
         attr,
         shape,
         dims,
         index,
+        single_buffered,
     })
+}
+
+/// `buffers = N` with an integer literal `N`: `Some(N)`.
+fn buffers_option(e: &Expr) -> Option<u64> {
+    let Expr::Assign(a) = e else { return None };
+    let is_buffers = matches!(&*a.left, Expr::Path(p) if p.path.is_ident("buffers"));
+    match &*a.right {
+        Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(n),
+            ..
+        }) if is_buffers => n.base10_parse().ok(),
+        _ => None,
+    }
 }
 
 /// The role, element type and optionality of a parameter: `Option<H>` is an optional `H`.

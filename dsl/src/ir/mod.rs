@@ -80,6 +80,32 @@ pub struct BlockMapping {
     pub block_shape: Vec<BlockDim>,
     /// `params`: the grid indices (i32 scalars); `yields`: one block index per array dim.
     pub index_map: Region,
+    /// How many VMEM buffers the grid's pipeline keeps for the block.
+    pub buffering: Buffering,
+}
+
+/// How many VMEM buffers the grid's pipeline keeps for a block (Pallas' `pipeline_mode=
+/// pl.Buffered(n)`; Mosaic's `pipeline_mode` window parameter). It changes when a block's
+/// copies happen and the VMEM it takes, never what the kernel computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Buffering {
+    /// Two buffers: the next step's block is copied while this step computes (the default).
+    #[default]
+    Double,
+    /// One buffer: the copy in happens before the step and the copy out after it, exposed.
+    /// Half the VMEM, for a block whose index changes rarely (one fetched once per outer
+    /// grid index) or whose copy is small next to the step.
+    Single,
+}
+
+impl Buffering {
+    /// The buffers of this kind: 2 or 1.
+    pub fn count(self) -> usize {
+        match self {
+            Buffering::Double => 2,
+            Buffering::Single => 1,
+        }
+    }
 }
 
 /// A kernel operand: an input, output, scratch buffer or scalar-prefetch array.

@@ -2,7 +2,9 @@
 
 use std::fmt::Write;
 
-use super::{join, BlockMapping, Inst, Kernel, Op, RefWindow, Region, SemRef, Slice, ValueId};
+use super::{
+    join, BlockMapping, Buffering, Inst, Kernel, Op, RefWindow, Region, SemRef, Slice, ValueId,
+};
 
 pub(super) fn print_kernel(k: &Kernel) -> String {
     let mut out = String::new();
@@ -75,6 +77,9 @@ impl Printer<'_> {
             out.push_str("    }");
         }
         let _ = write!(out, " -> ({})", join(&b.index_map.yields, ", "));
+        if b.buffering == Buffering::Single {
+            out.push_str(" single-buffered");
+        }
     }
 
     fn region_body(&self, out: &mut String, r: &Region, depth: usize) {

@@ -356,6 +356,7 @@ mod tests {
             block: Some(BlockMapping {
                 block_shape: vec![BlockDim::Sized(8), BlockDim::Sized(128)],
                 index_map: index_map.clone(),
+                buffering: Default::default(),
             }),
             aliases: None,
             loc: loc(2),

@@ -34,8 +34,8 @@ pub use schedule::{ArgValues, KernelSchedule, PathRuns, ScheduleError};
 
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{
-    BlockDim, DType, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole, RefId, Region,
-    SemKind, Slice, ValueId, ValueType,
+    BlockDim, Buffering, DType, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole, RefId,
+    Region, SemKind, Slice, ValueId, ValueType,
 };
 
 /// The `stable_mosaic.version` the emitted modules declare.
@@ -489,10 +489,16 @@ impl<'k> Emitter<'k> {
                 }
                 let sizes: Vec<String> = memref_shape(k, r).iter().map(|d| d.to_string()).collect();
                 blocks += 1;
+                // Double buffering is Mosaic's default; one buffer is asked for by name.
+                let pipeline_mode = match k.operand(r).block.as_ref().map(|b| b.buffering) {
+                    Some(Buffering::Single) => ", pipeline_mode = #tpu.pipeline_mode<synchronous>",
+                    _ => "",
+                };
                 format!(
-                    "{{transform_indices = @transform_{}, window_bounds = array<i64: {}>}}",
+                    "{{transform_indices = @transform_{}, window_bounds = array<i64: {}>{}}}",
                     blocks - 1,
-                    sizes.join(", ")
+                    sizes.join(", "),
+                    pipeline_mode
                 )
             })
             .collect();

@@ -153,7 +153,7 @@ pub fn check(k: &Kernel, rules: &KernelRules) -> Vec<Problem> {
                 kind: ProblemKind::Vmem,
                 subject: "vmem".into(),
                 message: format!(
-                    "blocks and scratch need {} of VMEM (inputs/outputs double-buffered) but the \
+                    "blocks and scratch need {} of VMEM (blocks double-buffered unless single-buffered) but the \
                      target allows {}; largest: {}; use smaller blocks or raise the limit \
                      (KernelRules::with_vmem_limit)",
                     human_bytes(total),
