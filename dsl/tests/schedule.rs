@@ -100,3 +100,43 @@ fn unknown_tables_count_every_step_and_shards_keep_the_busiest() {
     assert_ne!(count(&light, 2), count(&heavy, 2));
     assert_eq!(s.paths[1].runs, count(&heavy, 2));
 }
+
+/// Per head `h`: `trips[h]` accumulations of `x` in a loop (libtpu guards a loop whose trip
+/// count is a run-time value with a branch that skips it), a check that only prints, and a
+/// loop of constant trips (no branch).
+#[tpu_kernel(grid = H, dimension_semantics = (parallel,))]
+fn looped(
+    #[shape(H)] trips: Smem<i32>,
+    #[shape(H, 8, 128)]
+    #[block((None, 8, 128), |h| (h, 0, 0))]
+    x: Ref<f32>,
+    #[shape(H, 8, 128)]
+    #[block((None, 8, 128), |h| (h, 0, 0))]
+    out: RefMut<f32>,
+) {
+    let h = program_id(0);
+    let n = trips.get([h]);
+    when(n.lt(0), || debug_print!("head {} has {} trips", h, n));
+    let sum = fori_loop(0, n, zeros(DType::F32, &[8, 128]), |_, acc| acc + x.load());
+    let doubled = fori_loop(0, 2, sum, |_, acc| acc + acc);
+    out.store(doubled);
+}
+
+#[test]
+fn a_loop_of_run_time_trips_is_a_path_and_a_check_that_only_prints_is_not() {
+    let specs = [
+        ArgSpec::new(DType::I32, [HEADS]),
+        ArgSpec::new(DType::F32, [HEADS, 8, 128]),
+    ];
+    let k = looped().instantiate(&specs, &KernelRules::tpu()).unwrap();
+    let trips = HostArray::i32([HEADS], vec![0, 3, 1]).unwrap();
+    let s = KernelSchedule::of_kernel(&k, &[ArgValues::Same(&trips), ArgValues::Unknown]);
+    let line = include_str!("schedule.rs")
+        .lines()
+        .position(|l| l.contains("let sum = fori_loop(0, n,"))
+        .unwrap();
+    let paths: Vec<&str> = s.paths.iter().map(|p| p.path.as_str()).collect();
+    assert_eq!(paths, vec![format!("schedule.rs:{}", line + 1)]);
+    assert_eq!(s.paths[0].runs, vec![0, 1, 1]);
+    assert!(s.paths[0].exact);
+}

@@ -1,8 +1,12 @@
-//! Which grid steps run each top-level `when` of a kernel: what reading a compiled kernel's
+//! Which grid steps run each top-level branch of a kernel: what reading a compiled kernel's
 //! bundles as cycles needs besides the bundles (see the facade's `tpu::cost`).
 //!
 //! A Mosaic kernel is one loop over its grid; each top-level `when` becomes a branch around a
-//! region of that loop's body. How often a region runs is how often its condition holds, which
+//! region of that loop's body, and so does each top-level `fori_loop` whose trip count is a
+//! run-time value (libtpu's guard that skips it when `lo >= hi`). A `when` whose body only
+//! prints scalars is no region: its `tpu.log` compiles to no bundles (measured, libtpu
+//! 0.0.50.1 on v5p: paged attention's table checks). How often a region runs is how often its
+//! condition holds, which
 //! [`KernelSchedule::of_kernel`] finds by evaluating the kernel's top-level scalar code at
 //! every grid step: program ids, constants, integer arithmetic, comparisons and reads of
 //! scalar-prefetch tables whose values the caller knows (splash's block tables). A condition
@@ -36,8 +40,9 @@ pub enum ArgValues<'a> {
     PerShard(&'a [HostArray]),
 }
 
-/// How often each top-level `when` of a kernel runs: its grid, which dims are parallel, and
-/// per `when` (in program order) its runs at each index of the leading parallel dims.
+/// How often each top-level branch of a kernel runs (a `when`, or the guard of a loop of
+/// run-time trips; see the module docs): its grid, which dims are parallel, and per branch (in
+/// program order) its runs at each index of the leading parallel dims.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KernelSchedule {
     /// The kernel's name.
@@ -46,15 +51,15 @@ pub struct KernelSchedule {
     pub grid: Vec<usize>,
     /// `"parallel"` or `"arbitrary"` per grid dim.
     pub dimension_semantics: Vec<String>,
-    /// The top-level `when`s, in program order.
+    /// The top-level branches, in program order.
     pub paths: Vec<PathRuns>,
 }
 
-/// One top-level `when`: a name for it and how often it runs.
+/// One top-level branch: a name for it and how often it runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PathRuns {
     /// `init` (it runs at the first step of the innermost grid dims, every one of them),
-    /// `finalize` (at their last step), or where the `when` is written (`file:line`).
+    /// `finalize` (at their last step), or where the `when` or loop is written (`file:line`).
     pub path: String,
     /// Runs at each index of the leading parallel dims (flattened, row-major; one entry when
     /// the grid has no leading parallel dim).
@@ -104,11 +109,11 @@ pub enum ScheduleError {
 const MAX_EVALUATIONS: u64 = 1 << 24;
 
 impl KernelSchedule {
-    /// Evaluates the conditions of `k`'s top-level `when`s at every grid step, reading the
+    /// Evaluates the conditions of `k`'s top-level branches at every grid step, reading the
     /// scalar-prefetch tables `args` gives (aligned with the kernel call's arguments). With
-    /// per-shard tables, the shard whose `when`s run most is kept (the busiest device).
+    /// per-shard tables, the shard whose branches run most is kept (the busiest device).
     pub fn of_kernel(k: &Kernel, args: &[ArgValues<'_>]) -> Self {
-        let whens = top_level_whens(k);
+        let whens = top_level_branches(k);
         let semantics = k.semantics.iter().map(|s| s.name().to_string()).collect();
         let lead = leading_parallel(&k.semantics);
         let parallel: usize = k.grid[..lead].iter().product();
@@ -247,19 +252,81 @@ fn leading_parallel(semantics: &[DimSemantics]) -> usize {
         .count()
 }
 
-/// The top-level `when`s: their condition and where each is written.
-fn top_level_whens(k: &Kernel) -> Vec<(ValueId, String)> {
+/// The top-level branches: their condition and where each is written.
+fn top_level_branches(k: &Kernel) -> Vec<(Guard, String)> {
+    let loc = |inst: &crate::ir::Inst| format!("{}:{}", short_file(inst.loc.file), inst.loc.line);
+    let constant = |v: &ValueId| {
+        k.body
+            .insts
+            .iter()
+            .any(|i| i.results.first() == Some(v) && matches!(i.op, Op::Constant { .. }))
+    };
     k.body
         .insts
         .iter()
         .filter_map(|inst| match &inst.op {
-            Op::When { cond, .. } => Some((
-                *cond,
-                format!("{}:{}", short_file(inst.loc.file), inst.loc.line),
-            )),
+            Op::When {
+                cond,
+                then,
+                otherwise,
+            } if !(prints_only(k, then) && prints_only(k, otherwise)) => {
+                Some((Guard::When(*cond), loc(inst)))
+            }
+            Op::ForLoop { lo, hi, .. } if !(constant(lo) && constant(hi)) => {
+                Some((Guard::Loop { lo: *lo, hi: *hi }, loc(inst)))
+            }
             _ => None,
         })
         .collect()
+}
+
+/// A branch region of the compiled grid loop: a top-level `when`, or the guard libtpu puts
+/// around a top-level loop whose trip count is a run-time value (it skips the loop when
+/// `lo >= hi`; measured with libtpu 0.0.50.1 on v5p, paged attention's loop over page blocks).
+#[derive(Debug, Clone, Copy)]
+enum Guard {
+    When(ValueId),
+    Loop { lo: ValueId, hi: ValueId },
+}
+
+impl Guard {
+    /// Whether the region runs, from the top-level scalars at a grid step.
+    fn holds(self, values: &[Scalar]) -> Scalar {
+        match self {
+            Guard::When(cond) => values[cond.index()],
+            Guard::Loop { lo, hi } => match (values[lo.index()], values[hi.index()]) {
+                (Scalar::Int(lo), Scalar::Int(hi)) => Scalar::Bool(lo < hi),
+                _ => Scalar::Unknown,
+            },
+        }
+    }
+
+    fn reads(self) -> Vec<ValueId> {
+        match self {
+            Guard::When(cond) => vec![cond],
+            Guard::Loop { lo, hi } => vec![lo, hi],
+        }
+    }
+}
+
+/// Whether a region holds nothing but `debug_print`s of scalars and the scalar arithmetic
+/// they print (a vector's print stores it to a buffer: bundles).
+fn prints_only(k: &Kernel, r: &crate::ir::Region) -> bool {
+    r.insts.iter().all(|i| match &i.op {
+        Op::DebugPrint { args, .. } => args.iter().all(|&a| k.value_type(a).is_scalar()),
+        op => matches!(
+            op,
+            Op::Constant { .. }
+                | Op::ProgramId { .. }
+                | Op::NumPrograms { .. }
+                | Op::Binary { .. }
+                | Op::Compare { .. }
+                | Op::Unary { .. }
+                | Op::Select { .. }
+                | Op::Cast { .. }
+                | Op::LoadScalar { .. }
+        ),
+    })
 }
 
 /// The file name without its directories.
@@ -299,10 +366,10 @@ enum Scalar {
     Unknown,
 }
 
-/// Runs of each `when` per leading-parallel index, evaluated at every grid step.
+/// Runs of each branch per leading-parallel index, evaluated at every grid step.
 fn evaluate(
     k: &Kernel,
-    whens: &[(ValueId, String)],
+    whens: &[(Guard, String)],
     tables: &[Option<&HostArray>],
     lead: usize,
     parallel: usize,
@@ -331,8 +398,8 @@ fn evaluate(
                 values[r.index()] = eval(k, &inst.op, &idx, &values, tables);
             }
         }
-        for (w, (cond, _)) in whens.iter().enumerate() {
-            let holds = match values[cond.index()] {
+        for (w, (guard, _)) in whens.iter().enumerate() {
+            let holds = match guard.holds(&values) {
                 Scalar::Bool(b) => b,
                 _ => {
                     exact[w] = false;
@@ -353,10 +420,10 @@ fn evaluate(
     whens
         .iter()
         .enumerate()
-        .map(|(w, (cond, loc))| {
+        .map(|(w, (guard, loc))| {
             // Named by what it computes only when its condition is of program ids alone (a
             // table's entries may coincide with the first steps).
-            let by_ids = exact[w] && !from_tables[cond.index()];
+            let by_ids = exact[w] && !guard.reads().iter().any(|v| from_tables[v.index()]);
             let path = if by_ids && first[w][1..].iter().any(|&b| b) {
                 "init".to_string()
             } else if by_ids && last[w][1..].iter().any(|&b| b) {
