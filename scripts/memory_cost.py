@@ -1,11 +1,11 @@
 """Paged attention and the in-kernel all-gather by libtpu's own measure, JAX's beside tessera's
 (compile-only, no TPU), at `tessera bench kernels --target`'s sizes.
 
-JAX's Pallas kernels (jax[tpu]==0.10.2, its libtpu 0.0.42.1; jax.experimental.pallas.ops.tpu
-`paged_attention` and `all_gather`) are compiled for v5p:2x2x1 with libtpu's dumps on, one
-process per kernel (libtpu reads its dump flags once, when it loads), and the dumps are read
-with `tessera tpu-dump-report`: the reader `tessera compile` applies to tessera's kernels
-(tessera::tpu::cost). tessera's kernels are compiled by `tessera bench kernels --target
+JAX's Pallas kernels (jax[tpu]==0.12.0.1, its libtpu 0.0.50.1, tessera's default too;
+jax.experimental.pallas.ops.tpu `paged_attention` and `all_gather`) are compiled for v5p:2x2x1
+with libtpu's dumps on, one process per kernel (libtpu reads its dump flags once, when it
+loads), and the dumps are read with `tessera tpu-dump-report`: the reader `tessera compile`
+applies to tessera's kernels (tessera::tpu::cost). tessera's kernels are compiled by `tessera bench kernels --target
 tpu:v5p:2x2x1` at the same sizes. Prints one line per kernel, JAX's and tessera's figures
 side by side, and writes them as JSON to scripts/memory_cost.json.
 
@@ -17,7 +17,8 @@ Neither JAX kernel carries a schedule of its conditions, so cycles count every b
 grid step once (tessera's kernels: the same, with their own schedules).
 
 usage: scripts/memory_cost.sh                (makes the venv, builds tessera, runs this)
-       python scripts/memory_cost.py --worker DIR paged|all_gather   (one JAX compile)
+       python scripts/memory_cost.py --worker DIR paged|paged_megacore|all_gather
+                                             (one JAX compile)
 """
 import json
 import os
@@ -49,12 +50,16 @@ def worker(out_dir, which):
 
     topo = topologies.get_topology_desc(topology_name=TOPOLOGY, platform="tpu")
     one = jax.sharding.SingleDeviceSharding(topo.devices[0])
-    if which == "paged":
+    if which in ("paged", "paged_megacore"):
         from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
         pool = B * PER_SEQ
+        # JAX's default runs every step on one TensorCore; `megacore_mode="batch"` splits the
+        # sequences between v5p's two, as tessera's grid does.
+        megacore = "batch" if which == "paged_megacore" else None
 
         def f(q, k, v, lengths, pages):
-            return paged_attention(q, k, v, lengths, pages, pages_per_compute_block=PER_BLOCK)
+            return paged_attention(q, k, v, lengths, pages, pages_per_compute_block=PER_BLOCK,
+                                   megacore_mode=megacore)
 
         args = [jax.ShapeDtypeStruct((B, H, D), jnp.bfloat16, sharding=one),
                 jax.ShapeDtypeStruct((KVH, pool, PAGE, D), jnp.bfloat16, sharding=one),
@@ -104,15 +109,18 @@ def main():
         return worker(sys.argv[2], sys.argv[3])
     ours = {c["kernel"]: c for c in tessera_costs()}
     rows = {}
-    for which, name in [("paged", "paged_attention"), ("all_gather", "all_gather")]:
-        theirs = jax_costs(which)
-        rows[name] = {"jax": theirs, "tessera": ours.get(name)}
-        for impl, costs in [("jax", theirs), ("tessera", [ours.get(name)])]:
+    for name, jax_kernels in [("paged_attention", [("jax", "paged"),
+                                                   ("jax_megacore_batch", "paged_megacore")]),
+                              ("all_gather", [("jax", "all_gather")])]:
+        rows[name] = {impl: jax_costs(which) for impl, which in jax_kernels}
+        rows[name]["tessera"] = ours.get(name)
+        for impl, costs in [(impl, rows[name][impl]) for impl, _ in jax_kernels] + [
+                ("tessera", [ours.get(name)])]:
             for c in costs:
                 if c is None:
                     sys.exit(f"tessera compiled no kernel named {name}")
                 vmem = c.get("scoped_vmem_bytes")
-                print(f"{name:<16} {impl:<8} {c['kernel']:<40} cycles/core "
+                print(f"{name:<16} {impl:<18} {c['kernel']:<24} cycles/core "
                       f"{c['cycles_per_core']:>10} all cores {c['cycles_all_cores']:>10} "
                       f"scoped VMEM {'?' if vmem is None else f'{vmem / 2**20:.2f} MiB'}")
     with open(os.path.join(ROOT, "scripts", "memory_cost.json"), "w") as fh:

@@ -221,8 +221,8 @@ fn padding_past_a_length_and_shared_pages_run_on_every_backend() {
 }
 
 /// Past every host check (the kernel run as it is), the interpreter and mosaic-eval stop at
-/// the kernel's `debug_check` with its line, the bound and the grid step (the sequence), and
-/// print the values.
+/// the kernel's `debug_check` with its line, the bound and the grid step (the sequence and
+/// its first KV head), and print the values.
 #[test]
 fn the_kernel_checks_its_tables_itself() {
     let (instance, args) = registry_case();
@@ -238,16 +238,16 @@ fn the_kernel_checks_its_tables_itself() {
         with_i32(&args, 4, 2 * 8 + 3, 64),
         line_of("debug_check(page_ok"),
         "debug_check: failed: page_indices[b, e] is outside the pool's pages 0..64",
-        "at grid step [2]",
-        "grid step [2]: paged_attention: sequence 2 entry 3 is page 64",
+        "at grid step [2, 0]",
+        "grid step [2, 0]: paged_attention: sequence 2 entry 3 is page 64",
     );
     let length = (
         with_i32(&args, 3, 1, i32::MAX),
         line_of("debug_check(length_ok"),
         "debug_check: failed: lengths[b] is outside 0..=128 (8 pages of 16 tokens per \
          sequence)",
-        "at grid step [1]",
-        "grid step [1]: paged_attention: sequence 1 has length 2147483647",
+        "at grid step [1, 0]",
+        "grid step [1, 0]: paged_attention: sequence 1 has length 2147483647",
     );
     for (bad, line, message, step, printed) in [page, length] {
         let log = DebugLog::new();

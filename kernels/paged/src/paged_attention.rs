@@ -9,13 +9,19 @@
 //! logits are not scaled (scale `q` first, as with JAX's kernel); a sequence of length 0 gets
 //! zeros.
 //!
-//! One grid step per sequence. The pages are fetched `pages_per_block` at a time, one copy
-//! per page holding every KV head (`k_pages[:, page]`), into one half of a two-block VMEM
-//! buffer while the other half is computed on (double buffering within the step); the
-//! softmax is online across pages, per KV head group, with the running max, sum and output
-//! in scratch. Only the entries a sequence uses are read (the first `ceil(length /
-//! page_size)` of its table row): a block's pages past them are copied from the sequence's
-//! first page, and their positions masked.
+//! One grid step per sequence and KV head (`grid = (B, KVH)`, the KV heads `arbitrary`, so
+//! a core computes a sequence's heads in order): the head's pages are fetched
+//! `pages_per_block` at a time, one copy per page, into one half of a two-block VMEM buffer
+//! while the other half is computed on; the block after a head's last is the next head's
+//! first, so each step but a sequence's first starts with its first block in flight (JAX's
+//! kernel prefetches across its steps too). The softmax is online across blocks, one `q k^T`
+//! and one `p v` product per block for the head's group of query heads, its running max,
+//! sum and output carried by the loop. Only the entries a sequence uses are read (the first
+//! `ceil(length / page_size)` of its table row): a block's pages past them are copied from
+//! the sequence's first page, and their positions masked. `q` and `out` are one `[H, D]`
+//! block per sequence, single-buffered (each is copied once per sequence; one buffer each
+//! keeps the kernel's VMEM at JAX's, 147,456 bytes at `scripts/memory_cost.py`'s sizes); a
+//! step picks its group's rows of `q` and adds its rows of `out` with one-hot products.
 //!
 //! The tables are run-time data: a page index outside the pool would copy another
 //! sequence's (another tenant's) pages, a length past the table would read past the row.
@@ -28,7 +34,7 @@
 //! so there the host check is the one that holds.
 
 use tessera_dsl::prelude::*;
-use tessera_dsl::{CopyDescriptor, HostArray};
+use tessera_dsl::HostArray;
 
 /// What masked logits are set to (JAX's `DEFAULT_MASK_VALUE`).
 pub const MASK_VALUE: f32 = -0.7 * f32::MAX;
@@ -36,8 +42,8 @@ pub const MASK_VALUE: f32 = -0.7 * f32::MAX;
 /// Paged attention over `T` (f32 or bf16) inputs, fetching `pages_per_block` pages per copy
 /// block. Arguments `q, k_pages, v_pages, lengths, page_indices`; see the module docs.
 #[tpu_kernel(
-    grid = B,
-    dimension_semantics = (parallel,),
+    grid = (B, KVH),
+    dimension_semantics = (parallel, arbitrary),
     require(
         H % KVH == 0,
         "{KVH} KV heads do not divide q's {H} heads; each KV head serves a group of query heads"
@@ -55,27 +61,24 @@ pub const MASK_VALUE: f32 = -0.7 * f32::MAX;
 )]
 pub fn paged_attention<T: Element>(
     #[shape(B, H, D)]
-    #[block((None, H, D), |b| (b, 0, 0))]
+    #[block((None, H, D), |b, _| (b, 0, 0), buffers = 1)]
     q: Ref<T>,
     #[shape(KVH, P, PAGE_SIZE, D)] k_pages: Hbm<T>,
     #[shape(KVH, P, PAGE_SIZE, D)] v_pages: Hbm<T>,
     #[shape(B)] lengths: Smem<i32>,
     #[shape(B, PAGES_PER_SEQ)] page_indices: Smem<i32>,
     #[shape(B, H, D)]
-    #[block((None, H, D), |b| (b, 0, 0))]
+    #[block((None, H, D), |b, _| (b, 0, 0), buffers = 1)]
     out: RefMut<T>,
-    #[scratch(2, pages_per_block, KVH, PAGE_SIZE, D)] mut k_buf: Vmem<T>,
-    #[scratch(2, pages_per_block, KVH, PAGE_SIZE, D)] mut v_buf: Vmem<T>,
+    #[scratch(2, pages_per_block * PAGE_SIZE, D)] mut k_buf: Vmem<T>,
+    #[scratch(2, pages_per_block * PAGE_SIZE, D)] mut v_buf: Vmem<T>,
     #[scratch(2)] k_sems: DmaSem,
     #[scratch(2)] v_sems: DmaSem,
-    #[scratch(H, 1)] m: Scratch<f32>,
-    #[scratch(H, 1)] l: Scratch<f32>,
-    #[scratch(H, D)] acc: Scratch<f32>,
     #[comptime] pages_per_block: usize,
 ) {
     let ppb = pages_per_block;
     let group = H / KVH;
-    let b = program_id(0);
+    let (b, kv_head) = (program_id(0), program_id(1));
     let length = lengths.get([b]);
     // The host checks these (`validate_tables`); the kernel checks them again before they
     // count anything (the interpreter, mosaic-eval and TPU; the StableHLO path leaves it out).
@@ -89,33 +92,34 @@ pub fn paged_attention<T: Element>(
          sequence)"
     );
     debug_check(length_ok, &length_message);
-    let block_len = (ppb * PAGE_SIZE) as i32;
-    let blocks = (length + (block_len - 1)) / block_len;
+    let block_len = ppb * PAGE_SIZE;
+    let blocks = (length + (block_len as i32 - 1)) / block_len as i32;
     // The table entries the sequence uses. A block's pages past them (the last block's) are
     // copied from the sequence's first page instead (entry 0, used whenever a block is, and
     // checked), so that every page copied is one the sequence owns and the compute, which
-    // masks those positions, stays one static loop over the block's pages.
+    // masks those positions, stays one dot over the whole block.
     let used = (length + (PAGE_SIZE as i32 - 1)) / PAGE_SIZE as i32;
-    m.store(f32::NEG_INFINITY);
-    l.store(0.0);
-    acc.store(0.0);
     // The entry page `j` of block `i` is copied from, and its page.
     let entry = |i: Value, j: usize| {
         let e = i * ppb as i32 + j as i32;
         select(e.lt(used), e, 0)
     };
     let page_of = |i: Value, j: usize| page_indices.get([b, entry(i, j)]);
-    // The copies of page `j` of block `i` into slot `slot` of the buffers (K and V): started
-    // one block ahead, waited by the block that computes on them.
-    let page_copies = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, i: Value, slot: Value, j| {
-        let (at, to) = (page(page_of(i, j)), slot_page(slot, j));
+    // The buffers' slot of KV head `head`'s block `i`: the blocks of the sequence's heads
+    // alternate between the two slots in the order the core computes them.
+    let slot_of = |head: Value, i: Value| (head * blocks + i) % 2;
+    // The copies of KV head `head`'s page `j` of block `i` into slot `slot` of the buffers (K
+    // and V): started one block ahead, waited by the block that computes on them.
+    let page_copies = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, head, i: Value, slot, j| {
+        let at = [ds(head, 1), ds(page_of(i, j), 1), all(), all()];
+        let to = [ds(slot, 1), ds(j * PAGE_SIZE, PAGE_SIZE), all()];
         [
             make_async_copy(k_pages.at(&at), k_buf.at_mut(&to), k_sems.at(slot)),
             make_async_copy(v_pages.at(&at), v_buf.at_mut(&to), v_sems.at(slot)),
         ]
     };
     let page_message = format!("page_indices[b, e] is outside the pool's pages 0..{P}");
-    let fetch = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, i: Value, slot: Value| {
+    let fetch = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, head: Value, i: Value, slot: Value| {
         for j in 0..ppb {
             let p = page_of(i, j);
             let page_ok = p.ge(0) & p.lt(P as i32);
@@ -128,54 +132,77 @@ pub fn paged_attention<T: Element>(
                 )
             });
             debug_check(page_ok, &page_message);
-            page_copies(k_buf, v_buf, i, slot, j)
-                .iter()
-                .for_each(CopyDescriptor::start);
+            for copy in page_copies(k_buf, v_buf, head, i, slot, j) {
+                copy.start();
+            }
         }
     };
-    when(blocks.gt(0), || {
-        let zero = constant(DType::I32, &[], 0);
-        fetch(&mut k_buf, &mut v_buf, zero, zero)
+    // A sequence's first block is fetched by its first KV head's step; every later block,
+    // the next heads' first ones included, one block ahead, by the loop below.
+    when(kv_head.eq(0), || {
+        when(blocks.gt(0), || {
+            let zero = constant(DType::I32, &[], 0);
+            fetch(&mut k_buf, &mut v_buf, zero, zero, zero)
+        })
     });
-    fori_loop(0, blocks, (), |i, ()| {
-        let slot = i % 2;
+    // This step's KV head serves query heads `kv_head * group ..`, picked out of the
+    // sequence's `[H, D]` block by a one-hot product (exact: one nonzero term per entry). A
+    // group of 4 or 2 rows at a run-time row offset is no whole (8, 128) tile, which TPU
+    // loads and stores need; the product is a few MXU pushes.
+    let in_group = |rows: usize, cols: usize, head_dim: usize| {
+        let head = iota(DType::I32, &[rows, cols], head_dim);
+        let member = iota(DType::I32, &[rows, cols], 1 - head_dim) + kv_head * group as i32;
+        select(head.eq(member), 1.0f32, 0.0f32).cast(T::DTYPE)
+    };
+    let qg = dot(in_group(group, H, 1), q.load()).cast(T::DTYPE);
+    // The online softmax over the sequence's blocks, one `[group, block_len]` product per
+    // block for q k^T and one for p v (bf16 operands where the pages are bf16, accumulated in
+    // f32, as the MXU runs JAX's kernel), its running max, sum and output carried by the loop.
+    let init = (
+        constant(DType::F32, &[group, 1], f32::NEG_INFINITY),
+        zeros(DType::F32, &[group, 1]),
+        zeros(DType::F32, &[group, D]),
+    );
+    let (_, l, acc) = fori_loop(0, blocks, init, |i, (m, l, acc)| {
+        let slot = slot_of(kv_head, i);
+        // The next block: this head's, or after its last the next head's first, which the
+        // next grid step computes (on this core: the heads are the grid's `arbitrary` axis),
+        // so that it is in flight when that step starts.
         let next = i + 1;
-        when(next.lt(blocks), || {
-            fetch(&mut k_buf, &mut v_buf, next, next % 2)
+        let this_head = next.lt(blocks);
+        when(this_head | kv_head.lt(KVH as i32 - 1), || {
+            let head = select(this_head, kv_head, kv_head + 1);
+            let block = select(this_head, next, 0);
+            // `slot_of(kv_head + 1, 0)` is `slot_of(kv_head, blocks)`.
+            fetch(&mut k_buf, &mut v_buf, head, block, slot_of(kv_head, next))
         });
         for j in 0..ppb {
-            page_copies(&mut k_buf, &mut v_buf, i, slot, j)
-                .iter()
-                .for_each(CopyDescriptor::wait);
+            for copy in page_copies(&mut k_buf, &mut v_buf, kv_head, i, slot, j) {
+                copy.wait();
+            }
         }
-        // Every KV head's group of query heads, over the block's pages.
-        for g in 0..KVH {
-            let rows = [ds(g * group, group), all()];
-            let qg = q.at(&rows).load().cast(DType::F32);
-            let state = (m.at(&rows).load(), l.at(&rows).load(), acc.at(&rows).load());
-            let (mg, lg, accg) = fori_loop(0, ppb as i32, state, |j, (mg, lg, accg)| {
-                let at = [ds(slot, 1), ds(j, 1), ds(g, 1), all(), all()];
-                let k = k_buf.at(&at).load().reshape(&[PAGE_SIZE, D]);
-                let v = v_buf.at(&at).load().reshape(&[PAGE_SIZE, D]);
-                let s = dot_nt(qg, k.cast(DType::F32));
-                let first = (i * ppb as i32 + j) * PAGE_SIZE as i32;
-                let pos = iota(DType::I32, &[group, PAGE_SIZE], 1) + first;
-                let s = select(pos.lt(length), s, MASK_VALUE);
-                let m_next = mg.maximum(s.max_keepdims(-1));
-                let alpha = (mg - m_next).exp();
-                let p = (s - m_next).exp();
-                let l_next = alpha * lg + p.sum_keepdims(-1);
-                let acc_next = accg * alpha + dot(p, v.cast(DType::F32));
-                (m_next, l_next, acc_next)
-            });
-            m.at(&rows).store(mg);
-            l.at(&rows).store(lg);
-            acc.at(&rows).store(accg);
-        }
+        let at = [ds(slot, 1), all(), all()];
+        let k = k_buf.at(&at).load().reshape(&[block_len, D]);
+        let v = v_buf.at(&at).load().reshape(&[block_len, D]);
+        let s = dot_nt(qg, k);
+        let pos = iota(DType::I32, &[group, block_len], 1) + i * block_len as i32;
+        let s = select(pos.lt(length), s, MASK_VALUE);
+        let m_next = m.maximum(s.max_keepdims(-1));
+        let alpha = (m - m_next).exp();
+        let p = (s - m_next).exp();
+        let l_next = alpha * l + p.sum_keepdims(-1);
+        let acc_next = acc * alpha + dot(p.cast(T::DTYPE), v);
+        (m_next, l_next, acc_next)
     });
-    // A sequence of length 0 has `l == 0` and `acc == 0`: zeros.
-    let l_all = l.load();
-    out.store((acc.load() / l_all.maximum(f32::MIN_POSITIVE)).cast(T::DTYPE));
+    // A sequence of length 0 has `l == 0` and `acc == 0`: zeros. The output block stays in
+    // VMEM across the sequence's KV heads (the grid's `arbitrary` axis) and is written back
+    // after the last; each head adds its group's rows (exact: the other rows add 0).
+    let rows = dot(
+        in_group(H, group, 0),
+        (acc / l.maximum(f32::MIN_POSITIVE)).cast(T::DTYPE),
+    );
+    when(kv_head.eq(0), || out.store(0.0));
+    out.store((out.load().cast(DType::F32) + rows).cast(T::DTYPE));
 }
 
 /// A page table or lengths paged attention refuses to run on ([`validate_tables`]): one
@@ -272,15 +299,6 @@ pub fn validate_tables(
         }
     }
     Ok(())
-}
-
-/// The window of page `page` of every KV head in HBM, and of slot `slot`, page `j` of a VMEM
-/// block buffer.
-fn page(page: Value) -> [tessera_dsl::Idx; 4] {
-    [all(), ds(page, 1), all(), all()]
-}
-fn slot_page(slot: Value, j: usize) -> [tessera_dsl::Idx; 5] {
-    [ds(slot, 1), ds(j, 1), all(), all(), all()]
 }
 
 /// The f64 reference of [`paged_attention`]: `q [B, H, D]`, pages `[KVH, P, page_size, D]`,
