@@ -29,7 +29,8 @@ fn int(report: &Value, key: &str) -> i64 {
         .unwrap_or_else(|| panic!("`{key}` is not an integer in {report}"))
 }
 
-/// The tiny model (2 layers) on data 1 x context 4: compiles, and its last line is the report.
+/// The tiny model (2 layers) on data 1 x context 4, its weights replicated
+/// (`--shard-weights-over-context=false`): compiles, and its last line is the report.
 fn tiny_step(strategy: &str, collective: &str) {
     let (report, stdout) = compiled(
         "v5p:2x2x1",
@@ -42,6 +43,7 @@ fn tiny_step(strategy: &str, collective: &str) {
             "4",
             "--context-parallel-strategy",
             strategy,
+            "--shard-weights-over-context=false",
         ],
     );
     let kernels: Vec<&str> = report["kernels"]
@@ -186,6 +188,46 @@ fn tiny_train_step_with_fsdp_compiles_for_v5p() {
     );
 }
 
+/// data 1 x context 4 with MaxText's default: the parameters and moments are split over the
+/// context axis alone (the `embed` rule), each layer's weights all-gathered in the loop and
+/// their gradients reduce-scattered, and the report says the default was taken.
+#[test]
+fn tiny_train_step_shards_its_weights_over_context_by_default() {
+    let (report, stdout) = compiled(
+        "v5p:2x2x1",
+        &[
+            "--model",
+            "tiny",
+            "--ici-context-parallelism",
+            "4",
+            "--no-step-estimate",
+        ],
+    );
+    assert_eq!(report["shards_weights"], Value::Bool(true), "{report}");
+    let norms = 128 * (2 * 2 + 1);
+    assert_eq!(
+        int(&report, "state_bytes_per_device"),
+        12 * ((459_392 - norms) / 4 + norms),
+        "{report}"
+    );
+    for collective in ["all_gather", "reduce_scatter"] {
+        assert!(
+            report["collectives"][collective]["calls"]
+                .as_u64()
+                .is_some_and(|n| n >= 1),
+            "no {collective} in {report}"
+        );
+    }
+    assert!(
+        stdout.contains("weights split over the context axis (MaxText's embed rule"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("(f32) per device: 0.00 GiB (sharded over the context axis)"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn a_mesh_that_is_not_the_topology_is_refused() {
     let (ok, stdout, stderr) = compile_train(
@@ -209,7 +251,7 @@ fn a_mesh_that_is_not_the_topology_is_refused() {
 
 #[test]
 fn bad_combinations_are_refused_before_compiling() {
-    let cases: [(&[&str], &str); 3] = [
+    let cases: [(&[&str], &str); 4] = [
         (
             &["--sa-block-q", "100"],
             "--sa-block-q 100 does not divide the 256 queries",
@@ -232,6 +274,17 @@ fn bad_combinations_are_refused_before_compiling() {
                 "--context-parallel-load-balance",
             ],
             "--context-parallel-load-balance balances the all_gather and ring strategies",
+        ),
+        (
+            &[
+                "--ici-data-parallelism",
+                "2",
+                "--ici-context-parallelism",
+                "2",
+                "--shard-weights-over-context",
+            ],
+            "--shard-weights-over-context splits the weights over the context axis, but \
+             --ici-data-parallelism 2 replicates them over the batch axis",
         ),
     ];
     for (args, message) in cases {

@@ -136,6 +136,13 @@ fn chosen_defaults(a: &StepFlags, cfg: &TrainConfig) -> Vec<String> {
             cfg.dtype.name()
         ));
     }
+    if a.shard_weights_over_context.is_none() && !cfg.fsdp() && cfg.shards_weights() {
+        chosen.push(
+            "weights split over the context axis (MaxText's embed rule; \
+             --shard-weights-over-context=false to replicate them)"
+                .into(),
+        );
+    }
     if a.context_parallel_load_balance.is_none() && cfg.strategy.load_balances() {
         chosen.push(
             "load balancing on (MaxText's default; --context-parallel-load-balance=false to \
@@ -219,6 +226,7 @@ pub fn compile_train(
     json.insert("state_bytes_per_device".into(), json!(state_bytes));
     json.insert("dtype".into(), json!(cfg.dtype.name()));
     json.insert("load_balance".into(), json!(cfg.load_balance));
+    json.insert("shards_weights".into(), json!(cfg.shards_weights()));
     json.insert(
         "per_device_batch_size".into(),
         json!(cfg.per_device_batch_size),
@@ -453,7 +461,9 @@ fn print_human(
         "parameters and both AdamW moments (f32) per device: {:.2} GiB{}",
         gib(state_bytes as f64),
         if cfg.fsdp() {
-            " (sharded by fsdp)"
+            " (sharded by fsdp x context)"
+        } else if cfg.shards_weights() {
+            " (sharded over the context axis)"
         } else {
             " (replicated: every device holds all of them)"
         }

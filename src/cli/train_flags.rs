@@ -142,6 +142,14 @@ pub struct StepFlags {
     /// matmul of the current one, instead of all-gathering the weight before a dot.
     #[arg(long)]
     pub collective_matmul: bool,
+    /// Parameters, gradients and AdamW moments split over the context axis when the batch
+    /// axis is one device (no data or fsdp parallelism), gathered layer by layer as fsdp's
+    /// are (MaxText's `embed` rule shards them over context whatever the fsdp degree; with
+    /// fsdp they are split over context anyway). `--shard-weights-over-context` (or `=true`)
+    /// on, `=false` off. Default: on for `tessera compile --target tpu:.. train` (MaxText's);
+    /// off for the train example. Refused with --ici-data-parallelism above 1.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub shard_weights_over_context: Option<bool>,
 }
 
 /// Where a run's data comes from (MaxText's `dataset_type`).
@@ -255,6 +263,9 @@ pub struct StepDefaults {
     /// Whether a strategy that load-balances does so without
     /// `--context-parallel-load-balance`.
     pub load_balance: bool,
+    /// Whether the weights are split over the context axis without
+    /// `--shard-weights-over-context`, where the batch axis is one device.
+    pub shard_weights_over_context: bool,
 }
 
 impl StepDefaults {
@@ -263,13 +274,15 @@ impl StepDefaults {
     pub const EXAMPLE: StepDefaults = StepDefaults {
         dtype: DType::F32,
         load_balance: false,
+        shard_weights_over_context: false,
     };
-    /// MaxText's (`dtype: bfloat16`, `context_parallel_load_balance: True`), what a TPU
-    /// compile of the step uses.
+    /// MaxText's (`dtype: bfloat16`, `context_parallel_load_balance: True`, the `embed`
+    /// rule's weights over context), what a TPU compile of the step uses.
     #[allow(dead_code)] // used by the tessera binary, not by examples/train.rs
     pub const MAXTEXT: StepDefaults = StepDefaults {
         dtype: DType::BF16,
         load_balance: true,
+        shard_weights_over_context: true,
     };
 }
 
@@ -328,6 +341,12 @@ impl StepFlags {
         cfg.strategy = strategy;
         cfg.load_balance = load_balance;
         cfg.collective_matmul = self.collective_matmul;
+        // By default only where it applies: a data-parallel batch axis keeps them replicated.
+        cfg.shard_weights_over_context = self.shard_weights_over_context.unwrap_or(
+            defaults.shard_weights_over_context
+                && self.ici_data_parallelism == 1
+                && self.ici_fsdp_parallelism == 1,
+        );
         let mut cfg = cfg.with_default_blocks();
         let flags = [
             self.sa_block_q,
@@ -392,6 +411,7 @@ impl Names for MaxTextFlags {
             "seed" => "--seed",
             "resume" => "--resume",
             "collective_matmul" => "--collective-matmul",
+            "shard_weights_over_context" => "--shard-weights-over-context",
             "dataset_path" => "--dataset-path",
             "train_data_columns" => "--train-data-columns",
             "tokenizer_path" => "--tokenizer-path",
@@ -495,6 +515,41 @@ mod tests {
         ])
         .unwrap();
         assert!(on.config(model).unwrap().load_balance);
+    }
+
+    /// A TPU compile splits the weights over the context axis where the batch axis is one
+    /// device (MaxText's `embed` rule), not on a data-parallel one; the example replicates
+    /// them unless asked; `=false` turns it off.
+    #[test]
+    fn weights_over_context_by_default_only_for_a_tpu_compile_without_data_parallelism() {
+        let model = ModelConfig::tiny();
+        let sharded = |args: &[&str], defaults| {
+            let cfg = parse(args)
+                .unwrap()
+                .config_with(model, defaults, None)
+                .unwrap();
+            (cfg.shard_weights_over_context, cfg.shards_weights())
+        };
+        assert_eq!(sharded(&[], StepDefaults::MAXTEXT), (true, true));
+        assert_eq!(sharded(&[], StepDefaults::EXAMPLE), (false, false));
+        let data = [
+            "--ici-data-parallelism",
+            "2",
+            "--ici-context-parallelism",
+            "2",
+        ];
+        assert_eq!(sharded(&data, StepDefaults::MAXTEXT), (false, false));
+        let fsdp = [
+            "--ici-fsdp-parallelism",
+            "2",
+            "--ici-context-parallelism",
+            "2",
+        ];
+        assert_eq!(sharded(&fsdp, StepDefaults::EXAMPLE), (false, true));
+        let asked = ["--shard-weights-over-context"];
+        assert_eq!(sharded(&asked, StepDefaults::EXAMPLE), (true, true));
+        let off = ["--shard-weights-over-context=false"];
+        assert_eq!(sharded(&off, StepDefaults::MAXTEXT), (false, false));
     }
 
     /// `auto` blocks are asked of the search once; explicit blocks keep their values; without

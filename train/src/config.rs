@@ -265,6 +265,17 @@ pub struct TrainConfig {
     /// next weight shard overlaps the matmul of the current one) instead of an all-gather of
     /// the weight and a dot (`collective_matmul`; off by default). Refused without fsdp.
     pub collective_matmul: bool,
+    /// With the batch axis one device (no data or fsdp parallelism): parameters, gradients
+    /// and AdamW moments split over the context axis as fsdp splits them over fsdp x context
+    /// (each matrix along its [`crate::model::ParamSpec::context_dim`], gathered inside the
+    /// layer loop). MaxText's `embed` rule shards over the context axis whatever the fsdp
+    /// degree, which is what lets a long sequence over many chips hold a large model; with
+    /// fsdp the weights are split over context anyway. Off by default (the train example
+    /// replicates them); `tessera compile train` turns it on as MaxText's rule does. With
+    /// data parallelism above 1 it is refused ([`TrainConfig::validate`]): the weights
+    /// would need a layout replicated over the batch axis and split over context, which the
+    /// step does not build.
+    pub shard_weights_over_context: bool,
     /// Whether the step takes text's packed rows (off: synthetic data): per-document segment
     /// ids (each query attends to its own document's keys only, through every strategy),
     /// positions from the data, and targets of -1 where a position has none (padding); the
@@ -303,6 +314,7 @@ impl TrainConfig {
             lowering: Lowering::portable(),
             layers_per_iteration: 1,
             collective_matmul: false,
+            shard_weights_over_context: false,
             segment_ids: false,
         }
     }
@@ -350,9 +362,16 @@ impl TrainConfig {
         self.ici_data_parallelism * self.ici_fsdp_parallelism
     }
 
-    /// Whether parameters and optimizer state are sharded over the batch axis.
+    /// Whether the batch axis is fsdp (parameters and optimizer state sharded over it).
     pub fn fsdp(&self) -> bool {
         self.ici_fsdp_parallelism > 1
+    }
+
+    /// Whether parameters and optimizer state are sharded: over fsdp x context with fsdp,
+    /// over context alone with [`TrainConfig::shard_weights_over_context`] on a batch axis of
+    /// one device.
+    pub fn shards_weights(&self) -> bool {
+        self.fsdp() || (self.shard_weights_over_context && self.ici_context_parallelism > 1)
     }
 
     /// All devices: batch x context.
@@ -489,10 +508,13 @@ impl TrainConfig {
         if data > 1 && fsdp > 1 {
             return Err(SettingError::BatchAxes { data, fsdp });
         }
-        if fsdp == 1 {
-            if self.collective_matmul {
-                return Err(SettingError::CollectiveMatmulWithoutFsdp { fsdp });
-            }
+        if data > 1 && self.shard_weights_over_context {
+            return Err(SettingError::WeightsOverContextWithData { data });
+        }
+        if fsdp == 1 && self.collective_matmul {
+            return Err(SettingError::CollectiveMatmulWithoutFsdp { fsdp });
+        }
+        if !self.shards_weights() {
             return Ok(());
         }
         let m = &self.model;

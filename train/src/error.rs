@@ -50,6 +50,9 @@ pub enum Setting {
     FinalLrFraction,
     /// The step a run stops at (the schedule still spans `steps`).
     StopAt,
+    /// Parameters and optimizer state split over the context axis without fsdp
+    /// (`shard_weights_over_context`).
+    ShardWeightsOverContext,
 }
 
 impl Setting {
@@ -88,6 +91,9 @@ impl Setting {
             Setting::WarmupSteps => named("warmup_steps", "warmup_steps"),
             Setting::FinalLrFraction => named("final_lr_fraction", "final_lr_fraction"),
             Setting::StopAt => named("stop_at", "stop_at"),
+            Setting::ShardWeightsOverContext => {
+                named("shard_weights_over_context", "shard_weights_over_context")
+            }
             Setting::Resume => Term {
                 key: "resume",
                 words: "checkpoint",
@@ -131,14 +137,16 @@ pub enum SettingError {
     OddHeadDim { head_dim: usize },
     /// Data and fsdp both above 1 on the one batch axis.
     BatchAxes { data: usize, fsdp: usize },
+    /// Weights split over the context axis on a data-parallel batch axis.
+    WeightsOverContextWithData { data: usize },
     /// fsdp does not divide a weight dim it splits.
     FsdpDim {
         dim: WeightDim,
         size: usize,
         fsdp: usize,
     },
-    /// The context axis, which fsdp also splits the weights over, does not divide a weight
-    /// dim (`shards`: the devices on the mesh's context axis).
+    /// The context axis, which fsdp (or `shard_weights_over_context`) splits the weights
+    /// over, does not divide a weight dim (`shards`: the devices on the mesh's context axis).
     FsdpContextDim {
         dim: WeightDim,
         size: usize,
@@ -299,6 +307,15 @@ impl SettingError {
                 t(Setting::DataParallelism).value(names, data),
                 t(Setting::FsdpParallelism).value(names, fsdp)
             ),
+            SettingError::WeightsOverContextWithData { data } => format!(
+                "{} splits the weights over the context axis, but {} replicates them over the \
+                 batch axis, a layout the step does not build; shard over the batch axis too \
+                 ({} instead), or turn {} off",
+                t(Setting::ShardWeightsOverContext).name(names),
+                t(Setting::DataParallelism).value(names, data),
+                t(Setting::FsdpParallelism).value(names, data),
+                t(Setting::ShardWeightsOverContext).name(names)
+            ),
             SettingError::FsdpDim { dim, size, fsdp } => format!(
                 "{} shards the parameters' {} dim ({size}) over {fsdp} devices, which does not \
                  divide it; use an fsdp degree that divides {size}, or {}",
@@ -312,7 +329,7 @@ impl SettingError {
                 fsdp,
                 shards,
                 context,
-            } => format!(
+            } if *fsdp > 1 => format!(
                 "{} also shards the parameters' {} dim ({size}) over the {shards} context \
                  devices ({}), which does not divide it; use a context degree that divides \
                  {size}, or {}",
@@ -320,6 +337,21 @@ impl SettingError {
                 dim.name(names),
                 t(Setting::ContextParallelism).value(names, context),
                 t(Setting::DataParallelism).value(names, fsdp)
+            ),
+            SettingError::FsdpContextDim {
+                dim,
+                size,
+                shards,
+                context,
+                ..
+            } => format!(
+                "{} shards the parameters' {} dim ({size}) over the {shards} context devices \
+                 ({}), which does not divide it; use a context degree that divides {size}, or \
+                 turn {} off",
+                t(Setting::ShardWeightsOverContext).name(names),
+                dim.name(names),
+                t(Setting::ContextParallelism).value(names, context),
+                t(Setting::ShardWeightsOverContext).name(names)
             ),
             SettingError::ResumeAtEnd { path, step, steps } => format!(
                 "{} is at step {step}, and {}; ask for more steps",

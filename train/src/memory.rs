@@ -7,7 +7,8 @@
 //! `inf`, which fits nowhere), so this is safe to call on settings nothing has validated yet.
 //! It is an estimate of what the step keeps live, not an exact count:
 //! - state: the f32 parameters, their gradients and both AdamW moments (16 bytes a
-//!   parameter), split over fsdp x the context axis's weight shards with fsdp;
+//!   parameter), split over fsdp x the context axis's weight shards when the step shards
+//!   them (`TrainConfig::shards_weights`);
 //! - activations, for the tokens one device holds (`per_device_batch_size x
 //!   max_target_length`): the residual stream each layer saves for the backward (in the
 //!   compute dtype), one layer's live intermediates during its backward (f32, forward and
@@ -50,7 +51,7 @@ pub fn estimate(cfg: &TrainConfig) -> MemoryEstimate {
         m.vocab, m.d_model, m.layers, m.heads, m.kv_heads, m.head_dim, m.mlp_dim,
     ]
     .map(|x| x as f64);
-    let shards = if cfg.ici_fsdp_parallelism > 1 {
+    let shards = if cfg.shards_weights() {
         cfg.ici_fsdp_parallelism as f64 * cfg.weight_context_shards().max(1) as f64
     } else {
         1.0

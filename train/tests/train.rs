@@ -243,6 +243,57 @@ fn fsdp_shards_the_state_and_resumes_exactly() {
     assert_continues(&mut resumed, &uninterrupted[3..]);
 }
 
+/// With one device on the batch axis, the weights split over the context axis alone
+/// (MaxText's `embed` rule without fsdp) train to the replicated run's losses: 4 ways for
+/// ulysses and ring, 2 for usp:2x2 (its ring axis keeps them replicated), each device holding
+/// its share of the state. On a data-parallel batch axis the split is refused.
+#[test]
+fn weights_split_over_context_train_to_the_replicated_losses() {
+    let _serial = serial();
+    let steps = 5;
+    let usp = Strategy::from(Usp {
+        ulysses: 2,
+        ring: 2,
+    });
+    for (name, strategy, ways) in [
+        ("ulysses", Strategy::from(Ulysses), 4),
+        ("ring", Strategy::from(Ring), 4),
+        ("usp:2x2", usp, 2),
+    ] {
+        let mut cfg = micro();
+        cfg.strategy = strategy;
+        let replicated = losses(&run(cfg.clone(), steps));
+        cfg.shard_weights_over_context = true;
+        assert!(cfg.shards_weights() && !cfg.fsdp());
+        let mut t = Trainer::new(cfg, Platform::Cpu).unwrap();
+        let specs = t.param_specs().to_vec();
+        let elements = |sharded: bool| -> usize {
+            specs
+                .iter()
+                .filter(|s| s.context_dim.is_some() == sharded)
+                .map(|s| s.shape.iter().product::<usize>())
+                .sum()
+        };
+        // Parameters and both moments, f32.
+        let expected = 3 * 4 * (elements(true) / ways + elements(false));
+        assert_eq!(t.state_bytes_per_device(), expected, "{name}");
+        let split: Vec<f64> = (0..steps).map(|_| t.train_step().unwrap().loss).collect();
+        let diff = max_diff(&split, &replicated);
+        eprintln!(
+            "{name}: weights over context ({ways} ways): max |loss - replicated| = {diff:.2e} \
+             over {steps} steps"
+        );
+        assert!(diff <= 1e-6, "{name}: {split:?} vs {replicated:?}");
+    }
+    let mut data = on_batch_axis(micro(), false);
+    data.shard_weights_over_context = true;
+    let e = data.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("splits the weights over the context axis, but the data degree 2 replicates"),
+        "{e}"
+    );
+}
+
 /// MaxText's fractional `per_device_batch_size`: 0.25 on 4 context devices is one sequence a
 /// step, split over the context axis; it trains as that one sequence does on one device.
 #[test]

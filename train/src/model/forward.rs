@@ -21,7 +21,7 @@ pub(super) struct Model<'a> {
     /// Sequences and tokens per sequence on each device.
     pub(super) b: i64,
     pub(super) s: i64,
-    /// Whether the weights are shards to gather before use.
+    /// Whether the weights are shards to gather before use ([`TrainConfig::shards_weights`]).
     pub(super) fsdp: bool,
     /// The compute dtype of the matmuls and the attention ([`TrainConfig::dtype`]).
     pub(super) dtype: DType,
@@ -57,7 +57,7 @@ impl<'a> Model<'a> {
             lm_head: params[params.len() - 1],
             b: cfg.sequences_per_shard() as i64,
             s: (cfg.max_target_length / cp) as i64,
-            fsdp: cfg.fsdp(),
+            fsdp: cfg.shards_weights(),
             dtype: cfg.dtype,
             layers_per_iteration: cfg.layers_per_iteration,
             collective_matmul: (cfg.fsdp() && cfg.collective_matmul).then_some(&cfg.lowering),

@@ -6,7 +6,9 @@
 //! parameter and AdamW moment: every tensor but the norm scales split over the batch axis
 //! along one model dim ([`ParamSpec::fsdp_dim`]) and over `context` along the other
 //! ([`ParamSpec::context_dim`]; MaxText's `embed` rule, fsdp x context ways; USP's ring axis
-//! keeps them replicated). The program, per device:
+//! keeps them replicated). With [`TrainConfig::shard_weights_over_context`] on a batch axis
+//! of one device the same layouts split them over `context` alone (the batch axis's split is
+//! one way); "with fsdp" below means either. The program, per device:
 //!
 //! 1. **Forward.** One-hot token embedding, then the decoder layers as one loop
 //!    ([`Spmd::scan`]) over the layers' stacked weights (`[L, ...]` parameters), whose body is
@@ -145,8 +147,8 @@ pub fn build_program(
     let n = specs.len();
     let mesh = layer.mesh()?;
     let devices = mesh.num_devices();
-    let groups = ReduceGroups::new(&mesh, &specs, cfg.fsdp());
-    let fsdp = cfg.fsdp();
+    let groups = ReduceGroups::new(&mesh, &specs, cfg.shards_weights());
+    let fsdp = cfg.shards_weights();
     let m = cfg.model;
     let mut program = Program::build(
         match kind {
@@ -345,7 +347,7 @@ fn gradients(
     let wrt = params
         .iter()
         .zip(specs)
-        .map(|(&v, s)| param_tensor(p, v, s, cfg.fsdp()))
+        .map(|(&v, s)| param_tensor(p, v, s, cfg.shards_weights()))
         .collect::<Result<Vec<_>, _>>()?;
     let wrt: Vec<&dyn LocalValue<ModelMesh>> = wrt.iter().map(|t| t.as_ref()).collect();
     p.vjp(&[&loss], &[&seed], &wrt)
