@@ -270,7 +270,9 @@ pub struct TrainConfig {
     /// (each matrix along its [`crate::model::ParamSpec::context_dim`], gathered inside the
     /// layer loop). MaxText's `embed` rule shards over the context axis whatever the fsdp
     /// degree, which is what lets a long sequence over many chips hold a large model; with
-    /// fsdp the weights are split over context anyway. Off by default (the train example
+    /// fsdp the weights are split over context anyway. With USP the rows go over its ring
+    /// axis ([`TrainConfig::weight_rows_over_ring`]), so every context device holds its own
+    /// share. Off by default (the train example
     /// replicates them); `tessera compile train` turns it on as MaxText's rule does. With
     /// data parallelism above 1 it is refused ([`TrainConfig::validate`]): the weights
     /// would need a layout replicated over the batch axis and split over context, which the
@@ -372,6 +374,19 @@ impl TrainConfig {
     /// one device.
     pub fn shards_weights(&self) -> bool {
         self.fsdp() || (self.shard_weights_over_context && self.ici_context_parallelism > 1)
+    }
+
+    /// Whether the weights' rows ([`crate::model::ParamSpec::fsdp_dim`]) are split over USP's
+    /// ring axis: when they are split over the context axis without fsdp and the strategy
+    /// has a ring (the batch axis, which fsdp splits them over, is one device then), so they
+    /// are split over every context device. With fsdp the ring axis keeps them replicated.
+    pub fn weight_rows_over_ring(&self) -> bool {
+        !self.fsdp() && self.shards_weights() && self.weight_ring_shards() > 1
+    }
+
+    /// The devices on the mesh's ring axis (USP's ring degree; 1 for the other strategies).
+    pub fn weight_ring_shards(&self) -> usize {
+        self.context_parallel().mesh_sizes(1)[2]
     }
 
     /// All devices: batch x context.
@@ -531,6 +546,13 @@ impl TrainConfig {
         if let Some(&(dim, size)) = dims.iter().find(|(_, n)| n % fsdp != 0) {
             return Err(SettingError::FsdpDim { dim, size, fsdp });
         }
+        // Without fsdp, USP's ring axis splits those dims in its place.
+        let ring = self.weight_ring_shards();
+        if self.weight_rows_over_ring() {
+            if let Some(&(dim, size)) = dims.iter().find(|(_, n)| n % ring != 0) {
+                return Err(SettingError::RingWeightDim { dim, size, ring });
+            }
+        }
         // Each matrix's other model dim is split over the context axis
         // ([`crate::model::ParamSpec::context_dim`]).
         let shards = self.weight_context_shards();
@@ -594,7 +616,8 @@ impl TrainConfig {
 
     /// Devices on the mesh's `context` axis, over which fsdp also splits the weights: the
     /// context degree, or a strategy's own share of it when it has a ring axis too (USP's
-    /// Ulysses degree; the ring axis keeps the weights replicated).
+    /// Ulysses degree; the ring axis splits the other dim only without fsdp,
+    /// [`TrainConfig::weight_rows_over_ring`]).
     pub fn weight_context_shards(&self) -> usize {
         self.context_parallel().mesh_sizes(1)[1]
     }
@@ -603,6 +626,30 @@ impl TrainConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// USP's ring splits the weights' rows without fsdp: a ring degree that does not divide
+    /// a row dim is refused naming it; with the split off, or with fsdp, the ring does not
+    /// split them.
+    #[test]
+    fn a_ring_that_does_not_divide_the_weights_is_refused() {
+        let mut cfg = TrainConfig::new(ModelConfig {
+            mlp_dim: 390,
+            ..ModelConfig::tiny()
+        });
+        cfg.strategy = Strategy::parse("usp:1x4", 4).unwrap();
+        let mut cfg = cfg.with_default_blocks();
+        cfg.shard_weights_over_context = true;
+        assert!(cfg.weight_rows_over_ring());
+        assert_eq!(
+            cfg.validate().unwrap_err().to_string(),
+            "shard_weights_over_context splits the parameters' mlp_dim dim (390) over USP's \
+             ring of 4 devices, which does not divide it; use a ring degree that divides 390, \
+             or turn shard_weights_over_context off"
+        );
+        cfg.shard_weights_over_context = false;
+        assert!(!cfg.weight_rows_over_ring());
+        cfg.validate().unwrap();
+    }
 
     #[test]
     fn a_warmup_longer_than_the_run_is_refused() {

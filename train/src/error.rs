@@ -139,6 +139,13 @@ pub enum SettingError {
     BatchAxes { data: usize, fsdp: usize },
     /// Weights split over the context axis on a data-parallel batch axis.
     WeightsOverContextWithData { data: usize },
+    /// USP's ring axis, which splits the weights with `shard_weights_over_context`, does not
+    /// divide a weight dim.
+    RingWeightDim {
+        dim: WeightDim,
+        size: usize,
+        ring: usize,
+    },
     /// fsdp does not divide a weight dim it splits.
     FsdpDim {
         dim: WeightDim,
@@ -314,6 +321,14 @@ impl SettingError {
                 t(Setting::ShardWeightsOverContext).name(names),
                 t(Setting::DataParallelism).value(names, data),
                 t(Setting::FsdpParallelism).value(names, data),
+                t(Setting::ShardWeightsOverContext).name(names)
+            ),
+            SettingError::RingWeightDim { dim, size, ring } => format!(
+                "{} splits the parameters' {} dim ({size}) over USP's ring of {ring} devices, \
+                 which does not divide it; use a ring degree that divides {size}, or turn {} \
+                 off",
+                t(Setting::ShardWeightsOverContext).name(names),
+                dim.name(names),
                 t(Setting::ShardWeightsOverContext).name(names)
             ),
             SettingError::FsdpDim { dim, size, fsdp } => format!(

@@ -51,8 +51,13 @@ pub fn estimate(cfg: &TrainConfig) -> MemoryEstimate {
         m.vocab, m.d_model, m.layers, m.heads, m.kv_heads, m.head_dim, m.mlp_dim,
     ]
     .map(|x| x as f64);
+    let rows = if cfg.weight_rows_over_ring() {
+        cfg.weight_ring_shards()
+    } else {
+        cfg.ici_fsdp_parallelism
+    };
     let shards = if cfg.shards_weights() {
-        cfg.ici_fsdp_parallelism as f64 * cfg.weight_context_shards().max(1) as f64
+        rows as f64 * cfg.weight_context_shards().max(1) as f64
     } else {
         1.0
     };

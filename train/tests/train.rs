@@ -8,6 +8,7 @@ use common::micro;
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::Strategy;
 use tessera_runtime::Platform;
+use tessera_train::model::ParamSpec;
 use tessera_train::{StepMetrics, TrainConfig, Trainer};
 
 /// The tests that train run one at a time: each already uses every core (4 devices).
@@ -196,6 +197,19 @@ fn two_layers_per_loop_iteration_train_like_one() {
     );
 }
 
+/// The bytes of the f32 parameters and both AdamW moments one device holds when every tensor
+/// but the norm scales is split `ways` ways.
+fn state_bytes(specs: &[ParamSpec], ways: usize) -> usize {
+    let elements = |sharded: bool| -> usize {
+        specs
+            .iter()
+            .filter(|s| s.fsdp_dim.is_some() == sharded)
+            .map(|s| s.shape.iter().product::<usize>())
+            .sum()
+    };
+    3 * 4 * (elements(true) / ways + elements(false))
+}
+
 #[test]
 fn fsdp_shards_the_state_and_resumes_exactly() {
     let _serial = serial();
@@ -208,14 +222,7 @@ fn fsdp_shards_the_state_and_resumes_exactly() {
     // Every tensor but the norm scales (d_model floats each) is split in four: fsdp 2 x
     // context 2.
     let specs = first.param_specs().to_vec();
-    let elements = |sharded: bool| -> usize {
-        specs
-            .iter()
-            .filter(|s| s.fsdp_dim.is_some() == sharded)
-            .map(|s| s.shape.iter().product::<usize>())
-            .sum()
-    };
-    let expected = 3 * 4 * (elements(true) / 4 + elements(false));
+    let expected = state_bytes(&specs, 4);
     let fsdp_bytes = first.state_bytes_per_device();
     let replicated_bytes = Trainer::new(on_batch_axis(micro(), false), Platform::Cpu)
         .unwrap()
@@ -224,7 +231,7 @@ fn fsdp_shards_the_state_and_resumes_exactly() {
         "state per device: replicated {replicated_bytes} B, fsdp 2 x context 2 {fsdp_bytes} B"
     );
     assert_eq!(fsdp_bytes, expected);
-    assert_eq!(replicated_bytes, 3 * 4 * (elements(true) + elements(false)));
+    assert_eq!(replicated_bytes, state_bytes(&specs, 1));
     for _ in 0..3 {
         first.train_step().unwrap();
     }
@@ -244,9 +251,9 @@ fn fsdp_shards_the_state_and_resumes_exactly() {
 }
 
 /// With one device on the batch axis, the weights split over the context axis alone
-/// (MaxText's `embed` rule without fsdp) train to the replicated run's losses: 4 ways for
-/// ulysses and ring, 2 for usp:2x2 (its ring axis keeps them replicated), each device holding
-/// its share of the state. On a data-parallel batch axis the split is refused.
+/// (MaxText's `embed` rule without fsdp) train to the replicated run's losses, 4 ways for each
+/// strategy (usp:2x2: rows over its ring axis, the other dim over its Ulysses axis), each
+/// device holding its share of the state. On a data-parallel batch axis the split is refused.
 #[test]
 fn weights_split_over_context_train_to_the_replicated_losses() {
     let _serial = serial();
@@ -258,7 +265,7 @@ fn weights_split_over_context_train_to_the_replicated_losses() {
     for (name, strategy, ways) in [
         ("ulysses", Strategy::from(Ulysses), 4),
         ("ring", Strategy::from(Ring), 4),
-        ("usp:2x2", usp, 2),
+        ("usp:2x2", usp, 4),
     ] {
         let mut cfg = micro();
         cfg.strategy = strategy;
@@ -266,16 +273,7 @@ fn weights_split_over_context_train_to_the_replicated_losses() {
         cfg.shard_weights_over_context = true;
         assert!(cfg.shards_weights() && !cfg.fsdp());
         let mut t = Trainer::new(cfg, Platform::Cpu).unwrap();
-        let specs = t.param_specs().to_vec();
-        let elements = |sharded: bool| -> usize {
-            specs
-                .iter()
-                .filter(|s| s.context_dim.is_some() == sharded)
-                .map(|s| s.shape.iter().product::<usize>())
-                .sum()
-        };
-        // Parameters and both moments, f32.
-        let expected = 3 * 4 * (elements(true) / ways + elements(false));
+        let expected = state_bytes(t.param_specs(), ways);
         assert_eq!(t.state_bytes_per_device(), expected, "{name}");
         let split: Vec<f64> = (0..steps).map(|_| t.train_step().unwrap().loss).collect();
         let diff = max_diff(&split, &replicated);

@@ -21,8 +21,8 @@ pub(super) struct Model<'a> {
     /// Sequences and tokens per sequence on each device.
     pub(super) b: i64,
     pub(super) s: i64,
-    /// Whether the weights are shards to gather before use ([`TrainConfig::shards_weights`]).
-    pub(super) fsdp: bool,
+    /// How the weights are split, and so gathered before use.
+    pub(super) weights: WeightSplit,
     /// The compute dtype of the matmuls and the attention ([`TrainConfig::dtype`]).
     pub(super) dtype: DType,
     /// [`TrainConfig::layers_per_iteration`].
@@ -57,13 +57,32 @@ impl<'a> Model<'a> {
             lm_head: params[params.len() - 1],
             b: cfg.sequences_per_shard() as i64,
             s: (cfg.max_target_length / cp) as i64,
-            fsdp: cfg.shards_weights(),
+            weights: WeightSplit::of(cfg),
             dtype: cfg.dtype,
             layers_per_iteration: cfg.layers_per_iteration,
             collective_matmul: (cfg.fsdp() && cfg.collective_matmul).then_some(&cfg.lowering),
             segments: None,
             logits: false,
         }
+    }
+
+    /// The embedding `[vocab, d]` and LM head `[d, vocab]` whole, in the compute dtype, from
+    /// their shards: the model dim split over `R` (the batch or the ring axis), the vocab
+    /// over `context`; cast before the gathers, so they move `dtype` bytes.
+    fn gathered_embeddings<R>(
+        &self,
+        p: &Spmd<'_, ModelMesh>,
+    ) -> Result<(Value, Value), CollectiveError>
+    where
+        R: tessera_collectives::MeshAxis,
+        ModelMesh: tessera_collectives::HasAxis<R>,
+    {
+        let embed = p.declare::<(Split<Context>, Split<R>), Invariant>(self.embed)?;
+        let lm_head = p.declare::<(Split<R>, Split<Context>), Invariant>(self.lm_head)?;
+        let embed = in_dtype(&embed, self.dtype)?
+            .all_gather::<R, 1>()?
+            .all_gather::<Context, 0>()?;
+        Ok((embed.value(), gathered::<R>(&lm_head, self.dtype)?))
     }
 
     /// The cross-entropy summed over this device's tokens (f32 scalar), from each device's
@@ -77,32 +96,17 @@ impl<'a> Model<'a> {
         let m = self.m;
         let n = self.b * self.s;
         let dtype = self.dtype;
-        let (embed, lm_head) = if self.fsdp {
-            let embed = p.declare::<(Split<Context>, Split<Data>), Invariant>(self.embed)?;
-            let lm_head = p.declare::<(Split<Data>, Split<Context>), Invariant>(self.lm_head)?;
-            // Cast before the gathers, so they move `dtype` bytes.
-            let (embed, lm_head) = if dtype == DType::F32 {
-                (embed, lm_head)
-            } else {
-                (embed.convert(dtype)?, lm_head.convert(dtype)?)
-            };
-            (
-                embed
-                    .all_gather::<Data, 1>()?
-                    .all_gather::<Context, 0>()?
-                    .value(),
-                lm_head
-                    .all_gather::<Data, 0>()?
-                    .all_gather::<Context, 1>()?
-                    .value(),
-            )
-        } else {
-            let embed = p.declare::<(Replicated, Replicated), Invariant>(self.embed)?;
-            let lm_head = p.declare::<(Replicated, Replicated), Invariant>(self.lm_head)?;
-            (
-                in_dtype(&embed, dtype)?.value(),
-                in_dtype(&lm_head, dtype)?.value(),
-            )
+        let (embed, lm_head) = match self.weights {
+            WeightSplit::Batch => self.gathered_embeddings::<Data>(p)?,
+            WeightSplit::Ring => self.gathered_embeddings::<RingAxis>(p)?,
+            WeightSplit::Replicated => {
+                let embed = p.declare::<(Replicated, Replicated), Invariant>(self.embed)?;
+                let lm_head = p.declare::<(Replicated, Replicated), Invariant>(self.lm_head)?;
+                (
+                    in_dtype(&embed, dtype)?.value(),
+                    in_dtype(&lm_head, dtype)?.value(),
+                )
+            }
         };
         // Each device's tokens as rows: the one-hot embedding, the targets one-hot, and the
         // RoPE tables at the tokens' global positions.
@@ -139,10 +143,10 @@ impl<'a> Model<'a> {
             })
         };
         let (cos, sin) = (rope_table(false)?.value(), rope_table(true)?.value());
-        let x = if self.fsdp {
-            self.layers::<FsdpStackedMatrix>(p, &x0, cos, sin)?
-        } else {
-            self.layers::<StackedMatrix>(p, &x0, cos, sin)?
+        let x = match self.weights {
+            WeightSplit::Batch => self.layers::<FsdpStackedMatrix>(p, &x0, cos, sin)?,
+            WeightSplit::Ring => self.layers::<RingStackedMatrix>(p, &x0, cos, sin)?,
+            WeightSplit::Replicated => self.layers::<StackedMatrix>(p, &x0, cos, sin)?,
         };
         let target_onehot = target_onehot.value();
         if self.logits {

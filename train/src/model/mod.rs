@@ -8,7 +8,9 @@
 //! ([`ParamSpec::context_dim`]; MaxText's `embed` rule, fsdp x context ways; USP's ring axis
 //! keeps them replicated). With [`TrainConfig::shard_weights_over_context`] on a batch axis
 //! of one device the same layouts split them over `context` alone (the batch axis's split is
-//! one way); "with fsdp" below means either. The program, per device:
+//! one way), and with USP the rows go over its ring axis instead (`WeightSplit::Ring`:
+//! split over every context device); "with fsdp" below means any of these. The program, per
+//! device:
 //!
 //! 1. **Forward.** One-hot token embedding, then the decoder layers as one loop
 //!    ([`Spmd::scan`]) over the layers' stacked weights (`[L, ...]` parameters), whose body is
@@ -67,17 +69,30 @@ use params::*;
 pub use params::{param_specs, Init, ParamSpec};
 use update::*;
 
-/// Runs `$body` with `$L` the layout type of a parameter (or moment) of `$spec` on a mesh
-/// with (`$fsdp`) or without fsdp.
+/// Runs `$body` with `$L` the layout type of a parameter (or moment) of `$spec` split as
+/// `$split` ([`WeightSplit`]).
 macro_rules! with_param_layout {
-    ($spec:expr, $fsdp:expr, |$L:ident| $body:expr) => {{
+    ($spec:expr, $split:expr, |$L:ident| $body:expr) => {{
         let spec: &ParamSpec = $spec;
-        let split = if $fsdp {
+        let weights: WeightSplit = $split;
+        let split = if weights.is_split() {
             spec.fsdp_dim.zip(spec.context_dim)
         } else {
             None
         };
         match (spec.shape.len(), split) {
+            (2, Some((0, 1))) if weights == WeightSplit::Ring => {
+                type $L = (Split<RingAxis>, Split<Context>);
+                $body
+            }
+            (2, Some((1, 0))) if weights == WeightSplit::Ring => {
+                type $L = (Split<Context>, Split<RingAxis>);
+                $body
+            }
+            (3, Some((1, 2))) if weights == WeightSplit::Ring => {
+                type $L = RingStackedMatrix;
+                $body
+            }
             (1, None) => {
                 type $L = (Replicated,);
                 $body
@@ -147,8 +162,8 @@ pub fn build_program(
     let n = specs.len();
     let mesh = layer.mesh()?;
     let devices = mesh.num_devices();
-    let groups = ReduceGroups::new(&mesh, &specs, cfg.shards_weights());
-    let fsdp = cfg.shards_weights();
+    let fsdp = WeightSplit::of(cfg);
+    let groups = ReduceGroups::new(&mesh, &specs, fsdp);
     let m = cfg.model;
     let mut program = Program::build(
         match kind {
@@ -248,7 +263,7 @@ pub fn build_program(
 fn param_arg(
     p: &Spmd<'_, ModelMesh>,
     spec: &ParamSpec,
-    fsdp: bool,
+    fsdp: WeightSplit,
 ) -> Result<Value, CollectiveError> {
     let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
     with_param_layout!(spec, fsdp, |L| Ok(p.arg::<L>(dims, DType::F32)?.value()))
@@ -259,7 +274,7 @@ fn param_output(
     p: &Spmd<'_, ModelMesh>,
     v: Value,
     spec: &ParamSpec,
-    fsdp: bool,
+    fsdp: WeightSplit,
 ) -> Result<(), CollectiveError> {
     with_param_layout!(spec, fsdp, |L| p.declare::<L, Invariant>(v)?.output::<L>())
 }
@@ -269,7 +284,7 @@ fn param_tensor<'p>(
     p: &'p Spmd<'_, ModelMesh>,
     v: Value,
     spec: &ParamSpec,
-    fsdp: bool,
+    fsdp: WeightSplit,
 ) -> Result<Box<dyn LocalValue<ModelMesh> + 'p>, CollectiveError> {
     with_param_layout!(spec, fsdp, |L| Ok(Box::new(p.declare::<L, Invariant>(v)?)))
 }
@@ -347,7 +362,7 @@ fn gradients(
     let wrt = params
         .iter()
         .zip(specs)
-        .map(|(&v, s)| param_tensor(p, v, s, cfg.shards_weights()))
+        .map(|(&v, s)| param_tensor(p, v, s, WeightSplit::of(cfg)))
         .collect::<Result<Vec<_>, _>>()?;
     let wrt: Vec<&dyn LocalValue<ModelMesh>> = wrt.iter().map(|t| t.as_ref()).collect();
     p.vjp(&[&loss], &[&seed], &wrt)

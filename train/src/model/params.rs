@@ -140,6 +140,40 @@ pub(super) type StackedMatrix = (Replicated, Replicated, Replicated);
 /// `context`.
 pub(super) type FsdpStackedMatrix = (Replicated, Split<Data>, Split<Context>);
 
+/// A stacked matrix split over every context device of USP: its rows over the ring axis, its
+/// columns over `context` (the Ulysses axis).
+pub(super) type RingStackedMatrix = (Replicated, Split<RingAxis>, Split<Context>);
+
+/// How the step lays out the parameters and moments.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum WeightSplit {
+    /// Every device holds them whole.
+    Replicated,
+    /// Rows ([`ParamSpec::fsdp_dim`]) over the batch axis, the other model dim over
+    /// `context`: fsdp, or [`TrainConfig::shard_weights_over_context`] on a batch axis of one
+    /// device.
+    Batch,
+    /// Rows over USP's ring axis, the other model dim over `context`
+    /// ([`TrainConfig::weight_rows_over_ring`]).
+    Ring,
+}
+
+impl WeightSplit {
+    pub(super) fn of(cfg: &TrainConfig) -> Self {
+        if cfg.weight_rows_over_ring() {
+            WeightSplit::Ring
+        } else if cfg.shards_weights() {
+            WeightSplit::Batch
+        } else {
+            WeightSplit::Replicated
+        }
+    }
+
+    pub(super) fn is_split(self) -> bool {
+        self != WeightSplit::Replicated
+    }
+}
+
 /// How the layer loop reads its stacked matrices: a row (one layer's matrix) made whole.
 pub(super) trait StackedWeights: Unstack<ModelMesh> {
     /// Layer `i`'s whole matrix in `dtype` from its (f32) row of the stack.
@@ -179,18 +213,30 @@ pub(super) fn in_dtype<'p, S>(
     }
 }
 
+/// A layer's matrix whole in `dtype` from its shard, rows split over `R`, columns over
+/// `context`: the cast, then the all-gathers over both, whose transposes in the backward are
+/// the reduce-scatters that leave each device its shard of the gradient.
+pub(super) fn gathered<R>(
+    row: &DTensor<'_, ModelMesh, (Split<R>, Split<Context>)>,
+    dtype: DType,
+) -> Result<Value, CollectiveError>
+where
+    R: tessera_collectives::MeshAxis,
+    ModelMesh: tessera_collectives::HasAxis<R>,
+{
+    Ok(in_dtype(row, dtype)?
+        .all_gather::<R, 0>()?
+        .all_gather::<Context, 1>()?
+        .value())
+}
+
 impl StackedWeights for FsdpStackedMatrix {
-    /// The cast, then the all-gathers over the batch and context axes, whose transposes in
-    /// the backward are the reduce-scatters that leave each device its shard of the
-    /// gradient.
+    /// Gathered over the batch and context axes.
     fn whole(
         row: &DTensor<'_, ModelMesh, Self::Row>,
         dtype: DType,
     ) -> Result<Value, CollectiveError> {
-        Ok(in_dtype(row, dtype)?
-            .all_gather::<Data, 0>()?
-            .all_gather::<Context, 1>()?
-            .value())
+        gathered::<Data>(row, dtype)
     }
 
     /// The cast, then the all-gather over the context axis only: the rows stay split over
@@ -200,6 +246,16 @@ impl StackedWeights for FsdpStackedMatrix {
         dtype: DType,
     ) -> Result<Value, CollectiveError> {
         Ok(in_dtype(row, dtype)?.all_gather::<Context, 1>()?.value())
+    }
+}
+
+impl StackedWeights for RingStackedMatrix {
+    /// Gathered over the ring and context axes.
+    fn whole(
+        row: &DTensor<'_, ModelMesh, Self::Row>,
+        dtype: DType,
+    ) -> Result<Value, CollectiveError> {
+        gathered::<RingAxis>(row, dtype)
     }
 }
 

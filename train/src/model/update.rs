@@ -13,8 +13,8 @@ pub(super) fn all_reduce_sum(
     Ok(f.all_reduce(x, Reducer::Sum, &[group], Grouping::FlattenedIds)?)
 }
 
-/// Which gradients are sharded over the batch axis (fsdp), and the device groups their
-/// sums run over.
+/// Which gradients are shards (fsdp, or the weights over context), and the device groups
+/// their sums run over.
 pub(super) struct ReduceGroups {
     /// Per parameter: whether its gradient is a shard (it came out of the all-gathers'
     /// transposes, reduce-scatters over the batch and context axes, already summed over
@@ -23,22 +23,39 @@ pub(super) struct ReduceGroups {
     /// Every device.
     pub(super) all: Vec<Vec<i64>>,
     /// Devices with the same batch and context coordinates (the ring axis of USP; one
-    /// device each otherwise): where a shard's gradient still needs its sum.
+    /// device each otherwise, or when the shards are split over the ring axis too): where a
+    /// shard's gradient still needs its sum.
     pub(super) ring: Vec<Vec<i64>>,
-    /// Devices with the same ring coordinate (the batch x context plane): where the
-    /// shards' squares add up to the global norm.
+    /// Devices with the same ring coordinate (the batch x context plane; every device when
+    /// the shards are split over the ring axis too): where the shards' squares add up to
+    /// the global norm.
     pub(super) shards: Vec<Vec<i64>>,
 }
 
 impl ReduceGroups {
-    pub(super) fn new(mesh: &Mesh<ModelMesh>, specs: &[ParamSpec], fsdp: bool) -> Self {
+    pub(super) fn new(mesh: &Mesh<ModelMesh>, specs: &[ParamSpec], split: WeightSplit) -> Self {
         let devices = mesh.num_devices() as i64;
+        let sharded = specs
+            .iter()
+            .map(|s| split.is_split() && s.fsdp_dim.is_some())
+            .collect();
+        let all = vec![(0..devices).collect()];
+        if split == WeightSplit::Ring {
+            // Split over every device: the reduce-scatters summed the shards everywhere.
+            let alone = (0..devices).map(|d| vec![d]).collect();
+            return ReduceGroups {
+                sharded,
+                all: all.clone(),
+                ring: alone,
+                shards: all,
+            };
+        }
         // Row-major device ids: the ring axis is the innermost, so a device's ring
         // coordinate is its id modulo the ring size.
         let ring_size = mesh.axis_size::<RingAxis>() as i64;
         ReduceGroups {
-            sharded: specs.iter().map(|s| fsdp && s.fsdp_dim.is_some()).collect(),
-            all: vec![(0..devices).collect()],
+            sharded,
+            all,
             ring: mesh.axis::<RingAxis>().groups().to_vec(),
             shards: (0..ring_size)
                 .map(|r| (r..devices).step_by(ring_size as usize).collect())
