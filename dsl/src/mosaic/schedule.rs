@@ -6,12 +6,11 @@
 //! run-time value (libtpu's guard that skips it when `lo >= hi`). A `when` whose body only
 //! prints scalars is no region: its `tpu.log` compiles to no bundles (measured, libtpu
 //! 0.0.50.1 on v5p: paged attention's table checks). How often a region runs is how often its
-//! condition holds, which
-//! [`KernelSchedule::of_kernel`] finds by evaluating the kernel's top-level scalar code at
-//! every grid step: program ids, constants, integer arithmetic, comparisons and reads of
-//! scalar-prefetch tables whose values the caller knows (splash's block tables). A condition
-//! that needs anything else (a value computed from vectors, a table not given) counts as
-//! holding at every step, and its path says it is not exact.
+//! condition holds, which [`KernelSchedule::of_kernel`] finds by evaluating the kernel's
+//! top-level scalar code at every grid step: program ids, constants, integer arithmetic,
+//! comparisons and reads of scalar-prefetch tables whose values the caller knows (splash's
+//! block tables). A condition that needs anything else (a value computed from vectors, a
+//! table not given) counts as holding at every step, and its path says it is not exact.
 //!
 //! The counts are kept per index of the leading `parallel` grid dims (flattened, row-major),
 //! because a chip with two TensorCores (v4, v5p) splits exactly those between its cores:
