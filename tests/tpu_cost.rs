@@ -1,11 +1,12 @@
 //! A kernel's cost read from libtpu's own bundles (`tessera::tpu::cost`), compile-only: splash
 //! forward compiled for v5p (two TensorCores) and v5e (one), its report checked against what
-//! the grid and the causal mask say independently.
+//! the grid and the causal mask say independently; paged attention's steps and VMEM likewise.
 //!
 //! libtpu reads its dump flags once, when it loads, so this test has its own `main` (no
 //! harness): it asks for the dumps before anything loads libtpu, on the one thread there is.
 
-use tessera::dsl::{DType, Lowering};
+use tessera::dsl::{ArgSpec, DType, KernelRules, Lowering};
+use tessera::paged::paged_attention;
 use tessera::splash::{splash_program, BlockSizes, Dims, Mask, Pass, SplashAttention};
 use tessera::tpu::cost::KernelCost;
 use tessera::tpu::TpuTopology;
@@ -102,8 +103,54 @@ fn main() {
     assert_eq!(one.loop_trips, Some(one.steps_per_core + 2));
     assert_eq!((runs(&one, names[3]), runs(&one, names[4])), (12, 8));
     assert_eq!(one.cycles_all_cores, one.cycles_per_core);
+    paged_attention_steps_and_vmem();
     the_cli_reads_a_dump_directory_as_it_reads_its_own_compile();
     println!("tpu_cost: ok");
+}
+
+/// Paged attention (bf16, 8 sequences of 128 pages of 16 tokens, 32 query and 8 KV heads,
+/// 8 pages per block) on v5p: the sequences split over the two cores, 4 x 8 steps each. A
+/// sequence's first block is fetched at its first KV head's step only (`init`: 4 runs a
+/// core, as is the zeroing of its output block); the loop over blocks, whose trip count is a
+/// run-time value libtpu guards with a branch, is a path of its own at every step. `q` and
+/// `out` are single-buffered, so libtpu's scoped VMEM is what tessera's rules count with one
+/// buffer for them (two would be 16 KiB more).
+fn paged_attention_steps_and_vmem() {
+    let def = paged_attention::<half::bf16>(8);
+    let args = [
+        ArgSpec::new(DType::BF16, [8, 32, 128]),
+        ArgSpec::new(DType::BF16, [8, 1024, 16, 128]),
+        ArgSpec::new(DType::BF16, [8, 1024, 16, 128]),
+        ArgSpec::new(DType::I32, [8]),
+        ArgSpec::new(DType::I32, [8, 128]),
+    ];
+    let report = TpuTopology::parse("tpu:v5p:2x2x1")
+        .unwrap()
+        .compile_kernel(&def, &args)
+        .unwrap();
+    let mut costs = report.kernel_costs.expect("kernel costs from the dumps");
+    let cost = costs.remove(0);
+    println!("paged attention\n{}", cost.table());
+    assert_eq!((cost.grid.as_slice(), cost.cores), ([8, 8].as_slice(), 2));
+    assert_eq!(cost.steps_per_core, 32);
+    let names: Vec<&str> = cost.paths.iter().map(|p| p.path.as_str()).collect();
+    let line = include_str!("../kernels/paged/src/paged_attention.rs")
+        .lines()
+        .position(|l| l.contains("fori_loop(0, blocks, init"))
+        .expect("the block loop");
+    let block_loop = format!("paged_attention.rs:{}", line + 1);
+    assert_eq!(
+        names,
+        ["outside loop", "step", "init", block_loop.as_str(), "init"],
+        "{:?}",
+        cost.paths
+    );
+    let path_runs: Vec<u64> = cost.paths.iter().map(|p| p.runs).collect();
+    assert_eq!(path_runs[2..], [4, 32, 4], "{:?}", cost.paths);
+    let kernel = def.instantiate(&args, &KernelRules::tpu()).unwrap();
+    let counted = tessera::dsl::rules::vmem_bytes(&kernel) as i64;
+    assert_eq!(cost.scoped_vmem_bytes, Some(counted));
+    assert_eq!(counted, 2 * (2 * 8 * 16 * 128 * 2) + 2 * (32 * 128 * 2));
 }
 
 /// `tessera compile` with the user's own dump directory (kept), then `tessera
