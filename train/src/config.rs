@@ -272,8 +272,8 @@ pub struct TrainConfig {
     /// degree, which is what lets a long sequence over many chips hold a large model; with
     /// fsdp the weights are split over context anyway. With USP the rows go over its ring
     /// axis ([`TrainConfig::weight_rows_over_ring`]), so every context device holds its own
-    /// share. Off by default (the train example
-    /// replicates them); `tessera compile train` turns it on as MaxText's rule does. With
+    /// share. Off by default (the train example replicates them); `tessera compile train`
+    /// turns it on as MaxText's rule does. With
     /// data parallelism above 1 it is refused ([`TrainConfig::validate`]): the weights
     /// would need a layout replicated over the batch axis and split over context, which the
     /// step does not build.
@@ -547,8 +547,8 @@ impl TrainConfig {
             return Err(SettingError::FsdpDim { dim, size, fsdp });
         }
         // Without fsdp, USP's ring axis splits those dims in its place.
-        let ring = self.weight_ring_shards();
         if self.weight_rows_over_ring() {
+            let ring = self.weight_ring_shards();
             if let Some(&(dim, size)) = dims.iter().find(|(_, n)| n % ring != 0) {
                 return Err(SettingError::RingWeightDim { dim, size, ring });
             }

@@ -162,8 +162,8 @@ pub fn build_program(
     let n = specs.len();
     let mesh = layer.mesh()?;
     let devices = mesh.num_devices();
-    let fsdp = WeightSplit::of(cfg);
-    let groups = ReduceGroups::new(&mesh, &specs, fsdp);
+    let split = WeightSplit::of(cfg);
+    let groups = ReduceGroups::new(&mesh, &specs, split);
     let m = cfg.model;
     let mut program = Program::build(
         match kind {
@@ -176,12 +176,12 @@ pub fn build_program(
         |p| {
             let params = specs
                 .iter()
-                .map(|s| param_arg(p, s, fsdp))
+                .map(|s| param_arg(p, s, split))
                 .collect::<Result<Vec<_>, _>>()?;
             let moments = if kind == StepKind::Train {
                 let mut mv = Vec::with_capacity(2 * n);
                 for s in specs.iter().chain(&specs) {
-                    mv.push(param_arg(p, s, fsdp)?);
+                    mv.push(param_arg(p, s, split)?);
                 }
                 mv
             } else {
@@ -241,7 +241,7 @@ pub fn build_program(
                 adamw(f, cfg, &specs, &params, &moments, &grads, hyper, &groups)
             })?;
             for (v, i) in new.iter().zip((0..n).cycle()) {
-                param_output(p, *v, &specs[i], fsdp)?;
+                param_output(p, *v, &specs[i], split)?;
             }
             scalar_output(p, loss)?;
             scalar_output(p, norm)
@@ -257,16 +257,16 @@ pub fn build_program(
     Ok(program)
 }
 
-/// The argument of a parameter (or a moment) of `spec` (f32): replicated, or with fsdp
-/// split over the batch axis along its [`ParamSpec::fsdp_dim`] and over `context` along its
-/// [`ParamSpec::context_dim`].
+/// The argument of a parameter (or a moment) of `spec` (f32) split as `split`: replicated,
+/// or along its [`ParamSpec::fsdp_dim`] over the batch (or ring) axis and over `context`
+/// along its [`ParamSpec::context_dim`].
 fn param_arg(
     p: &Spmd<'_, ModelMesh>,
     spec: &ParamSpec,
-    fsdp: WeightSplit,
+    split: WeightSplit,
 ) -> Result<Value, CollectiveError> {
     let dims: Vec<i64> = spec.shape.iter().map(|&d| d as i64).collect();
-    with_param_layout!(spec, fsdp, |L| Ok(p.arg::<L>(dims, DType::F32)?.value()))
+    with_param_layout!(spec, split, |L| Ok(p.arg::<L>(dims, DType::F32)?.value()))
 }
 
 /// The output of the updated parameter (or moment) `v` of `spec`, laid out as its argument.
@@ -274,9 +274,9 @@ fn param_output(
     p: &Spmd<'_, ModelMesh>,
     v: Value,
     spec: &ParamSpec,
-    fsdp: WeightSplit,
+    split: WeightSplit,
 ) -> Result<(), CollectiveError> {
-    with_param_layout!(spec, fsdp, |L| p.declare::<L, Invariant>(v)?.output::<L>())
+    with_param_layout!(spec, split, |L| p.declare::<L, Invariant>(v)?.output::<L>())
 }
 
 /// A parameter as a tensor of its layout, to differentiate with respect to.
@@ -284,9 +284,9 @@ fn param_tensor<'p>(
     p: &'p Spmd<'_, ModelMesh>,
     v: Value,
     spec: &ParamSpec,
-    fsdp: WeightSplit,
+    split: WeightSplit,
 ) -> Result<Box<dyn LocalValue<ModelMesh> + 'p>, CollectiveError> {
-    with_param_layout!(spec, fsdp, |L| Ok(Box::new(p.declare::<L, Invariant>(v)?)))
+    with_param_layout!(spec, split, |L| Ok(Box::new(p.declare::<L, Invariant>(v)?)))
 }
 
 fn scalar_output(p: &Spmd<'_, ModelMesh>, v: Value) -> Result<(), CollectiveError> {
