@@ -345,7 +345,8 @@ fn splash_kernels_agree_with_the_interpreter() {
 /// The forward of a plan built as Mosaic calls (`Lowering::tpu()`, D = 128) holds its running
 /// max and sum lane-replicated (`[bq, 128]` scratch met by `repeat`s, lse from lane 0): the
 /// Mosaic text agrees with the interpreter bit for bit and both match the f64 reference, with
-/// and without sinks and segment ids, and with compute blocks half the key blocks.
+/// and without sinks and segment ids, with compute blocks half the key blocks, and with the
+/// diagonal block by 128-row sub-tiles (the one above the diagonal skipped).
 #[test]
 fn lane_dense_splash_forward_matches_f64() {
     let dims = Dims {
@@ -382,8 +383,21 @@ fn lane_dense_splash_forward_matches_f64() {
         )
         .unwrap_or_else(|e| panic!("{e}"))
     };
-    for (blocks, extras) in [(BlockSizes::uniform(128, 128), false), (split, true)] {
+    let diagonal = BlockSizes {
+        block_diagonal: Some(128),
+        ..BlockSizes::uniform(256, 256)
+    };
+    for (blocks, extras) in [
+        (BlockSizes::uniform(128, 128), false),
+        (split, true),
+        (diagonal, true),
+    ] {
         let attn = tpu_plan(blocks);
+        let sub_tiles = attn.fwd_mask_info().diagonal_sub_tiles;
+        assert_eq!(
+            sub_tiles, blocks.block_diagonal,
+            "the diagonal path is used"
+        );
         let x = Inputs {
             segment_ids: extras.then_some(SegmentIds {
                 q: &segs,
@@ -397,7 +411,7 @@ fn lane_dense_splash_forward_matches_f64() {
         assert_eq!(exec.compared.borrow()["splash_fwd"].0, 1);
         assert_eq!(
             exec.fwd_running_max.into_inner(),
-            [vec![128, 128]],
+            [vec![blocks.block_q, 128]],
             "a lane-replicated running max"
         );
         let want = tessera::splash::reference::forward(&tessera::splash::reference::RefInputs {

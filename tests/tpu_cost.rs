@@ -65,12 +65,33 @@ fn main() {
     );
     // The loop runs the core's steps and the pipeline's two extra iterations.
     assert_eq!(small.loop_trips, Some(small.steps_per_core + 2));
-    // Paths: outside the loop, the step, then init, full and masked blocks, finalize.
+    // Paths: outside the loop, the step, then init, full blocks, the diagonal blocks by
+    // 128-row sub-tiles (every masked block of a causal mask is one), finalize.
     let names: Vec<&str> = small.paths.iter().map(|p| p.path.as_str()).collect();
     assert_eq!(names.len(), 6, "{names:?}");
+    let line = include_str!("../kernels/splash/src/kernels.rs")
+        .lines()
+        .position(|l| l.contains("when(kind.eq(DIAGONAL), || diagonal_step(sub))"))
+        .expect("the forward's diagonal path");
+    let diagonal = format!("kernels.rs:{}", line + 1);
     assert_eq!(
-        [names[0], names[1], names[2], names[5]],
-        ["outside loop", "step", "init", "finalize"]
+        [names[0], names[1], names[2], names[4], names[5]],
+        [
+            "outside loop",
+            "step",
+            "init",
+            diagonal.as_str(),
+            "finalize"
+        ]
+    );
+    // Skipping the 6 of 16 sub-tiles above the diagonal leaves 10/16 of a full block's
+    // matmul work (as MXU slots: the sub-tiles' pushes and pops).
+    let (full, diag) = (&small.paths[3], &small.paths[4]);
+    assert!(
+        diag.mxu_slots * 16 < full.mxu_slots * 12,
+        "diagonal {} MXU slots against a full block's {}",
+        diag.mxu_slots,
+        full.mxu_slots
     );
     assert!(
         small.paths.iter().all(|p| p.bundles > 0),
@@ -78,7 +99,7 @@ fn main() {
         small.paths
     );
     // Per core one head: 4 rows; of its 4 x 4 blocks the causal mask computes the 6 below
-    // the diagonal in full and the 4 on it masked.
+    // the diagonal in full and the 4 on it by sub-tiles.
     assert_eq!((runs(&small, "init"), runs(&small, "finalize")), (4, 4));
     assert_eq!((runs(&small, names[3]), runs(&small, names[4])), (6, 4));
     let by_paths: u64 = small.paths.iter().map(|p| p.bundles * p.runs).sum();

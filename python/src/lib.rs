@@ -561,12 +561,13 @@ fn py_stage(
 /// `dout` to `dq`, `dk`, `dv` (and `dsinks [H, 1, 1]`). `mask`: tessera's mask syntax
 /// (`causal`, `full`, `local:LEFT:RIGHT`, `chunked:SIZE`, `causal:OFFSET`). Block sizes
 /// left out default as in JAX's `BlockSizes` (the dkv blocks to the forward's, compute
-/// blocks to their blocks), dQ's compute block as tessera's `default_dq_compute_block`.
+/// blocks to their blocks), dQ's compute block as tessera's `default_dq_compute_block`, the
+/// forward's diagonal sub-tile as its `default_diagonal_block`.
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, dtype, mask, block_q, block_kv, *, block_kv_compute = None, block_q_dkv = None,
     block_kv_dkv = None, block_kv_dkv_compute = None, block_q_dq = None, block_kv_dq = None,
-    block_kv_dq_compute = None, fused_bwd = false, segmented = false, sinks = false, soft_cap = None, scale = None
+    block_kv_dq_compute = None, block_diagonal = None, fused_bwd = false, segmented = false, sinks = false, soft_cap = None, scale = None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn splash_plan<'py>(
@@ -585,6 +586,7 @@ fn splash_plan<'py>(
     block_q_dq: Option<usize>,
     block_kv_dq: Option<usize>,
     block_kv_dq_compute: Option<usize>,
+    block_diagonal: Option<usize>,
     fused_bwd: bool,
     segmented: bool,
     sinks: bool,
@@ -602,6 +604,7 @@ fn splash_plan<'py>(
         block_q_dq: block_q_dq.unwrap_or(block_q),
         block_kv_dq: block_kv_dq.unwrap_or(block_kv),
         block_kv_dq_compute,
+        block_diagonal,
         ..BlockSizes::uniform(block_q, block_kv)
     }
     .with_fused_bwd(fused_bwd);

@@ -29,7 +29,10 @@ class BlockSizes:
     the dK/dV (or fused) kernel uses the `*_dkv` sizes, the dQ kernel the `*_dq` ones.
     Unset sizes default as in JAX: dkv and dq blocks to the forward's, compute blocks to
     their blocks, except `block_kv_dq_compute` (JAX's dQ has none), which tessera picks by
-    `block_kv_dq` (`tessera_splash::default_dq_compute_block`)."""
+    `block_kv_dq` (`tessera_splash::default_dq_compute_block`). `block_diagonal` (not in
+    JAX's): the sub-tile the forward cuts causal-diagonal square blocks into, skipping those
+    above the diagonal (tokamax's `qk_diag_skip`); unset, 256 for blocks of 1024 or more,
+    else the whole block (no skip)."""
 
     block_q: int = 128
     block_kv: int = 128
@@ -40,6 +43,7 @@ class BlockSizes:
     block_q_dq: int | None = None
     block_kv_dq: int | None = None
     block_kv_dq_compute: int | None = None
+    block_diagonal: int | None = None
     use_fused_bwd_kernel: bool = False
 
     def __post_init__(self):
@@ -73,6 +77,7 @@ def _plan(q, k, v, dtype, mask, blocks: BlockSizes, segmented, sinks, soft_cap, 
         block_q_dq=blocks.block_q_dq,
         block_kv_dq=blocks.block_kv_dq,
         block_kv_dq_compute=blocks.block_kv_dq_compute,
+        block_diagonal=blocks.block_diagonal,
         fused_bwd=blocks.use_fused_bwd_kernel,
         segmented=segmented,
         sinks=sinks,

@@ -193,6 +193,11 @@ def test_tessera_errors_are_raised_with_tesseras_sentence():
             *(jnp.zeros((1, 2, 256, 64), jnp.float32),) * 3, mask="causal",
             block_sizes=tj.BlockSizes(block_q=96, block_kv=128),
         )
+    with pytest.raises(tj.TesseraError, match="diagonal sub-tiles need square blocks"):
+        tj.splash_attention(
+            *(jnp.zeros((1, 2, 256, 64), jnp.float32),) * 3, mask="causal",
+            block_sizes=tj.BlockSizes(block_q=128, block_kv=256, block_diagonal=64),
+        )
     # Negative sizes are sentences too, not Python's OverflowError.
     with pytest.raises(tj.TesseraError, match=r"argument 0 of `matmul` has shape \(-64, 64\)"):
         tj.kernel("matmul", {}, [((-64, 64), "f32"), ((64, 64), "f32")])

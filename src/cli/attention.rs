@@ -146,6 +146,7 @@ impl Names for AttentionFlags {
             ("block_q_dkv", true) => "--block-q-dkv",
             ("block_kv_dkv", true) => "--block-kv-dkv",
             ("block_kv_dq_compute", true) => "--block-kv-dq-compute",
+            ("block_diagonal", true) => "--block-diagonal",
             ("block_q" | "block_q_dkv" | "block_q_dq", _) => "--block-q",
             ("block_kv" | "block_kv_dkv" | "block_kv_dq", _) => "--block-kv",
             ("heads", true) => "--heads",

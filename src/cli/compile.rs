@@ -128,6 +128,12 @@ pub struct CompileAttentionArgs {
     /// `default_dq_compute_block` says what was measured).
     #[arg(long)]
     pub block_kv_dq_compute: Option<usize>,
+    /// The forward's diagonal sub-tile: square blocks the mask leaves full below the
+    /// diagonal and empty above it are computed by sub-tiles of this size, those above the
+    /// diagonal skipped (default: 256 for blocks of 1024 or more, else the whole block,
+    /// which turns the skip off; splash's `default_diagonal_block` says what was measured).
+    #[arg(long)]
+    pub block_diagonal: Option<usize>,
     /// The fused dq+dkv backward kernel instead of separate dq and dkv kernels.
     #[arg(long)]
     pub fused_bwd: bool,
@@ -317,6 +323,7 @@ fn attention_program(a: &CompileAttentionArgs, lowering: &Lowering) -> Result<Mo
         block_kv_dkv: a.block_kv_dkv.unwrap_or(bkv),
         block_kv_dkv_compute: a.block_kv_dkv.unwrap_or(bkv),
         block_kv_dq_compute: a.block_kv_dq_compute,
+        block_diagonal: a.block_diagonal,
         ..BlockSizes::uniform(bq, bkv)
     }
     .with_fused_bwd(a.fused_bwd);

@@ -425,6 +425,7 @@ impl TrainConfig {
             block_q_dq: self.sa_block_q_dkv,
             block_kv_dq: self.sa_block_kv_dkv,
             block_kv_dq_compute: None,
+            block_diagonal: None,
             use_fused_bwd_kernel: false,
         }
     }

@@ -14,7 +14,7 @@ use crate::kernels::{
     splash_bwd_fused, splash_bwd_prep, splash_dkv, splash_dq, splash_dq_reduce, splash_fwd,
     F32Bits, KernelConfig, PrepConfig,
 };
-use crate::mask::{MultiHeadMask, SeqOffsets};
+use crate::mask::{BlockKind, MultiHeadMask, SeqOffsets};
 use crate::mask_info::{BlockStats, Major, MaskInfo};
 
 /// `def` without its segment-id operands when the call has none (a kernel that never fetches
@@ -457,13 +457,15 @@ impl SplashAttention {
             )
         };
         b.validate(dims.q_len, dims.kv_len, rules)?;
-        let fwd_info = info(b.block_q, b.block_kv, Major::Q, true)?;
+        let fwd_info = info(b.block_q, b.block_kv, Major::Q, true)?
+            .with_diagonal_sub_tiles(&mask, b.diagonal_block());
         let dq_info = if b.use_fused_bwd_kernel {
             None
         } else {
             // dQ walks key blocks per query block; as Mosaic calls it computes
             // keys-by-queries tiles (`splash_dq`).
-            let dq = info(b.block_q_dq, b.block_kv_dq, Major::Q, true)?;
+            let dq = info(b.block_q_dq, b.block_kv_dq, Major::Q, true)?
+                .with_diagonal_sub_tiles(&mask, b.diagonal_block_dq());
             Some(if lowering.is_tpu() {
                 dq.with_keys_by_queries_tiles()
             } else {
@@ -475,7 +477,8 @@ impl SplashAttention {
             b.block_kv_dkv,
             Major::Kv,
             !b.use_fused_bwd_kernel,
-        )?;
+        )?
+        .with_diagonal_sub_tiles(&mask, b.diagonal_block_dkv());
         Ok(SplashAttention {
             dims,
             dtype,
@@ -574,7 +577,22 @@ impl SplashAttention {
             sinks: f.sinks,
             lanes: self.lanes(bkv_compute),
             keys_by_queries: info.keys_by_queries,
+            diagonal_sub_tiles: None,
         }
+    }
+
+    /// `cfg` tracing the diagonal path of `info`'s tables at sub-tile `sub` where they use it
+    /// (or, for kernels shared by shards, wherever a shard's tables may use it), and the
+    /// partial path only where a partial block is left.
+    fn diagonal_config(&self, mut cfg: KernelConfig, info: &MaskInfo, sub: usize) -> KernelConfig {
+        if self.options.trace_all_paths {
+            let square = info.block_q == info.block_kv;
+            cfg.diagonal_sub_tiles = Some(sub).filter(|&d| square && d < info.block_q);
+        } else {
+            cfg.diagonal_sub_tiles = info.diagonal_sub_tiles;
+            cfg.any_partial = info.block_mask.contains(&BlockKind::Partial.code());
+        }
+        cfg
     }
 
     /// Lanes of the forward's running max and sum ([`KernelConfig::lanes`]): 128 when the
@@ -643,7 +661,11 @@ impl SplashAttention {
     /// The forward: one [`splash_fwd`] stage, `Q, K, V (, segments, sinks) -> Out, Lse`.
     pub fn forward_plan(&self, f: Features) -> Vec<Stage> {
         let info = &self.fwd_info;
-        let cfg = self.config(info, self.block_sizes.block_kv_compute, f);
+        let cfg = self.diagonal_config(
+            self.config(info, self.block_sizes.block_kv_compute, f),
+            info,
+            self.block_sizes.diagonal_block(),
+        );
         let def = with_segments(with_float_type!(self.dtype, T => splash_fwd::<T>(cfg)), f);
         let mut args = self.tables(info);
         args.push(self.sinks(f));
@@ -685,7 +707,11 @@ impl SplashAttention {
         }];
         let residuals = [Tensor::Lse, Tensor::DOut, Tensor::Di].map(StageArg::Tensor);
         let info = &self.dkv_info;
-        let cfg = self.config(info, b.block_kv_dkv_compute, f);
+        let cfg = self.diagonal_config(
+            self.config(info, b.block_kv_dkv_compute, f),
+            info,
+            b.diagonal_block_dkv(),
+        );
         let mut args = self.tables(info);
         args.push(self.offsets());
         args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
@@ -726,7 +752,11 @@ impl SplashAttention {
                 .dq_info
                 .as_ref()
                 .expect("separate backward has dq tables");
-            let cfg = self.config(info, b.dq_compute_block(), f);
+            let cfg = self.diagonal_config(
+                self.config(info, b.dq_compute_block(), f),
+                info,
+                b.diagonal_block_dq(),
+            );
             let def = with_segments(with_float_type!(self.dtype, T => splash_dq::<T>(cfg)), f);
             let mut args = self.tables(info);
             args.push(self.offsets());

@@ -17,7 +17,13 @@ pub const NUM_LANES: usize = 128;
 ///   `block_kv_dkv_compute` keys at a time;
 /// - dQ: `block_q_dq` by `block_kv_dq`, computed `block_kv_dq_compute` keys at a time
 ///   (unused with `use_fused_bwd_kernel`, where the dK/dV kernel also produces dQ). JAX's
-///   dQ kernel has no compute block; [`default_dq_compute_block`] says why tessera's does.
+///   dQ kernel has no compute block; [`default_dq_compute_block`] says why tessera's does;
+/// - diagonal blocks: a kernel with square blocks cuts each block the mask leaves full below
+///   the diagonal and empty above it (the causal diagonal) into `block_diagonal` x
+///   `block_diagonal` sub-tiles and skips those above the diagonal (tokamax's
+///   `qk_diag_skip`); a sub-tile the size of the block computes the whole block. Unset, each
+///   kernel takes [`default_diagonal_block`] (forward, dK/dV, fused) or
+///   [`default_dq_diagonal_block`] (dQ) of its blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockSizes {
     pub block_q: usize,
@@ -31,6 +37,10 @@ pub struct BlockSizes {
     /// `None`: [`default_dq_compute_block`] of `block_kv_dq` (see
     /// [`BlockSizes::dq_compute_block`]).
     pub block_kv_dq_compute: Option<usize>,
+    /// The diagonal sub-tile of every kernel with square blocks; `None`: each kernel's
+    /// default ([`BlockSizes::diagonal_block`], [`BlockSizes::diagonal_block_dkv`],
+    /// [`BlockSizes::diagonal_block_dq`]).
+    pub block_diagonal: Option<usize>,
     /// One backward kernel computing dQ, dK and dV together (dQ is reduced over key blocks
     /// afterwards) instead of separate dQ and dK/dV kernels.
     pub use_fused_bwd_kernel: bool,
@@ -75,6 +85,41 @@ pub fn default_dq_compute_block(block_kv_dq: usize) -> usize {
     }
 }
 
+/// The diagonal sub-tile of the forward and dK/dV (or fused) kernels when `block_diagonal`
+/// is `None`: 256 for square blocks of 1024 or more, 128 for square blocks of 512, else the
+/// whole block (no skip).
+///
+/// Measured on v5p with libtpu's bundles (`tessera compile --target tpu:v5p:2x2x1
+/// attention --block-diagonal N`, bf16, causal MHA, 8 heads, D 128, S 8192, cycles per
+/// core, whole block first): forward at blocks 2048 832,816 -> 789,166 / 659,150 / 676,798
+/// at sub-tiles 128 / 256 / 512; at 1024 784,672 -> 725,854 (256) / 732,062 (512); at 512
+/// 926,896 -> 924,710 (128) / 931,760 (256). dK/dV at 2048 1,211,076 -> 1,032,622 (256) /
+/// 1,034,480 (512); at 1024 1,141,287 -> 1,074,245 (256) / 1,084,133 (512); at 512
+/// 1,307,655 -> 1,271,811 (128) / 1,296,835 (256). The fused backward at 2048 1,476,518 ->
+/// 1,273,178 (256); at 1024 1,413,477 -> 1,332,860 (256); at 512 1,533,907 -> 1,532,629
+/// (128).
+pub fn default_diagonal_block(block_q: usize, block_kv: usize) -> usize {
+    match block_q {
+        b if b != block_kv => b,
+        b if b >= 1024 && b % 256 == 0 => 256,
+        512 => 128,
+        b => b,
+    }
+}
+
+/// The dQ kernel's diagonal sub-tile when `block_diagonal` is `None`: 512 for square
+/// blocks of 1024 or more, else the whole block. Measured as [`default_diagonal_block`]:
+/// dQ at blocks 2048 872,101 -> 803,237 / 760,757 / 782,101 at sub-tiles 256 / 512 / 1024;
+/// at 1024 832,027 -> 813,179 (256) / 797,627 (512); at 512 1,079,771 -> 1,079,387 (256) /
+/// 1,083,991 (128), no gain.
+pub fn default_dq_diagonal_block(block_q: usize, block_kv: usize) -> usize {
+    if block_q == block_kv && block_q >= 1024 && block_q % 512 == 0 {
+        512
+    } else {
+        block_q
+    }
+}
+
 impl Default for BlockSizes {
     /// JAX's defaults: 128 everywhere, separate backward kernels.
     fn default() -> Self {
@@ -97,6 +142,7 @@ impl BlockSizes {
             block_q_dq: block_q,
             block_kv_dq: block_kv,
             block_kv_dq_compute: None,
+            block_diagonal: None,
             use_fused_bwd_kernel: false,
         }
     }
@@ -112,6 +158,27 @@ impl BlockSizes {
     pub fn dq_compute_block(&self) -> usize {
         self.block_kv_dq_compute
             .unwrap_or_else(|| default_dq_compute_block(self.block_kv_dq))
+    }
+
+    /// The forward's diagonal sub-tile: `block_diagonal`, or by default
+    /// [`default_diagonal_block`] of `block_q` and `block_kv` (`block_q`: no skip).
+    pub fn diagonal_block(&self) -> usize {
+        self.block_diagonal
+            .unwrap_or_else(|| default_diagonal_block(self.block_q, self.block_kv))
+    }
+
+    /// The dK/dV (or fused) kernel's diagonal sub-tile: `block_diagonal`, or by default
+    /// [`default_diagonal_block`] of `block_q_dkv` and `block_kv_dkv`.
+    pub fn diagonal_block_dkv(&self) -> usize {
+        self.block_diagonal
+            .unwrap_or_else(|| default_diagonal_block(self.block_q_dkv, self.block_kv_dkv))
+    }
+
+    /// The dQ kernel's diagonal sub-tile: `block_diagonal`, or by default
+    /// [`default_dq_diagonal_block`] of `block_q_dq` and `block_kv_dq`.
+    pub fn diagonal_block_dq(&self) -> usize {
+        self.block_diagonal
+            .unwrap_or_else(|| default_dq_diagonal_block(self.block_q_dq, self.block_kv_dq))
     }
 
     /// The same sizes with the fused backward kernel on or off.
@@ -154,6 +221,7 @@ impl BlockSizes {
         let mut add = |name: &'static str, problem: Option<BlockSizeReason>| {
             if let Some(reason) = problem {
                 match problems.iter_mut().find(|p| p.reason == reason) {
+                    Some(p) if p.blocks.contains(&name) => {}
                     Some(p) => p.blocks.push(name),
                     None => problems.push(BlockProblem {
                         blocks: vec![name],
@@ -185,6 +253,37 @@ impl BlockSizes {
                 add(cname, d);
                 if t {
                     add(cname, tiled(c, b, KEY_LANES));
+                }
+            }
+        }
+        if let Some(d) = self.block_diagonal {
+            // The forward's blocks must be square; the backward kernels' are cut where they
+            // are square.
+            let mut square = vec![("block_q", self.block_q, self.block_kv)];
+            square.push(("block_q_dkv", self.block_q_dkv, self.block_kv_dkv));
+            if !self.use_fused_bwd_kernel {
+                square.push(("block_q_dq", self.block_q_dq, self.block_kv_dq));
+            }
+            let mut checked = Vec::new();
+            for (i, (name, bq, bkv)) in square.into_iter().enumerate() {
+                // One message per block size, under the first kernel that has it.
+                if checked.contains(&(bq, bkv)) {
+                    continue;
+                }
+                checked.push((bq, bkv));
+                let problem = if bq != bkv {
+                    (i == 0).then_some(BlockSizeReason::NotSquare {
+                        block: d,
+                        block_q: bq,
+                        block_kv: bkv,
+                    })
+                } else {
+                    divides(d, name, bq)
+                };
+                let t = problem.is_none() && tpu && bq == bkv;
+                add("block_diagonal", problem);
+                if t {
+                    add("block_diagonal", tiled(d, bq, KEY_LANES));
                 }
             }
         }
@@ -272,6 +371,48 @@ mod tests {
             ..BlockSizes::uniform(128, 2048)
         };
         assert_eq!(b.dq_compute_block(), 128);
+    }
+
+    #[test]
+    fn diagonal_sub_tiles_default_by_block_and_are_checked_when_set() {
+        let b = BlockSizes::uniform(2048, 2048);
+        assert_eq!(
+            (
+                b.diagonal_block(),
+                b.diagonal_block_dkv(),
+                b.diagonal_block_dq()
+            ),
+            (256, 256, 512)
+        );
+        assert_eq!(BlockSizes::uniform(512, 512).diagonal_block(), 128);
+        assert_eq!(BlockSizes::uniform(512, 512).diagonal_block_dq(), 512);
+        assert_eq!(BlockSizes::uniform(256, 512).diagonal_block(), 256);
+        let set = |d, bq, bkv| {
+            BlockSizes {
+                block_diagonal: Some(d),
+                ..BlockSizes::uniform(bq, bkv)
+            }
+            .validate(1024, 1024, &KernelRules::tpu())
+        };
+        set(128, 512, 512).unwrap();
+        let e = set(128, 256, 512).unwrap_err().to_string();
+        assert!(
+            e.contains(
+                "block_diagonal = 128, but diagonal sub-tiles need square blocks \
+                 (block_q = 256, block_kv = 512)"
+            ),
+            "{e}"
+        );
+        let e = set(96, 512, 512).unwrap_err().to_string();
+        assert!(
+            e.contains("block_diagonal = 96, which does not divide block_q (512)"),
+            "{e}"
+        );
+        let e = set(64, 512, 512).unwrap_err().to_string();
+        assert!(
+            e.contains("block_diagonal = 64, which is neither a multiple of 128"),
+            "{e}"
+        );
     }
 
     #[test]

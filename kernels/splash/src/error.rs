@@ -106,6 +106,16 @@ pub enum BlockSizeReason {
         len: usize,
         suggestion: usize,
     },
+    /// A diagonal sub-tile asked of blocks that are not square.
+    #[error(
+        "= {block}, but diagonal sub-tiles need square blocks (block_q = {block_q}, \
+         block_kv = {block_kv}); leave block_diagonal unset or make the blocks equal"
+    )]
+    NotSquare {
+        block: usize,
+        block_q: usize,
+        block_kv: usize,
+    },
 }
 
 /// Inputs of the wrong rank, shape, dtype or values.

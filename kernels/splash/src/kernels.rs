@@ -28,7 +28,7 @@ use std::fmt;
 use tessera_dsl::prelude::*;
 
 use crate::mask::{MaskExpr, PositionOps};
-use crate::mask_info::KernelMask;
+use crate::mask_info::{KernelMask, DIAGONAL};
 
 /// `block_mask` code of a block computed with the mask.
 const PARTIAL: i32 = 1;
@@ -90,6 +90,8 @@ pub struct KernelConfig {
     /// The dQ kernel computes keys-by-queries tiles (its tables'
     /// [`MaskInfo::keys_by_queries`](crate::MaskInfo::keys_by_queries); see [`splash_dq`]).
     pub keys_by_queries: bool,
+    /// The kernel traces the path of [`DIAGONAL`] blocks, by sub-tiles of this size.
+    pub diagonal_sub_tiles: Option<usize>,
 }
 
 /// The compile-time configuration of the backward preprocessing kernel.
@@ -180,15 +182,18 @@ fn eval_mask(e: &MaskExpr, q: Value, kv: Value, shape: &[usize]) -> Value {
 /// The visibility of a `[bq, bkvc]` tile ([`Tile::visible`]) or of its transpose
 /// ([`Tile::visible_t`]), or `None` when everything is visible.
 ///
-/// `q_block`/`kv_block` are the tile's block indices (run-time), `c` the compute step inside
-/// the key block; `masked` selects the partial-block path. Segment ids are rows (`(1, bq)`,
-/// `(1, bkv)`); dense partial blocks are stored in the tile's orientation.
+/// `q_block`/`kv_block` are the tile's block indices (run-time), `q_rows` and `keys` its
+/// window inside them (`(start, len)`: the whole query block and one compute step of keys,
+/// or a sub-tile of a diagonal block); `masked` selects the partial-block path. Segment ids
+/// are rows (`(1, bq)`, `(1, bkv)`); dense partial blocks are stored in the tile's
+/// orientation.
 struct Tile<'a> {
     cfg: &'a KernelConfig,
     masked: bool,
     q_block: Value,
     kv_block: Value,
-    c: usize,
+    q_rows: (usize, usize),
+    keys: (usize, usize),
     offsets: Smem<i32>,
     head_class: Smem<i32>,
     head: Value,
@@ -210,41 +215,47 @@ impl Tile<'_> {
 
     fn visibility(&self, transposed: bool) -> Option<Value> {
         let cfg = self.cfg;
-        let (bq, bkvc) = (cfg.bq, cfg.bkv_compute);
-        let whole = cfg.bkv == bkvc;
-        let shape = if transposed { [bkvc, bq] } else { [bq, bkvc] };
+        let ((q_start, q_len), (k_start, k_len)) = (self.q_rows, self.keys);
+        let (all_rows, all_keys) = (q_len == cfg.bq, k_len == cfg.bkv);
+        let shape = if transposed {
+            [k_len, q_len]
+        } else {
+            [q_len, k_len]
+        };
         let mut vis: Option<Value> = None;
         if self.masked {
             let m = match &cfg.mask {
                 KernelMask::Dense => {
-                    let block = if whole {
-                        self.mask_blocks.load()
-                    } else if transposed {
-                        self.mask_blocks
-                            .at(&[ds(self.c * bkvc, bkvc), all()])
-                            .load()
-                    } else {
-                        self.mask_blocks
-                            .at(&[all(), ds(self.c * bkvc, bkvc)])
-                            .load()
+                    let window = |whole: bool, start: usize, len: usize| {
+                        if whole {
+                            all()
+                        } else {
+                            ds(start, len)
+                        }
+                    };
+                    let rows = window(all_rows, q_start, q_len);
+                    let keys = window(all_keys, k_start, k_len);
+                    let block = match (all_rows && all_keys, transposed) {
+                        (true, _) => self.mask_blocks.load(),
+                        (false, true) => self.mask_blocks.at(&[keys, rows]).load(),
+                        (false, false) => self.mask_blocks.at(&[rows, keys]).load(),
                     };
                     // Mosaic computes on 32-bit vectors: widen the stored int8 bits first.
                     block.cast(DType::I32).ne(0)
                 }
                 KernelMask::Computed(exprs) => {
-                    let q0 = self.offsets.get([0]) + self.q_block * bq as i32;
-                    let k0 = self.offsets.get([1])
-                        + self.kv_block * cfg.bkv as i32
-                        + (self.c * bkvc) as i32;
+                    let q0 = self.offsets.get([0]) + self.q_block * cfg.bq as i32 + q_start as i32;
+                    let k0 =
+                        self.offsets.get([1]) + self.kv_block * cfg.bkv as i32 + k_start as i32;
                     let (q, kv) = if transposed {
                         (
-                            iota(DType::I32, &[1, bq], 1),
-                            iota(DType::I32, &[bkvc, 1], 0),
+                            iota(DType::I32, &[1, q_len], 1),
+                            iota(DType::I32, &[k_len, 1], 0),
                         )
                     } else {
                         (
-                            iota(DType::I32, &[bq, 1], 0),
-                            iota(DType::I32, &[1, bkvc], 1),
+                            iota(DType::I32, &[q_len, 1], 0),
+                            iota(DType::I32, &[1, k_len], 1),
                         )
                     };
                     let (q, kv) = (q + q0, kv + k0);
@@ -262,12 +273,15 @@ impl Tile<'_> {
         }
         // Segment ids restrict attention to equal ids, when the call has them.
         if let (Some(q_seg), Some(kv_seg)) = (self.q_seg, self.kv_seg) {
-            let q_ids = q_seg.load();
-            let kv_ids = if whole {
-                kv_seg.load()
-            } else {
-                kv_seg.at(&[all(), ds(self.c * bkvc, bkvc)]).load()
+            let ids = |seg: Ref<i32>, (start, len): (usize, usize), whole: bool| {
+                if whole {
+                    seg.load()
+                } else {
+                    seg.at(&[all(), ds(start, len)]).load()
+                }
             };
+            let q_ids = ids(q_seg, self.q_rows, all_rows);
+            let kv_ids = ids(kv_seg, self.keys, all_keys);
             let same = if transposed {
                 column(kv_ids).eq(q_ids)
             } else {
@@ -365,6 +379,37 @@ fn rows(r: Ref<impl Element>, start: usize, len: usize, whole: bool) -> Value {
     }
 }
 
+/// A `[rows, lanes]` running value widened to `[rows, n]` (with one lane, broadcasting does).
+fn widen_lanes(x: Value, n: usize, lanes: usize) -> Value {
+    if lanes == 1 {
+        x
+    } else {
+        repeat(x, n / lanes, 1)
+    }
+}
+
+/// The forward's running values over some query rows: the max `m` and sum `l` (`[rows,
+/// lanes]`, every lane the same) and the unnormalised output `acc` (`[rows, DV]`, f32).
+struct Running {
+    m: Value,
+    l: Value,
+    acc: Value,
+}
+
+impl Running {
+    /// One online-softmax step over logits `s` (`[rows, keys]`, masked entries `-inf`) and
+    /// their values `v` (`[keys, DV]`); `p` meets `v` in `dtype`.
+    fn update(self, s: Value, v: Value, dtype: DType, lanes: usize) -> Running {
+        let (keys, dv) = (s.shape()[1], self.acc.shape()[1]);
+        let m = self.m.maximum(s.max_keepdims(-1));
+        let alpha = (self.m - m).exp();
+        let p = (s - widen_lanes(m, keys, lanes)).exp();
+        let l = alpha * self.l + p.sum_keepdims(-1);
+        let acc = self.acc * widen_lanes(alpha, dv, lanes) + dot(cast_to(p, dtype), v);
+        Running { m, l, acc }
+    }
+}
+
 /// Forward: `out = softmax(logits) v` with an online softmax over key blocks, and the
 /// logsumexp of every query row (`-inf` for rows that see no key; then `out` is 0).
 #[tpu_kernel(grid = (B, H, NQ, W),
@@ -412,13 +457,7 @@ pub fn splash_fwd<T: Element>(
     let (h, i, j) = (program_id(1), program_id(2), program_id(3));
     let (lanes, dv) = (cfg.lanes, acc.shape()[1]);
     // A `[bq, lanes]` running value widened to `[bq, n]` (with one lane, broadcasting does).
-    let widen = |x: Value, n: usize| {
-        if lanes == 1 {
-            x
-        } else {
-            repeat(x, n / lanes, 1)
-        }
-    };
+    let widen = |x: Value, n: usize| widen_lanes(x, n, lanes);
     let row = table_row(h, cfg.per_head);
     when(j.eq(0), || {
         acc.store(0.0);
@@ -433,39 +472,70 @@ pub fn splash_fwd<T: Element>(
     });
     let kind = block_mask.get([row, i, j]);
     let kv_block = data_next.get([row, i, j]);
+    let tile = |masked: bool, q_rows: (usize, usize), keys: (usize, usize)| Tile {
+        cfg: &cfg,
+        masked,
+        q_block: i,
+        kv_block,
+        q_rows,
+        keys,
+        offsets,
+        head_class,
+        head: h,
+        q_seg,
+        kv_seg,
+        mask_blocks,
+    };
+    // The logits of queries `qv` (rows `q_rows` of the block) against scaled keys `kc`
+    // (keys `keys`); masked entries never count: -inf under a finite running max.
+    let masked_logits = |qv: Value, kc: Value, masked: bool, q_rows, keys| {
+        let (s, _) = logits(&cfg, qv, kc);
+        match tile(masked, q_rows, keys).visible() {
+            Some(vis) => select(vis, s, f32::NEG_INFINITY),
+            None => s,
+        }
+    };
     let bkvc = cfg.bkv_compute;
     let whole = bkvc == cfg.bkv;
     let step = |masked: bool| {
         let qv = q.load();
         for c in 0..cfg.bkv / bkvc {
-            let tile = Tile {
-                cfg: &cfg,
-                masked,
-                q_block: i,
-                kv_block,
-                c,
-                offsets,
-                head_class,
-                head: h,
-                q_seg,
-                kv_seg,
-                mask_blocks,
+            let kc = scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole));
+            let s = masked_logits(qv, kc, masked, (0, cfg.bq), (c * bkvc, bkvc));
+            let run = Running {
+                m: m_scratch.load(),
+                l: l_scratch.load(),
+                acc: acc.load(),
+            }
+            .update(s, rows(v, c * bkvc, bkvc, whole), T::DTYPE, lanes);
+            l_scratch.store(run.l);
+            acc.store(run.acc);
+            m_scratch.store(run.m);
+        }
+    };
+    // A diagonal block ([`DIAGONAL`]) by `sub x sub` sub-tiles: query sub-tile `a` meets key
+    // sub-tiles `0..a` unmasked and `a` masked; those above the diagonal are skipped. Each
+    // query sub-tile's running values stay in registers over its key sub-tiles.
+    let diagonal_step = |sub: usize| {
+        let n = cfg.bq / sub;
+        let ks: Vec<Value> = (0..n)
+            .map(|c| scaled_k(&cfg, rows(k, c * sub, sub, false)))
+            .collect();
+        for a in 0..n {
+            let window = [ds(a * sub, sub), all()];
+            let qa = q.at(&window).load();
+            let mut run = Running {
+                m: m_scratch.at(&window).load(),
+                l: l_scratch.at(&window).load(),
+                acc: acc.at(&window).load(),
             };
-            let (s, _) = logits(&cfg, qv, scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole)));
-            // Masked entries never count: -inf logits under a finite running max.
-            let s = match tile.visible() {
-                Some(vis) => select(vis, s, f32::NEG_INFINITY),
-                None => s,
-            };
-            // `m`, `l` and `alpha` are `[bq, lanes]`, every lane the same.
-            let m_prev = m_scratch.load();
-            let m_next = m_prev.maximum(s.max_keepdims(-1));
-            let alpha = (m_prev - m_next).exp();
-            let p = (s - widen(m_next, bkvc)).exp();
-            l_scratch.store(alpha * l_scratch.load() + p.sum_keepdims(-1));
-            let pv = dot(cast_to(p, T::DTYPE), rows(v, c * bkvc, bkvc, whole));
-            acc.store(acc.load() * widen(alpha, dv) + pv);
-            m_scratch.store(m_next);
+            for (c, &kc) in ks.iter().enumerate().take(a + 1) {
+                let s = masked_logits(qa, kc, c == a, (a * sub, sub), (c * sub, sub));
+                run = run.update(s, rows(v, c * sub, sub, false), T::DTYPE, lanes);
+            }
+            l_scratch.at(&window).store(run.l);
+            acc.at(&window).store(run.acc);
+            m_scratch.at(&window).store(run.m);
         }
     };
     if cfg.any_full {
@@ -473,6 +543,9 @@ pub fn splash_fwd<T: Element>(
     }
     if cfg.any_partial {
         when(kind.eq(PARTIAL), || step(true));
+    }
+    if let Some(sub) = cfg.diagonal_sub_tiles {
+        when(kind.eq(DIAGONAL), || diagonal_step(sub));
     }
     when(j.eq(num_programs(3) - 1), || {
         let l = l_scratch.load();
@@ -632,7 +705,8 @@ pub fn splash_dq<T: Element>(
                 masked,
                 q_block: i,
                 kv_block,
-                c,
+                q_rows: (0, cfg.bq),
+                keys: (c * bkvc, bkvc),
                 offsets,
                 head_class,
                 head: h,
@@ -641,20 +715,8 @@ pub fn splash_dq<T: Element>(
                 mask_blocks,
             };
             let kc = scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole));
-            let part = if cfg.keys_by_queries {
-                // `dp` first: libtpu then spills less of the two score-sized tiles.
-                let dp = dot_nt(rows(v, c * bkvc, bkvc, whole), dov);
-                let (s, raw) = logits(&cfg, kc, qv);
-                let p = probabilities(s, lse_v, tile.visible_t());
-                let ds = through_cap(&cfg, p * (dp - di_v), raw);
-                dot_tn(cast_to(ds, T::DTYPE), kc)
-            } else {
-                let (s, raw) = logits(&cfg, qv, kc);
-                let p = probabilities(s, lse_v, tile.visible());
-                let dp = dot_nt(dov, rows(v, c * bkvc, bkvc, whole));
-                let ds = through_cap(&cfg, p * (dp - di_v), raw);
-                dot(cast_to(ds, T::DTYPE), kc)
-            };
+            let vc = rows(v, c * bkvc, bkvc, whole);
+            let part = dq_part::<T>(&cfg, &tile, (kc, vc), (qv, dov), (lse_v, di_v));
             total = Some(match total {
                 Some(t) => t + part,
                 None => part,
@@ -664,15 +726,82 @@ pub fn splash_dq<T: Element>(
             dq_acc.store(dq_acc.load() + t);
         }
     };
+    // A diagonal block by `sub x sub` sub-tiles: query sub-tile `a` meets key sub-tiles
+    // `0..a` unmasked and `a` masked; those above the diagonal are skipped.
+    let diagonal_step = |sub: usize| {
+        let n = cfg.bq / sub;
+        let ks: Vec<Value> = (0..n)
+            .map(|c| scaled_k(&cfg, rows(k, c * sub, sub, false)))
+            .collect();
+        for a in 0..n {
+            let rows_a = [ds(a * sub, sub), all()];
+            let (qa, doa) = (q.at(&rows_a).load(), dout.at(&rows_a).load());
+            let lanes_a = |x: Ref<f32>| x.at(&[all(), ds(a * sub, sub)]).load();
+            let (lse_a, di_a) = if cfg.keys_by_queries {
+                (lanes_a(lse), lanes_a(di))
+            } else {
+                (column(lanes_a(lse)), column(lanes_a(di)))
+            };
+            let mut total = dq_acc.at(&rows_a).load();
+            for (c, &kc) in ks.iter().enumerate().take(a + 1) {
+                let tile = Tile {
+                    cfg: &cfg,
+                    masked: c == a,
+                    q_block: i,
+                    kv_block,
+                    q_rows: (a * sub, sub),
+                    keys: (c * sub, sub),
+                    offsets,
+                    head_class,
+                    head: h,
+                    q_seg,
+                    kv_seg,
+                    mask_blocks,
+                };
+                let vc = rows(v, c * sub, sub, false);
+                total = total + dq_part::<T>(&cfg, &tile, (kc, vc), (qa, doa), (lse_a, di_a));
+            }
+            dq_acc.at(&rows_a).store(total);
+        }
+    };
     if cfg.any_full {
         when(kind.eq(FULL), || step(false));
     }
     if cfg.any_partial {
         when(kind.eq(PARTIAL), || step(true));
     }
+    if let Some(sub) = cfg.diagonal_sub_tiles {
+        when(kind.eq(DIAGONAL), || diagonal_step(sub));
+    }
     when(j.eq(num_programs(3) - 1), || {
         dq.store(cast_to(dq_acc.load(), T::DTYPE))
     });
+}
+
+/// One tile's dQ contribution `ds k` (f32, `[queries, D]`) from scaled keys `kc` and values
+/// `vc`, queries `qv` and their output cotangents `dov`, and their `lse` and `di` (rows for
+/// keys-by-queries tiles, else columns).
+fn dq_part<T: Element>(
+    cfg: &KernelConfig,
+    tile: &Tile<'_>,
+    (kc, vc): (Value, Value),
+    (qv, dov): (Value, Value),
+    (lse, di): (Value, Value),
+) -> Value {
+    if cfg.keys_by_queries {
+        // `dp` first: libtpu then spills less of the two score-sized tiles.
+        let dp = dot_nt(vc, dov);
+        let (s, raw) = logits(cfg, kc, qv);
+        let p = probabilities(s, lse, tile.visible_t());
+        let ds = through_cap(cfg, p * (dp - di), raw);
+        dot_tn(cast_to(ds, T::DTYPE), kc)
+    } else {
+        let (s, raw) = logits(cfg, qv, kc);
+        let p = probabilities(s, lse, tile.visible());
+        let dp = dot_nt(dov, vc);
+        let ds = through_cap(cfg, p * (dp - di), raw);
+        dot(cast_to(ds, T::DTYPE), kc)
+    }
 }
 
 /// The operands of a dK/dV step.
@@ -721,7 +850,8 @@ fn dkv_step<T: Element>(
             masked,
             q_block,
             kv_block,
-            c,
+            q_rows: (0, cfg.bq),
+            keys: (c * bkvc, bkvc),
             offsets: r.offsets,
             head_class: r.head_class,
             head,
@@ -758,6 +888,71 @@ fn dkv_step<T: Element>(
         }
     }
     dq_total
+}
+
+/// [`dkv_step`] over a [`DIAGONAL`] block by `sub x sub` sub-tiles: key sub-tile `c` meets
+/// query sub-tiles `c + 1..` unmasked and `c` masked; those above the diagonal (queries
+/// before the keys) are skipped. Returns each query sub-tile's dQ contribution (`[sub, D]`,
+/// f32) when asked.
+fn dkv_diagonal_step<T: Element>(
+    cfg: &KernelConfig,
+    sub: usize,
+    (q_block, kv_block, head): (Value, Value, Value),
+    r: &DkvRefs<T>,
+    want_dq: bool,
+) -> Vec<Value> {
+    let n = cfg.bq / sub;
+    let lanes = |x: Ref<f32>, a: usize| x.at(&[all(), ds(a * sub, sub)]).load();
+    let queries: Vec<(Value, Value, Value, Value)> = (0..n)
+        .map(|a| {
+            let rows_a = [ds(a * sub, sub), all()];
+            (
+                r.q.at(&rows_a).load(),
+                r.dout.at(&rows_a).load(),
+                lanes(r.lse, a),
+                lanes(r.di, a),
+            )
+        })
+        .collect();
+    let mut dq_parts: Vec<Option<Value>> = vec![None; n];
+    for c in 0..n {
+        let win = [ds(c * sub, sub), all()];
+        let kc = r.k_scaled.at(&win).load();
+        let vc = r.v.at(&win).load();
+        let (mut dv_c, mut dk_c) = (r.dv_acc.at(&win).load(), r.dk_acc.at(&win).load());
+        for (a, &(qa, doa, lse_a, di_a)) in queries.iter().enumerate().skip(c) {
+            let tile = Tile {
+                cfg,
+                masked: a == c,
+                q_block,
+                kv_block,
+                q_rows: (a * sub, sub),
+                keys: (c * sub, sub),
+                offsets: r.offsets,
+                head_class: r.head_class,
+                head,
+                q_seg: r.q_seg,
+                kv_seg: r.kv_seg,
+                mask_blocks: r.mask_blocks,
+            };
+            let (s, raw) = logits(cfg, kc, qa);
+            let p = probabilities(s, lse_a, tile.visible_t());
+            dv_c = dv_c + dot(cast_to(p, T::DTYPE), doa);
+            let dp = dot_nt(vc, doa);
+            let ds = cast_to(through_cap(cfg, p * (dp - di_a), raw), T::DTYPE);
+            dk_c = dk_c + dot(ds, qa);
+            if want_dq {
+                let part = dot_tn(ds, kc);
+                dq_parts[a] = Some(match dq_parts[a] {
+                    Some(t) => t + part,
+                    None => part,
+                });
+            }
+        }
+        r.dv_acc.at(&win).store(dv_c);
+        r.dk_acc.at(&win).store(dk_c);
+    }
+    dq_parts.into_iter().flatten().collect()
 }
 
 fn ds_rows(start: usize, len: usize) -> tessera_dsl::Idx {
@@ -856,6 +1051,11 @@ pub fn splash_dkv<T: Element>(
     if cfg.any_partial {
         when(kind.eq(PARTIAL), || step(true));
     }
+    if let Some(sub) = cfg.diagonal_sub_tiles {
+        when(kind.eq(DIAGONAL), || {
+            dkv_diagonal_step(&cfg, sub, (q_block, j, h), &refs, false);
+        });
+    }
     let last = g.eq(heads_per_kv - 1) & i.eq(num_programs(4) - 1);
     when(last, || {
         dk.store(cast_to(scaled(&cfg, dk_acc.load()), T::DTYPE));
@@ -952,6 +1152,16 @@ pub fn splash_bwd_fused<T: Element>(
     }
     if cfg.any_partial {
         when(kind.eq(PARTIAL), || step(true));
+    }
+    if let Some(sub) = cfg.diagonal_sub_tiles {
+        when(kind.eq(DIAGONAL), || {
+            let parts = dkv_diagonal_step(&cfg, sub, (i, j, h), &refs, true);
+            for (a, part) in parts.into_iter().enumerate() {
+                dq_partial
+                    .at(&[ds(a * sub, sub), all()])
+                    .store(cast_to(part, T::DTYPE));
+            }
+        });
     }
     let last = g.eq(heads_per_kv - 1) & i.eq(num_programs(4) - 1);
     when(last, || {

@@ -9,7 +9,9 @@
 //! new data is fetched for them):
 //!
 //! - `data_next[h, r, s]`: the block index (along the inner axis) of slot `s` of row `r`;
-//! - `block_mask[h, r, s]`: its [`BlockKind::code`] (0 empty/padding, 1 partial, 2 full);
+//! - `block_mask[h, r, s]`: its [`BlockKind::code`] (0 empty/padding, 1 partial, 2 full),
+//!   or [`DIAGONAL`] (3) for a partial block whose square sub-tiles are empty above their
+//!   diagonal and full below it ([`MaskInfo::with_diagonal_sub_tiles`]);
 //! - `mask_next[h, r, s]`: for dense masks, which stored partial mask block to load.
 //!
 //! Computable masks (causal, local, chunked and their combinations) are evaluated in the
@@ -22,11 +24,18 @@
 use std::collections::HashMap;
 
 use crate::error::{BlockSizeError, MaskError, SplashError};
-use crate::mask::{BlockKind, MaskExpr, MultiHeadMask, Rect, SeqOffsets, MAX_POSITION};
+use crate::mask::{BlockKind, Mask, MaskExpr, MultiHeadMask, Rect, SeqOffsets, MAX_POSITION};
 
 /// At most this many distinct computable per-head masks are evaluated in-kernel (each
 /// partial block evaluates all of them); beyond, partial blocks are stored densely.
 pub const MAX_COMPUTED_MASK_CLASSES: usize = 4;
+
+/// `block_mask` code of a diagonal block: a square partial block cut into `sub x sub`
+/// sub-tiles ([`MaskInfo::diagonal_sub_tiles`]) of which those above the diagonal are empty
+/// (skipped), those below it full and those on it computed with the mask. The causal
+/// diagonal is one; so are the diagonals of local and chunked causal masks whose window
+/// covers the block.
+pub const DIAGONAL: i32 = 3;
 
 /// Which block axis the tables' rows run along.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -109,6 +118,8 @@ pub struct MaskInfo {
     pub head_class: Vec<i32>,
     /// Block counts over all heads (one batch element).
     pub stats: BlockStats,
+    /// The sub-tile size of the blocks coded [`DIAGONAL`], when some are.
+    pub diagonal_sub_tiles: Option<usize>,
 }
 
 impl MaskInfo {
@@ -311,7 +322,70 @@ impl MaskInfo {
             kernel_mask,
             head_class: class_of_head.iter().map(|&c| c as i32).collect(),
             stats,
+            diagonal_sub_tiles: None,
         })
+    }
+
+    /// Recodes the partial blocks that are [`DIAGONAL`] at sub-tile size `sub` (square blocks
+    /// that `sub` cuts into at least two sub-tiles a side, either major): every
+    /// sub-tile `(a, b)` (query sub-tile `a`, key sub-tile `b`) is empty where `b > a` and full
+    /// where `b < a`, by `mask` at the tables' offsets (`mask` must be the one the tables were
+    /// built from). Other tables are returned unchanged. A kernel that reads these tables must
+    /// trace the diagonal path.
+    pub fn with_diagonal_sub_tiles(mut self, mask: &MultiHeadMask, sub: usize) -> Self {
+        let b = self.block_q;
+        if b != self.block_kv || sub == 0 || b % sub != 0 || b / sub < 2 {
+            return self;
+        }
+        let (classes, class_of_head) = mask.classes(self.heads);
+        let n = b / sub;
+        let (oq, okv) = (self.offsets.q as i64, self.offsets.kv as i64);
+        let is_diagonal = |m: &Mask, qb: usize, kb: usize| {
+            (0..n).all(|a| {
+                (0..n).all(|c| {
+                    let q0 = oq + (qb * b + a * sub) as i64;
+                    let k0 = okv + (kb * b + c * sub) as i64;
+                    let rect = Rect {
+                        q0,
+                        q1: q0 + sub as i64,
+                        k0,
+                        k1: k0 + sub as i64,
+                    };
+                    match c.cmp(&a) {
+                        std::cmp::Ordering::Greater => m.classify(rect) == BlockKind::Empty,
+                        std::cmp::Ordering::Less => m.classify(rect) == BlockKind::Full,
+                        std::cmp::Ordering::Equal => true,
+                    }
+                })
+            })
+        };
+        let per_table = self.rows * self.width;
+        let mut any = false;
+        for th in 0..self.table_heads {
+            let m = &classes[if self.table_heads == 1 {
+                0
+            } else {
+                class_of_head[th]
+            }];
+            for r in 0..self.rows {
+                for s in 0..self.width {
+                    let at = th * per_table + r * self.width + s;
+                    let col = self.data_next[at] as usize;
+                    let (qb, kb) = match self.major {
+                        Major::Q => (r, col),
+                        Major::Kv => (col, r),
+                    };
+                    if self.block_mask[at] == BlockKind::Partial.code() && is_diagonal(m, qb, kb) {
+                        self.block_mask[at] = DIAGONAL;
+                        any = true;
+                    }
+                }
+            }
+        }
+        if any {
+            self.diagonal_sub_tiles = Some(sub);
+        }
+        self
     }
 
     /// Whether the tables differ per head (else one row of tables serves every head).
@@ -539,6 +613,41 @@ mod tests {
         )
         .unwrap();
         assert_eq!(i.block_mask, vec![2, 2, 1, 0, 2, 2, 2, 1]);
+    }
+
+    #[test]
+    fn diagonal_blocks_are_recoded_where_their_sub_tiles_allow() {
+        let causal = |offsets: SeqOffsets, mask: Mask| {
+            MaskInfo::new(&mask.into(), 1, 512, 512, offsets, 256, 256, Major::Q, true).unwrap()
+        };
+        let mask = Mask::causal();
+        // Both diagonal blocks of a causal mask: empty above, full below at any sub-tile.
+        let d = causal(SeqOffsets::default(), mask.clone())
+            .with_diagonal_sub_tiles(&mask.clone().into(), 64);
+        assert_eq!(d.block_mask, vec![DIAGONAL, 0, 2, DIAGONAL]);
+        assert_eq!(d.diagonal_sub_tiles, Some(64));
+        // Shifted by 32 (a query shard's offsets), the diagonal crosses sub-tiles of 64
+        // off their corners: a sub-tile above it is partial, so the blocks stay partial.
+        let shifted = SeqOffsets { q: 32, kv: 0 };
+        let p = causal(shifted, mask.clone()).with_diagonal_sub_tiles(&mask.clone().into(), 64);
+        assert!(!p.block_mask.contains(&DIAGONAL), "{:?}", p.block_mask);
+        assert_eq!(p.diagonal_sub_tiles, None);
+        // Nor at 32: the diagonal then runs through sub-tiles (a, a + 1), not (a, a).
+        let p = causal(shifted, mask.clone()).with_diagonal_sub_tiles(&mask.clone().into(), 32);
+        assert_eq!(p.diagonal_sub_tiles, None, "{:?}", p.block_mask);
+        // A local window narrower than the block leaves sub-tiles below the diagonal partial.
+        let local = Mask::causal().and(Mask::local(100, 0));
+        let l = causal(SeqOffsets::default(), local.clone())
+            .with_diagonal_sub_tiles(&local.clone().into(), 64);
+        assert!(!l.block_mask.contains(&DIAGONAL));
+        // A sub-tile the size of the block (or non-square blocks) changes nothing.
+        let whole = causal(SeqOffsets::default(), mask.clone());
+        assert_eq!(
+            whole
+                .clone()
+                .with_diagonal_sub_tiles(&mask.clone().into(), 256),
+            whole
+        );
     }
 
     #[test]

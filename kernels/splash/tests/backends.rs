@@ -79,6 +79,60 @@ fn causal_dq_in_compute_halves_with_segment_ids() {
     check_all(&c);
 }
 
+/// Diagonal blocks by sub-tiles (those above the diagonal skipped) in every kernel: causal
+/// GQA with segment ids and sinks (separate and fused backward), and a dense mask whose
+/// diagonal blocks are causal, each with the tables checked to use the path.
+#[test]
+fn diagonal_blocks_by_sub_tiles() {
+    // One 512-query block: 4 x 4 sub-tiles of 128.
+    let mut c = Case::new(
+        "causal/gqa/diagonal(128)",
+        dims(1, 4, 2, 512, 64),
+        Mask::causal(),
+    );
+    c.blocks = BlockSizes {
+        block_diagonal: Some(128),
+        ..BlockSizes::uniform(512, 512)
+    };
+    c.segments = Some(segments(1, &[300, 212]));
+    c.sinks = Some(vec![0.5, -1.0, 2.0, 0.0]);
+    let attn = util::attention(&c);
+    for info in [
+        attn.fwd_mask_info(),
+        attn.dkv_mask_info(),
+        attn.dq_mask_info().unwrap(),
+    ] {
+        assert_eq!(info.diagonal_sub_tiles, Some(128));
+    }
+    check_all(&c);
+    c.blocks = c.blocks.with_fused_bwd(true);
+    c.name = "causal/gqa/diagonal(128)/fused";
+    assert_eq!(
+        util::attention(&c).dkv_mask_info().diagonal_sub_tiles,
+        Some(128)
+    );
+    check_all(&c);
+    // Dense: causal plus a few stray keys below the diagonal blocks (stored partial blocks,
+    // loaded by sub-tile windows).
+    let bits: Vec<bool> = (0..512 * 512)
+        .map(|x| x % 512 <= x / 512 || (x / 512 >= 256 && x % 512 < 256 && x % 7 == 0))
+        .collect();
+    let mut d = Case::new(
+        "dense/mqa/diagonal(128)",
+        dims(1, 2, 1, 512, 64),
+        Mask::Dense(DenseMask::new(512, 512, bits).unwrap()),
+    );
+    d.blocks = BlockSizes {
+        block_diagonal: Some(128),
+        ..BlockSizes::uniform(256, 256)
+    };
+    assert_eq!(
+        util::attention(&d).fwd_mask_info().diagonal_sub_tiles,
+        Some(128)
+    );
+    check_all(&d);
+}
+
 #[test]
 fn dense_custom_mask_mqa() {
     let mut rng = fastrand::Rng::with_seed(5);

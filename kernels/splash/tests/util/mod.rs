@@ -125,18 +125,23 @@ pub struct Errors {
     pub grad_rel: f64,
 }
 
-/// Runs `case` on `exec` and checks it against the reference; returns the errors.
-pub fn check(case: &Case, exec: &dyn Executor, what: &str) -> Errors {
-    let d = case.dims;
-    let attn = SplashAttention::new(
+/// The (f32, TPU-rules) attention of `case`.
+pub fn attention(case: &Case) -> SplashAttention {
+    SplashAttention::new(
         case.mask.clone(),
-        d,
+        case.dims,
         DType::F32,
         case.blocks,
         case.options,
         KernelRules::tpu(),
     )
-    .unwrap_or_else(|e| panic!("{}: {e}", case.name));
+    .unwrap_or_else(|e| panic!("{}: {e}", case.name))
+}
+
+/// Runs `case` on `exec` and checks it against the reference; returns the errors.
+pub fn check(case: &Case, exec: &dyn Executor, what: &str) -> Errors {
+    let d = case.dims;
+    let attn = attention(case);
     let q = random(DType::F32, &[d.batch, d.heads, d.q_len, d.head_dim], 11);
     let k = random(DType::F32, &[d.batch, d.kv_heads, d.kv_len, d.head_dim], 12);
     let v = random(
