@@ -520,7 +520,7 @@ fn ir_prints_splash_kernels_and_their_stablehlo() {
         .unwrap();
     let module = String::from_utf8_lossy(&out.stdout);
     assert!(
-        module.contains("tensor<1x4x256x64xf32>, %arg7: tensor<1x2x384x64xf32>"),
+        module.contains("tensor<1x4x256x64xf32>, %arg9: tensor<1x2x384x64xf32>"),
         "{module}"
     );
     // Bad parameters are one-line errors.

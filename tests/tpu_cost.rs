@@ -11,7 +11,8 @@ use tessera::splash::{splash_program, BlockSizes, Dims, Mask, Pass, SplashAttent
 use tessera::tpu::cost::KernelCost;
 use tessera::tpu::TpuTopology;
 
-/// The cost of splash forward (bf16, causal, blocks 512) on `heads` heads of `seq` tokens.
+/// The cost of splash forward (bf16, causal, blocks 512, diagonal blocks by 128-row sub-tiles)
+/// on `heads` heads of `seq` tokens.
 fn forward_cost(topology: &str, heads: usize, seq: usize) -> KernelCost {
     let dims = Dims {
         batch: 1,
@@ -26,7 +27,10 @@ fn forward_cost(topology: &str, heads: usize, seq: usize) -> KernelCost {
         Mask::causal(),
         dims,
         DType::BF16,
-        BlockSizes::uniform(512, 512),
+        BlockSizes {
+            block_diagonal: Some(128),
+            ..BlockSizes::uniform(512, 512)
+        },
         Default::default(),
         Lowering::tpu(),
     )
@@ -52,36 +56,44 @@ fn runs(c: &KernelCost, path: &str) -> u64 {
 fn main() {
     let _dumps = tessera::runtime::enable_libtpu_dumps().unwrap();
 
-    // v5p, 2 heads of 4 query blocks: the parallel head dim puts one head on each core.
+    // v5p, 2 heads of 4 query blocks: the parallel head dim puts one head on each core. The
+    // grid is compacted to the 10 blocks (1 + 2 + 3 + 4) the causal mask leaves.
     let small = forward_cost("v5p:2x2x1", 2, 2048);
     assert_eq!(small.kernel, "splash_fwd");
     assert!(small.exact, "{:?}", small.caveat);
-    assert_eq!(small.grid, vec![1, 2, 4, 4]);
+    assert_eq!(small.grid, vec![1, 2, 1, 10]);
     assert_eq!(small.cores, 2);
     assert_eq!(
         small.steps_per_core,
-        2 * 16 / 2,
+        2 * 10 / 2,
         "the head dim halves the steps"
     );
     // The loop runs the core's steps and the pipeline's two extra iterations.
     assert_eq!(small.loop_trips, Some(small.steps_per_core + 2));
-    // Paths: outside the loop, the step, then init, full blocks, the diagonal blocks by
-    // 128-row sub-tiles (every masked block of a causal mask is one), finalize.
+    // Paths: outside the loop, the step, then a row's start, full blocks, the diagonal
+    // blocks by 128-row sub-tiles (every masked block of a causal mask is one), a row's end.
     let names: Vec<&str> = small.paths.iter().map(|p| p.path.as_str()).collect();
     assert_eq!(names.len(), 6, "{names:?}");
-    let line = include_str!("../kernels/splash/src/kernels.rs")
-        .lines()
-        .position(|l| l.contains("when(kind.eq(DIAGONAL), || diagonal_step(sub))"))
-        .expect("the forward's diagonal path");
-    let diagonal = format!("kernels.rs:{}", line + 1);
+    let path_at = |code: &str| {
+        let line = include_str!("../kernels/splash/src/kernels.rs")
+            .lines()
+            .position(|l| l.contains(code))
+            .unwrap_or_else(|| panic!("`{code}` in splash's kernels"));
+        format!("kernels.rs:{}", line + 1)
+    };
+    let (starts, diagonal, ends) = (
+        path_at("when(starts, || {"),
+        path_at("when(kind.eq(DIAGONAL), || diagonal_step(sub))"),
+        path_at("when(ends, || {"),
+    );
     assert_eq!(
         [names[0], names[1], names[2], names[4], names[5]],
         [
             "outside loop",
             "step",
-            "init",
+            starts.as_str(),
             diagonal.as_str(),
-            "finalize"
+            ends.as_str()
         ]
     );
     // Skipping the 6 of 16 sub-tiles above the diagonal leaves 10/16 of a full block's
@@ -100,7 +112,7 @@ fn main() {
     );
     // Per core one head: 4 rows; of its 4 x 4 blocks the causal mask computes the 6 below
     // the diagonal in full and the 4 on it by sub-tiles.
-    assert_eq!((runs(&small, "init"), runs(&small, "finalize")), (4, 4));
+    assert_eq!((runs(&small, &starts), runs(&small, &ends)), (4, 4));
     assert_eq!((runs(&small, names[3]), runs(&small, names[4])), (6, 4));
     let by_paths: u64 = small.paths.iter().map(|p| p.bundles * p.runs).sum();
     assert_eq!(small.cycles_per_core, by_paths);
@@ -111,7 +123,7 @@ fn main() {
 
     // Twice the sequence: 8 x 8 blocks, 28 full and 8 masked per head, more cycles.
     let long = forward_cost("v5p:2x2x1", 2, 4096);
-    assert_eq!(long.steps_per_core, 64);
+    assert_eq!(long.steps_per_core, 36);
     assert_eq!((runs(&long, names[3]), runs(&long, names[4])), (28, 8));
     assert!(long.cycles_per_core > 3 * small.cycles_per_core);
 

@@ -561,8 +561,8 @@ fn py_stage(
 /// `dout` to `dq`, `dk`, `dv` (and `dsinks [H, 1, 1]`). `mask`: tessera's mask syntax
 /// (`causal`, `full`, `local:LEFT:RIGHT`, `chunked:SIZE`, `causal:OFFSET`). Block sizes
 /// left out default as in JAX's `BlockSizes` (the dkv blocks to the forward's, compute
-/// blocks to their blocks), dQ's compute block as tessera's `default_dq_compute_block`, the
-/// forward's diagonal sub-tile as its `default_diagonal_block`.
+/// blocks to their blocks), dQ's compute block as tessera's `default_dq_compute_block`, each
+/// kernel's diagonal sub-tile as its `default_*diagonal_block`.
 #[pyfunction]
 #[pyo3(signature = (
     q, k, v, dtype, mask, block_q, block_kv, *, block_kv_compute = None, block_q_dkv = None,

@@ -30,9 +30,9 @@ class BlockSizes:
     Unset sizes default as in JAX: dkv and dq blocks to the forward's, compute blocks to
     their blocks, except `block_kv_dq_compute` (JAX's dQ has none), which tessera picks by
     `block_kv_dq` (`tessera_splash::default_dq_compute_block`). `block_diagonal` (not in
-    JAX's): the sub-tile the forward cuts causal-diagonal square blocks into, skipping those
-    above the diagonal (tokamax's `qk_diag_skip`); unset, 256 for blocks of 1024 or more,
-    else the whole block (no skip)."""
+    JAX's): the sub-tile every kernel cuts causal-diagonal square blocks into, skipping those
+    above the diagonal (tokamax's `qk_diag_skip`); unset, each kernel's default
+    (`tessera_splash::default_*diagonal_block`: 256 for blocks of 1024 or more)."""
 
     block_q: int = 128
     block_kv: int = 128

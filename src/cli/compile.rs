@@ -128,10 +128,11 @@ pub struct CompileAttentionArgs {
     /// `default_dq_compute_block` says what was measured).
     #[arg(long)]
     pub block_kv_dq_compute: Option<usize>,
-    /// The forward's diagonal sub-tile: square blocks the mask leaves full below the
-    /// diagonal and empty above it are computed by sub-tiles of this size, those above the
-    /// diagonal skipped (default: 256 for blocks of 1024 or more, else the whole block,
-    /// which turns the skip off; splash's `default_diagonal_block` says what was measured).
+    /// The diagonal sub-tile of every kernel with square blocks: blocks the mask leaves full
+    /// below the diagonal and empty above it are computed by sub-tiles of this size, those
+    /// above the diagonal skipped (default: 256 for blocks of 1024 or more, and for dK/dV
+    /// 128 of a 512 block, dQ 512; a sub-tile the size of the block turns the skip off;
+    /// splash's `default_*diagonal_block` say what was measured).
     #[arg(long)]
     pub block_diagonal: Option<usize>,
     /// The fused dq+dkv backward kernel instead of separate dq and dkv kernels.

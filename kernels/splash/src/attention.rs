@@ -457,8 +457,10 @@ impl SplashAttention {
             )
         };
         b.validate(dims.q_len, dims.kv_len, rules)?;
+        // The forward walks only the blocks it computes (its tables compacted).
         let fwd_info = info(b.block_q, b.block_kv, Major::Q, true)?
-            .with_diagonal_sub_tiles(&mask, b.diagonal_block());
+            .with_diagonal_sub_tiles(&mask, b.diagonal_block())
+            .compacted();
         let dq_info = if b.use_fused_bwd_kernel {
             None
         } else {
@@ -607,16 +609,20 @@ impl SplashAttention {
         }
     }
 
-    /// Scalar-prefetch tables (`data_next`, `block_mask`, `mask_next`, `head_class`).
-    fn tables(&self, info: &MaskInfo) -> Vec<StageArg> {
+    /// Scalar-prefetch tables (`data_next`, `block_mask`, `mask_next`, then with `rows`
+    /// `row_block` and `row_bounds`, then `head_class`).
+    fn tables(&self, info: &MaskInfo, rows: bool) -> Vec<StageArg> {
         let shape = [info.table_heads, info.rows, info.width];
         let t = |v: &Vec<i32>| StageArg::Const(host_i32(&shape, v.clone()));
-        vec![
-            t(&info.data_next),
-            t(&info.block_mask),
-            t(&info.mask_next),
-            StageArg::Const(host_i32(&[self.dims.heads], info.head_class.clone())),
-        ]
+        let mut tables = vec![t(&info.data_next), t(&info.block_mask), t(&info.mask_next)];
+        if rows {
+            tables.extend([t(&info.row_block), t(&info.row_bounds)]);
+        }
+        tables.push(StageArg::Const(host_i32(
+            &[self.dims.heads],
+            info.head_class.clone(),
+        )));
+        tables
     }
 
     fn offsets(&self) -> StageArg {
@@ -667,7 +673,7 @@ impl SplashAttention {
             self.block_sizes.diagonal_block(),
         );
         let def = with_segments(with_float_type!(self.dtype, T => splash_fwd::<T>(cfg)), f);
-        let mut args = self.tables(info);
+        let mut args = self.tables(info, true);
         args.push(self.sinks(f));
         args.push(self.offsets());
         args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
@@ -712,7 +718,7 @@ impl SplashAttention {
             info,
             b.diagonal_block_dkv(),
         );
-        let mut args = self.tables(info);
+        let mut args = self.tables(info, false);
         args.push(self.offsets());
         args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
         args.extend(self.segments(f));
@@ -758,7 +764,7 @@ impl SplashAttention {
                 b.diagonal_block_dq(),
             );
             let def = with_segments(with_float_type!(self.dtype, T => splash_dq::<T>(cfg)), f);
-            let mut args = self.tables(info);
+            let mut args = self.tables(info, false);
             args.push(self.offsets());
             args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
             args.extend(self.segments(f));

@@ -22,8 +22,8 @@ pub const NUM_LANES: usize = 128;
 ///   the diagonal and empty above it (the causal diagonal) into `block_diagonal` x
 ///   `block_diagonal` sub-tiles and skips those above the diagonal (tokamax's
 ///   `qk_diag_skip`); a sub-tile the size of the block computes the whole block. Unset, each
-///   kernel takes [`default_diagonal_block`] (forward, dK/dV, fused) or
-///   [`default_dq_diagonal_block`] (dQ) of its blocks.
+///   kernel takes [`default_diagonal_block`] (forward), [`default_dkv_diagonal_block`]
+///   (dK/dV, fused) or [`default_dq_diagonal_block`] (dQ) of its blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockSizes {
     pub block_q: usize,
@@ -85,25 +85,36 @@ pub fn default_dq_compute_block(block_kv_dq: usize) -> usize {
     }
 }
 
-/// The diagonal sub-tile of the forward and dK/dV (or fused) kernels when `block_diagonal`
-/// is `None`: 256 for square blocks of 1024 or more, 128 for square blocks of 512, else the
-/// whole block (no skip).
+/// The forward's diagonal sub-tile when `block_diagonal` is `None`: 256 for square blocks of
+/// 1024 or more, else the whole block (no skip).
 ///
 /// Measured on v5p with libtpu's bundles (`tessera compile --target tpu:v5p:2x2x1
-/// attention --block-diagonal N`, bf16, causal MHA, 8 heads, D 128, S 8192, cycles per
-/// core, whole block first): forward at blocks 2048 832,816 -> 789,166 / 659,150 / 676,798
-/// at sub-tiles 128 / 256 / 512; at 1024 784,672 -> 725,854 (256) / 732,062 (512); at 512
-/// 926,896 -> 924,710 (128) / 931,760 (256). dK/dV at 2048 1,211,076 -> 1,032,622 (256) /
-/// 1,034,480 (512); at 1024 1,141,287 -> 1,074,245 (256) / 1,084,133 (512); at 512
-/// 1,307,655 -> 1,271,811 (128) / 1,296,835 (256). The fused backward at 2048 1,476,518 ->
-/// 1,273,178 (256); at 1024 1,413,477 -> 1,332,860 (256); at 512 1,533,907 -> 1,532,629
-/// (128).
+/// attention --block-diagonal N`, bf16, causal MHA, 8 heads, D 128, S 8192, the forward's
+/// grid compacted, cycles per core, whole block first): at blocks 2048 -> 654,564 at
+/// sub-tiles of 256 (676,798 at 512, 789,166 at 128 before the compaction, whose unskipped
+/// kernel took 832,816); at 1024 761,684 -> 703,270 (256) / 709,478 (512) / 719,238 (128); at
+/// 512 825,204 -> 828,758 (128) / 830,132 (256).
 pub fn default_diagonal_block(block_q: usize, block_kv: usize) -> usize {
+    if block_q == block_kv && block_q >= 1024 && block_q % 256 == 0 {
+        256
+    } else {
+        block_q
+    }
+}
+
+/// The dK/dV (or fused) kernel's diagonal sub-tile when `block_diagonal` is `None`: 256 for
+/// square blocks of 1024 or more, 128 for square blocks of 512, else the whole block.
+///
+/// Measured as [`default_diagonal_block`], whole block first: dK/dV at blocks 2048 1,211,076
+/// -> 1,032,622 (256) / 1,034,480 (512); at 1024 1,141,287 -> 1,074,245 (256) / 1,084,133
+/// (512); at 512 1,307,655 -> 1,271,811 (128) / 1,296,835 (256). The fused backward at 2048
+/// 1,476,518 -> 1,273,178 (256); at 1024 1,413,477 -> 1,332,860 (256); at 512 1,533,907 ->
+/// 1,532,629 (128).
+pub fn default_dkv_diagonal_block(block_q: usize, block_kv: usize) -> usize {
     match block_q {
         b if b != block_kv => b,
-        b if b >= 1024 && b % 256 == 0 => 256,
         512 => 128,
-        b => b,
+        b => default_diagonal_block(b, block_kv),
     }
 }
 
@@ -168,10 +179,10 @@ impl BlockSizes {
     }
 
     /// The dK/dV (or fused) kernel's diagonal sub-tile: `block_diagonal`, or by default
-    /// [`default_diagonal_block`] of `block_q_dkv` and `block_kv_dkv`.
+    /// [`default_dkv_diagonal_block`] of `block_q_dkv` and `block_kv_dkv`.
     pub fn diagonal_block_dkv(&self) -> usize {
         self.block_diagonal
-            .unwrap_or_else(|| default_diagonal_block(self.block_q_dkv, self.block_kv_dkv))
+            .unwrap_or_else(|| default_dkv_diagonal_block(self.block_q_dkv, self.block_kv_dkv))
     }
 
     /// The dQ kernel's diagonal sub-tile: `block_diagonal`, or by default
@@ -384,7 +395,8 @@ mod tests {
             ),
             (256, 256, 512)
         );
-        assert_eq!(BlockSizes::uniform(512, 512).diagonal_block(), 128);
+        assert_eq!(BlockSizes::uniform(512, 512).diagonal_block(), 512);
+        assert_eq!(BlockSizes::uniform(512, 512).diagonal_block_dkv(), 128);
         assert_eq!(BlockSizes::uniform(512, 512).diagonal_block_dq(), 512);
         assert_eq!(BlockSizes::uniform(256, 512).diagonal_block(), 256);
         let set = |d, bq, bkv| {

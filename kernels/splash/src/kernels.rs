@@ -12,15 +12,20 @@
 //! `kv_head(h, H / KVH)` (MHA, GQA and MQA alike).
 //!
 //! Scalar prefetch: the [`MaskInfo`](crate::MaskInfo) tables `data_next`, `block_mask`,
-//! `mask_next` (`[TH, rows, width]`, `TH` = 1 when every head shares the mask), each head's
+//! `mask_next` (`[TH, rows, width]`, `TH` = 1 when every head shares the mask; the forward's
+//! also `row_block` and `row_bounds`), each head's
 //! mask class `[H]`, the attention sinks `[H]` and the sequence offsets `[2]` (global
 //! position of the first query and of the first key).
 //!
-//! Every grid step looks its block up in the tables: empty entries do nothing (the grid is
-//! shrunk to the longest row of non-empty blocks; padding entries repeat the previous block so
-//! nothing new is fetched), full blocks are computed without evaluating the mask and partial
-//! blocks with it, computed in-kernel from iota and global positions or loaded from the
-//! stored int8 partial blocks.
+//! Every grid step looks its block up in the tables: empty entries do nothing (the backward
+//! kernels' grids are shrunk to the longest row of non-empty blocks, the forward's compacted
+//! to every row's non-empty blocks in turn, [`MaskInfo::compacted`](crate::MaskInfo::compacted),
+//! its query block and row bounds read from `row_block` and `row_bounds`; padding entries
+//! repeat the previous block so nothing new is fetched), full blocks are computed without
+//! evaluating the mask and partial blocks with it, computed in-kernel from iota and global
+//! positions or loaded from the stored int8 partial blocks; diagonal blocks
+//! ([`DIAGONAL`](crate::mask_info::DIAGONAL)) are computed by sub-tiles, those above the
+//! diagonal skipped.
 
 use std::convert::Infallible;
 use std::fmt;
@@ -28,7 +33,7 @@ use std::fmt;
 use tessera_dsl::prelude::*;
 
 use crate::mask::{MaskExpr, PositionOps};
-use crate::mask_info::{KernelMask, DIAGONAL};
+use crate::mask_info::{KernelMask, DIAGONAL, ROW_FIRST, ROW_LAST};
 
 /// `block_mask` code of a block computed with the mask.
 const PARTIAL: i32 = 1;
@@ -412,17 +417,20 @@ impl Running {
 
 /// Forward: `out = softmax(logits) v` with an online softmax over key blocks, and the
 /// logsumexp of every query row (`-inf` for rows that see no key; then `out` is 0).
-#[tpu_kernel(grid = (B, H, NQ, W),
+#[tpu_kernel(grid = (B, H, R, W),
              dimension_semantics = (parallel, parallel, arbitrary, arbitrary))]
 pub fn splash_fwd<T: Element>(
-    #[shape(TH, NQ, W)] data_next: Smem<i32>,
-    #[shape(TH, NQ, W)] block_mask: Smem<i32>,
-    #[shape(TH, NQ, W)] mask_next: Smem<i32>,
+    #[shape(TH, R, W)] data_next: Smem<i32>,
+    #[shape(TH, R, W)] block_mask: Smem<i32>,
+    #[shape(TH, R, W)] mask_next: Smem<i32>,
+    #[shape(TH, R, W)] row_block: Smem<i32>,
+    #[shape(TH, R, W)] row_bounds: Smem<i32>,
     #[shape(H)] head_class: Smem<i32>,
     #[shape(H)] sinks: Smem<f32>,
     #[shape(2)] offsets: Smem<i32>,
     #[shape(B, H, SQ, D)]
-    #[block((None, None, cfg.bq, D), |b, h, i, j| (b, h, i, 0))]
+    #[block((None, None, cfg.bq, D),
+            |b, h, i, j| (b, h, row_block.get([table_row(h, cfg.per_head), i, j]), 0))]
     q: Ref<T>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D),
@@ -433,7 +441,8 @@ pub fn splash_fwd<T: Element>(
             |b, h, i, j| (b, kv_head(h, H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
     v: Ref<T>,
     #[shape(B, 1, SQ)]
-    #[block((None, 1, cfg.bq), |b, h, i, j| (b, 0, i))]
+    #[block((None, 1, cfg.bq),
+            |b, h, i, j| (b, 0, row_block.get([table_row(h, cfg.per_head), i, j])))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv),
@@ -444,22 +453,31 @@ pub fn splash_fwd<T: Element>(
             |b, h, i, j| (mask_next.get([table_row(h, cfg.per_head), i, j]), 0, 0))]
     mask_blocks: Ref<i8>,
     #[shape(B, H, SQ, DV)]
-    #[block((None, None, cfg.bq, DV), |b, h, i, j| (b, h, i, 0))]
+    #[block((None, None, cfg.bq, DV),
+            |b, h, i, j| (b, h, row_block.get([table_row(h, cfg.per_head), i, j]), 0))]
     out: RefMut<T>,
     #[shape(B, H, 1, SQ)]
-    #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
+    #[block((None, None, 1, cfg.bq),
+            |b, h, i, j| (b, h, 0, row_block.get([table_row(h, cfg.per_head), i, j])))]
     lse: RefMut<f32>,
     #[scratch(cfg.bq, cfg.lanes)] m_scratch: Scratch<f32>,
     #[scratch(cfg.bq, cfg.lanes)] l_scratch: Scratch<f32>,
     #[scratch(cfg.bq, DV)] acc: Scratch<f32>,
     #[comptime] cfg: KernelConfig,
 ) {
-    let (h, i, j) = (program_id(1), program_id(2), program_id(3));
+    let (h, r, j) = (program_id(1), program_id(2), program_id(3));
     let (lanes, dv) = (cfg.lanes, acc.shape()[1]);
     // A `[bq, lanes]` running value widened to `[bq, n]` (with one lane, broadcasting does).
     let widen = |x: Value, n: usize| widen_lanes(x, n, lanes);
     let row = table_row(h, cfg.per_head);
-    when(j.eq(0), || {
+    // The slot's query block, and whether it starts or ends that block's row.
+    let i = row_block.get([row, r, j]);
+    let bounds = row_bounds.get([row, r, j]);
+    let (starts, ends) = (
+        bounds.eq(ROW_FIRST) | bounds.eq(ROW_FIRST + ROW_LAST),
+        bounds.ge(ROW_LAST),
+    );
+    when(starts, || {
         acc.store(0.0);
         if cfg.sinks {
             // The sink is one more logit with a zero value: it starts the max and the sum.
@@ -470,8 +488,8 @@ pub fn splash_fwd<T: Element>(
             l_scratch.store(0.0);
         }
     });
-    let kind = block_mask.get([row, i, j]);
-    let kv_block = data_next.get([row, i, j]);
+    let kind = block_mask.get([row, r, j]);
+    let kv_block = data_next.get([row, r, j]);
     let tile = |masked: bool, q_rows: (usize, usize), keys: (usize, usize)| Tile {
         cfg: &cfg,
         masked,
@@ -547,7 +565,7 @@ pub fn splash_fwd<T: Element>(
     if let Some(sub) = cfg.diagonal_sub_tiles {
         when(kind.eq(DIAGONAL), || diagonal_step(sub));
     }
-    when(j.eq(num_programs(3) - 1), || {
+    when(ends, || {
         let l = l_scratch.load();
         let none = l.eq(0.0);
         let l_safe = select(none, 1.0, l);

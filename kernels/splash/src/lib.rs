@@ -54,8 +54,8 @@ pub use attention::{
     SplashAttention, SplashOptions, Stage, StageArg, Tensor, DEFAULT_MASK_VALUE,
 };
 pub use block_sizes::{
-    default_block, default_diagonal_block, default_dq_compute_block, default_dq_diagonal_block,
-    BlockSizes, MAX_DEFAULT_BLOCK, NUM_LANES,
+    default_block, default_diagonal_block, default_dkv_diagonal_block, default_dq_compute_block,
+    default_dq_diagonal_block, BlockSizes, MAX_DEFAULT_BLOCK, NUM_LANES,
 };
 pub use error::{
     BlockProblem, BlockSizeError, BlockSizeReason, BoxedError, InputError, MaskError,

@@ -12,7 +12,16 @@
 //! - `block_mask[h, r, s]`: its [`BlockKind::code`] (0 empty/padding, 1 partial, 2 full),
 //!   or [`DIAGONAL`] (3) for a partial block whose square sub-tiles are empty above their
 //!   diagonal and full below it ([`MaskInfo::with_diagonal_sub_tiles`]);
-//! - `mask_next[h, r, s]`: for dense masks, which stored partial mask block to load.
+//! - `mask_next[h, r, s]`: for dense masks, which stored partial mask block to load;
+//! - `row_block[h, r, s]`: the block index along the rows' axis (`r` itself, except in
+//!   compacted tables);
+//! - `row_bounds[h, r, s]`: [`ROW_FIRST`] on the first slot of a row, [`ROW_LAST`] on its
+//!   last, both (3) on a row's only slot.
+//!
+//! The forward's tables are compacted ([`MaskInfo::compacted`]): one row holding every row's
+//! non-empty blocks in turn (a row with none keeps one empty slot, which starts and ends it),
+//! so its grid walks only blocks it computes; `row_block` says which query block each slot
+//! is in and `row_bounds` where a row starts and ends.
 //!
 //! Computable masks (causal, local, chunked and their combinations) are evaluated in the
 //! kernel from iota and the block's global positions; masks with a dense part store their
@@ -36,6 +45,16 @@ pub const MAX_COMPUTED_MASK_CLASSES: usize = 4;
 /// diagonal is one; so are the diagonals of local and chunked causal masks whose window
 /// covers the block.
 pub const DIAGONAL: i32 = 3;
+
+/// `row_bounds` flag of a row's first slot.
+pub const ROW_FIRST: i32 = 1;
+/// `row_bounds` flag of a row's last slot.
+pub const ROW_LAST: i32 = 2;
+
+/// The `row_bounds` flags of a slot that starts and/or ends its row.
+fn bounds_of(first: bool, last: bool) -> i32 {
+    i32::from(first) * ROW_FIRST + i32::from(last) * ROW_LAST
+}
 
 /// Which block axis the tables' rows run along.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,6 +125,8 @@ pub struct MaskInfo {
     pub data_next: Vec<i32>,
     pub block_mask: Vec<i32>,
     pub mask_next: Vec<i32>,
+    pub row_block: Vec<i32>,
+    pub row_bounds: Vec<i32>,
     /// Distinct partial mask blocks (dense masks only), int8, in the orientation of the
     /// kernel's score tile: [`Self::partial_block_shape`].
     pub partial_blocks: Vec<i8>,
@@ -282,6 +303,12 @@ impl MaskInfo {
             class_tables.push((data_next, block_mask, mask_next));
         }
         let table_heads = if classes.len() == 1 { 1 } else { heads };
+        let row_block: Vec<i32> = (0..table_heads * rows)
+            .flat_map(|tr| std::iter::repeat_n((tr % rows) as i32, width))
+            .collect();
+        let row_bounds: Vec<i32> = (0..table_heads * rows)
+            .flat_map(|_| (0..width).map(|s| bounds_of(s == 0, s + 1 == width)))
+            .collect();
         let (mut data_next, mut block_mask, mut mask_next) = (Vec::new(), Vec::new(), Vec::new());
         for h in 0..table_heads {
             let (d, b, m) = &class_tables[class_of_head[h]];
@@ -316,6 +343,8 @@ impl MaskInfo {
             data_next,
             block_mask,
             mask_next,
+            row_block,
+            row_bounds,
             partial_blocks,
             keys_by_queries: major == Major::Kv,
             num_partial_blocks,
@@ -370,10 +399,10 @@ impl MaskInfo {
             for r in 0..self.rows {
                 for s in 0..self.width {
                     let at = th * per_table + r * self.width + s;
-                    let col = self.data_next[at] as usize;
+                    let (row, col) = (self.row_block[at] as usize, self.data_next[at] as usize);
                     let (qb, kb) = match self.major {
-                        Major::Q => (r, col),
-                        Major::Kv => (col, r),
+                        Major::Q => (row, col),
+                        Major::Kv => (col, row),
                     };
                     if self.block_mask[at] == BlockKind::Partial.code() && is_diagonal(m, qb, kb) {
                         self.block_mask[at] = DIAGONAL;
@@ -385,6 +414,69 @@ impl MaskInfo {
         if any {
             self.diagonal_sub_tiles = Some(sub);
         }
+        self
+    }
+
+    /// The same blocks in one row per table head: every row's non-empty slots in turn (a row
+    /// with none keeps one empty slot, so the kernel still starts and ends it), then empty
+    /// slots repeating the last one up to the longest head's count. A kernel over these
+    /// tables takes its row from `row_block` and its row's start and end from `row_bounds`.
+    pub fn compacted(mut self) -> Self {
+        let (rows, width) = (self.rows, self.width);
+        let mut slots: Vec<Vec<(i32, i32, i32, i32)>> = Vec::with_capacity(self.table_heads);
+        for th in 0..self.table_heads {
+            let mut head = Vec::new();
+            for r in 0..rows {
+                let at = |s: usize| th * rows * width + r * width + s;
+                let live: Vec<usize> = (0..width)
+                    .filter(|&s| self.block_mask[at(s)] != BlockKind::Empty.code())
+                    .collect();
+                let kept = if live.is_empty() { vec![0] } else { live };
+                for &s in &kept {
+                    let a = at(s);
+                    head.push((
+                        self.data_next[a],
+                        self.block_mask[a],
+                        self.mask_next[a],
+                        r as i32,
+                    ));
+                }
+            }
+            slots.push(head);
+        }
+        let new_width = slots.iter().map(Vec::len).max().unwrap_or(1).max(1);
+        let (mut data_next, mut block_mask, mut mask_next) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut row_block, mut row_bounds) = (Vec::new(), Vec::new());
+        for head in &slots {
+            for s in 0..new_width {
+                match head.get(s) {
+                    Some(&(d, b, m, r)) => {
+                        let first = s == 0 || head[s - 1].3 != r;
+                        let last = head.get(s + 1).is_none_or(|n| n.3 != r);
+                        data_next.push(d);
+                        block_mask.push(b);
+                        mask_next.push(m);
+                        row_block.push(r);
+                        row_bounds.push(bounds_of(first, last));
+                    }
+                    None => {
+                        let &(d, _, m, r) = head.last().expect("every head has a slot");
+                        data_next.push(d);
+                        block_mask.push(BlockKind::Empty.code());
+                        mask_next.push(m);
+                        row_block.push(r);
+                        row_bounds.push(0);
+                    }
+                }
+            }
+        }
+        self.rows = 1;
+        self.width = new_width;
+        self.data_next = data_next;
+        self.block_mask = block_mask;
+        self.mask_next = mask_next;
+        self.row_block = row_block;
+        self.row_bounds = row_bounds;
         self
     }
 
@@ -448,6 +540,9 @@ impl MaskInfo {
             self.data_next = pad(&self.data_next, None);
             self.block_mask = pad(&self.block_mask, Some(BlockKind::Empty.code()));
             self.mask_next = pad(&self.mask_next, None);
+            self.row_block = pad(&self.row_block, None);
+            // A row's last slot stays its end: the new slots after it do nothing.
+            self.row_bounds = pad(&self.row_bounds, Some(0));
             self.width = width;
         }
         if self.dense() && num_partial > self.num_partial_blocks {

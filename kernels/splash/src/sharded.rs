@@ -177,11 +177,11 @@ mod tests {
             &offsets,
         )
         .unwrap();
-        // Shard r computes 2 rows of (2r + 1) and (2r + 2) key blocks; the grid is set by the
-        // last shard's 8.
+        // Shard r computes 2 rows of (2r + 1) and (2r + 2) key blocks, which the forward's
+        // compacted tables walk in (4r + 3) slots; the grid is set by the last shard's 15.
         for (r, shard) in s.shards().iter().enumerate() {
             assert_eq!(shard.stats().computed(), 2 * (4 * r + 3), "shard {r}");
-            assert_eq!(shard.fwd_mask_info().width, 8);
+            assert_eq!(shard.fwd_mask_info().width, 15);
         }
         assert_eq!(s.stats().computed(), 2 * (3 + 7 + 11 + 15));
         let plan = s.forward_plan(Features::default()).unwrap();
@@ -191,9 +191,9 @@ mod tests {
             .iter()
             .filter(|a| matches!(a, StageArg::PerShard(_)))
             .count();
-        // data_next, block_mask and the offsets differ per shard (mask_next is all zeros:
-        // a computed mask stores no blocks).
-        assert_eq!(per_shard, 3);
+        // data_next, block_mask, row_block, row_bounds and the offsets differ per shard
+        // (mask_next is all zeros: a computed mask stores no blocks).
+        assert_eq!(per_shard, 5);
         assert_eq!(s.backward_plan(Features::default()).unwrap().len(), 3);
     }
 }

@@ -49,8 +49,10 @@ fn causal_computes_about_half_the_blocks_of_full() {
 #[test]
 fn local_windows_shrink_every_kernel_grid() {
     let a = attention(Mask::local(256, 0), 512);
-    // Each query block sees its own key block and the previous one.
-    assert_eq!(a.fwd_mask_info().width, 2);
+    // Each query block sees its own key block and the previous one: the forward's compacted
+    // grid walks those 15 blocks in one row.
+    let fwd = a.fwd_mask_info();
+    assert_eq!((fwd.rows, fwd.width), (1, 2 * 8 - 1));
     assert_eq!(a.stats().computed(), 8 * (2 * 8 - 1));
     // The fused backward keeps a slot per query block (every dq partial is written) ...
     assert_eq!(a.dkv_mask_info().width, 8);
