@@ -2,7 +2,7 @@
 
 For every configuration (v5p, bf16, causal, MHA H=8 and GQA H=8/KVH=2, D=128, S 4096 and 8192,
 square blocks 512, 1024 and 2048; forward, backward with dq + dkv kernels, fused backward) this
-compiles JAX's own Pallas splash attention (jax[tpu]==0.10.2, its libtpu 0.0.42.1) with libtpu's
+compiles JAX's own Pallas splash attention (jax[tpu]==0.12.0.1, its libtpu 0.0.50.1) with libtpu's
 dumps on, one process per configuration (libtpu reads its dump flags once, when it loads), and
 reads the dumps with `tessera tpu-dump-report`: the same reader `tessera compile` applies to
 tessera's kernels (tessera::tpu::cost). JAX's kernels carry no schedule of their `when`s, so this
@@ -14,6 +14,8 @@ schedules) and writes three TSVs: JAX's figures, tessera's, and tessera / JAX pe
 
 usage: scripts/splash_cost.sh            (makes the venv, builds tessera, runs this)
        python scripts/splash_cost.py [--only jax|tessera] [--quick] [--resume] [--out-prefix P]
+       python scripts/splash_cost.py --markdown   (docs/tpu.md's table from the TSVs, with
+                                                   tokamax's forward from tokamax_cost.tsv)
        python scripts/splash_cost.py --worker DIR PASS H KVH S BLOCK   (one JAX compile)
 """
 import argparse
@@ -280,9 +282,14 @@ def main():
     ap.add_argument("--only", choices=["jax", "tessera"])
     ap.add_argument("--quick", action="store_true", help="three configurations only")
     ap.add_argument("--out-prefix", default=os.path.join(ROOT, "scripts", "splash_cost"))
+    ap.add_argument("--markdown", action="store_true",
+                    help="print docs/tpu.md's table from the TSVs and stop")
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows already in the TSVs and measure only what they lack")
     a = ap.parse_args()
+    if a.markdown:
+        print(markdown(a.out_prefix))
+        return
     configs = QUICK if a.quick else CONFIGS
     paths = {"jax": a.out_prefix + ".jax.tsv", "tessera": a.out_prefix + ".tessera.tsv"}
     if not a.resume:
@@ -305,6 +312,47 @@ def main():
             fh.write("\t".join(cols) + "\n")
             for x in r:
                 fh.write("\t".join(str(x[c]) for c in cols) + "\n")
+
+
+def markdown(prefix):
+    """The table of docs/tpu.md: per configuration and kernel role, tessera's cycles per core
+    against JAX's (and, for the forward, tokamax's best grid from tokamax_cost.tsv), then
+    tessera / JAX over all cores, scoped VMEM and temporaries."""
+    jax = {config_of(r) + (r["role"],): r for r in read_tsv(prefix + ".jax.tsv")}
+    tokamax = {}
+    for r in read_tsv(os.path.join(os.path.dirname(prefix), "tokamax_cost.tsv")):
+        k = config_of(r)
+        if k not in tokamax or int(r["cycles_per_core"]) < int(tokamax[k]["cycles_per_core"]):
+            tokamax[k] = r
+    n = lambda x: f"{int(x):,}"
+    ratio = lambda a, b: f"{float(a) / float(b):.3f}" if a and b else ""
+    lines = [
+        "| pass | heads | S | blocks | kernel | cycles per core, tessera / JAX | tokamax "
+        "0.0.17 with its diagonal skip, cycles per core (tessera / it) | all cores, tessera / "
+        "JAX | scoped VMEM, tessera / JAX | temporaries MiB, tessera / JAX |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    order = {"fwd": 0, "bwd": 1, "fused": 2}
+    tess = sorted(read_tsv(prefix + ".tessera.tsv"),
+                  key=lambda r: (order[r["pass"]], -int(r["kv_heads"]), int(r["seq"]),
+                                 int(r["block"]), r["role"]))
+    for t in tess:
+        j = jax.get(config_of(t) + (t["role"],))
+        if j is None:
+            continue
+        tk = tokamax.get(config_of(t)) if t["role"] == "fwd" and t["pass"] == "fwd" else None
+        tk_cell = (f"{n(tk['cycles_per_core'])} ({ratio(t['cycles_per_core'], tk['cycles_per_core'])})"
+                   if tk else "")
+        heads = "MHA" if t["kv_heads"] == t["heads"] else f"GQA {t['heads']}/{t['kv_heads']}"
+        mib = lambda r: f"{int(r['program_temp_bytes']) / 2**20:.1f}"
+        lines.append(
+            f"| {t['pass']} | {heads} | {t['seq']} | {t['block']} | {t['role']} | "
+            f"{n(t['cycles_per_core'])} / {n(j['cycles_per_core'])} "
+            f"({ratio(t['cycles_per_core'], j['cycles_per_core'])}) | {tk_cell} | "
+            f"{ratio(t['cycles_all_cores'], j['cycles_all_cores'])} | "
+            f"{ratio(t['scoped_vmem_bytes'], j['scoped_vmem_bytes'])} | "
+            f"{mib(t)} / {mib(j)} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
