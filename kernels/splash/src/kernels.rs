@@ -24,7 +24,7 @@
 //! repeat the previous block so nothing new is fetched), full blocks are computed without
 //! evaluating the mask and partial blocks with it, computed in-kernel from iota and global
 //! positions or loaded from the stored int8 partial blocks; diagonal blocks
-//! ([`DIAGONAL`](crate::mask_info::DIAGONAL)) are computed by sub-tiles, those above the
+//! ([`DIAGONAL`]) are computed by sub-tiles, those above the
 //! diagonal skipped.
 
 use std::convert::Infallible;

@@ -62,7 +62,10 @@ pub use error::{
     MaskParseError, MissingIn, OptionsError, PlanBug, SplashError,
 };
 pub use mask::{BlockKind, DenseMask, Mask, MaskExpr, MultiHeadMask, SeqOffsets, MAX_POSITION};
-pub use mask_info::{BlockStats, KernelMask, Major, MaskInfo, MAX_COMPUTED_MASK_CLASSES};
+pub use mask_info::{
+    BlockStats, KernelMask, Major, MaskInfo, DIAGONAL, MAX_COMPUTED_MASK_CLASSES, ROW_FIRST,
+    ROW_LAST,
+};
 pub use program::{
     dense_program, lower_forward_on_shard, lower_stages, lower_stages_on_shard, splash_program,
     Pass,
