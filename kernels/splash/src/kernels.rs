@@ -384,6 +384,18 @@ fn rows(r: Ref<impl Element>, start: usize, len: usize, whole: bool) -> Value {
     }
 }
 
+/// The scaled key sub-tiles (`sub` rows each) of a [`DIAGONAL`] block.
+fn key_sub_tiles(cfg: &KernelConfig, k: Ref<impl Element>, sub: usize) -> Vec<Value> {
+    (0..cfg.bq / sub)
+        .map(|c| scaled_k(cfg, rows(k, c * sub, sub, false)))
+        .collect()
+}
+
+/// Rows `a * sub..(a + 1) * sub` of a block: query sub-tile `a` of a [`DIAGONAL`] block.
+fn sub_tile_rows(a: usize, sub: usize) -> [tessera_dsl::Idx; 2] {
+    [ds(a * sub, sub), all()]
+}
+
 /// A `[rows, lanes]` running value widened to `[rows, n]` (with one lane, broadcasting does).
 fn widen_lanes(x: Value, n: usize, lanes: usize) -> Value {
     if lanes == 1 {
@@ -535,12 +547,9 @@ pub fn splash_fwd<T: Element>(
     // sub-tiles `0..a` unmasked and `a` masked; those above the diagonal are skipped. Each
     // query sub-tile's running values stay in registers over its key sub-tiles.
     let diagonal_step = |sub: usize| {
-        let n = cfg.bq / sub;
-        let ks: Vec<Value> = (0..n)
-            .map(|c| scaled_k(&cfg, rows(k, c * sub, sub, false)))
-            .collect();
-        for a in 0..n {
-            let window = [ds(a * sub, sub), all()];
+        let ks = key_sub_tiles(&cfg, k, sub);
+        for a in 0..ks.len() {
+            let window = sub_tile_rows(a, sub);
             let qa = q.at(&window).load();
             let mut run = Running {
                 m: m_scratch.at(&window).load(),
@@ -707,6 +716,20 @@ pub fn splash_dq<T: Element>(
     when(j.eq(0), || dq_acc.store(0.0));
     let kind = block_mask.get([row, i, j]);
     let kv_block = data_next.get([row, i, j]);
+    let tile = |masked: bool, q_rows: (usize, usize), keys: (usize, usize)| Tile {
+        cfg: &cfg,
+        masked,
+        q_block: i,
+        kv_block,
+        q_rows,
+        keys,
+        offsets,
+        head_class,
+        head: h,
+        q_seg,
+        kv_seg,
+        mask_blocks,
+    };
     let bkvc = cfg.bkv_compute;
     let whole = bkvc == cfg.bkv;
     let step = |masked: bool| {
@@ -718,20 +741,7 @@ pub fn splash_dq<T: Element>(
         };
         let mut total: Option<Value> = None;
         for c in 0..cfg.bkv / bkvc {
-            let tile = Tile {
-                cfg: &cfg,
-                masked,
-                q_block: i,
-                kv_block,
-                q_rows: (0, cfg.bq),
-                keys: (c * bkvc, bkvc),
-                offsets,
-                head_class,
-                head: h,
-                q_seg,
-                kv_seg,
-                mask_blocks,
-            };
+            let tile = tile(masked, (0, cfg.bq), (c * bkvc, bkvc));
             let kc = scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole));
             let vc = rows(v, c * bkvc, bkvc, whole);
             let part = dq_part::<T>(&cfg, &tile, (kc, vc), (qv, dov), (lse_v, di_v));
@@ -747,12 +757,9 @@ pub fn splash_dq<T: Element>(
     // A diagonal block by `sub x sub` sub-tiles: query sub-tile `a` meets key sub-tiles
     // `0..a` unmasked and `a` masked; those above the diagonal are skipped.
     let diagonal_step = |sub: usize| {
-        let n = cfg.bq / sub;
-        let ks: Vec<Value> = (0..n)
-            .map(|c| scaled_k(&cfg, rows(k, c * sub, sub, false)))
-            .collect();
-        for a in 0..n {
-            let rows_a = [ds(a * sub, sub), all()];
+        let ks = key_sub_tiles(&cfg, k, sub);
+        for a in 0..ks.len() {
+            let rows_a = sub_tile_rows(a, sub);
             let (qa, doa) = (q.at(&rows_a).load(), dout.at(&rows_a).load());
             let lanes_a = |x: Ref<f32>| x.at(&[all(), ds(a * sub, sub)]).load();
             let (lse_a, di_a) = if cfg.keys_by_queries {
@@ -762,20 +769,7 @@ pub fn splash_dq<T: Element>(
             };
             let mut total = dq_acc.at(&rows_a).load();
             for (c, &kc) in ks.iter().enumerate().take(a + 1) {
-                let tile = Tile {
-                    cfg: &cfg,
-                    masked: c == a,
-                    q_block: i,
-                    kv_block,
-                    q_rows: (a * sub, sub),
-                    keys: (c * sub, sub),
-                    offsets,
-                    head_class,
-                    head: h,
-                    q_seg,
-                    kv_seg,
-                    mask_blocks,
-                };
+                let tile = tile(c == a, (a * sub, sub), (c * sub, sub));
                 let vc = rows(v, c * sub, sub, false);
                 total = total + dq_part::<T>(&cfg, &tile, (kc, vc), (qa, doa), (lse_a, di_a));
             }
@@ -844,6 +838,34 @@ struct DkvRefs<T: Element> {
     dv_acc: Scratch<f32>,
 }
 
+impl<T: Element> DkvRefs<T> {
+    /// The tile of rows `q_rows` of query block `q_block` by keys `keys` of key block
+    /// `kv_block` (`(start, len)` windows), for query head `head`.
+    fn tile<'a>(
+        &self,
+        cfg: &'a KernelConfig,
+        masked: bool,
+        (q_block, kv_block, head): (Value, Value, Value),
+        q_rows: (usize, usize),
+        keys: (usize, usize),
+    ) -> Tile<'a> {
+        Tile {
+            cfg,
+            masked,
+            q_block,
+            kv_block,
+            q_rows,
+            keys,
+            offsets: self.offsets,
+            head_class: self.head_class,
+            head,
+            q_seg: self.q_seg,
+            kv_seg: self.kv_seg,
+            mask_blocks: self.mask_blocks,
+        }
+    }
+}
+
 /// The dK/dV step shared by the separate and the fused kernels: accumulates into the
 /// `[bkv, D]` scratch and returns this query block's dQ contribution when asked.
 ///
@@ -854,7 +876,7 @@ struct DkvRefs<T: Element> {
 fn dkv_step<T: Element>(
     cfg: &KernelConfig,
     masked: bool,
-    (q_block, kv_block, head): (Value, Value, Value),
+    ids: (Value, Value, Value),
     r: &DkvRefs<T>,
     want_dq: bool,
 ) -> Option<Value> {
@@ -863,20 +885,7 @@ fn dkv_step<T: Element>(
     let whole = bkvc == cfg.bkv;
     let mut dq_total: Option<Value> = None;
     for c in 0..cfg.bkv / bkvc {
-        let tile = Tile {
-            cfg,
-            masked,
-            q_block,
-            kv_block,
-            q_rows: (0, cfg.bq),
-            keys: (c * bkvc, bkvc),
-            offsets: r.offsets,
-            head_class: r.head_class,
-            head,
-            q_seg: r.q_seg,
-            kv_seg: r.kv_seg,
-            mask_blocks: r.mask_blocks,
-        };
+        let tile = r.tile(cfg, masked, ids, (0, cfg.bq), (c * bkvc, bkvc));
         let kc = if whole {
             r.k_scaled.load()
         } else {
@@ -915,7 +924,7 @@ fn dkv_step<T: Element>(
 fn dkv_diagonal_step<T: Element>(
     cfg: &KernelConfig,
     sub: usize,
-    (q_block, kv_block, head): (Value, Value, Value),
+    ids: (Value, Value, Value),
     r: &DkvRefs<T>,
     want_dq: bool,
 ) -> Vec<Value> {
@@ -923,7 +932,7 @@ fn dkv_diagonal_step<T: Element>(
     let lanes = |x: Ref<f32>, a: usize| x.at(&[all(), ds(a * sub, sub)]).load();
     let queries: Vec<(Value, Value, Value, Value)> = (0..n)
         .map(|a| {
-            let rows_a = [ds(a * sub, sub), all()];
+            let rows_a = sub_tile_rows(a, sub);
             (
                 r.q.at(&rows_a).load(),
                 r.dout.at(&rows_a).load(),
@@ -934,25 +943,12 @@ fn dkv_diagonal_step<T: Element>(
         .collect();
     let mut dq_parts: Vec<Option<Value>> = vec![None; n];
     for c in 0..n {
-        let win = [ds(c * sub, sub), all()];
+        let win = sub_tile_rows(c, sub);
         let kc = r.k_scaled.at(&win).load();
         let vc = r.v.at(&win).load();
         let (mut dv_c, mut dk_c) = (r.dv_acc.at(&win).load(), r.dk_acc.at(&win).load());
         for (a, &(qa, doa, lse_a, di_a)) in queries.iter().enumerate().skip(c) {
-            let tile = Tile {
-                cfg,
-                masked: a == c,
-                q_block,
-                kv_block,
-                q_rows: (a * sub, sub),
-                keys: (c * sub, sub),
-                offsets: r.offsets,
-                head_class: r.head_class,
-                head,
-                q_seg: r.q_seg,
-                kv_seg: r.kv_seg,
-                mask_blocks: r.mask_blocks,
-            };
+            let tile = r.tile(cfg, a == c, ids, (a * sub, sub), (c * sub, sub));
             let (s, raw) = logits(cfg, kc, qa);
             let p = probabilities(s, lse_a, tile.visible_t());
             dv_c = dv_c + dot(cast_to(p, T::DTYPE), doa);
