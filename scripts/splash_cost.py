@@ -179,17 +179,23 @@ def jax_rows(pass_, kvh, seq, block):
                 print(f"  JAX {pass_} KVH={kvh} S={seq} B={block} vmem={vmem_kib}: failed: "
                       f"{(err or p.stderr.splitlines() or ['?'])[-1][:200]}", file=sys.stderr)
                 continue
-            report = subprocess.run(
-                [tessera_bin(), "tpu-dump-report", d, "--schedules",
-                 os.path.join(d, "schedules.json"), "--target", f"tpu:{TOPOLOGY}"],
-                capture_output=True, text=True)
-            if report.returncode != 0:
-                sys.exit(f"tessera tpu-dump-report failed: {report.stderr.strip()}")
-            costs = json.loads(report.stdout.strip().splitlines()[-1])["kernel_costs"]
-            with open(os.path.join(d, "program.json")) as fh:
-                temp = json.load(fh)["temp_bytes"]
+            costs, temp = read_worker_dumps(d)
             return [row("jax", pass_, kvh, seq, block, c, temp, vmem_kib) for c in costs]
     return []
+
+
+def read_worker_dumps(d):
+    """The kernel costs `tessera tpu-dump-report` reads from a worker's dumps in `d` (with its
+    schedules.json), and the program's temporaries its program.json holds."""
+    report = subprocess.run(
+        [tessera_bin(), "tpu-dump-report", d, "--schedules",
+         os.path.join(d, "schedules.json"), "--target", f"tpu:{TOPOLOGY}"],
+        capture_output=True, text=True)
+    if report.returncode != 0:
+        sys.exit(f"tessera tpu-dump-report failed: {report.stderr.strip()}")
+    costs = json.loads(report.stdout.strip().splitlines()[-1])["kernel_costs"]
+    with open(os.path.join(d, "program.json")) as fh:
+        return costs, json.load(fh)["temp_bytes"]
 
 
 # ---------------------------------------------------------------- tessera

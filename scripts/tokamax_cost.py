@@ -110,15 +110,7 @@ def tokamax_rows(kv_heads, seq, block, grid):
             print(f"  tokamax KVH={kv_heads} S={seq} B={block} grid={grid}: failed: "
                   f"{(p.stderr.strip().splitlines() or ['?'])[-1][:300]}", file=sys.stderr)
             return []
-        report = subprocess.run(
-            [sc.tessera_bin(), "tpu-dump-report", d, "--schedules",
-             os.path.join(d, "schedules.json"), "--target", f"tpu:{sc.TOPOLOGY}"],
-            capture_output=True, text=True)
-        if report.returncode != 0:
-            sys.exit(f"tessera tpu-dump-report failed: {report.stderr.strip()}")
-        costs = json.loads(report.stdout.strip().splitlines()[-1])["kernel_costs"]
-        with open(os.path.join(d, "program.json")) as fh:
-            temp = json.load(fh)["temp_bytes"]
+        costs, temp = sc.read_worker_dumps(d)
         rows = [sc.row(f"tokamax-grid{grid}", "fwd", kv_heads, seq, block, c, temp, 65536)
                 for c in costs]
         for r in rows:

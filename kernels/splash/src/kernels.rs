@@ -502,20 +502,14 @@ pub fn splash_fwd<T: Element>(
     });
     let kind = block_mask.get([row, r, j]);
     let kv_block = data_next.get([row, r, j]);
-    let tile = |masked: bool, q_rows: (usize, usize), keys: (usize, usize)| Tile {
-        cfg: &cfg,
-        masked,
-        q_block: i,
-        kv_block,
-        q_rows,
-        keys,
+    let mask = MaskRefs {
         offsets,
         head_class,
-        head: h,
         q_seg,
         kv_seg,
         mask_blocks,
     };
+    let tile = |masked: bool, q_rows, keys| mask.tile(&cfg, masked, (i, kv_block, h), q_rows, keys);
     // The logits of queries `qv` (rows `q_rows` of the block) against scaled keys `kc`
     // (keys `keys`); masked entries never count: -inf under a finite running max.
     let masked_logits = |qv: Value, kc: Value, masked: bool, q_rows, keys| {
@@ -716,20 +710,14 @@ pub fn splash_dq<T: Element>(
     when(j.eq(0), || dq_acc.store(0.0));
     let kind = block_mask.get([row, i, j]);
     let kv_block = data_next.get([row, i, j]);
-    let tile = |masked: bool, q_rows: (usize, usize), keys: (usize, usize)| Tile {
-        cfg: &cfg,
-        masked,
-        q_block: i,
-        kv_block,
-        q_rows,
-        keys,
+    let mask = MaskRefs {
         offsets,
         head_class,
-        head: h,
         q_seg,
         kv_seg,
         mask_blocks,
     };
+    let tile = |masked: bool, q_rows, keys| mask.tile(&cfg, masked, (i, kv_block, h), q_rows, keys);
     let bkvc = cfg.bkv_compute;
     let whole = bkvc == cfg.bkv;
     let step = |masked: bool| {
@@ -816,29 +804,18 @@ fn dq_part<T: Element>(
     }
 }
 
-/// The operands of a dK/dV step.
-struct DkvRefs<T: Element> {
+/// What a tile's mask reads: the sequence offsets, the heads' mask classes, the segment ids
+/// (when the call has them) and the stored partial blocks.
+#[derive(Clone, Copy)]
+struct MaskRefs {
     offsets: Smem<i32>,
     head_class: Smem<i32>,
-    q: Ref<T>,
-    v: Ref<T>,
-    dout: Ref<T>,
-    lse: Ref<f32>,
-    di: Ref<f32>,
     q_seg: Option<Ref<i32>>,
     kv_seg: Option<Ref<i32>>,
     mask_blocks: Ref<i8>,
-    /// dK's output block, which holds the key block times the scale ([`scaled_k`]) from the
-    /// key block's first step until the last step overwrites it with dK: an output block
-    /// stays in VMEM while its block index does not change, so it serves as the scaled
-    /// keys' buffer and the kernel needs no `(bkv, D)` scratch for them (on v5p that
-    /// scratch was what put dK/dV's scoped VMEM above JAX's at S=4096, blocks 512 and 1024).
-    k_scaled: RefMut<T>,
-    dk_acc: Scratch<f32>,
-    dv_acc: Scratch<f32>,
 }
 
-impl<T: Element> DkvRefs<T> {
+impl MaskRefs {
     /// The tile of rows `q_rows` of query block `q_block` by keys `keys` of key block
     /// `kv_block` (`(start, len)` windows), for query head `head`.
     fn tile<'a>(
@@ -866,6 +843,24 @@ impl<T: Element> DkvRefs<T> {
     }
 }
 
+/// The operands of a dK/dV step.
+struct DkvRefs<T: Element> {
+    mask: MaskRefs,
+    q: Ref<T>,
+    v: Ref<T>,
+    dout: Ref<T>,
+    lse: Ref<f32>,
+    di: Ref<f32>,
+    /// dK's output block, which holds the key block times the scale ([`scaled_k`]) from the
+    /// key block's first step until the last step overwrites it with dK: an output block
+    /// stays in VMEM while its block index does not change, so it serves as the scaled
+    /// keys' buffer and the kernel needs no `(bkv, D)` scratch for them (on v5p that
+    /// scratch was what put dK/dV's scoped VMEM above JAX's at S=4096, blocks 512 and 1024).
+    k_scaled: RefMut<T>,
+    dk_acc: Scratch<f32>,
+    dv_acc: Scratch<f32>,
+}
+
 /// The dK/dV step shared by the separate and the fused kernels: accumulates into the
 /// `[bkv, D]` scratch and returns this query block's dQ contribution when asked.
 ///
@@ -885,7 +880,7 @@ fn dkv_step<T: Element>(
     let whole = bkvc == cfg.bkv;
     let mut dq_total: Option<Value> = None;
     for c in 0..cfg.bkv / bkvc {
-        let tile = r.tile(cfg, masked, ids, (0, cfg.bq), (c * bkvc, bkvc));
+        let tile = r.mask.tile(cfg, masked, ids, (0, cfg.bq), (c * bkvc, bkvc));
         let kc = if whole {
             r.k_scaled.load()
         } else {
@@ -948,7 +943,9 @@ fn dkv_diagonal_step<T: Element>(
         let vc = r.v.at(&win).load();
         let (mut dv_c, mut dk_c) = (r.dv_acc.at(&win).load(), r.dk_acc.at(&win).load());
         for (a, &(qa, doa, lse_a, di_a)) in queries.iter().enumerate().skip(c) {
-            let tile = r.tile(cfg, a == c, ids, (a * sub, sub), (c * sub, sub));
+            let tile = r
+                .mask
+                .tile(cfg, a == c, ids, (a * sub, sub), (c * sub, sub));
             let (s, raw) = logits(cfg, kc, qa);
             let p = probabilities(s, lse_a, tile.visible_t());
             dv_c = dv_c + dot(cast_to(p, T::DTYPE), doa);
@@ -1042,16 +1039,18 @@ pub fn splash_dkv<T: Element>(
     let kind = block_mask.get([row, j, i]);
     let q_block = data_next.get([row, j, i]);
     let refs = DkvRefs {
-        offsets,
-        head_class,
+        mask: MaskRefs {
+            offsets,
+            head_class,
+            q_seg,
+            kv_seg,
+            mask_blocks,
+        },
         q,
         v,
         dout,
         lse,
         di,
-        q_seg,
-        kv_seg,
-        mask_blocks,
         k_scaled: dk,
         dk_acc,
         dv_acc,
@@ -1141,16 +1140,18 @@ pub fn splash_bwd_fused<T: Element>(
     let kind = block_mask.get([row, j, i]);
     dq_partial.store(0.0);
     let refs = DkvRefs {
-        offsets,
-        head_class,
+        mask: MaskRefs {
+            offsets,
+            head_class,
+            q_seg,
+            kv_seg,
+            mask_blocks,
+        },
         q,
         v,
         dout,
         lse,
         di,
-        q_seg,
-        kv_seg,
-        mask_blocks,
         k_scaled: dk,
         dk_acc,
         dv_acc,
