@@ -711,6 +711,41 @@ mod tests {
     }
 
     #[test]
+    fn compacted_tables_list_every_rows_blocks_in_turn() {
+        // Causal with the first query block's row empty (keys start 128 later): rows 0..3 hold
+        // 0, 1, 2 and 3 blocks; the empty row keeps one slot that starts and ends it.
+        let offsets = SeqOffsets { q: 0, kv: 128 };
+        let i = MaskInfo::new(
+            &Mask::causal().into(),
+            1,
+            512,
+            512,
+            offsets,
+            128,
+            128,
+            Major::Q,
+            true,
+        )
+        .unwrap()
+        .compacted();
+        assert_eq!((i.rows, i.width), (1, 7));
+        assert_eq!(i.row_block, vec![0, 1, 2, 2, 3, 3, 3]);
+        assert_eq!(i.data_next, vec![0, 0, 0, 1, 0, 1, 2]);
+        assert_eq!(i.block_mask, vec![0, 1, 2, 1, 2, 2, 1]);
+        let both = ROW_FIRST + ROW_LAST;
+        assert_eq!(
+            i.row_bounds,
+            vec![both, both, ROW_FIRST, ROW_LAST, ROW_FIRST, 0, ROW_LAST]
+        );
+        // Padding (shards of one kernel) adds empty slots repeating the last, ending nothing.
+        let mut padded = i.clone();
+        padded.pad_to(9, 0);
+        assert_eq!(&padded.row_block[7..], &[3, 3]);
+        assert_eq!(&padded.row_bounds[6..], &[ROW_LAST, 0, 0]);
+        assert_eq!(&padded.block_mask[7..], &[0, 0]);
+    }
+
+    #[test]
     fn diagonal_blocks_are_recoded_where_their_sub_tiles_allow() {
         let causal = |offsets: SeqOffsets, mask: Mask| {
             MaskInfo::new(&mask.into(), 1, 512, 512, offsets, 256, 256, Major::Q, true).unwrap()
