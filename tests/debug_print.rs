@@ -1,7 +1,7 @@
 //! `debug_print!` and `debug_check` inside kernels: the interpreter and mosaic-eval print the
 //! same lines with the grid step and stop a failing check at the kernel's line; the CPU
-//! plugin (StableHLO) runs the kernel with both left out; libtpu compiles the TPU's log op
-//! and `cf.assert`.
+//! plugin (StableHLO) runs the kernel with the prints left out and refuses a failing check
+//! through the kernel's check flags; libtpu compiles the TPU's log op and `cf.assert`.
 
 mod common;
 
@@ -128,21 +128,37 @@ fn a_failing_check_stops_the_run_at_the_kernels_line_and_step() {
     }
 }
 
-/// XLA has no print or assertion every PJRT backend runs: the StableHLO path leaves both
-/// out, so even the failing check's arguments run to the right result there.
+/// XLA has no print every PJRT backend runs: the StableHLO path leaves the prints out. The
+/// check holds there too, through the kernel's check flags: the passing lengths run to the
+/// right result, the failing ones are refused with the kernel line and the grid step.
 #[test]
-fn the_stablehlo_path_runs_the_kernel_without_prints_or_checks() {
-    for lengths in [vec![8, 3, 5], vec![8, 9, 5]] {
+fn the_stablehlo_path_leaves_prints_out_and_keeps_the_checks() {
+    let run = |lengths| {
         let args = args(lengths);
         let out = backend::run(
             &doubled_with_prints(),
             &args,
             Backend::CPU,
             &KernelRules::tpu(),
+        );
+        (args, out)
+    };
+    let (args, out) = run(vec![8, 3, 5]);
+    let out = out.unwrap_or_else(|e| panic!("{e}"));
+    common::assert_close(&out[0].to_f64_vec(), &doubled(&args[1]), 0.0, "cpu");
+    let line = 1 + include_str!("debug_print.rs")
+        .lines()
+        .position(|l| l.trim_start().starts_with("debug_check(length"))
+        .unwrap();
+    let e = run(vec![8, 9, 5]).1.unwrap_err().to_string();
+    assert_eq!(
+        e,
+        format!(
+            "kernel `doubled_with_prints`: tests/debug_print.rs:{line}:5: run-time check: \
+             debug_check failed at grid step [1]: a length is at most the block's 8 rows (the \
+             value it compares: 9); the outputs were discarded"
         )
-        .unwrap_or_else(|e| panic!("{e}"));
-        common::assert_close(&out[0].to_f64_vec(), &doubled(&args[1]), 0.0, "cpu");
-    }
+    );
 }
 
 #[test]

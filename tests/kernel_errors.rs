@@ -166,27 +166,37 @@ fn shifted_window(
     out.at(&[ds(1, 7), all()]).store(0.0);
 }
 
+/// The window's start is loaded at run time: checked when the kernel runs, on every
+/// backend, with the kernel line, the value and its bound.
 #[test]
 fn dynamic_slices_out_of_bounds_are_run_time_errors() {
+    use tessera::backend::{self, Backend};
     let x = random(DType::F32, &[8, 128], 1);
     let ok = HostArray::i32([8, 128], vec![7; 1024]).unwrap();
-    let out = run(
-        &shifted_window(),
-        &[x.clone(), ok],
-        &InterpretOptions::default(),
-    )
-    .unwrap();
-    assert_eq!(out[0].to_f32_vec()[..128], x.to_f32_vec()[7 * 128..]);
     let bad = HostArray::i32([8, 128], vec![8; 1024]).unwrap();
-    let e = run(&shifted_window(), &[x, bad], &InterpretOptions::default())
-        .map(drop)
-        .unwrap_err();
-    assert!(e.has(ProblemKind::Run), "{e}");
-    assert!(
-        e.to_string()
-            .contains("dynamic slice 8..9 of dim 0 is outside the block size 8"),
-        "{e}"
-    );
+    let line = 1 + include_str!("kernel_errors.rs")
+        .lines()
+        .position(|l| l.trim_start().starts_with(".store(x.at(&[ds(start, 1)"))
+        .unwrap();
+    for b in Backend::everywhere() {
+        let rules = KernelRules::tpu();
+        let out = backend::run(&shifted_window(), &[x.clone(), ok.clone()], b, &rules)
+            .unwrap_or_else(|e| panic!("{b}: {e}"));
+        assert_eq!(out[0].to_f32_vec()[..128], x.to_f32_vec()[7 * 128..], "{b}");
+        let e = backend::run(&shifted_window(), &[x.clone(), bad.clone()], b, &rules)
+            .map(drop)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "kernel `shifted_window`: tests/kernel_errors.rs:{line}:45: run-time check: the \
+                 start of `x`'s window along dim 0 is 8 at grid step [0], outside 0 to 7; the \
+                 access was not made and the outputs were discarded (check the run-time data \
+                 it comes from, or mark an index proven with `unchecked_index`)"
+            ),
+            "{b}"
+        );
+    }
 }
 
 /// A race: two parallel steps write the same output block.

@@ -184,7 +184,9 @@ pub fn run_kernel(
         Backend::Pjrt(platform) => {
             let client = platform.client(1).map_err(RunError::Devices)?;
             let mut per_device = compiled(k, platform, &client)?.execute_arrays(&[args])?;
-            Ok(per_device.pop().unwrap_or_default())
+            let mut outputs = per_device.pop().unwrap_or_default();
+            tessera_dsl::checks::take_failure(k, &mut outputs)?;
+            Ok(outputs)
         }
     }
 }
@@ -376,7 +378,11 @@ fn run_spmd(
         };
         Ok(client.compile(&module.to_mlir(), &options)?)
     })?;
-    Ok(exe.execute_arrays(per_device)?)
+    let mut outputs = exe.execute_arrays(per_device)?;
+    for device_outputs in &mut outputs {
+        tessera_dsl::checks::take_failure(k, device_outputs)?;
+    }
+    Ok(outputs)
 }
 
 #[cfg(test)]

@@ -295,6 +295,7 @@ impl KernelDef {
             body,
             types: state.types,
             loc: self.loc,
+            checks: Default::default(),
         };
         if let Err(errors) = verify(&kernel) {
             return Err(err(errors
@@ -302,6 +303,20 @@ impl KernelDef {
                 .map(|e| Problem {
                     kind: ProblemKind::Verify,
                     subject: format!("`{}`", e.op),
+                    message: e.message,
+                    loc: Some(e.loc),
+                })
+                .collect()));
+        }
+        // Every run-time index proven in range or guarded; what the guards add is verified
+        // as the author's code is.
+        let kernel = crate::checks::insert(kernel, &state.unchecked);
+        if let Err(errors) = verify(&kernel) {
+            return Err(err(errors
+                .into_iter()
+                .map(|e| Problem {
+                    kind: ProblemKind::Verify,
+                    subject: format!("`{}` (a run-time check; a tessera bug)", e.op),
                     message: e.message,
                     loc: Some(e.loc),
                 })

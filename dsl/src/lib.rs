@@ -10,6 +10,7 @@
 extern crate self as tessera_dsl;
 
 pub mod array;
+pub mod checks;
 mod compile_time;
 mod error;
 mod instantiate;
@@ -39,8 +40,8 @@ pub use trace::{
     all, async_copy, async_copy_within, constant, debug_check, debug_print, dot, dot_general,
     dot_nt, dot_tn, ds, fori_loop, iota, make_async_copy, make_async_remote_copy, maximum, minimum,
     num_programs, program_id, remote_copy, remote_copy_within, repeat, run_scoped, select,
-    wait_copy, wait_copy_within, when, when_else, zeros, AsyncCopy, BlockIndices, Carry,
-    CopyBuffer, CopyDescriptor, CopyDest, CopySource, DeviceId, Devices, DmaSem, DmaSemSlot,
+    unchecked_index, wait_copy, wait_copy_within, when, when_else, zeros, AsyncCopy, BlockIndices,
+    Carry, CopyBuffer, CopyDescriptor, CopyDest, CopySource, DeviceId, Devices, DmaSem, DmaSemSlot,
     DmaSemaphore, Element, Hbm, HbmMut, HbmWindow, HbmWindowMut, Idx, IntoIndex, IntoStart,
     IntoValue, Loadable, Pipeline, PipelineInput, PipelineOutput, PipelineSource, PipelineStep,
     RecvPending, Ref, RefMut, RegularSemaphore, RemoteCopy, RemoteCopyDescriptor, RunTimeCond,
@@ -104,8 +105,8 @@ pub mod prelude {
         all, async_copy, async_copy_within, constant, debug_check, dot, dot_general, dot_nt,
         dot_tn, ds, fori_loop, iota, make_async_copy, make_async_remote_copy, maximum, minimum,
         num_programs, program_id, remote_copy, remote_copy_within, repeat, run_scoped, select,
-        wait_copy, wait_copy_within, when, when_else, zeros, Devices, DmaSem, Element, Hbm, HbmMut,
-        Pipeline, Ref, RefMut, Scratch, Sem, Smem, Value, Vmem,
+        unchecked_index, wait_copy, wait_copy_within, when, when_else, zeros, Devices, DmaSem,
+        Element, Hbm, HbmMut, Pipeline, Ref, RefMut, Scratch, Sem, Smem, Value, Vmem,
     };
     pub use crate::{debug_print, tpu_kernel};
     pub use half::bf16;

@@ -172,7 +172,7 @@ impl Lowering {
         }
         let operand_order = crate::mosaic::call_operand_order(k);
         // An output aliasing an input is that operand's buffer in the call.
-        let arg_refs = k.argument_refs();
+        let arg_refs = k.all_argument_refs();
         let output_operand_aliases = k
             .operands_with(OperandRole::Output)
             .enumerate()
@@ -234,6 +234,7 @@ impl Lowering {
             operand_order,
             results,
         } = self.mosaic_call(k, facts)?;
+        let args = &crate::stablehlo::with_flags_init(k, f, args)?;
         if operand_order.len() != args.len() {
             return Err(internal(
                 k,
@@ -272,7 +273,10 @@ pub struct MosaicCall {
     /// ([`TpuCustomCall::backend_config`] is the call's `backend_config` JSON).
     pub call: TpuCustomCall,
     /// The call's operands as indices into the kernel's arguments (scalar prefetch and
-    /// inputs in declaration order): the scalar-prefetch tables first, then the inputs.
+    /// inputs in declaration order): the scalar-prefetch tables first, then the inputs. For
+    /// a kernel with run-time checks the last index is one past the caller's arguments: the
+    /// zeros its check flags start from (`i32[steps, 128]`, [`crate::checks`]), which the
+    /// caller makes; the call's last result is then the flags.
     pub operand_order: Vec<usize>,
     /// The call's result types: the kernel's outputs, in order.
     pub results: Vec<TensorType>,

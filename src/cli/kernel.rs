@@ -4,7 +4,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use tessera::backend::{self, Backend};
-use tessera::dsl::ir::OperandRole;
 use tessera::dsl::{ArgSpec, DType, HostArray};
 use tessera::npy::read_npy;
 use tessera::registry;
@@ -108,11 +107,7 @@ pub fn run_kernel(
     // before any backend: the CPU plugin would clamp an index outside its buffer.
     let values: Vec<Option<&HostArray>> = args.iter().map(Some).collect();
     info.check_inputs(params, &specs, &values)?;
-    let results = k
-        .operands
-        .iter()
-        .filter(|o| o.role == OperandRole::Output)
-        .count();
+    let results = k.caller_outputs().count();
     if outputs.len() != results {
         bail!(
             "`{kernel}` has {results} output{}, got {} --output files",

@@ -82,7 +82,26 @@ pub fn mosaic_eval(
         .instantiate(&specs, rules)
         .unwrap_or_else(|e| panic!("{e}"));
     let (module, outputs) = parsed_mosaic(&k);
-    module.run_with(args, &outputs, options)
+    let mut got = module.run_with(&with_flags_init(&k, args), &outputs, options)?;
+    checked(&k, &mut got)?;
+    Ok(got)
+}
+
+/// `args` and, for a kernel with run-time checks, the zeros its check flags start from (the
+/// last operand of its custom call, which the caller makes).
+pub fn with_flags_init(k: &Kernel, args: &[HostArray]) -> Vec<HostArray> {
+    let mut args = args.to_vec();
+    args.extend(tessera::dsl::checks::flags_init(k));
+    args
+}
+
+/// Takes the check flags out of mosaic-eval's outputs of `k` and turns a failed check into
+/// an error, as the runtime does after a run (the kernel line, the values, the grid step).
+pub fn checked(k: &Kernel, outputs: &mut Vec<HostArray>) -> Result<(), EvalError> {
+    tessera::dsl::checks::take_failure(k, outputs).map_err(|e| EvalError::Run {
+        loc: "check flags".into(),
+        message: e.to_string(),
+    })
 }
 
 /// `k`'s Mosaic text parsed by mosaic-eval, and the specs of its outputs (with the operands
@@ -118,9 +137,13 @@ pub fn mosaic_eval_on_devices(
     let (module, outputs) = parsed_mosaic(k);
     let args: Vec<Vec<HostArray>> = per_device
         .iter()
-        .map(|a| mosaic::call_order(k, a))
+        .map(|a| mosaic::call_order(k, &with_flags_init(k, a)))
         .collect();
-    module.run_on_devices(&args, &outputs)
+    let mut got = module.run_on_devices(&args, &outputs)?;
+    for device in &mut got {
+        checked(k, device)?;
+    }
+    Ok(got)
 }
 
 /// [`mosaic_eval_on_devices`] of `def` instantiated on `mesh` (empty: one device) for

@@ -161,9 +161,18 @@ fn run_devices(
             ),
         ));
     }
+    // A kernel with run-time checks takes the zeros its check flags start from too.
+    let with_init: Vec<Vec<HostArray>> = per_device
+        .iter()
+        .map(|args| {
+            let mut args = args.to_vec();
+            args.extend(crate::checks::flags_init(k));
+            args
+        })
+        .collect();
     let world = dma::World::new(k, options.copy_landing, options.schedule_seed);
     let mut devices = Vec::with_capacity(n);
-    for (d, args) in per_device.iter().enumerate() {
+    for (d, args) in with_init.iter().enumerate() {
         devices.push(Device::bind(k, d, args, &world)?);
     }
     let results: Vec<Result<Vec<Option<HostArray>>, KernelError>> = if n == 1 {
@@ -194,7 +203,7 @@ fn run_devices(
         outs.push(r?);
     }
     world.exit_check()?;
-    Ok(outs
+    let mut outs: Vec<Vec<HostArray>> = outs
         .into_iter()
         .enumerate()
         .map(|(d, device_outs)| {
@@ -203,7 +212,11 @@ fn run_devices(
                 .map(|((r, _), out)| out.unwrap_or_else(|| world.take_array(d, r).into_host()))
                 .collect()
         })
-        .collect())
+        .collect();
+    for device_outs in &mut outs {
+        crate::checks::take_failure(k, device_outs)?;
+    }
+    Ok(outs)
 }
 
 /// One device's instance of a kernel, bound to its arguments.
@@ -235,7 +248,7 @@ impl<'k> Device<'k> {
                 }],
             )
         };
-        let arg_refs = k.argument_refs();
+        let arg_refs = k.all_argument_refs();
         let on = if k.num_devices() > 1 {
             format!(" (device {d})")
         } else {

@@ -1,5 +1,6 @@
 //! The kernel IR: an instantiated kernel with its grid, operands (with block mappings) and body.
 
+mod checks;
 mod infer_error;
 mod ops;
 mod print;
@@ -8,6 +9,7 @@ mod types;
 mod verify;
 
 pub use crate::loc::Loc;
+pub use checks::{CheckFlags, CheckKind, CheckSite, KernelChecks, FLAG_WORDS};
 pub use infer_error::{InferError, NotCopyableWhy, WantedSemaphore};
 pub use ops::{
     broadcast_shapes, broadcastable, infer, squeezed, BinaryOp, CmpOp, InferContext, Inst, Op,
@@ -183,6 +185,9 @@ pub struct Kernel {
     pub types: Vec<ValueType>,
     /// Where the kernel was declared.
     pub loc: Loc,
+    /// The run-time index checks it makes ([`crate::checks`]), with their flags' operands
+    /// (none where every index is proven in range or marked unchecked).
+    pub checks: KernelChecks,
 }
 
 impl Kernel {
@@ -195,8 +200,20 @@ impl Kernel {
     }
 
     /// The operands the caller passes as arguments (scalar prefetch and inputs), in
-    /// declaration order: the order of the kernel's arguments.
+    /// declaration order: the order of the kernel's arguments. The check flags' zeros of a
+    /// kernel with run-time checks are not among them: each lowering makes them itself
+    /// ([`Kernel::all_argument_refs`] lists them too, last).
     pub fn argument_refs(&self) -> Vec<RefId> {
+        let init = self.checks.flags.map(|c| c.init);
+        self.all_argument_refs()
+            .into_iter()
+            .filter(|&r| Some(r) != init)
+            .collect()
+    }
+
+    /// [`Kernel::argument_refs`] and, for a kernel with run-time checks, the zeros its
+    /// check flags start from (declared last, so last).
+    pub fn all_argument_refs(&self) -> Vec<RefId> {
         (0..self.operands.len() as u32)
             .map(RefId)
             .filter(|&r| {
@@ -206,6 +223,13 @@ impl Kernel {
                 )
             })
             .collect()
+    }
+
+    /// The outputs the caller gets (without the check flags), with their ids.
+    pub fn caller_outputs(&self) -> impl Iterator<Item = (RefId, &Operand)> {
+        let flags = self.checks.flags.map(|c| c.flags);
+        self.operands_with(OperandRole::Output)
+            .filter(move |(r, _)| Some(*r) != flags)
     }
 
     /// Operands with `role`, with their ids, in declaration order.

@@ -53,6 +53,20 @@ pub(super) fn print_kernel(k: &Kernel) -> String {
         }
         out.push('\n');
     }
+    // A kernel without run-time indices prints as it did before the checks pass.
+    let c = &k.checks;
+    if !c.sites.is_empty() || c.proven > 0 || c.unchecked > 0 {
+        let _ = writeln!(
+            out,
+            "  checks: {} at run time, {} indices proven in range, {} marked unchecked",
+            c.sites.len(),
+            c.proven,
+            c.unchecked
+        );
+    }
+    for (i, site) in c.sites.iter().enumerate() {
+        let _ = writeln!(out, "    check {i} at {}: {}", site.loc, site.kind);
+    }
     out.push_str("{\n");
     p.region_body(&mut out, &k.body, 1);
     out.push_str("}\n");

@@ -370,6 +370,7 @@ mod tests {
                 operand("x", OperandRole::Input),
                 operand("out", OperandRole::Output),
             ],
+            checks: Default::default(),
             mesh: Vec::new(),
             body: Region {
                 params: vec![],

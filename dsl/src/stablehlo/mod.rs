@@ -68,12 +68,8 @@ pub(crate) fn module_with(
     let mut f = module.func("main");
     let fail = |e: HloError| lower_error(k, "arguments", Loc::internal(), e);
     let mut args = Vec::new();
-    for (_, o) in k
-        .operands
-        .iter()
-        .enumerate()
-        .filter(|(_, o)| is_arg(o.role))
-    {
+    for r in k.argument_refs() {
+        let o = k.operand(r);
         args.push(f.arg(tensor_type(o.dtype, &o.array_shape)).map_err(fail)?);
     }
     let outs = lower(k, &mut f, &args)?;
@@ -155,7 +151,8 @@ fn partitioned_module(
         .map_err(fail)?;
     let mut f = module.func("main");
     let mut args = Vec::new();
-    for o in k.operands.iter().filter(|o| is_arg(o.role)) {
+    for r in k.argument_refs() {
+        let o = k.operand(r);
         let ty = tensor_type(o.dtype, &o.array_shape);
         args.push(
             match &sharding {
@@ -171,8 +168,25 @@ fn partitioned_module(
     Ok(module)
 }
 
-fn is_arg(role: OperandRole) -> bool {
-    matches!(role, OperandRole::Input | OperandRole::ScalarPrefetch)
+/// `args` (the caller's arguments of `k`) and, for a kernel with run-time checks, the zeros
+/// its check flags start from ([`crate::checks`]): the arguments the kernel's operands take.
+/// Arguments that already hold them are returned as they are.
+pub fn with_flags_init(
+    k: &Kernel,
+    f: &mut FuncBuilder<'_>,
+    args: &[hlo::Value],
+) -> Result<Vec<hlo::Value>, KernelError> {
+    let mut args = args.to_vec();
+    if let Some(flags) = k.checks.flags {
+        if args.len() == k.argument_refs().len() {
+            let o = k.operand(flags.init);
+            let zeros = f
+                .splat(0.0, tensor_type(o.dtype, &o.array_shape))
+                .map_err(|e| lower_error(k, "check flags", Loc::internal(), e))?;
+            args.push(zeros);
+        }
+    }
+    Ok(args)
 }
 
 fn tensor_type(dtype: DType, shape: &[usize]) -> TensorType {
@@ -297,7 +311,8 @@ impl<'k> Lower<'k> {
     fn kernel(&mut self, f: &mut FuncBuilder<'_>, args: &[hlo::Value]) -> R<Vec<hlo::Value>> {
         let k = self.k;
         let e = self.kernel_err();
-        let arg_refs = k.argument_refs();
+        let args = &with_flags_init(k, f, args)?;
+        let arg_refs = k.all_argument_refs();
         if arg_refs.len() != args.len() {
             return Err(KernelError::single(
                 &k.name,

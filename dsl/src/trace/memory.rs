@@ -1339,7 +1339,7 @@ impl<M: MeshShape> Devices<M> {
         M: HasAxis<A>,
     {
         let size = self.axis::<A>().0 as i32;
-        self.at::<A>((self.index::<A>() + 1) % size)
+        self.neighbour::<A>((self.index::<A>() + 1) % size)
     }
 
     /// The previous device along axis `A`, wrapping around.
@@ -1349,7 +1349,20 @@ impl<M: MeshShape> Devices<M> {
         M: HasAxis<A>,
     {
         let size = self.axis::<A>().0 as i32;
-        self.at::<A>((self.index::<A>() + (size - 1)) % size)
+        self.neighbour::<A>((self.index::<A>() + (size - 1)) % size)
+    }
+
+    /// [`Devices::at`] a position in range by construction (`(here ± 1) % size`): its id is a
+    /// device of the mesh, which interval arithmetic cannot see (it loses that `here` and
+    /// this device's id move together), so no run-time check is made for it.
+    #[track_caller]
+    fn neighbour<A: MeshAxis>(&self, position: Value) -> DeviceId<M>
+    where
+        M: HasAxis<A>,
+    {
+        let device = self.at::<A>(position);
+        crate::trace::unchecked_index(device.id);
+        device
     }
 
     /// The kernel's barrier semaphore (Pallas' `get_barrier_semaphore`): a regular semaphore

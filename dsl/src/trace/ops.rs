@@ -656,6 +656,24 @@ pub fn debug_check(cond: impl RunTimeCond, message: &str) {
     );
 }
 
+/// Marks the i32 scalar `index` as proven in range by the kernel's author: tessera makes no
+/// run-time check where it indexes a ref (see [`crate::checks`]), and returns it unchanged.
+///
+/// Every index a kernel computes from run-time data (a table loaded from SMEM) is otherwise
+/// checked before the access it feeds, on every backend, unless tessera proves it in range
+/// from the shapes. Use this only for values whose range the kernel's own inputs guarantee
+/// and something else checks (a table the host built and validated, as splash's `MaskInfo`
+/// builds its block tables):
+/// an index marked here that is out of range reads or writes past its buffer on a TPU.
+///
+/// ```ignore
+/// let block = unchecked_index(kv_blocks.get([h, i, j]));
+/// ```
+pub fn unchecked_index(index: Value) -> Value {
+    with_trace(|t| t.unchecked.insert(index.id));
+    index
+}
+
 /// Runs `then` when the run-time bool scalar `cond` is true, else `otherwise`: `if`/`else` on
 /// a run-time value (`scf.if` with an `else` region on TPU, as `lax.cond` in a Pallas kernel).
 ///

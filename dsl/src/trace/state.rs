@@ -33,6 +33,8 @@ pub(crate) struct TraceState {
     pub grid_rank: usize,
     pub problems: Vec<TraceProblem>,
     pub poisoned: HashSet<ValueId>,
+    /// Values the author marked `unchecked_index`: no run-time check is made for them.
+    pub unchecked: HashSet<ValueId>,
     /// What the manual-memory API tracks while tracing (mesh, scopes).
     pub memory: MemoryTrace,
 }
@@ -67,6 +69,7 @@ impl TraceState {
             grid_rank,
             problems: Vec::new(),
             poisoned: HashSet::new(),
+            unchecked: HashSet::new(),
             memory: Default::default(),
         }
     }

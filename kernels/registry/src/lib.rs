@@ -785,10 +785,8 @@ pub fn check_family(kernels: &'static [KernelInfo]) {
             let outputs = inst
                 .instantiate(&KernelRules::tpu())
                 .unwrap_or_else(|e| panic!("{} {:?}: {e}", info.name, case.params))
-                .operands
-                .iter()
-                .filter(|o| o.role == tessera_dsl::ir::OperandRole::Output)
-                .map(|o| o.array_shape.iter().product::<usize>())
+                .caller_outputs()
+                .map(|(_, o)| o.array_shape.iter().product::<usize>())
                 .collect::<Vec<_>>();
             for want in inst.reference(&inputs).unwrap() {
                 let want: Vec<usize> = want.iter().map(Vec::len).collect();
