@@ -103,18 +103,8 @@ fn mosaic_eval_agrees_with_the_interpreter() {
         let args = inputs(&c);
         let d = def(c.dtype);
         let want = interpret::run(&d, &args, &InterpretOptions::default()).unwrap();
-        let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
-        let k = d.instantiate(&specs, &KernelRules::tpu()).unwrap();
-        let m = mosaic::lower(&k).unwrap();
-        let module = Module::parse(&m.text).unwrap_or_else(|e| panic!("{e}\n{}", m.text));
-        let outputs = [OutputSpec {
-            dtype: c.dtype,
-            shape: args[0].shape().to_vec(),
-            aliases: None,
-        }];
-        let got = module
-            .run(&mosaic::call_order(&k, &args), &outputs)
-            .unwrap_or_else(|e| panic!("{e}"));
+        let got =
+            mosaic_evaluated(&d, &args, &RunOptions::default()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got, want, "{} H={} KVH={}", c.dtype, c.heads, c.kv_heads);
     }
 }
@@ -128,12 +118,28 @@ fn mosaic_evaluated(
     let specs: Vec<ArgSpec> = args.iter().map(ArgSpec::of).collect();
     let k = def.instantiate(&specs, &KernelRules::tpu()).unwrap();
     let module = Module::parse(&mosaic::lower(&k).unwrap().text).unwrap();
-    let outputs = [OutputSpec {
-        dtype: args[0].dtype(),
-        shape: args[0].shape().to_vec(),
-        aliases: None,
-    }];
-    module.run_with(&mosaic::call_order(&k, args), &outputs, options)
+    let flags = k.operand(
+        k.checks
+            .flags
+            .expect("paged attention checks its pages")
+            .flags,
+    );
+    let outputs = [
+        OutputSpec {
+            dtype: args[0].dtype(),
+            shape: args[0].shape().to_vec(),
+            aliases: None,
+        },
+        OutputSpec {
+            dtype: flags.dtype,
+            shape: flags.array_shape.clone(),
+            aliases: Some(args.len()),
+        },
+    ];
+    let call_args = mosaic::call_order(&k, &common::with_flags_init(&k, args));
+    let mut got = module.run_with(&call_args, &outputs, options)?;
+    common::checked(&k, &mut got)?;
+    Ok(got)
 }
 
 /// The registry's paged attention at its defaults (f32; B 4, H 8, KVH 2, D 128, a pool of 64
@@ -220,9 +226,10 @@ fn padding_past_a_length_and_shared_pages_run_on_every_backend() {
     assert_eq!(Some(evaluated[0].clone()), interpreted, "mosaic-eval");
 }
 
-/// Past every host check (the kernel run as it is), the interpreter and mosaic-eval stop at
-/// the kernel's `debug_check` with its line, the bound and the grid step (the sequence and
-/// its first KV head), and print the values.
+/// Past every host check (the kernel run as it is), the interpreter and mosaic-eval refuse a
+/// bad length at the kernel's `debug_check` (its line, the bound, the grid step: the sequence
+/// and its first KV head; a printed line of the values) and a bad page at the run-time check
+/// of its copy's window (the copy's line, the value, the bound, the grid step).
 #[test]
 fn the_kernel_checks_its_tables_itself() {
     let (instance, args) = registry_case();
@@ -236,10 +243,10 @@ fn the_kernel_checks_its_tables_itself() {
     };
     let page = (
         with_i32(&args, 4, 2 * 8 + 3, 64),
-        line_of("debug_check(page_ok"),
-        "debug_check: failed: page_indices[b, e] is outside the pool's pages 0..64",
-        "at grid step [2, 0]",
-        "grid step [2, 0]: paged_attention: sequence 2 entry 3 is page 64",
+        line_of("copy.start();"),
+        "run-time check: the start of the copy's source `k_pages`'s window along dim 1 is 64",
+        "at grid step [2, 0], outside 0 to 63",
+        None,
     );
     let length = (
         with_i32(&args, 3, 1, i32::MAX),
@@ -247,7 +254,7 @@ fn the_kernel_checks_its_tables_itself() {
         "debug_check: failed: lengths[b] is outside 0..=128 (8 pages of 16 tokens per \
          sequence)",
         "at grid step [1, 0]",
-        "grid step [1, 0]: paged_attention: sequence 1 has length 2147483647",
+        Some("grid step [1, 0]: paged_attention: sequence 1 has length 2147483647"),
     );
     for (bad, line, message, step, printed) in [page, length] {
         let log = DebugLog::new();
@@ -273,15 +280,19 @@ fn the_kernel_checks_its_tables_itself() {
             assert!(e.contains(&line), "{what}: {e}");
             assert!(e.contains(message), "{what}: {e}");
             assert!(e.contains(step), "{what}: {e}");
-            assert!(lines.iter().any(|l| l == printed), "{what}: {lines:#?}");
+            if let Some(printed) = printed {
+                assert!(lines.iter().any(|l| l == printed), "{what}: {lines:#?}");
+            }
         }
     }
 }
 
-/// The Mosaic for TPU carries the kernel's checks: `cf.assert` on the length and on every
-/// page copy it starts (4 per block, in the first block's fetch and the next block's), each
-/// with its `tpu.log` of the values under the failing condition (tests/memory_tpu_compile.rs
-/// compiles the kernel with libtpu for v5p).
+/// The Mosaic for TPU carries the kernel's checks: `cf.assert` on the length with its
+/// `tpu.log` of the values under the failing condition, and the run-time checks of the page
+/// copies' windows (in the first block's fetch and the next block's), which write the check
+/// flags: an extra operand and result (one row of 128 words per grid step) and the step's
+/// check state in SMEM (tests/memory_tpu_compile.rs compiles the kernel with libtpu for v5p;
+/// mosaic-eval runs this text in the tests above).
 #[test]
 fn the_mosaic_for_tpu_carries_the_checks() {
     let (instance, args) = registry_case();
@@ -290,16 +301,38 @@ fn the_mosaic_for_tpu_carries_the_checks() {
         .def()
         .instantiate(&specs, &KernelRules::tpu())
         .unwrap();
+    let kinds: Vec<String> = k.checks.sites.iter().map(|s| s.kind.to_string()).collect();
+    let window = "the start of the copy's source `k_pages`'s window along dim 1 in 0 to 63";
+    assert_eq!(
+        kinds,
+        [
+            "debug_check: lengths[b] is outside 0..=128 (8 pages of 16 tokens per sequence)",
+            window,
+            window,
+            window,
+            window,
+            window,
+            window,
+            window,
+            window,
+        ],
+        "{k}"
+    );
     let text = mosaic::lower(&k).unwrap().text;
     let asserts: Vec<&str> = text.lines().filter(|l| l.contains("cf.assert")).collect();
-    let lengths = asserts
-        .iter()
-        .filter(|l| l.contains("lengths[b] is outside 0..=128"))
-        .count();
-    let pages = asserts
-        .iter()
-        .filter(|l| l.contains("page_indices[b, e] is outside the pool's pages 0..64"))
-        .count();
-    assert_eq!((lengths, pages, asserts.len()), (1, 8, 9), "{asserts:#?}");
-    assert_eq!(text.matches("tpu.log").count(), 9, "{text}");
+    assert_eq!(asserts.len(), 1, "{asserts:#?}");
+    assert!(
+        asserts[0].contains("lengths[b] is outside 0..=128"),
+        "{asserts:#?}"
+    );
+    assert_eq!(text.matches("tpu.log").count(), 1, "{text}");
+    // Grid (4, 2): 8 rows of flags; the state: a check number and up to three values.
+    assert!(
+        text.contains("memref<8x128xi32, #tpu.memory_space<any>>"),
+        "{text}"
+    );
+    assert!(
+        text.contains("memref<4xi32, #tpu.memory_space<smem>>"),
+        "{text}"
+    );
 }

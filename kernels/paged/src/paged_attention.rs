@@ -28,10 +28,13 @@
 //! [`validate_tables`] states the rules and refuses a bad entry with a sentence naming the
 //! sequence, the entry and the bound; every host path runs it before the kernel (`tessera
 //! run`, the registry's `Instance::run`, tessera-jax's `call` on concrete arrays). The kernel
-//! checks the same rules itself with `debug_check` before each copy (the interpreter and
-//! mosaic-eval stop with the kernel line, the grid step and a `debug_print` line of the
-//! values; on TPU a `cf.assert`); the StableHLO path (CPU, GPU) leaves in-kernel checks out,
-//! so there the host check is the one that holds.
+//! checks the same rules itself, on every backend (the StableHLO path and TPU included): a
+//! length with `debug_check` (the interpreter and mosaic-eval stop at it with the grid step
+//! and a `debug_print` line of the values; on TPU also a `cf.assert`), then clamped so that
+//! everything counted from it is proven in range; each page number by tessera's run-time
+//! index checks on the copy's window ([`tessera_dsl::checks`]). A bad page is never copied,
+//! and the run returns an error naming the kernel line, the value and the grid step instead
+//! of outputs.
 
 use tessera_dsl::prelude::*;
 use tessera_dsl::HostArray;
@@ -81,7 +84,7 @@ pub fn paged_attention<T: Element>(
     let (b, kv_head) = (program_id(0), program_id(1));
     let length = lengths.get([b]);
     // The host checks these (`validate_tables`); the kernel checks them again before they
-    // count anything (the interpreter, mosaic-eval and TPU; the StableHLO path leaves it out).
+    // count anything (on every backend: its check flags).
     let max_len = (PAGES_PER_SEQ * PAGE_SIZE) as i32;
     let length_ok = length.ge(0) & length.le(max_len);
     when(!length_ok, || {
@@ -92,6 +95,10 @@ pub fn paged_attention<T: Element>(
          sequence)"
     );
     debug_check(length_ok, &length_message);
+    // Past the check the length is taken within its bounds (a bad one has been reported),
+    // so that every block, entry and slot derived from it is proven in range at
+    // instantiation and only the page numbers the kernel loads are checked at run time.
+    let length = length.maximum(0).minimum(max_len);
     let block_len = ppb * PAGE_SIZE;
     let blocks = (length + (block_len as i32 - 1)) / block_len as i32;
     // The table entries the sequence uses. A block's pages past them (the last block's) are
@@ -108,31 +115,23 @@ pub fn paged_attention<T: Element>(
     // The buffers' slot of KV head `head`'s block `i`: the blocks of the sequence's heads
     // alternate between the two slots in the order the core computes them.
     let slot_of = |head: Value, i: Value| (head * blocks + i) % 2;
-    // The copies of KV head `head`'s page `j` of block `i` into slot `slot` of the buffers (K
-    // and V): started one block ahead, waited by the block that computes on them.
-    let page_copies = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, head, i: Value, slot, j| {
-        let at = [ds(head, 1), ds(page_of(i, j), 1), all(), all()];
+    // The copies of KV head `head`'s page `page` (a block's `j`th) into slot `slot` of the
+    // buffers (K and V): started one block ahead, waited by the block that computes on them.
+    let page_copies = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, head, page: Value, slot, j| {
+        let at = [ds(head, 1), ds(page, 1), all(), all()];
         let to = [ds(slot, 1), ds(j * PAGE_SIZE, PAGE_SIZE), all()];
         [
             make_async_copy(k_pages.at(&at), k_buf.at_mut(&to), k_sems.at(slot)),
             make_async_copy(v_pages.at(&at), v_buf.at_mut(&to), v_sems.at(slot)),
         ]
     };
-    let page_message = format!("page_indices[b, e] is outside the pool's pages 0..{P}");
+    // Each page number is checked by tessera's run-time index checks on the copy's window
+    // (`0 <= p < P`; a bad one is not copied and is reported with its value, this line and
+    // the grid step), on every backend: no check of the kernel's own is needed.
     let fetch = |k_buf: &mut Vmem<T>, v_buf: &mut Vmem<T>, head: Value, i: Value, slot: Value| {
         for j in 0..ppb {
             let p = page_of(i, j);
-            let page_ok = p.ge(0) & p.lt(P as i32);
-            when(!page_ok, || {
-                debug_print!(
-                    "paged_attention: sequence {} entry {} is page {}",
-                    b,
-                    entry(i, j),
-                    p
-                )
-            });
-            debug_check(page_ok, &page_message);
-            for copy in page_copies(k_buf, v_buf, head, i, slot, j) {
+            for copy in page_copies(k_buf, v_buf, head, p, slot, j) {
                 copy.start();
             }
         }
@@ -171,13 +170,18 @@ pub fn paged_attention<T: Element>(
         let next = i + 1;
         let this_head = next.lt(blocks);
         when(this_head | kv_head.lt(KVH as i32 - 1), || {
-            let head = select(this_head, kv_head, kv_head + 1);
+            // At most the last head (the branch runs for the next head only below it; the
+            // bound lets the run-time checks prove the copies' head in range).
+            let head = select(this_head, kv_head, kv_head + 1).minimum(KVH as i32 - 1);
             let block = select(this_head, next, 0);
             // `slot_of(kv_head + 1, 0)` is `slot_of(kv_head, blocks)`.
             fetch(&mut k_buf, &mut v_buf, head, block, slot_of(kv_head, next))
         });
+        // A wait needs the copy's shape and semaphore, not its page: page 0 spares the
+        // table read.
+        let any_page = constant(DType::I32, &[], 0);
         for j in 0..ppb {
-            for copy in page_copies(&mut k_buf, &mut v_buf, kv_head, i, slot, j) {
+            for copy in page_copies(&mut k_buf, &mut v_buf, kv_head, any_page, slot, j) {
                 copy.wait();
             }
         }
