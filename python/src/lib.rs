@@ -169,10 +169,16 @@ impl PyKernel {
     }
 
     fn operands(&self, roles: &[OperandRole]) -> Vec<OperandInfo> {
+        // The check flags and their zeros are the primitive's own (`check_flags`).
+        let flags = self.kernel.checks.flags;
+        let is_flags =
+            |i: usize| flags.is_some_and(|f| i == f.init.index() || i == f.flags.index());
         self.kernel
             .operands
             .iter()
-            .filter(|o| roles.contains(&o.role))
+            .enumerate()
+            .filter(|&(i, o)| roles.contains(&o.role) && !is_flags(i))
+            .map(|(_, o)| o)
             .map(|o| {
                 let role = match o.role {
                     OperandRole::ScalarPrefetch => "scalar_prefetch",
@@ -210,6 +216,25 @@ impl PyKernel {
     #[getter]
     fn outputs(&self) -> Vec<OperandInfo> {
         self.operands(&[OperandRole::Output])
+    }
+
+    /// The shape of the kernel's check flags (`[grid steps, 128]`, int32) when it makes
+    /// run-time index checks, else `None`: the lowering takes their zeros as one more
+    /// operand (the last of `mosaic()`'s `operand_order`, one past `args`) and returns them
+    /// after the outputs; [`raise_on_check_flags`](Self::raise_on_check_flags) reads them.
+    #[getter]
+    fn check_flags(&self) -> Option<Vec<usize>> {
+        let flags = self.kernel.checks.flags?;
+        Some(self.kernel.operand(flags.flags).array_shape.clone())
+    }
+
+    /// Raises `TesseraError` naming the failed check (the kernel line, the value, its
+    /// bound and the grid step) when the check flags `flags` (`(bytes, shape, dtype)`)
+    /// report one; returns `None` otherwise.
+    fn raise_on_check_flags(&self, flags: PyArray<'_>) -> PyResult<()> {
+        let (bytes, shape, dtype) = &flags;
+        let host = to_host(bytes.as_bytes(), shape, dtype)?;
+        tessera::dsl::checks::failure(&self.kernel, &host).map_err(error)
     }
 
     /// The devices the kernel runs on (1 for a kernel without a mesh): each runs it on its

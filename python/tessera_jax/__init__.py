@@ -14,6 +14,10 @@ through the tessera library itself (a Rust extension, no subprocess):
   A kernel whose registry entry checks its run-time data (paged attention's page table and
   lengths) is checked by `call` on concrete arrays; `check_inputs(k, *arrays)` checks the
   arrays a jitted function will get (under `jax.jit` they are tracers: not checked there).
+  A kernel that indexes with run-time data checks every index it cannot prove in range
+  when it runs (`k.check_flags`): `call` raises `TesseraError` on a failed check for
+  concrete arrays; under `jax.jit`, `call(..., return_check_flags=True)` returns the flags
+  for `raise_on_check_flags(k, flags)`.
 - `splash_attention(q, k, v, mask=..., block_sizes=BlockSizes(...))`: differentiable splash
   attention over tessera's forward and backward kernels (jit, grad, shard_map).
 - `use_tessera_libtpu()` points JAX at the libtpu tessera pins, for compiling for a TPU
@@ -25,7 +29,7 @@ Errors from tessera are `TesseraError`s carrying tessera's sentence.
 
 from ._tessera import Kernel, TesseraError
 from ._kernels import describe, kernel, kernels, run_reference, run_reference_on_devices
-from ._primitive import call, check_inputs, tessera_kernel_p
+from ._primitive import call, check_inputs, raise_on_check_flags, tessera_kernel_p
 from ._tpu import compiled_kernel_vmem, use_tessera_libtpu
 from .splash import BlockSizes, splash_attention
 
@@ -39,6 +43,7 @@ __all__ = [
     "describe",
     "kernel",
     "kernels",
+    "raise_on_check_flags",
     "run_reference",
     "run_reference_on_devices",
     "splash_attention",

@@ -27,6 +27,8 @@ from __future__ import annotations
 import functools
 import json
 
+import numpy as np
+
 import jax
 from jax._src import core as jax_core
 from jax._src import sharding_impls
@@ -44,18 +46,27 @@ tessera_kernel_p = Primitive("tessera_kernel")
 tessera_kernel_p.multiple_results = True
 
 
-def call(kernel: Kernel, *args):
+def call(kernel: Kernel, *args, return_check_flags: bool = False):
     """Calls the tessera `kernel` on JAX arrays `args` (its scalar-prefetch and input arrays,
     in `kernel.args` order); returns its outputs as a list. Inside `jax.jit` the call lowers
     to the kernel itself (a Mosaic custom call on TPU, tessera's StableHLO elsewhere).
+
+    A kernel that indexes with run-time data (a page table, a tile list) checks each index
+    it cannot prove in range when it runs, on every platform: an out-of-range one is not
+    used, and the failure is written to the kernel's check flags (`kernel.check_flags`).
+    On concrete arrays `call` reads them and raises `TesseraError` naming the check, the
+    kernel line, the value and the grid step instead of returning the outputs. Under
+    `jax.jit` the flags are values of the traced program: pass `return_check_flags=True`
+    to get `(outputs, flags)` and call `raise_on_check_flags(kernel, flags)` on the
+    result (`flags` is `None` for a kernel without run-time checks); without it they are
+    dropped, and an out-of-range index gives outputs computed without it.
 
     A registry kernel whose entry checks its run-time data (paged attention: every page
     index a sequence uses in the pool, each length within its table row) runs the check on
     the scalar-prefetch arrays (the tables; the data stays on its device) when they are
     concrete, raising `TesseraError` with the sentence naming the sequence, the entry and
     the bound. Under `jax.jit` they are tracers: nothing is checked on the host, and only
-    the kernel's own checks remain (`debug_check`: `cf.assert` on TPU; the StableHLO path
-    of CPU and GPU leaves them out, so check the tables before the jitted function there)."""
+    the kernel's own checks remain (its check flags, above, on every platform)."""
     expected = kernel.args
     if len(args) != len(expected):
         names = ", ".join(a[0] for a in expected)
@@ -72,7 +83,29 @@ def call(kernel: Kernel, *args):
                 "instantiate the kernel for these arguments"
             )
     _check_values(kernel, args)
-    return tessera_kernel_p.bind(*args, kernel=kernel)
+    outs = tessera_kernel_p.bind(*args, kernel=kernel)
+    flags = None
+    if kernel.check_flags is not None:
+        outs, flags = outs[:-1], outs[-1]
+        if not return_check_flags and not isinstance(flags, jax_core.Tracer):
+            raise_on_check_flags(kernel, flags)
+    return (outs, flags) if return_check_flags else outs
+
+
+def raise_on_check_flags(kernel: Kernel, flags) -> None:
+    """Raises `TesseraError` when `kernel`'s check flags (from `call(...,
+    return_check_flags=True)`, concrete) report a failed run-time index check: the sentence
+    names the check, the kernel line, the value and its bound, and the grid step. `None`
+    (a kernel without run-time checks) passes."""
+    if flags is None:
+        return
+    if isinstance(flags, jax_core.Tracer):
+        raise TesseraError(
+            f"tessera_jax.raise_on_check_flags: the check flags of `{kernel.name}` are a "
+            "tracer (inside jax.jit, vmap or grad); return them from the traced function "
+            "and check the concrete array"
+        )
+    kernel.raise_on_check_flags(to_triple(flags))
 
 
 def check_inputs(kernel: Kernel, *args) -> None:
@@ -131,11 +164,11 @@ def _abstract_eval(*avals, kernel):
     # Inside shard_map an output varies over the manual axes any input varies over (the
     # kernel runs on each device's local blocks).
     varying = frozenset().union(*(a.mat.varying for a in avals))
+    outputs = [(shape, dtype) for _name, _role, shape, dtype in kernel.outputs]
+    if kernel.check_flags is not None:
+        outputs.append((kernel.check_flags, "i32"))
     if not varying:
-        return [
-            jax_core.ShapedArray(tuple(shape), numpy_dtype(dtype))
-            for _name, _role, shape, dtype in kernel.outputs
-        ]
+        return [jax_core.ShapedArray(tuple(shape), numpy_dtype(dtype)) for shape, dtype in outputs]
     mat = jax_core.ManualAxisType(varying=varying)
     return [
         jax_core.ShapedArray(
@@ -144,7 +177,7 @@ def _abstract_eval(*avals, kernel):
             sharding=jax_core.get_cur_mesh_sharding(),
             manual_axis_type=mat,
         )
-        for _name, _role, shape, dtype in kernel.outputs
+        for shape, dtype in outputs
     ]
 
 
@@ -295,8 +328,13 @@ def _tpu_lowering(ctx: mlir.LoweringRuleContext, *args, kernel):
     config = kernel.mosaic()
     backend_config = _numbered_collective(ctx, config["backend_config"])
     order = config["operand_order"]
-    operands = [args[i] for i in order]
-    avals_in = [ctx.avals_in[i] for i in order]
+    # One past the arguments: the zeros the kernel's check flags start from.
+    zeros = None
+    if kernel.check_flags is not None:
+        zeros = mlir.ir_constant(np.zeros(kernel.check_flags, np.int32))
+        flags_aval = jax_core.ShapedArray(tuple(kernel.check_flags), np.int32)
+    operands = [args[i] if i < len(args) else zeros for i in order]
+    avals_in = [ctx.avals_in[i] if i < len(args) else flags_aval for i in order]
     call_op = jax_mlir.custom_call(
         "tpu_custom_call",
         result_types=[mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out],

@@ -2,6 +2,8 @@
 equals tessera's own run (its interpreter) and an f64 reference; what `describe` returns;
 tessera's errors as `TesseraError`; vmap and grad of a raw kernel refused."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -205,6 +207,46 @@ def test_tessera_errors_are_raised_with_tesseras_sentence():
         tj.BlockSizes(block_q=-128)
     with pytest.raises(tj.TesseraError, match=r"BlockSizes.block_kv_dq = 0"):
         tj.BlockSizes(block_kv_dq=0)
+
+
+def test_a_run_time_index_check_raises_with_the_kernel_line():
+    # gather_tiles slices x (in HBM) with its tile list (scalar prefetch): an index the
+    # kernel cannot prove in range is checked when it runs (here on JAX's CPU backend,
+    # through tessera's StableHLO) and `call` raises instead of returning outputs.
+    k = tj.kernel("gather_tiles", {"G": 4, "R": 128, "C": 256})
+    assert k.check_flags == [4, 128]
+    assert [o[0] for o in k.outputs] == ["out"]
+    x = random((128, 256), 3)
+    good = np.array([9, 0, 15, 4], np.int32)
+    want = np.concatenate([x[8 * t : 8 * t + 8] for t in good])
+    np.testing.assert_array_equal(np.asarray(tj.call(k, good, x)[0]), want)
+    jitted = jax.jit(lambda t, a: tj.call(k, t, a, return_check_flags=True))
+    outs, flags = jitted(good, x)
+    np.testing.assert_array_equal(np.asarray(outs[0]), want)
+    tj.raise_on_check_flags(k, flags)
+    window = (
+        "the start of the copy's source `x`'s window along dim 0 is {} at grid step [1], "
+        "outside 0 to 120; the access was not made"
+    )
+    for bad, message in [
+        (16, window.format(128)),
+        (-1, window.format(-8)),
+        (2**29, "536870912 * 8 overflows i32 at grid step [1]"),
+    ]:
+        tiles = good.copy()
+        tiles[2] = bad
+        with pytest.raises(tj.TesseraError, match=re.escape(message)) as e:
+            tj.call(k, tiles, x)
+        assert "kernel `gather_tiles`: kernels/collective/src/memory.rs:" in str(e.value)
+        # Under jit the flags come back with the outputs, for the caller to check.
+        _, flags = jitted(tiles, x)
+        with pytest.raises(tj.TesseraError, match=re.escape(message)):
+            tj.raise_on_check_flags(k, flags)
+    # Inside the traced function the flags are a tracer: refused with a sentence.
+    with pytest.raises(tj.TesseraError, match="the check flags of `gather_tiles` are a tracer"):
+        jax.jit(lambda t, a: tj.raise_on_check_flags(k, tj.call(k, t, a, return_check_flags=True)[1]))(good, x)
+    # A kernel that indexes only with what it can prove has no flags.
+    assert tj.kernel("matmul").check_flags is None
 
 
 def test_vmap_and_grad_of_a_raw_kernel_are_refused_with_a_sentence():
