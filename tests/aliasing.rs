@@ -92,13 +92,19 @@ fn the_ir_and_the_custom_call_name_the_alias() {
         .instantiate(&specs, &KernelRules::tpu())
         .unwrap();
     assert!(k.to_string().contains("aliases x"), "{k}");
-    // Operands of the call: the prefetch table (0), then x (1).
+    // Operands of the call: the prefetch table (0), then x (1), then the zeros of the
+    // kernel's check flags (2: its index map reads the table, so its block index is checked
+    // at run time), which the flags (output 1) alias.
     let call = Lowering::tpu()
         .mosaic_call(&k, CallFacts::default())
         .unwrap();
-    let aliases = &call.call.output_operand_aliases;
-    assert_eq!(aliases.len(), 1);
-    assert_eq!((aliases[0].output, aliases[0].operand), (0, 1));
+    let aliases: Vec<(usize, usize)> = call
+        .call
+        .output_operand_aliases
+        .iter()
+        .map(|a| (a.output, a.operand))
+        .collect();
+    assert_eq!(aliases, [(0, 1), (1, 2)]);
     let module = Lowering::tpu().lower_module(&k).unwrap().to_mlir();
     assert!(module.contains("output_operand_aliases"), "{module}");
     // libtpu compiles the call with its alias.

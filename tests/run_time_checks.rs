@@ -224,3 +224,67 @@ fn paged_attention_checks_its_tables_itself_on_cpu() {
         assert!(e.contains(&message), "want `{message}` in {e}");
     }
 }
+
+/// The cache update's block index map reads its slots (scalar prefetch): a slot outside the
+/// cache is clamped inside the map, so the pipeline never writes past the cache, and checked
+/// in the body, refused on every backend and in mosaic-eval with the operand's line, the
+/// value and the grid step.
+#[test]
+fn cache_update_refuses_a_slot_outside_the_cache() {
+    use tessera::paged::cache_update::cache_update;
+    let cache = HostArray::f32([64, 128], (0..64 * 128).map(|i| i as f32).collect()).unwrap();
+    let new = HostArray::f32([24, 128], vec![-1.0; 24 * 128]).unwrap();
+    let source = include_str!("../kernels/paged/src/cache_update.rs");
+    let line = source
+        .lines()
+        .position(|l| l.trim_start().starts_with("out: RefMut<T>"))
+        .unwrap();
+    let k = cache_update::<f32>()
+        .instantiate(
+            &[
+                ArgSpec::of(&HostArray::i32([3], vec![0; 3]).unwrap()),
+                ArgSpec::of(&cache),
+                ArgSpec::of(&new),
+            ],
+            &KernelRules::tpu(),
+        )
+        .unwrap();
+    let kinds: Vec<String> = k.checks.sites.iter().map(|s| s.kind.to_string()).collect();
+    assert_eq!(
+        kinds,
+        ["the block index of `out` along dim 0 (its index map) in 0 to 7"],
+        "{k}"
+    );
+    for slot in [8, 100, -1, i32::MIN] {
+        let args = vec![
+            HostArray::i32([3], vec![6, slot, 3]).unwrap(),
+            cache.clone(),
+            new.clone(),
+        ];
+        let want = format!(
+            "run-time check: the block index of `out` along dim 0 (its index map) is {slot} at \
+             grid step [1], outside 0 to 7"
+        );
+        let mut errors = Vec::new();
+        for b in Backend::everywhere() {
+            let e = backend::run(&cache_update::<f32>(), &args, b, &KernelRules::tpu())
+                .map(drop)
+                .unwrap_err();
+            errors.push((b.name(), e.to_string()));
+        }
+        let evaluated = common::mosaic_eval(
+            &cache_update::<f32>(),
+            &args,
+            &KernelRules::tpu(),
+            &RunOptions::default(),
+        )
+        .map(drop)
+        .unwrap_err();
+        errors.push(("mosaic-eval", evaluated.to_string()));
+        for (what, e) in errors {
+            assert!(e.contains(&want), "{what} {slot}: want `{want}` in {e}");
+            let at = format!("kernels/paged/src/cache_update.rs:{}:", line + 1);
+            assert!(e.contains(&at), "{what} {slot}: want {at} in {e}");
+        }
+    }
+}

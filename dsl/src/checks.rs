@@ -40,18 +40,19 @@
 //! no check is made for that value (`Devices::next` and `prev` mark the ring neighbours
 //! they compute that way).
 //!
-//! Block index maps that read scalar prefetch (the cache update's `slots`) are not checked
-//! here: the interpreter and the coverage check refuse an out-of-range block, XLA clamps it
-//! on the StableHLO path, and the Mosaic pipeline takes it as it is (see
-//! docs/architecture.md).
+//! A block index map that reads scalar prefetch (the cache update's `|i| (slots[i], 0)`) is
+//! guarded the same way: a block index not proven in range is clamped to block 0 inside the
+//! map (the pipeline copies nothing past the array), and the map's scalar code runs again at
+//! the start of the body at the step's grid ids, where its failure is recorded as the body's
+//! are (a map with code other than scalar arithmetic and SMEM loads is clamped only).
 
 use std::collections::{HashMap, HashSet};
 
 use crate::array::HostArray;
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{
-    BinaryOp, CmpOp, DType, Inst, Kernel, Literal, Loc, MemorySpace, Op, Operand, OperandRole,
-    RefId, RefWindow, Region, SemKind, SemRef, Slice, UnaryOp, ValueId, ValueType,
+    BinaryOp, BlockDim, CmpOp, DType, Inst, Kernel, Literal, Loc, MemorySpace, Op, Operand,
+    OperandRole, RefId, RefWindow, Region, SemKind, SemRef, Slice, UnaryOp, ValueId, ValueType,
 };
 pub use crate::ir::{CheckFlags, CheckKind, CheckSite, KernelChecks, FLAG_WORDS};
 
@@ -587,7 +588,23 @@ pub fn insert(mut k: Kernel, unchecked: &HashSet<ValueId>) -> Kernel {
         state: RefId(next + 4),
     };
     let body = std::mem::take(&mut k.body);
-    let (body, types, sites, proven, unchecked_uses) = {
+    // The block index maps that read run-time data (scalar prefetch), taken out while the
+    // kernel is read and put back guarded.
+    let maps: Vec<(usize, Region)> = k
+        .operands
+        .iter_mut()
+        .enumerate()
+        .filter_map(|(i, o)| {
+            let block = o.block.as_mut()?;
+            let reads = block
+                .index_map
+                .insts
+                .iter()
+                .any(|inst| matches!(inst.op, Op::LoadScalar { .. }));
+            reads.then(|| (i, std::mem::take(&mut block.index_map)))
+        })
+        .collect();
+    let (body, types, sites, proven, unchecked_uses, maps) = {
         let mut g = Guards {
             ranges: Ranges::new(&k),
             feeding,
@@ -604,12 +621,27 @@ pub fn insert(mut k: Kernel, unchecked: &HashSet<ValueId>) -> Kernel {
             refs,
             grid: k.grid.clone(),
         };
+        let mut prologue = Vec::new();
+        let maps: Vec<(usize, Region)> = maps
+            .into_iter()
+            .map(|(i, map)| {
+                let (map, report) = g.index_map(&k, i, map);
+                prologue.extend(report);
+                (i, map)
+            })
+            .collect();
         let mut body = g.region(&k, body);
+        body.insts.splice(0..0, prologue);
         if !g.sites.is_empty() {
             g.frame_step(&mut body, k.loc);
         }
-        (body, g.types, g.sites, g.proven, g.unchecked_uses)
+        (body, g.types, g.sites, g.proven, g.unchecked_uses, maps)
     };
+    for (i, map) in maps {
+        if let Some(block) = k.operands[i].block.as_mut() {
+            block.index_map = map;
+        }
+    }
     k.body = body;
     k.types = types;
     k.checks = KernelChecks {
@@ -948,6 +980,146 @@ impl Emit<'_, '_> {
 }
 
 impl Guards<'_> {
+    /// Guards the block index map `map` of operand `i`, which reads run-time data: each
+    /// block index not proven in range is clamped to block 0 inside the map (so the
+    /// pipeline never copies past the array), and checked in the body: the map's scalar
+    /// code again at the step's grid ids, its failures recorded as the body's are. Returns
+    /// the guarded map and the body's instructions (placed first in the body).
+    fn index_map(&mut self, k: &Kernel, i: usize, map: Region) -> (Region, Vec<Inst>) {
+        let o = k.operand(RefId(i as u32));
+        let Some(block) = &o.block else {
+            return (map, Vec::new());
+        };
+        let mut ranges = Ranges::new(k);
+        for (axis, &p) in map.params.iter().enumerate() {
+            ranges.of.insert(p, (0, k.grid[axis] as i64 - 1));
+        }
+        ranges.region(&map);
+        let Region {
+            params,
+            mut insts,
+            yields,
+        } = map;
+        let mut guarded = Vec::with_capacity(yields.len());
+        let mut checks = Vec::new();
+        let mut clamps = Vec::new();
+        for (d, &y) in yields.iter().enumerate() {
+            let max = match block.block_shape[d] {
+                BlockDim::Sized(n) => o.array_shape[d].div_ceil(n.max(1)) as i64 - 1,
+                BlockDim::Squeezed => o.array_shape[d] as i64 - 1,
+            };
+            let r = ranges.get(y);
+            if r.0 >= 0 && r.1 <= max {
+                self.proven += 1;
+                guarded.push(y);
+            } else if self.unchecked.contains(&y) {
+                self.unchecked_uses += 1;
+                guarded.push(y);
+            } else {
+                let mut e = Emit {
+                    g: self,
+                    insts: Vec::new(),
+                    loc: o.loc,
+                };
+                let ok = e.within(y, 0, max);
+                let zero = e.int(0);
+                guarded.push(e.select(ok, y, zero));
+                clamps.append(&mut e.insts);
+                checks.push((d, y, max));
+            }
+        }
+        let report = self.report_index_map(o, &params, &insts, &checks);
+        insts.append(&mut clamps);
+        let map = Region {
+            params,
+            insts,
+            yields: guarded,
+        };
+        (map, report)
+    }
+
+    /// The body's checks of an index map's block indices `checks` (`(dim, value, max)`):
+    /// the map's scalar code cloned at the step's grid ids (none where the map holds other
+    /// code: then the clamp stands alone).
+    fn report_index_map(
+        &mut self,
+        o: &Operand,
+        params: &[ValueId],
+        insts: &[Inst],
+        checks: &[(usize, ValueId, i64)],
+    ) -> Vec<Inst> {
+        if checks.is_empty() {
+            return Vec::new();
+        }
+        let mut e = Emit {
+            g: self,
+            insts: Vec::new(),
+            loc: o.loc,
+        };
+        let mut at: HashMap<ValueId, ValueId> = HashMap::new();
+        for (axis, &p) in params.iter().enumerate() {
+            let id = e.op(Op::ProgramId { axis }, ValueType::scalar(DType::I32));
+            at.insert(p, id);
+        }
+        let v = |at: &HashMap<ValueId, ValueId>, x: ValueId| at.get(&x).copied();
+        for inst in insts {
+            let op = match &inst.op {
+                Op::Constant { .. } | Op::ProgramId { .. } | Op::NumPrograms { .. } => {
+                    Some(inst.op.clone())
+                }
+                Op::LoadScalar { src, indices } => indices
+                    .iter()
+                    .map(|&x| v(&at, x))
+                    .collect::<Option<Vec<_>>>()
+                    .map(|indices| Op::LoadScalar { src: *src, indices }),
+                Op::Binary { op, lhs, rhs } => v(&at, *lhs)
+                    .zip(v(&at, *rhs))
+                    .map(|(lhs, rhs)| Op::Binary { op: *op, lhs, rhs }),
+                Op::Compare { op, lhs, rhs } => v(&at, *lhs)
+                    .zip(v(&at, *rhs))
+                    .map(|(lhs, rhs)| Op::Compare { op: *op, lhs, rhs }),
+                Op::Unary { op, x } => v(&at, *x).map(|x| Op::Unary { op: *op, x }),
+                Op::Cast { x, to } => v(&at, *x).map(|x| Op::Cast { x, to: *to }),
+                Op::Select {
+                    cond,
+                    on_true,
+                    on_false,
+                } => match (v(&at, *cond), v(&at, *on_true), v(&at, *on_false)) {
+                    (Some(cond), Some(on_true), Some(on_false)) => Some(Op::Select {
+                        cond,
+                        on_true,
+                        on_false,
+                    }),
+                    _ => None,
+                },
+                _ => None,
+            };
+            let ([result], Some(op)) = (&inst.results[..], op) else {
+                // Code the clone does not take: the clamp in the map stands alone.
+                return Vec::new();
+            };
+            let ty = e.g.types[result.index()].clone();
+            let cloned = e.op(op, ty);
+            at.insert(*result, cloned);
+        }
+        for &(d, y, max) in checks {
+            let Some(&y) = at.get(&y) else { continue };
+            let ok = e.within(y, 0, max);
+            let site = e.g.site(
+                o.loc,
+                CheckKind::Index {
+                    what: format!(
+                        "the block index of `{}` along dim {d} (its index map)",
+                        o.name
+                    ),
+                    max,
+                },
+            );
+            e.report_unless(ok, site, &[y]);
+        }
+        e.insts
+    }
+
     /// Frames a grid step's guarded `body`: the check state cleared first (SMEM scratch
     /// keeps the step before's), written to the flags last where a check failed.
     fn frame_step(&mut self, body: &mut Region, loc: Loc) {
