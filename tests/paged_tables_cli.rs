@@ -1,6 +1,6 @@
 //! `tessera run paged_attention` checks the page table and lengths before any backend: a page
 //! index outside the pool or a length outside the table is refused on the interpreter and on
-//! CPU (whose StableHLO would clamp the index and answer wrongly) with one line naming the
+//! CPU (before the kernel's own run-time checks, in the table's terms) with one line naming the
 //! sequence, the entry and the bound, exit 1, and no output file; padding past a length and
 //! pages shared between sequences run to the reference.
 

@@ -104,7 +104,8 @@ pub fn run_kernel(
     info.check_sizes(params, &def, &specs)?;
     let k = def.instantiate(&specs, &rules(rules_name)?)?;
     // The values the kernel indexes with (paged attention's page table and lengths), checked
-    // before any backend: the CPU plugin would clamp an index outside its buffer.
+    // before any backend, so that a bad one is refused in the table's terms (the kernel's own
+    // run-time checks would refuse it too, in the kernel's).
     let values: Vec<Option<&HostArray>> = args.iter().map(Some).collect();
     info.check_inputs(params, &specs, &values)?;
     let results = k.caller_outputs().count();
