@@ -15,7 +15,7 @@ use common::{assert_one_line_error, assert_refused, with_i32, Dir};
 use tessera::backend::{self, Backend};
 use tessera::collective_kernels::memory::{gather_tiles, TILE_ROWS};
 use tessera::dsl::checks::CheckKind;
-use tessera::dsl::{ArgSpec, HostArray, KernelRules};
+use tessera::dsl::{ArgSpec, HostArray, KernelDef, KernelRules};
 use tessera::registry;
 use tessera_mosaic_eval::RunOptions;
 
@@ -36,6 +36,23 @@ fn memory_line(start: &str) -> String {
         .position(|l| l.trim_start().starts_with(start))
         .unwrap_or_else(|| panic!("no `{start}` in memory.rs"));
     format!("kernels/collective/src/memory.rs:{}:", at + 1)
+}
+
+/// The errors of `def` on `args` from every backend that runs here and from mosaic-eval
+/// (each run must fail), with the backend's name.
+fn refusals(def: &KernelDef, args: &[HostArray]) -> Vec<(&'static str, String)> {
+    let rules = KernelRules::tpu();
+    let mut errors: Vec<(&'static str, String)> = Backend::everywhere()
+        .map(|b| {
+            let e = backend::run(def, args, b, &rules).map(drop).unwrap_err();
+            (b.name(), e.to_string())
+        })
+        .collect();
+    let evaluated = common::mosaic_eval(def, args, &rules, &RunOptions::default())
+        .map(drop)
+        .unwrap_err();
+    errors.push(("mosaic-eval", evaluated.to_string()));
+    errors
 }
 
 /// Tile lists with one bad entry (tile 2: its copy is started by grid step 1, one step
@@ -108,23 +125,7 @@ fn gather_tiles_refuses_a_bad_tile_on_every_backend_and_in_mosaic_eval() {
             HostArray::i32([tiles.len()], tiles.clone()).unwrap(),
             x.clone(),
         ];
-        let mut errors = Vec::new();
-        for b in Backend::everywhere() {
-            let e = backend::run(&gather_tiles(), &args, b, &KernelRules::tpu())
-                .map(drop)
-                .unwrap_err();
-            errors.push((b.name(), e.to_string()));
-        }
-        let evaluated = common::mosaic_eval(
-            &gather_tiles(),
-            &args,
-            &KernelRules::tpu(),
-            &RunOptions::default(),
-        )
-        .map(drop)
-        .unwrap_err();
-        errors.push(("mosaic-eval", evaluated.to_string()));
-        for (what, e) in errors {
+        for (what, e) in refusals(&gather_tiles(), &args) {
             assert!(
                 e.contains("kernel `gather_tiles`: "),
                 "{what} {tiles:?}: {e}"
@@ -265,23 +266,7 @@ fn cache_update_refuses_a_slot_outside_the_cache() {
             "run-time check: the block index of `out` along dim 0 (its index map) is {slot} at \
              grid step [1], outside 0 to 7"
         );
-        let mut errors = Vec::new();
-        for b in Backend::everywhere() {
-            let e = backend::run(&cache_update::<f32>(), &args, b, &KernelRules::tpu())
-                .map(drop)
-                .unwrap_err();
-            errors.push((b.name(), e.to_string()));
-        }
-        let evaluated = common::mosaic_eval(
-            &cache_update::<f32>(),
-            &args,
-            &KernelRules::tpu(),
-            &RunOptions::default(),
-        )
-        .map(drop)
-        .unwrap_err();
-        errors.push(("mosaic-eval", evaluated.to_string()));
-        for (what, e) in errors {
+        for (what, e) in refusals(&cache_update::<f32>(), &args) {
             assert!(e.contains(&want), "{what} {slot}: want `{want}` in {e}");
             let at = format!("kernels/paged/src/cache_update.rs:{}:", line + 1);
             assert!(e.contains(&at), "{what} {slot}: want {at} in {e}");

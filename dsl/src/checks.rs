@@ -1445,6 +1445,24 @@ pub fn take_failure(k: &Kernel, outputs: &mut Vec<HostArray>) -> Result<(), Kern
 /// The error of the first failed row of `flags` (see [`take_failure`]).
 pub fn failure(k: &Kernel, flags: &HostArray) -> Result<(), KernelError> {
     let checks = &k.checks;
+    let want = checks.flags.map(|f| k.operand(f.flags).array_shape.clone());
+    if want.as_deref() != Some(flags.shape()) || flags.dtype() != DType::I32 {
+        let want = match want {
+            Some(shape) => format!("i32{shape:?}"),
+            None => "none: it makes no run-time checks".into(),
+        };
+        return Err(KernelError::single(
+            &k.name,
+            ProblemKind::Run,
+            "check flags",
+            format!(
+                "the check flags given are {}{:?}; the kernel's are {want} (pass the flags \
+                 output of this kernel's call)",
+                flags.dtype().name(),
+                flags.shape()
+            ),
+        ));
+    }
     let words: Vec<i64> = flags.to_f64_vec().iter().map(|&w| w as i64).collect();
     for (step, row) in words.chunks(FLAG_WORDS).enumerate() {
         if row[0] == 0 {

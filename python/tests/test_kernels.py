@@ -245,6 +245,10 @@ def test_a_run_time_index_check_raises_with_the_kernel_line():
     # Inside the traced function the flags are a tracer: refused with a sentence.
     with pytest.raises(tj.TesseraError, match="the check flags of `gather_tiles` are a tracer"):
         jax.jit(lambda t, a: tj.raise_on_check_flags(k, tj.call(k, t, a, return_check_flags=True)[1]))(good, x)
+    # Flags of another shape are refused with a sentence.
+    wrong_shape = r"the check flags given are i32\[2, 2\]; the kernel's are i32\[4, 128\]"
+    with pytest.raises(tj.TesseraError, match=wrong_shape):
+        tj.raise_on_check_flags(k, np.zeros((2, 2), np.int32))
     # A kernel that indexes only with what it can prove has no flags.
     assert tj.kernel("matmul").check_flags is None
 
