@@ -1229,14 +1229,7 @@ impl Guards<'_> {
                     e.report_unless(ok, site, &[u.value]);
                 }
                 let zero = e.int(0);
-                let clamped = e.op(
-                    Op::Select {
-                        cond: ok,
-                        on_true: u.value,
-                        on_false: zero,
-                    },
-                    ValueType::scalar(DType::I32),
-                );
+                let clamped = e.select(ok, u.value, zero);
                 safe.insert(u.value, clamped);
                 if let Some(m) = e.g.checked.last_mut() {
                     m.insert((u.value, u.max), clamped);
@@ -1377,14 +1370,7 @@ impl Guards<'_> {
                 let i32t = DType::I32;
                 let zero_or_minus_one = e.within(lhs, -1, 0);
                 let one = e.int(1);
-                let divisor = e.op(
-                    Op::Select {
-                        cond: zero_or_minus_one,
-                        on_true: one,
-                        on_false: lhs,
-                    },
-                    ValueType::scalar(i32t),
-                );
+                let divisor = e.select(zero_or_minus_one, one, lhs);
                 let back = e.bin(BinaryOp::Div, result, divisor, i32t);
                 let exact = e.cmp(CmpOp::Eq, back, rhs);
                 let b_min = e.cmp_int(CmpOp::Eq, rhs, min);
