@@ -38,7 +38,7 @@
 //!
 //! An author who has proven an index wraps it in [`unchecked_index`](crate::unchecked_index):
 //! no check is made for that value (`Devices::next` and `prev` mark the ring neighbours
-//! they compute that way).
+//! they compute that way, splash's index maps the entries of `MaskInfo`'s block tables).
 //!
 //! A block index map that reads scalar prefetch (the cache update's `|i| (slots[i], 0)`) is
 //! guarded the same way: a block index not proven in range is clamped to block 0 inside the

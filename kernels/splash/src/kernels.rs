@@ -127,6 +127,13 @@ fn q_head(kh: Value, g: Value, group: usize) -> Value {
     }
 }
 
+/// The row of `MaskInfo`'s block tables that head `h` reads (one row shared by every head
+/// where the mask is the same for all). The index maps read the tables' block indices
+/// through `unchecked_index`: `MaskInfo` builds every entry as a block of the array it
+/// indexes (mask_info.rs's unit tests check the tables), so the run-time
+/// index checks take them as proven and the pipeline's copies stay unguarded. A caller that
+/// passes tables of its own to the raw kernels (`tessera run splash_fwd -i ...`) must build
+/// them as `MaskInfo` does.
 fn table_row(h: Value, per_head: bool) -> Value {
     if per_head {
         h
@@ -442,35 +449,35 @@ pub fn splash_fwd<T: Element>(
     #[shape(2)] offsets: Smem<i32>,
     #[shape(B, H, SQ, D)]
     #[block((None, None, cfg.bq, D),
-            |b, h, i, j| (b, h, row_block.get([table_row(h, cfg.per_head), i, j]), 0))]
+            |b, h, i, j| (b, h, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j])), 0))]
     q: Ref<T>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D),
-            |b, h, i, j| (b, kv_head(h, H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
+            |b, h, i, j| (b, kv_head(h, H / KVH), unchecked_index(data_next.get([table_row(h, cfg.per_head), i, j])), 0))]
     k: Ref<T>,
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV),
-            |b, h, i, j| (b, kv_head(h, H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
+            |b, h, i, j| (b, kv_head(h, H / KVH), unchecked_index(data_next.get([table_row(h, cfg.per_head), i, j])), 0))]
     v: Ref<T>,
     #[shape(B, 1, SQ)]
     #[block((None, 1, cfg.bq),
-            |b, h, i, j| (b, 0, row_block.get([table_row(h, cfg.per_head), i, j])))]
+            |b, h, i, j| (b, 0, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j]))))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv),
-            |b, h, i, j| (b, 0, data_next.get([table_row(h, cfg.per_head), i, j])))]
+            |b, h, i, j| (b, 0, unchecked_index(data_next.get([table_row(h, cfg.per_head), i, j]))))]
     kv_seg: Option<Ref<i32>>,
     #[shape(_NM, MQ, MKV)]
     #[block((None, MQ, MKV),
-            |b, h, i, j| (mask_next.get([table_row(h, cfg.per_head), i, j]), 0, 0))]
+            |b, h, i, j| (unchecked_index(mask_next.get([table_row(h, cfg.per_head), i, j])), 0, 0))]
     mask_blocks: Ref<i8>,
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV),
-            |b, h, i, j| (b, h, row_block.get([table_row(h, cfg.per_head), i, j]), 0))]
+            |b, h, i, j| (b, h, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j])), 0))]
     out: RefMut<T>,
     #[shape(B, H, 1, SQ)]
     #[block((None, None, 1, cfg.bq),
-            |b, h, i, j| (b, h, 0, row_block.get([table_row(h, cfg.per_head), i, j])))]
+            |b, h, i, j| (b, h, 0, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j]))))]
     lse: RefMut<f32>,
     #[scratch(cfg.bq, cfg.lanes)] m_scratch: Scratch<f32>,
     #[scratch(cfg.bq, cfg.lanes)] l_scratch: Scratch<f32>,
@@ -672,23 +679,23 @@ pub fn splash_dq<T: Element>(
     q: Ref<T>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D),
-            |b, h, i, j| (b, kv_head(h, H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
+            |b, h, i, j| (b, kv_head(h, H / KVH), unchecked_index(data_next.get([table_row(h, cfg.per_head), i, j])), 0))]
     k: Ref<T>,
     #[shape(B, KVH, SKV, DV)]
     #[block((None, None, cfg.bkv, DV),
-            |b, h, i, j| (b, kv_head(h, H / KVH), data_next.get([table_row(h, cfg.per_head), i, j]), 0))]
+            |b, h, i, j| (b, kv_head(h, H / KVH), unchecked_index(data_next.get([table_row(h, cfg.per_head), i, j])), 0))]
     v: Ref<T>,
     #[shape(B, 1, SQ)]
     #[block((None, 1, cfg.bq), |b, h, i, j| (b, 0, i))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv),
-            |b, h, i, j| (b, 0, data_next.get([table_row(h, cfg.per_head), i, j])))]
+            |b, h, i, j| (b, 0, unchecked_index(data_next.get([table_row(h, cfg.per_head), i, j]))))]
     kv_seg: Option<Ref<i32>>,
     // A stored partial block: `[MR, MC]` is queries by keys, or keys by queries.
     #[shape(_NM, MR, MC)]
     #[block((None, MR, MC),
-            |b, h, i, j| (mask_next.get([table_row(h, cfg.per_head), i, j]), 0, 0))]
+            |b, h, i, j| (unchecked_index(mask_next.get([table_row(h, cfg.per_head), i, j])), 0, 0))]
     mask_blocks: Ref<i8>,
     #[shape(B, H, 1, SQ)]
     #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
@@ -983,7 +990,7 @@ pub fn splash_dkv<T: Element>(
     #[shape(B, H, SQ, D)]
     #[block((None, None, cfg.bq, D),
             |b, kh, j, g, i| (b, q_head(kh, g, H / KVH),
-                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
+                              unchecked_index(data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])), 0))]
     q: Ref<T>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
@@ -993,29 +1000,29 @@ pub fn splash_dkv<T: Element>(
     v: Ref<T>,
     #[shape(B, 1, SQ)]
     #[block((None, 1, cfg.bq),
-            |b, kh, j, g, i| (b, 0, data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])))]
+            |b, kh, j, g, i| (b, 0, unchecked_index(data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]))))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv), |b, kh, j, g, i| (b, 0, j))]
     kv_seg: Option<Ref<i32>>,
     #[shape(_NM, MKV, MQ)]
     #[block((None, MKV, MQ),
-            |b, kh, j, g, i| (mask_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0, 0))]
+            |b, kh, j, g, i| (unchecked_index(mask_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])), 0, 0))]
     mask_blocks: Ref<i8>,
     #[shape(B, H, 1, SQ)]
     #[block((None, None, 1, cfg.bq),
             |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0,
-                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])))]
+                              unchecked_index(data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]))))]
     lse: Ref<f32>,
     #[shape(B, H, SQ, DV)]
     #[block((None, None, cfg.bq, DV),
             |b, kh, j, g, i| (b, q_head(kh, g, H / KVH),
-                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0))]
+                              unchecked_index(data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])), 0))]
     dout: Ref<T>,
     #[shape(B, H, 1, SQ)]
     #[block((None, None, 1, cfg.bq),
             |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0,
-                              data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])))]
+                              unchecked_index(data_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]))))]
     di: Ref<f32>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
@@ -1104,7 +1111,7 @@ pub fn splash_bwd_fused<T: Element>(
     kv_seg: Option<Ref<i32>>,
     #[shape(_NM, MKV, MQ)]
     #[block((None, MKV, MQ),
-            |b, kh, j, g, i| (mask_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i]), 0, 0))]
+            |b, kh, j, g, i| (unchecked_index(mask_next.get([table_row(q_head(kh, g, H / KVH), cfg.per_head), j, i])), 0, 0))]
     mask_blocks: Ref<i8>,
     #[shape(B, H, 1, SQ)]
     #[block((None, None, 1, cfg.bq), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0, i))]
