@@ -1,7 +1,8 @@
 //! `tessera bench kernels` and `tessera bench attention` at small sizes: every registered
 //! kernel is measured against XLA's own dot (and against XLA's own program for the same
-//! computation where the registry has one), the JSON line comes last with the fields the
-//! bench promises, and `--profile` times every kernel call.
+//! computation where the registry has one, and without its run-time checks where it makes
+//! any), the JSON line comes last with the fields the bench promises, and `--profile` times
+//! every kernel call.
 
 use std::process::Command;
 
@@ -69,6 +70,7 @@ fn bench_kernels_measures_every_registered_kernel_against_the_peak() {
         "512",
         "--reps",
         "1",
+        "--unchecked-too",
     ]);
     let json = last_line(&out);
     for peak in ["matmul_peak_gflops", "matmul_peak_bf16_gflops"] {
@@ -122,6 +124,20 @@ fn bench_kernels_measures_every_registered_kernel_against_the_peak() {
         assert!(number(entry(&format!("xla_{k}")), "best_s") > 0.0, "{k}");
     }
     assert!(out.contains("x XLA's time"), "{out}");
+    // `--unchecked-too`: the kernels that check indices at run time again without the
+    // checks, in the same run, with the checked time over the unchecked one; none for a
+    // kernel whose indices are all proven.
+    for k in ["paged_attention", "cache_update", "gather_tiles"] {
+        let unchecked = entry(&format!("{k}_unchecked"));
+        assert!(number(unchecked, "over_checked") > 0.0, "{k}: {json}");
+    }
+    for k in ["matmul", "ring_shift", "splash_fwd"] {
+        assert!(!json.contains(&format!("\"{k}_unchecked\"")), "{k}: {json}");
+    }
+    assert!(
+        out.contains("run-time checks off") && out.contains("the checks cost"),
+        "{out}"
+    );
     for dense in ["dense_attention_fwd", "dense_attention_fwdbwd"] {
         assert!(
             json.contains(&format!("\"{dense}\":{{")),

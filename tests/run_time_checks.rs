@@ -118,6 +118,26 @@ fn gather_tiles_checks_its_tile_windows_and_their_arithmetic() {
 }
 
 #[test]
+fn rules_without_run_time_checks_leave_the_kernel_as_written() {
+    let specs = [
+        ArgSpec::of(&HostArray::i32([4], vec![0; 4]).unwrap()),
+        ArgSpec::of(&x()),
+    ];
+    let rules = KernelRules::tpu().without_run_time_checks();
+    let k = gather_tiles().instantiate(&specs, &rules).unwrap();
+    assert!(k.checks.sites.is_empty() && k.checks.flags.is_none(), "{k}");
+    let checked = gather_tiles()
+        .instantiate(&specs, &KernelRules::tpu())
+        .unwrap();
+    // No flags, no check state: the operands the author declared.
+    assert_eq!(k.operands.len() + 5, checked.operands.len(), "{k}");
+    // The kernel then trusts its tile list: tile 16 is clamped by the CPU plugin's dynamic
+    // slice (a wrong answer, as in Pallas), not refused.
+    let args = vec![HostArray::i32([4], vec![9, 0, 16, 4]).unwrap(), x()];
+    assert!(backend::run(&gather_tiles(), &args, Backend::CPU, &rules).is_ok());
+}
+
+#[test]
 fn gather_tiles_refuses_a_bad_tile_on_every_backend_and_in_mosaic_eval() {
     let x = x();
     for (tiles, line, message) in bad_tiles() {

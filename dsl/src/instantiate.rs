@@ -308,9 +308,13 @@ impl KernelDef {
                 })
                 .collect()));
         }
-        // Every run-time index proven in range or guarded; what the guards add is verified
-        // as the author's code is.
-        let kernel = crate::checks::insert(kernel, &state.unchecked);
+        // Every run-time index proven in range or guarded (unless the rules turn the checks
+        // off); what the guards add is verified as the author's code is.
+        let kernel = if rules.run_time_checks {
+            crate::checks::insert(kernel, &state.unchecked)
+        } else {
+            kernel
+        };
         if let Err(errors) = verify(&kernel) {
             return Err(err(errors
                 .into_iter()

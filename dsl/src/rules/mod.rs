@@ -35,6 +35,11 @@ pub struct KernelRules {
     /// leading `parallel` grid dims are split between them, each core with its own scratch
     /// and output buffers. The interpreter then runs the two halves as two cores.
     pub megacore: bool,
+    /// Guard every run-time index the kernel cannot be proven to keep in range, and check
+    /// the i32 arithmetic that feeds one for overflow (`crate::checks`; on by default).
+    /// Off only to measure what the checks cost
+    /// ([`KernelRules::without_run_time_checks`]): an unchecked kernel trusts its tables.
+    pub run_time_checks: bool,
 }
 
 impl Default for KernelRules {
@@ -53,6 +58,7 @@ impl KernelRules {
             vmem_limit_bytes: Some(DEFAULT_VMEM_LIMIT_BYTES),
             mosaic_ops: true,
             megacore: false,
+            run_time_checks: true,
         }
     }
 
@@ -74,12 +80,22 @@ impl KernelRules {
             vmem_limit_bytes: None,
             mosaic_ops: false,
             megacore: false,
+            run_time_checks: true,
         }
     }
 
     /// The same rules with another VMEM budget (`--xla_tpu_scoped_vmem_limit_kib`).
     pub fn with_vmem_limit(mut self, bytes: usize) -> Self {
         self.vmem_limit_bytes = Some(bytes);
+        self
+    }
+
+    /// The same rules with no run-time index or overflow checks: an index the prover cannot
+    /// bound is used as it comes, as in Pallas. For measuring what the checks cost beside
+    /// the checked kernel (`tessera bench kernels --unchecked-too`); a kernel instantiated so
+    /// trusts its page tables and lengths.
+    pub fn without_run_time_checks(mut self) -> Self {
+        self.run_time_checks = false;
         self
     }
 }

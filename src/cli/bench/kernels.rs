@@ -38,7 +38,15 @@ pub struct KernelsArgs {
     /// bundles (cycles per core, MXU use, scoped VMEM), as `tessera compile` does.
     #[arg(long, value_name = "tpu:TOPOLOGY")]
     pub target: Option<String>,
+    /// Beside every kernel that makes run-time index checks, the same kernel instantiated
+    /// without them (`KernelRules::without_run_time_checks`), timed (or compiled) in the same
+    /// run: what the checks cost.
+    #[arg(long)]
+    pub unchecked_too: bool,
 }
+
+/// How a row names a kernel instantiated without its run-time checks.
+pub(super) const UNCHECKED: &str = "run-time checks off";
 
 /// One row of the table: a program and the dtype whose peak it is compared with.
 struct Row {
@@ -48,6 +56,9 @@ struct Row {
     dtype: DType,
     /// For a kernel's row, the index of the row of XLA's own program for it.
     xla: Option<usize>,
+    /// For a kernel's row measured without its run-time checks, the index of the checked
+    /// kernel's row.
+    checked: Option<usize>,
 }
 
 /// The values of the registry's bench sizes ([`registry::BENCH_SIZES`]), one flag each
@@ -122,6 +133,7 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
             config: format!("{dtype} {n}^3 (the peak)"),
             dtype,
             xla: None,
+            checked: None,
         });
     }
     for info in registry::KERNELS {
@@ -133,23 +145,39 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
             };
             let config = format!("{}{devices}", instance.label());
             let dtype = instance.dtype()?;
-            let (kernel, xla) = instance_programs(&instance)?;
+            let rules = KernelRules::tpu();
+            let (kernel, xla) = instance_programs(&instance, &rules, true)?;
             let at = rows.len();
             rows.push(Row {
                 kernel: info.name.into(),
                 config: config.clone(),
                 dtype,
-                xla: xla.is_some().then_some(at + 1),
+                xla: None,
+                checked: None,
             });
             programs.push(kernel);
             if let Some(xla) = xla {
+                rows[at].xla = Some(rows.len());
                 rows.push(Row {
                     kernel: format!("xla_{}", info.name),
                     config: format!("{config}, XLA alone"),
                     dtype,
                     xla: None,
+                    checked: None,
                 });
                 programs.push(xla);
+            }
+            if a.unchecked_too && instance.instantiate(&rules)?.checks.flags.is_some() {
+                let unchecked = rules.without_run_time_checks();
+                let (kernel, _) = instance_programs(&instance, &unchecked, false)?;
+                rows.push(Row {
+                    kernel: info.name.into(),
+                    config: format!("{config}, {UNCHECKED}"),
+                    dtype,
+                    xla: None,
+                    checked: Some(at),
+                });
+                programs.push(kernel);
             }
         }
     }
@@ -194,6 +222,7 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
                 config: format!("f32 B=1 H={} S={s} D={} causal, XLA alone", heads, head_dim),
                 dtype: DType::F32,
                 xla: None,
+                checked: None,
             });
         }
     }
@@ -252,10 +281,21 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
         if let Some(x) = r.xla {
             fields.push(format!("\"over_xla\":{:.4}", p.best_s / programs[x].best_s));
         }
+        if let Some(c) = r.checked {
+            fields.push(format!(
+                "\"over_checked\":{:.4}",
+                p.best_s / programs[c].best_s
+            ));
+        }
         json.push(format!(
-            "\"{}{}\":{{{}}}",
+            "\"{}{}{}\":{{{}}}",
             r.kernel,
             if r.dtype == DType::BF16 { "_bf16" } else { "" },
+            if r.checked.is_some() {
+                "_unchecked"
+            } else {
+                ""
+            },
             fields.join(",")
         ));
     }
@@ -268,6 +308,16 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
                 p.best_s,
                 programs[x].best_s,
                 p.best_s / programs[x].best_s
+            );
+        }
+        if let Some(c) = r.checked {
+            outln!(
+                "{} {}: {:.4} s, with its run-time checks {:.4} s: the checks cost {:+.1}%",
+                r.kernel,
+                r.config,
+                p.best_s,
+                programs[c].best_s,
+                100.0 * (programs[c].best_s / p.best_s - 1.0)
             );
         }
     }
@@ -283,15 +333,20 @@ pub fn bench_kernels(a: &KernelsArgs) -> Result<()> {
     Ok(())
 }
 
-/// A registered kernel instantiated under the TPU rules and lowered alone, as a whole program
+/// A registered kernel instantiated under `rules` and lowered alone, as a whole program
 /// holds it (the arguments its parameters fix, splash's tables, inlined as constants), with
 /// random data on the device; a kernel on a mesh as one SPMD program on as many CPU devices
 /// (`tessera::backend::kernel_spmd_program`). Beside it, XLA's own program for the same
-/// computation on the same data, where the registry has one; then both take every argument
-/// (paged attention's lengths and page table too) from the device, as in a decode step.
-fn instance_programs(instance: &Instance) -> Result<(Timed, Option<Timed>)> {
+/// computation on the same data, where the registry has one and `with_xla` asks for it; where
+/// it has one, the kernel takes every argument (paged attention's lengths and page table too)
+/// from the device, as XLA's program does and a decode step would.
+fn instance_programs(
+    instance: &Instance,
+    rules: &KernelRules,
+    with_xla: bool,
+) -> Result<(Timed, Option<Timed>)> {
     let def = instance.def();
-    let k = instance.instantiate(&KernelRules::tpu())?;
+    let k = instance.instantiate(rules)?;
     let devices = instance.devices();
     let client = Client::cpu_shared(devices)?;
     let arrays = instance.random_inputs(11);
@@ -311,6 +366,10 @@ fn instance_programs(instance: &Instance) -> Result<(Timed, Option<Timed>)> {
         Ok(per_device)
     };
     let xla = instance.xla_program();
+    // Where XLA has a program, the kernel takes its fixed arguments from the device as XLA's
+    // does (with or without XLA's timed beside it).
+    let inline = xla.is_none();
+    let xla = xla.filter(|_| with_xla);
     let kernel = if devices > 1 {
         let module = tessera::backend::kernel_spmd_program(&k, Platform::Cpu)?;
         Timed::on_devices(&client, def.name(), &module, on_devices(true)?, flops, true)?
@@ -318,7 +377,6 @@ fn instance_programs(instance: &Instance) -> Result<(Timed, Option<Timed>)> {
         let mut module = Module::new(format!("bench_{}", def.name()));
         let mut f = module.func("main");
         let mut values = Vec::with_capacity(arrays[0].len());
-        let inline = xla.is_none();
         for (i, a) in arrays[0].iter().enumerate() {
             if inline && instance.is_fixed(i) {
                 values.push(f.constant(a)?);

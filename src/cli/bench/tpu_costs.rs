@@ -12,7 +12,15 @@ use tessera::splash::{splash_program, BlockSizes, Dims, Mask, Pass, SplashAttent
 use tessera::tpu::cost::KernelCost;
 use tessera::tpu::TpuTopology;
 
-use super::kernels::KernelsArgs;
+use super::kernels::{KernelsArgs, UNCHECKED};
+
+/// Whether a program's kernels make their run-time checks (`--unchecked-too` adds the
+/// checked kernels without them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checks {
+    On,
+    Off,
+}
 
 /// Compiles every registered kernel for `target` and prints its cost.
 pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
@@ -26,7 +34,7 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
         size(&bench_size::BLOCK),
     );
     let dtype = DType::BF16;
-    let mut programs: Vec<(String, Module)> = Vec::new();
+    let mut programs: Vec<(String, Module, Checks)> = Vec::new();
     // The registered kernels at their bf16 bench parameter sets (every set of a kernel that
     // has no bf16 one), a kernel on a mesh in a program of one partition per device; splash's
     // below, in their programs (forward + backward), so that their block tables are known.
@@ -48,15 +56,31 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
                 1 => String::new(),
                 n => format!(" on {n} chips"),
             };
-            programs.push((
-                format!("{}{devices}", instance.label()),
+            let label = format!("{}{devices}", instance.label());
+            let module = |lowering: &Lowering| {
                 super::super::compile::kernel_module(
                     instance.def(),
                     instance.args(),
                     instance.mesh(),
-                    &kernels,
-                )?,
-            ));
+                    lowering,
+                )
+            };
+            programs.push((label.clone(), module(&kernels)?, Checks::On));
+            let checked =
+                instance
+                    .def()
+                    .instantiate_on(instance.args(), instance.mesh(), &kernels.rules)?;
+            if a.unchecked_too && checked.checks.flags.is_some() {
+                let unchecked = Lowering {
+                    rules: kernels.rules.clone().without_run_time_checks(),
+                    ..kernels.clone()
+                };
+                programs.push((
+                    format!("{label}, {UNCHECKED}"),
+                    module(&unchecked)?,
+                    Checks::Off,
+                ));
+            }
         }
     }
     let dims = Dims {
@@ -83,10 +107,11 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
                 heads, head_dim, block
             ),
             splash_program(&attn, Pass::ForwardBackward, Default::default())?,
+            Checks::On,
         ));
     }
-    let mut rows: Vec<(String, KernelCost)> = Vec::new();
-    for (config, program) in &programs {
+    let mut rows: Vec<(String, KernelCost, Checks)> = Vec::new();
+    for (config, program, checks) in &programs {
         let report = tpu.compile(program)?;
         let Some(costs) = report.kernel_costs else {
             bail!(
@@ -96,13 +121,16 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
             );
         };
         for c in costs {
-            if !rows.iter().any(|(_, r)| r.kernel == c.kernel) {
-                rows.push((config.clone(), c));
+            if !rows
+                .iter()
+                .any(|(_, r, with)| r.kernel == c.kernel && with == checks)
+            {
+                rows.push((config.clone(), c, *checks));
             }
         }
     }
     for info in registry::KERNELS {
-        if !rows.iter().any(|(_, c)| c.kernel == info.name) {
+        if !rows.iter().any(|(_, c, _)| c.kernel == info.name) {
             bail!(
                 "kernel `{}` is registered but has no TPU cost case; add one to `tessera bench \
                  kernels --target` (src/cli/bench/tpu_costs.rs)",
@@ -115,7 +143,7 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
          without DMA waits or MXU stalls)",
         tpu.topology()
     );
-    for (_, c) in &rows {
+    for (_, c, _) in &rows {
         outln!("{}", c.table());
     }
     outln!(
@@ -128,7 +156,7 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
         "MXU %",
         "VMEM MiB"
     );
-    for (config, c) in &rows {
+    for (config, c, _) in &rows {
         let over_bound = match c.mxu_bound_per_core {
             0 => "-".to_string(),
             b => format!("{:.2}", c.cycles_per_core as f64 / b as f64),
@@ -147,7 +175,14 @@ pub fn kernel_costs(a: &KernelsArgs, target: &str) -> Result<()> {
             ))
         );
     }
-    let json: Vec<String> = rows.iter().map(|(_, c)| c.to_json()).collect();
+    let json = rows
+        .iter()
+        .map(|(_, c, checks)| {
+            let mut row = serde_json::to_value(c)?;
+            row["run_time_checks"] = (*checks == Checks::On).into();
+            Ok(row.to_string())
+        })
+        .collect::<Result<Vec<String>>>()?;
     outln!(
         "{{\"topology\":\"{}\",\"kernel_costs\":[{}]}}",
         tpu.topology(),
