@@ -129,8 +129,9 @@ fn rules_without_run_time_checks_leave_the_kernel_as_written() {
     let checked = gather_tiles()
         .instantiate(&specs, &KernelRules::tpu())
         .unwrap();
-    // No flags, no check state: the operands the author declared.
-    assert_eq!(k.operands.len() + 5, checked.operands.len(), "{k}");
+    // No flags (and their zeros), no semaphore, no check state: the operands the author
+    // declared.
+    assert_eq!(k.operands.len() + 4, checked.operands.len(), "{k}");
     // The kernel then trusts its tile list: tile 16 is clamped by the CPU plugin's dynamic
     // slice (a wrong answer, as in Pallas), not refused.
     let args = vec![HostArray::i32([4], vec![9, 0, 16, 4]).unwrap(), x()];

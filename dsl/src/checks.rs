@@ -583,9 +583,8 @@ pub fn insert(mut k: Kernel, unchecked: &HashSet<ValueId>) -> Kernel {
     let refs = FlagRefs {
         init: RefId(next),
         flags: RefId(next + 1),
-        row: RefId(next + 2),
-        sem: RefId(next + 3),
-        state: RefId(next + 4),
+        sem: RefId(next + 2),
+        state: RefId(next + 3),
     };
     let body = std::mem::take(&mut k.body);
     // The block index maps that read run-time data (scalar prefetch), taken out while the
@@ -675,12 +674,6 @@ pub fn insert(mut k: Kernel, unchecked: &HashSet<ValueId>) -> Kernel {
         ..operand("check_flags", OperandRole::Output, MemorySpace::Any, shape)
     });
     k.operands.push(operand(
-        "check_row",
-        OperandRole::Scratch,
-        MemorySpace::Vmem,
-        vec![8, FLAG_WORDS],
-    ));
-    k.operands.push(operand(
         "check_sem",
         OperandRole::Scratch,
         MemorySpace::Semaphore(SemKind::Dma),
@@ -690,11 +683,12 @@ pub fn insert(mut k: Kernel, unchecked: &HashSet<ValueId>) -> Kernel {
         "check_state",
         OperandRole::Scratch,
         MemorySpace::Smem,
-        vec![STATE_WORDS],
+        vec![1, FLAG_WORDS],
     ));
     k.checks.flags = Some(CheckFlags {
         init: refs.init,
         flags: refs.flags,
+        state: refs.state,
     });
     k
 }
@@ -703,9 +697,10 @@ pub fn insert(mut k: Kernel, unchecked: &HashSet<ValueId>) -> Kernel {
 struct FlagRefs {
     init: RefId,
     flags: RefId,
-    row: RefId,
     sem: RefId,
-    /// The step's check state: SMEM words `[check number + 1 (0: none), values..]`.
+    /// The step's check state: one SMEM row of the flags' width, `[[check number + 1 (0:
+    /// none), values.., unused..]]`; a failed step copies it to its row of the flags (a DMA
+    /// moves whole 512-byte rows).
     state: RefId,
 }
 
@@ -823,24 +818,24 @@ impl Emit<'_, '_> {
 
     /// Word `word` of the step's check state (SMEM).
     fn state_word(&mut self, word: usize) -> ValueId {
-        let at = self.int(word as i64);
+        let (row, at) = (self.int(0), self.int(word as i64));
         let src = self.g.refs.state;
         self.op(
             Op::LoadScalar {
                 src,
-                indices: vec![at],
+                indices: vec![row, at],
             },
             ValueType::scalar(DType::I32),
         )
     }
 
     fn set_state_word(&mut self, word: usize, value: ValueId) {
-        let at = self.int(word as i64);
+        let (row, at) = (self.int(0), self.int(word as i64));
         let dst = self.g.refs.state;
         self.insts.push(Inst {
             op: Op::StoreScalar {
                 dst,
-                indices: vec![at],
+                indices: vec![row, at],
                 value,
             },
             results: vec![],
@@ -848,8 +843,8 @@ impl Emit<'_, '_> {
         });
     }
 
-    /// The step's epilogue: where a check failed, its state is written to the step's row of
-    /// the flags (the only vector work of the checks, in a branch no passing step takes).
+    /// The step's epilogue: where a check failed, its state is copied to the step's row of
+    /// the flags (a DMA from SMEM, in a branch no passing step takes).
     fn write_failures(&mut self) {
         let number = self.state_word(0);
         let failed = self.cmp_int(CmpOp::Ne, number, 0);
@@ -858,10 +853,7 @@ impl Emit<'_, '_> {
             insts: Vec::new(),
             loc: self.loc,
         };
-        let words: Vec<ValueId> = (0..branch.g.words_used)
-            .map(|w| branch.state_word(w))
-            .collect();
-        branch.write_row(&words);
+        branch.write_row();
         let then = Region {
             insts: branch.insts,
             ..Region::default()
@@ -877,8 +869,12 @@ impl Emit<'_, '_> {
         });
     }
 
-    /// This grid step's row of the flags: `[words.., 0..]`, copied from a VMEM row.
-    fn write_row(&mut self, words: &[ValueId]) {
+    /// Copies the check state (SMEM) to this grid step's row of the flags. A DMA moves the
+    /// whole 512-byte row and each step clears only the words the checks use, so the row's
+    /// other words are zeroed first, by a copy of the step's row of the flags (still the
+    /// zeros they start from: only this step writes it). No VMEM: the checks add nothing to
+    /// the kernel's scoped VMEM.
+    fn write_row(&mut self) {
         let refs = self.g.refs;
         let grid = self.g.grid.clone();
         // The step, row-major over the grid.
@@ -889,65 +885,12 @@ impl Emit<'_, '_> {
             let id = self.op(Op::ProgramId { axis }, ValueType::scalar(DType::I32));
             step = self.bin(BinaryOp::Add, scaled, id, DType::I32);
         }
-        let tile = ValueType::new(DType::I32, [8, FLAG_WORDS]);
-        let lane = self.op(
-            Op::Iota {
-                ty: tile.clone(),
-                dim: 1,
-            },
-            tile.clone(),
-        );
-        let zero = Op::Constant {
-            value: Literal::Int(0),
-            ty: tile.clone(),
+        let words: Vec<ValueId> = (0..self.g.words_used).map(|w| self.state_word(w)).collect();
+        let state = RefWindow {
+            r: refs.state,
+            slices: vec![Slice::Full, Slice::Full],
         };
-        let mut row = self.op(zero, tile.clone());
-        for (word, &v) in words.iter().enumerate() {
-            let at = self.op(
-                Op::Constant {
-                    value: Literal::Int(word as i64),
-                    ty: tile.clone(),
-                },
-                tile.clone(),
-            );
-            let here = self.op(
-                Op::Compare {
-                    op: CmpOp::Eq,
-                    lhs: lane,
-                    rhs: at,
-                },
-                ValueType::new(DType::Bool, [8, FLAG_WORDS]),
-            );
-            let splat = self.op(
-                Op::Broadcast {
-                    x: v,
-                    shape: vec![8, FLAG_WORDS],
-                },
-                tile.clone(),
-            );
-            row = self.op(
-                Op::Select {
-                    cond: here,
-                    on_true: splat,
-                    on_false: row,
-                },
-                tile.clone(),
-            );
-        }
-        self.insts.push(Inst {
-            op: Op::Store {
-                dst: refs.row,
-                slices: vec![Slice::Full, Slice::Full],
-                value: row,
-            },
-            results: vec![],
-            loc: self.loc,
-        });
-        let src = RefWindow {
-            r: refs.row,
-            slices: vec![Slice::Static { start: 0, len: 1 }, Slice::Full],
-        };
-        let dst = RefWindow {
+        let row = RefWindow {
             r: refs.flags,
             slices: vec![
                 Slice::Dynamic {
@@ -957,8 +900,17 @@ impl Emit<'_, '_> {
                 Slice::Full,
             ],
         };
+        self.copy(row.clone(), state.clone());
+        for (w, v) in words.into_iter().enumerate() {
+            self.set_state_word(w, v);
+        }
+        self.copy(state, row);
+    }
+
+    /// A copy from `src` to `dst`, waited at once.
+    fn copy(&mut self, src: RefWindow, dst: RefWindow) {
         let sem = SemRef {
-            sem: refs.sem,
+            sem: self.g.refs.sem,
             index: vec![],
         };
         for op in [

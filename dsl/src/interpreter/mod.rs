@@ -949,6 +949,33 @@ impl<'k, 'w> Machine<'k, 'w> {
                     .write_window(&starts, &v);
                 return Ok(());
             }
+            // SMEM scratch that copies touch (the run-time checks' state) lives in the shared
+            // world, as VMEM scratch that copies touch does.
+            Op::LoadScalar { src, indices } if self.is_shared(*src) => {
+                let starts = self.smem_index(inst, *src, indices)?;
+                let sizes = vec![1; starts.len()];
+                self.shared_load(*src, dma::Window { starts, sizes }, inst.loc)?
+                    .reshape(&[])
+            }
+            Op::StoreScalar {
+                dst,
+                indices,
+                value,
+            } if self.is_shared(*dst) => {
+                let starts = self.smem_index(inst, *dst, indices)?;
+                let ones = vec![1; starts.len()];
+                let word = self.get(*value).reshape(&ones);
+                self.shared_store(
+                    *dst,
+                    dma::Window {
+                        starts,
+                        sizes: ones,
+                    },
+                    word,
+                    inst.loc,
+                )?;
+                return Ok(());
+            }
             Op::LoadScalar { src, indices } => {
                 let starts = self.smem_index(inst, *src, indices)?;
                 let table = if self.k.operand(*src).role == OperandRole::Scratch {

@@ -62,6 +62,10 @@ pub struct CheckFlags {
     pub init: RefId,
     /// The flags: an i32 `[grid steps, FLAG_WORDS]` output in HBM aliasing `init`.
     pub flags: RefId,
+    /// The step's check state: i32 `[1, FLAG_WORDS]` SMEM scratch, word 0 the failed check's
+    /// number plus one (0 in a passing step), copied to the step's row of the flags where a
+    /// check failed.
+    pub state: RefId,
 }
 
 impl KernelChecks {

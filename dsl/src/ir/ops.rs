@@ -1100,6 +1100,8 @@ fn copy_side(
         (MemorySpace::Any, OperandRole::Input) => !writes,
         (MemorySpace::Any, OperandRole::Output) => true,
         (MemorySpace::Vmem, OperandRole::Scratch) => true,
+        // SMEM scratch: the run-time checks' state, copied to the flags (`crate::checks`).
+        (MemorySpace::Smem, OperandRole::Scratch) => true,
         _ => false,
     };
     if !ok {

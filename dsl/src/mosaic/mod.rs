@@ -30,7 +30,7 @@ use crate::tpu_facts::SendSems;
 
 pub(crate) use cost::estimate as cost_estimate;
 pub use cost::CostEstimate;
-pub use schedule::{ArgValues, KernelSchedule, PathRuns, ScheduleError};
+pub use schedule::{ArgValues, KernelSchedule, PathRuns, ScheduleError, CHECK_FAILED_PATH};
 
 use crate::error::{KernelError, Problem, ProblemKind};
 use crate::ir::{

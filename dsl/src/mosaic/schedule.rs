@@ -10,7 +10,9 @@
 //! top-level scalar code at every grid step: program ids, constants, integer arithmetic,
 //! comparisons and reads of scalar-prefetch tables whose values the caller knows (splash's
 //! block tables). A condition that needs anything else (a value computed from vectors, a
-//! table not given) counts as holding at every step, and its path says it is not exact.
+//! table not given) counts as holding at every step, and its path says it is not exact. The
+//! schedule is a passing run's: the run-time checks' state reads as zero, so the branch that
+//! copies a failed check to the flags ([`CHECK_FAILED_PATH`]) runs at no step.
 //!
 //! The counts are kept per index of the leading `parallel` grid dims (flattened, row-major),
 //! because a chip with two TensorCores (v4, v5p) splits exactly those between its cores:
@@ -22,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use tessera_array::ArrayData;
 
 use crate::ir::{
-    BinaryOp, CmpOp, DType, DimSemantics, Kernel, Literal, Op, OperandRole, UnaryOp, ValueId,
+    BinaryOp, CmpOp, DType, DimSemantics, Kernel, Literal, Op, OperandRole, RefId, UnaryOp, ValueId,
 };
 use crate::HostArray;
 
@@ -102,6 +104,10 @@ pub enum ScheduleError {
         steps: u64,
     },
 }
+
+/// The path of the branch that copies a failed run-time check to the flags
+/// (`crate::checks`): no step of a run whose checks pass runs it.
+pub const CHECK_FAILED_PATH: &str = "check failed";
 
 /// More step evaluations than this and every `when` counts as running at every step (a grid
 /// of millions of steps; evaluating would take seconds).
@@ -415,7 +421,8 @@ fn evaluate(
             }
         }
     }
-    let from_tables = read_tables(k);
+    let from_tables = read_tables(k, |_| true);
+    let from_state = read_tables(k, |src| k.checks.flags.is_some_and(|f| f.state == src));
     whens
         .iter()
         .enumerate()
@@ -423,7 +430,10 @@ fn evaluate(
             // Named by what it computes only when its condition is of program ids alone (a
             // table's entries may coincide with the first steps).
             let by_ids = exact[w] && !guard.reads().iter().any(|v| from_tables[v.index()]);
-            let path = if by_ids && first[w][1..].iter().any(|&b| b) {
+            let reports_failure = guard.reads().iter().any(|v| from_state[v.index()]);
+            let path = if reports_failure {
+                CHECK_FAILED_PATH.to_string()
+            } else if by_ids && first[w][1..].iter().any(|&b| b) {
                 "init".to_string()
             } else if by_ids && last[w][1..].iter().any(|&b| b) {
                 "finalize".to_string()
@@ -439,11 +449,12 @@ fn evaluate(
         .collect()
 }
 
-/// Which values of the kernel's top-level code depend on a table read (`load_scalar`).
-fn read_tables(k: &Kernel) -> Vec<bool> {
+/// Which values of the kernel's top-level code depend on a read (`load_scalar`) of a ref
+/// `of` accepts.
+fn read_tables(k: &Kernel, of: impl Fn(RefId) -> bool) -> Vec<bool> {
     let mut read = vec![false; k.types.len()];
     for inst in &k.body.insts {
-        let depends = matches!(inst.op, Op::LoadScalar { .. })
+        let depends = matches!(inst.op, Op::LoadScalar { src, .. } if of(src))
             || inst.op.operands().iter().any(|v| read[v.index()]);
         for r in &inst.results {
             read[r.index()] = depends;
@@ -470,6 +481,9 @@ fn eval(
             Literal::Bool(b) => Bool(*b),
             Literal::Float(_) => Unknown,
         },
+        // The run-time checks' state stays zero in a run whose checks pass: the schedule is
+        // that run's, and the branch that reports a failure never runs in it.
+        Op::LoadScalar { src, .. } if k.checks.flags.is_some_and(|f| f.state == *src) => Int(0),
         Op::LoadScalar { src, indices } => {
             let Some(table) = tables.get(src.index()).copied().flatten() else {
                 return Unknown;
