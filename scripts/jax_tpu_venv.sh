@@ -11,7 +11,14 @@ suffix=""
 for r in "$@"; do suffix="$suffix+$r"; done
 venv="${TESSERA_JAX_VENV:-$HOME/.cache/tessera/jax-tpu-0.12.0.1$suffix}"
 if [ ! -f "$venv/.complete" ] || ! "$venv/bin/python" -c 'import jax; assert jax.__version__ == "0.12.0.1"' 2>/dev/null; then
-  python312=$(command -v python3.12 || ls "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12.*/bin/python3.12 2>/dev/null | tail -1 || true)
+  # pyenv's shim answers `command -v python3.12` even where no 3.12 is selected; take it only
+  # if it runs.
+  python312=""
+  if command -v python3.12 >/dev/null 2>&1 && python3.12 -c "" 2>/dev/null; then
+    python312=$(command -v python3.12)
+  else
+    python312=$(ls "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12.*/bin/python3.12 2>/dev/null | tail -1 || true)
+  fi
   if [ -z "$python312" ]; then
     echo "$0: jax 0.12 needs Python 3.12 (python3.12 on the PATH, or pyenv install 3.12); none was found" >&2
     exit 1

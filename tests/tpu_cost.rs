@@ -149,7 +149,7 @@ fn main() {
 /// branch that copies a failed run-time check to the check flags is one too, run by no step
 /// of a passing run. `q` and `out` are single-buffered, so libtpu's scoped VMEM is what
 /// tessera's rules count with one buffer for them (two would be 16 KiB more), and the
-/// checks take none (their state is in SMEM): 147,456 bytes, JAX's paged attention's.
+/// checks take none (their state is in SMEM). Both at most JAX's.
 fn paged_attention_steps_and_vmem() {
     let def = paged_attention::<half::bf16>(8);
     let args = [
@@ -195,7 +195,25 @@ fn paged_attention_steps_and_vmem() {
     let counted = tessera::dsl::rules::vmem_bytes(&kernel) as i64;
     assert_eq!(cost.scoped_vmem_bytes, Some(counted));
     assert_eq!(counted, 2 * (2 * 8 * 16 * 128 * 2) + 2 * (32 * 128 * 2));
-    assert_eq!(counted, 147_456);
+    // At or below JAX's own paged attention (its faster, megacore form; measured by
+    // scripts/memory_cost.sh with the same libtpu and reader) on cycles per core and VMEM.
+    let measured: serde_json::Value =
+        serde_json::from_str(include_str!("../scripts/memory_cost.json")).unwrap();
+    let jax = &measured["paged_attention"];
+    let best = ["jax", "jax_megacore_batch"]
+        .iter()
+        .map(|run| &jax[run][0])
+        .min_by_key(|c| c["cycles_per_core"].as_u64().unwrap())
+        .unwrap();
+    assert!(
+        cost.cycles_per_core <= best["cycles_per_core"].as_u64().unwrap(),
+        "tessera {} cycles per core, JAX {best}",
+        cost.cycles_per_core
+    );
+    assert!(
+        counted <= best["scoped_vmem_bytes"].as_i64().unwrap(),
+        "JAX {best}"
+    );
 }
 
 /// `tessera compile` with the user's own dump directory (kept), then `tessera
