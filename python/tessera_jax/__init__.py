@@ -16,8 +16,9 @@ through the tessera library itself (a Rust extension, no subprocess):
   arrays a jitted function will get (under `jax.jit` they are tracers: not checked there).
   A kernel that indexes with run-time data checks every index it cannot prove in range
   when it runs (`k.check_flags`): `call` raises `TesseraError` on a failed check for
-  concrete arrays; under `jax.jit`, `call(..., return_check_flags=True)` returns the flags
-  for `raise_on_check_flags(k, flags)`.
+  concrete arrays; under `jax.jit` a host callback raises it (the jitted call fails with
+  JAX's runtime error carrying the sentence), or `call(..., return_check_flags=True)`
+  returns the flags for `raise_on_check_flags(k, flags)`.
 - `splash_attention(q, k, v, mask=..., block_sizes=BlockSizes(...))`: differentiable splash
   attention over tessera's forward and backward kernels (jit, grad, shard_map).
 - `use_tessera_libtpu()` points JAX at the libtpu tessera pins, for compiling for a TPU

@@ -56,10 +56,14 @@ def call(kernel: Kernel, *args, return_check_flags: bool = False):
     used, and the failure is written to the kernel's check flags (`kernel.check_flags`).
     On concrete arrays `call` reads them and raises `TesseraError` naming the check, the
     kernel line, the value and the grid step instead of returning the outputs. Under
-    `jax.jit` the flags are values of the traced program: pass `return_check_flags=True`
-    to get `(outputs, flags)` and call `raise_on_check_flags(kernel, flags)` on the
-    result (`flags` is `None` for a kernel without run-time checks); without it they are
-    dropped, and an out-of-range index gives outputs computed without it.
+    `jax.jit` the flags are values of the traced program, read on the host by a
+    `jax.debug.callback` that raises the same `TesseraError` there: the jitted call then
+    fails when its results are awaited (JAX's runtime error, whose message carries the
+    sentence). The callback copies the flags (`kernel.check_flags`, i32) to the host at
+    every call and cannot be exported (`jax.export`); to check them yourself instead, pass
+    `return_check_flags=True`, get `(outputs, flags)` and call
+    `raise_on_check_flags(kernel, flags)` on the result (`flags` is `None` for a kernel
+    without run-time checks).
 
     A registry kernel whose entry checks its run-time data (paged attention: every page
     index a sequence uses in the pool, each length within its table row) runs the check on
@@ -87,7 +91,11 @@ def call(kernel: Kernel, *args, return_check_flags: bool = False):
     flags = None
     if kernel.check_flags is not None:
         outs, flags = outs[:-1], outs[-1]
-        if not return_check_flags and not isinstance(flags, jax_core.Tracer):
+        if return_check_flags:
+            pass
+        elif isinstance(flags, jax_core.Tracer):
+            jax.debug.callback(functools.partial(_raise_on_host, kernel), flags)
+        else:
             raise_on_check_flags(kernel, flags)
     return (outs, flags) if return_check_flags else outs
 
@@ -106,6 +114,11 @@ def raise_on_check_flags(kernel: Kernel, flags) -> None:
             "and check the concrete array"
         )
     kernel.raise_on_check_flags(to_triple(flags))
+
+
+def _raise_on_host(kernel: Kernel, flags) -> None:
+    """`raise_on_check_flags` on the flags a jitted `call` hands to the host."""
+    raise_on_check_flags(kernel, np.asarray(flags))
 
 
 def check_inputs(kernel: Kernel, *args) -> None:

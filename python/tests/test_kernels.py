@@ -224,6 +224,8 @@ def test_a_run_time_index_check_raises_with_the_kernel_line():
     outs, flags = jitted(good, x)
     np.testing.assert_array_equal(np.asarray(outs[0]), want)
     tj.raise_on_check_flags(k, flags)
+    checked = jax.jit(lambda t, a: tj.call(k, t, a))
+    np.testing.assert_array_equal(np.asarray(checked(good, x)[0]), want)
     window = (
         "the start of the copy's source `x`'s window along dim 0 is {} at grid step [1], "
         "outside 0 to 120; the access was not made"
@@ -242,6 +244,11 @@ def test_a_run_time_index_check_raises_with_the_kernel_line():
         _, flags = jitted(tiles, x)
         with pytest.raises(tj.TesseraError, match=re.escape(message)):
             tj.raise_on_check_flags(k, flags)
+        # Or, without return_check_flags, a host callback raises the same sentence, which
+        # the jitted call's runtime error carries.
+        with pytest.raises(Exception, match=re.escape(message)) as e:
+            jax.block_until_ready(checked(tiles, x))
+        assert "TesseraError" in str(e.value), e.value
     # Inside the traced function the flags are a tracer: refused with a sentence.
     with pytest.raises(tj.TesseraError, match="the check flags of `gather_tiles` are a tracer"):
         jax.jit(lambda t, a: tj.raise_on_check_flags(k, tj.call(k, t, a, return_check_flags=True)[1]))(good, x)
