@@ -56,11 +56,11 @@ def call(kernel: Kernel, *args, return_check_flags: bool = False):
     used, and the failure is written to the kernel's check flags (`kernel.check_flags`).
     On concrete arrays `call` reads them and raises `TesseraError` naming the check, the
     kernel line, the value and the grid step instead of returning the outputs. Under
-    `jax.jit` the flags are values of the traced program, read on the host by a
-    `jax.debug.callback` that raises the same `TesseraError` there: the jitted call then
+    `jax.jit` the flags are values of the traced program: where one records a failure, a
+    `jax.debug.callback` raises the same `TesseraError` on the host, and the jitted call
     fails when its results are awaited (JAX's runtime error, whose message carries the
-    sentence). The callback copies the flags (`kernel.check_flags`, i32) to the host at
-    every call and cannot be exported (`jax.export`); to check them yourself instead, pass
+    sentence). The callback cannot be exported (`jax.export`); to check the flags
+    yourself instead, pass
     `return_check_flags=True`, get `(outputs, flags)` and call
     `raise_on_check_flags(kernel, flags)` on the result (`flags` is `None` for a kernel
     without run-time checks).
@@ -94,7 +94,13 @@ def call(kernel: Kernel, *args, return_check_flags: bool = False):
         if return_check_flags:
             pass
         elif isinstance(flags, jax_core.Tracer):
-            jax.debug.callback(functools.partial(_raise_on_host, kernel), flags)
+            # Only a failed check calls back to the host: a passing call pays a reduction.
+            jax.lax.cond(
+                jax.numpy.any(flags[:, 0] != 0),
+                lambda f: jax.debug.callback(functools.partial(_raise_on_host, kernel), f),
+                lambda f: None,
+                flags,
+            )
         else:
             raise_on_check_flags(kernel, flags)
     return (outs, flags) if return_check_flags else outs
