@@ -60,8 +60,7 @@ def call(kernel: Kernel, *args, return_check_flags: bool = False):
     `jax.debug.callback` raises the same `TesseraError` on the host, and the jitted call
     fails when its results are awaited (JAX's runtime error, whose message carries the
     sentence). The callback cannot be exported (`jax.export`); to check the flags
-    yourself instead, pass
-    `return_check_flags=True`, get `(outputs, flags)` and call
+    yourself instead, pass `return_check_flags=True`, get `(outputs, flags)` and call
     `raise_on_check_flags(kernel, flags)` on the result (`flags` is `None` for a kernel
     without run-time checks).
 
