@@ -466,12 +466,14 @@ impl SplashAttention {
         } else {
             // dQ walks key blocks per query block; as Mosaic calls it computes
             // keys-by-queries tiles (`splash_dq`).
+            // Its tables are compacted as the forward's: its grid walks only the blocks it
+            // computes.
             let dq = info(b.block_q_dq, b.block_kv_dq, Major::Q, true)?
                 .with_diagonal_sub_tiles(&mask, b.diagonal_block_dq());
             Some(if lowering.is_tpu() {
-                dq.with_keys_by_queries_tiles()
+                dq.with_keys_by_queries_tiles().compacted()
             } else {
-                dq
+                dq.compacted()
             })
         };
         let dkv_info = info(
@@ -764,7 +766,7 @@ impl SplashAttention {
                 b.diagonal_block_dq(),
             );
             let def = with_segments(with_float_type!(self.dtype, T => splash_dq::<T>(cfg)), f);
-            let mut args = self.tables(info, false);
+            let mut args = self.tables(info, true);
             args.push(self.offsets());
             args.extend([Tensor::Q, Tensor::K, Tensor::V].map(StageArg::Tensor));
             args.extend(self.segments(f));

@@ -13,14 +13,15 @@
 //!
 //! Scalar prefetch: the [`MaskInfo`](crate::MaskInfo) tables `data_next`, `block_mask`,
 //! `mask_next` (`[TH, rows, width]`, `TH` = 1 when every head shares the mask; the forward's
-//! also `row_block` and `row_bounds`), each head's
+//! and dQ's also `row_block` and `row_bounds`), each head's
 //! mask class `[H]`, the attention sinks `[H]` and the sequence offsets `[2]` (global
 //! position of the first query and of the first key).
 //!
-//! Every grid step looks its block up in the tables: empty entries do nothing (the backward
-//! kernels' grids are shrunk to the longest row of non-empty blocks, the forward's compacted
-//! to every row's non-empty blocks in turn, [`MaskInfo::compacted`](crate::MaskInfo::compacted),
-//! its query block and row bounds read from `row_block` and `row_bounds`; padding entries
+//! Every grid step looks its block up in the tables: empty entries do nothing (the dK/dV
+//! kernels' grids are shrunk to the longest row of non-empty blocks, the forward's and dQ's
+//! compacted to every row's non-empty blocks in turn,
+//! [`MaskInfo::compacted`](crate::MaskInfo::compacted), their query block and row bounds
+//! read from `row_block` and `row_bounds`; padding entries
 //! repeat the previous block so nothing new is fetched), full blocks are computed without
 //! evaluating the mask and partial blocks with it, computed in-kernel from iota and global
 //! positions or loaded from the stored int8 partial blocks; diagonal blocks
@@ -666,16 +667,19 @@ pub fn splash_bwd_prep<T: Element>(
 /// with 0.78x the scoped VMEM at 1024 (`dp` computed before `s`). Inlined as StableHLO it
 /// keeps the query-by-key tiles: on the CPU plugin the transposed form took 1.25x the time
 /// (blocks 512, S=4096, D=64, f32).
-#[tpu_kernel(grid = (B, H, NQ, W),
+#[tpu_kernel(grid = (B, H, R, W),
              dimension_semantics = (parallel, parallel, arbitrary, arbitrary))]
 pub fn splash_dq<T: Element>(
-    #[shape(TH, NQ, W)] data_next: Smem<i32>,
-    #[shape(TH, NQ, W)] block_mask: Smem<i32>,
-    #[shape(TH, NQ, W)] mask_next: Smem<i32>,
+    #[shape(TH, R, W)] data_next: Smem<i32>,
+    #[shape(TH, R, W)] block_mask: Smem<i32>,
+    #[shape(TH, R, W)] mask_next: Smem<i32>,
+    #[shape(TH, R, W)] row_block: Smem<i32>,
+    #[shape(TH, R, W)] row_bounds: Smem<i32>,
     #[shape(H)] head_class: Smem<i32>,
     #[shape(2)] offsets: Smem<i32>,
     #[shape(B, H, SQ, D)]
-    #[block((None, None, cfg.bq, D), |b, h, i, j| (b, h, i, 0))]
+    #[block((None, None, cfg.bq, D),
+            |b, h, i, j| (b, h, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j])), 0))]
     q: Ref<T>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D),
@@ -686,7 +690,8 @@ pub fn splash_dq<T: Element>(
             |b, h, i, j| (b, kv_head(h, H / KVH), unchecked_index(data_next.get([table_row(h, cfg.per_head), i, j])), 0))]
     v: Ref<T>,
     #[shape(B, 1, SQ)]
-    #[block((None, 1, cfg.bq), |b, h, i, j| (b, 0, i))]
+    #[block((None, 1, cfg.bq),
+            |b, h, i, j| (b, 0, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j]))))]
     q_seg: Option<Ref<i32>>,
     #[shape(B, 1, SKV)]
     #[block((None, 1, cfg.bkv),
@@ -698,25 +703,37 @@ pub fn splash_dq<T: Element>(
             |b, h, i, j| (unchecked_index(mask_next.get([table_row(h, cfg.per_head), i, j])), 0, 0))]
     mask_blocks: Ref<i8>,
     #[shape(B, H, 1, SQ)]
-    #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
+    #[block((None, None, 1, cfg.bq),
+            |b, h, i, j| (b, h, 0, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j]))))]
     lse: Ref<f32>,
     #[shape(B, H, SQ, DV)]
-    #[block((None, None, cfg.bq, DV), |b, h, i, j| (b, h, i, 0))]
+    #[block((None, None, cfg.bq, DV),
+            |b, h, i, j| (b, h, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j])), 0))]
     dout: Ref<T>,
     #[shape(B, H, 1, SQ)]
-    #[block((None, None, 1, cfg.bq), |b, h, i, j| (b, h, 0, i))]
+    #[block((None, None, 1, cfg.bq),
+            |b, h, i, j| (b, h, 0, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j]))))]
     di: Ref<f32>,
     #[shape(B, H, SQ, D)]
-    #[block((None, None, cfg.bq, D), |b, h, i, j| (b, h, i, 0))]
+    #[block((None, None, cfg.bq, D),
+            |b, h, i, j| (b, h, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j])), 0))]
     dq: RefMut<T>,
     #[scratch(cfg.bq, D)] dq_acc: Scratch<f32>,
     #[comptime] cfg: KernelConfig,
 ) {
-    let (h, i, j) = (program_id(1), program_id(2), program_id(3));
+    let (h, r, j) = (program_id(1), program_id(2), program_id(3));
     let row = table_row(h, cfg.per_head);
-    when(j.eq(0), || dq_acc.store(0.0));
-    let kind = block_mask.get([row, i, j]);
-    let kv_block = data_next.get([row, i, j]);
+    // The slot's query block, and whether it starts or ends that block's row (the tables
+    // are compacted, as the forward's).
+    let i = row_block.get([row, r, j]);
+    let bounds = row_bounds.get([row, r, j]);
+    let (starts, ends) = (
+        bounds.eq(ROW_FIRST) | bounds.eq(ROW_FIRST + ROW_LAST),
+        bounds.ge(ROW_LAST),
+    );
+    when(starts, || dq_acc.store(0.0));
+    let kind = block_mask.get([row, r, j]);
+    let kv_block = data_next.get([row, r, j]);
     let mask = MaskRefs {
         offsets,
         head_class,
@@ -780,9 +797,7 @@ pub fn splash_dq<T: Element>(
     if let Some(sub) = cfg.diagonal_sub_tiles {
         when(kind.eq(DIAGONAL), || diagonal_step(sub));
     }
-    when(j.eq(num_programs(3) - 1), || {
-        dq.store(cast_to(dq_acc.load(), T::DTYPE))
-    });
+    when(ends, || dq.store(cast_to(dq_acc.load(), T::DTYPE)));
 }
 
 /// One tile's dQ contribution `ds k` (f32, `[queries, D]`) from scaled keys `kc` and values

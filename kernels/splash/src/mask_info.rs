@@ -18,10 +18,10 @@
 //! - `row_bounds[h, r, s]`: [`ROW_FIRST`] on the first slot of a row, [`ROW_LAST`] on its
 //!   last, both (3) on a row's only slot.
 //!
-//! The forward's tables are compacted ([`MaskInfo::compacted`]): one row holding every row's
-//! non-empty blocks in turn (a row with none keeps one empty slot, which starts and ends it),
-//! so its grid walks only blocks it computes; `row_block` says which query block each slot
-//! is in and `row_bounds` where a row starts and ends.
+//! The forward's and dQ's tables are compacted ([`MaskInfo::compacted`]): one row holding
+//! every row's non-empty blocks in turn (a row with none keeps one empty slot, which starts
+//! and ends it), so their grids walk only blocks they compute; `row_block` says which query
+//! block each slot is in and `row_bounds` where a row starts and ends.
 //!
 //! Computable masks (causal, local, chunked and their combinations) are evaluated in the
 //! kernel from iota and the block's global positions; masks with a dense part store their

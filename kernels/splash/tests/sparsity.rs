@@ -56,7 +56,8 @@ fn local_windows_shrink_every_kernel_grid() {
     assert_eq!(a.stats().computed(), 8 * (2 * 8 - 1));
     // The fused backward keeps a slot per query block (every dq partial is written) ...
     assert_eq!(a.dkv_mask_info().width, 8);
-    // ... the separate dK/dV kernel walks only the non-empty ones.
+    // ... the separate dK/dV kernel walks only the non-empty ones, and dQ's grid is
+    // compacted as the forward's.
     let dims = a.dims();
     let sep = SplashAttention::new(
         Mask::local(256, 0),
@@ -68,7 +69,8 @@ fn local_windows_shrink_every_kernel_grid() {
     )
     .unwrap();
     assert_eq!(sep.dkv_mask_info().width, 2);
-    assert_eq!(sep.dq_mask_info().unwrap().width, 2);
+    let dq = sep.dq_mask_info().unwrap();
+    assert_eq!((dq.rows, dq.width), (1, 2 * 8 - 1));
 }
 
 /// The `flops` of every `tpu_custom_call`'s cost estimate in a module's text.
