@@ -297,17 +297,21 @@ impl KernelDef {
             loc: self.loc,
             checks: Default::default(),
         };
-        if let Err(errors) = verify(&kernel) {
-            return Err(err(errors
-                .into_iter()
-                .map(|e| Problem {
-                    kind: ProblemKind::Verify,
-                    subject: format!("`{}`", e.op),
-                    message: e.message,
-                    loc: Some(e.loc),
-                })
-                .collect()));
-        }
+        // `kernel` verified; `whose` follows each failing op's name in its problem.
+        let verified = |kernel: &Kernel, whose: &str| {
+            verify(kernel).map_err(|errors| {
+                err(errors
+                    .into_iter()
+                    .map(|e| Problem {
+                        kind: ProblemKind::Verify,
+                        subject: format!("`{}`{whose}", e.op),
+                        message: e.message,
+                        loc: Some(e.loc),
+                    })
+                    .collect())
+            })
+        };
+        verified(&kernel, "")?;
         // Every run-time index proven in range or guarded (unless the rules turn the checks
         // off); what the guards add is verified as the author's code is.
         let kernel = if rules.run_time_checks {
@@ -315,17 +319,7 @@ impl KernelDef {
         } else {
             kernel
         };
-        if let Err(errors) = verify(&kernel) {
-            return Err(err(errors
-                .into_iter()
-                .map(|e| Problem {
-                    kind: ProblemKind::Verify,
-                    subject: format!("`{}` (a run-time check; a tessera bug)", e.op),
-                    message: e.message,
-                    loc: Some(e.loc),
-                })
-                .collect()));
-        }
+        verified(&kernel, " (a run-time check; a tessera bug)")?;
         let mut problems = rules::check(&kernel, rules);
         problems.extend(crate::interpreter::check_coverage(&kernel));
         problems.extend(crate::ir::check_protocol(&kernel));
