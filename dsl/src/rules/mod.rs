@@ -93,7 +93,9 @@ impl KernelRules {
     /// The same rules with no run-time index or overflow checks: an index the prover cannot
     /// bound is used as it comes, as in Pallas. For measuring what the checks cost beside
     /// the checked kernel (`tessera bench kernels --unchecked-too`); a kernel instantiated so
-    /// trusts its page tables and lengths.
+    /// trusts its page tables and lengths. An author's `debug_check` stays as Pallas'
+    /// `debug_check` does: the interpreter and mosaic-eval refuse, the Mosaic kernel
+    /// asserts (`cf.assert`), the StableHLO path leaves it out.
     pub fn without_run_time_checks(mut self) -> Self {
         self.run_time_checks = false;
         self
