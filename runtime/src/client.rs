@@ -121,20 +121,24 @@ impl Plugin {
     /// Creates a CPU client with `device_count` devices (option `cpu_device_count`, always
     /// passed: without it the XLA CPU plugin silently picks 4).
     ///
-    /// The plugin runs every device's program, and the collectives in it, on one thread pool
-    /// per client, sized by `NPROC` if set, else by the cores. A collective blocks its thread
-    /// until every device arrives, so with more devices than threads a program whose large
-    /// dots run on that pool deadlocks (measured: 4 devices on 2 cores, a train step's
-    /// all-to-all). Unless the user set `NPROC`, the client is created with `NPROC` at least
-    /// `4 x device_count` (up to 4 collectives in flight per device; idle threads cost
-    /// nothing).
+    /// The plugin runs every device's program on a thread pool per client, and its matmuls and
+    /// other intra-op work on a second one, both sized by `PJRT_NPROC` or `NPROC` if set, else
+    /// by the cores. Plugins older than C API 0.115 ([`CPU_COLLECTIVES_NONBLOCKING_SINCE`]) block a
+    /// pool thread in each collective until every device arrives, so with more devices than
+    /// threads a program deadlocks (measured: `xla-cpu-pjrt` 0.0.1 (C API 0.81), 4 devices,
+    /// `NPROC=2`, a train step's all-to-all): for those, unless the user set either variable,
+    /// the client is created with `NPROC` at least `4 x device_count` (up to 4 collectives in
+    /// flight per device). Newer plugins (`lammps-jax-pjrt-cpu` 0.11.2, JAX's own CPU client)
+    /// do not block a thread per device and keep their default, one thread per core, as JAX
+    /// does: 16 threads on 2 cores made the tiny train step 1.3x slower (measured, 4 devices).
     pub fn cpu_client(&self, device_count: usize) -> Result<Client> {
         let count = i64::try_from(device_count).ok().filter(|&n| n >= 1).ok_or(
             Error::InvalidDeviceCount {
                 requested: device_count,
             },
         )?;
-        let client = with_cpu_threads(device_count, || {
+        let blocking_collectives = self.api_version() < CPU_COLLECTIVES_NONBLOCKING_SINCE;
+        let client = with_cpu_threads(device_count, blocking_collectives, || {
             self.client(&[(
                 CPU_DEVICE_COUNT_OPTION.to_string(),
                 NamedValue::Int64(count),
@@ -153,22 +157,43 @@ impl Plugin {
     }
 }
 
-/// The environment variable the XLA CPU plugin sizes a client's thread pool by.
-const CPU_THREADS_ENV: &str = "NPROC";
+/// The environment variables the XLA CPU plugin sizes a client's thread pools by, in the
+/// order it reads them (the first set one wins).
+const CPU_THREADS_ENVS: [&str; 2] = ["PJRT_NPROC", "NPROC"];
 
-/// Runs `create` (a CPU client's creation) with `NPROC` at least `4 x devices`, unless the
-/// user set it; see [`Plugin::cpu_client`].
-fn with_cpu_threads<T>(devices: usize, create: impl FnOnce() -> T) -> T {
+/// The first C API version whose CPU plugin does not block a pool thread per device in a
+/// collective (`lammps-jax-pjrt-cpu` 0.11.2; `xla-cpu-pjrt` 0.0.1, C API 0.81, blocks). No
+/// plugin between the two was measured, so those are treated as blocking.
+pub const CPU_COLLECTIVES_NONBLOCKING_SINCE: (i32, i32) = (0, 115);
+
+/// Runs `create` (a CPU client's creation); where the plugin's collectives block a pool thread
+/// (`blocking_collectives`), with `NPROC` at least `4 x devices` unless the user set the
+/// plugin's thread count; see [`Plugin::cpu_client`].
+fn with_cpu_threads<T>(
+    devices: usize,
+    blocking_collectives: bool,
+    create: impl FnOnce() -> T,
+) -> T {
     static USER_SET: OnceLock<bool> = OnceLock::new();
     static CREATING: Mutex<()> = Mutex::new(());
     let _serial = CREATING.lock().unwrap_or_else(PoisonError::into_inner);
-    if *USER_SET.get_or_init(|| std::env::var_os(CPU_THREADS_ENV).is_some()) {
+    let user_set = *USER_SET.get_or_init(|| {
+        CPU_THREADS_ENVS
+            .iter()
+            .any(|name| std::env::var_os(name).is_some())
+    });
+    if user_set {
+        return create();
+    }
+    // A non-blocking plugin's client is left alone (in a process that created a blocking
+    // one's before, it inherits the raised `NPROC`: slower, never wrong).
+    if !blocking_collectives {
         return create();
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let threads = cores.max(4 * devices);
     // Read by the plugin while the client is created, under the lock above.
-    std::env::set_var(CPU_THREADS_ENV, threads.to_string());
+    std::env::set_var("NPROC", threads.to_string());
     create()
 }
 

@@ -61,7 +61,10 @@ mod plugin;
 #[allow(unsafe_code)]
 mod topology;
 
-pub use client::{Argument, Buffer, Client, Device, LoadedExecutable, CPU_DEVICE_COUNT_OPTION};
+pub use client::{
+    Argument, Buffer, Client, Device, LoadedExecutable, CPU_COLLECTIVES_NONBLOCKING_SINCE,
+    CPU_DEVICE_COUNT_OPTION,
+};
 pub use device::{
     libtpu_client, tpu_chips, tpu_chips_in, Platform, GPU_PLUGIN_ENV, PCI_DEVICES, PROCESSES_ENV,
 };
