@@ -5,6 +5,7 @@
 # Usage: scripts/jax_tpu_venv.sh [REQUIREMENT...]   (pinned extras, e.g. tokamax==0.0.17,
 # get a venv of their own beside it)
 # The venv: $TESSERA_JAX_VENV, default ~/.cache/tessera/jax-tpu-0.12.0.1[+extras]. Used by
+# cpu_twin.py and cpu_profile.py (on CPU; they set JAX_PLATFORMS=cpu) and by
 # memory_cost.sh, splash_cost.sh and tokamax_cost.sh.
 set -euo pipefail
 suffix=""

@@ -7,7 +7,12 @@
 //! (CPU: every registry kernel from JAX, splash attention and its gradients against dense
 //! f64, the Ulysses layer on 4 virtual devices and on 2 processes x 2 devices; compile-only
 //! for a v5p topology through JAX with the libtpu that JAX requires, provisioned by tessera).
-//! Fails, never skips, when an interpreter is missing or a venv cannot be provisioned.
+//! The same jax 0.12.0.1 venv runs the CPU comparison scripts once, shortened
+//! (`scripts/cpu_twin.py`, the train example against its JAX twin; `scripts/cpu_profile.py`,
+//! the train step's time per op class), so that what docs/training.md reports from them keeps
+//! running. Fails, never skips, when an interpreter is missing or a venv cannot be provisioned.
+
+mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -62,7 +67,9 @@ fn python(version: &str) -> PathBuf {
     })
 }
 
-fn python_package_tests(python_version: &str, jax_version: &str) {
+/// `python/provision.py` run by Python `python_version`: the path of its venv's interpreter,
+/// checked to hold `jax_version`.
+fn provisioned_venv(python_version: &str, jax_version: &str) -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = python(python_version);
     let provisioned = Command::new(&python)
@@ -96,6 +103,12 @@ fn python_package_tests(python_version: &str, jax_version: &str) {
         jax_version,
         "the venv of Python {python_version} ({venv_python}) has another JAX than its pins"
     );
+    venv_python
+}
+
+fn python_package_tests(python_version: &str, jax_version: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let venv_python = provisioned_venv(python_version, jax_version);
     let status = Command::new(&venv_python)
         .args([
             "-m",
@@ -114,4 +127,84 @@ fn python_package_tests(python_version: &str, jax_version: &str) {
         "pytest on jax {jax_version} (Python {python_version}) failed ({status}); see its \
          output above"
     );
+}
+
+/// Runs `python script args` in the workspace root; its stdout, after checking it succeeded.
+fn run_script(python: &str, script: &str, args: &[&str]) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(python)
+        .arg(root.join("scripts").join(script))
+        .args(args)
+        .current_dir(root)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {script} with {python}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{script} {args:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The number after `prefix` on the first line of `text` that starts with it.
+fn number_after(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.trim_start().strip_prefix(prefix))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.trim_end_matches('x').parse().ok())
+        .unwrap_or_else(|| panic!("no `{prefix}` number in:\n{text}"))
+}
+
+#[test]
+fn cpu_twin_and_profile_scripts_on_jax_0_12_0_1() {
+    let python = provisioned_venv("3.12", "0.12.0.1");
+    let dir = common::Dir::new("cpu-scripts");
+    let step = dir.path("step.mlir");
+    let dumped = Command::new(common::train_example())
+        .args([
+            "--steps",
+            "1",
+            "--dump-hlo",
+            &step,
+            "--plot",
+            &dir.path("loss.svg"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        dumped.status.success(),
+        "the train example failed: {}",
+        String::from_utf8_lossy(&dumped.stderr)
+    );
+
+    // The tiny step's time per op class: it has matmuls and (Ulysses on 4 devices) collectives.
+    let profile = run_script(
+        &python,
+        "cpu_profile.py",
+        &["stablehlo", &step, "--runs", "1"],
+    );
+    for class in ["matmul", "collective", "elementwise"] {
+        let ms = number_after(&profile, class);
+        assert!(ms > 0.0, "{class} took {ms} ms in\n{profile}");
+    }
+
+    // One short round of the train example against its twin: both ran and gave a ratio.
+    let train = common::train_example();
+    let twin = run_script(
+        &python,
+        "cpu_twin.py",
+        &[
+            "train",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+            "--train-bin",
+            train.to_str().unwrap(),
+        ],
+    );
+    let ratio = number_after(&twin, "median over rounds: ratio");
+    assert!(ratio.is_finite() && ratio > 0.0, "ratio {ratio} in\n{twin}");
 }
