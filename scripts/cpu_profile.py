@@ -161,27 +161,35 @@ def twin_program(model):
 
 
 def instruction_classes(hlo_text):
-    """HLO instruction name -> op class, from the compiled module's text."""
-    fusion_has_dot, classes = {}, {}
+    """(HLO instruction name -> op class, name -> what it computes: its result's type and,
+    for a matmul, its dot's operands), from the compiled module's text."""
+    dots_of, parsed, types = collections.defaultdict(list), {}, {}
     computation = None
     for line in hlo_text.splitlines():
         header = re.match(r"\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
         if header and "=" not in line.split("{")[0]:
             computation = header.group(1)
             continue
-        m = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+) = \S+(?:\s*\{[^}]*\})? ([\w\-]+)\(", line)
+        m = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+) = (\S+?)(?:\{[^}]*\})? ([\w\-]+)\(", line)
         if not m:
-            m = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+) = .*? ([\w\-]+)\(", line)
+            m = re.match(r"\s*(?:ROOT\s+)?%?([\w.\-]+) = (.*?) ([\w\-]+)\(", line)
         if not m:
             continue
-        name, opcode = m.groups()
+        name, result, opcode = m.groups()
+        types[name] = result
         if opcode in ("dot", "convolution") and computation:
-            fusion_has_dot[computation] = True
+            # Operands print as names (their types where they are defined, earlier).
+            operands = re.search(opcode + r"\((.*?)\)", line)
+            names = re.findall(r"%?([\w.\-]+)", operands.group(1)) if operands else []
+            shapes = [types.get(n, n) for n in names]
+            dots_of[computation].append(" x ".join(shapes))
+            dots_of[name].append(" x ".join(shapes))  # an unfused dot's own operands
         calls = re.search(r"calls=%?([\w.\-]+)", line)
-        classes[name] = (opcode, calls.group(1) if calls else None)
-    out = {}
-    for name, (opcode, called) in classes.items():
-        if opcode in ("dot", "convolution") or (opcode == "fusion" and fusion_has_dot.get(called)):
+        parsed[name] = (opcode, result, calls.group(1) if calls else None)
+    classes, what = {}, {}
+    for name, (opcode, result, called) in parsed.items():
+        dots = dots_of.get(name if opcode in ("dot", "convolution") else called, [])
+        if opcode in ("dot", "convolution") or (opcode == "fusion" and dots):
             cls = "matmul"
         elif any(opcode.startswith(c) for c in COLLECTIVES):  # and their -start / -done
             cls = "collective"
@@ -195,8 +203,9 @@ def instruction_classes(hlo_text):
             cls = "loop"
         else:
             cls = "other"
-        out[name] = cls
-    return out
+        classes[name] = cls
+        what[name] = result + (f" = {'; '.join(dots)}" if dots else "")
+    return classes, what
 
 
 def classify(event_name, classes):
@@ -214,13 +223,14 @@ def classify(event_name, classes):
 
 
 def self_times(trace_dir):
-    """(instruction or event name -> self ns, summed over threads) from the host plane."""
+    """(instruction or event name -> self ns, -> events), summed over threads, from the host
+    plane."""
     from jax.profiler import ProfileData
 
     [path] = [os.path.join(d, f) for d, _, fs in os.walk(trace_dir) for f in fs
               if f.endswith(".xplane.pb")]
     data = ProfileData.from_file(path)
-    totals = collections.Counter()
+    totals, counts = collections.Counter(), collections.Counter()
     for plane in data.planes:
         if plane.name != "/host:CPU":
             continue
@@ -232,6 +242,7 @@ def self_times(trace_dir):
             def close(frame):
                 end, name, dur, nested = frame
                 totals[name] += dur - nested
+                counts[name] += 1
 
             for start, dur, name in events:
                 while stack and stack[-1][0] <= start:
@@ -241,7 +252,7 @@ def self_times(trace_dir):
                 stack.append([start + dur, name, dur, 0])
             while stack:
                 close(stack.pop())
-    return totals
+    return totals, counts
 
 
 def main():
@@ -249,7 +260,7 @@ def main():
                      else twin_program(ARGS.model))
     for _ in range(3):
         run()
-    classes = instruction_classes(hlo_text)
+    classes, computes = instruction_classes(hlo_text)
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
         start = time.perf_counter()
@@ -257,8 +268,9 @@ def main():
             run()
         wall = (time.perf_counter() - start) / ARGS.runs
         jax.profiler.stop_trace()
-        totals = self_times(trace_dir)
+        totals, counts = self_times(trace_dir)
     by_class, by_instruction = collections.Counter(), collections.Counter()
+    events = collections.Counter()
     outside = collections.Counter()
     for name, ns in totals.items():
         cls = classify(name, classes)
@@ -266,19 +278,20 @@ def main():
             outside[name] += ns / ARGS.runs / 1e6
             continue
         by_class[cls] += ns / ARGS.runs / 1e6
+        events[cls] += counts[name] / ARGS.runs
         by_instruction[(name, cls)] += ns / ARGS.runs / 1e6
     what = ARGS.file if ARGS.what == "stablehlo" else f"JAX twin {ARGS.model}"
     print(f"{what}: {wall * 1e3:.1f} ms a run (traced), {DEVICES} devices, jax {jax.__version__}")
     total = sum(by_class.values())
     print(f"self time summed over the devices' threads: {total:.1f} ms a run")
     for cls, ms in by_class.most_common():
-        print(f"  {cls:<14} {ms:8.1f} ms  {100 * ms / total:5.1f}%")
+        print(f"  {cls:<14} {ms:8.1f} ms  {100 * ms / total:5.1f}%  {events[cls]:7.0f} events")
     print(f"not an instruction (the runtime's own events, left out): "
           f"{sum(outside.values()):.1f} ms, most in "
           + ", ".join(f"{n} {ms:.1f}" for n, ms in outside.most_common(3)))
     print(f"top {ARGS.top} instructions:")
     for (name, cls), ms in by_instruction.most_common(ARGS.top):
-        print(f"  {name:<40} {cls:<14} {ms:8.2f} ms")
+        print(f"  {name:<24} {cls:<14} {ms:8.2f} ms  {computes.get(name, '')}")
 
 
 if __name__ == "__main__":
