@@ -123,10 +123,11 @@ impl Plugin {
     ///
     /// The plugin runs every device's program on a thread pool per client, and its matmuls and
     /// other intra-op work on a second one, both sized by `PJRT_NPROC` or `NPROC` if set, else
-    /// by the cores. Plugins older than C API 0.115 ([`CPU_COLLECTIVES_NONBLOCKING_SINCE`]) block a
-    /// pool thread in each collective until every device arrives, so with more devices than
-    /// threads a program deadlocks (measured: `xla-cpu-pjrt` 0.0.1 (C API 0.81), 4 devices,
-    /// `NPROC=2`, a train step's all-to-all): for those, unless the user set either variable,
+    /// by the cores. Plugins older than C API 0.115
+    /// ([`CPU_COLLECTIVES_NONBLOCKING_SINCE`]) block a pool thread in each collective until
+    /// every device arrives, so with more devices than threads a program deadlocks (measured:
+    /// `xla-cpu-pjrt` 0.0.1 (C API 0.81), 4 devices, `NPROC=2`, a train step's all-to-all,
+    /// and `runtime/tests/cpu_threads.rs`): for those, unless the user set either variable,
     /// the client is created with `NPROC` at least `4 x device_count` (up to 4 collectives in
     /// flight per device). Newer plugins (`lammps-jax-pjrt-cpu` 0.11.2, JAX's own CPU client)
     /// do not block a thread per device and keep their default, one thread per core, as JAX
