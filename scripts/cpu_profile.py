@@ -17,7 +17,9 @@ Programs:
   `tessera attention ... --dump-hlo`): its `sdy.mesh` and `mhlo.num_partitions` give the
   devices, its parameters' `sdy.sharding`s the arguments' layout (random normals * 0.02 for
   floats, zeros for integers).
-  `twin MODEL`: the JAX twin's train step (`scripts/cpu_twin.py`, tiny or small).
+  `twin MODEL`: the JAX twin's train step (`scripts/cpu_twin.py`, tiny or small), or
+  `twin ulysses`: its Ulysses attention forward + backward (B=1 H=8 S=4096 D=64, causal; the
+  program `tessera attention --strategy ulysses --dump-hlo FILE` writes as FILE's `.bwd`).
 
 Needs a Python >= 3.12 venv with `jax==0.12.0.1` (as `scripts/cpu_twin.py`).
 """
@@ -46,8 +48,10 @@ def parse_args():
     sub = ap.add_subparsers(dest="what", required=True)
     s = sub.add_parser("stablehlo", parents=[common], help="a StableHLO file tessera dumped")
     s.add_argument("file")
-    t = sub.add_parser("twin", parents=[common], help="the JAX twin's train step")
-    t.add_argument("model", choices=["tiny", "small"])
+    t = sub.add_parser("twin", parents=[common],
+                       help="the JAX twin's train step, or its Ulysses forward + backward")
+    t.add_argument("model", choices=["tiny", "small", "ulysses"],
+                   help="ulysses: B=1 H=8 S=4096 D=64, causal (cpu_twin.py ulysses' defaults)")
     return ap.parse_args()
 
 
@@ -147,6 +151,13 @@ def twin_program(model):
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import cpu_twin
 
+    if model == "ulysses":
+        shape = argparse.Namespace(batch=1, heads=8, seq=4096, head_dim=64)
+        attention = cpu_twin.JaxUlysses(shape)
+        inputs = [jax.device_put(x, attention.seq_sharding)
+                  for x in (attention.q, attention.k, attention.v, attention.dout)]
+        compiled = attention.forward_backward.lower(*inputs).compile()
+        return attention.time_forward_backward, compiled.as_text()
     trainer = cpu_twin.JaxTrain(model, steps=1000)
 
     def run():
