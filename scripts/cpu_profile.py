@@ -34,6 +34,9 @@ import time
 
 
 def device_count_of(path):
+    if not os.path.isfile(path):
+        sys.exit(f"cpu_profile: {path} is not a file; dump a step with "
+                 "`target/release/examples/train --steps 1 --dump-hlo FILE`")
     with open(path) as f:
         head = f.read(4096)
     m = re.search(r"mhlo\.num_partitions = (\d+)", head)
