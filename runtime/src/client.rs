@@ -183,12 +183,9 @@ fn with_cpu_threads<T>(
             .iter()
             .any(|name| std::env::var_os(name).is_some())
     });
-    if user_set {
-        return create();
-    }
     // A non-blocking plugin's client is left alone (in a process that created a blocking
     // one's before, it inherits the raised `NPROC`: slower, never wrong).
-    if !blocking_collectives {
+    if user_set || !blocking_collectives {
         return create();
     }
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
