@@ -162,7 +162,8 @@ fn cpu_twin_and_profile_scripts_on_jax_0_12_0_1() {
     let python = provisioned_venv("3.12", "0.12.0.1");
     let dir = common::Dir::new("cpu-scripts");
     let step = dir.path("step.mlir");
-    let dumped = Command::new(common::train_example())
+    let train = common::train_example();
+    let dumped = Command::new(&train)
         .args([
             "--steps",
             "1",
@@ -191,7 +192,6 @@ fn cpu_twin_and_profile_scripts_on_jax_0_12_0_1() {
     }
 
     // One short round of the train example against its twin: both ran and gave a ratio.
-    let train = common::train_example();
     let twin = run_script(
         &python,
         "cpu_twin.py",
