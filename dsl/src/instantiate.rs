@@ -83,7 +83,10 @@ pub struct KernelDef {
     params: Vec<Param>,
     /// The arguments it takes: the declared ones but those left out.
     args: Vec<ArgDecl>,
-    /// The optional arguments left out ([`KernelDef::without`]), in declaration order.
+    /// The optional outputs it still writes (declared `Option<RefMut<T>>`).
+    optional_outputs: Vec<&'static str>,
+    /// The optional arguments and outputs left out ([`KernelDef::without`]), in the order
+    /// they were left out.
     absent: Vec<&'static str>,
     loc: Loc,
     build: Arc<BuildFn>,
@@ -95,6 +98,7 @@ impl fmt::Debug for KernelDef {
             .field("name", &self.name)
             .field("params", &self.params)
             .field("args", &self.args)
+            .field("optional_outputs", &self.optional_outputs)
             .field("absent", &self.absent)
             .finish_non_exhaustive()
     }
@@ -129,23 +133,46 @@ impl KernelDef {
             name,
             params,
             args,
+            optional_outputs: Vec::new(),
             absent: Vec::new(),
             loc,
             build: Arc::new(build),
         }
     }
 
-    /// The kernel without its optional argument `name` (declared `Option<Ref<T>>` or
-    /// `Option<Smem<T>>`): the caller passes no array for it and the body gets `None`, where
-    /// Pallas passes `None` for an operand. A different kernel (cached apart); `args()` lists
-    /// what remains.
+    /// `def` with the names of its `Option<RefMut<T>>` outputs (the macro declares them).
+    #[doc(hidden)]
+    pub fn __with_optional_outputs(mut def: Self, names: Vec<&'static str>) -> Self {
+        def.optional_outputs = names;
+        def
+    }
+
+    /// The kernel without its optional argument or output `name`. An argument declared
+    /// `Option<Ref<T>>` or `Option<Smem<T>>`: the caller passes no array for it and the body
+    /// gets `None`, where Pallas passes `None` for an operand. An output declared
+    /// `Option<RefMut<T>>`: the kernel no longer produces it (its outputs are the others, in
+    /// order) and the body gets `None`, as a Pallas kernel whose out spec is `None`. A
+    /// different kernel (cached apart); `args()` lists the arguments that remain.
     pub fn without(mut self, name: &str) -> Result<KernelDef, KernelError> {
+        if let Some(i) = self.optional_outputs.iter().position(|&o| o == name) {
+            let removed = self.optional_outputs.remove(i);
+            self.absent.push(removed);
+            return Ok(self);
+        }
         let Some(i) = self.args.iter().position(|a| a.name == name) else {
             let message = if self.absent.contains(&name) {
                 format!("`{name}` is already left out")
             } else {
                 let names: Vec<&str> = self.args.iter().map(|a| a.name).collect();
-                format!("no argument `{name}`; its arguments: {}", names.join(", "))
+                let outputs = if self.optional_outputs.is_empty() {
+                    String::new()
+                } else {
+                    format!("; its optional outputs: {}", self.optional_outputs.join(", "))
+                };
+                format!(
+                    "no argument or optional output `{name}`; its arguments: {}{outputs}",
+                    names.join(", ")
+                )
             };
             return Err(KernelError::single(
                 self.name,
@@ -161,7 +188,7 @@ impl KernelDef {
                 name,
                 format!(
                     "`{name}` is required; only arguments declared `Option<Ref<T>>` or \
-                     `Option<Smem<T>>` can be left out"
+                     `Option<Smem<T>>` and outputs declared `Option<RefMut<T>>` can be left out"
                 ),
             ));
         }
@@ -170,7 +197,7 @@ impl KernelDef {
         Ok(self)
     }
 
-    /// The optional arguments left out ([`KernelDef::without`]).
+    /// The optional arguments and outputs left out ([`KernelDef::without`]).
     pub fn absent(&self) -> &[&'static str] {
         &self.absent
     }
@@ -402,6 +429,12 @@ impl Builder {
             return Ok(None);
         }
         self.__arg(name, dtype, rank).map(Some)
+    }
+
+    /// Whether the definition keeps the optional output `name` (not [`KernelDef::without`] it).
+    #[doc(hidden)]
+    pub fn __output_present(&self, name: &str) -> bool {
+        !self.absent.contains(&name)
     }
 
     /// Checks that dim `dim` of `name` equals `expected`, the size of the symbol `symbol`.

@@ -333,6 +333,14 @@ pub fn expand(k: &Kernel) -> TokenStream {
             let dims = dims.iter().map(|e| size(&dsl, e));
             stmts.push(quote! { let #shape: ::std::vec::Vec<usize> = ::std::vec![#(#dims),*]; });
         }
+        // An optional output: its shape when the definition keeps it, else `None`.
+        if role.is_output() && h.optional {
+            let name = ir_name(&h.ident);
+            stmts.push(quote! {
+                let #shape: ::core::option::Option<::std::vec::Vec<usize>> =
+                    #b.__output_present(#name).then_some(#shape);
+            });
+        }
         // An optional operand's block is computed where it is declared, if it is present.
         if role.is_blocked() && !h.optional {
             stmts.push(block_stmts(&dsl, &b, h));
@@ -459,10 +467,14 @@ pub fn expand(k: &Kernel) -> TokenStream {
         let (n, ty) = (&c.ident, &c.ty);
         quote!(#n: #ty)
     });
+    let optional_outputs = handles
+        .iter()
+        .filter(|h| h.optional && h.role.is_some_and(|r| r.is_output()))
+        .map(|h| ir_name(&h.ident));
     quote! {
         #(#attrs)*
         #vis fn #ident #generics (#(#comptime_args),*) -> #api::KernelDef #where_clause {
-            #api::KernelDef::__new(
+            #api::KernelDef::__with_optional_outputs(#api::KernelDef::__new(
                 #kernel_name,
                 ::std::vec![#(#params),*],
                 ::std::vec![#(#arg_decls),*],
@@ -476,7 +488,7 @@ pub fn expand(k: &Kernel) -> TokenStream {
                     }
                     ::core::result::Result::Ok(())
                 },
-            )
+            ), ::std::vec![#(#optional_outputs),*])
         }
     }
 }

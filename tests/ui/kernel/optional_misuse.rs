@@ -8,7 +8,12 @@ fn k(
     #[shape(N, 128)] extra: Option<Ref<f32>>,
     #[shape(R, 128)]
     #[block((8, 128), |i| (i, 0))]
-    out: Option<RefMut<f32>>,
+    out: RefMut<f32>,
+    #[shape(R, 128)]
+    #[block((8, 128), |i| (i, 0))]
+    #[alias(x)]
+    again: Option<RefMut<f32>>,
+    #[scratch(8, 128)] acc: Option<Scratch<f32>>,
 ) {
 }
 
