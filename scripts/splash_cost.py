@@ -204,7 +204,9 @@ def tessera_rows(pass_, kvh, seq, block):
     cmd = [tessera_bin(), "compile", "--target", f"tpu:{TOPOLOGY}", "attention",
            "--heads", str(HEADS), "--kv-heads", str(kvh), "--seq-len", str(seq),
            "--head-dim", str(D), "--block-q", str(block), "--block-kv", str(block),
-           "--pass", "forward" if pass_ == "fwd" else "both"]
+           # The forward row without its lse residual, as JAX's (its kernel called
+           # without save_residuals) and tokamax's no-residuals forward.
+           "--pass", "inference" if pass_ == "fwd" else "both"]
     if pass_ == "fused":
         cmd.append("--fused-bwd")
     p = subprocess.run(cmd, capture_output=True, text=True, env=compile_only_env())

@@ -66,7 +66,7 @@ fn splash(
     let program = splash_program(&attn, pass, features).unwrap();
     let report = compile(topology, &program);
     let expected: &[&str] = match (pass, fused) {
-        (Pass::Forward, _) => &["splash_fwd"],
+        (Pass::Forward | Pass::Inference, _) => &["splash_fwd"],
         (Pass::Backward, false) => &["splash_bwd_prep", "splash_dkv", "splash_dq"],
         (Pass::Backward, true) => &["splash_bwd_prep", "splash_bwd_fused", "splash_dq_reduce"],
         (Pass::ForwardBackward, _) => unreachable!("not in this suite"),
@@ -78,10 +78,18 @@ fn splash(
     let qkv = 3 * 2 * 2048 * 128 * element;
     let segments = if segmented { 2 * 2048 * 4 } else { 0 };
     let args = match pass {
-        Pass::Forward => qkv,
+        Pass::Forward | Pass::Inference => qkv,
         _ => qkv + 2 * 2 * 2048 * 128 * element + 2 * 2048 * 4,
     };
     assert_eq!(memory.argument_bytes, args + segments);
+    // The forward's out, and its f32 lse unless it is left out (with the lse, the outputs
+    // are a tuple, whose table libtpu counts too).
+    let out = 2 * 2048 * 128 * element;
+    match pass {
+        Pass::Forward => assert!(memory.output_bytes >= out + 2 * 2048 * 4, "{memory:?}"),
+        Pass::Inference => assert_eq!(memory.output_bytes, out),
+        _ => {}
+    }
     assert!(report.flops.is_some_and(|f| f > 0.0), "{report:?}");
     // Every kernel's compiled scoped VMEM is known and within the rules' 16 MiB budget.
     assert_eq!(report.kernel_vmem.len(), expected.len(), "{report:?}");
@@ -115,6 +123,19 @@ fn splash_forward_f32_local_v5e_512_1024() {
         Pass::Forward,
         false,
         false,
+    );
+}
+
+#[test]
+fn splash_inference_f32_local_segmented_v5e_512_1024() {
+    splash(
+        "v5e:2x2",
+        DType::F32,
+        Mask::parse("local:256:0").unwrap(),
+        (512, 1024),
+        Pass::Inference,
+        false,
+        true,
     );
 }
 
@@ -321,6 +342,10 @@ fn cli_refuses_what_tesseras_rules_know() {
             "not divisible",
         ),
         (&["--scale", "inf"], "scale inf is not finite"),
+        (
+            &["--strategy", "ulysses", "--pass", "inference"],
+            "with --strategy ulysses use --pass forward",
+        ),
     ];
     for (extra, culprit) in cases {
         let args: Vec<&str> = base.iter().chain(extra.iter()).copied().collect();

@@ -5,7 +5,11 @@
 //! by that script with `jax[tpu]==0.12.0.1` and its libtpu 0.0.50.1, tessera's default, read
 //! by the same reader). Per kernel role (forward, dq, dkv; the fused backward's kernel plays dkv):
 //! cycles on the busiest TensorCore, cycles summed over the cores and scoped VMEM are at most
-//! JAX's, and so are the whole program's temporaries.
+//! JAX's, and so are the whole program's temporaries. The forward rows compile the forward
+//! without its residual (`Pass::Inference`), as JAX's row calls its kernel without
+//! `save_residuals`, and are held to tokamax 0.0.17's no-residuals forward with its
+//! causal-diagonal skip as well (its better grid, from `scripts/tokamax_cost.tsv`, written
+//! by scripts/tokamax_cost.sh).
 //!
 //! libtpu reads its dump flags once, when it loads, so this test has its own `main` (no
 //! harness), as tests/tpu_cost.rs.
@@ -33,7 +37,7 @@ struct Config {
     holds: &'static [Check],
 }
 
-/// A comparison with JAX's figures: tessera's at most JAX's.
+/// A comparison with a peer's figures: tessera's at most the peer's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Check {
     /// Cycles on the busiest TensorCore, per kernel role.
@@ -66,11 +70,12 @@ fn role(kernel: &str) -> Option<&'static str> {
     })
 }
 
-/// JAX's figures for `c` from the checked-in TSV: per role, and the program's temporaries.
-fn jax_figures(c: Config) -> (BTreeMap<&'static str, RoleCost>, i64) {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/splash_cost.jax.tsv");
+/// A peer's figures for `c` from a checked-in TSV of scripts/splash_cost.py's columns: per
+/// role, and the program's temporaries. Where the TSV has several variants of the peer (its
+/// `impl` column: tokamax's grids), each role takes the one with the fewest cycles per core.
+fn peer_figures(path: &str, c: Config) -> (BTreeMap<&'static str, RoleCost>, i64) {
     let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{path}: {e} (scripts/splash_cost.sh writes it)"));
+        .unwrap_or_else(|e| panic!("{path}: {e} (a script in scripts/ writes it)"));
     let mut lines = text.lines();
     let header: Vec<&str> = lines.next().expect("a header line").split('\t').collect();
     let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
@@ -86,16 +91,19 @@ fn jax_figures(c: Config) -> (BTreeMap<&'static str, RoleCost>, i64) {
             continue;
         }
         let n = |name: &str| f[col(name)].parse::<i64>().unwrap();
-        temp = Some(n("program_temp_bytes"));
         let r = role(f[col("kernel")]).unwrap();
-        roles.insert(
-            r,
-            RoleCost {
-                per_core: n("cycles_per_core") as u64,
-                all_cores: n("cycles_all_cores") as u64,
-                scoped_vmem: n("scoped_vmem_bytes"),
-            },
-        );
+        let cost = RoleCost {
+            per_core: n("cycles_per_core") as u64,
+            all_cores: n("cycles_all_cores") as u64,
+            scoped_vmem: n("scoped_vmem_bytes"),
+        };
+        if roles
+            .get(r)
+            .is_none_or(|best: &RoleCost| cost.per_core < best.per_core)
+        {
+            roles.insert(r, cost);
+            temp = Some(n("program_temp_bytes"));
+        }
     }
     let temp = temp.unwrap_or_else(|| panic!("{path} has no row for {c:?}"));
     (roles, temp)
@@ -123,7 +131,7 @@ fn tessera_figures(c: Config) -> (BTreeMap<&'static str, RoleCost>, i64) {
     )
     .unwrap();
     let pass = if c.pass == "fwd" {
-        Pass::Forward
+        Pass::Inference
     } else {
         Pass::ForwardBackward
     };
@@ -154,68 +162,88 @@ fn tessera_figures(c: Config) -> (BTreeMap<&'static str, RoleCost>, i64) {
     (roles, memory.temp_bytes)
 }
 
+const JAX_TSV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/splash_cost.jax.tsv");
+const TOKAMAX_TSV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/tokamax_cost.tsv");
+
 fn main() {
     let _dumps = tessera::runtime::enable_libtpu_dumps().unwrap();
     let mut failures = Vec::new();
     for &c in CASES {
-        let (jax, jax_temp) = jax_figures(c);
         let (ours, our_temp) = tessera_figures(c);
-        assert_eq!(
-            jax.keys().collect::<Vec<_>>(),
-            ours.keys().collect::<Vec<_>>(),
-            "{c:?}: the same kernel roles"
-        );
-        for (r, j) in &jax {
-            let t = ours[r];
-            println!(
-                "{c:?} {r}: cycles/core {} vs JAX {} ({:.3}x), all cores {} vs {} ({:.3}x), \
-                 scoped VMEM {} vs {}",
-                t.per_core,
-                j.per_core,
-                t.per_core as f64 / j.per_core as f64,
-                t.all_cores,
-                j.all_cores,
-                t.all_cores as f64 / j.all_cores as f64,
-                t.scoped_vmem,
-                j.scoped_vmem
-            );
-            for (check, what, ours, theirs) in [
-                (
-                    Check::PerCore,
-                    "cycles per core",
-                    t.per_core as i64,
-                    j.per_core as i64,
-                ),
-                (
-                    Check::AllCores,
-                    "cycles summed over cores",
-                    t.all_cores as i64,
-                    j.all_cores as i64,
-                ),
-                (
-                    Check::ScopedVmem,
-                    "scoped VMEM bytes",
-                    t.scoped_vmem,
-                    j.scoped_vmem,
-                ),
-            ] {
-                if c.holds.contains(&check) && ours > theirs {
-                    failures.push(format!("{c:?} {r}: {what} {ours} > JAX's {theirs}"));
-                }
-            }
+        let mut peers = vec![("JAX", peer_figures(JAX_TSV, c))];
+        if c.pass == "fwd" {
+            peers.push(("tokamax", peer_figures(TOKAMAX_TSV, c)));
         }
-        println!("{c:?}: temporaries {our_temp} vs JAX {jax_temp} bytes");
-        if c.holds.contains(&Check::Temporaries) && our_temp > jax_temp {
-            failures.push(format!(
-                "{c:?}: temporaries {our_temp} > JAX's {jax_temp} bytes"
-            ));
+        for (peer, figures) in &peers {
+            compare(c, peer, figures, (&ours, our_temp), &mut failures);
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     println!("tpu_splash_vs_jax: ok");
 }
 
-/// Every comparison with JAX's figures.
+/// tessera's figures at `c` against one peer's: each check `c` holds to that fails is pushed
+/// onto `failures`.
+fn compare(
+    c: Config,
+    peer: &str,
+    (theirs, their_temp): &(BTreeMap<&'static str, RoleCost>, i64),
+    (ours, our_temp): (&BTreeMap<&'static str, RoleCost>, i64),
+    failures: &mut Vec<String>,
+) {
+    assert_eq!(
+        theirs.keys().collect::<Vec<_>>(),
+        ours.keys().collect::<Vec<_>>(),
+        "{c:?}: the same kernel roles as {peer}'s"
+    );
+    for (r, p) in theirs {
+        let t = ours[r];
+        println!(
+            "{c:?} {r}: cycles/core {} vs {peer} {} ({:.3}x), all cores {} vs {} ({:.3}x), \
+             scoped VMEM {} vs {}",
+            t.per_core,
+            p.per_core,
+            t.per_core as f64 / p.per_core as f64,
+            t.all_cores,
+            p.all_cores,
+            t.all_cores as f64 / p.all_cores as f64,
+            t.scoped_vmem,
+            p.scoped_vmem
+        );
+        for (check, what, ours, theirs) in [
+            (
+                Check::PerCore,
+                "cycles per core",
+                t.per_core as i64,
+                p.per_core as i64,
+            ),
+            (
+                Check::AllCores,
+                "cycles summed over cores",
+                t.all_cores as i64,
+                p.all_cores as i64,
+            ),
+            (
+                Check::ScopedVmem,
+                "scoped VMEM bytes",
+                t.scoped_vmem,
+                p.scoped_vmem,
+            ),
+        ] {
+            if c.holds.contains(&check) && ours > theirs {
+                failures.push(format!("{c:?} {r}: {what} {ours} > {peer}'s {theirs}"));
+            }
+        }
+    }
+    println!("{c:?}: temporaries {our_temp} vs {peer} {their_temp} bytes");
+    if c.holds.contains(&Check::Temporaries) && our_temp > *their_temp {
+        failures.push(format!(
+            "{c:?}: temporaries {our_temp} > {peer}'s {their_temp} bytes"
+        ));
+    }
+}
+
+/// Every comparison with a peer's figures.
 const EVERY_CHECK: &[Check] = &[
     Check::PerCore,
     Check::AllCores,
@@ -228,8 +256,17 @@ const EVERY_CHECK: &[Check] = &[
 /// dK's output block brought under JAX's (1.011x with a scratch for them); the forward at
 /// S=8192, blocks 2048 the one the diagonal sub-tiles take to 0.75x JAX's. The MHA backward
 /// at S=4096, blocks 512 is the one dQ's compacted grid brings under JAX 0.12's cycles summed
-/// over the cores (0.97x; 1.011x when dQ walked every slot of its rows).
+/// over the cores (0.97x; 1.011x when dQ walked every slot of its rows). The forward at
+/// S=8192, blocks 1024 is the closest to tokamax's (0.986x its cycles per core; 1.036x with
+/// the `lse` residual written).
 const CASES: &[Config] = &[
+    Config {
+        pass: "fwd",
+        kv_heads: 8,
+        seq: 8192,
+        block: 1024,
+        holds: EVERY_CHECK,
+    },
     Config {
         pass: "bwd",
         kv_heads: 8,

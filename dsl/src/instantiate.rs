@@ -167,7 +167,10 @@ impl KernelDef {
                 let outputs = if self.optional_outputs.is_empty() {
                     String::new()
                 } else {
-                    format!("; its optional outputs: {}", self.optional_outputs.join(", "))
+                    format!(
+                        "; its optional outputs: {}",
+                        self.optional_outputs.join(", ")
+                    )
                 };
                 format!(
                     "no argument or optional output `{name}`; its arguments: {}{outputs}",

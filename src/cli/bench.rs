@@ -189,7 +189,7 @@ fn variant_program(args: &BenchArgs, attn: &SplashAttention, variant: &str) -> R
 fn variant_flops(attn: &SplashAttention, variant: &str) -> f64 {
     let fwd = 4.0 * attn.dims().head_dim as f64 * attn.visible_pairs();
     match pass_of(variant) {
-        Pass::Forward => fwd,
+        Pass::Forward | Pass::Inference => fwd,
         Pass::ForwardBackward => 3.5 * fwd,
         Pass::Backward => 2.5 * fwd,
     }

@@ -80,6 +80,9 @@ pub enum CompileWhat {
 pub enum PassArg {
     /// The forward kernel: q, k, v -> out, lse.
     Forward,
+    /// The forward kernel without its lse residual: q, k, v -> out (a forward no backward
+    /// follows, as JAX's splash without `save_residuals`; not with --strategy).
+    Inference,
     /// The backward kernels: q, k, v, out, lse, dout -> dq, dk, dv (with --strategy: the
     /// forward + backward program, q, k, v, dout -> out, lse, dq, dk, dv).
     Backward,
@@ -340,11 +343,20 @@ fn attention_program(a: &CompileAttentionArgs, lowering: &Lowering) -> Result<Mo
         let attn = SplashAttention::new(mask, dims, dtype, blocks, options, lowering.clone())?;
         let pass = match a.pass {
             PassArg::Forward => Pass::Forward,
+            PassArg::Inference => Pass::Inference,
             PassArg::Backward => Pass::Backward,
             PassArg::Both => Pass::ForwardBackward,
         };
         return Ok(splash_program(&attn, pass, features)?);
     };
+    if a.pass == PassArg::Inference {
+        bail!(
+            "--pass inference compiles the one-device forward without its lse; with \
+             --strategy {} use --pass forward (the context-parallel forward keeps its lse \
+             for the combination of shards and the backward)",
+            a.strategy.as_deref().unwrap_or("?")
+        );
+    }
     let cp = ContextParallel {
         dims,
         dtype,
@@ -359,9 +371,11 @@ fn attention_program(a: &CompileAttentionArgs, lowering: &Lowering) -> Result<Mo
     cp.validate()
         .map_err(|e| anyhow!(e.describe(&AttentionFlags { compile: true })))?;
     // The backward of a context-parallel program is built with its forward (one program).
-    let program = match a.pass {
-        PassArg::Forward => cp.forward_program(a.segment_ids)?,
-        PassArg::Backward | PassArg::Both => cp.forward_backward_program(a.segment_ids)?,
+    // (`--pass inference` is refused above.)
+    let program = if a.pass == PassArg::Forward {
+        cp.forward_program(a.segment_ids)?
+    } else {
+        cp.forward_backward_program(a.segment_ids)?
     };
     Ok(program.module().clone())
 }

@@ -98,6 +98,24 @@ pub struct KernelConfig {
     pub keys_by_queries: bool,
     /// The kernel traces the path of [`DIAGONAL`] blocks, by sub-tiles of this size.
     pub diagonal_sub_tiles: Option<usize>,
+    /// The forward scales its query block once per row of its grid (into a `[bq, D]`
+    /// scratch) and its key blocks not at all, instead of scaling every key block. Only
+    /// for a forward without its `lse` residual: the backward kernels scale keys, and their
+    /// recomputed logits must round as the forward's did (see [`scaled_k`]).
+    pub queries_scaled_once: bool,
+}
+
+impl KernelConfig {
+    /// Rows of the forward's scaled-query scratch: the query block where
+    /// [`KernelConfig::queries_scaled_once`], else one bf16 tile (16 rows; a scratch cannot
+    /// be left out, so the unused one is the smallest Mosaic lays out whole).
+    pub fn scaled_query_rows(&self) -> usize {
+        if self.queries_scaled_once {
+            self.bq
+        } else {
+            16
+        }
+    }
 }
 
 /// The compile-time configuration of the backward preprocessing kernel.
@@ -436,7 +454,9 @@ impl Running {
 }
 
 /// Forward: `out = softmax(logits) v` with an online softmax over key blocks, and the
-/// logsumexp of every query row (`-inf` for rows that see no key; then `out` is 0).
+/// logsumexp of every query row (`-inf` for rows that see no key; then `out` is 0) unless
+/// the definition leaves `lse` out (a forward no backward follows: JAX's splash with
+/// `save_residuals=False`).
 #[tpu_kernel(grid = (B, H, R, W),
              dimension_semantics = (parallel, parallel, arbitrary, arbitrary))]
 pub fn splash_fwd<T: Element>(
@@ -479,12 +499,22 @@ pub fn splash_fwd<T: Element>(
     #[shape(B, H, 1, SQ)]
     #[block((None, None, 1, cfg.bq),
             |b, h, i, j| (b, h, 0, unchecked_index(row_block.get([table_row(h, cfg.per_head), i, j]))))]
-    lse: RefMut<f32>,
+    lse: Option<RefMut<f32>>,
     #[scratch(cfg.bq, cfg.lanes)] m_scratch: Scratch<f32>,
     #[scratch(cfg.bq, cfg.lanes)] l_scratch: Scratch<f32>,
     #[scratch(cfg.bq, DV)] acc: Scratch<f32>,
+    #[scratch(cfg.scaled_query_rows(), D)] q_scaled: Scratch<T>,
     #[comptime] cfg: KernelConfig,
 ) {
+    // With the queries scaled once per row, the keys are used as they come.
+    let key_cfg = KernelConfig {
+        scale: if cfg.queries_scaled_once {
+            F32Bits::new(1.0)
+        } else {
+            cfg.scale
+        },
+        ..cfg.clone()
+    };
     let (h, r, j) = (program_id(1), program_id(2), program_id(3));
     let (lanes, dv) = (cfg.lanes, acc.shape()[1]);
     // A `[bq, lanes]` running value widened to `[bq, n]` (with one lane, broadcasting does).
@@ -499,6 +529,12 @@ pub fn splash_fwd<T: Element>(
     );
     when(starts, || {
         acc.store(0.0);
+        if cfg.queries_scaled_once {
+            q_scaled.store(cast_to(
+                scaled(&cfg, cast_to(q.load(), DType::F32)),
+                T::DTYPE,
+            ));
+        }
         if cfg.sinks {
             // The sink is one more logit with a zero value: it starts the max and the sum.
             m_scratch.store(sinks.get([h]));
@@ -529,10 +565,17 @@ pub fn splash_fwd<T: Element>(
     };
     let bkvc = cfg.bkv_compute;
     let whole = bkvc == cfg.bkv;
+    // The queries of rows `window` of the block, scaled where the keys are not.
+    let queries = |window: Option<[tessera_dsl::Idx; 2]>| match (cfg.queries_scaled_once, window) {
+        (true, Some(w)) => q_scaled.at(&w).load(),
+        (true, None) => q_scaled.load(),
+        (false, Some(w)) => q.at(&w).load(),
+        (false, None) => q.load(),
+    };
     let step = |masked: bool| {
-        let qv = q.load();
+        let qv = queries(None);
         for c in 0..cfg.bkv / bkvc {
-            let kc = scaled_k(&cfg, rows(k, c * bkvc, bkvc, whole));
+            let kc = scaled_k(&key_cfg, rows(k, c * bkvc, bkvc, whole));
             let s = masked_logits(qv, kc, masked, (0, cfg.bq), (c * bkvc, bkvc));
             let run = Running {
                 m: m_scratch.load(),
@@ -549,10 +592,10 @@ pub fn splash_fwd<T: Element>(
     // sub-tiles `0..a` unmasked and `a` masked; those above the diagonal are skipped. Each
     // query sub-tile's running values stay in registers over its key sub-tiles.
     let diagonal_step = |sub: usize| {
-        let ks = key_sub_tiles(&cfg, k, sub);
+        let ks = key_sub_tiles(&key_cfg, k, sub);
         for a in 0..ks.len() {
             let window = sub_tile_rows(a, sub);
-            let qa = q.at(&window).load();
+            let qa = queries(Some(window));
             let mut run = Running {
                 m: m_scratch.at(&window).load(),
                 l: l_scratch.at(&window).load(),
@@ -581,12 +624,14 @@ pub fn splash_fwd<T: Element>(
         let none = l.eq(0.0);
         let l_safe = select(none, 1.0, l);
         out.store(cast_to(acc.load() / widen(l_safe, dv), T::DTYPE));
-        let lse_col = select(none, f32::NEG_INFINITY, m_scratch.load() + l_safe.log());
-        lse.store(if lanes == 1 {
-            row_of(lse_col)
-        } else {
-            lane0_as_row(lse_col)
-        });
+        if let Some(lse) = lse {
+            let lse_col = select(none, f32::NEG_INFINITY, m_scratch.load() + l_safe.log());
+            lse.store(if lanes == 1 {
+                row_of(lse_col)
+            } else {
+                lane0_as_row(lse_col)
+            });
+        }
     });
 }
 

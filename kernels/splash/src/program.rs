@@ -249,6 +249,9 @@ fn shard_constant(
 pub enum Pass {
     /// `q, k, v -> out, lse`.
     Forward,
+    /// `q, k, v -> out`: the forward without its residual
+    /// ([`SplashAttention::inference_plan`]), for a forward no backward follows.
+    Inference,
     /// `q, k, v, out, lse, dout -> dq, dk, dv` (the backward kernels alone).
     Backward,
     /// `q, k, v, dout -> out, lse, dq, dk, dv`.
@@ -293,6 +296,10 @@ pub fn splash_program(attn: &SplashAttention, pass: Pass, features: Features) ->
     let lse_dims = [d.batch as i64, d.heads as i64, d.q_len as i64];
     let mut results = Vec::new();
     match pass {
+        Pass::Inference => {
+            lower_stages(&mut f, &attn.inference_plan(features), &mut env)?;
+            results.push(env[&Tensor::Out]);
+        }
         Pass::Forward => {
             lower_stages(&mut f, &attn.forward_plan(features), &mut env)?;
             let lse = f.reshape(env[&Tensor::Lse], &lse_dims)?;
@@ -419,7 +426,11 @@ pub fn dense_program(
     } else {
         f.convert(out, dtype)?
     };
-    let mut results = vec![out_t, lse];
+    let mut results = if pass == Pass::Inference {
+        vec![out_t]
+    } else {
+        vec![out_t, lse]
+    };
     if pass == Pass::ForwardBackward {
         let dout = f.arg(tensor_type(
             dtype,

@@ -140,6 +140,15 @@ fn bf16_inputs_and_traced_dead_paths() {
         println!("scale {scale:?}: out error {out_err:e}, lse error {lse_err:e}");
         assert!(out_err < 2e-2, "scale {scale:?}: out error {out_err}");
         assert!(lse_err < 1e-3, "scale {scale:?}: lse error {lse_err}");
+        // Without the residual the kernel rounds `q * scale` to bf16 instead of `k * scale`.
+        let out = attn.inference(&Backend::Interpret, &x).unwrap();
+        assert_eq!(out.dtype(), DType::BF16);
+        let inference_err = max_err(&out, &want.out);
+        println!("scale {scale:?}: inference out error {inference_err:e}");
+        assert!(
+            inference_err < 2e-2,
+            "scale {scale:?}: inference error {inference_err}"
+        );
         let g = attn.backward(&Backend::Interpret, &x, &fwd, &dout).unwrap();
         let rg = reference::backward(&r, &dout.to_f64_vec());
         for (name, got, want) in [
@@ -243,5 +252,10 @@ fn mosaic_plans_keep_the_running_max_lane_dense() {
         });
         assert!(max_err(&fwd.out, &want.out) < 1e-5, "{lanes} lanes: out");
         assert!(max_err(&fwd.lse, &want.lse) < 1e-5, "{lanes} lanes: lse");
+        let out = attn.inference(&Backend::Interpret, &x).unwrap();
+        assert!(
+            max_err(&out, &want.out) < 1e-5,
+            "{lanes} lanes: inference out"
+        );
     }
 }

@@ -194,6 +194,16 @@ pub fn check(case: &Case, exec: &dyn Executor, what: &str) -> Errors {
         errors.out,
         errors.lse
     );
+    // The forward without its residual (queries scaled once per row below blocks of 2048).
+    let out = attn
+        .inference(exec, &x)
+        .unwrap_or_else(|e| panic!("{ctx}: inference: {e}"));
+    let inference_err = max_err(&out.to_f64_vec(), &want.out);
+    assert!(
+        inference_err <= OUT_TOL,
+        "{ctx}: inference error {inference_err:e} exceeds {OUT_TOL:e}"
+    );
+    errors.out = errors.out.max(inference_err);
     if case.backward {
         let g = attn
             .backward(exec, &x, &fwd, &dout)
