@@ -105,6 +105,7 @@ fn bench_kernels_measures_every_registered_kernel_against_the_peak() {
             "ring_shift",
             "ring_all_gather",
             "all_gather",
+            "all_to_all",
         ];
         if !moves_data.contains(&k.name) {
             assert!(number(fields, "gflops") > 0.0, "{}: {fields}", k.name);
@@ -118,6 +119,7 @@ fn bench_kernels_measures_every_registered_kernel_against_the_peak() {
         "ring_shift",
         "ring_all_gather",
         "all_gather",
+        "all_to_all",
         "all_gather_matmul",
     ] {
         assert!(number(entry(k), "over_xla") > 0.0, "{k}: {json}");

@@ -2,7 +2,9 @@
 //! (compile-only): one-device kernels alone in a program, collective kernels in a program of
 //! one partition per chip of `v5p:2x2x1`, where each device's call talks to the others.
 
-use tessera::collective_kernels::collective::{all_gather, all_gather_matmul, all_gather_of};
+use tessera::collective_kernels::collective::{
+    all_gather, all_gather_matmul, all_gather_of, all_to_all, all_to_all_of,
+};
 use tessera::collective_kernels::memory::RingMesh;
 use tessera::collective_kernels::memory::{gather_tiles, ring_all_gather, ring_mesh, ring_shift};
 use tessera::collective_kernels::memory::{gather_tiles_of, ring_all_gather_of, ring_shift_of};
@@ -86,6 +88,14 @@ fn memory_kernels_compile_for_v5p() {
         &[f32s(&[256, 128])],
         4,
     ));
+    // The all-to-all: chunks of 8 f32 rows (one tile) and of 256 rows.
+    for rows in [32, 1024] {
+        cases.push(instantiate(
+            &all_to_all::<RingMesh, Context>(),
+            &[f32s(&[rows, 128])],
+            4,
+        ));
+    }
     for dtype in [DType::F32, DType::BF16] {
         let def = match dtype {
             DType::BF16 => all_gather_matmul::<half::bf16, RingMesh, Context>(256, 512),
@@ -103,24 +113,27 @@ fn memory_kernels_compile_for_v5p() {
     let table = ArgSpec::new(DType::I32, [7]);
     for dtype in [DType::BF16, DType::I32, DType::I8] {
         let x = |s: &[usize]| ArgSpec::new(dtype, s.to_vec());
-        let (gather, shift, ring, all) = match dtype {
+        let (gather, shift, ring, all, to_all) = match dtype {
             DType::BF16 => (
                 Some(gather_tiles_of::<half::bf16>()),
                 ring_shift_of::<half::bf16>(),
                 ring_all_gather_of::<half::bf16>(),
                 all_gather_of::<half::bf16, RingMesh, Context>(),
+                all_to_all_of::<half::bf16, RingMesh, Context>(),
             ),
             DType::I32 => (
                 Some(gather_tiles_of::<i32>()),
                 ring_shift_of::<i32>(),
                 ring_all_gather_of::<i32>(),
                 all_gather_of::<i32, RingMesh, Context>(),
+                all_to_all_of::<i32, RingMesh, Context>(),
             ),
             _ => (
                 None,
                 ring_shift_of::<i8>(),
                 ring_all_gather_of::<i8>(),
                 all_gather_of::<i8, RingMesh, Context>(),
+                all_to_all_of::<i8, RingMesh, Context>(),
             ),
         };
         if let Some(gather) = gather {
@@ -130,6 +143,7 @@ fn memory_kernels_compile_for_v5p() {
         cases.push(instantiate(&ring, &[x(&[8, 128])], 4));
         cases.push(instantiate(&all, &[x(&[16, 128])], 4));
         cases.push(instantiate(&all, &[x(&[256, 128])], 4));
+        cases.push(instantiate(&to_all, &[x(&[128, 128])], 4));
     }
     let failures: Vec<String> = cases
         .iter()

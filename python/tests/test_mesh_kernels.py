@@ -60,6 +60,26 @@ def test_ring_all_gather_under_shard_map_gives_every_device_every_block():
         np.testing.assert_array_equal(got[d], whole)
 
 
+def test_all_to_all_under_shard_map_is_jax_all_to_all():
+    # Each device's [32, 128] block is 4 chunks of 8 rows; device d gets chunk d of every
+    # device's block, in device order: jax.lax.all_to_all on dim 0 inside the same shard_map.
+    k = tj.kernel("all_to_all", {"devices": DEVICES, "R": 32})
+    x = np.concatenate([
+        np.arange(32 * 128, dtype=np.float32).reshape(32, 128) / 4096 + d for d in range(DEVICES)
+    ])
+
+    def run(body):
+        f = jax.shard_map(body, mesh=mesh(), in_specs=P("context"), out_specs=P("context"))
+        return np.asarray(jax.jit(f)(jnp.asarray(x))).reshape(DEVICES, 32, 128)
+
+    got = run(lambda b: tj.call(k, b)[0])
+    want = run(lambda b: jax.lax.all_to_all(b, "context", 0, 0, tiled=True))
+    np.testing.assert_array_equal(got, want)
+    blocks = x.reshape(DEVICES, DEVICES, 8, 128)
+    for d in range(DEVICES):
+        np.testing.assert_array_equal(got[d], blocks[:, d].reshape(32, 128))
+
+
 def test_a_mesh_kernel_outside_shard_map_or_on_another_mesh_is_refused():
     k = tj.kernel("ring_shift", {"devices": DEVICES})
     x = jnp.asarray(shards()[0])

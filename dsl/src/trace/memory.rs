@@ -1338,8 +1338,7 @@ impl<M: MeshShape> Devices<M> {
     where
         M: HasAxis<A>,
     {
-        let size = self.axis::<A>().0 as i32;
-        self.neighbour::<A>((self.index::<A>() + 1) % size)
+        self.shifted::<A>(1)
     }
 
     /// The previous device along axis `A`, wrapping around.
@@ -1348,13 +1347,27 @@ impl<M: MeshShape> Devices<M> {
     where
         M: HasAxis<A>,
     {
-        let size = self.axis::<A>().0 as i32;
-        self.neighbour::<A>((self.index::<A>() + (size - 1)) % size)
+        self.shifted::<A>(-1)
     }
 
-    /// [`Devices::at`] a position in range by construction (`(here ± 1) % size`): its id is a
-    /// device of the mesh, which interval arithmetic cannot see (it loses that `here` and
-    /// this device's id move together), so no run-time check is made for it.
+    /// The device `by` positions further along axis `A`, wrapping around (`next` is
+    /// `shifted(1)`, `prev` `shifted(-1)`): an all-to-all's `k`-th partner. `by` is a
+    /// constant, so every device's target is a fixed permutation of the axis (which the
+    /// StableHLO lowering turns into one `collective_permute`).
+    #[track_caller]
+    pub fn shifted<A: MeshAxis>(&self, by: i64) -> DeviceId<M>
+    where
+        M: HasAxis<A>,
+    {
+        let size = self.axis::<A>().0 as i64;
+        let by = by.rem_euclid(size) as i32;
+        self.neighbour::<A>((self.index::<A>() + by) % size as i32)
+    }
+
+    /// [`Devices::at`] a position in range by construction (`(here + k) % size`, `0 <= k <
+    /// size`): its id is a device of the mesh, which interval arithmetic cannot see (it
+    /// loses that `here` and this device's id move together), so no run-time check is made
+    /// for it.
     #[track_caller]
     fn neighbour<A: MeshAxis>(&self, position: Value) -> DeviceId<M>
     where

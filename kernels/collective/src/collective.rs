@@ -1,12 +1,15 @@
 //! Collectives inside kernels: an all-gather over a mesh axis as a ring of remote copies
-//! (JAX's `ops/tpu/all_gather.py`), and an all-gather matmul whose remote copy of each
-//! weight shard overlaps the matmul of the shard before it (a collective matmul).
+//! (JAX's `ops/tpu/all_gather.py`), an all-to-all with every device's copies in flight at
+//! once, and an all-gather matmul whose remote copy of each weight shard overlaps the matmul
+//! of the shard before it (a collective matmul).
 //!
 //! Both run on any mesh `M` over one of its axes `A`: device `i` of the axis is at position
 //! `i`, the others of the mesh take part in their own rings.
 
 use tessera_dsl::prelude::*;
-use tessera_dsl::{wait_copy_within, HasAxis, HostArray, KernelDef, MeshAxis, MeshShape};
+use tessera_dsl::{
+    wait_copy, wait_copy_within, HasAxis, HostArray, KernelDef, MeshAxis, MeshShape,
+};
 
 /// Every device signals its two neighbours along `A` on the barrier semaphore and waits for
 /// theirs: no remote copy lands in a device that has not reached this point.
@@ -69,6 +72,96 @@ pub fn all_gather_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
 /// [`all_gather_of`] for f32.
 pub fn all_gather<M: MeshShape + HasAxis<A>, A: MeshAxis>() -> KernelDef {
     all_gather_of::<f32, M, A>()
+}
+
+/// Every device signals every other device along `A` on the barrier semaphore and waits for
+/// all of them: an all-to-all writes to every device, so each must have entered the kernel.
+fn meet_all<M: MeshShape + HasAxis<A>, A: MeshAxis>(devices: &Devices<M>) {
+    let n = devices.size::<A>();
+    let barrier = devices.barrier();
+    for k in 1..n {
+        barrier.signal_to(1, devices.shifted::<A>(k as i64));
+    }
+    barrier.wait((n - 1) as i32);
+}
+
+/// `out = all_to_all(x)` over `A` (JAX's `all_to_all(x, split_axis=0, concat_axis=0)`,
+/// Ulysses' exchange of heads for sequence): `x [R, C]` in HBM is `N` chunks of `R / N`
+/// rows, chunk `p` for the device at position `p`; chunk `s` of device `d`'s `out` is device
+/// `s`'s chunk `d`. Any element type `T` (the kernel only copies). Each device copies its own
+/// chunk into place, meets every other device at the barrier, then has all its `N - 1`
+/// remote copies in flight at once (chunk `me + k` to the device `k` along, into slot `me`
+/// there) and waits them: each send, and each chunk arriving, on a receive semaphore per
+/// source (slot `s` lands on `recv[s]`, so a consumer can wait for one source's chunk).
+#[tpu_kernel(
+    grid = 1,
+    name = "all_to_all",
+    require(
+        R % devices.size::<A>() == 0,
+        "{R} rows do not split into {} equal chunks, one per device of the axis",
+        devices.size::<A>()
+    )
+)]
+pub fn all_to_all_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
+    #[shape(R, C)] x: Hbm<T>,
+    #[shape(R, C)] mut out: HbmMut<T>,
+    #[scratch(devices.size::<A>())] send: DmaSem,
+    #[scratch(devices.size::<A>())] recv: DmaSem,
+    devices: Devices<M>,
+) {
+    let n = devices.size::<A>();
+    let rows = R / n;
+    let me = devices.index::<A>();
+    let chunk = |p: Value| [ds(p * rows as i32, rows), all()];
+    async_copy(x.at(&chunk(me)), out.at_mut(&chunk(me)), recv.at(me)).wait();
+    if n == 1 {
+        return;
+    }
+    meet_all::<M, A>(&devices);
+    // The positions `k` along from this device and `k` back.
+    let along = |k: usize| (me + k as i32) % n as i32;
+    let back = |k: usize| (me + (n - k) as i32) % n as i32;
+    for k in 1..n {
+        let to = along(k);
+        let (src, dst) = (x.at(&chunk(to)), out.at_mut(&chunk(me)));
+        remote_copy(
+            src,
+            dst,
+            send.at(to),
+            recv.at(me),
+            devices.shifted::<A>(k as i64),
+        )
+        .detach();
+    }
+    for k in 1..n {
+        // The send to the device `k` along, and the chunk from the device `k` back.
+        let (to, from) = (along(k), back(k));
+        wait_copy(x.at(&chunk(to)), out.at_mut(&chunk(me)), send.at(to));
+        wait_copy(x.at(&chunk(me)), out.at_mut(&chunk(from)), recv.at(from));
+    }
+}
+
+/// [`all_to_all_of`] for f32.
+pub fn all_to_all<M: MeshShape + HasAxis<A>, A: MeshAxis>() -> KernelDef {
+    all_to_all_of::<f32, M, A>()
+}
+
+/// The reference of [`all_to_all_of`]: device `d`'s output is chunk `d` of every device's
+/// array, in axis order (one axis: `per_device` in axis order), in their dtype.
+pub fn all_to_all_reference(per_device: &[HostArray]) -> Vec<HostArray> {
+    let n = per_device.len();
+    let (rows, cols) = (per_device[0].shape()[0], per_device[0].shape()[1]);
+    let chunk = rows / n * cols;
+    (0..n)
+        .map(|d| {
+            let data: Vec<f64> = per_device
+                .iter()
+                .flat_map(|a| a.to_f64_vec()[d * chunk..(d + 1) * chunk].to_vec())
+                .collect();
+            HostArray::from_f64(per_device[0].dtype(), [rows, cols], &data)
+                .expect("the chunks fill the shape")
+        })
+        .collect()
 }
 
 /// The reference of [`all_gather_of`]: every device gets the shards in device order along

@@ -1,6 +1,6 @@
 //! The kernels that move their own data: `gather_tiles` (one device, copies from HBM) and
 //! the kernels on a ring of devices with remote copies (`ring_shift`, `ring_all_gather`,
-//! `all_gather`, `all_gather_matmul`): their builds (on the device mesh), every device's f64
+//! `all_gather`, `all_to_all`, `all_gather_matmul`): their builds (on the device mesh), every device's f64
 //! reference, flop counts, XLA's own collectives for the same data, and entries
 //! ([`KERNELS`], which the facade's registry lists).
 
@@ -15,6 +15,7 @@ use tessera_registry::{
 
 use crate::collective::{
     all_gather_matmul, all_gather_matmul_reference, all_gather_of, all_gather_reference,
+    all_to_all_of, all_to_all_reference,
 };
 use crate::memory::{
     gather_tiles_of, gather_tiles_reference, ring_all_gather_of, ring_all_gather_reference,
@@ -181,6 +182,32 @@ fn all_gather_mesh_reference(
     let shards = device_shards(name, x, 1, 0)?;
     let gathered = all_gather_reference(&shards).to_f64_vec();
     Ok(vec![vec![gathered]; x.len()])
+}
+
+fn build_all_to_all(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    if p.usize("R")? % p.usize("devices")? != 0 {
+        return Err(p.bad(
+            "R",
+            "a multiple of `devices` (x is one chunk of R / devices rows per device)",
+        ));
+    }
+    build_ring(
+        p,
+        "R",
+        |d| with_copy_type!(d, T => all_to_all_of::<T, RingMesh, Context>()),
+    )
+}
+
+fn all_to_all_mesh_reference(
+    _: &Params,
+    name: &str,
+    x: &[Vec<HostArray>],
+) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+    let shards = device_shards(name, x, 1, 0)?;
+    Ok(all_to_all_reference(&shards)
+        .iter()
+        .map(|a| vec![a.to_f64_vec()])
+        .collect())
 }
 
 fn build_all_gather_matmul(p: &Params, _name: &str) -> Result<Built, RegistryError> {
@@ -443,6 +470,54 @@ pub const KERNELS: &[KernelInfo] = &[
         bench: &[&[("S", "{collective_size}"), ("C", "{collective_size}")]],
     },
     KernelInfo {
+        name: "all_to_all",
+        summary: "all-to-all of x[R,C] over a ring of devices with remote copies (chunk p of \
+                  R/devices rows to device p; JAX's all_to_all on dim 0), every copy in \
+                  flight at once; runs on `devices` devices",
+        params: &[
+            DEVICES,
+            COPY_DTYPE,
+            ParamInfo::size(
+                "R",
+                "64",
+                "rows per device (a multiple of devices)",
+                &[("x", 0)],
+            ),
+            ParamInfo::size("C", "128", "columns", &[("x", 1)]),
+        ],
+        build: build_all_to_all,
+        reference: Reference::Mesh(all_to_all_mesh_reference),
+        flops: no_flops,
+        inputs: Some(copy_inputs),
+        xla: Some(xla_all_to_all),
+        check_inputs: None,
+        // A copy: exact.
+        cases: &[
+            Case {
+                params: &[],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("devices", "2"), ("R", "32"), ("C", "256")],
+                tol: 1e-30,
+            },
+            // Chunks of 16 rows, one bf16 tile.
+            Case {
+                params: &[("dtype", "bf16")],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("dtype", "i32")],
+                tol: 1e-30,
+            },
+            Case {
+                params: &[("dtype", "i8"), ("R", "128")],
+                tol: 1e-30,
+            },
+        ],
+        bench: &[&[("R", "{collective_size}"), ("C", "{collective_size}")]],
+    },
+    KernelInfo {
         name: "all_gather_matmul",
         summary: "x[T,K] @ all_gather(w[K/devices,F]) over a ring of devices, each shard's \
                   remote copy overlapping the matmul of the one before (collective matmul)",
@@ -511,6 +586,14 @@ fn xla_all_gather(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> 
     })
 }
 
+/// XLA's `all_to_all` over every device (`devices` partitions) on dim 0: device `d` gets
+/// chunk `d` of every device's `x`, in device order.
+fn xla_all_to_all(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
+    spmd(args, devices, "xla_all_to_all", |f, x| {
+        f.all_to_all(x[0], 0, 0, &[group(devices)], Grouping::FlattenedIds)
+    })
+}
+
 /// XLA's `all_gather` of the weight's row shards, then its dot: `x @ all_gather(w)` on every
 /// device (`devices` partitions), f32 accumulation, output in the input dtype.
 fn xla_all_gather_matmul(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
@@ -563,6 +646,7 @@ mod tests {
             "ring_shift",
             "ring_all_gather",
             "all_gather",
+            "all_to_all",
         ] {
             let e = refusal(name, &[("dtype", "bool")]);
             assert!(
@@ -576,7 +660,7 @@ mod tests {
             "{e}"
         );
         // Every other dtype instantiates under the rules.
-        for name in ["ring_shift", "ring_all_gather", "all_gather"] {
+        for name in ["ring_shift", "ring_all_gather", "all_gather", "all_to_all"] {
             for dtype in ["f32", "bf16", "bfloat16", "i32", "i8"] {
                 let inst = entry(name).instance(&owned(&[("dtype", dtype)])).unwrap();
                 inst.instantiate(&KernelRules::tpu())
