@@ -579,11 +579,12 @@ fn py_stage(
 }
 
 /// Splash attention's kernel plans for `q [B, H, Sq, D]`, `k [B, KVH, Skv, D]`,
-/// `v [B, KVH, Skv, Dv]` of `dtype` (f32 or bf16): `{forward: [Stage], backward: [Stage]}`.
-/// The forward plan maps `q, k, v` (and
+/// `v [B, KVH, Skv, Dv]` of `dtype` (f32 or bf16): `{forward: [Stage], inference: [Stage],
+/// backward: [Stage]}`. The forward plan maps `q, k, v` (and
 /// `q_segment_ids [B, Sq, 1]`, `kv_segment_ids [B, 1, Skv]` int32 when `segmented`, `sinks [H]`
-/// f32 when `sinks`) to `out` and `lse [B, H, Sq, 1]`; the backward plan maps those and
-/// `dout` to `dq`, `dk`, `dv` (and `dsinks [H, 1, 1]`). `mask`: tessera's mask syntax
+/// f32 when `sinks`) to `out` and `lse [B, H, Sq, 1]`; the inference plan maps the same to
+/// `out` alone (the forward without its residual, for a call no backward follows); the
+/// backward plan maps the forward's and `dout` to `dq`, `dk`, `dv` (and `dsinks [H, 1, 1]`). `mask`: tessera's mask syntax
 /// (`causal`, `full`, `local:LEFT:RIGHT`, `chunked:SIZE`, `causal:OFFSET`). Block sizes
 /// left out default as in JAX's `BlockSizes` (the dkv blocks to the forward's, compute
 /// blocks to their blocks), dQ's compute block as tessera's `default_dq_compute_block`, each
@@ -662,11 +663,16 @@ fn splash_plan<'py>(
     for stage in attn.forward_plan(features) {
         forward.append(py_stage(py, &attn, stage, &tpu_refusal)?)?;
     }
+    let inference = PyList::empty(py);
+    for stage in attn.inference_plan(features) {
+        inference.append(py_stage(py, &attn, stage, &tpu_refusal)?)?;
+    }
     let backward = PyList::empty(py);
     for stage in attn.backward_plan(features) {
         backward.append(py_stage(py, &attn, stage, &tpu_refusal)?)?;
     }
     plan.set_item("forward", forward)?;
+    plan.set_item("inference", inference)?;
     plan.set_item("backward", backward)?;
     Ok(plan)
 }

@@ -5,7 +5,8 @@ kernel plans (the forward kernel with its block-sparsity tables; the backward's
 preprocessing, dK/dV and dQ kernels, or the fused backward and its dQ reduction) and calls
 each kernel through the `tessera_kernel` primitive. A `jax.custom_vjp` ties them: the forward
 saves `out` and the logsumexp, the backward runs tessera's backward kernels on them, so
-`jax.grad` never differentiates a kernel. Works under `jax.jit`, `jax.grad` and
+`jax.grad` never differentiates a kernel. A call that is not differentiated runs the forward
+without its logsumexp (tessera's inference plan, as JAX's splash without `save_residuals`). Works under `jax.jit`, `jax.grad` and
 `jax.shard_map` (each device calls the kernels on its local blocks).
 """
 
@@ -86,6 +87,7 @@ def _plan(q, k, v, dtype, mask, blocks: BlockSizes, segmented, sinks, soft_cap, 
     )
     return _Plan(
         forward=tuple(_stage(s) for s in plan["forward"]),
+        inference=tuple(_stage(s) for s in plan["inference"]),
         backward=tuple(_stage(s) for s in plan["backward"]),
     )
 
@@ -103,6 +105,8 @@ class _Plan:
     """The stages of one configured attention (compared by identity: `_plan` caches it)."""
 
     forward: tuple
+    # The forward without its logsumexp, for a call no backward follows.
+    inference: tuple
     backward: tuple
 
 
@@ -197,6 +201,14 @@ def _forward(plan: _Plan, q, k, v, extra, sinks=None):
     return env["out"], env["lse"]
 
 
+def _inference(plan: _Plan, q, k, v, extra, sinks=None):
+    env = {"q": q, "k": k, "v": v, **extra}
+    if sinks is not None:
+        env["sinks"] = sinks
+    run_stages(plan.inference, env)
+    return env["out"]
+
+
 def _backward(plan: _Plan, q, k, v, extra, sinks, out, lse, dout):
     env = {"q": q, "k": k, "v": v, "out": out, "lse": lse, "dout": dout, **extra}
     if sinks is not None:
@@ -210,9 +222,11 @@ def _no_cotangents(extra):
     return {name: None for name in extra}
 
 
+# The primal of each custom_vjp runs where nothing differentiates the call: the inference
+# plan. Under differentiation JAX runs the `_fwd` rule instead, which keeps the logsumexp.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _splash(plan, q, k, v, extra):
-    return _forward(plan, q, k, v, extra)[0]
+    return _inference(plan, q, k, v, extra)
 
 
 def _splash_fwd(plan, q, k, v, extra):
@@ -231,7 +245,7 @@ _splash.defvjp(_splash_fwd, _splash_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _splash_sinks(plan, q, k, v, sinks, extra):
-    return _forward(plan, q, k, v, extra, sinks)[0]
+    return _inference(plan, q, k, v, extra, sinks)
 
 
 def _splash_sinks_fwd(plan, q, k, v, sinks, extra):

@@ -70,6 +70,37 @@ def test_forward_and_gradients_match_dense_f64(case):
     assert max(errors) <= 1e-5, f"out, dq, dk, dv differ from f64 by {errors}"
 
 
+def tessera_kernel_outputs(jaxpr):
+    """The number of outputs of every `tessera_kernel` call in `jaxpr`, nested jaxprs (a
+    custom_vjp's, jit's) included, in order."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "tessera_kernel":
+            found.append(len(eqn.outvars))
+        for value in eqn.params.values():
+            inner = getattr(value, "jaxpr", value)
+            if hasattr(inner, "eqns"):
+                found.extend(tessera_kernel_outputs(inner))
+    return found
+
+
+def test_a_call_no_gradient_follows_runs_the_forward_without_its_logsumexp():
+    q, k, v, dout = inputs(4, 2)
+    blocks = tj.BlockSizes(block_q=128, block_kv=128)
+
+    def splash(q, k, v):
+        return tj.splash_attention(q, k, v, mask="causal", block_sizes=blocks)
+
+    out = np.asarray(jax.jit(splash)(q, k, v), np.float64)
+    want = reference.attention(q, k, v, mask="causal")[0]
+    assert max_errors([out], [want])[0] <= 1e-5
+    # Not differentiated: one kernel, the forward with `out` alone (the inference plan).
+    assert tessera_kernel_outputs(jax.make_jaxpr(splash)(q, k, v).jaxpr) == [1]
+    # Differentiated: the forward keeps its logsumexp (out, lse) for the backward kernels.
+    vjp = jax.make_jaxpr(lambda q, k, v: jax.vjp(splash, q, k, v)[0])(q, k, v)
+    assert tessera_kernel_outputs(vjp.jaxpr) == [2]
+
+
 def test_diagonal_sub_tiles_match_dense_f64():
     # One 256-query block on the causal diagonal, computed by 128-row sub-tiles (the one
     # above the diagonal skipped), with packed sequences.

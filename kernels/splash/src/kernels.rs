@@ -100,8 +100,8 @@ pub struct KernelConfig {
     pub diagonal_sub_tiles: Option<usize>,
     /// The forward scales its query block once per row of its grid (into a `[bq, D]`
     /// scratch) and its key blocks not at all, instead of scaling every key block. Only
-    /// for a forward without its `lse` residual: the backward kernels scale keys, and their
-    /// recomputed logits must round as the forward's did (see [`scaled_k`]).
+    /// for a forward without its `lse` residual: the backward kernels scale the keys, and
+    /// the logits they recompute must round as the forward's did.
     pub queries_scaled_once: bool,
 }
 
