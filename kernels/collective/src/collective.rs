@@ -76,7 +76,7 @@ pub fn all_gather<M: MeshShape + HasAxis<A>, A: MeshAxis>() -> KernelDef {
 
 /// Every device signals every other device along `A` on the barrier semaphore and waits for
 /// all of them: an all-to-all writes to every device, so each must have entered the kernel.
-fn meet_all<M: MeshShape + HasAxis<A>, A: MeshAxis>(devices: &Devices<M>) {
+pub(crate) fn meet_all<M: MeshShape + HasAxis<A>, A: MeshAxis>(devices: &Devices<M>) {
     let n = devices.size::<A>();
     let barrier = devices.barrier();
     for k in 1..n {
