@@ -121,6 +121,7 @@ fn bench_kernels_measures_every_registered_kernel_against_the_peak() {
         "all_gather",
         "all_to_all",
         "all_gather_matmul",
+        "ulysses_attention",
     ] {
         assert!(number(entry(k), "over_xla") > 0.0, "{k}: {json}");
         assert!(number(entry(&format!("xla_{k}")), "best_s") > 0.0, "{k}");

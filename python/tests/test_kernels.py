@@ -65,7 +65,12 @@ def test_the_registry_lists_every_kernel_with_its_parameters():
     # devices they run on (test_mesh_kernels.py calls them under shard_map).
     on_mesh = {name for name, k in listed.items() if k["on_mesh"]}
     assert on_mesh == {
-        "ring_shift", "ring_all_gather", "all_gather", "all_to_all", "all_gather_matmul"
+        "ring_shift",
+        "ring_all_gather",
+        "all_gather",
+        "all_to_all",
+        "all_gather_matmul",
+        "ulysses_attention",
     }
     for name in on_mesh:
         assert tj.kernel(name, {"devices": 2}).devices == 2, name

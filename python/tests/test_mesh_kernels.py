@@ -80,6 +80,29 @@ def test_all_to_all_under_shard_map_is_jax_all_to_all():
         np.testing.assert_array_equal(got[d], blocks[:, d].reshape(32, 128))
 
 
+def test_fused_ulysses_attention_under_shard_map_is_causal_attention_of_the_whole_sequence():
+    # q, k, v [H, S, D] split over the sequence (each device 32 rows of all 8 heads); the
+    # kernel exchanges heads inside itself and returns each device's rows of the output.
+    k = tj.kernel("ulysses_attention", {"devices": DEVICES, "H": 8, "SL": 32, "D": 128})
+    rng = np.random.default_rng(0)
+    q, kk, v = (rng.uniform(-1, 1, (8, 32 * DEVICES, 128)).astype(np.float32) for _ in range(3))
+    spec = P(None, "context")
+    f = jax.shard_map(
+        lambda q, k_, v: tj.call(k, q, k_, v)[0],
+        mesh=mesh(),
+        in_specs=(spec, spec, spec),
+        out_specs=spec,
+    )
+    got = np.asarray(jax.jit(f)(q, kk, v), np.float64)
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, kk, v))
+    scores = np.einsum("hqd,hkd->hqk", q64, k64) / np.sqrt(128)
+    s = scores.shape[-1]
+    scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    want = np.einsum("hqk,hkd->hqd", p / p.sum(-1, keepdims=True), v64)
+    assert np.abs(got - want).max() <= 1e-5
+
+
 def test_a_mesh_kernel_outside_shard_map_or_on_another_mesh_is_refused():
     k = tj.kernel("ring_shift", {"devices": DEVICES})
     x = jnp.asarray(shards()[0])

@@ -1,12 +1,15 @@
 //! The kernels that move their own data: `gather_tiles` (one device, copies from HBM) and
 //! the kernels on a ring of devices with remote copies (`ring_shift`, `ring_all_gather`,
-//! `all_gather`, `all_to_all`, `all_gather_matmul`): their builds (on the device mesh), every device's f64
+//! `all_gather`, `all_to_all`, `all_gather_matmul`, `ulysses_attention`): their builds (on the device mesh), every device's f64
 //! reference, flop counts, XLA's own collectives for the same data, and entries
 //! ([`KERNELS`], which the facade's registry lists).
 
 use tessera_dsl::axes::Context;
 use tessera_dsl::{with_float_type, ArgSpec, DType, DeviceAxis, HostArray, KernelDef};
-use tessera_hlo::{DotDims, Grouping, HloError, Module};
+use tessera_hlo::{
+    ComparisonDirection, DotDims, FuncBuilder, Grouping, HloError, Module, Reducer, TensorType,
+    Value,
+};
 use tessera_registry::xla::{group, spmd};
 use tessera_registry::{
     expect_inputs, no_flops, Built, Case, KernelInfo, ParamInfo, Params, Reference, RegistryError,
@@ -21,6 +24,7 @@ use crate::memory::{
     gather_tiles_of, gather_tiles_reference, ring_all_gather_of, ring_all_gather_reference,
     ring_mesh, ring_shift_of, ring_shift_reference, tile_rows, RingMesh,
 };
+use crate::ulysses::{ulysses_attention_of, ulysses_attention_reference};
 
 /// The element dtype of a kernel that only copies: any kernel element type (bool builds, and
 /// the TPU rules refuse it with their sentence: Mosaic keeps no `i1` arrays in memory).
@@ -208,6 +212,58 @@ fn all_to_all_mesh_reference(
         .iter()
         .map(|a| vec![a.to_f64_vec()])
         .collect())
+}
+
+fn build_ulysses_attention(p: &Params, _name: &str) -> Result<Built, RegistryError> {
+    let (dtype, n) = (p.dtype()?, p.usize("devices")?);
+    let (h, sl, d, block) = (
+        p.usize("H")?,
+        p.usize("SL")?,
+        p.usize("D")?,
+        p.usize("block")?,
+    );
+    if h % n != 0 {
+        return Err(p.bad(
+            "H",
+            "a multiple of `devices` (each device attends H / devices heads)",
+        ));
+    }
+    let causal = p.bool("causal")?;
+    let def =
+        with_float_type!(dtype, T => ulysses_attention_of::<T, RingMesh, Context>(block, causal));
+    let spec = ArgSpec::new(dtype, [h, sl, d]);
+    Ok(Built::on_mesh(def, vec![spec; 3], ring(p)?))
+}
+
+fn ulysses_attention_mesh_reference(
+    p: &Params,
+    name: &str,
+    x: &[Vec<HostArray>],
+) -> Result<Vec<Vec<Vec<f64>>>, RegistryError> {
+    let [q, k, v] = [0, 1, 2].map(|i| device_shards(name, x, 3, i));
+    Ok(
+        ulysses_attention_reference(&q?, &k?, &v?, p.bool("causal")?)
+            .into_iter()
+            .map(|out| vec![out])
+            .collect(),
+    )
+}
+
+/// Every device's share of the products: `q k^T` and `p v` over its `H / devices` heads of
+/// the whole sequence (half of the score matrix when causal).
+fn ulysses_attention_flops(p: &Params, _: &str) -> Result<f64, RegistryError> {
+    let n = p.usize("devices")? as f64;
+    let (h, s, d) = (
+        p.usize("H")? as f64,
+        p.usize("SL")? as f64 * n,
+        p.usize("D")? as f64,
+    );
+    let pairs = if p.bool("causal")? {
+        s * (s + 1.0) / 2.0
+    } else {
+        s * s
+    };
+    Ok(4.0 * d * pairs * h / n)
 }
 
 fn build_all_gather_matmul(p: &Params, _name: &str) -> Result<Built, RegistryError> {
@@ -576,11 +632,124 @@ pub const KERNELS: &[KernelInfo] = &[
             ],
         ],
     },
+    KernelInfo {
+        name: "ulysses_attention",
+        summary: "Ulysses attention forward in one kernel: q, k, v [H, SL, D] sequence shards \
+                  exchanged for heads by remote copies overlapping the attention, the output \
+                  sent back chunk by chunk; runs on `devices` devices",
+        params: &[
+            ParamInfo::compile_time("block", "8", "query rows and keys per block (divides SL)"),
+            ParamInfo::compile_time("causal", "true", "causal over the whole sequence, or full"),
+            DTYPE,
+            DEVICES,
+            ParamInfo::size(
+                "H",
+                "8",
+                "heads (a multiple of devices)",
+                &[("q", 0), ("k", 0), ("v", 0)],
+            ),
+            ParamInfo::size(
+                "SL",
+                "32",
+                "rows of the sequence per device",
+                &[("q", 1), ("k", 1), ("v", 1)],
+            ),
+            ParamInfo::size("D", "128", "head dim", &[("q", 2), ("k", 2), ("v", 2)]),
+        ],
+        build: build_ulysses_attention,
+        reference: Reference::Mesh(ulysses_attention_mesh_reference),
+        flops: ulysses_attention_flops,
+        inputs: None,
+        xla: Some(xla_ulysses_attention),
+        check_inputs: None,
+        cases: &[
+            // f32 softmax and accumulation over at most 128 keys of |logit| < 12.
+            Case {
+                params: &[],
+                tol: 1e-5,
+            },
+            Case {
+                params: &[("causal", "false"), ("devices", "2"), ("H", "4")],
+                tol: 1e-5,
+            },
+            // Outputs (|out| < 1) rounded to bf16.
+            Case {
+                params: &[("dtype", "bf16"), ("block", "16")],
+                tol: 2e-2,
+            },
+        ],
+        bench: &[&[
+            ("block", "128"),
+            ("H", "8"),
+            ("SL", "{collective_size}"),
+            ("D", "128"),
+        ]],
+    },
 ];
+
+/// XLA's Ulysses attention as MaxText writes it, one partition per device: `all_to_all`
+/// (heads for sequence), dense attention over the whole sequence (the `[H / devices, S, S]`
+/// scores materialised, softmax in f32), `all_to_all` back.
+fn xla_ulysses_attention(p: &Params, args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
+    // `true` or `false`: the instance's build parsed it.
+    let causal = p.get("causal") == "true";
+    let dtype = args[0].dtype;
+    let [h, sl, d] = [0, 1, 2].map(|i| args[0].shape[i] as i64);
+    let (n, s) = (devices as i64, devices as i64 * sl);
+    let groups = [group(devices)];
+    let mut module = Module::new("xla_ulysses_attention");
+    module.set_num_partitions(devices as u32)?;
+    let mut f = module.func("main");
+    let x: Vec<Value> = args
+        .iter()
+        .map(|a| f.arg(TensorType::new(vec![h, sl, d], a.dtype)))
+        .collect::<Result<_, _>>()?;
+    let gathered: Vec<Value> = x
+        .iter()
+        .map(|&t| f.all_to_all(t, 0, 1, &groups, Grouping::FlattenedIds))
+        .collect::<Result<_, _>>()?;
+    let out = dense_causal_attention(&mut f, &gathered, [h / n, s, d], causal)?;
+    let out = f.convert(out, dtype)?;
+    let out = f.all_to_all(out, 1, 0, &groups, Grouping::FlattenedIds)?;
+    f.finish(&[out])?;
+    Ok(module)
+}
+
+/// `softmax(q k^T / sqrt(D)) v` per head of `[heads, s, d]` q, k, v, causal where `causal`
+/// (an iota comparison), in f32.
+fn dense_causal_attention(
+    f: &mut FuncBuilder<'_>,
+    qkv: &[Value],
+    [heads, s, d]: [i64; 3],
+    causal: bool,
+) -> Result<Value, HloError> {
+    let batch = |lc: i64, rc: i64| DotDims::new([0], [0], [lc], [rc]);
+    let scores_ty = TensorType::new(vec![heads, s, s], DType::F32);
+    let raw = f.dot_general(qkv[0], qkv[1], &batch(2, 2), DType::F32, None)?;
+    let scale = f.splat(1.0 / (d as f64).sqrt(), scores_ty.clone())?;
+    let mut scores = f.mul(raw, scale)?;
+    if causal {
+        let pos = TensorType::new(vec![heads, s, s], DType::I32);
+        let (qi, kj) = (f.iota(pos.clone(), 1)?, f.iota(pos, 2)?);
+        let visible = f.compare(ComparisonDirection::Le, kj, qi)?;
+        let hidden = f.splat(f64::NEG_INFINITY, scores_ty.clone())?;
+        scores = f.select(visible, scores, hidden)?;
+    }
+    let rows = |f: &mut FuncBuilder<'_>, x: Value| f.broadcast_in_dim(x, &[heads, s, s], &[0, 1]);
+    let top = f.reduce(scores, &[2], Reducer::Max)?;
+    let top = rows(f, top)?;
+    let e = f.sub(scores, top)?;
+    let e = f.exp(e)?;
+    let total = f.reduce(e, &[2], Reducer::Sum)?;
+    let total = rows(f, total)?;
+    let p = f.div(e, total)?;
+    let v = f.convert(qkv[2], DType::F32)?;
+    f.dot_general(p, v, &batch(2, 1), DType::F32, None)
+}
 
 /// XLA's `all_gather` over every device: one partition per device (`devices`), each with
 /// its own `x`, every one getting the concatenation in device order.
-fn xla_all_gather(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
+fn xla_all_gather(_: &Params, args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
     spmd(args, devices, "xla_all_gather", |f, x| {
         f.all_gather(x[0], 0, &[group(devices)], Grouping::FlattenedIds)
     })
@@ -588,7 +757,7 @@ fn xla_all_gather(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> 
 
 /// XLA's `all_to_all` over every device (`devices` partitions) on dim 0: device `d` gets
 /// chunk `d` of every device's `x`, in device order.
-fn xla_all_to_all(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
+fn xla_all_to_all(_: &Params, args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
     spmd(args, devices, "xla_all_to_all", |f, x| {
         f.all_to_all(x[0], 0, 0, &[group(devices)], Grouping::FlattenedIds)
     })
@@ -596,7 +765,7 @@ fn xla_all_to_all(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> 
 
 /// XLA's `all_gather` of the weight's row shards, then its dot: `x @ all_gather(w)` on every
 /// device (`devices` partitions), f32 accumulation, output in the input dtype.
-fn xla_all_gather_matmul(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
+fn xla_all_gather_matmul(_: &Params, args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
     let dtype = args[0].dtype;
     spmd(args, devices, "xla_all_gather_matmul", |f, x| {
         let w = f.all_gather(x[1], 0, &[group(devices)], Grouping::FlattenedIds)?;
@@ -606,7 +775,7 @@ fn xla_all_gather_matmul(args: &[ArgSpec], devices: usize) -> Result<Module, Hlo
 }
 
 /// XLA's `collective_permute` around the ring: device `d` gets device `d - 1`'s `x`.
-fn xla_ring_shift(args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
+fn xla_ring_shift(_: &Params, args: &[ArgSpec], devices: usize) -> Result<Module, HloError> {
     let n = devices as i64;
     let pairs: Vec<(i64, i64)> = (0..n).map(|d| (d, (d + 1) % n)).collect();
     spmd(args, devices, "xla_ring_shift", |f, x| {

@@ -204,7 +204,7 @@ pub const KERNELS: &[KernelInfo] = &[
         reference: Reference::Local(paged_reference),
         flops: paged_flops,
         inputs: None,
-        xla: Some(|args, _| xla_paged_attention(args)),
+        xla: Some(|_, args, _| xla_paged_attention(args)),
         check_inputs: Some(check_paged_tables),
         cases: &[
             Case {

@@ -305,9 +305,11 @@ pub type InputsFn = fn(&Params, &str, u64) -> Result<Vec<HostArray>, RegistryErr
 /// ([`RegistryError::Family`]).
 pub type CheckInputsFn =
     fn(&Params, &str, &[ArgSpec], &[Option<&HostArray>]) -> Result<(), RegistryError>;
-/// XLA's own program for what the kernel computes, from each device's argument specs and
-/// the number of devices (one partition per device where more than one).
-pub type XlaFn = fn(&[ArgSpec], usize) -> Result<tessera_hlo::Module, tessera_hlo::HloError>;
+/// XLA's own program for what the kernel computes, from the parameters (what the kernel's
+/// code depends on beyond the shapes: a mask), each device's argument specs and the number
+/// of devices (one partition per device where more than one).
+pub type XlaFn =
+    fn(&Params, &[ArgSpec], usize) -> Result<tessera_hlo::Module, tessera_hlo::HloError>;
 
 /// A parameter set a kernel is checked at, and the largest absolute error allowed against
 /// its f64 reference (over every output).
@@ -693,7 +695,7 @@ impl Instance {
     /// where the registry has none.
     pub fn xla_program(&self) -> Option<Result<tessera_hlo::Module, RegistryError>> {
         let f = self.info.xla?;
-        Some(f(&self.built.args, self.devices()).map_err(RegistryError::from))
+        Some(f(&self.params, &self.built.args, self.devices()).map_err(RegistryError::from))
     }
     /// Floating-point operations of one call at the default arguments, on every device
     /// together (0 for a kernel that only moves data).
