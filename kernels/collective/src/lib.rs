@@ -9,8 +9,9 @@
 //!   flight at once, a receive semaphore per source), and an all-gather matmul whose remote
 //!   copy of each weight shard overlaps the matmul of the shard before it (a collective
 //!   matmul, which the fsdp train step of `tessera-train` runs with `--collective-matmul`).
-//! - [`ulysses`]: Ulysses attention's forward as one kernel: the all-to-alls of q, k, v and
-//!   of the output done by remote copies inside it, overlapping the attention.
+//! - [`ulysses`]: Ulysses attention as one kernel per direction: the all-to-alls of q, k, v
+//!   and of the output (of dq, dk, dv) done by remote copies inside it, overlapping the
+//!   attention.
 //!
 //! The kernels that only copy are generic over their element type (`all_gather_of::<T, M,
 //! A>()`, `all_to_all_of::<T, M, A>()`, `ring_all_gather_of::<T>()`, ...: f32, bf16, i32 and

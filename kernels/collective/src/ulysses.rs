@@ -1,12 +1,150 @@
-//! Ulysses attention's forward as one kernel over a context axis: the all-to-all of q, k and
-//! v (heads for sequence), the attention, and the all-to-all of the output back, with the
-//! exchanges overlapping the attention (MaxText runs them as three XLA collectives around
-//! the attention kernel, each on the layer's critical path).
+//! Ulysses attention as one kernel per direction over a context axis: the all-to-all of q,
+//! k and v (heads for sequence), the attention, and the all-to-all of the output back (of
+//! dq, dk and dv in the backward), with the exchanges overlapping the attention (MaxText
+//! runs them as XLA collectives around the attention kernel, each on the layer's critical
+//! path).
 
 use tessera_dsl::prelude::*;
-use tessera_dsl::{wait_copy, HasAxis, HostArray, IntoIndex, KernelDef, MeshAxis, MeshShape};
+use tessera_dsl::{wait_copy, HasAxis, HostArray, Idx, IntoIndex, KernelDef, MeshAxis, MeshShape};
 
 use crate::collective::meet_all;
+
+/// How the heads of a Ulysses kernel travel: every device holds `SL` rows of every head of
+/// some `[H, SL, D]` arrays and owns `HL = H / N` heads; local head `h` of the device at
+/// position `p` is head `p HL + h`. Gathered, a head's whole sequence sits in a `[2, N SL,
+/// D]` VMEM buffer (two heads in flight), slot `s` holding device `s`'s rows, and lands on a
+/// receive semaphore per (array, buffer, source).
+struct Exchange<'a, M: MeshShape> {
+    devices: &'a Devices<M>,
+    /// This device's position along the axis, and the axis' size.
+    me: Value,
+    n: usize,
+    heads_here: usize,
+    rows: usize,
+    send: &'a DmaSem,
+    recv: &'a DmaSem,
+}
+
+impl<M: MeshShape> Exchange<'_, M> {
+    /// The position `k` along from this device, and `k` back.
+    fn along(&self, k: usize) -> Value {
+        (self.me + k as i32) % self.n as i32
+    }
+
+    fn back(&self, k: usize) -> Value {
+        (self.me + (self.n - k) as i32) % self.n as i32
+    }
+
+    /// Local head `h` of the device at position `p`, as a window of an `[H, SL, D]` array.
+    fn head(&self, p: Value, h: Value) -> [Idx; 3] {
+        [ds(p * self.heads_here as i32 + h, 1), all(), all()]
+    }
+
+    /// Slot `s` (device `s`'s rows) of buffer `b` of a gathered head.
+    fn slot(&self, b: Value, s: Value) -> [Idx; 3] {
+        [ds(b, 1), ds(s * self.rows as i32, self.rows), all()]
+    }
+
+    /// Starts sending local head `h` of every array's owner there, into buffer `b`: to the
+    /// device `k` along, its head (that device's local head `h`) into slot `me`.
+    fn start<T: Element, A: MeshAxis>(
+        &self,
+        arrays: &[&Hbm<T>],
+        gathered: &mut [&mut Vmem<T>],
+        h: Value,
+        b: Value,
+    ) where
+        M: HasAxis<A>,
+    {
+        for (t, (x, g)) in arrays.iter().zip(gathered.iter_mut()).enumerate() {
+            let t = (t as i32).into_index();
+            let landed = || self.recv.at_nd([t, b, self.me]);
+            let own = x.at(&self.head(self.me, h));
+            async_copy(own, g.at_mut(&self.slot(b, self.me)), landed()).detach();
+            for k in 1..self.n {
+                let to = self.along(k);
+                let src = x.at(&self.head(to, h));
+                let sent = self.send.at_nd([t, b, to]);
+                let to = self.devices.shifted::<A>(k as i64);
+                remote_copy(src, g.at_mut(&self.slot(b, self.me)), sent, landed(), to).detach();
+            }
+        }
+    }
+
+    /// Waits what [`Exchange::start`] started: this device's sends and every source's rows.
+    fn wait<T: Element>(
+        &self,
+        arrays: &[&Hbm<T>],
+        gathered: &mut [&mut Vmem<T>],
+        h: Value,
+        b: Value,
+    ) {
+        for (t, (x, g)) in arrays.iter().zip(gathered.iter_mut()).enumerate() {
+            let t = (t as i32).into_index();
+            let own = || x.at(&self.head(self.me, h));
+            wait_copy(
+                own(),
+                g.at_mut(&self.slot(b, self.me)),
+                self.recv.at_nd([t, b, self.me]),
+            );
+            for k in 1..self.n {
+                let (to, from) = (self.along(k), self.back(k));
+                let src = x.at(&self.head(to, h));
+                wait_copy(
+                    src,
+                    g.at_mut(&self.slot(b, self.me)),
+                    self.send.at_nd([t, b, to]),
+                );
+                let arriving = g.at_mut(&self.slot(b, from));
+                wait_copy(own(), arriving, self.recv.at_nd([t, b, from]));
+            }
+        }
+    }
+
+    /// Every owner's head `h` into buffer `h % 2`: at the first step this device meets the
+    /// others and starts head 0; at each step it waits head `h` and starts head `h + 1`
+    /// into the other buffer once every owner has signalled `ready` for it (that owner is
+    /// done with head `h - 1`, which used that buffer; see [`Exchange::done`]).
+    fn step<T: Element, A: MeshAxis>(
+        &self,
+        arrays: &[&Hbm<T>],
+        gathered: &mut [&mut Vmem<T>],
+        ready: &Sem,
+        h: Value,
+    ) where
+        M: HasAxis<A>,
+    {
+        when(h.eq(0), || {
+            if self.n > 1 {
+                meet_all::<M, A>(self.devices);
+            }
+            self.start::<T, A>(arrays, gathered, h, h % 2);
+        });
+        self.wait(arrays, gathered, h, h % 2);
+        when((h + 1).lt(self.heads_here as i32), || {
+            when(h.ge(1), || {
+                for k in 1..self.n {
+                    ready.at(self.along(k)).wait(1);
+                }
+            });
+            self.start::<T, A>(arrays, gathered, h + 1, (h + 1) % 2);
+        });
+    }
+
+    /// This device is done with head `h`'s buffer: the owners may send head `h + 2` into it.
+    fn done<A: MeshAxis>(&self, ready: &Sem, h: Value)
+    where
+        M: HasAxis<A>,
+    {
+        when((h + 2).lt(self.heads_here as i32), || {
+            for k in 1..self.n {
+                ready
+                    .at(self.me)
+                    .signal_to(1, self.devices.shifted::<A>(k as i64));
+            }
+        });
+    }
+}
 
 /// Ulysses attention's forward over the axis `A` of `N` devices, fused: `q`, `k`, `v` are
 /// this device's sequence shard of every head (`[H, SL, D]` in HBM, the whole sequence `S =
@@ -62,174 +200,296 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     #[comptime] causal: bool,
 ) {
     let n = devices.size::<A>();
-    let heads_here = H / n;
     let hl = program_id(0);
-    let me = devices.index::<A>();
-    let along = |k: usize| (me + k as i32) % n as i32;
-    let back = |k: usize| (me + (n - k) as i32) % n as i32;
-    // Head `h` of a device's q, k, v or out, and slot `s` (source `s`'s rows) of buffer `b`.
-    let head = |h: Value| [ds(h, 1), all(), all()];
-    let slot = |b: Value, s: Value| [ds(b, 1), ds(s * SL as i32, SL), all()];
-    let inputs = [&q, &k, &v];
-
-    // Starts the exchange of local head `h` into buffer `b`: to the device `k` along, its
-    // head `h` (head `(me + k) HL + h` here) into slot `me` there.
-    let start_exchange = |gathered: &mut [&mut Vmem<T>; 3], h: Value, b: Value| {
-        for (t, (x, g)) in inputs.iter().zip(gathered.iter_mut()).enumerate() {
-            let t = t as i32;
-            let own = x.at(&head(me * heads_here as i32 + h));
-            async_copy(
-                own,
-                g.at_mut(&slot(b, me)),
-                recv.at_nd([t.into_index(), b, me]),
-            )
-            .detach();
-            for k in 1..n {
-                let to = along(k);
-                let src = x.at(&head(to * heads_here as i32 + h));
-                let (sent, landed) = (
-                    send.at_nd([t.into_index(), b, to]),
-                    recv.at_nd([t.into_index(), b, me]),
-                );
-                remote_copy(
-                    src,
-                    g.at_mut(&slot(b, me)),
-                    sent,
-                    landed,
-                    devices.shifted::<A>(k as i64),
-                )
-                .detach();
-            }
-        }
+    let x = Exchange {
+        devices: &devices,
+        me: devices.index::<A>(),
+        n,
+        heads_here: H / n,
+        rows: SL,
+        send: &send,
+        recv: &recv,
     };
-    // Waits the exchange of local head `h` into buffer `b`: this device's sends and every
-    // source's rows.
-    let wait_exchange = |gathered: &mut [&mut Vmem<T>; 3], h: Value, b: Value| {
-        for (t, (x, g)) in inputs.iter().zip(gathered.iter_mut()).enumerate() {
-            let t = t as i32;
-            let own = x.at(&head(me * heads_here as i32 + h));
-            wait_copy(
-                own,
-                g.at_mut(&slot(b, me)),
-                recv.at_nd([t.into_index(), b, me]),
-            );
-            for k in 1..n {
-                let (to, from) = (along(k), back(k));
-                let src = x.at(&head(to * heads_here as i32 + h));
-                wait_copy(
-                    src,
-                    g.at_mut(&slot(b, me)),
-                    send.at_nd([t.into_index(), b, to]),
-                );
-                let arriving = x.at(&head(me * heads_here as i32 + h));
-                wait_copy(
-                    arriving,
-                    g.at_mut(&slot(b, from)),
-                    recv.at_nd([t.into_index(), b, from]),
-                );
-            }
-        }
-    };
-
+    x.step::<T, A>(&[&q, &k, &v], &mut [&mut qg, &mut kg, &mut vg], &ready, hl);
     let b = hl % 2;
-    let mut gathered = [&mut qg, &mut kg, &mut vg];
-    when(hl.eq(0), || {
-        if n > 1 {
-            meet_all::<M, A>(&devices);
-        }
-        start_exchange(&mut gathered, hl, b);
-    });
-    wait_exchange(&mut gathered, hl, b);
-    // The next head's exchange into the other buffer, once every owner is done with the
-    // head that used it (the one before this), which it signals below.
-    when((hl + 1).lt(heads_here as i32), || {
-        when(hl.ge(1), || {
-            for k in 1..n {
-                ready.at(along(k)).wait(1);
-            }
-        });
-        start_exchange(&mut gathered, hl + 1, (hl + 1) % 2);
-    });
-
     // The head's attention, one chunk of SL query rows at a time (chunk `s` holds device
     // `s`'s rows), each sent to its device as soon as it is done.
-    let scale = 1.0 / (D as f32).sqrt();
-    let blocks_per_chunk = (SL / block) as i32;
     for k in 0..n {
-        let s = along(k);
-        fori_loop(0, blocks_per_chunk, (), |i, ()| {
+        let s = x.along(k);
+        fori_loop(0, (SL / block) as i32, (), |i, ()| {
             let row0 = s * SL as i32 + i * block as i32;
-            let rows = [ds(b, 1), ds(row0, block), all()];
-            let qi = qg.at(&rows).load().reshape(&[block, D]);
-            let qi = (qi.cast(DType::F32) * scale).cast(T::DTYPE);
-            // Key blocks: all of them, or causally up to this query block's last row.
-            let key_blocks = if causal {
-                row0 / block as i32 + 1
-            } else {
-                ((n * SL / block) as i32).into_index()
-            };
-            let init = (
-                constant(DType::F32, &[block, 1], f32::NEG_INFINITY),
-                constant(DType::F32, &[block, 1], 0.0),
-                constant(DType::F32, &[block, D], 0.0),
-            );
-            let (_, l, acc) = fori_loop(0, key_blocks, init, |j, (m, l, acc)| {
-                let keys = [ds(b, 1), ds(j * block as i32, block), all()];
-                let kj = kg.at(&keys).load().reshape(&[block, D]);
-                let vj = vg.at(&keys).load().reshape(&[block, D]);
-                let mut s_ij = dot_nt(qi, kj);
-                if causal {
-                    let q_pos = iota(DType::I32, &[block, block], 0) + row0;
-                    let k_pos = iota(DType::I32, &[block, block], 1) + j * block as i32;
-                    s_ij = select(k_pos.le(q_pos), s_ij, f32::NEG_INFINITY);
-                }
-                let m_new = m.maximum(s_ij.max_keepdims(-1));
-                let alpha = (m - m_new).exp();
-                let p = (s_ij - m_new).exp();
-                let l_new = alpha * l + p.sum_keepdims(-1);
-                let acc_new = acc * alpha + dot(p.cast(T::DTYPE), vj);
-                (m_new, l_new, acc_new)
-            });
-            let o = (acc / l).cast(T::DTYPE);
-            og.at_mut(&[ds(row0, block), all()]).store(o);
+            let (acc, _, l) = attend_rows(&qg, &kg, &vg, b, row0, block, causal);
+            og.at_mut(&[ds(row0, block), all()])
+                .store((acc / l).cast(T::DTYPE));
         });
         // Chunk `s` to device `s` (the device `k` along), as its rows of head `me HL + hl`.
         let chunk = [ds(s * SL as i32, SL), all()];
-        let dst = head(me * heads_here as i32 + hl);
+        let dst = x.head(x.me, hl);
         if k == 0 {
-            async_copy(og.at(&chunk), out.at_mut(&dst), out_recv.at(me)).wait();
+            async_copy(og.at(&chunk), out.at_mut(&dst), out_recv.at(x.me)).wait();
         } else {
-            let (sent, landed) = (out_send.at(s), out_recv.at(me));
-            remote_copy(
-                og.at(&chunk),
-                out.at_mut(&dst),
-                sent,
-                landed,
-                devices.shifted::<A>(k as i64),
-            )
-            .detach();
+            let (sent, landed) = (out_send.at(s), out_recv.at(x.me));
+            let to = devices.shifted::<A>(k as i64);
+            remote_copy(og.at(&chunk), out.at_mut(&dst), sent, landed, to).detach();
         }
     }
     // This step's chunks: sent, and every owner's chunk of this device's rows arrived (head
     // `from HL + hl` from the device `k` back).
     for k in 1..n {
-        let (to, from) = (along(k), back(k));
+        let (to, from) = (x.along(k), x.back(k));
         let chunk = [ds(to * SL as i32, SL), all()];
         wait_copy(
             og.at(&chunk),
-            out.at_mut(&head(me * heads_here as i32 + hl)),
+            out.at_mut(&x.head(x.me, hl)),
             out_send.at(to),
         );
-        let mine = [ds(me * SL as i32, SL), all()];
-        let arrived = head(from * heads_here as i32 + hl);
-        wait_copy(og.at(&mine), out.at_mut(&arrived), out_recv.at(from));
+        let mine = [ds(x.me * SL as i32, SL), all()];
+        wait_copy(
+            og.at(&mine),
+            out.at_mut(&x.head(from, hl)),
+            out_recv.at(from),
+        );
     }
-    // Done with this head's buffer: the owners may send the head after next into it.
-    when((hl + 2).lt(heads_here as i32), || {
-        for k in 1..n {
-            ready.at(me).signal_to(1, devices.shifted::<A>(k as i64));
-        }
+    x.done::<A>(&ready, hl);
+}
+
+/// Query rows `row0 .. row0 + block` of the gathered head in buffer `b` attended over its
+/// keys (causally, up to the block's last row, where `causal`) with an online softmax over
+/// blocks of `block` keys: the unnormalised output `[block, D]`, the running max and sum
+/// `[block, 1]` (f32; `out = acc / l`, `lse = m + log l`).
+fn attend_rows<T: Element>(
+    qg: &Vmem<T>,
+    kg: &Vmem<T>,
+    vg: &Vmem<T>,
+    b: Value,
+    row0: Value,
+    block: usize,
+    causal: bool,
+) -> (Value, Value, Value) {
+    let [_, s, d] = <[usize; 3]>::try_from(qg.shape()).expect("a [2, S, D] buffer");
+    let rows = [ds(b, 1), ds(row0, block), all()];
+    let qi = scaled_queries::<T>(qg.at(&rows).load().reshape(&[block, d]), d);
+    let init = (
+        constant(DType::F32, &[block, 1], f32::NEG_INFINITY),
+        constant(DType::F32, &[block, 1], 0.0),
+        constant(DType::F32, &[block, d], 0.0),
+    );
+    let (m, l, acc) = fori_loop(
+        0,
+        key_blocks(row0, s, block, causal),
+        init,
+        |j, (m, l, acc)| {
+            let keys = [ds(b, 1), ds(j * block as i32, block), all()];
+            let kj = kg.at(&keys).load().reshape(&[block, d]);
+            let vj = vg.at(&keys).load().reshape(&[block, d]);
+            let s_ij = masked(dot_nt(qi, kj), row0, j * block as i32, block, causal);
+            let m_new = m.maximum(s_ij.max_keepdims(-1));
+            let alpha = (m - m_new).exp();
+            let p = (s_ij - m_new).exp();
+            let l_new = alpha * l + p.sum_keepdims(-1);
+            let acc_new = acc * alpha + dot(p.cast(T::DTYPE), vj);
+            (m_new, l_new, acc_new)
+        },
+    );
+    (acc, m, l)
+}
+
+/// `q / sqrt(D)` in the input dtype (the logits' scale, applied once per query block).
+fn scaled_queries<T: Element>(q: Value, d: usize) -> Value {
+    (q.cast(DType::F32) * (1.0 / (d as f32).sqrt())).cast(T::DTYPE)
+}
+
+/// The key blocks query block `row0 .. row0 + block` meets: all `s / block`, or causally
+/// those up to its last row.
+fn key_blocks(row0: Value, s: usize, block: usize, causal: bool) -> Value {
+    if causal {
+        row0 / block as i32 + 1
+    } else {
+        ((s / block) as i32).into_index()
+    }
+}
+
+/// Logits `[block, block]` of queries from `row0` and keys from `col0`, `-inf` above the
+/// causal diagonal where `causal`.
+fn masked(logits: Value, row0: Value, col0: Value, block: usize, causal: bool) -> Value {
+    if !causal {
+        return logits;
+    }
+    let q_pos = iota(DType::I32, &[block, block], 0) + row0;
+    let k_pos = iota(DType::I32, &[block, block], 1) + col0;
+    select(k_pos.le(q_pos), logits, f32::NEG_INFINITY)
+}
+
+/// The backward of [`ulysses_attention_of`], fused the same way: from this device's rows of
+/// `q`, `k`, `v` and the output's cotangent `dout` (`[H, SL, D]` each), its rows of `dq`,
+/// `dk`, `dv`. Each grid step takes one of this device's heads: the four arrays' rows of it
+/// arrive as in the forward (the next head's during this one's work), the forward is
+/// computed again per query block for its logsumexp and `di = rowsum(out * dout)` (so the
+/// backward needs no residual from the forward, as a layer rematerialised in full), then
+/// per key block `dk`, `dv` and the `dq` of every query block it meets (`ds = p (dp - di)`,
+/// `p = exp(logits - lse)`), and each gradient's chunks go back to the devices whose rows
+/// they are.
+#[tpu_kernel(
+    grid = (H / devices.size::<A>(),),
+    name = "ulysses_attention_bwd",
+    require(
+        H % devices.size::<A>() == 0,
+        "{H} heads do not split over the {} devices of the axis; Ulysses gives each device \
+         H / devices heads",
+        devices.size::<A>()
+    ),
+    require(
+        block > 0 && SL % block == 0,
+        "block = {block} does not divide the {SL} rows each device holds; choose one that does"
+    )
+)]
+pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
+    #[shape(H, SL, D)] q: Hbm<T>,
+    #[shape(H, SL, D)] k: Hbm<T>,
+    #[shape(H, SL, D)] v: Hbm<T>,
+    #[shape(H, SL, D)] dout: Hbm<T>,
+    #[shape(H, SL, D)] mut dq: HbmMut<T>,
+    #[shape(H, SL, D)] mut dk: HbmMut<T>,
+    #[shape(H, SL, D)] mut dv: HbmMut<T>,
+    #[scratch(2, devices.size::<A>() * SL, D)] mut qg: Vmem<T>,
+    #[scratch(2, devices.size::<A>() * SL, D)] mut kg: Vmem<T>,
+    #[scratch(2, devices.size::<A>() * SL, D)] mut vg: Vmem<T>,
+    #[scratch(2, devices.size::<A>() * SL, D)] mut dog: Vmem<T>,
+    #[scratch(devices.size::<A>() * SL, D)] mut dq_acc: Vmem<f32>,
+    #[scratch(3, devices.size::<A>() * SL, D)] mut grads: Vmem<T>,
+    #[scratch(devices.size::<A>() * SL, 1)] mut lse: Vmem<f32>,
+    #[scratch(devices.size::<A>() * SL, 1)] mut di: Vmem<f32>,
+    #[scratch(4, 2, devices.size::<A>())] send: DmaSem,
+    #[scratch(4, 2, devices.size::<A>())] recv: DmaSem,
+    #[scratch(3, devices.size::<A>())] back_send: DmaSem,
+    #[scratch(3, devices.size::<A>())] back_recv: DmaSem,
+    #[scratch(devices.size::<A>())] ready: Sem,
+    devices: Devices<M>,
+    #[comptime] block: usize,
+    #[comptime] causal: bool,
+) {
+    let n = devices.size::<A>();
+    let s_len = n * SL;
+    let hl = program_id(0);
+    let x = Exchange {
+        devices: &devices,
+        me: devices.index::<A>(),
+        n,
+        heads_here: H / n,
+        rows: SL,
+        send: &send,
+        recv: &recv,
+    };
+    let arrays = [&q, &k, &v, &dout];
+    x.step::<T, A>(
+        &arrays,
+        &mut [&mut qg, &mut kg, &mut vg, &mut dog],
+        &ready,
+        hl,
+    );
+    let b = hl % 2;
+    let blocks = (s_len / block) as i32;
+    let rows = |i: Value| [ds(b, 1), ds(i * block as i32, block), all()];
+    let flat = |i: Value| [ds(i * block as i32, block), all()];
+    let load = |g: &Vmem<T>, i: Value| g.at(&rows(i)).load().reshape(&[block, D]);
+    // The forward again: each query block's logsumexp and `di`; dq starts at zero.
+    fori_loop(0, blocks, (), |i, ()| {
+        let (acc, m, l) = attend_rows(&qg, &kg, &vg, b, i * block as i32, block, causal);
+        let o = acc / l;
+        let o = if T::DTYPE == DType::F32 {
+            o
+        } else {
+            o.cast(T::DTYPE).cast(DType::F32)
+        };
+        let d_o = load(&dog, i).cast(DType::F32);
+        lse.at_mut(&flat(i)).store(m + l.log());
+        di.at_mut(&flat(i)).store((o * d_o).sum_keepdims(-1));
+        dq_acc
+            .at_mut(&flat(i))
+            .store(constant(DType::F32, &[block, D], 0.0));
     });
+    // Per key block: its dk, dv over the query blocks that see it, and their dq.
+    let scale = 1.0 / (D as f32).sqrt();
+    fori_loop(0, blocks, (), |j, ()| {
+        let (kj, vj) = (load(&kg, j), load(&vg, j));
+        let first = if causal { j } else { 0.into_index() };
+        let zeros = || constant(DType::F32, &[block, D], 0.0);
+        let (dkj, dvj) = fori_loop(first, blocks, (zeros(), zeros()), |i, (dkj, dvj)| {
+            let qi = scaled_queries::<T>(load(&qg, i), D);
+            let d_oi = load(&dog, i);
+            let logits = masked(
+                dot_nt(qi, kj),
+                i * block as i32,
+                j * block as i32,
+                block,
+                causal,
+            );
+            let p = (logits - lse.at(&flat(i)).load()).exp();
+            let dp = dot_nt(d_oi, vj);
+            let ds_ij = p * (dp - di.at(&flat(i)).load());
+            let dq_i = dq_acc.at(&flat(i)).load() + dot(ds_ij.cast(T::DTYPE), kj) * scale;
+            dq_acc.at_mut(&flat(i)).store(dq_i);
+            (
+                dkj + dot_tn(ds_ij.cast(T::DTYPE), qi),
+                dvj + dot_tn(p.cast(T::DTYPE), d_oi),
+            )
+        });
+        grads
+            .at_mut(&[ds(1, 1), ds(j * block as i32, block), all()])
+            .store(dkj.cast(T::DTYPE).reshape(&[1, block, D]));
+        grads
+            .at_mut(&[ds(2, 1), ds(j * block as i32, block), all()])
+            .store(dvj.cast(T::DTYPE).reshape(&[1, block, D]));
+    });
+    fori_loop(0, blocks, (), |i, ()| {
+        let dq_i = dq_acc
+            .at(&flat(i))
+            .load()
+            .cast(T::DTYPE)
+            .reshape(&[1, block, D]);
+        grads
+            .at_mut(&[ds(0, 1), ds(i * block as i32, block), all()])
+            .store(dq_i);
+    });
+    // Each gradient's chunk `s` to device `s` (the device `k` along), as its rows of head
+    // `me HL + hl`; then the sends, and every owner's chunk of this device's rows.
+    let outs = [&mut dq, &mut dk, &mut dv];
+    let chunk = |g: usize, s: Value| [ds(g, 1), ds(s * SL as i32, SL), all()];
+    for (g, out) in outs.into_iter().enumerate() {
+        let gi = (g as i32).into_index();
+        for k in 0..n {
+            let s = x.along(k);
+            let dst = x.head(x.me, hl);
+            let landed = back_recv.at_nd([gi, x.me]);
+            if k == 0 {
+                async_copy(grads.at(&chunk(g, s)), out.at_mut(&dst), landed).wait();
+            } else {
+                let sent = back_send.at_nd([gi, s]);
+                let to = devices.shifted::<A>(k as i64);
+                remote_copy(grads.at(&chunk(g, s)), out.at_mut(&dst), sent, landed, to).detach();
+            }
+        }
+        for k in 1..n {
+            let (to, from) = (x.along(k), x.back(k));
+            let sent = back_send.at_nd([gi, to]);
+            wait_copy(grads.at(&chunk(g, to)), out.at_mut(&x.head(x.me, hl)), sent);
+            let landed = back_recv.at_nd([gi, from]);
+            wait_copy(
+                grads.at(&chunk(g, x.me)),
+                out.at_mut(&x.head(from, hl)),
+                landed,
+            );
+        }
+    }
+    x.done::<A>(&ready, hl);
+}
+
+/// [`ulysses_attention_bwd_of`] for f32.
+pub fn ulysses_attention_bwd<M: MeshShape + HasAxis<A>, A: MeshAxis>(
+    block: usize,
+    causal: bool,
+) -> KernelDef {
+    ulysses_attention_bwd_of::<f32, M, A>(block, causal)
 }
 
 /// [`ulysses_attention_of`] for f32.
@@ -278,4 +538,67 @@ pub fn ulysses_attention_reference(
         }
     }
     out
+}
+
+/// The f64 reference of [`ulysses_attention_bwd_of`], written apart from it: every device's
+/// `[dq, dk, dv]` (its rows of each, `[H, SL, D]`) for the cotangent `dout` of the output,
+/// from dense attention's backward per head over the whole sequence: `p = softmax(scale q
+/// k^T)`, `dv = p^T dout`, `ds = p (dout v^T - rowsum(p (dout v^T)))`, `dq = scale ds k`,
+/// `dk = scale ds^T q`.
+pub fn ulysses_attention_bwd_reference(
+    q: &[HostArray],
+    k: &[HostArray],
+    v: &[HostArray],
+    dout: &[HostArray],
+    causal: bool,
+) -> Vec<[Vec<f64>; 3]> {
+    let n = q.len();
+    let [h, sl, d] = [q[0].shape()[0], q[0].shape()[1], q[0].shape()[2]];
+    let s = n * sl;
+    let whole = |x: &[HostArray], hh: usize| -> Vec<f64> {
+        (0..n)
+            .flat_map(|dev| x[dev].to_f64_vec()[hh * sl * d..(hh + 1) * sl * d].to_vec())
+            .collect()
+    };
+    let scale = 1.0 / (d as f64).sqrt();
+    let dot = |a: &[f64], i: usize, b: &[f64], j: usize| -> f64 {
+        (0..d).map(|c| a[i * d + c] * b[j * d + c]).sum()
+    };
+    let mut grads = vec![
+        [
+            vec![0.0; h * sl * d],
+            vec![0.0; h * sl * d],
+            vec![0.0; h * sl * d]
+        ];
+        n
+    ];
+    for hh in 0..h {
+        let (qh, kh, vh, doh) = (whole(q, hh), whole(k, hh), whole(v, hh), whole(dout, hh));
+        let (mut dqh, mut dkh, mut dvh) = (vec![0.0; s * d], vec![0.0; s * d], vec![0.0; s * d]);
+        for i in 0..s {
+            let visible = if causal { i + 1 } else { s };
+            let logits: Vec<f64> = (0..visible).map(|j| scale * dot(&qh, i, &kh, j)).collect();
+            let top = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = logits.iter().map(|x| (x - top).exp()).collect();
+            let total: f64 = e.iter().sum();
+            let p: Vec<f64> = e.iter().map(|x| x / total).collect();
+            let dp: Vec<f64> = (0..visible).map(|j| dot(&doh, i, &vh, j)).collect();
+            let row: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+            for j in 0..visible {
+                let ds = p[j] * (dp[j] - row);
+                for c in 0..d {
+                    dvh[j * d + c] += p[j] * doh[i * d + c];
+                    dqh[i * d + c] += scale * ds * kh[j * d + c];
+                    dkh[j * d + c] += scale * ds * qh[i * d + c];
+                }
+            }
+        }
+        for (g, whole) in [dqh, dkh, dvh].into_iter().enumerate() {
+            for (i, row) in whole.chunks(d).enumerate() {
+                let (dev, r) = (i / sl, i % sl);
+                grads[dev][g][(hh * sl + r) * d..(hh * sl + r + 1) * d].copy_from_slice(row);
+            }
+        }
+    }
+    grads
 }
