@@ -40,14 +40,6 @@ fn matmul_inputs(dtype: DType) -> Vec<Vec<HostArray>> {
         .collect()
 }
 
-fn max_error(got: &HostArray, want: &[f64]) -> f64 {
-    got.to_f64_vec()
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .fold(0.0, f64::max)
-}
-
 /// The all-gather `def` of [16, 128] shards of `dtype` on 4 devices, on every backend: each
 /// device's output is the shards in device order, bit for bit.
 fn check_all_gather(def: &KernelDef, dtype: DType) {
@@ -146,7 +138,7 @@ fn all_gather_matmul_over_four_devices_matches_its_reference_on_every_backend() 
             .unwrap_or_else(|e| panic!("{b}: {e}"));
             for (d, outs) in out.iter().enumerate() {
                 let want = all_gather_matmul_reference(&per_device[d][0], &shards);
-                let err = max_error(&outs[0], &want);
+                let err = common::max_error(&outs[0], &want);
                 assert!(err <= tol, "{b} {dtype}, device {d}: max error {err:e}");
             }
         }

@@ -68,14 +68,6 @@ fn cases() -> Vec<Case> {
     out
 }
 
-fn max_error(got: &HostArray, want: &[f64]) -> f64 {
-    got.to_f64_vec()
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .fold(0.0, f64::max)
-}
-
 #[test]
 fn paged_attention_matches_its_reference_on_every_backend() {
     for c in cases() {
@@ -85,7 +77,7 @@ fn paged_attention_matches_its_reference_on_every_backend() {
         for b in Backend::everywhere() {
             let out = backend::run(&def(c.dtype), &args, b, &KernelRules::tpu())
                 .unwrap_or_else(|e| panic!("{b}: {e}"));
-            let err = max_error(&out[0], &want);
+            let err = common::max_error(&out[0], &want);
             assert!(
                 err <= tol,
                 "{b} {} H={} KVH={}: max error {err:e}",

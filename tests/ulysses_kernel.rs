@@ -36,14 +36,6 @@ fn reference(per_device: &[Vec<HostArray>], causal: bool) -> Vec<Vec<f64>> {
     ulysses_attention_reference(&tensor(0), &tensor(1), &tensor(2), causal)
 }
 
-fn max_error(got: &HostArray, want: &[f64]) -> f64 {
-    got.to_f64_vec()
-        .iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .fold(0.0, f64::max)
-}
-
 /// 12 heads (3 per device: each head's exchange overlaps the head before, and the third
 /// waits for its buffer to be free) of 32 rows per device (128 in all), blocks of 8.
 fn case(causal: bool) -> (KernelDef, Vec<Vec<HostArray>>) {
@@ -63,7 +55,7 @@ fn matches_dense_f64_attention_on_every_backend() {
                 backend::run_on_devices(&def, &ring_mesh(N), &per_device, b, &KernelRules::tpu())
                     .unwrap_or_else(|e| panic!("{b} causal {causal}: {e}"));
             for (d, outs) in out.iter().enumerate() {
-                let err = max_error(&outs[0], &want[d]);
+                let err = common::max_error(&outs[0], &want[d]);
                 assert!(
                     err <= 1e-5,
                     "{b} causal {causal}, device {d}: max error {err:e}"
@@ -82,7 +74,7 @@ fn bf16_matches_dense_f64_attention_on_every_backend() {
         let out = backend::run_on_devices(&def, &ring_mesh(N), &per_device, b, &KernelRules::tpu())
             .unwrap_or_else(|e| panic!("{b}: {e}"));
         for (d, outs) in out.iter().enumerate() {
-            let err = max_error(&outs[0], &want[d]);
+            let err = common::max_error(&outs[0], &want[d]);
             assert!(err <= 2e-2, "{b}, device {d}: max error {err:e}");
         }
     }
@@ -181,7 +173,7 @@ fn backward_error(out: &[Vec<HostArray>], per_device: &[Vec<HostArray>], causal:
             .flat_map(|w| w[g].iter())
             .fold(0.0f64, |a, x| a.max(x.abs()));
         for (dev, outs) in out.iter().enumerate() {
-            worst = worst.max(max_error(&outs[g], &want[dev][g]) / top);
+            worst = worst.max(common::max_error(&outs[g], &want[dev][g]) / top);
         }
     }
     worst

@@ -160,6 +160,23 @@ pub fn mosaic_eval_on_mesh(
     mosaic_eval_on_devices(&k, per_device).unwrap_or_else(|e| panic!("{}: {e}", k.name))
 }
 
+/// The largest `|got - want|` over the elements; a NaN difference (a NaN on either side)
+/// counts as infinite, so it never hides behind `f64::max`.
+pub fn max_error(got: &HostArray, want: &[f64]) -> f64 {
+    got.to_f64_vec()
+        .iter()
+        .zip(want)
+        .map(|(g, w)| {
+            let d = (g - w).abs();
+            if d.is_nan() {
+                f64::INFINITY
+            } else {
+                d
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
 /// Asserts `got` is within `tol` of `want` everywhere (NaN fails).
 #[track_caller]
 pub fn assert_close(got: &[f64], want: &[f64], tol: f64, what: &str) {
