@@ -2,6 +2,8 @@
 //! different lengths), `--stats`, and one-line errors with a non-zero exit for bad input;
 //! `tessera kernels` and `tessera ir` for the splash kernels.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -161,11 +163,7 @@ fn forward_gradients_and_stats_match_the_reference() {
         } else {
             1.0
         };
-        got.iter()
-            .zip(want)
-            .map(|(g, w)| (g - w).abs())
-            .fold(0.0, f64::max)
-            / scale
+        common::max_abs_diff(&got, want).0 / scale
     };
     assert_eq!(read_npy(&d.join("lse.npy")).unwrap().shape(), &[b, h, s]);
     assert!(err("out.npy", &want.out) <= 2e-4);
@@ -376,11 +374,7 @@ fn bad_input_gets_one_line_and_a_failure_exit() {
 /// Max |got - want| over the largest |want| (at least 1).
 fn rel_err(got: &[f64], want: &[f64]) -> f64 {
     let scale = want.iter().map(|x| x.abs()).fold(0.0, f64::max).max(1.0);
-    got.iter()
-        .zip(want)
-        .map(|(g, w)| (g - w).abs())
-        .fold(0.0, f64::max)
-        / scale
+    common::max_abs_diff(got, want).0 / scale
 }
 
 /// Splash allows queries and keys of different lengths (cross attention, or a query chunk

@@ -160,21 +160,15 @@ pub fn mosaic_eval_on_mesh(
     mosaic_eval_on_devices(&k, per_device).unwrap_or_else(|e| panic!("{}: {e}", k.name))
 }
 
-/// The largest `|got - want|` over the elements; a NaN difference (a NaN on either side)
-/// counts as infinite, so it never hides behind `f64::max`.
+/// The largest `|got - want|` over an array's elements ([`max_abs_diff`]); a NaN
+/// difference counts as infinite, so it survives a later `f64::max`.
 pub fn max_error(got: &HostArray, want: &[f64]) -> f64 {
-    got.to_f64_vec()
-        .iter()
-        .zip(want)
-        .map(|(g, w)| {
-            let d = (g - w).abs();
-            if d.is_nan() {
-                f64::INFINITY
-            } else {
-                d
-            }
-        })
-        .fold(0.0, f64::max)
+    let (err, _) = max_abs_diff(&got.to_f64_vec(), want);
+    if err.is_nan() {
+        f64::INFINITY
+    } else {
+        err
+    }
 }
 
 /// Asserts `got` is within `tol` of `want` everywhere (NaN fails).
