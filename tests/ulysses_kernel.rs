@@ -85,18 +85,31 @@ fn bf16_matches_dense_f64_attention_on_every_backend() {
 #[test]
 fn landing_points_and_interleavings_do_not_change_the_result() {
     let (def, per_device) = case(true);
+    same_at_random_landing_points(&def, &per_device, 0..4, 50);
+}
+
+/// `def` on the interpreter as it runs in order, after checking that the runs with copies
+/// landing at random points and the devices interleaved at random (`seeds`, the schedule's
+/// seeds `schedule_offset` further) give exactly the same.
+fn same_at_random_landing_points(
+    def: &KernelDef,
+    per_device: &[Vec<HostArray>],
+    seeds: std::ops::Range<u64>,
+    schedule_offset: u64,
+) -> Vec<Vec<HostArray>> {
     let want =
-        interpret::run_on_devices(&def, &ring_mesh(N), &per_device, &Default::default()).unwrap();
-    for seed in 0..4 {
+        interpret::run_on_devices(def, &ring_mesh(N), per_device, &Default::default()).unwrap();
+    for seed in seeds {
         let options = InterpretOptions {
             copy_landing: Some(seed),
-            schedule_seed: Some(seed + 50),
+            schedule_seed: Some(seed + schedule_offset),
             ..Default::default()
         };
-        let got = interpret::run_on_devices(&def, &ring_mesh(N), &per_device, &options)
+        let got = interpret::run_on_devices(def, &ring_mesh(N), per_device, &options)
             .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
         assert_eq!(got, want, "seed {seed}");
     }
+    want
 }
 
 /// The Mosaic lowering, run by the evaluator on 4 devices, equals the interpreter bit for bit.
@@ -216,18 +229,7 @@ fn bf16_backward_matches_dense_f64_gradients() {
 fn backward_landing_points_interleavings_and_mosaic_eval_agree() {
     let def = ulysses_attention_bwd::<RingMesh, Context>(8, true);
     let per_device = backward_inputs(DType::F32, 12, 16);
-    let want =
-        interpret::run_on_devices(&def, &ring_mesh(N), &per_device, &Default::default()).unwrap();
-    for seed in 0..3 {
-        let options = InterpretOptions {
-            copy_landing: Some(seed),
-            schedule_seed: Some(seed + 70),
-            ..Default::default()
-        };
-        let got = interpret::run_on_devices(&def, &ring_mesh(N), &per_device, &options)
-            .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
-        assert_eq!(got, want, "seed {seed}");
-    }
+    let want = same_at_random_landing_points(&def, &per_device, 0..3, 70);
     assert_eq!(
         common::mosaic_eval_on_mesh(&def, &ring_mesh(N), &per_device),
         want

@@ -25,7 +25,30 @@ struct Exchange<'a, M: MeshShape> {
     recv: &'a DmaSem,
 }
 
-impl<M: MeshShape> Exchange<'_, M> {
+impl<'a, M: MeshShape> Exchange<'a, M> {
+    /// The exchange of `heads` heads of `rows` rows per device over axis `A`.
+    fn new<A: MeshAxis>(
+        devices: &'a Devices<M>,
+        heads: usize,
+        rows: usize,
+        send: &'a DmaSem,
+        recv: &'a DmaSem,
+    ) -> Self
+    where
+        M: HasAxis<A>,
+    {
+        let n = devices.size::<A>();
+        Exchange {
+            devices,
+            me: devices.index::<A>(),
+            n,
+            heads_here: heads / n,
+            rows,
+            send,
+            recv,
+        }
+    }
+
     /// The position `k` along from this device, and `k` back.
     fn along(&self, k: usize) -> Value {
         (self.me + k as i32) % self.n as i32
@@ -201,15 +224,7 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
 ) {
     let n = devices.size::<A>();
     let hl = program_id(0);
-    let x = Exchange {
-        devices: &devices,
-        me: devices.index::<A>(),
-        n,
-        heads_here: H / n,
-        rows: SL,
-        send: &send,
-        recv: &recv,
-    };
+    let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
     x.step::<T, A>(&[&q, &k, &v], &mut [&mut qg, &mut kg, &mut vg], &ready, hl);
     let b = hl % 2;
     // The head's attention, one chunk of SL query rows at a time (chunk `s` holds device
@@ -371,15 +386,7 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     let n = devices.size::<A>();
     let s_len = n * SL;
     let hl = program_id(0);
-    let x = Exchange {
-        devices: &devices,
-        me: devices.index::<A>(),
-        n,
-        heads_here: H / n,
-        rows: SL,
-        send: &send,
-        recv: &recv,
-    };
+    let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
     let arrays = [&q, &k, &v, &dout];
     x.step::<T, A>(
         &arrays,
