@@ -83,7 +83,7 @@ pub struct KernelDef {
     params: Vec<Param>,
     /// The arguments it takes: the declared ones but those left out.
     args: Vec<ArgDecl>,
-    /// The optional outputs it still writes (declared `Option<RefMut<T>>`).
+    /// The optional outputs it still writes (declared `Option<RefMut<T>>` or `Option<HbmMut<T>>`).
     optional_outputs: Vec<&'static str>,
     /// The optional arguments and outputs left out ([`KernelDef::without`]), in the order
     /// they were left out.
@@ -140,7 +140,7 @@ impl KernelDef {
         }
     }
 
-    /// `def` with the names of its `Option<RefMut<T>>` outputs (the macro declares them).
+    /// `def` with the names of its optional outputs (the macro declares them).
     #[doc(hidden)]
     pub fn __with_optional_outputs(mut def: Self, names: Vec<&'static str>) -> Self {
         def.optional_outputs = names;
@@ -150,8 +150,8 @@ impl KernelDef {
     /// The kernel without its optional argument or output `name`. An argument declared
     /// `Option<Ref<T>>` or `Option<Smem<T>>`: the caller passes no array for it and the body
     /// gets `None`, where Pallas passes `None` for an operand. An output declared
-    /// `Option<RefMut<T>>`: the kernel no longer produces it (its outputs are the others, in
-    /// order) and the body gets `None`, as a Pallas kernel whose out spec is `None`. A
+    /// `Option<RefMut<T>>` or `Option<HbmMut<T>>`: the kernel no longer produces it (its
+    /// outputs are the others, in order) and the body gets `None`, as a Pallas kernel whose out spec is `None`. A
     /// different kernel (cached apart); `args()` lists the arguments that remain.
     pub fn without(mut self, name: &str) -> Result<KernelDef, KernelError> {
         if let Some(i) = self.optional_outputs.iter().position(|&o| o == name) {
@@ -191,7 +191,8 @@ impl KernelDef {
                 name,
                 format!(
                     "`{name}` is required; only arguments declared `Option<Ref<T>>` or \
-                     `Option<Smem<T>>` and outputs declared `Option<RefMut<T>>` can be left out"
+                     `Option<Smem<T>>` and outputs declared `Option<RefMut<T>>` or \
+                     `Option<HbmMut<T>>` can be left out"
                 ),
             ));
         }

@@ -142,8 +142,8 @@ fn mentions(tokens: proc_macro2::TokenStream, name: &syn::Ident) -> bool {
     })
 }
 
-/// `Option<..>` is for inputs, scalar prefetch and blocked outputs (Pallas' `None` out spec:
-/// an output a caller does not want, such as a forward's residuals at inference), and an
+/// `Option<..>` is for inputs, scalar prefetch and outputs, blocked or in HBM (Pallas' `None`
+/// out spec: an output a caller does not want, such as a forward's residuals at inference), and an
 /// optional operand's shape names only sizes known without it (it may be absent, so it cannot
 /// bind a name the body sees). An optional output aliases no input: the input's buffer would
 /// have nowhere to go.
@@ -157,14 +157,19 @@ fn optional_operands(k: &Kernel, errors: &mut Errors) {
     bound.extend(k.func.sig.generics.const_params().map(|c| c.ident.clone()));
     for p in &k.params {
         let Some(role) = p.role else { continue };
-        if p.optional && !matches!(role, Role::Input | Role::Prefetch | Role::Output) {
+        if p.optional
+            && !matches!(
+                role,
+                Role::Input | Role::Prefetch | Role::Output | Role::HbmOutput
+            )
+        {
             errors.spanned_help(
                 &p.ty,
                 format!("`{}` cannot be optional", p.ident),
                 format!(
                     "`Option<..>` is for inputs (`Option<Ref<T>>`), scalar prefetch \
-                     (`Option<Smem<T>>`) and blocked outputs (`Option<RefMut<T>>`), which a \
-                     caller may leave out; declare `{}: {}<..>`",
+                     (`Option<Smem<T>>`) and outputs (`Option<RefMut<T>>`, `Option<HbmMut<T>>`), \
+                     which a caller may leave out; declare `{}: {}<..>`",
                     p.ident,
                     role.ty_name()
                 ),
