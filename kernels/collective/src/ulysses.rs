@@ -188,6 +188,11 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
 /// - each finished chunk is copied at once to the device whose rows it holds (its head's
 ///   rows of `out` there), while the next chunk is computed.
 ///
+/// `lse` (optional, `def.without("lse")` leaves it out): the rows' logsumexp, f32, sent
+/// back beside `out` (as the custom-VJP forward of the `ulysses_fused` strategy needs it).
+/// Its layout `[H, SL / block, 1, block]` keeps a block's rows lanes-wide (row-major it is
+/// `[H, SL]`), which Mosaic copies where a `[.., 1]` column is refused.
+///
 /// Every remote copy goes to the device `k` along (`Devices::shifted`), so each is a fixed
 /// permutation of the axis; the devices meet at the barrier before the first.
 #[tpu_kernel(
@@ -209,14 +214,16 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     #[shape(H, SL, D)] k: Hbm<T>,
     #[shape(H, SL, D)] v: Hbm<T>,
     #[shape(H, SL, D)] mut out: HbmMut<T>,
+    #[shape(H, SL / block, 1, block)] mut lse: Option<HbmMut<f32>>,
     #[scratch(2, devices.size::<A>() * SL, D)] mut qg: Vmem<T>,
     #[scratch(2, devices.size::<A>() * SL, D)] mut kg: Vmem<T>,
     #[scratch(2, devices.size::<A>() * SL, D)] mut vg: Vmem<T>,
     #[scratch(devices.size::<A>() * SL, D)] mut og: Vmem<T>,
+    #[scratch(devices.size::<A>() * SL / block, 1, block)] mut lg: Vmem<f32>,
     #[scratch(3, 2, devices.size::<A>())] send: DmaSem,
     #[scratch(3, 2, devices.size::<A>())] recv: DmaSem,
-    #[scratch(devices.size::<A>())] out_send: DmaSem,
-    #[scratch(devices.size::<A>())] out_recv: DmaSem,
+    #[scratch(2, devices.size::<A>())] out_send: DmaSem,
+    #[scratch(2, devices.size::<A>())] out_recv: DmaSem,
     #[scratch(devices.size::<A>())] ready: Sem,
     devices: Devices<M>,
     #[comptime] block: usize,
@@ -228,42 +235,60 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     x.step::<T, A>(&[&q, &k, &v], &mut [&mut qg, &mut kg, &mut vg], &ready, hl);
     let b = hl % 2;
     // The head's attention, one chunk of SL query rows at a time (chunk `s` holds device
-    // `s`'s rows), each sent to its device as soon as it is done.
+    // `s`'s rows), each sent to its device as soon as it is done (with its rows' lse when
+    // the kernel writes it).
     for k in 0..n {
         let s = x.along(k);
         fori_loop(0, (SL / block) as i32, (), |i, ()| {
             let row0 = s * SL as i32 + i * block as i32;
-            let (acc, _, l) = attend_rows(&qg, &kg, &vg, b, row0, block, causal);
+            let (acc, m, l) = attend_rows(&qg, &kg, &vg, b, row0, block, causal);
             og.at_mut(&[ds(row0, block), all()])
                 .store((acc / l).cast(T::DTYPE));
+            if lse.is_some() {
+                let lse_row = lane_row(m + l.log(), block).reshape(&[1, 1, block]);
+                lg.at_mut(&[ds(row0 / block as i32, 1), all(), all()])
+                    .store(lse_row);
+            }
         });
         // Chunk `s` to device `s` (the device `k` along), as its rows of head `me HL + hl`.
         let chunk = [ds(s * SL as i32, SL), all()];
+        let lse_chunk = lse_rows(s, SL, block);
         let dst = x.head(x.me, hl);
+        let lse_dst = lse_head(x.me * x.heads_here as i32 + hl);
+        // Semaphore row 0 for the output, 1 for the lse.
+        let sent = |t: i32| out_send.at_nd([t.into_index(), s]);
+        let landed = |t: i32| out_recv.at_nd([t.into_index(), x.me]);
         if k == 0 {
-            async_copy(og.at(&chunk), out.at_mut(&dst), out_recv.at(x.me)).wait();
+            async_copy(og.at(&chunk), out.at_mut(&dst), landed(0)).wait();
+            if let Some(lse) = lse.as_mut() {
+                async_copy(lg.at(&lse_chunk), lse.at_mut(&lse_dst), landed(1)).wait();
+            }
         } else {
-            let (sent, landed) = (out_send.at(s), out_recv.at(x.me));
             let to = devices.shifted::<A>(k as i64);
-            remote_copy(og.at(&chunk), out.at_mut(&dst), sent, landed, to).detach();
+            remote_copy(og.at(&chunk), out.at_mut(&dst), sent(0), landed(0), to).detach();
+            if let Some(lse) = lse.as_mut() {
+                let (src, dst) = (lg.at(&lse_chunk), lse.at_mut(&lse_dst));
+                remote_copy(src, dst, sent(1), landed(1), to).detach();
+            }
         }
     }
     // This step's chunks: sent, and every owner's chunk of this device's rows arrived (head
     // `from HL + hl` from the device `k` back).
     for k in 1..n {
         let (to, from) = (x.along(k), x.back(k));
-        let chunk = [ds(to * SL as i32, SL), all()];
-        wait_copy(
-            og.at(&chunk),
-            out.at_mut(&x.head(x.me, hl)),
-            out_send.at(to),
-        );
+        let theirs = [ds(to * SL as i32, SL), all()];
         let mine = [ds(x.me * SL as i32, SL), all()];
-        wait_copy(
-            og.at(&mine),
-            out.at_mut(&x.head(from, hl)),
-            out_recv.at(from),
-        );
+        let (at_me, at_from) = (x.head(x.me, hl), x.head(from, hl));
+        let sem = |sems: &DmaSem, t: i32, p: Value| sems.at_nd([t.into_index(), p]);
+        wait_copy(og.at(&theirs), out.at_mut(&at_me), sem(&out_send, 0, to));
+        wait_copy(og.at(&mine), out.at_mut(&at_from), sem(&out_recv, 0, from));
+        if let Some(lse) = lse.as_mut() {
+            let (theirs, mine) = (lse_rows(to, SL, block), lse_rows(x.me, SL, block));
+            let at_me = lse_head(x.me * x.heads_here as i32 + hl);
+            let at_from = lse_head(from * x.heads_here as i32 + hl);
+            wait_copy(lg.at(&theirs), lse.at_mut(&at_me), sem(&out_send, 1, to));
+            wait_copy(lg.at(&mine), lse.at_mut(&at_from), sem(&out_recv, 1, from));
+        }
     }
     x.done::<A>(&ready, hl);
 }
@@ -307,6 +332,29 @@ fn attend_rows<T: Element>(
         },
     );
     (acc, m, l)
+}
+
+/// A column `[block, 1]` as a row `[1, block]` (the lse stored lanes-wide): masked onto the
+/// diagonal and summed down the sublanes, which Mosaic lowers where a transpose of one
+/// column does not.
+fn lane_row(column: Value, block: usize) -> Value {
+    let (rows, cols) = (
+        iota(DType::I32, &[block, block], 0),
+        iota(DType::I32, &[block, block], 1),
+    );
+    let diagonal = select(rows.eq(cols), 1.0f32, 0.0f32);
+    (diagonal * column).sum_keepdims(0)
+}
+
+/// Rows `s SL .. (s + 1) SL` of the gathered lse (`[S / block, 1, block]`, a block's rows
+/// lanes-wide).
+fn lse_rows(s: Value, rows: usize, block: usize) -> [Idx; 3] {
+    [ds(s * (rows / block) as i32, rows / block), all(), all()]
+}
+
+/// Head `h` of the lse output (`[H, SL / block, 1, block]`).
+fn lse_head(h: Value) -> [Idx; 4] {
+    [ds(h, 1), all(), all(), all()]
 }
 
 /// `q / sqrt(D)` in the input dtype (the logits' scale, applied once per query block).
@@ -508,14 +556,14 @@ pub fn ulysses_attention<M: MeshShape + HasAxis<A>, A: MeshAxis>(
 }
 
 /// The f64 reference of [`ulysses_attention_of`], written apart from it: every device's
-/// `out` from every device's `q`, `k`, `v` shards (`[H, SL, D]` each, in axis order), by
-/// dense attention over the whole sequence per head.
+/// `[out, lse]` (`[H, SL, D]` and `[H, SL]`) from every device's `q`, `k`, `v` shards
+/// (`[H, SL, D]` each, in axis order), by dense attention over the whole sequence per head.
 pub fn ulysses_attention_reference(
     q: &[HostArray],
     k: &[HostArray],
     v: &[HostArray],
     causal: bool,
-) -> Vec<Vec<f64>> {
+) -> Vec<[Vec<f64>; 2]> {
     let n = q.len();
     let [h, sl, d] = [q[0].shape()[0], q[0].shape()[1], q[0].shape()[2]];
     let s = n * sl;
@@ -526,7 +574,7 @@ pub fn ulysses_attention_reference(
             .collect()
     };
     let scale = 1.0 / (d as f64).sqrt();
-    let mut out = vec![vec![0.0; h * sl * d]; n];
+    let mut out = vec![[vec![0.0; h * sl * d], vec![0.0; h * sl]]; n];
     for hh in 0..h {
         let (qh, kh, vh) = (whole(q, hh), whole(k, hh), whole(v, hh));
         for i in 0..s {
@@ -540,8 +588,9 @@ pub fn ulysses_attention_reference(
             let (dev, row) = (i / sl, i % sl);
             for c in 0..d {
                 let o: f64 = (0..visible).map(|j| weights[j] * vh[j * d + c]).sum();
-                out[dev][(hh * sl + row) * d + c] = o / total;
+                out[dev][0][(hh * sl + row) * d + c] = o / total;
             }
+            out[dev][1][hh * sl + row] = top + total.ln();
         }
     }
     out
