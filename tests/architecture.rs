@@ -79,6 +79,7 @@ const ALLOWED: &[(&str, &str, &[&str])] = &[
             "tessera-hlo",
             "tessera-backend",
             "tessera-splash",
+            "tessera-collective-kernels",
             "tessera-collectives",
             "tessera-runtime",
         ],

@@ -17,9 +17,9 @@ pub mod context;
 
 pub use context::layer::AttentionLayer;
 pub use context::{
-    chunk_of, Block, CollectiveStat, ConfigError, ContextMesh, ContextParallel, CpError,
-    CpExecutable, CpForwardBackward, CpInputs, CpProgram, CpStats, LibraryNames, ModelMesh, Names,
-    Quantity, RingAxis, Strategy, StrategyName, Term, TermKind, TokenLayout,
+    chunk_of, kernel_devices, Block, CollectiveStat, ConfigError, ContextMesh, ContextParallel,
+    CpError, CpExecutable, CpForwardBackward, CpInputs, CpProgram, CpStats, LibraryNames,
+    ModelMesh, Names, Quantity, RingAxis, Strategy, StrategyName, Term, TermKind, TokenLayout,
 };
 pub use context::{local_splash, strategy};
 pub use tessera_backend::kernel_lowering;

@@ -190,8 +190,66 @@ fn every_listed_strategy_matches_the_reference() {
     assert!(listed.len() >= 4, "{listed:?}");
     for strategy in listed {
         let balances = strategy.load_balances();
-        check_strategy(strategy, 4, 8, 2, Mask::causal(), true, balances);
+        // A strategy whose kernels take no segment ids or soft cap says so, and refuses them.
+        let packed = strategy.packed_sequences();
+        if !packed {
+            packed_sequences_are_refused(strategy.clone());
+        }
+        check_strategy(strategy, 4, 8, 2, Mask::causal(), packed, balances);
     }
+}
+
+/// `strategy` refuses a soft cap before building anything, and segment ids when it builds.
+fn packed_sequences_are_refused(strategy: Strategy) {
+    let d = dims(8, 2, 512);
+    let mut cp = config(strategy.clone(), 4, d, Mask::causal(), 128);
+    cp.options.soft_cap = Some(3.0);
+    let e = cp.check().unwrap_err().to_string();
+    assert!(
+        e.contains(&strategy.name()) && e.contains("soft cap"),
+        "{e}"
+    );
+    let cp = config(strategy.clone(), 4, d, Mask::causal(), 128);
+    let e = cp.forward_program(true).unwrap_err().to_string();
+    assert!(e.contains("segment ids"), "{strategy}: {e}");
+}
+
+/// The fused kernels against the reference: MHA and GQA (KV heads repeated, fewer than the
+/// devices too), causal and full, on 2, 4 and 8 devices.
+#[test]
+fn ulysses_fused_matches_the_reference() {
+    check("ulysses_fused", 4, 8, 8, Mask::causal());
+    check("ulysses-fused", 2, 4, 2, Mask::Full);
+    check("ulysses_fused", 8, 8, 2, Mask::causal());
+}
+
+/// What the fused kernels do not take is refused with the setting named and a way out.
+#[test]
+fn ulysses_fused_refuses_what_its_kernels_do_not_take() {
+    let strategy = Strategy::parse("ulysses_fused", 4).unwrap();
+    let d = dims(8, 8, 512);
+    let refused = |cp: ContextParallel, says: &str| {
+        let e = cp.check().unwrap_err().to_string();
+        assert!(e.starts_with("ulysses_fused: ") && e.contains(says), "{e}");
+    };
+    refused(
+        config(strategy.clone(), 4, d, Mask::local(64, 0), 128),
+        "causal or full",
+    );
+    let mut cp = config(strategy.clone(), 4, d, Mask::causal(), 128);
+    cp.options.scale = Some(0.5);
+    refused(cp, "1/sqrt(head dim)");
+    let mut cp = config(strategy.clone(), 4, d, Mask::causal(), 128);
+    cp.block_sizes.block_kv = 64;
+    refused(cp, "block_q = block_kv");
+    // 512 / 4 = 128 rows per device: a block of 256 divides the sequence, not the rows.
+    refused(
+        config(strategy.clone(), 4, d, Mask::causal(), 256),
+        "the 128 queries",
+    );
+    let mut cp = config(strategy, 4, d, Mask::causal(), 128);
+    cp.dims.head_dim_v = 32;
+    refused(cp, "one head dim");
 }
 
 #[test]

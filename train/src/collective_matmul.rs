@@ -25,7 +25,7 @@ use tessera_dsl::prelude::bf16;
 use tessera_dsl::{ArgSpec, DeviceAxis, KernelDef, Lowering};
 use tessera_hlo::autodiff::{VjpCall, VjpRule};
 use tessera_hlo::{DType, DotDims, FuncBuilder, HloError, Value};
-use tessera_parallel::ModelMesh;
+use tessera_parallel::{kernel_devices, ModelMesh};
 
 /// The unit's name in autodiff messages.
 const OP: &str = "all-gather matmul";
@@ -54,15 +54,9 @@ impl CollectiveMatmul {
     /// The unit for the program `p` builds, its kernels lowered as `lowering` says.
     pub(crate) fn new(p: &Spmd<'_, ModelMesh>, lowering: &Lowering) -> Self {
         let mesh = p.mesh();
-        let devices = mesh
-            .axis_names()
-            .iter()
-            .zip(mesh.sizes())
-            .map(|(&name, &size)| DeviceAxis::new(name, size))
-            .collect();
         CollectiveMatmul {
             lowering: lowering.clone(),
-            devices,
+            devices: kernel_devices(mesh),
             data: mesh.axis::<Data>(),
             recorder: p.collective_recorder(),
         }

@@ -323,9 +323,9 @@ impl TrainConfig {
 
     /// Sets the four splash blocks to splash's default ([`default_block`]) along what each
     /// attention call holds: the local queries for the `q` blocks, the local keys for the
-    /// `kv` blocks (the strategy's local lengths).
+    /// `kv` blocks (the lengths the strategy's blocks divide).
     pub fn with_default_blocks(mut self) -> Self {
-        let (q, kv) = self.context_parallel().local_lengths();
+        let (q, kv) = self.context_parallel().block_lengths();
         self.sa_block_q = default_block(q);
         self.sa_block_q_dkv = default_block(q);
         self.sa_block_kv = default_block(kv);

@@ -586,6 +586,33 @@ pub fn predict_step(
             let (bytes, layer_s) = ulysses_all_to_alls(&cp_axes);
             (f, bw, attn, layer_s, bytes)
         }
+        Exchange::HeadsInKernel => {
+            let (f, bw) = per_seq(step_blocks(b, &calls[0], 0, lens)?);
+            // The backward kernel recomputes the forward per query block (lse and di).
+            let fwd_s = f as f64 * fwd_block / attn_rate;
+            let bwd_s = (f as f64 * fwd_block + bw as f64 * bwd_block) / attn_rate;
+            // Every array moves with all its query heads (GQA's KV heads repeated): q, k, v
+            // in and out back in the forward (and its remat); q, k, v, dout in and dq, dk,
+            // dv back in the backward. One grid step per local head of each sequence: the
+            // first head's rows wait for nothing to hide behind, and the last chunk sent
+            // back waits for the kernel's end; the other steps' copies run behind the head
+            // before (after), exposed where they take longer than its attention.
+            let tokens_local = seqs_per_device * s.seq_len / cp;
+            let array = (tokens_local * m.heads * hd) as f64 * BF16;
+            let steps = (seqs_per_device * heads_local).max(1) as f64;
+            let hidden = |arrays: f64, attention_s: f64| {
+                let transfer = cp_axes.all_to_all_s(arrays * array, link);
+                transfer / steps + ((transfer - attention_s) * (steps - 1.0) / steps).max(0.0)
+            };
+            let layer_s = fwd_passes * hidden(4.0, fwd_s) + hidden(7.0, bwd_s);
+            (
+                f,
+                bw,
+                fwd_passes * fwd_s + bwd_s,
+                layer_s,
+                (fwd_passes * 4.0 + 7.0) * array,
+            )
+        }
         Exchange::AllKeys => {
             let mut worst = (0, 0, 0.0);
             for c in 0..cp {

@@ -268,6 +268,30 @@ fn pr_cell(model: ModelConfig, seq: usize, cp: usize, strategy: Strategy) -> Ste
     }
 }
 
+/// The fused Ulysses kernels at the origin PR's llama2-7b 32K cp16 cell (blocks 2048, which
+/// divide the 2048 rows a device holds), beside plain Ulysses: the exchange runs behind the
+/// attention but for each pass's first head and last chunk, so fewer collective seconds
+/// are exposed, and the backward kernel's recomputed forward adds attention seconds.
+#[test]
+fn fused_ulysses_beside_ulysses_at_the_origin_cell() {
+    let chip = Chip::v5p([4, 4, 4]);
+    let plain = pr_cell(ModelConfig::llama2_7b(), 32768, 16, Strategy::from(Ulysses));
+    let fused = StepSetup {
+        strategy: Strategy::parse("ulysses_fused", 16).unwrap(),
+        ..plain.clone()
+    };
+    let (p, f) = (predict(&plain, &chip), predict(&fused, &chip));
+    println!("ulysses: {}\nulysses_fused: {}", p.to_json(), f.to_json());
+    let (pb, fb) = (p.breakdown, f.breakdown);
+    assert!(fb.context_collectives_s > 0.0, "{fb:?}");
+    assert!(
+        fb.context_collectives_s < pb.context_collectives_s,
+        "{fb:?} vs {pb:?}"
+    );
+    assert!(fb.compute_attention_s > pb.compute_attention_s, "{fb:?} vs {pb:?}");
+    assert_eq!(fb.compute_matmul_s, pb.compute_matmul_s);
+}
+
 #[test]
 fn calibration_cell_is_reproduced() {
     let p = predict(

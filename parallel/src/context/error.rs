@@ -252,6 +252,13 @@ pub enum ConfigError {
         local: usize,
         seq: usize,
     },
+    /// A setting the strategy's own kernels do not take (`what`), and how to run anyway
+    /// (`fix`).
+    StrategyLimit {
+        strategy: StrategyName,
+        what: String,
+        fix: String,
+    },
     /// A typed splash op built from a configuration whose kernel calls hold `holds` queries
     /// and keys (per head), where the op attends `needs`: the configuration of a strategy
     /// that exchanges keys and values another way.
@@ -392,6 +399,13 @@ impl ConfigError {
                     q(Quantity::SeqLen).name(names),
                     per * size
                 )
+            }
+            ConfigError::StrategyLimit {
+                strategy,
+                what,
+                fix,
+            } => {
+                format!("{}: {what}; {fix}", s(strategy))
             }
             ConfigError::OpDoesNotFit {
                 op,

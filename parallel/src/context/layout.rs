@@ -7,7 +7,8 @@
 //! with one data shard; a model's train step puts its batch on `data`.
 
 use tessera_collectives::axes::{Context, Data};
-use tessera_collectives::{axis, mesh, DTensor, Replicated, Split};
+use tessera_collectives::{axis, mesh, DTensor, Mesh, MeshShape, Replicated, Split};
+use tessera_dsl::DeviceAxis;
 
 mesh!(pub ModelMesh = [Data, Context, RingAxis]);
 
@@ -66,3 +67,13 @@ pub type SeqTensor<'p> = DTensor<'p, ModelMesh, Seq>;
 pub type SeqLseTensor<'p> = DTensor<'p, ModelMesh, SeqLse>;
 /// Whole `[b, S]` segment ids on every device, in natural order.
 pub type WholeSegments<'p> = DTensor<'p, ModelMesh, WholeSegmentIds<Split<Data>>>;
+
+/// The axes of `mesh` as a mesh kernel's devices (`instantiate_on`), in order: what a kernel
+/// that copies between the devices of a program's mesh is instantiated over.
+pub fn kernel_devices<M: MeshShape>(mesh: &Mesh<M>) -> Vec<DeviceAxis> {
+    mesh.axis_names()
+        .iter()
+        .zip(mesh.sizes())
+        .map(|(&name, &size)| DeviceAxis::new(name, size))
+        .collect()
+}

@@ -64,8 +64,8 @@ pub use error::{
     Block, ConfigError, CpError, LibraryNames, Names, Quantity, StrategyName, Term, TermKind,
 };
 pub use layout::{
-    ContextMesh, ModelMesh, Pieces, PiecesLse, RingAxis, Seq, SeqLse, SeqLseTensor, SeqTensor,
-    TokenLayout, WholeSegments,
+    kernel_devices, ContextMesh, ModelMesh, Pieces, PiecesLse, RingAxis, Seq, SeqLse, SeqLseTensor,
+    SeqTensor, TokenLayout, WholeSegments,
 };
 pub use program::{CpExecutable, CpForwardBackward, CpInputs, CpProgram};
 pub use stats::{CollectiveStat, CpStats};

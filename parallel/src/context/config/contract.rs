@@ -60,6 +60,11 @@ pub enum Exchange {
     /// All-to-alls over the context devices re-shard q, k, v (and the output back) between
     /// the sequence and the heads: each device attends its heads over the whole sequence.
     Heads,
+    /// As [`Exchange::Heads`], but inside the attention kernels: each head's rows arrive by
+    /// remote copies while the head before is attended, and each finished chunk of the
+    /// output (of the gradients) goes back while the next is computed. Q, K and V move for
+    /// every query head (GQA's KV heads repeated).
+    HeadsInKernel,
     /// K and V all-gathered over the context devices (dK and dV reduce-scattered in the
     /// backward): each device attends its queries against every key.
     AllKeys,
@@ -135,11 +140,29 @@ pub trait ContextStrategy: fmt::Debug + Send + Sync + 'static {
     /// The queries and keys (per head) each kernel call of a device holds.
     fn local_lengths(&self, shards: Shards) -> (usize, usize);
 
+    /// The queries and keys (per head) its splash blocks must divide: what a kernel call
+    /// holds, unless its kernels take blocks of something smaller.
+    fn block_lengths(&self, shards: Shards) -> (usize, usize) {
+        self.local_lengths(shards)
+    }
+
     /// Every forward kernel call and where its queries and keys start on every shard.
     fn kernel_calls(&self, shards: Shards) -> KernelCalls;
 
     /// How its devices exchange keys and values on `devices` context devices.
     fn exchange(&self, devices: usize) -> Exchange;
+
+    /// What its kernels cannot do with `cp` beyond the rules every strategy shares (a mask,
+    /// a soft cap, block sizes), refused by [`ContextParallel::check`] before anything is
+    /// built.
+    fn check(&self, _cp: &ContextParallel) -> Result<(), ConfigError> {
+        Ok(())
+    }
+
+    /// Whether it attends packed sequences (segment ids).
+    fn packed_sequences(&self) -> bool {
+        true
+    }
 
     /// Builds the kernels of the (validated) configuration `cp`, composed with the
     /// strategy's collectives.

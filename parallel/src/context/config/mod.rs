@@ -138,7 +138,7 @@ impl ContextParallel {
                 ulysses: u,
             });
         }
-        let (q_local, kv_local) = self.local_lengths();
+        let (q_local, kv_local) = self.block_lengths();
         let b = self.block_sizes;
         let mut blocks = vec![
             (Block::Q, b.block_q, q_local),
@@ -168,7 +168,7 @@ impl ContextParallel {
                 });
             }
         }
-        Ok(())
+        self.strategy.check(self)
     }
 
     /// Chunks of each device's shard attended separately: 2 with load balancing, else 1.
@@ -184,6 +184,11 @@ impl ContextParallel {
     /// The queries and keys (per head) each kernel call of a device holds.
     pub fn local_lengths(&self) -> (usize, usize) {
         self.strategy.local_lengths(self.shards())
+    }
+
+    /// The queries and keys (per head) the splash blocks must divide.
+    pub fn block_lengths(&self) -> (usize, usize) {
+        self.strategy.block_lengths(self.shards())
     }
 
     /// Every forward kernel call and where its queries and keys start on every shard.

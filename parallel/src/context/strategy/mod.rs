@@ -28,6 +28,7 @@ pub use super::config::contract::{
 mod all_gather;
 mod ring;
 mod ulysses;
+mod ulysses_fused;
 mod usp;
 
 /// Lists the strategies: re-exports each type and puts its [`Listing`] in [`LISTED`], the
@@ -41,14 +42,16 @@ macro_rules! strategies {
 
 strategies!(
     ulysses::Ulysses,
+    ulysses_fused::UlyssesFused,
     all_gather::AllGather,
     ring::Ring,
     usp::Usp,
 );
 
 impl Strategy {
-    /// Parses a strategy as the CLI writes it: `ulysses`, `all-gather` (or MaxText's
-    /// `all_gather`), `ring`, `usp:UxR`, or `usp` alone (the most square split of `devices`).
+    /// Parses a strategy as the CLI writes it: `ulysses`, `ulysses_fused`, `all-gather` (or
+    /// MaxText's `all_gather`), `ring`, `usp:UxR`, or `usp` alone (the most square split of
+    /// `devices`).
     pub fn parse(text: &str, devices: usize) -> Result<Strategy, ConfigError> {
         LISTED
             .iter()

@@ -1,0 +1,317 @@
+//! Ulysses with its exchanges inside the attention kernel (`ulysses_fused`): the same split
+//! as [`Ulysses`](super::Ulysses) (every device attends `H/U` heads over the whole sequence),
+//! but no all-to-all runs as an XLA collective. One kernel per direction
+//! ([`ulysses_attention_of`], [`ulysses_attention_bwd_of`]) copies each head's rows of q, k,
+//! v from every device by remote copies while the head before is attended, and sends each
+//! finished chunk of output rows (of dq, dk, dv in the backward) back to its owner while the
+//! next is computed. MaxText runs XLA's all-to-alls around splash instead, and leaves hiding
+//! them to the scheduler.
+//!
+//! The layer's `[b, H, s, D]` blocks enter the kernel as `[b H, s, D]`: any partition of the
+//! (sequence, head) pairs into equal groups per device is a valid Ulysses split, and this
+//! one needs no transpose. The unit is one custom VJP: the forward kernel writes `out` and
+//! `lse`; the backward kernel recomputes the forward per query block (so it keeps no
+//! residual) and takes the output's cotangent alone (a loss through `lse` is refused).
+//!
+//! What the kernels do not do, refused before anything is built
+//! ([`ContextStrategy::check`]): segment ids (packed sequences), a soft cap or a softmax
+//! scale other than `1/sqrt(D)`, masks other than causal and full, different head dims for
+//! values, block sizes that differ or do not divide the rows a device holds, dtypes other than
+//! f32 and bf16. GQA's KV heads are repeated to every query head before the kernel, so the
+//! exchange moves `H` heads of K and V (the plain strategy moves `KVH`, or the Ulysses degree).
+//! A head's whole sequence is staged in VMEM, so on TPU the sequence is bounded by VMEM
+//! (near 16K at D 128 in bf16).
+
+use std::fmt;
+use std::rc::Rc;
+
+use tessera_collective_kernels::ulysses::{ulysses_attention_bwd_of, ulysses_attention_of};
+use tessera_collectives::axes::Context;
+use tessera_collectives::{CollectiveError, Spmd};
+use tessera_dsl::prelude::bf16;
+use tessera_dsl::{ArgSpec, DType, DeviceAxis, KernelDef, Lowering};
+use tessera_hlo::autodiff::{VjpCall, VjpRule};
+use tessera_hlo::{FuncBuilder, HloError, Value};
+use tessera_splash::{Mask, SeqOffsets};
+
+use super::{Composition, ContextStrategy, Exchange, Fixed, KernelCalls, Listing, Shards};
+use crate::context::error::ConfigError;
+use crate::context::layout::{kernel_devices, ModelMesh, SeqLseTensor, SeqTensor, WholeSegments};
+use crate::context::spmd::replicate_heads;
+use crate::context::{ContextParallel, CpError};
+
+pub(super) const LISTING: Listing = Listing::fixed::<UlyssesFused>("ulysses_fused (ulysses-fused)");
+
+impl Fixed for UlyssesFused {
+    const SPELLINGS: &'static [&'static str] = &["ulysses_fused", "ulysses-fused"];
+}
+
+/// Ulysses whose all-to-alls run inside the attention kernels, overlapping the attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UlyssesFused;
+
+/// The unit's name in autodiff messages.
+const OP: &str = "fused Ulysses attention";
+
+impl ContextStrategy for UlyssesFused {
+    fn name(&self) -> String {
+        "ulysses_fused".into()
+    }
+
+    fn ulysses_degree(&self, devices: usize) -> usize {
+        devices
+    }
+
+    fn local_lengths(&self, s: Shards) -> (usize, usize) {
+        (s.seq, s.seq)
+    }
+
+    /// Its kernels take blocks of the rows a device holds.
+    fn block_lengths(&self, s: Shards) -> (usize, usize) {
+        let rows = s.seq / s.devices.max(1);
+        (rows, rows)
+    }
+
+    /// One call, at the start of the sequence, on every device.
+    fn kernel_calls(&self, _s: Shards) -> KernelCalls {
+        vec![vec![vec![SeqOffsets::default()]]]
+    }
+
+    fn exchange(&self, _devices: usize) -> Exchange {
+        Exchange::HeadsInKernel
+    }
+
+    fn packed_sequences(&self) -> bool {
+        false
+    }
+
+    fn check(&self, cp: &ContextParallel) -> Result<(), ConfigError> {
+        let refuse = |what: String, fix: &str| {
+            Err(ConfigError::StrategyLimit {
+                strategy: cp.strategy.label(),
+                what,
+                fix: fix.to_string(),
+            })
+        };
+        let (d, b, o) = (cp.dims, cp.block_sizes, &cp.options);
+        if !matches!(cp.mask, Mask::Full | Mask::Causal { offset: 0 }) {
+            return refuse(
+                format!("its kernels mask causally or not at all, not {:?}", cp.mask),
+                "use a causal or full mask, or the ulysses strategy (splash's masks)",
+            );
+        }
+        if o.soft_cap.is_some() {
+            return refuse(
+                "its kernels have no soft cap".into(),
+                "leave the soft cap off, or use the ulysses strategy",
+            );
+        }
+        let default_scale = 1.0 / (d.head_dim as f32).sqrt();
+        if o.scale.is_some_and(|s| s != default_scale) {
+            return refuse(
+                format!(
+                    "its kernels scale the logits by 1/sqrt(head dim) = {default_scale}, not {}",
+                    o.scale.unwrap_or_default()
+                ),
+                "leave the scale at its default, or use the ulysses strategy",
+            );
+        }
+        if d.head_dim != d.head_dim_v {
+            return refuse(
+                format!(
+                    "its kernels take one head dim for q, k and v, not {} and {}",
+                    d.head_dim, d.head_dim_v
+                ),
+                "use the same head dim for values, or the ulysses strategy",
+            );
+        }
+        if !matches!(cp.dtype, DType::F32 | DType::BF16) {
+            return refuse(
+                format!("its kernels run in f32 or bf16, not {}", cp.dtype),
+                "use f32 or bf16",
+            );
+        }
+        if b.block_q != b.block_kv {
+            return refuse(
+                format!(
+                    "its kernels take one block for queries and keys, not block_q {} and \
+                     block_kv {}",
+                    b.block_q, b.block_kv
+                ),
+                "set block_q = block_kv",
+            );
+        }
+        Ok(())
+    }
+
+    fn compose(&self, cp: &ContextParallel) -> Result<Rc<dyn Composition>, CpError> {
+        cp.validate()?;
+        Ok(Rc::new(Composed {
+            block: cp.block_sizes.block_q,
+            causal: cp.mask == Mask::causal(),
+            kv_repeat: cp.dims.heads / cp.dims.kv_heads,
+            lowering: cp.lowering.clone(),
+        }))
+    }
+}
+
+/// The unit for one configuration: its kernels' block and mask, how often each KV head is
+/// repeated, and how the kernels are lowered.
+#[derive(Clone)]
+struct Composed {
+    block: usize,
+    causal: bool,
+    kv_repeat: usize,
+    lowering: Lowering,
+}
+
+impl fmt::Debug for Composed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UlyssesFused")
+            .field("block", &self.block)
+            .field("causal", &self.causal)
+            .field("kv_repeat", &self.kv_repeat)
+            .field("kernels", &self.lowering.kernels)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Composition for Composed {
+    fn attend<'p>(
+        &self,
+        p: &'p Spmd<'_, ModelMesh>,
+        [q, k, v]: [&SeqTensor<'p>; 3],
+        segment_ids: Option<&WholeSegments<'p>>,
+    ) -> Result<(SeqTensor<'p>, SeqLseTensor<'p>), CollectiveError> {
+        if segment_ids.is_some() {
+            return Err(CollectiveError::local(
+                "the fused Ulysses kernels take no segment ids (packed sequences); use the \
+                 ulysses strategy for packed sequences",
+            ));
+        }
+        let (k, v) = (
+            replicate_heads(k, self.kv_repeat)?,
+            replicate_heads(v, self.kv_repeat)?,
+        );
+        let devices = kernel_devices(p.mesh());
+        let unit = Rc::new(Unit {
+            composed: self.clone(),
+            devices,
+        });
+        p.local_results(&[q, &k, &v], |f, x| {
+            let dims = f.value_type(x[0])?.dims.clone();
+            let (b, h, s, d) = (dims[0], dims[1], dims[2], dims[3]);
+            let merged = x
+                .iter()
+                .map(|&t| f.reshape(t, &[b * h, s, d]))
+                .collect::<Result<Vec<_>, _>>()?;
+            let rule: Rc<dyn VjpRule> = unit.clone();
+            let y = f.custom_vjp(rule, &merged, |f, xs| unit.forward(f, xs))?;
+            Ok(vec![
+                f.reshape(y[0], &[b, h, s, d])?,
+                f.reshape(y[1], &[b, h, s])?,
+            ])
+        })
+    }
+}
+
+/// The custom-VJP unit: the forward kernel, and the backward kernel as its rule.
+#[derive(Debug)]
+struct Unit {
+    composed: Composed,
+    devices: Vec<DeviceAxis>,
+}
+
+impl Unit {
+    /// `def` instantiated for `args` on the step's mesh and lowered into `f`.
+    fn lower(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        def: KernelDef,
+        args: &[Value],
+    ) -> Result<Vec<Value>, CollectiveError> {
+        let specs = args
+            .iter()
+            .map(|&a| {
+                let t = f.value_type(a)?;
+                let shape = t.dims.iter().map(|&n| n as usize).collect::<Vec<_>>();
+                Ok(ArgSpec::new(t.dtype, shape))
+            })
+            .collect::<Result<Vec<_>, HloError>>()?;
+        let lowering = &self.composed.lowering;
+        let kernel = def
+            .instantiate_on(&specs, &self.devices, &lowering.rules)
+            .map_err(CollectiveError::local)?;
+        let mut outputs = lowering
+            .lower_into_spmd(&kernel, f, args)
+            .map_err(CollectiveError::local)?;
+        // The run-time index checks' flags come last (`tessera_dsl::checks`). Inside the
+        // step nothing reads them: a failed check still clamps its index into the array,
+        // but is not reported (the standalone kernel's tests are where it would be).
+        if kernel.checks.flags.is_some() {
+            outputs.pop();
+        }
+        Ok(outputs)
+    }
+
+    /// `out [bH, s, D]` and `lse [bH, s / block, 1, block]` (row-major `[bH, s]`) of `q, k,
+    /// v [bH, s, D]`.
+    fn forward(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        qkv: &[Value],
+    ) -> Result<Vec<Value>, CollectiveError> {
+        let (block, causal) = (self.composed.block, self.composed.causal);
+        let def = match f.value_type(qkv[0])?.dtype {
+            DType::BF16 => ulysses_attention_of::<bf16, ModelMesh, Context>(block, causal),
+            _ => ulysses_attention_of::<f32, ModelMesh, Context>(block, causal),
+        };
+        self.lower(f, def, qkv)
+    }
+
+    fn backward(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        call: &VjpCall<'_>,
+    ) -> Result<Vec<Option<Value>>, CollectiveError> {
+        if call.cotangents.get(1).is_some_and(Option::is_some) {
+            return Err(CollectiveError::local(
+                "its backward kernel takes the output's cotangent alone, and this program \
+                 differentiates through the lse too; differentiate the output only, or use \
+                 the ulysses strategy",
+            ));
+        }
+        let dout = match call.cotangents[0] {
+            Some(d) => d,
+            None => {
+                let t = f.value_type(call.outputs[0])?.clone();
+                f.splat(0.0, t)?
+            }
+        };
+        let (block, causal) = (self.composed.block, self.composed.causal);
+        let def = match f.value_type(dout)?.dtype {
+            DType::BF16 => ulysses_attention_bwd_of::<bf16, ModelMesh, Context>(block, causal),
+            _ => ulysses_attention_bwd_of::<f32, ModelMesh, Context>(block, causal),
+        };
+        let args = [call.inputs[0], call.inputs[1], call.inputs[2], dout];
+        let grads = self.lower(f, def, &args)?;
+        Ok(grads.into_iter().map(Some).collect())
+    }
+}
+
+impl VjpRule for Unit {
+    fn name(&self) -> &str {
+        OP
+    }
+
+    fn vjp(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        call: &VjpCall<'_>,
+    ) -> Result<Vec<Option<Value>>, HloError> {
+        self.backward(f, call).map_err(|e| HloError::Autodiff {
+            op: "custom_vjp".into(),
+            reason: format!("`{OP}`: building its backward: {e}"),
+        })
+    }
+}
