@@ -161,7 +161,11 @@ fn libtpu_compiles_both_directions_for_four_v5p_chips() {
         ),
         (bf16(true), DType::BF16, 4),
     ] {
-        let args = vec![ArgSpec::new(dtype, [8, 512, 128]); arrays];
+        let mut args = vec![ArgSpec::new(dtype, [8, 512, 128]); arrays];
+        if arrays == 4 {
+            // The backward's lse and di, f32 `[H, SL / block, 1, block]`.
+            args.extend(vec![ArgSpec::new(DType::F32, [8, 2, 1, 256]); 2]);
+        }
         let report = topology
             .compile_kernel_on(&def, &args, &ring_mesh(N))
             .unwrap_or_else(|e| panic!("{} {dtype}: {e}", def.name()));
@@ -174,15 +178,37 @@ fn libtpu_compiles_both_directions_for_four_v5p_chips() {
     }
 }
 
-/// Every device's `q, k, v, dout [H, SL, D]`.
-fn backward_inputs(dtype: DType, heads: usize, rows: usize) -> Vec<Vec<HostArray>> {
-    (0..N)
+/// Every device's `q, k, v, dout [H, SL, D]` and the forward's residuals the backward takes,
+/// `lse` and `di = rowsum(out * dout)` (`[H, SL / block, 1, block]` f32), from the f64
+/// reference's forward.
+fn backward_inputs(
+    dtype: DType,
+    heads: usize,
+    rows: usize,
+    block: usize,
+    causal: bool,
+) -> Vec<Vec<HostArray>> {
+    let mut per_device: Vec<Vec<HostArray>> = (0..N)
         .map(|dev| {
             (0..4)
                 .map(|t| HostArray::random(dtype, [heads, rows, 128], 200 * t + dev as u64))
                 .collect()
         })
-        .collect()
+        .collect();
+    let forward = reference(&per_device, causal);
+    let stats = [heads, rows / block, 1, block];
+    for (x, [out, lse]) in per_device.iter_mut().zip(forward) {
+        let dout = x[3].to_f64_vec();
+        let di: Vec<f32> = out
+            .chunks(128)
+            .zip(dout.chunks(128))
+            .map(|(o, d)| o.iter().zip(d).map(|(a, b)| a * b).sum::<f64>() as f32)
+            .collect();
+        let lse: Vec<f32> = lse.iter().map(|&l| l as f32).collect();
+        x.push(HostArray::f32(stats, lse).unwrap());
+        x.push(HostArray::f32(stats, di).unwrap());
+    }
+    per_device
 }
 
 /// The largest error of every device's `dq, dk, dv` relative to the largest reference
@@ -207,7 +233,7 @@ fn backward_error(out: &[Vec<HostArray>], per_device: &[Vec<HostArray>], causal:
 fn backward_matches_dense_f64_gradients_on_every_backend() {
     for causal in [true, false] {
         let def = ulysses_attention_bwd::<RingMesh, Context>(8, causal);
-        let per_device = backward_inputs(DType::F32, 12, 16);
+        let per_device = backward_inputs(DType::F32, 12, 16, 8, causal);
         for b in Backend::everywhere() {
             let out =
                 backend::run_on_devices(&def, &ring_mesh(N), &per_device, b, &KernelRules::tpu())
@@ -221,7 +247,7 @@ fn backward_matches_dense_f64_gradients_on_every_backend() {
 #[test]
 fn bf16_backward_matches_dense_f64_gradients() {
     let def = ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(16, true);
-    let per_device = backward_inputs(DType::BF16, 4, 16);
+    let per_device = backward_inputs(DType::BF16, 4, 16, 16, true);
     let out = backend::run_on_devices(
         &def,
         &ring_mesh(N),
@@ -239,7 +265,7 @@ fn bf16_backward_matches_dense_f64_gradients() {
 #[test]
 fn backward_landing_points_interleavings_and_mosaic_eval_agree() {
     let def = ulysses_attention_bwd::<RingMesh, Context>(8, true);
-    let per_device = backward_inputs(DType::F32, 12, 16);
+    let per_device = backward_inputs(DType::F32, 12, 16, 8, true);
     let want = same_at_random_landing_points(&def, &per_device, 0..3, 70);
     assert_eq!(
         common::mosaic_eval_on_mesh(&def, &ring_mesh(N), &per_device),

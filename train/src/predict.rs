@@ -588,29 +588,31 @@ pub fn predict_step(
         }
         Exchange::HeadsInKernel => {
             let (f, bw) = per_seq(step_blocks(b, &calls[0], 0, lens)?);
-            // The backward kernel recomputes the forward per query block (lse and di).
             let fwd_s = f as f64 * fwd_block / attn_rate;
-            let bwd_s = (f as f64 * fwd_block + bw as f64 * bwd_block) / attn_rate;
+            let bwd_s = bw as f64 * bwd_block / attn_rate;
             // Every array moves with all its query heads (GQA's KV heads repeated): q, k, v
-            // in and out back in the forward (and its remat); q, k, v, dout in and dq, dk,
-            // dv back in the backward. One grid step per local head of each sequence: the
-            // first head's rows wait for nothing to hide behind, and the last chunk sent
-            // back waits for the kernel's end; the other steps' copies run behind the head
-            // before (after), exposed where they take longer than its attention.
+            // in and out and lse (f32, one value a row) back in the forward (and its remat);
+            // q, k, v, dout, lse and di in and dq, dk, dv back in the backward. One grid step
+            // per local head of each sequence: the first head's rows wait for nothing to
+            // hide behind, and the last chunk sent back waits for the kernel's end; the other
+            // steps' copies run behind the head before (after), exposed where they take
+            // longer than its attention.
             let tokens_local = seqs_per_device * s.seq_len / cp;
             let array = (tokens_local * m.heads * hd) as f64 * BF16;
+            let row_stat = (tokens_local * m.heads) as f64 * 4.0;
             let steps = (seqs_per_device * heads_local).max(1) as f64;
-            let hidden = |arrays: f64, attention_s: f64| {
-                let transfer = cp_axes.all_to_all_s(arrays * array, link);
+            let hidden = |bytes: f64, attention_s: f64| {
+                let transfer = cp_axes.all_to_all_s(bytes, link);
                 transfer / steps + ((transfer - attention_s) * (steps - 1.0) / steps).max(0.0)
             };
-            let layer_s = fwd_passes * hidden(4.0, fwd_s) + hidden(7.0, bwd_s);
+            let (fwd_bytes, bwd_bytes) = (4.0 * array + row_stat, 7.0 * array + 2.0 * row_stat);
+            let layer_s = fwd_passes * hidden(fwd_bytes, fwd_s) + hidden(bwd_bytes, bwd_s);
             (
                 f,
                 bw,
                 fwd_passes * fwd_s + bwd_s,
                 layer_s,
-                (fwd_passes * 4.0 + 7.0) * array,
+                fwd_passes * fwd_bytes + bwd_bytes,
             )
         }
         Exchange::AllKeys => {

@@ -271,7 +271,7 @@ fn pr_cell(model: ModelConfig, seq: usize, cp: usize, strategy: Strategy) -> Ste
 /// The fused Ulysses kernels at the origin PR's llama2-7b 32K cp16 cell (blocks 2048, which
 /// divide the 2048 rows a device holds), beside plain Ulysses: the exchange runs behind the
 /// attention but for each pass's first head and last chunk, so fewer collective seconds
-/// are exposed, and the backward kernel's recomputed forward adds attention seconds.
+/// are exposed, with the same attention and matmul seconds.
 #[test]
 fn fused_ulysses_beside_ulysses_at_the_origin_cell() {
     let chip = Chip::v5p([4, 4, 4]);
@@ -288,8 +288,16 @@ fn fused_ulysses_beside_ulysses_at_the_origin_cell() {
         fb.context_collectives_s < pb.context_collectives_s,
         "{fb:?} vs {pb:?}"
     );
-    assert!(fb.compute_attention_s > pb.compute_attention_s, "{fb:?} vs {pb:?}");
-    assert_eq!(fb.compute_matmul_s, pb.compute_matmul_s);
+    let same = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-12;
+    assert!(
+        same(fb.compute_attention_s, pb.compute_attention_s),
+        "{fb:?} vs {pb:?}"
+    );
+    assert!(
+        same(fb.compute_matmul_s, pb.compute_matmul_s),
+        "{fb:?} vs {pb:?}"
+    );
+    assert!(f.predicted_step_s < p.predicted_step_s);
 }
 
 #[test]

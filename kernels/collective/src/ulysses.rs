@@ -9,11 +9,11 @@ use tessera_dsl::{wait_copy, HasAxis, HostArray, Idx, IntoIndex, KernelDef, Mesh
 
 use crate::collective::meet_all;
 
-/// How the heads of a Ulysses kernel travel: every device holds `SL` rows of every head of
-/// some `[H, SL, D]` arrays and owns `HL = H / N` heads; local head `h` of the device at
-/// position `p` is head `p HL + h`. Gathered, a head's whole sequence sits in a `[2, N SL,
-/// D]` VMEM buffer (two heads in flight), slot `s` holding device `s`'s rows, and lands on a
-/// receive semaphore per (array, buffer, source).
+/// How the heads of a Ulysses kernel travel: every device holds `rows` rows (along dim 1) of
+/// every head of some `[H, rows, ..]` arrays and owns `HL = H / N` heads; local head `h` of
+/// the device at position `p` is head `p HL + h`. Gathered, a head's whole sequence sits in
+/// a `[2, N rows, ..]` VMEM buffer (two heads in flight), slot `s` holding device `s`'s rows,
+/// and lands on a receive semaphore per (array, buffer, source).
 struct Exchange<'a, M: MeshShape> {
     devices: &'a Devices<M>,
     /// This device's position along the axis, and the axis' size.
@@ -23,6 +23,14 @@ struct Exchange<'a, M: MeshShape> {
     rows: usize,
     send: &'a DmaSem,
     recv: &'a DmaSem,
+}
+
+/// What [`Exchange::step`] asks of each group of arrays: start a head's copies, or wait
+/// them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transfer {
+    Start,
+    Wait,
 }
 
 impl<'a, M: MeshShape> Exchange<'a, M> {
@@ -58,14 +66,36 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
         (self.me + (self.n - k) as i32) % self.n as i32
     }
 
-    /// Local head `h` of the device at position `p`, as a window of an `[H, SL, D]` array.
-    fn head(&self, p: Value, h: Value) -> [Idx; 3] {
-        [ds(p * self.heads_here as i32 + h, 1), all(), all()]
+    /// Local head `h` of the device at position `p`, as a window of an `[H, ..]` array of
+    /// `rank` dims.
+    fn head(&self, p: Value, h: Value, rank: usize) -> Vec<Idx> {
+        let mut window = vec![ds(p * self.heads_here as i32 + h, 1)];
+        window.resize_with(rank, all);
+        window
     }
 
-    /// Slot `s` (device `s`'s rows) of buffer `b` of a gathered head.
-    fn slot(&self, b: Value, s: Value) -> [Idx; 3] {
-        [ds(b, 1), ds(s * self.rows as i32, self.rows), all()]
+    /// Slot `s` (device `s`'s rows) of buffer `b` of a gathered head of `rank` dims.
+    fn slot(&self, b: Value, s: Value, rank: usize) -> Vec<Idx> {
+        let mut window = vec![ds(b, 1), ds(s * self.rows as i32, self.rows)];
+        window.resize_with(rank, all);
+        window
+    }
+
+    /// Starts or waits ([`Transfer`]) head `h` of `arrays` into buffer `b` of `gathered`.
+    fn transfer<T: Element, A: MeshAxis>(
+        &self,
+        t: Transfer,
+        arrays: &[&Hbm<T>],
+        gathered: &mut [&mut Vmem<T>],
+        h: Value,
+        b: Value,
+    ) where
+        M: HasAxis<A>,
+    {
+        match t {
+            Transfer::Start => self.start::<T, A>(arrays, gathered, h, b),
+            Transfer::Wait => self.wait(arrays, gathered, h, b),
+        }
     }
 
     /// Starts sending local head `h` of every array's owner there, into buffer `b`: to the
@@ -80,16 +110,18 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
         M: HasAxis<A>,
     {
         for (t, (x, g)) in arrays.iter().zip(gathered.iter_mut()).enumerate() {
+            let rank = x.shape().len();
             let t = (t as i32).into_index();
             let landed = || self.recv.at_nd([t, b, self.me]);
-            let own = x.at(&self.head(self.me, h));
-            async_copy(own, g.at_mut(&self.slot(b, self.me)), landed()).detach();
+            let mine = self.slot(b, self.me, rank);
+            let own = x.at(&self.head(self.me, h, rank));
+            async_copy(own, g.at_mut(&mine), landed()).detach();
             for k in 1..self.n {
                 let to = self.along(k);
-                let src = x.at(&self.head(to, h));
+                let src = x.at(&self.head(to, h, rank));
                 let sent = self.send.at_nd([t, b, to]);
                 let to = self.devices.shifted::<A>(k as i64);
-                remote_copy(src, g.at_mut(&self.slot(b, self.me)), sent, landed(), to).detach();
+                remote_copy(src, g.at_mut(&mine), sent, landed(), to).detach();
             }
         }
     }
@@ -103,37 +135,31 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
         b: Value,
     ) {
         for (t, (x, g)) in arrays.iter().zip(gathered.iter_mut()).enumerate() {
+            let rank = x.shape().len();
             let t = (t as i32).into_index();
-            let own = || x.at(&self.head(self.me, h));
-            wait_copy(
-                own(),
-                g.at_mut(&self.slot(b, self.me)),
-                self.recv.at_nd([t, b, self.me]),
-            );
+            let own = || x.at(&self.head(self.me, h, rank));
+            let mine = self.slot(b, self.me, rank);
+            wait_copy(own(), g.at_mut(&mine), self.recv.at_nd([t, b, self.me]));
             for k in 1..self.n {
                 let (to, from) = (self.along(k), self.back(k));
-                let src = x.at(&self.head(to, h));
-                wait_copy(
-                    src,
-                    g.at_mut(&self.slot(b, self.me)),
-                    self.send.at_nd([t, b, to]),
-                );
-                let arriving = g.at_mut(&self.slot(b, from));
+                let src = x.at(&self.head(to, h, rank));
+                wait_copy(src, g.at_mut(&mine), self.send.at_nd([t, b, to]));
+                let arriving = g.at_mut(&self.slot(b, from, rank));
                 wait_copy(own(), arriving, self.recv.at_nd([t, b, from]));
             }
         }
     }
 
-    /// Every owner's head `h` into buffer `h % 2`: at the first step this device meets the
-    /// others and starts head 0; at each step it waits head `h` and starts head `h + 1`
-    /// into the other buffer once every owner has signalled `ready` for it (that owner is
-    /// done with head `h - 1`, which used that buffer; see [`Exchange::done`]).
-    fn step<T: Element, A: MeshAxis>(
+    /// Every owner's head `h` into buffer `h % 2`, for every group of arrays `transfer`
+    /// starts and waits: at the first step this device meets the others and starts head 0;
+    /// at each step it waits head `h` and starts head `h + 1` into the other buffer once
+    /// every owner has signalled `ready` for it (that owner is done with head `h - 1`,
+    /// which used that buffer; see [`Exchange::done`]).
+    fn step<A: MeshAxis>(
         &self,
-        arrays: &[&Hbm<T>],
-        gathered: &mut [&mut Vmem<T>],
         ready: &Sem,
         h: Value,
+        mut transfer: impl FnMut(Transfer, Value, Value),
     ) where
         M: HasAxis<A>,
     {
@@ -141,16 +167,16 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
             if self.n > 1 {
                 meet_all::<M, A>(self.devices);
             }
-            self.start::<T, A>(arrays, gathered, h, h % 2);
+            transfer(Transfer::Start, h, h % 2);
         });
-        self.wait(arrays, gathered, h, h % 2);
+        transfer(Transfer::Wait, h, h % 2);
         when((h + 1).lt(self.heads_here as i32), || {
             when(h.ge(1), || {
                 for k in 1..self.n {
                     ready.at(self.along(k)).wait(1);
                 }
             });
-            self.start::<T, A>(arrays, gathered, h + 1, (h + 1) % 2);
+            transfer(Transfer::Start, h + 1, (h + 1) % 2);
         });
     }
 
@@ -232,7 +258,9 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     let n = devices.size::<A>();
     let hl = program_id(0);
     let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
-    x.step::<T, A>(&[&q, &k, &v], &mut [&mut qg, &mut kg, &mut vg], &ready, hl);
+    x.step::<A>(&ready, hl, |t, h, b| {
+        x.transfer::<T, A>(t, &[&q, &k, &v], &mut [&mut qg, &mut kg, &mut vg], h, b)
+    });
     let b = hl % 2;
     // The head's attention, one chunk of SL query rows at a time (chunk `s` holds device
     // `s`'s rows), each sent to its device as soon as it is done (with its rows' lse when
@@ -253,8 +281,7 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
         // Chunk `s` to device `s` (the device `k` along), as its rows of head `me HL + hl`.
         let chunk = [ds(s * SL as i32, SL), all()];
         let lse_chunk = lse_rows(s, SL, block);
-        let dst = x.head(x.me, hl);
-        let lse_dst = lse_head(x.me * x.heads_here as i32 + hl);
+        let (dst, lse_dst) = (x.head(x.me, hl, 3), x.head(x.me, hl, 4));
         // Semaphore row 0 for the output, 1 for the lse.
         let sent = |t: i32| out_send.at_nd([t.into_index(), s]);
         let landed = |t: i32| out_recv.at_nd([t.into_index(), x.me]);
@@ -278,14 +305,13 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
         let (to, from) = (x.along(k), x.back(k));
         let theirs = [ds(to * SL as i32, SL), all()];
         let mine = [ds(x.me * SL as i32, SL), all()];
-        let (at_me, at_from) = (x.head(x.me, hl), x.head(from, hl));
+        let (at_me, at_from) = (x.head(x.me, hl, 3), x.head(from, hl, 3));
         let sem = |sems: &DmaSem, t: i32, p: Value| sems.at_nd([t.into_index(), p]);
         wait_copy(og.at(&theirs), out.at_mut(&at_me), sem(&out_send, 0, to));
         wait_copy(og.at(&mine), out.at_mut(&at_from), sem(&out_recv, 0, from));
         if let Some(lse) = lse.as_mut() {
             let (theirs, mine) = (lse_rows(to, SL, block), lse_rows(x.me, SL, block));
-            let at_me = lse_head(x.me * x.heads_here as i32 + hl);
-            let at_from = lse_head(from * x.heads_here as i32 + hl);
+            let (at_me, at_from) = (x.head(x.me, hl, 4), x.head(from, hl, 4));
             wait_copy(lg.at(&theirs), lse.at_mut(&at_me), sem(&out_send, 1, to));
             wait_copy(lg.at(&mine), lse.at_mut(&at_from), sem(&out_recv, 1, from));
         }
@@ -338,23 +364,27 @@ fn attend_rows<T: Element>(
 /// diagonal and summed down the sublanes, which Mosaic lowers where a transpose of one
 /// column does not.
 fn lane_row(column: Value, block: usize) -> Value {
+    (diagonal(block) * column).sum_keepdims(0)
+}
+
+/// A row `[1, block]` as a column `[block, 1]`, as [`lane_row`] does the other way.
+fn lane_column(row: Value, block: usize) -> Value {
+    (diagonal(block) * row).sum_keepdims(1)
+}
+
+/// The `[block, block]` identity, f32.
+fn diagonal(block: usize) -> Value {
     let (rows, cols) = (
         iota(DType::I32, &[block, block], 0),
         iota(DType::I32, &[block, block], 1),
     );
-    let diagonal = select(rows.eq(cols), 1.0f32, 0.0f32);
-    (diagonal * column).sum_keepdims(0)
+    select(rows.eq(cols), 1.0f32, 0.0f32)
 }
 
 /// Rows `s SL .. (s + 1) SL` of the gathered lse (`[S / block, 1, block]`, a block's rows
 /// lanes-wide).
 fn lse_rows(s: Value, rows: usize, block: usize) -> [Idx; 3] {
     [ds(s * (rows / block) as i32, rows / block), all(), all()]
-}
-
-/// Head `h` of the lse output (`[H, SL / block, 1, block]`).
-fn lse_head(h: Value) -> [Idx; 4] {
-    [ds(h, 1), all(), all(), all()]
 }
 
 /// `q / sqrt(D)` in the input dtype (the logits' scale, applied once per query block).
@@ -384,14 +414,15 @@ fn masked(logits: Value, row0: Value, col0: Value, block: usize, causal: bool) -
 }
 
 /// The backward of [`ulysses_attention_of`], fused the same way: from this device's rows of
-/// `q`, `k`, `v` and the output's cotangent `dout` (`[H, SL, D]` each), its rows of `dq`,
-/// `dk`, `dv`. Each grid step takes one of this device's heads: the four arrays' rows of it
-/// arrive as in the forward (the next head's during this one's work), the forward is
-/// computed again per query block for its logsumexp and `di = rowsum(out * dout)` (so the
-/// backward needs no residual from the forward, as a layer rematerialised in full), then
-/// per key block `dk`, `dv` and the `dq` of every query block it meets (`ds = p (dp - di)`,
-/// `p = exp(logits - lse)`), and each gradient's chunks go back to the devices whose rows
-/// they are.
+/// `q`, `k`, `v`, the output's cotangent `dout` (`[H, SL, D]` each) and of the forward's
+/// residuals `lse` and `di = rowsum(out * dout)` (f32, `[H, SL / block, 1, block]` as the
+/// forward writes `lse`), its rows of `dq`, `dk`, `dv`. Each grid step takes one of this
+/// device's heads: the six arrays' rows of it arrive as in the forward (the next head's
+/// during this one's work), then per key block `dk`, `dv` and the `dq` of every query block
+/// it meets (`ds = p (dp - di)`, `p = exp(logits - lse)`), and each gradient's chunks go back
+/// to the devices whose rows they are. Every device computes `di` of its own rows before
+/// the kernel (it holds their `out` and `dout`), so neither `out` nor the forward is needed
+/// here.
 #[tpu_kernel(
     grid = (H / devices.size::<A>(),),
     name = "ulysses_attention_bwd",
@@ -411,6 +442,8 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     #[shape(H, SL, D)] k: Hbm<T>,
     #[shape(H, SL, D)] v: Hbm<T>,
     #[shape(H, SL, D)] dout: Hbm<T>,
+    #[shape(H, SL / block, 1, block)] lse: Hbm<f32>,
+    #[shape(H, SL / block, 1, block)] di: Hbm<f32>,
     #[shape(H, SL, D)] mut dq: HbmMut<T>,
     #[shape(H, SL, D)] mut dk: HbmMut<T>,
     #[shape(H, SL, D)] mut dv: HbmMut<T>,
@@ -418,12 +451,14 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     #[scratch(2, devices.size::<A>() * SL, D)] mut kg: Vmem<T>,
     #[scratch(2, devices.size::<A>() * SL, D)] mut vg: Vmem<T>,
     #[scratch(2, devices.size::<A>() * SL, D)] mut dog: Vmem<T>,
+    #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut lse_g: Vmem<f32>,
+    #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut di_g: Vmem<f32>,
     #[scratch(devices.size::<A>() * SL, D)] mut dq_acc: Vmem<f32>,
     #[scratch(3, devices.size::<A>() * SL, D)] mut grads: Vmem<T>,
-    #[scratch(devices.size::<A>() * SL, 1)] mut lse: Vmem<f32>,
-    #[scratch(devices.size::<A>() * SL, 1)] mut di: Vmem<f32>,
     #[scratch(4, 2, devices.size::<A>())] send: DmaSem,
     #[scratch(4, 2, devices.size::<A>())] recv: DmaSem,
+    #[scratch(2, 2, devices.size::<A>())] stats_send: DmaSem,
+    #[scratch(2, 2, devices.size::<A>())] stats_recv: DmaSem,
     #[scratch(3, devices.size::<A>())] back_send: DmaSem,
     #[scratch(3, devices.size::<A>())] back_recv: DmaSem,
     #[scratch(devices.size::<A>())] ready: Sem,
@@ -435,30 +470,24 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     let s_len = n * SL;
     let hl = program_id(0);
     let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
-    let arrays = [&q, &k, &v, &dout];
-    x.step::<T, A>(
-        &arrays,
-        &mut [&mut qg, &mut kg, &mut vg, &mut dog],
-        &ready,
-        hl,
-    );
+    let stats = Exchange::new::<A>(&devices, H, SL / block, &stats_send, &stats_recv);
+    x.step::<A>(&ready, hl, |t, h, b| {
+        let arrays = [&q, &k, &v, &dout];
+        let gathered = &mut [&mut qg, &mut kg, &mut vg, &mut dog];
+        x.transfer::<T, A>(t, &arrays, gathered, h, b);
+        stats.transfer::<f32, A>(t, &[&lse, &di], &mut [&mut lse_g, &mut di_g], h, b);
+    });
     let b = hl % 2;
     let blocks = (s_len / block) as i32;
     let rows = |i: Value| [ds(b, 1), ds(i * block as i32, block), all()];
     let flat = |i: Value| [ds(i * block as i32, block), all()];
     let load = |g: &Vmem<T>, i: Value| g.at(&rows(i)).load().reshape(&[block, D]);
-    // The forward again: each query block's logsumexp and `di`; dq starts at zero.
+    // Query block `i`'s lse or di as a column `[block, 1]`.
+    let column = |g: &Vmem<f32>, i: Value| {
+        let row = g.at(&[ds(b, 1), ds(i, 1), all(), all()]).load();
+        lane_column(row.reshape(&[1, block]), block)
+    };
     fori_loop(0, blocks, (), |i, ()| {
-        let (acc, m, l) = attend_rows(&qg, &kg, &vg, b, i * block as i32, block, causal);
-        let o = acc / l;
-        let o = if T::DTYPE == DType::F32 {
-            o
-        } else {
-            o.cast(T::DTYPE).cast(DType::F32)
-        };
-        let d_o = load(&dog, i).cast(DType::F32);
-        lse.at_mut(&flat(i)).store(m + l.log());
-        di.at_mut(&flat(i)).store((o * d_o).sum_keepdims(-1));
         dq_acc
             .at_mut(&flat(i))
             .store(constant(DType::F32, &[block, D], 0.0));
@@ -479,9 +508,9 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
                 block,
                 causal,
             );
-            let p = (logits - lse.at(&flat(i)).load()).exp();
+            let p = (logits - column(&lse_g, i)).exp();
             let dp = dot_nt(d_oi, vj);
-            let ds_ij = p * (dp - di.at(&flat(i)).load());
+            let ds_ij = p * (dp - column(&di_g, i));
             let dq_i = dq_acc.at(&flat(i)).load() + dot(ds_ij.cast(T::DTYPE), kj) * scale;
             dq_acc.at_mut(&flat(i)).store(dq_i);
             (
@@ -514,7 +543,7 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
         let gi = (g as i32).into_index();
         for k in 0..n {
             let s = x.along(k);
-            let dst = x.head(x.me, hl);
+            let dst = x.head(x.me, hl, 3);
             let landed = back_recv.at_nd([gi, x.me]);
             if k == 0 {
                 async_copy(grads.at(&chunk(g, s)), out.at_mut(&dst), landed).wait();
@@ -527,11 +556,15 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
         for k in 1..n {
             let (to, from) = (x.along(k), x.back(k));
             let sent = back_send.at_nd([gi, to]);
-            wait_copy(grads.at(&chunk(g, to)), out.at_mut(&x.head(x.me, hl)), sent);
+            wait_copy(
+                grads.at(&chunk(g, to)),
+                out.at_mut(&x.head(x.me, hl, 3)),
+                sent,
+            );
             let landed = back_recv.at_nd([gi, from]);
             wait_copy(
                 grads.at(&chunk(g, x.me)),
-                out.at_mut(&x.head(from, hl)),
+                out.at_mut(&x.head(from, hl, 3)),
                 landed,
             );
         }

@@ -10,8 +10,9 @@
 //! The layer's `[b, H, s, D]` blocks enter the kernel as `[b H, s, D]`: any partition of the
 //! (sequence, head) pairs into equal groups per device is a valid Ulysses split, and this
 //! one needs no transpose. The unit is one custom VJP: the forward kernel writes `out` and
-//! `lse`; the backward kernel recomputes the forward per query block (so it keeps no
-//! residual) and takes the output's cotangent alone (a loss through `lse` is refused).
+//! `lse`; the backward kernel takes q, k, v, the output's cotangent and the residuals `lse`
+//! and `di = rowsum(out * dout)` (which every device computes for its own rows, so only
+//! they travel, not `out`); a loss through `lse` is refused.
 //!
 //! What the kernels do not do, refused before anything is built
 //! ([`ContextStrategy::check`]): segment ids (packed sequences), a soft cap or a softmax
@@ -31,7 +32,7 @@ use tessera_collectives::{CollectiveError, Spmd};
 use tessera_dsl::prelude::bf16;
 use tessera_dsl::{ArgSpec, DType, DeviceAxis, KernelDef, Lowering};
 use tessera_hlo::autodiff::{VjpCall, VjpRule};
-use tessera_hlo::{FuncBuilder, HloError, Value};
+use tessera_hlo::{FuncBuilder, HloError, Reducer, Value};
 use tessera_splash::{Mask, SeqOffsets};
 
 use super::{Composition, ContextStrategy, Exchange, Fixed, KernelCalls, Listing, Shards};
@@ -293,7 +294,23 @@ impl Unit {
             DType::BF16 => ulysses_attention_bwd_of::<bf16, ModelMesh, Context>(block, causal),
             _ => ulysses_attention_bwd_of::<f32, ModelMesh, Context>(block, causal),
         };
-        let args = [call.inputs[0], call.inputs[1], call.inputs[2], dout];
+        // The residuals the backward kernel takes: the forward's lse, and di = rowsum(out *
+        // dout) of this device's rows (in f32, laid out as the lse).
+        let (out, lse) = (call.outputs[0], call.outputs[1]);
+        let product = {
+            let (out, dout) = (f.convert(out, DType::F32)?, f.convert(dout, DType::F32)?);
+            f.mul(out, dout)?
+        };
+        let di = f.reduce(product, &[2], Reducer::Sum)?;
+        let di = f.reshape(di, &f.value_type(lse)?.dims.clone())?;
+        let args = [
+            call.inputs[0],
+            call.inputs[1],
+            call.inputs[2],
+            dout,
+            lse,
+            di,
+        ];
         let grads = self.lower(f, def, &args)?;
         Ok(grads.into_iter().map(Some).collect())
     }
