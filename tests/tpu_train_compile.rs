@@ -30,8 +30,23 @@ fn int(report: &Value, key: &str) -> i64 {
 }
 
 /// The tiny model (2 layers) on data 1 x context 4, its weights replicated
-/// (`--shard-weights-over-context=false`): compiles, and its last line is the report.
+/// (`--shard-weights-over-context=false`): compiles with splash's kernels, and its last line
+/// is the report, with the strategy's `collective`.
 fn tiny_step(strategy: &str, collective: &str) {
+    let report = tiny_step_with(strategy, &SPLASH);
+    let moved = &report["collectives"][collective];
+    assert!(
+        moved["calls"].as_u64().is_some_and(|n| n >= 2)
+            && moved["bytes_per_device"].as_u64() > Some(0),
+        "{strategy}: no {collective} in {report}"
+    );
+}
+
+/// The kernels of a step that attends with splash.
+const SPLASH: [&str; 4] = ["splash_fwd", "splash_bwd_prep", "splash_dkv", "splash_dq"];
+
+/// [`tiny_step`] of a strategy whose attention runs `expected` kernels: the report.
+fn tiny_step_with(strategy: &str, expected: &[&str]) -> Value {
     let (report, stdout) = compiled(
         "v5p:2x2x1",
         &[
@@ -52,8 +67,8 @@ fn tiny_step(strategy: &str, collective: &str) {
         .iter()
         .map(|k| k.as_str().unwrap())
         .collect();
-    for kernel in ["splash_fwd", "splash_bwd_prep", "splash_dkv", "splash_dq"] {
-        assert!(kernels.contains(&kernel), "{strategy}: {kernels:?}");
+    for kernel in expected {
+        assert!(kernels.contains(kernel), "{strategy}: {kernels:?}");
     }
     let [args, outs, temp, alias] = [
         "argument_bytes",
@@ -76,12 +91,6 @@ fn tiny_step(strategy: &str, collective: &str) {
     );
     assert!(report["bytes_accessed"].as_f64().is_some_and(|b| b > 0.0));
     assert!(report["compile_s"].as_f64().is_some_and(|s| s > 0.0));
-    let moved = &report["collectives"][collective];
-    assert!(
-        moved["calls"].as_u64().is_some_and(|n| n >= 2)
-            && moved["bytes_per_device"].as_u64() > Some(0),
-        "{strategy}: no {collective} in {report}"
-    );
     // The gradient all-reduce over the 4 devices: f32 gradients and the loss, ring algorithm.
     assert_eq!(
         report["collectives"]["all_reduce"]["bytes_per_device"].as_u64(),
@@ -112,6 +121,7 @@ fn tiny_step(strategy: &str, collective: &str) {
         stdout.contains("compiler's estimate of the whole step"),
         "{stdout}"
     );
+    report
 }
 
 /// No estimate of the whole step for an odd number of layers (2 per iteration cannot
@@ -142,6 +152,22 @@ fn the_step_estimate_says_why_it_is_missing() {
 #[test]
 fn tiny_train_step_ulysses_compiles_for_v5p() {
     tiny_step("ulysses", "all_to_all");
+}
+
+/// The fused Ulysses kernels in the step as Mosaic custom calls: no all-to-all is left
+/// (their remote copies are inside the kernels).
+#[test]
+fn tiny_train_step_ulysses_fused_compiles_for_v5p() {
+    let report = tiny_step_with(
+        "ulysses_fused",
+        &["ulysses_attention", "ulysses_attention_bwd"],
+    );
+    assert!(
+        report["collectives"]["all_to_all"].is_null(),
+        "{}",
+        report["collectives"]
+    );
+    println!("{report}");
 }
 
 #[test]
