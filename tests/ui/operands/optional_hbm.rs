@@ -1,4 +1,5 @@
-//! Only pipelined inputs and scalar prefetch may be left out by a caller.
+//! Only pipelined inputs, scalar prefetch and outputs may be left out by a caller: an HBM
+//! input may not.
 use tessera::prelude::*;
 
 #[tpu_kernel(grid = 1)]

@@ -132,6 +132,12 @@ pub trait ContextStrategy: fmt::Debug + Send + Sync + 'static {
         1
     }
 
+    /// Whether its kernels take one KV head per query head (GQA's KV heads repeated before
+    /// the exchange).
+    fn repeats_kv_heads(&self) -> bool {
+        false
+    }
+
     /// Whether causal load balancing (each shard two zigzag chunks) applies.
     fn load_balances(&self) -> bool {
         false

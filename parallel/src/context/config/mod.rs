@@ -202,10 +202,13 @@ impl ContextParallel {
     }
 
     /// How often each KV head is replicated so the Ulysses all-to-all can split them (1:
-    /// none): the Ulysses degree over the KV heads when there are fewer.
+    /// none): the Ulysses degree over the KV heads when there are fewer; the query heads
+    /// over the KV heads for a strategy whose kernels take one KV head per query head.
     pub fn kv_replication(&self) -> usize {
         let u = self.ulysses_degree();
-        if self.dims.kv_heads < u {
+        if self.strategy.repeats_kv_heads() {
+            self.dims.heads / self.dims.kv_heads.max(1)
+        } else if self.dims.kv_heads < u {
             u / self.dims.kv_heads
         } else {
             1

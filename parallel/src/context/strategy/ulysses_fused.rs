@@ -63,6 +63,10 @@ impl ContextStrategy for UlyssesFused {
         devices
     }
 
+    fn repeats_kv_heads(&self) -> bool {
+        true
+    }
+
     fn local_lengths(&self, s: Shards) -> (usize, usize) {
         (s.seq, s.seq)
     }
@@ -150,7 +154,7 @@ impl ContextStrategy for UlyssesFused {
         Ok(Rc::new(Composed {
             block: cp.block_sizes.block_q,
             causal: cp.mask == Mask::causal(),
-            kv_repeat: cp.dims.heads / cp.dims.kv_heads,
+            kv_repeat: cp.kv_replication(),
             lowering: cp.lowering.clone(),
         }))
     }
