@@ -3,7 +3,7 @@
 use std::fmt;
 
 use super::error::CpError;
-use super::strategy::Strategy;
+use super::strategy::{Exchange, Strategy};
 use super::ContextParallel;
 
 /// One collective of a program and what it moves.
@@ -82,6 +82,13 @@ impl fmt::Display for CpStats {
                     c.name, c.axis, c.operand, c.bytes_per_device
                 )?;
             }
+        }
+        if self.strategy.exchange(self.devices) == Exchange::HeadsInKernel {
+            writeln!(
+                f,
+                "q, k, v and the output (and the backward's arrays) move by remote copies \
+                 inside the attention kernels, not as collectives"
+            )?;
         }
         Ok(())
     }
