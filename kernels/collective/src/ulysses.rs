@@ -13,7 +13,9 @@ use crate::collective::meet_all;
 /// every head of some `[H, rows, ..]` arrays and owns `HL = H / N` heads; local head `h` of
 /// the device at position `p` is head `p HL + h`. Gathered, a head's whole sequence sits in
 /// a `[2, N rows, ..]` VMEM buffer (two heads in flight), slot `s` holding device `s`'s rows,
-/// and lands on a receive semaphore per (array, buffer, source).
+/// and lands on a receive semaphore per (buffer, source) that the group's arrays share (DMA
+/// semaphores count bytes, and every wait of a head is done before its rows are read; one
+/// per array would use more of the chip's semaphore memory than 16 devices allow).
 struct Exchange<'a, M: MeshShape> {
     devices: &'a Devices<M>,
     /// This device's position along the axis, and the axis' size.
@@ -109,17 +111,16 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
     ) where
         M: HasAxis<A>,
     {
-        for (t, (x, g)) in arrays.iter().zip(gathered.iter_mut()).enumerate() {
+        for (x, g) in arrays.iter().zip(gathered.iter_mut()) {
             let rank = x.shape().len();
-            let t = (t as i32).into_index();
-            let landed = || self.recv.at_nd([t, b, self.me]);
+            let landed = || self.recv.at_nd([b, self.me]);
             let mine = self.slot(b, self.me, rank);
             let own = x.at(&self.head(self.me, h, rank));
             async_copy(own, g.at_mut(&mine), landed()).detach();
             for k in 1..self.n {
                 let to = self.along(k);
                 let src = x.at(&self.head(to, h, rank));
-                let sent = self.send.at_nd([t, b, to]);
+                let sent = self.send.at_nd([b, to]);
                 let to = self.devices.shifted::<A>(k as i64);
                 remote_copy(src, g.at_mut(&mine), sent, landed(), to).detach();
             }
@@ -134,18 +135,17 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
         h: Value,
         b: Value,
     ) {
-        for (t, (x, g)) in arrays.iter().zip(gathered.iter_mut()).enumerate() {
+        for (x, g) in arrays.iter().zip(gathered.iter_mut()) {
             let rank = x.shape().len();
-            let t = (t as i32).into_index();
             let own = || x.at(&self.head(self.me, h, rank));
             let mine = self.slot(b, self.me, rank);
-            wait_copy(own(), g.at_mut(&mine), self.recv.at_nd([t, b, self.me]));
+            wait_copy(own(), g.at_mut(&mine), self.recv.at_nd([b, self.me]));
             for k in 1..self.n {
                 let (to, from) = (self.along(k), self.back(k));
                 let src = x.at(&self.head(to, h, rank));
-                wait_copy(src, g.at_mut(&mine), self.send.at_nd([t, b, to]));
+                wait_copy(src, g.at_mut(&mine), self.send.at_nd([b, to]));
                 let arriving = g.at_mut(&self.slot(b, from, rank));
-                wait_copy(own(), arriving, self.recv.at_nd([t, b, from]));
+                wait_copy(own(), arriving, self.recv.at_nd([b, from]));
             }
         }
     }
@@ -246,10 +246,10 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     #[scratch(2, devices.size::<A>() * SL, D)] mut vg: Vmem<T>,
     #[scratch(devices.size::<A>() * SL, D)] mut og: Vmem<T>,
     #[scratch(devices.size::<A>() * SL / block, 1, block)] mut lg: Vmem<f32>,
-    #[scratch(3, 2, devices.size::<A>())] send: DmaSem,
-    #[scratch(3, 2, devices.size::<A>())] recv: DmaSem,
-    #[scratch(2, devices.size::<A>())] out_send: DmaSem,
-    #[scratch(2, devices.size::<A>())] out_recv: DmaSem,
+    #[scratch(2, devices.size::<A>())] send: DmaSem,
+    #[scratch(2, devices.size::<A>())] recv: DmaSem,
+    #[scratch(devices.size::<A>())] out_send: DmaSem,
+    #[scratch(devices.size::<A>())] out_recv: DmaSem,
     #[scratch(devices.size::<A>())] ready: Sem,
     devices: Devices<M>,
     #[comptime] block: usize,
@@ -282,20 +282,19 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
         let chunk = [ds(s * SL as i32, SL), all()];
         let lse_chunk = lse_rows(s, SL, block);
         let (dst, lse_dst) = (x.head(x.me, hl, 3), x.head(x.me, hl, 4));
-        // Semaphore row 0 for the output, 1 for the lse.
-        let sent = |t: i32| out_send.at_nd([t.into_index(), s]);
-        let landed = |t: i32| out_recv.at_nd([t.into_index(), x.me]);
+        // The output and the lse share their semaphores, as the exchange's arrays do.
+        let (sent, landed) = (|| out_send.at(s), || out_recv.at(x.me));
         if k == 0 {
-            async_copy(og.at(&chunk), out.at_mut(&dst), landed(0)).wait();
+            async_copy(og.at(&chunk), out.at_mut(&dst), landed()).wait();
             if let Some(lse) = lse.as_mut() {
-                async_copy(lg.at(&lse_chunk), lse.at_mut(&lse_dst), landed(1)).wait();
+                async_copy(lg.at(&lse_chunk), lse.at_mut(&lse_dst), landed()).wait();
             }
         } else {
             let to = devices.shifted::<A>(k as i64);
-            remote_copy(og.at(&chunk), out.at_mut(&dst), sent(0), landed(0), to).detach();
+            remote_copy(og.at(&chunk), out.at_mut(&dst), sent(), landed(), to).detach();
             if let Some(lse) = lse.as_mut() {
                 let (src, dst) = (lg.at(&lse_chunk), lse.at_mut(&lse_dst));
-                remote_copy(src, dst, sent(1), landed(1), to).detach();
+                remote_copy(src, dst, sent(), landed(), to).detach();
             }
         }
     }
@@ -306,14 +305,13 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
         let theirs = [ds(to * SL as i32, SL), all()];
         let mine = [ds(x.me * SL as i32, SL), all()];
         let (at_me, at_from) = (x.head(x.me, hl, 3), x.head(from, hl, 3));
-        let sem = |sems: &DmaSem, t: i32, p: Value| sems.at_nd([t.into_index(), p]);
-        wait_copy(og.at(&theirs), out.at_mut(&at_me), sem(&out_send, 0, to));
-        wait_copy(og.at(&mine), out.at_mut(&at_from), sem(&out_recv, 0, from));
+        wait_copy(og.at(&theirs), out.at_mut(&at_me), out_send.at(to));
+        wait_copy(og.at(&mine), out.at_mut(&at_from), out_recv.at(from));
         if let Some(lse) = lse.as_mut() {
             let (theirs, mine) = (lse_rows(to, SL, block), lse_rows(x.me, SL, block));
             let (at_me, at_from) = (x.head(x.me, hl, 4), x.head(from, hl, 4));
-            wait_copy(lg.at(&theirs), lse.at_mut(&at_me), sem(&out_send, 1, to));
-            wait_copy(lg.at(&mine), lse.at_mut(&at_from), sem(&out_recv, 1, from));
+            wait_copy(lg.at(&theirs), lse.at_mut(&at_me), out_send.at(to));
+            wait_copy(lg.at(&mine), lse.at_mut(&at_from), out_recv.at(from));
         }
     }
     x.done::<A>(&ready, hl);
@@ -455,12 +453,12 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut di_g: Vmem<f32>,
     #[scratch(devices.size::<A>() * SL, D)] mut dq_acc: Vmem<f32>,
     #[scratch(3, devices.size::<A>() * SL, D)] mut grads: Vmem<T>,
-    #[scratch(4, 2, devices.size::<A>())] send: DmaSem,
-    #[scratch(4, 2, devices.size::<A>())] recv: DmaSem,
-    #[scratch(2, 2, devices.size::<A>())] stats_send: DmaSem,
-    #[scratch(2, 2, devices.size::<A>())] stats_recv: DmaSem,
-    #[scratch(3, devices.size::<A>())] back_send: DmaSem,
-    #[scratch(3, devices.size::<A>())] back_recv: DmaSem,
+    #[scratch(2, devices.size::<A>())] send: DmaSem,
+    #[scratch(2, devices.size::<A>())] recv: DmaSem,
+    #[scratch(2, devices.size::<A>())] stats_send: DmaSem,
+    #[scratch(2, devices.size::<A>())] stats_recv: DmaSem,
+    #[scratch(devices.size::<A>())] back_send: DmaSem,
+    #[scratch(devices.size::<A>())] back_recv: DmaSem,
     #[scratch(devices.size::<A>())] ready: Sem,
     devices: Devices<M>,
     #[comptime] block: usize,
@@ -540,28 +538,27 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     let outs = [&mut dq, &mut dk, &mut dv];
     let chunk = |g: usize, s: Value| [ds(g, 1), ds(s * SL as i32, SL), all()];
     for (g, out) in outs.into_iter().enumerate() {
-        let gi = (g as i32).into_index();
         for k in 0..n {
             let s = x.along(k);
             let dst = x.head(x.me, hl, 3);
-            let landed = back_recv.at_nd([gi, x.me]);
+            let landed = back_recv.at(x.me);
             if k == 0 {
                 async_copy(grads.at(&chunk(g, s)), out.at_mut(&dst), landed).wait();
             } else {
-                let sent = back_send.at_nd([gi, s]);
+                let sent = back_send.at(s);
                 let to = devices.shifted::<A>(k as i64);
                 remote_copy(grads.at(&chunk(g, s)), out.at_mut(&dst), sent, landed, to).detach();
             }
         }
         for k in 1..n {
             let (to, from) = (x.along(k), x.back(k));
-            let sent = back_send.at_nd([gi, to]);
+            let sent = back_send.at(to);
             wait_copy(
                 grads.at(&chunk(g, to)),
                 out.at_mut(&x.head(x.me, hl, 3)),
                 sent,
             );
-            let landed = back_recv.at_nd([gi, from]);
+            let landed = back_recv.at(from);
             wait_copy(
                 grads.at(&chunk(g, x.me)),
                 out.at_mut(&x.head(from, hl, 3)),
