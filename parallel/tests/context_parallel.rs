@@ -241,7 +241,7 @@ fn ulysses_fused_refuses_what_its_kernels_do_not_take() {
     refused(cp, "1/sqrt(head dim)");
     let mut cp = config(strategy.clone(), 4, d, Mask::causal(), 128);
     cp.block_sizes.block_kv = 64;
-    refused(cp, "block_q = block_kv");
+    refused(cp, "one block for queries and keys, not 128 and 64");
     // 512 / 4 = 128 rows per device: a block of 256 divides the sequence, not the rows.
     refused(
         config(strategy.clone(), 4, d, Mask::causal(), 256),

@@ -139,11 +139,10 @@ impl ContextStrategy for UlyssesFused {
         if b.block_q != b.block_kv {
             return refuse(
                 format!(
-                    "its kernels take one block for queries and keys, not block_q {} and \
-                     block_kv {}",
+                    "its kernels take one block for queries and keys, not {} and {}",
                     b.block_q, b.block_kv
                 ),
-                "set block_q = block_kv",
+                "use the same block for both",
             );
         }
         Ok(())
