@@ -23,7 +23,7 @@ use tessera_collectives::axes::Data;
 use tessera_collectives::{AxisGroups, Collective, CollectiveError, CollectiveRecorder, Spmd};
 use tessera_dsl::prelude::bf16;
 use tessera_dsl::{ArgSpec, DeviceAxis, KernelDef, Lowering};
-use tessera_hlo::autodiff::{VjpCall, VjpRule};
+use tessera_hlo::autodiff::{backward_failed, VjpCall, VjpRule};
 use tessera_hlo::{DType, DotDims, FuncBuilder, HloError, Value};
 use tessera_parallel::{kernel_devices, ModelMesh};
 
@@ -157,10 +157,7 @@ impl VjpRule for CollectiveMatmul {
         f: &mut FuncBuilder<'_>,
         call: &VjpCall<'_>,
     ) -> Result<Vec<Option<Value>>, HloError> {
-        self.backward(f, call).map_err(|e| HloError::Autodiff {
-            op: "custom_vjp".into(),
-            reason: format!("`{OP}`: building its backward: {e}"),
-        })
+        self.backward(f, call).map_err(|e| backward_failed(OP, e))
     }
 }
 

@@ -131,6 +131,15 @@ pub trait VjpRule: fmt::Debug {
     ) -> Result<Vec<Option<Value>>, HloError>;
 }
 
+/// The error of the [`VjpRule`] named `rule` when its backward cannot be built (`reason`):
+/// what a rule whose builder has its own error type returns from [`VjpRule::vjp`].
+pub fn backward_failed(rule: &str, reason: impl fmt::Display) -> HloError {
+    autodiff_error(
+        "custom_vjp",
+        format!("`{rule}`: building its backward: {reason}"),
+    )
+}
+
 /// What a [`VjpRule`] is applied to.
 #[derive(Debug, Clone, Copy)]
 pub struct VjpCall<'a> {

@@ -10,7 +10,7 @@ use tessera_collectives::{
     MeshShape, Spmd,
 };
 use tessera_dsl::DType;
-use tessera_hlo::autodiff::{VjpCall, VjpRule};
+use tessera_hlo::autodiff::{backward_failed, VjpCall, VjpRule};
 use tessera_hlo::{FuncBuilder, HloError, Value};
 use tessera_splash::{lower_stages_on_shard, ShardedSplash, SplashError, Stage, Tensor};
 
@@ -515,10 +515,7 @@ impl<A: MeshAxis> VjpRule for WholeRing<A> {
         f: &mut FuncBuilder<'_>,
         call: &VjpCall<'_>,
     ) -> Result<Vec<Option<Value>>, HloError> {
-        self.backward(f, call).map_err(|e| HloError::Autodiff {
-            op: "custom_vjp".into(),
-            reason: format!("`{OP}`: building its backward ring: {e}"),
-        })
+        self.backward(f, call).map_err(|e| backward_failed(OP, e))
     }
 }
 

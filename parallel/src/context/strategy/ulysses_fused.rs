@@ -31,7 +31,7 @@ use tessera_collectives::axes::Context;
 use tessera_collectives::{CollectiveError, Spmd};
 use tessera_dsl::prelude::bf16;
 use tessera_dsl::{ArgSpec, DType, DeviceAxis, KernelDef, Lowering};
-use tessera_hlo::autodiff::{VjpCall, VjpRule};
+use tessera_hlo::autodiff::{backward_failed, VjpCall, VjpRule};
 use tessera_hlo::{FuncBuilder, HloError, Reducer, Value};
 use tessera_splash::{Mask, SeqOffsets};
 
@@ -329,9 +329,6 @@ impl VjpRule for Unit {
         f: &mut FuncBuilder<'_>,
         call: &VjpCall<'_>,
     ) -> Result<Vec<Option<Value>>, HloError> {
-        self.backward(f, call).map_err(|e| HloError::Autodiff {
-            op: "custom_vjp".into(),
-            reason: format!("`{OP}`: building its backward: {e}"),
-        })
+        self.backward(f, call).map_err(|e| backward_failed(OP, e))
     }
 }
