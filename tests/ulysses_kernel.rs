@@ -20,6 +20,12 @@ use tessera::dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules};
 
 const N: usize = 4;
 
+/// The kernel without segment ids (the references here have none; the strategy's tests
+/// check packed sequences against splash's reference).
+fn unsegmented(def: KernelDef) -> KernelDef {
+    def.without("segment_ids").unwrap()
+}
+
 /// Every device's `q, k, v [H, SL, D]` (different values per device and tensor).
 fn inputs(dtype: DType, heads: usize, rows: usize, d: usize) -> Vec<Vec<HostArray>> {
     (0..N)
@@ -42,7 +48,7 @@ fn reference(per_device: &[Vec<HostArray>], causal: bool) -> Vec<[Vec<f64>; 2]> 
 /// and `lse`.
 fn case(causal: bool) -> (KernelDef, Vec<Vec<HostArray>>) {
     (
-        ulysses_attention::<RingMesh, Context>(8, causal),
+        unsegmented(ulysses_attention::<RingMesh, Context>(8, causal)),
         inputs(DType::F32, 12, 32, 128),
     )
 }
@@ -74,7 +80,9 @@ fn matches_dense_f64_attention_on_every_backend() {
 
 #[test]
 fn bf16_matches_dense_f64_attention_on_every_backend() {
-    let def = ulysses_attention_of::<half::bf16, RingMesh, Context>(16, true);
+    let def = unsegmented(ulysses_attention_of::<half::bf16, RingMesh, Context>(
+        16, true,
+    ));
     let per_device = inputs(DType::BF16, 4, 32, 128);
     let want = reference(&per_device, true);
     for b in Backend::everywhere() {
@@ -136,7 +144,7 @@ fn mosaic_eval_on_four_devices_agrees_with_the_interpreter() {
 }
 
 /// libtpu compiles the forward and the backward for the 4 chips of v5p:2x2x1 (f32 and
-/// bf16; 8 heads of 512 rows per chip, 2048 in all, blocks of 256).
+/// bf16; 8 heads of 512 rows per chip, 2048 in all, blocks of 256), with segment ids.
 #[test]
 fn libtpu_compiles_both_directions_for_four_v5p_chips() {
     let topology = tessera::tpu::TpuTopology::parse("tpu:v5p:2x2x1").unwrap();
@@ -161,11 +169,11 @@ fn libtpu_compiles_both_directions_for_four_v5p_chips() {
         ),
         (bf16(true), DType::BF16, 4),
     ] {
+        // The backward's lse and di, and both directions' segment ids: f32 `[H, SL /
+        // block, 1, block]`.
         let mut args = vec![ArgSpec::new(dtype, [8, 512, 128]); arrays];
-        if arrays == 4 {
-            // The backward's lse and di, f32 `[H, SL / block, 1, block]`.
-            args.extend(vec![ArgSpec::new(DType::F32, [8, 2, 1, 256]); 2]);
-        }
+        let rows = if arrays == 4 { 3 } else { 1 };
+        args.extend(vec![ArgSpec::new(DType::F32, [8, 2, 1, 256]); rows]);
         let report = topology
             .compile_kernel_on(&def, &args, &ring_mesh(N))
             .unwrap_or_else(|e| panic!("{} {dtype}: {e}", def.name()));
@@ -232,7 +240,7 @@ fn backward_error(out: &[Vec<HostArray>], per_device: &[Vec<HostArray>], causal:
 #[test]
 fn backward_matches_dense_f64_gradients_on_every_backend() {
     for causal in [true, false] {
-        let def = ulysses_attention_bwd::<RingMesh, Context>(8, causal);
+        let def = unsegmented(ulysses_attention_bwd::<RingMesh, Context>(8, causal));
         let per_device = backward_inputs(DType::F32, 12, 16, 8, causal);
         for b in Backend::everywhere() {
             let out =
@@ -246,7 +254,9 @@ fn backward_matches_dense_f64_gradients_on_every_backend() {
 
 #[test]
 fn bf16_backward_matches_dense_f64_gradients() {
-    let def = ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(16, true);
+    let def = unsegmented(ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(
+        16, true,
+    ));
     let per_device = backward_inputs(DType::BF16, 4, 16, 16, true);
     let out = backend::run_on_devices(
         &def,
@@ -264,7 +274,7 @@ fn bf16_backward_matches_dense_f64_gradients() {
 /// deadlock, the same gradients; mosaic-eval gives them bit for bit.
 #[test]
 fn backward_landing_points_interleavings_and_mosaic_eval_agree() {
-    let def = ulysses_attention_bwd::<RingMesh, Context>(8, true);
+    let def = unsegmented(ulysses_attention_bwd::<RingMesh, Context>(8, true));
     let per_device = backward_inputs(DType::F32, 12, 16, 8, true);
     let want = same_at_random_landing_points(&def, &per_device, 0..3, 70);
     assert_eq!(

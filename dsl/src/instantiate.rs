@@ -148,7 +148,8 @@ impl KernelDef {
     }
 
     /// The kernel without its optional argument or output `name`. An argument declared
-    /// `Option<Ref<T>>` or `Option<Smem<T>>`: the caller passes no array for it and the body
+    /// `Option<Ref<T>>`, `Option<Hbm<T>>` or `Option<Smem<T>>`: the caller passes no array for
+    /// it and the body
     /// gets `None`, where Pallas passes `None` for an operand. An output declared
     /// `Option<RefMut<T>>` or `Option<HbmMut<T>>`: the kernel no longer produces it (its
     /// outputs are the others, in order) and the body gets `None`, as a Pallas kernel whose out spec is `None`. A
@@ -190,8 +191,8 @@ impl KernelDef {
                 ProblemKind::Argument,
                 name,
                 format!(
-                    "`{name}` is required; only arguments declared `Option<Ref<T>>` or \
-                     `Option<Smem<T>>` and outputs declared `Option<RefMut<T>>` or \
+                    "`{name}` is required; only arguments declared `Option<Ref<T>>`, \
+                     `Option<Hbm<T>>` or `Option<Smem<T>>` and outputs declared `Option<RefMut<T>>` or \
                      `Option<HbmMut<T>>` can be left out"
                 ),
             ));

@@ -142,7 +142,7 @@ fn mentions(tokens: proc_macro2::TokenStream, name: &syn::Ident) -> bool {
     })
 }
 
-/// `Option<..>` is for inputs, scalar prefetch and outputs, blocked or in HBM (Pallas' `None`
+/// `Option<..>` is for inputs and outputs, blocked or in HBM, and scalar prefetch (Pallas' `None`
 /// out spec: an output a caller does not want, such as a forward's residuals at inference), and an
 /// optional operand's shape names only sizes known without it (it may be absent, so it cannot
 /// bind a name the body sees). An optional output aliases no input: the input's buffer would
@@ -160,16 +160,16 @@ fn optional_operands(k: &Kernel, errors: &mut Errors) {
         if p.optional
             && !matches!(
                 role,
-                Role::Input | Role::Prefetch | Role::Output | Role::HbmOutput
+                Role::Input | Role::Prefetch | Role::HbmInput | Role::Output | Role::HbmOutput
             )
         {
             errors.spanned_help(
                 &p.ty,
                 format!("`{}` cannot be optional", p.ident),
                 format!(
-                    "`Option<..>` is for inputs (`Option<Ref<T>>`), scalar prefetch \
-                     (`Option<Smem<T>>`) and outputs (`Option<RefMut<T>>`, `Option<HbmMut<T>>`), \
-                     which a caller may leave out; declare `{}: {}<..>`",
+                    "`Option<..>` is for inputs (`Option<Ref<T>>`, `Option<Hbm<T>>`), scalar \
+                     prefetch (`Option<Smem<T>>`) and outputs (`Option<RefMut<T>>`, \
+                     `Option<HbmMut<T>>`), which a caller may leave out; declare `{}: {}<..>`",
                     p.ident,
                     role.ty_name()
                 ),

@@ -89,11 +89,13 @@ fn run_check(
         kv_heads,
         mask,
         packed,
+        packed,
         load_balance,
     );
 }
 
-/// [`run_check`] of a parsed strategy.
+/// [`run_check`] of a parsed strategy; `soft_cap`: with a soft cap (when `packed`).
+#[allow(clippy::too_many_arguments)]
 fn check_strategy(
     strategy: Strategy,
     devices: usize,
@@ -101,6 +103,7 @@ fn check_strategy(
     kv_heads: usize,
     mask: Mask,
     packed: bool,
+    soft_cap: bool,
     load_balance: bool,
 ) {
     let seq = 512;
@@ -110,14 +113,19 @@ fn check_strategy(
     let block = (seq / devices / parts).min(128);
     let mut cp = config(strategy.clone(), devices, d, mask.clone(), block);
     cp.load_balance = load_balance;
-    let soft_cap = packed.then_some(3.0);
+    let soft_cap = (packed && soft_cap).then_some(3.0);
     cp.options.soft_cap = soft_cap.map(|c| c as f32);
     let segments: Vec<i32> = (0..seq as i32).map(|i| i / 100).collect();
     let segment_ids = HostArray::i32([1, seq], segments.clone()).unwrap();
     let segment_ids = packed.then_some(&segment_ids);
     let what = format!(
-        "{strategy} on {devices} devices, H={heads} KVH={kv_heads} {mask:?}{}{}",
+        "{strategy} on {devices} devices, H={heads} KVH={kv_heads} {mask:?}{}{}{}",
         if packed { " packed" } else { "" },
+        if soft_cap.is_some() {
+            " soft-capped"
+        } else {
+            ""
+        },
         if load_balance { " load-balanced" } else { "" }
     );
 
@@ -190,37 +198,43 @@ fn every_listed_strategy_matches_the_reference() {
     assert!(listed.len() >= 4, "{listed:?}");
     for strategy in listed {
         let balances = strategy.load_balances();
-        // A strategy whose kernels take no segment ids or soft cap says so, and refuses them.
-        let packed = strategy.packed_sequences();
-        if !packed {
-            packed_sequences_are_refused(strategy.clone());
-        }
-        check_strategy(strategy, 4, 8, 2, Mask::causal(), packed, balances);
+        let soft_cap = takes_a_soft_cap(&strategy);
+        check_strategy(strategy, 4, 8, 2, Mask::causal(), true, soft_cap, balances);
     }
 }
 
-/// `strategy` refuses a soft cap before building anything, and segment ids when it builds.
-fn packed_sequences_are_refused(strategy: Strategy) {
-    let d = dims(8, 2, 512);
-    let mut cp = config(strategy.clone(), 4, d, Mask::causal(), 128);
+/// Whether `strategy`'s kernels take a soft cap; one whose kernels do not refuses it by name
+/// before building anything.
+fn takes_a_soft_cap(strategy: &Strategy) -> bool {
+    let mut cp = config(strategy.clone(), 4, dims(8, 2, 512), Mask::causal(), 128);
     cp.options.soft_cap = Some(3.0);
-    let e = cp.check().unwrap_err().to_string();
-    assert!(
-        e.contains(&strategy.name()) && e.contains("soft cap"),
-        "{e}"
-    );
-    let cp = config(strategy.clone(), 4, d, Mask::causal(), 128);
-    let e = cp.forward_program(true).unwrap_err().to_string();
-    assert!(e.contains("segment ids"), "{strategy}: {e}");
+    match cp.check() {
+        Ok(()) => true,
+        Err(e) => {
+            let e = e.to_string();
+            assert!(
+                e.contains(&strategy.name()) && e.contains("soft cap"),
+                "{e}"
+            );
+            false
+        }
+    }
 }
 
 /// The fused kernels against the reference: MHA and GQA (KV heads repeated, fewer than the
-/// devices too), causal and full, on 2, 4 and 8 devices.
+/// devices too), causal and full, on 2, 4 and 8 devices; packed sequences whose documents
+/// cross the devices' blocks, full and causal.
 #[test]
 fn ulysses_fused_matches_the_reference() {
     check("ulysses_fused", 4, 8, 8, Mask::causal());
     check("ulysses-fused", 2, 4, 2, Mask::Full);
     check("ulysses_fused", 8, 8, 2, Mask::causal());
+    let packed = |devices, mask| {
+        let strategy = Strategy::parse("ulysses_fused", devices).unwrap();
+        check_strategy(strategy, devices, 4, 2, mask, true, false, false);
+    };
+    packed(2, Mask::Full);
+    packed(4, Mask::causal());
 }
 
 /// What the fused kernels do not take is refused with the setting named and a way out.

@@ -229,10 +229,12 @@ fn build_ulysses_attention(p: &Params, _name: &str) -> Result<Built, RegistryErr
         ));
     }
     let causal = p.bool("causal")?;
-    // The output alone, as the XLA program it is measured against computes it.
+    // The output alone of unpacked sequences, as the XLA program it is measured against
+    // computes it.
     let def =
         with_float_type!(dtype, T => ulysses_attention_of::<T, RingMesh, Context>(block, causal))
-            .without("lse")?;
+            .without("lse")?
+            .without("segment_ids")?;
     let spec = ArgSpec::new(dtype, [h, sl, d]);
     Ok(Built::on_mesh(def, vec![spec; 3], ring(p)?))
 }

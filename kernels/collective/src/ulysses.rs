@@ -239,6 +239,7 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     #[shape(H, SL, D)] q: Hbm<T>,
     #[shape(H, SL, D)] k: Hbm<T>,
     #[shape(H, SL, D)] v: Hbm<T>,
+    #[shape(H, SL / block, 1, block)] segment_ids: Option<Hbm<f32>>,
     #[shape(H, SL, D)] mut out: HbmMut<T>,
     #[shape(H, SL / block, 1, block)] mut lse: Option<HbmMut<f32>>,
     #[scratch(2, devices.size::<A>() * SL, D)] mut qg: Vmem<T>,
@@ -246,8 +247,11 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     #[scratch(2, devices.size::<A>() * SL, D)] mut vg: Vmem<T>,
     #[scratch(devices.size::<A>() * SL, D)] mut og: Vmem<T>,
     #[scratch(devices.size::<A>() * SL / block, 1, block)] mut lg: Vmem<f32>,
+    #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut segments: Vmem<f32>,
     #[scratch(2, devices.size::<A>())] send: DmaSem,
     #[scratch(2, devices.size::<A>())] recv: DmaSem,
+    #[scratch(2, devices.size::<A>())] segments_send: DmaSem,
+    #[scratch(2, devices.size::<A>())] segments_recv: DmaSem,
     #[scratch(devices.size::<A>())] out_send: DmaSem,
     #[scratch(devices.size::<A>())] out_recv: DmaSem,
     #[scratch(devices.size::<A>())] ready: Sem,
@@ -258,10 +262,15 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     let n = devices.size::<A>();
     let hl = program_id(0);
     let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
+    let ids = Exchange::new::<A>(&devices, H, SL / block, &segments_send, &segments_recv);
     x.step::<A>(&ready, hl, |t, h, b| {
-        x.transfer::<T, A>(t, &[&q, &k, &v], &mut [&mut qg, &mut kg, &mut vg], h, b)
+        x.transfer::<T, A>(t, &[&q, &k, &v], &mut [&mut qg, &mut kg, &mut vg], h, b);
+        if let Some(segment_ids) = &segment_ids {
+            ids.transfer::<f32, A>(t, &[segment_ids], &mut [&mut segments], h, b);
+        }
     });
     let b = hl % 2;
+    let segments = segment_ids.as_ref().map(|_| (&segments, b));
     // The head's attention, one chunk of SL query rows at a time (chunk `s` holds device
     // `s`'s rows), each sent to its device as soon as it is done (with its rows' lse when
     // the kernel writes it).
@@ -269,7 +278,7 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
         let s = x.along(k);
         fori_loop(0, (SL / block) as i32, (), |i, ()| {
             let row0 = s * SL as i32 + i * block as i32;
-            let (acc, m, l) = attend_rows(&qg, &kg, &vg, b, row0, block, causal);
+            let (acc, m, l) = attend_rows(&qg, &kg, &vg, segments, b, row0, block, causal);
             og.at_mut(&[ds(row0, block), all()])
                 .store((acc / l).cast(T::DTYPE));
             if lse.is_some() {
@@ -321,10 +330,12 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
 /// keys (causally, up to the block's last row, where `causal`) with an online softmax over
 /// blocks of `block` keys: the unnormalised output `[block, D]`, the running max and sum
 /// `[block, 1]` (f32; `out = acc / l`, `lse = m + log l`).
+#[allow(clippy::too_many_arguments)]
 fn attend_rows<T: Element>(
     qg: &Vmem<T>,
     kg: &Vmem<T>,
     vg: &Vmem<T>,
+    segments: Option<(&Vmem<f32>, Value)>,
     b: Value,
     row0: Value,
     block: usize,
@@ -347,6 +358,7 @@ fn attend_rows<T: Element>(
             let kj = kg.at(&keys).load().reshape(&[block, d]);
             let vj = vg.at(&keys).load().reshape(&[block, d]);
             let s_ij = masked(dot_nt(qi, kj), row0, j * block as i32, block, causal);
+            let s_ij = segment_masked(s_ij, segments, row0 / block as i32, j, block);
             let m_new = m.maximum(s_ij.max_keepdims(-1));
             let alpha = (m - m_new).exp();
             let p = (s_ij - m_new).exp();
@@ -411,6 +423,36 @@ fn masked(logits: Value, row0: Value, col0: Value, block: usize, causal: bool) -
     select(k_pos.le(q_pos), logits, f32::NEG_INFINITY)
 }
 
+/// `logits` `[block, block]` of query block `qi` and key block `kj`, `-inf` where their
+/// segment ids differ (packed sequences; unchanged without segment ids). `segments`: the
+/// gathered head's ids (f32, exact below 2^24; `[2, S / block, 1, block]`, a block
+/// lanes-wide) and the buffer that holds them.
+fn segment_masked(
+    logits: Value,
+    segments: Option<(&Vmem<f32>, Value)>,
+    qi: Value,
+    kj: Value,
+    block: usize,
+) -> Value {
+    let Some((ids, b)) = segments else {
+        return logits;
+    };
+    let row = |i: Value| {
+        ids.at(&[ds(b, 1), ds(i, 1), all(), all()])
+            .load()
+            .reshape(&[1, block])
+    };
+    let same = lane_column(row(qi), block).eq(row(kj));
+    select(same, logits, SEGMENT_MASKED)
+}
+
+/// The logit of a key in another segment: finite, as splash's mask value, so that a block
+/// whose keys are all in other segments (a query's first blocks, in a later document) keeps
+/// a finite running max (`-inf - -inf` would be NaN); a later visible key's logit then
+/// outweighs it by `exp(MASKED - logit) = 0`. Every query sees itself, so no row is left
+/// with masked keys only.
+const SEGMENT_MASKED: f32 = -0.7 * f32::MAX;
+
 /// The backward of [`ulysses_attention_of`], fused the same way: from this device's rows of
 /// `q`, `k`, `v`, the output's cotangent `dout` (`[H, SL, D]` each) and of the forward's
 /// residuals `lse` and `di = rowsum(out * dout)` (f32, `[H, SL / block, 1, block]` as the
@@ -442,6 +484,7 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     #[shape(H, SL, D)] dout: Hbm<T>,
     #[shape(H, SL / block, 1, block)] lse: Hbm<f32>,
     #[shape(H, SL / block, 1, block)] di: Hbm<f32>,
+    #[shape(H, SL / block, 1, block)] segment_ids: Option<Hbm<f32>>,
     #[shape(H, SL, D)] mut dq: HbmMut<T>,
     #[shape(H, SL, D)] mut dk: HbmMut<T>,
     #[shape(H, SL, D)] mut dv: HbmMut<T>,
@@ -451,6 +494,7 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     #[scratch(2, devices.size::<A>() * SL, D)] mut dog: Vmem<T>,
     #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut lse_g: Vmem<f32>,
     #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut di_g: Vmem<f32>,
+    #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut segments: Vmem<f32>,
     #[scratch(devices.size::<A>() * SL, D)] mut dq_acc: Vmem<f32>,
     #[scratch(3, devices.size::<A>() * SL, D)] mut grads: Vmem<T>,
     #[scratch(2, devices.size::<A>())] send: DmaSem,
@@ -473,9 +517,16 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
         let arrays = [&q, &k, &v, &dout];
         let gathered = &mut [&mut qg, &mut kg, &mut vg, &mut dog];
         x.transfer::<T, A>(t, &arrays, gathered, h, b);
-        stats.transfer::<f32, A>(t, &[&lse, &di], &mut [&mut lse_g, &mut di_g], h, b);
+        match &segment_ids {
+            Some(ids) => {
+                let gathered = &mut [&mut lse_g, &mut di_g, &mut segments];
+                stats.transfer::<f32, A>(t, &[&lse, &di, ids], gathered, h, b)
+            }
+            None => stats.transfer::<f32, A>(t, &[&lse, &di], &mut [&mut lse_g, &mut di_g], h, b),
+        }
     });
     let b = hl % 2;
+    let segments = segment_ids.as_ref().map(|_| (&segments, b));
     let blocks = (s_len / block) as i32;
     let rows = |i: Value| [ds(b, 1), ds(i * block as i32, block), all()];
     let flat = |i: Value| [ds(i * block as i32, block), all()];
@@ -506,6 +557,7 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
                 block,
                 causal,
             );
+            let logits = segment_masked(logits, segments, i, j, block);
             let p = (logits - column(&lse_g, i)).exp();
             let dp = dot_nt(d_oi, vj);
             let ds_ij = p * (dp - column(&di_g, i));

@@ -165,11 +165,6 @@ pub trait ContextStrategy: fmt::Debug + Send + Sync + 'static {
         Ok(())
     }
 
-    /// Whether it attends packed sequences (segment ids).
-    fn packed_sequences(&self) -> bool {
-        true
-    }
-
     /// Builds the kernels of the (validated) configuration `cp`, composed with the
     /// strategy's collectives.
     fn compose(&self, cp: &ContextParallel) -> Result<Rc<dyn Composition>, CpError>;

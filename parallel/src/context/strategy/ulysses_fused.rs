@@ -14,9 +14,10 @@
 //! and `di = rowsum(out * dout)` (which every device computes for its own rows, so only
 //! they travel, not `out`); a loss through `lse` is refused.
 //!
+//! Segment ids (packed sequences) travel with the rows: each device gives the kernels its
+//! own rows' ids per head (f32, exact below 2^24), and they are exchanged beside q, k, v.
 //! What the kernels do not do, refused before anything is built
-//! ([`ContextStrategy::check`]): segment ids (packed sequences), a soft cap or a softmax
-//! scale other than `1/sqrt(D)`, masks other than causal and full, different head dims for
+//! ([`ContextStrategy::check`]): a soft cap or a softmax scale other than `1/sqrt(D)`, masks other than causal and full, different head dims for
 //! values, block sizes that differ or do not divide the rows a device holds, dtypes other than
 //! f32 and bf16. GQA's KV heads are repeated to every query head before the kernel, so the
 //! exchange moves `H` heads of K and V (the plain strategy moves `KVH`, or the Ulysses degree).
@@ -28,7 +29,7 @@ use std::rc::Rc;
 
 use tessera_collective_kernels::ulysses::{ulysses_attention_bwd_of, ulysses_attention_of};
 use tessera_collectives::axes::Context;
-use tessera_collectives::{CollectiveError, Spmd};
+use tessera_collectives::{CollectiveError, LocalValue, Spmd};
 use tessera_dsl::prelude::bf16;
 use tessera_dsl::{ArgSpec, DType, DeviceAxis, KernelDef, Lowering};
 use tessera_hlo::autodiff::{backward_failed, VjpCall, VjpRule};
@@ -84,10 +85,6 @@ impl ContextStrategy for UlyssesFused {
 
     fn exchange(&self, _devices: usize) -> Exchange {
         Exchange::HeadsInKernel
-    }
-
-    fn packed_sequences(&self) -> bool {
-        false
     }
 
     fn check(&self, cp: &ContextParallel) -> Result<(), ConfigError> {
@@ -187,28 +184,32 @@ impl Composition for Composed {
         [q, k, v]: [&SeqTensor<'p>; 3],
         segment_ids: Option<&WholeSegments<'p>>,
     ) -> Result<(SeqTensor<'p>, SeqLseTensor<'p>), CollectiveError> {
-        if segment_ids.is_some() {
-            return Err(CollectiveError::local(
-                "the fused Ulysses kernels take no segment ids (packed sequences); use the \
-                 ulysses strategy for packed sequences",
-            ));
-        }
         let (k, v) = (
             replicate_heads(k, self.kv_repeat)?,
             replicate_heads(v, self.kv_repeat)?,
         );
         let devices = kernel_devices(p.mesh());
-        let unit = Rc::new(Unit {
-            composed: self.clone(),
-            devices,
-        });
-        p.local_results(&[q, &k, &v], |f, x| {
+        let me = p.axis_index::<Context>()?;
+        let mut inputs: Vec<&dyn LocalValue<ModelMesh>> = vec![q, &k, &v, &me];
+        if let Some(ids) = segment_ids {
+            inputs.push(ids);
+        }
+        p.local_results(&inputs, |f, x| {
             let dims = f.value_type(x[0])?.dims.clone();
             let (b, h, s, d) = (dims[0], dims[1], dims[2], dims[3]);
-            let merged = x
+            let merged = x[..3]
                 .iter()
                 .map(|&t| f.reshape(t, &[b * h, s, d]))
                 .collect::<Result<Vec<_>, _>>()?;
+            let segments = match x.get(4) {
+                Some(&ids) => Some(self.local_segments(f, ids, x[3], h, s)?),
+                None => None,
+            };
+            let unit = Rc::new(Unit {
+                composed: self.clone(),
+                devices: devices.clone(),
+                segments,
+            });
             let rule: Rc<dyn VjpRule> = unit.clone();
             let y = f.custom_vjp(rule, &merged, |f, xs| unit.forward(f, xs))?;
             Ok(vec![
@@ -219,21 +220,55 @@ impl Composition for Composed {
     }
 }
 
-/// The custom-VJP unit: the forward kernel, and the backward kernel as its rule.
+impl Composed {
+    /// This device's rows of the whole `[b, S]` segment ids `ids` (its block `me` of `rows`
+    /// positions) for each of its `heads` heads, as the kernels take them: f32 (exact below
+    /// 2^24), `[b heads, rows / block, 1, block]`.
+    fn local_segments(
+        &self,
+        f: &mut FuncBuilder<'_>,
+        ids: Value,
+        me: Value,
+        heads: i64,
+        rows: i64,
+    ) -> Result<Value, CollectiveError> {
+        let b = f.value_type(ids)?.dims[0];
+        let block = self.block as i64;
+        let zero = f.scalar(0.0, DType::I32)?;
+        let len = f.scalar(rows as f64, DType::I32)?;
+        let start = f.mul(me, len)?;
+        let mine = f.dynamic_slice(ids, &[zero, start], &[b, rows])?;
+        let mine = f.convert(mine, DType::F32)?;
+        let per_head = f.broadcast_in_dim(mine, &[b, heads, rows], &[0, 2])?;
+        Ok(f.reshape(per_head, &[b * heads, rows / block, 1, block])?)
+    }
+}
+
+/// The custom-VJP unit: the forward kernel, and the backward kernel as its rule; the
+/// segment ids the kernels take, if any (no cotangent flows to them).
 #[derive(Debug)]
 struct Unit {
     composed: Composed,
     devices: Vec<DeviceAxis>,
+    segments: Option<Value>,
 }
 
 impl Unit {
-    /// `def` instantiated for `args` on the step's mesh and lowered into `f`.
+    /// `def` instantiated for `args` (and the segment ids, if any) on the step's mesh and
+    /// lowered into `f`.
     fn lower(
         &self,
         f: &mut FuncBuilder<'_>,
         def: KernelDef,
         args: &[Value],
     ) -> Result<Vec<Value>, CollectiveError> {
+        let (def, args) = match self.segments {
+            Some(ids) => (def, [args, &[ids]].concat()),
+            None => (
+                def.without("segment_ids").map_err(CollectiveError::local)?,
+                args.to_vec(),
+            ),
+        };
         let specs = args
             .iter()
             .map(|&a| {
@@ -247,7 +282,7 @@ impl Unit {
             .instantiate_on(&specs, &self.devices, &lowering.rules)
             .map_err(CollectiveError::local)?;
         let mut outputs = lowering
-            .lower_into_spmd(&kernel, f, args)
+            .lower_into_spmd(&kernel, f, &args)
             .map_err(CollectiveError::local)?;
         // The run-time index checks' flags come last (`tessera_dsl::checks`). Inside the
         // step nothing reads them: a failed check still clamps its index into the array,
