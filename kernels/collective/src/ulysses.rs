@@ -214,6 +214,11 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
 /// - each finished chunk is copied at once to the device whose rows it holds (its head's
 ///   rows of `out` there), while the next chunk is computed.
 ///
+/// `segment_ids` (optional, `def.without("segment_ids")` leaves them out): this device's
+/// rows' segment ids per head, f32 (exact below 2^24) `[H, SL / block, 1, block]`, exchanged
+/// beside q, k and v; a query then attends only the keys of its own segment (packed
+/// sequences). The backward takes them the same way.
+///
 /// `lse` (optional, `def.without("lse")` leaves it out): the rows' logsumexp, f32, sent
 /// back beside `out` (as the custom-VJP forward of the `ulysses_fused` strategy needs it).
 /// Its layout `[H, SL / block, 1, block]` keeps a block's rows lanes-wide (row-major it is
