@@ -12,7 +12,7 @@ use tessera::backend::{self, Backend};
 use tessera::collective_kernels::memory::{ring_mesh, RingMesh};
 use tessera::collective_kernels::ulysses::{
     ulysses_attention, ulysses_attention_bwd, ulysses_attention_bwd_of,
-    ulysses_attention_bwd_reference, ulysses_attention_of, ulysses_attention_reference,
+    ulysses_attention_bwd_reference, ulysses_attention_of, ulysses_attention_reference, Logits,
 };
 use tessera::dsl::axes::Context;
 use tessera::dsl::interpret::{self, InterpretOptions};
@@ -81,7 +81,9 @@ fn matches_dense_f64_attention_on_every_backend() {
 #[test]
 fn bf16_matches_dense_f64_attention_on_every_backend() {
     let def = unsegmented(ulysses_attention_of::<half::bf16, RingMesh, Context>(
-        16, true,
+        16,
+        true,
+        Logits::default(),
     ));
     let per_device = inputs(DType::BF16, 4, 32, 128);
     let want = reference(&per_device, true);
@@ -144,15 +146,18 @@ fn mosaic_eval_on_four_devices_agrees_with_the_interpreter() {
 }
 
 /// libtpu compiles the forward and the backward for the 4 chips of v5p:2x2x1 (f32 and
-/// bf16; 8 heads of 512 rows per chip, 2048 in all, blocks of 256), with segment ids.
+/// bf16 with a soft cap; 8 heads of 512 rows per chip, 2048 in all, blocks of 256), with
+/// segment ids.
 #[test]
 fn libtpu_compiles_both_directions_for_four_v5p_chips() {
     let topology = tessera::tpu::TpuTopology::parse("tpu:v5p:2x2x1").unwrap();
+    // bf16 with Gemma 2's soft cap.
+    let capped = Logits::new(None, Some(50.0));
     let bf16 = |bwd: bool| {
         if bwd {
-            ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(256, true)
+            ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(256, true, capped)
         } else {
-            ulysses_attention_of::<half::bf16, RingMesh, Context>(256, true)
+            ulysses_attention_of::<half::bf16, RingMesh, Context>(256, true, capped)
         }
     };
     for (def, dtype, arrays) in [
@@ -255,7 +260,9 @@ fn backward_matches_dense_f64_gradients_on_every_backend() {
 #[test]
 fn bf16_backward_matches_dense_f64_gradients() {
     let def = unsegmented(ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(
-        16, true,
+        16,
+        true,
+        Logits::default(),
     ));
     let per_device = backward_inputs(DType::BF16, 4, 16, 16, true);
     let out = backend::run_on_devices(

@@ -89,13 +89,11 @@ fn run_check(
         kv_heads,
         mask,
         packed,
-        packed,
         load_balance,
     );
 }
 
-/// [`run_check`] of a parsed strategy; `soft_cap`: with a soft cap (when `packed`).
-#[allow(clippy::too_many_arguments)]
+/// [`run_check`] of a parsed strategy.
 fn check_strategy(
     strategy: Strategy,
     devices: usize,
@@ -103,7 +101,6 @@ fn check_strategy(
     kv_heads: usize,
     mask: Mask,
     packed: bool,
-    soft_cap: bool,
     load_balance: bool,
 ) {
     let seq = 512;
@@ -113,7 +110,7 @@ fn check_strategy(
     let block = (seq / devices / parts).min(128);
     let mut cp = config(strategy.clone(), devices, d, mask.clone(), block);
     cp.load_balance = load_balance;
-    let soft_cap = (packed && soft_cap).then_some(3.0);
+    let soft_cap = packed.then_some(3.0);
     cp.options.soft_cap = soft_cap.map(|c| c as f32);
     let segments: Vec<i32> = (0..seq as i32).map(|i| i / 100).collect();
     let segment_ids = HostArray::i32([1, seq], segments.clone()).unwrap();
@@ -198,26 +195,7 @@ fn every_listed_strategy_matches_the_reference() {
     assert!(listed.len() >= 4, "{listed:?}");
     for strategy in listed {
         let balances = strategy.load_balances();
-        let soft_cap = takes_a_soft_cap(&strategy);
-        check_strategy(strategy, 4, 8, 2, Mask::causal(), true, soft_cap, balances);
-    }
-}
-
-/// Whether `strategy`'s kernels take a soft cap; one whose kernels do not refuses it by name
-/// before building anything.
-fn takes_a_soft_cap(strategy: &Strategy) -> bool {
-    let mut cp = config(strategy.clone(), 4, dims(8, 2, 512), Mask::causal(), 128);
-    cp.options.soft_cap = Some(3.0);
-    match cp.check() {
-        Ok(()) => true,
-        Err(e) => {
-            let e = e.to_string();
-            assert!(
-                e.contains(&strategy.name()) && e.contains("soft cap"),
-                "{e}"
-            );
-            false
-        }
+        check_strategy(strategy, 4, 8, 2, Mask::causal(), true, balances);
     }
 }
 
@@ -229,12 +207,40 @@ fn ulysses_fused_matches_the_reference() {
     check("ulysses_fused", 4, 8, 8, Mask::causal());
     check("ulysses-fused", 2, 4, 2, Mask::Full);
     check("ulysses_fused", 8, 8, 2, Mask::causal());
-    let packed = |devices, mask| {
-        let strategy = Strategy::parse("ulysses_fused", devices).unwrap();
-        check_strategy(strategy, devices, 4, 2, mask, true, false, false);
+    check_with("ulysses_fused", 2, 4, 2, Mask::Full, true);
+    check_with("ulysses_fused", 4, 4, 2, Mask::causal(), true);
+}
+
+/// A softmax scale of the configuration's own: the fused kernels give plain Ulysses'
+/// results (splash's, which the reference tests hold), forward and backward.
+#[test]
+fn ulysses_fused_takes_the_configuration_s_scale() {
+    let d = dims(8, 4, 256);
+    let run = |name: &str| {
+        let strategy = Strategy::parse(name, 4).unwrap();
+        let mut cp = config(strategy, 4, d, Mask::causal(), 64);
+        cp.options.scale = Some(0.3);
+        let q = random(DType::F32, &[1, 8, 256, HEAD_DIM], 1);
+        let [k, v] = [2, 3].map(|s| random(DType::F32, &[1, 4, 256, HEAD_DIM], s));
+        let dout = random(DType::F32, &[1, 8, 256, HEAD_DIM], 4);
+        let x = CpInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            segment_ids: None,
+        };
+        cp.forward_backward(Platform::Cpu, &x, &dout).unwrap()
     };
-    packed(2, Mask::Full);
-    packed(4, Mask::causal());
+    let (plain, fused) = (run("ulysses"), run("ulysses_fused"));
+    for (name, a, b) in [
+        ("out", &plain.out, &fused.out),
+        ("lse", &plain.lse, &fused.lse),
+        ("dq", &plain.dq, &fused.dq),
+        ("dk", &plain.dk, &fused.dk),
+        ("dv", &plain.dv, &fused.dv),
+    ] {
+        assert_close(&b.to_f64_vec(), &a.to_f64_vec(), 1e-4, name);
+    }
 }
 
 /// What the fused kernels do not take is refused with the setting named and a way out.
@@ -250,9 +256,6 @@ fn ulysses_fused_refuses_what_its_kernels_do_not_take() {
         config(strategy.clone(), 4, d, Mask::local(64, 0), 128),
         "causal or full",
     );
-    let mut cp = config(strategy.clone(), 4, d, Mask::causal(), 128);
-    cp.options.scale = Some(0.5);
-    refused(cp, "1/sqrt(head dim)");
     let mut cp = config(strategy.clone(), 4, d, Mask::causal(), 128);
     cp.block_sizes.block_kv = 64;
     refused(cp, "one block for queries and keys, not 128 and 64");

@@ -24,7 +24,7 @@ use crate::memory::{
     gather_tiles_of, gather_tiles_reference, ring_all_gather_of, ring_all_gather_reference,
     ring_mesh, ring_shift_of, ring_shift_reference, tile_rows, RingMesh,
 };
-use crate::ulysses::{ulysses_attention_of, ulysses_attention_reference};
+use crate::ulysses::{ulysses_attention_of, ulysses_attention_reference, Logits};
 
 /// The element dtype of a kernel that only copies: any kernel element type (bool builds, and
 /// the TPU rules refuse it with their sentence: Mosaic keeps no `i1` arrays in memory).
@@ -232,7 +232,7 @@ fn build_ulysses_attention(p: &Params, _name: &str) -> Result<Built, RegistryErr
     // The output alone of unpacked sequences, as the XLA program it is measured against
     // computes it.
     let def =
-        with_float_type!(dtype, T => ulysses_attention_of::<T, RingMesh, Context>(block, causal))
+        with_float_type!(dtype, T => ulysses_attention_of::<T, RingMesh, Context>(block, causal, Logits::default()))
             .without("lse")?
             .without("segment_ids")?;
     let spec = ArgSpec::new(dtype, [h, sl, d]);

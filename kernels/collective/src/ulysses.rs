@@ -9,6 +9,56 @@ use tessera_dsl::{wait_copy, HasAxis, HostArray, Idx, IntoIndex, KernelDef, Mesh
 
 use crate::collective::meet_all;
 
+/// How the fused Ulysses kernels form their logits: `scale q k^T` (`scale` by default
+/// `1/sqrt(D)`), capped as `cap tanh(logits / cap)` where a soft cap is set (Gemma 2's).
+/// Held as f32 bits so a kernel's comptime parameters hash.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Logits {
+    scale_bits: Option<u32>,
+    soft_cap_bits: Option<u32>,
+}
+
+impl Logits {
+    /// `scale` (`None`: `1/sqrt(D)`) and `soft_cap` (`None`: uncapped).
+    pub fn new(scale: Option<f32>, soft_cap: Option<f32>) -> Self {
+        Logits {
+            scale_bits: scale.map(f32::to_bits),
+            soft_cap_bits: soft_cap.map(f32::to_bits),
+        }
+    }
+
+    /// The scale of head dim `d`.
+    pub fn scale(&self, d: usize) -> f32 {
+        self.scale_bits
+            .map_or(1.0 / (d as f32).sqrt(), f32::from_bits)
+    }
+
+    /// The soft cap, if any.
+    pub fn soft_cap(&self) -> Option<f32> {
+        self.soft_cap_bits.map(f32::from_bits)
+    }
+
+    /// `scaled q k^T` (the queries already scaled) capped where a soft cap is set.
+    fn of(&self, raw: Value) -> Value {
+        match self.soft_cap() {
+            Some(cap) => (raw * (1.0 / cap)).tanh() * cap,
+            None => raw,
+        }
+    }
+
+    /// A cotangent of the capped logits `capped` as one of the logits before the cap:
+    /// times `1 - tanh^2 = 1 - (capped / cap)^2`.
+    fn uncapped(&self, d_capped: Value, capped: Value) -> Value {
+        match self.soft_cap() {
+            Some(cap) => {
+                let t = capped * (1.0 / cap);
+                d_capped * (1.0 - t * t)
+            }
+            None => d_capped,
+        }
+    }
+}
+
 /// How the heads of a Ulysses kernel travel: every device holds `rows` rows (along dim 1) of
 /// every head of some `[H, rows, ..]` arrays and owns `HL = H / N` heads; local head `h` of
 /// the device at position `p` is head `p HL + h`. Gathered, a head's whole sequence sits in
@@ -263,6 +313,7 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     devices: Devices<M>,
     #[comptime] block: usize,
     #[comptime] causal: bool,
+    #[comptime] logits: Logits,
 ) {
     let n = devices.size::<A>();
     let hl = program_id(0);
@@ -283,7 +334,8 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
         let s = x.along(k);
         fori_loop(0, (SL / block) as i32, (), |i, ()| {
             let row0 = s * SL as i32 + i * block as i32;
-            let (acc, m, l) = attend_rows(&qg, &kg, &vg, segments, b, row0, block, causal);
+            let rows = (b, row0, block);
+            let (acc, m, l) = attend_rows(&qg, &kg, &vg, segments, rows, causal, logits);
             og.at_mut(&[ds(row0, block), all()])
                 .store((acc / l).cast(T::DTYPE));
             if lse.is_some() {
@@ -341,14 +393,13 @@ fn attend_rows<T: Element>(
     kg: &Vmem<T>,
     vg: &Vmem<T>,
     segments: Option<(&Vmem<f32>, Value)>,
-    b: Value,
-    row0: Value,
-    block: usize,
+    (b, row0, block): (Value, Value, usize),
     causal: bool,
+    logits: Logits,
 ) -> (Value, Value, Value) {
     let [_, s, d] = <[usize; 3]>::try_from(qg.shape()).expect("a [2, S, D] buffer");
     let rows = [ds(b, 1), ds(row0, block), all()];
-    let qi = scaled_queries::<T>(qg.at(&rows).load().reshape(&[block, d]), d);
+    let qi = scaled_queries::<T>(qg.at(&rows).load().reshape(&[block, d]), logits.scale(d));
     let init = (
         constant(DType::F32, &[block, 1], f32::NEG_INFINITY),
         constant(DType::F32, &[block, 1], 0.0),
@@ -362,7 +413,8 @@ fn attend_rows<T: Element>(
             let keys = [ds(b, 1), ds(j * block as i32, block), all()];
             let kj = kg.at(&keys).load().reshape(&[block, d]);
             let vj = vg.at(&keys).load().reshape(&[block, d]);
-            let s_ij = masked(dot_nt(qi, kj), row0, j * block as i32, block, causal);
+            let s_ij = logits.of(dot_nt(qi, kj));
+            let s_ij = masked(s_ij, row0, j * block as i32, block, causal);
             let s_ij = segment_masked(s_ij, segments, row0 / block as i32, j, block);
             let m_new = m.maximum(s_ij.max_keepdims(-1));
             let alpha = (m - m_new).exp();
@@ -402,9 +454,9 @@ fn lse_rows(s: Value, rows: usize, block: usize) -> [Idx; 3] {
     [ds(s * (rows / block) as i32, rows / block), all(), all()]
 }
 
-/// `q / sqrt(D)` in the input dtype (the logits' scale, applied once per query block).
-fn scaled_queries<T: Element>(q: Value, d: usize) -> Value {
-    (q.cast(DType::F32) * (1.0 / (d as f32).sqrt())).cast(T::DTYPE)
+/// `scale q` in the input dtype (the logits' scale, applied once per query block).
+fn scaled_queries<T: Element>(q: Value, scale: f32) -> Value {
+    (q.cast(DType::F32) * scale).cast(T::DTYPE)
 }
 
 /// The key blocks query block `row0 .. row0 + block` meets: all `s / block`, or causally
@@ -512,6 +564,7 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     devices: Devices<M>,
     #[comptime] block: usize,
     #[comptime] causal: bool,
+    #[comptime] logits: Logits,
 ) {
     let n = devices.size::<A>();
     let s_len = n * SL;
@@ -547,25 +600,20 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
             .store(constant(DType::F32, &[block, D], 0.0));
     });
     // Per key block: its dk, dv over the query blocks that see it, and their dq.
-    let scale = 1.0 / (D as f32).sqrt();
+    let scale = logits.scale(D);
     fori_loop(0, blocks, (), |j, ()| {
         let (kj, vj) = (load(&kg, j), load(&vg, j));
         let first = if causal { j } else { 0.into_index() };
         let zeros = || constant(DType::F32, &[block, D], 0.0);
         let (dkj, dvj) = fori_loop(first, blocks, (zeros(), zeros()), |i, (dkj, dvj)| {
-            let qi = scaled_queries::<T>(load(&qg, i), D);
+            let qi = scaled_queries::<T>(load(&qg, i), scale);
             let d_oi = load(&dog, i);
-            let logits = masked(
-                dot_nt(qi, kj),
-                i * block as i32,
-                j * block as i32,
-                block,
-                causal,
-            );
-            let logits = segment_masked(logits, segments, i, j, block);
-            let p = (logits - column(&lse_g, i)).exp();
+            let capped = logits.of(dot_nt(qi, kj));
+            let s_ij = masked(capped, i * block as i32, j * block as i32, block, causal);
+            let s_ij = segment_masked(s_ij, segments, i, j, block);
+            let p = (s_ij - column(&lse_g, i)).exp();
             let dp = dot_nt(d_oi, vj);
-            let ds_ij = p * (dp - column(&di_g, i));
+            let ds_ij = logits.uncapped(p * (dp - column(&di_g, i)), capped);
             let dq_i = dq_acc.at(&flat(i)).load() + dot(ds_ij.cast(T::DTYPE), kj) * scale;
             dq_acc.at_mut(&flat(i)).store(dq_i);
             (
@@ -626,20 +674,20 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     x.done::<A>(&ready, hl);
 }
 
-/// [`ulysses_attention_bwd_of`] for f32.
+/// [`ulysses_attention_bwd_of`] for f32, with the default logits.
 pub fn ulysses_attention_bwd<M: MeshShape + HasAxis<A>, A: MeshAxis>(
     block: usize,
     causal: bool,
 ) -> KernelDef {
-    ulysses_attention_bwd_of::<f32, M, A>(block, causal)
+    ulysses_attention_bwd_of::<f32, M, A>(block, causal, Logits::default())
 }
 
-/// [`ulysses_attention_of`] for f32.
+/// [`ulysses_attention_of`] for f32, with the default logits.
 pub fn ulysses_attention<M: MeshShape + HasAxis<A>, A: MeshAxis>(
     block: usize,
     causal: bool,
 ) -> KernelDef {
-    ulysses_attention_of::<f32, M, A>(block, causal)
+    ulysses_attention_of::<f32, M, A>(block, causal, Logits::default())
 }
 
 /// The f64 reference of [`ulysses_attention_of`], written apart from it: every device's

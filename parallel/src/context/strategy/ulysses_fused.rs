@@ -16,18 +16,19 @@
 //!
 //! Segment ids (packed sequences) travel with the rows: each device gives the kernels its
 //! own rows' ids per head (f32, exact below 2^24), and they are exchanged beside q, k, v.
-//! What the kernels do not do, refused before anything is built
-//! ([`ContextStrategy::check`]): a soft cap or a softmax scale other than `1/sqrt(D)`, masks other than causal and full, different head dims for
-//! values, block sizes that differ or do not divide the rows a device holds, dtypes other than
-//! f32 and bf16. GQA's KV heads are repeated to every query head before the kernel, so the
-//! exchange moves `H` heads of K and V (the plain strategy moves `KVH`, or the Ulysses degree).
+//! The softmax scale and the soft cap are the configuration's. What the kernels do not do,
+//! refused before anything is built ([`ContextStrategy::check`]): masks other than causal
+//! and full, different head dims for values, block sizes that differ or do not divide the
+//! rows a device holds, dtypes other than f32 and bf16. GQA's KV heads are repeated to
+//! every query head before the kernel, so the exchange moves `H` heads of K and V (the plain
+//! strategy moves `KVH`, or the Ulysses degree).
 //! A head's whole sequence is staged in VMEM, so on TPU the sequence is bounded by VMEM
 //! (near 16K at D 128 in bf16).
 
 use std::fmt;
 use std::rc::Rc;
 
-use tessera_collective_kernels::ulysses::{ulysses_attention_bwd_of, ulysses_attention_of};
+use tessera_collective_kernels::ulysses::{ulysses_attention_bwd_of, ulysses_attention_of, Logits};
 use tessera_collectives::axes::Context;
 use tessera_collectives::{CollectiveError, LocalValue, Spmd};
 use tessera_dsl::prelude::bf16;
@@ -95,27 +96,11 @@ impl ContextStrategy for UlyssesFused {
                 fix: fix.to_string(),
             })
         };
-        let (d, b, o) = (cp.dims, cp.block_sizes, &cp.options);
+        let (d, b) = (cp.dims, cp.block_sizes);
         if !matches!(cp.mask, Mask::Full | Mask::Causal { offset: 0 }) {
             return refuse(
                 format!("its kernels mask causally or not at all, not {:?}", cp.mask),
                 "use a causal or full mask, or the ulysses strategy (splash's masks)",
-            );
-        }
-        if o.soft_cap.is_some() {
-            return refuse(
-                "its kernels have no soft cap".into(),
-                "leave the soft cap off, or use the ulysses strategy",
-            );
-        }
-        let default_scale = 1.0 / (d.head_dim as f32).sqrt();
-        if o.scale.is_some_and(|s| s != default_scale) {
-            return refuse(
-                format!(
-                    "its kernels scale the logits by 1/sqrt(head dim) = {default_scale}, not {}",
-                    o.scale.unwrap_or_default()
-                ),
-                "leave the scale at its default, or use the ulysses strategy",
             );
         }
         if d.head_dim != d.head_dim_v {
@@ -150,6 +135,7 @@ impl ContextStrategy for UlyssesFused {
         Ok(Rc::new(Composed {
             block: cp.block_sizes.block_q,
             causal: cp.mask == Mask::causal(),
+            logits: Logits::new(cp.options.scale, cp.options.soft_cap),
             kv_repeat: cp.kv_replication(),
             lowering: cp.lowering.clone(),
         }))
@@ -162,6 +148,7 @@ impl ContextStrategy for UlyssesFused {
 struct Composed {
     block: usize,
     causal: bool,
+    logits: Logits,
     kv_repeat: usize,
     lowering: Lowering,
 }
@@ -171,6 +158,7 @@ impl fmt::Debug for Composed {
         f.debug_struct("UlyssesFused")
             .field("block", &self.block)
             .field("causal", &self.causal)
+            .field("logits", &self.logits)
             .field("kv_repeat", &self.kv_repeat)
             .field("kernels", &self.lowering.kernels)
             .finish_non_exhaustive()
@@ -300,10 +288,15 @@ impl Unit {
         f: &mut FuncBuilder<'_>,
         qkv: &[Value],
     ) -> Result<Vec<Value>, CollectiveError> {
-        let (block, causal) = (self.composed.block, self.composed.causal);
+        let Composed {
+            block,
+            causal,
+            logits,
+            ..
+        } = self.composed;
         let def = match f.value_type(qkv[0])?.dtype {
-            DType::BF16 => ulysses_attention_of::<bf16, ModelMesh, Context>(block, causal),
-            _ => ulysses_attention_of::<f32, ModelMesh, Context>(block, causal),
+            DType::BF16 => ulysses_attention_of::<bf16, ModelMesh, Context>(block, causal, logits),
+            _ => ulysses_attention_of::<f32, ModelMesh, Context>(block, causal, logits),
         };
         self.lower(f, def, qkv)
     }
@@ -327,10 +320,17 @@ impl Unit {
                 f.splat(0.0, t)?
             }
         };
-        let (block, causal) = (self.composed.block, self.composed.causal);
+        let Composed {
+            block,
+            causal,
+            logits,
+            ..
+        } = self.composed;
         let def = match f.value_type(dout)?.dtype {
-            DType::BF16 => ulysses_attention_bwd_of::<bf16, ModelMesh, Context>(block, causal),
-            _ => ulysses_attention_bwd_of::<f32, ModelMesh, Context>(block, causal),
+            DType::BF16 => {
+                ulysses_attention_bwd_of::<bf16, ModelMesh, Context>(block, causal, logits)
+            }
+            _ => ulysses_attention_bwd_of::<f32, ModelMesh, Context>(block, causal, logits),
         };
         // The residuals the backward kernel takes: the forward's lse, and di = rowsum(out *
         // dout) of this device's rows (in f32, laid out as the lse).
