@@ -33,7 +33,7 @@ pub(crate) struct Segments {
 impl Segments {
     /// Positions `start .. start + len` (all when `start` is `None`) as the kernels' query
     /// or key segment ids (both `[B, 1, len]`).
-    fn slice(
+    pub(crate) fn slice(
         &self,
         f: &mut FuncBuilder<'_>,
         start: Option<Value>,

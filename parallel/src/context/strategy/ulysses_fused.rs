@@ -40,7 +40,7 @@ use tessera_splash::{Mask, SeqOffsets};
 use super::{Composition, ContextStrategy, Exchange, Fixed, KernelCalls, Listing, Shards};
 use crate::context::error::ConfigError;
 use crate::context::layout::{kernel_devices, ModelMesh, SeqLseTensor, SeqTensor, WholeSegments};
-use crate::context::spmd::replicate_heads;
+use crate::context::spmd::{replicate_heads, Segments};
 use crate::context::{ContextParallel, CpError};
 
 pub(super) const LISTING: Listing = Listing::fixed::<UlyssesFused>("ulysses_fused (ulysses-fused)");
@@ -222,12 +222,11 @@ impl Composed {
     ) -> Result<Value, CollectiveError> {
         let b = f.value_type(ids)?.dims[0];
         let block = self.block as i64;
-        let zero = f.scalar(0.0, DType::I32)?;
         let len = f.scalar(rows as f64, DType::I32)?;
         let start = f.mul(me, len)?;
-        let mine = f.dynamic_slice(ids, &[zero, start], &[b, rows])?;
+        let mine = Segments { full: ids }.slice(f, Some(start), rows as usize)?;
         let mine = f.convert(mine, DType::F32)?;
-        let per_head = f.broadcast_in_dim(mine, &[b, heads, rows], &[0, 2])?;
+        let per_head = f.broadcast_in_dim(mine, &[b, heads, rows], &[0, 1, 2])?;
         Ok(f.reshape(per_head, &[b * heads, rows / block, 1, block])?)
     }
 }
