@@ -174,11 +174,7 @@ fn libtpu_compiles_both_directions_for_four_v5p_chips() {
         ),
         (bf16(true), DType::BF16, 4),
     ] {
-        // The backward's lse and di, and both directions' segment ids: f32 `[H, SL /
-        // block, 1, block]`.
-        let mut args = vec![ArgSpec::new(dtype, [8, 512, 128]); arrays];
-        let rows = if arrays == 4 { 3 } else { 1 };
-        args.extend(vec![ArgSpec::new(DType::F32, [8, 2, 1, 256]); rows]);
+        let args = compile_args(dtype, arrays, 8, 512, 256);
         let report = topology
             .compile_kernel_on(&def, &args, &ring_mesh(N))
             .unwrap_or_else(|e| panic!("{} {dtype}: {e}", def.name()));
@@ -188,6 +184,78 @@ fn libtpu_compiles_both_directions_for_four_v5p_chips() {
             def.name(),
             report.kernel_vmem
         );
+    }
+}
+
+/// The arguments of a direction of `arrays` `[heads, rows, 128]` arrays (3: the forward, 4:
+/// the backward), with the segment ids and (backward) lse and di: f32 `[heads, rows / block,
+/// 1, block]`.
+fn compile_args(
+    dtype: DType,
+    arrays: usize,
+    heads: usize,
+    rows: usize,
+    block: usize,
+) -> Vec<ArgSpec> {
+    let mut args = vec![ArgSpec::new(dtype, [heads, rows, 128]); arrays];
+    let row_arrays = if arrays == 4 { 3 } else { 1 };
+    args.extend(vec![
+        ArgSpec::new(
+            DType::F32,
+            [heads, rows / block, 1, block]
+        );
+        row_arrays
+    ]);
+    args
+}
+
+/// Both directions prove every index they compute when instantiated: no run-time check, so
+/// no check flags (which nothing reads inside a train step; `ulysses_fused` refuses a
+/// kernel that has them).
+#[test]
+fn both_directions_prove_every_index_in_range() {
+    for (def, arrays) in [
+        (ulysses_attention::<RingMesh, Context>(8, true), 3),
+        (ulysses_attention_bwd::<RingMesh, Context>(8, false), 4),
+    ] {
+        for devices in [2, 4, 8] {
+            let args = compile_args(DType::F32, arrays, 8, 16, 8);
+            let k = def
+                .instantiate_on(&args, &ring_mesh(devices), &KernelRules::tpu())
+                .unwrap();
+            assert!(
+                k.checks.sites.is_empty(),
+                "{} on {devices}: {k}",
+                def.name()
+            );
+            assert!(k.checks.flags.is_none() && k.checks.proven > 0);
+        }
+    }
+}
+
+/// Both directions on a context axis of 64 chips (v5p:4x4x4, as MaxText's USP cells take
+/// context 64), bf16 with segment ids: their semaphores do not grow with the axis but for
+/// one `ready` per device, where one per (buffer, source) ran out of the chip's semaphore
+/// memory (libtpu: memory space "sflag") from about 46 devices.
+#[test]
+fn libtpu_compiles_both_directions_on_a_64_chip_axis() {
+    let topology = tessera::tpu::TpuTopology::parse("tpu:v5p:4x4x4").unwrap();
+    let mesh = ring_mesh(64);
+    for (def, arrays) in [
+        (
+            ulysses_attention_of::<half::bf16, RingMesh, Context>(64, true, Logits::default()),
+            3,
+        ),
+        (
+            ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(64, true, Logits::default()),
+            4,
+        ),
+    ] {
+        let args = compile_args(DType::BF16, arrays, 64, 64, 64);
+        let report = topology
+            .compile_kernel_on(&def, &args, &mesh)
+            .unwrap_or_else(|e| panic!("{}: {e}", def.name()));
+        assert_eq!(report.kernels, [def.name()]);
     }
 }
 

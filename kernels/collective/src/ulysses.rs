@@ -63,9 +63,13 @@ impl Logits {
 /// every head of some `[H, rows, ..]` arrays and owns `HL = H / N` heads; local head `h` of
 /// the device at position `p` is head `p HL + h`. Gathered, a head's whole sequence sits in
 /// a `[2, N rows, ..]` VMEM buffer (two heads in flight), slot `s` holding device `s`'s rows,
-/// and lands on a receive semaphore per (buffer, source) that the group's arrays share (DMA
-/// semaphores count bytes, and every wait of a head is done before its rows are read; one
-/// per array would use more of the chip's semaphore memory than 16 devices allow).
+/// and lands on one receive semaphore per buffer that every source and array share; the
+/// sends likewise share one per buffer. DMA semaphores count bytes, and every wait of a head
+/// is done before its rows are read, so a wait that another source's bytes satisfied first
+/// is made up by the waits after it. Head `h + 2`, the next to land on buffer `h % 2`'s
+/// semaphore, is sent only after this device's `ready` for `h`. So the semaphores do not
+/// grow with the axis (one per source and array used more of a chip's semaphore memory than
+/// 16 devices allow).
 struct Exchange<'a, M: MeshShape> {
     devices: &'a Devices<M>,
     /// This device's position along the axis, and the axis' size.
@@ -163,14 +167,14 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
     {
         for (x, g) in arrays.iter().zip(gathered.iter_mut()) {
             let rank = x.shape().len();
-            let landed = || self.recv.at_nd([b, self.me]);
+            let landed = || self.recv.at(b);
             let mine = self.slot(b, self.me, rank);
             let own = x.at(&self.head(self.me, h, rank));
             async_copy(own, g.at_mut(&mine), landed()).detach();
             for k in 1..self.n {
                 let to = self.along(k);
                 let src = x.at(&self.head(to, h, rank));
-                let sent = self.send.at_nd([b, to]);
+                let sent = self.send.at(b);
                 let to = self.devices.shifted::<A>(k as i64);
                 remote_copy(src, g.at_mut(&mine), sent, landed(), to).detach();
             }
@@ -189,13 +193,13 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
             let rank = x.shape().len();
             let own = || x.at(&self.head(self.me, h, rank));
             let mine = self.slot(b, self.me, rank);
-            wait_copy(own(), g.at_mut(&mine), self.recv.at_nd([b, self.me]));
+            wait_copy(own(), g.at_mut(&mine), self.recv.at(b));
             for k in 1..self.n {
                 let (to, from) = (self.along(k), self.back(k));
                 let src = x.at(&self.head(to, h, rank));
-                wait_copy(src, g.at_mut(&mine), self.send.at_nd([b, to]));
+                wait_copy(src, g.at_mut(&mine), self.send.at(b));
                 let arriving = g.at_mut(&self.slot(b, from, rank));
-                wait_copy(own(), arriving, self.recv.at_nd([b, from]));
+                wait_copy(own(), arriving, self.recv.at(b));
             }
         }
     }
@@ -220,13 +224,17 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
             transfer(Transfer::Start, h, h % 2);
         });
         transfer(Transfer::Wait, h, h % 2);
-        when((h + 1).lt(self.heads_here as i32), || {
+        let last = self.heads_here as i32 - 1;
+        when(h.lt(last), || {
             when(h.ge(1), || {
                 for k in 1..self.n {
                     ready.at(self.along(k)).wait(1);
                 }
             });
-            transfer(Transfer::Start, h + 1, (h + 1) % 2);
+            // `h + 1` where it runs; the `minimum` proves every head window in range when
+            // the kernel is instantiated, so no run-time index check is needed.
+            let next = (h + 1).minimum(last);
+            transfer(Transfer::Start, next, next % 2);
         });
     }
 
@@ -255,8 +263,8 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
 /// - the step before (the first step for head 0) has started the exchange of the head's
 ///   rows: every device copies its `SL` rows of that head of q, k and v into slot `me` of a
 ///   `[2, S, D]` VMEM buffer of the head's owner (double-buffered, so the next head's
-///   exchange runs during this head's attention), on a receive semaphore per (tensor,
-///   buffer, source);
+///   exchange runs during this head's attention), on one receive semaphore per buffer
+///   (see `Exchange`: the kernel's semaphores do not grow with the axis but for `ready`);
 /// - it waits the head's rows, starts the next head's exchange (once every owner has
 ///   signalled that it finished the head that used that buffer), and computes the head
 ///   chunk by chunk of `SL` query rows, in the order `me, me + 1, ...`, with an online
@@ -303,12 +311,11 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     #[scratch(devices.size::<A>() * SL, D)] mut og: Vmem<T>,
     #[scratch(devices.size::<A>() * SL / block, 1, block)] mut lg: Vmem<f32>,
     #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut segments: Vmem<f32>,
-    #[scratch(2, devices.size::<A>())] send: DmaSem,
-    #[scratch(2, devices.size::<A>())] recv: DmaSem,
-    #[scratch(2, devices.size::<A>())] segments_send: DmaSem,
-    #[scratch(2, devices.size::<A>())] segments_recv: DmaSem,
-    #[scratch(devices.size::<A>())] out_send: DmaSem,
-    #[scratch(devices.size::<A>())] out_recv: DmaSem,
+    #[scratch(2)] send: DmaSem,
+    #[scratch(2)] recv: DmaSem,
+    out_send: DmaSem,
+    out_recv: DmaSem,
+    out_local: DmaSem,
     #[scratch(devices.size::<A>())] ready: Sem,
     devices: Devices<M>,
     #[comptime] block: usize,
@@ -318,7 +325,7 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     let n = devices.size::<A>();
     let hl = program_id(0);
     let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
-    let ids = Exchange::new::<A>(&devices, H, SL / block, &segments_send, &segments_recv);
+    let ids = Exchange::new::<A>(&devices, H, SL / block, &send, &recv);
     x.step::<A>(&ready, hl, |t, h, b| {
         x.transfer::<T, A>(t, &[&q, &k, &v], &mut [&mut qg, &mut kg, &mut vg], h, b);
         if let Some(segment_ids) = &segment_ids {
@@ -348,12 +355,14 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
         let chunk = [ds(s * SL as i32, SL), all()];
         let lse_chunk = lse_rows(s, SL, block);
         let (dst, lse_dst) = (x.head(x.me, hl, 3), x.head(x.me, hl, 4));
-        // The output and the lse share their semaphores, as the exchange's arrays do.
-        let (sent, landed) = (|| out_send.at(s), || out_recv.at(x.me));
+        // The chunks, the lse's too, share their semaphores, as the exchange's arrays do.
+        // This device's own chunk has one of its own: other devices' chunks of their next
+        // head may land on `out_recv` before it, and `og` is overwritten then.
+        let (sent, landed) = (|| &out_send, || &out_recv);
         if k == 0 {
-            async_copy(og.at(&chunk), out.at_mut(&dst), landed()).wait();
+            async_copy(og.at(&chunk), out.at_mut(&dst), &out_local).wait();
             if let Some(lse) = lse.as_mut() {
-                async_copy(lg.at(&lse_chunk), lse.at_mut(&lse_dst), landed()).wait();
+                async_copy(lg.at(&lse_chunk), lse.at_mut(&lse_dst), &out_local).wait();
             }
         } else {
             let to = devices.shifted::<A>(k as i64);
@@ -371,13 +380,13 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
         let theirs = [ds(to * SL as i32, SL), all()];
         let mine = [ds(x.me * SL as i32, SL), all()];
         let (at_me, at_from) = (x.head(x.me, hl, 3), x.head(from, hl, 3));
-        wait_copy(og.at(&theirs), out.at_mut(&at_me), out_send.at(to));
-        wait_copy(og.at(&mine), out.at_mut(&at_from), out_recv.at(from));
+        wait_copy(og.at(&theirs), out.at_mut(&at_me), &out_send);
+        wait_copy(og.at(&mine), out.at_mut(&at_from), &out_recv);
         if let Some(lse) = lse.as_mut() {
             let (theirs, mine) = (lse_rows(to, SL, block), lse_rows(x.me, SL, block));
             let (at_me, at_from) = (x.head(x.me, hl, 4), x.head(from, hl, 4));
-            wait_copy(lg.at(&theirs), lse.at_mut(&at_me), out_send.at(to));
-            wait_copy(lg.at(&mine), lse.at_mut(&at_from), out_recv.at(from));
+            wait_copy(lg.at(&theirs), lse.at_mut(&at_me), &out_send);
+            wait_copy(lg.at(&mine), lse.at_mut(&at_from), &out_recv);
         }
     }
     x.done::<A>(&ready, hl);
@@ -405,6 +414,8 @@ fn attend_rows<T: Element>(
         constant(DType::F32, &[block, 1], 0.0),
         constant(DType::F32, &[block, d], 0.0),
     );
+    // The query block's segment ids as a column once, not at every key block.
+    let q_ids = query_segments(segments, row0 / block as i32, block);
     let (m, l, acc) = fori_loop(
         0,
         key_blocks(row0, s, block, causal),
@@ -415,7 +426,7 @@ fn attend_rows<T: Element>(
             let vj = vg.at(&keys).load().reshape(&[block, d]);
             let s_ij = logits.of(dot_nt(qi, kj));
             let s_ij = masked(s_ij, row0, j * block as i32, block, causal);
-            let s_ij = segment_masked(s_ij, segments, row0 / block as i32, j, block);
+            let s_ij = segment_masked(s_ij, segments, q_ids, j, block);
             let m_new = m.maximum(s_ij.max_keepdims(-1));
             let alpha = (m - m_new).exp();
             let p = (s_ij - m_new).exp();
@@ -480,27 +491,38 @@ fn masked(logits: Value, row0: Value, col0: Value, block: usize, causal: bool) -
     select(k_pos.le(q_pos), logits, f32::NEG_INFINITY)
 }
 
-/// `logits` `[block, block]` of query block `qi` and key block `kj`, `-inf` where their
-/// segment ids differ (packed sequences; unchanged without segment ids). `segments`: the
-/// gathered head's ids (f32, exact below 2^24; `[2, S / block, 1, block]`, a block
-/// lanes-wide) and the buffer that holds them.
+/// Block `i`'s segment ids `[1, block]` (lanes-wide) in buffer `b` of the gathered head's
+/// ids (f32, exact below 2^24; `[2, S / block, 1, block]`).
+fn segment_row(ids: &Vmem<f32>, b: Value, i: Value, block: usize) -> Value {
+    ids.at(&[ds(b, 1), ds(i, 1), all(), all()])
+        .load()
+        .reshape(&[1, block])
+}
+
+/// `logits` `[block, block]` of a query block whose segment ids are `q_ids` (a column
+/// `[block, 1]`) and key block `kj`, [`SEGMENT_MASKED`] where their segment ids differ
+/// (packed sequences; unchanged without segment ids). `segments`: the gathered head's ids
+/// and the buffer that holds them.
 fn segment_masked(
     logits: Value,
     segments: Option<(&Vmem<f32>, Value)>,
-    qi: Value,
+    q_ids: Option<Value>,
     kj: Value,
     block: usize,
 ) -> Value {
-    let Some((ids, b)) = segments else {
+    let (Some((ids, b)), Some(q_ids)) = (segments, q_ids) else {
         return logits;
     };
-    let row = |i: Value| {
-        ids.at(&[ds(b, 1), ds(i, 1), all(), all()])
-            .load()
-            .reshape(&[1, block])
-    };
-    let same = lane_column(row(qi), block).eq(row(kj));
-    select(same, logits, SEGMENT_MASKED)
+    select(
+        q_ids.eq(segment_row(ids, b, kj, block)),
+        logits,
+        SEGMENT_MASKED,
+    )
+}
+
+/// Query block `qi`'s segment ids as a column `[block, 1]`, where there are segment ids.
+fn query_segments(segments: Option<(&Vmem<f32>, Value)>, qi: Value, block: usize) -> Option<Value> {
+    segments.map(|(ids, b)| lane_column(segment_row(ids, b, qi, block), block))
 }
 
 /// The logit of a key in another segment: finite, as splash's mask value, so that a block
@@ -554,12 +576,11 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut segments: Vmem<f32>,
     #[scratch(devices.size::<A>() * SL, D)] mut dq_acc: Vmem<f32>,
     #[scratch(3, devices.size::<A>() * SL, D)] mut grads: Vmem<T>,
-    #[scratch(2, devices.size::<A>())] send: DmaSem,
-    #[scratch(2, devices.size::<A>())] recv: DmaSem,
-    #[scratch(2, devices.size::<A>())] stats_send: DmaSem,
-    #[scratch(2, devices.size::<A>())] stats_recv: DmaSem,
-    #[scratch(devices.size::<A>())] back_send: DmaSem,
-    #[scratch(devices.size::<A>())] back_recv: DmaSem,
+    #[scratch(2)] send: DmaSem,
+    #[scratch(2)] recv: DmaSem,
+    back_send: DmaSem,
+    back_recv: DmaSem,
+    back_local: DmaSem,
     #[scratch(devices.size::<A>())] ready: Sem,
     devices: Devices<M>,
     #[comptime] block: usize,
@@ -570,7 +591,7 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     let s_len = n * SL;
     let hl = program_id(0);
     let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
-    let stats = Exchange::new::<A>(&devices, H, SL / block, &stats_send, &stats_recv);
+    let stats = Exchange::new::<A>(&devices, H, SL / block, &send, &recv);
     x.step::<A>(&ready, hl, |t, h, b| {
         let arrays = [&q, &k, &v, &dout];
         let gathered = &mut [&mut qg, &mut kg, &mut vg, &mut dog];
@@ -610,7 +631,8 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
             let d_oi = load(&dog, i);
             let capped = logits.of(dot_nt(qi, kj));
             let s_ij = masked(capped, i * block as i32, j * block as i32, block, causal);
-            let s_ij = segment_masked(s_ij, segments, i, j, block);
+            let q_ids = query_segments(segments, i, block);
+            let s_ij = segment_masked(s_ij, segments, q_ids, j, block);
             let p = (s_ij - column(&lse_g, i)).exp();
             let dp = dot_nt(d_oi, vj);
             let ds_ij = logits.uncapped(p * (dp - column(&di_g, i)), capped);
@@ -639,36 +661,24 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
             .store(dq_i);
     });
     // Each gradient's chunk `s` to device `s` (the device `k` along), as its rows of head
-    // `me HL + hl`; then the sends, and every owner's chunk of this device's rows.
+    // `me HL + hl`; then the sends, and every owner's chunk of this device's rows. The
+    // chunks share their semaphores but for this device's own (as in the forward).
     let outs = [&mut dq, &mut dk, &mut dv];
     let chunk = |g: usize, s: Value| [ds(g, 1), ds(s * SL as i32, SL), all()];
+    let (sent, landed) = (&back_send, &back_recv);
     for (g, out) in outs.into_iter().enumerate() {
-        for k in 0..n {
+        let dst = x.head(x.me, hl, 3);
+        async_copy(grads.at(&chunk(g, x.me)), out.at_mut(&dst), &back_local).wait();
+        for k in 1..n {
             let s = x.along(k);
-            let dst = x.head(x.me, hl, 3);
-            let landed = back_recv.at(x.me);
-            if k == 0 {
-                async_copy(grads.at(&chunk(g, s)), out.at_mut(&dst), landed).wait();
-            } else {
-                let sent = back_send.at(s);
-                let to = devices.shifted::<A>(k as i64);
-                remote_copy(grads.at(&chunk(g, s)), out.at_mut(&dst), sent, landed, to).detach();
-            }
+            let to = devices.shifted::<A>(k as i64);
+            remote_copy(grads.at(&chunk(g, s)), out.at_mut(&dst), sent, landed, to).detach();
         }
         for k in 1..n {
             let (to, from) = (x.along(k), x.back(k));
-            let sent = back_send.at(to);
-            wait_copy(
-                grads.at(&chunk(g, to)),
-                out.at_mut(&x.head(x.me, hl, 3)),
-                sent,
-            );
-            let landed = back_recv.at(from);
-            wait_copy(
-                grads.at(&chunk(g, x.me)),
-                out.at_mut(&x.head(from, hl, 3)),
-                landed,
-            );
+            wait_copy(grads.at(&chunk(g, to)), out.at_mut(&dst), sent);
+            let theirs = out.at_mut(&x.head(from, hl, 3));
+            wait_copy(grads.at(&chunk(g, x.me)), theirs, landed);
         }
     }
     x.done::<A>(&ready, hl);

@@ -268,16 +268,19 @@ impl Unit {
         let kernel = def
             .instantiate_on(&specs, &self.devices, &lowering.rules)
             .map_err(CollectiveError::local)?;
-        let mut outputs = lowering
-            .lower_into_spmd(&kernel, f, &args)
-            .map_err(CollectiveError::local)?;
-        // The run-time index checks' flags come last (`tessera_dsl::checks`). Inside the
-        // step nothing reads them: a failed check still clamps its index into the array,
-        // but is not reported (the standalone kernel's tests are where it would be).
-        if kernel.checks.flags.is_some() {
-            outputs.pop();
+        // Nothing inside a step could read run-time index checks' flags (an extra output,
+        // `tessera_dsl::checks`), so a failed check would go unreported. The two kernels
+        // prove every index they compute when instantiated; one that did not is refused.
+        if let Some(site) = kernel.checks.sites.first() {
+            return Err(CollectiveError::local(format!(
+                "kernel `{}` checks {} at run time ({}), which a step cannot report; the \
+                 fused Ulysses kernels must prove their indices in range",
+                kernel.name, site.kind, site.loc
+            )));
         }
-        Ok(outputs)
+        lowering
+            .lower_into_spmd(&kernel, f, &args)
+            .map_err(CollectiveError::local)
     }
 
     /// `out [bH, s, D]` and `lse [bH, s / block, 1, block]` (row-major `[bH, s]`) of `q, k,
