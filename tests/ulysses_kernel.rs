@@ -13,6 +13,7 @@ use tessera::collective_kernels::memory::{ring_mesh, RingMesh};
 use tessera::collective_kernels::ulysses::{
     ulysses_attention, ulysses_attention_bwd, ulysses_attention_bwd_of,
     ulysses_attention_bwd_reference, ulysses_attention_of, ulysses_attention_reference, Logits,
+    Visibility,
 };
 use tessera::dsl::axes::Context;
 use tessera::dsl::interpret::{self, InterpretOptions};
@@ -38,9 +39,9 @@ fn inputs(dtype: DType, heads: usize, rows: usize, d: usize) -> Vec<Vec<HostArra
 }
 
 /// Every device's `[out, lse]`.
-fn reference(per_device: &[Vec<HostArray>], causal: bool) -> Vec<[Vec<f64>; 2]> {
+fn reference(per_device: &[Vec<HostArray>], visible: impl Into<Visibility>) -> Vec<[Vec<f64>; 2]> {
     let tensor = |t: usize| -> Vec<HostArray> { per_device.iter().map(|x| x[t].clone()).collect() };
-    ulysses_attention_reference(&tensor(0), &tensor(1), &tensor(2), causal)
+    ulysses_attention_reference(&tensor(0), &tensor(1), &tensor(2), visible)
 }
 
 /// 12 heads (3 per device: each head's exchange overlaps the head before, and the third
@@ -82,7 +83,7 @@ fn matches_dense_f64_attention_on_every_backend() {
 fn bf16_matches_dense_f64_attention_on_every_backend() {
     let def = unsegmented(ulysses_attention_of::<half::bf16, RingMesh, Context>(
         16,
-        true,
+        Visibility::Causal,
         Logits::default(),
     ));
     let per_device = inputs(DType::BF16, 4, 32, 128);
@@ -97,6 +98,60 @@ fn bf16_matches_dense_f64_attention_on_every_backend() {
             // bf16's relative error (2^-9 of logits near 2).
             let err = common::max_error(&outs[1], &want[d][1]);
             assert!(err <= 5e-3, "{b}, device {d}: lse: max error {err:e}");
+        }
+    }
+}
+
+/// Local windows (both sides, one side) and chunked causal masks whose edges fall inside
+/// the blocks, forward and backward, against dense f64 attention under the same mask on
+/// every backend, and in mosaic-eval: the kernels skip the key (query) blocks a block sees nothing of, and a
+/// block whose keys some rows see none of keeps their running max finite.
+#[test]
+fn local_and_chunked_masks_match_dense_f64_attention_on_every_backend() {
+    for visible in [
+        Visibility::Local {
+            left: Some(11),
+            right: Some(5),
+        },
+        Visibility::Local {
+            left: Some(20),
+            right: None,
+        },
+        Visibility::ChunkedCausal { chunk: 20 },
+    ] {
+        let def = unsegmented(ulysses_attention::<RingMesh, Context>(8, visible));
+        let per_device = inputs(DType::F32, 4, 32, 128);
+        let want = reference(&per_device, visible);
+        let bwd = unsegmented(ulysses_attention_bwd::<RingMesh, Context>(8, visible));
+        let bwd_inputs = backward_inputs(DType::F32, 4, 32, 8, visible);
+        for b in Backend::everywhere() {
+            let run = |def: &KernelDef, x: &[Vec<HostArray>]| {
+                backend::run_on_devices(def, &ring_mesh(N), x, b, &KernelRules::tpu())
+                    .unwrap_or_else(|e| panic!("{b} {visible:?}: {e}"))
+            };
+            for (d, outs) in run(&def, &per_device).iter().enumerate() {
+                for (name, got, want) in [
+                    ("out", &outs[0], &want[d][0]),
+                    ("lse", &outs[1], &want[d][1]),
+                ] {
+                    let err = common::max_error(got, want);
+                    assert!(err <= 1e-5, "{b} {visible:?}, device {d}: {name}: {err:e}");
+                }
+            }
+            let err = backward_error(&run(&bwd, &bwd_inputs), &bwd_inputs, visible);
+            assert!(
+                err <= 1e-5,
+                "{b} {visible:?} backward: relative error {err:e}"
+            );
+        }
+        // The Mosaic lowering (the masks' integer vector ops too) bit for bit.
+        for (def, x) in [(&def, &per_device), (&bwd, &bwd_inputs)] {
+            let want = interpret::run_on_devices(def, &ring_mesh(N), x, &Default::default());
+            assert_eq!(
+                common::mosaic_eval_on_mesh(def, &ring_mesh(N), x),
+                want.unwrap(),
+                "{visible:?}"
+            );
         }
     }
 }
@@ -155,9 +210,13 @@ fn libtpu_compiles_both_directions_for_four_v5p_chips() {
     let capped = Logits::new(None, Some(50.0));
     let bf16 = |bwd: bool| {
         if bwd {
-            ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(256, true, capped)
+            ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(
+                256,
+                Visibility::Causal,
+                capped,
+            )
         } else {
-            ulysses_attention_of::<half::bf16, RingMesh, Context>(256, true, capped)
+            ulysses_attention_of::<half::bf16, RingMesh, Context>(256, Visibility::Causal, capped)
         }
     };
     for (def, dtype, arrays) in [
@@ -167,6 +226,29 @@ fn libtpu_compiles_both_directions_for_four_v5p_chips() {
             3,
         ),
         (bf16(false), DType::BF16, 3),
+        // Gemma's sliding window (a window of 300 keys across the blocks' edges) and Llama
+        // 4's chunks (of 384: a block in two chunks).
+        (
+            ulysses_attention_of::<half::bf16, RingMesh, Context>(
+                256,
+                Visibility::Local {
+                    left: Some(300),
+                    right: Some(0),
+                },
+                Logits::default(),
+            ),
+            DType::BF16,
+            3,
+        ),
+        (
+            ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(
+                256,
+                Visibility::ChunkedCausal { chunk: 384 },
+                Logits::default(),
+            ),
+            DType::BF16,
+            4,
+        ),
         (
             ulysses_attention_bwd::<RingMesh, Context>(256, true),
             DType::F32,
@@ -214,9 +296,18 @@ fn compile_args(
 /// kernel that has them).
 #[test]
 fn both_directions_prove_every_index_in_range() {
+    let local = Visibility::Local {
+        left: Some(11),
+        right: None,
+    };
+    let chunked = Visibility::ChunkedCausal { chunk: 20 };
     for (def, arrays) in [
         (ulysses_attention::<RingMesh, Context>(8, true), 3),
+        (ulysses_attention::<RingMesh, Context>(8, local), 3),
+        (ulysses_attention::<RingMesh, Context>(8, chunked), 3),
         (ulysses_attention_bwd::<RingMesh, Context>(8, false), 4),
+        (ulysses_attention_bwd::<RingMesh, Context>(8, local), 4),
+        (ulysses_attention_bwd::<RingMesh, Context>(8, chunked), 4),
     ] {
         for devices in [2, 4, 8] {
             let args = compile_args(DType::F32, arrays, 8, 16, 8);
@@ -243,11 +334,19 @@ fn libtpu_compiles_both_directions_on_a_64_chip_axis() {
     let mesh = ring_mesh(64);
     for (def, arrays) in [
         (
-            ulysses_attention_of::<half::bf16, RingMesh, Context>(64, true, Logits::default()),
+            ulysses_attention_of::<half::bf16, RingMesh, Context>(
+                64,
+                Visibility::Causal,
+                Logits::default(),
+            ),
             3,
         ),
         (
-            ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(64, true, Logits::default()),
+            ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(
+                64,
+                Visibility::Causal,
+                Logits::default(),
+            ),
             4,
         ),
     ] {
@@ -267,7 +366,7 @@ fn backward_inputs(
     heads: usize,
     rows: usize,
     block: usize,
-    causal: bool,
+    visible: impl Into<Visibility>,
 ) -> Vec<Vec<HostArray>> {
     let mut per_device: Vec<Vec<HostArray>> = (0..N)
         .map(|dev| {
@@ -276,7 +375,7 @@ fn backward_inputs(
                 .collect()
         })
         .collect();
-    let forward = reference(&per_device, causal);
+    let forward = reference(&per_device, visible);
     let stats = [heads, rows / block, 1, block];
     for (x, [out, lse]) in per_device.iter_mut().zip(forward) {
         let dout = x[3].to_f64_vec();
@@ -294,9 +393,13 @@ fn backward_inputs(
 
 /// The largest error of every device's `dq, dk, dv` relative to the largest reference
 /// gradient of that array.
-fn backward_error(out: &[Vec<HostArray>], per_device: &[Vec<HostArray>], causal: bool) -> f64 {
+fn backward_error(
+    out: &[Vec<HostArray>],
+    per_device: &[Vec<HostArray>],
+    visible: impl Into<Visibility>,
+) -> f64 {
     let t = |i: usize| -> Vec<HostArray> { per_device.iter().map(|x| x[i].clone()).collect() };
-    let want = ulysses_attention_bwd_reference(&t(0), &t(1), &t(2), &t(3), causal);
+    let want = ulysses_attention_bwd_reference(&t(0), &t(1), &t(2), &t(3), visible);
     let mut worst: f64 = 0.0;
     for g in 0..3 {
         let top = want
@@ -329,7 +432,7 @@ fn backward_matches_dense_f64_gradients_on_every_backend() {
 fn bf16_backward_matches_dense_f64_gradients() {
     let def = unsegmented(ulysses_attention_bwd_of::<half::bf16, RingMesh, Context>(
         16,
-        true,
+        Visibility::Causal,
         Logits::default(),
     ));
     let per_device = backward_inputs(DType::BF16, 4, 16, 16, true);

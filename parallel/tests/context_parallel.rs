@@ -200,15 +200,19 @@ fn every_listed_strategy_matches_the_reference() {
 }
 
 /// The fused kernels against the reference: MHA and GQA (KV heads repeated, fewer than the
-/// devices too), causal and full, on 2, 4 and 8 devices; packed sequences whose documents
-/// cross the devices' blocks, full and causal.
+/// devices too), causal, full, local and chunked causal, on 2, 4 and 8 devices; packed
+/// sequences whose documents cross the devices' blocks, full, causal and local.
 #[test]
 fn ulysses_fused_matches_the_reference() {
     check("ulysses_fused", 4, 8, 8, Mask::causal());
     check("ulysses-fused", 2, 4, 2, Mask::Full);
     check("ulysses_fused", 8, 8, 2, Mask::causal());
+    // A window of 100 keys behind and 20 ahead, and chunks of 96 (blocks of 128).
+    check("ulysses_fused", 4, 8, 2, Mask::local(100, 20));
+    check("ulysses_fused", 2, 4, 4, Mask::chunked(96));
     check_with("ulysses_fused", 2, 4, 2, Mask::Full, true);
     check_with("ulysses_fused", 4, 4, 2, Mask::causal(), true);
+    check_with("ulysses_fused", 4, 4, 2, Mask::local(64, 0), true);
 }
 
 /// A softmax scale of the configuration's own: the fused kernels give plain Ulysses'
@@ -253,8 +257,8 @@ fn ulysses_fused_refuses_what_its_kernels_do_not_take() {
         assert!(e.starts_with("ulysses_fused: ") && e.contains(says), "{e}");
     };
     refused(
-        config(strategy.clone(), 4, d, Mask::local(64, 0), 128),
-        "causal or full",
+        config(strategy.clone(), 4, d, Mask::Causal { offset: 3 }, 128),
+        "masks without offsets, not causal(offset=3)",
     );
     let mut cp = config(strategy.clone(), 4, d, Mask::causal(), 128);
     cp.block_sizes.block_kv = 64;

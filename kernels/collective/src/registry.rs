@@ -232,7 +232,7 @@ fn build_ulysses_attention(p: &Params, _name: &str) -> Result<Built, RegistryErr
     // The output alone of unpacked sequences, as the XLA program it is measured against
     // computes it.
     let def =
-        with_float_type!(dtype, T => ulysses_attention_of::<T, RingMesh, Context>(block, causal, Logits::default()))
+        with_float_type!(dtype, T => ulysses_attention_of::<T, RingMesh, Context>(block, causal.into(), Logits::default()))
             .without("lse")?
             .without("segment_ids")?;
     let spec = ArgSpec::new(dtype, [h, sl, d]);

@@ -59,6 +59,123 @@ impl Logits {
     }
 }
 
+/// Which keys a query sees, by position in the whole sequence: the masks the fused Ulysses
+/// kernels take (splash's full, causal, local and chunked causal masks, without offsets).
+/// Every query sees itself under each, so no row is left without keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Visibility {
+    /// Every key.
+    Full,
+    /// Keys `k <= q`.
+    Causal,
+    /// Keys `q - left <= k <= q + right` (`None`: that side unbounded; splash's local mask).
+    Local {
+        left: Option<u32>,
+        right: Option<u32>,
+    },
+    /// Keys `k <= q` in `q`'s chunk of `chunk` positions (`k / chunk == q / chunk`; Llama
+    /// 4's chunked attention). `chunk` is positive.
+    ChunkedCausal { chunk: u32 },
+}
+
+impl From<bool> for Visibility {
+    /// `true`: causal, `false`: full.
+    fn from(causal: bool) -> Self {
+        if causal {
+            Visibility::Causal
+        } else {
+            Visibility::Full
+        }
+    }
+}
+
+impl Visibility {
+    /// Whether query `q` sees key `k` (positions in the whole sequence), on the host.
+    pub fn sees(&self, q: usize, k: usize) -> bool {
+        match *self {
+            Visibility::Full => true,
+            Visibility::Causal => k <= q,
+            Visibility::Local { left, right } => {
+                left.is_none_or(|l| k + l as usize >= q)
+                    && right.is_none_or(|r| k <= q + r as usize)
+            }
+            Visibility::ChunkedCausal { chunk } => {
+                k <= q && k / chunk as usize == q / chunk as usize
+            }
+        }
+    }
+
+    /// The key blocks `lo .. hi` (of `s / block`) that query block `row0 .. row0 + block`
+    /// meets: every block holding a key one of its rows sees.
+    fn key_blocks(&self, row0: Value, s: usize, block: usize) -> (Value, Value) {
+        let (b, all) = (block as i32, (s / block) as i32);
+        let (first, last_row) = (0.into_index(), row0 + (b - 1));
+        match *self {
+            Visibility::Full => (first, all.into_index()),
+            Visibility::Causal => (first, row0 / b + 1),
+            Visibility::Local { left, right } => (
+                left.map_or(first, |l| (row0 - l as i32).maximum(0) / b),
+                right.map_or(all.into_index(), |r| {
+                    ((last_row + r as i32) / b + 1).minimum(all)
+                }),
+            ),
+            Visibility::ChunkedCausal { chunk } => {
+                let c = chunk as i32;
+                (row0 / c * c / b, row0 / b + 1)
+            }
+        }
+    }
+
+    /// The query blocks `lo .. hi` (of `s / block`) that see a key of key block `j`.
+    fn query_blocks(&self, j: Value, s: usize, block: usize) -> (Value, Value) {
+        let (b, all) = (block as i32, (s / block) as i32);
+        let (col0, last_col) = (j * b, j * b + (b - 1));
+        match *self {
+            Visibility::Full => (0.into_index(), all.into_index()),
+            Visibility::Causal => (j, all.into_index()),
+            Visibility::Local { left, right } => (
+                right.map_or(0.into_index(), |r| (col0 - r as i32).maximum(0) / b),
+                left.map_or(all.into_index(), |l| {
+                    ((last_col + l as i32) / b + 1).minimum(all)
+                }),
+            ),
+            Visibility::ChunkedCausal { chunk } => {
+                let c = chunk as i32;
+                // The last query of the last key's chunk.
+                (
+                    j,
+                    ((last_col / c + 1) * c - 1).minimum(s as i32 - 1) / b + 1,
+                )
+            }
+        }
+    }
+
+    /// Logits `[block, block]` of queries from `row0` and keys from `col0`, [`MASKED`] where
+    /// the query does not see the key.
+    fn masked(&self, logits: Value, row0: Value, col0: Value, block: usize) -> Value {
+        let q = || iota(DType::I32, &[block, block], 0) + row0;
+        let k = || iota(DType::I32, &[block, block], 1) + col0;
+        let sees = match *self {
+            Visibility::Full => return logits,
+            Visibility::Causal => k().le(q()),
+            Visibility::Local { left, right } => {
+                let after = left.map(|l| (k() + l as i32).ge(q()));
+                let before = right.map(|r| k().le(q() + r as i32));
+                match (after, before) {
+                    (Some(a), Some(b)) => a & b,
+                    (Some(x), None) | (None, Some(x)) => x,
+                    (None, None) => return logits,
+                }
+            }
+            Visibility::ChunkedCausal { chunk } => {
+                let c = chunk as i32;
+                k().le(q()) & (k() / c).eq(q() / c)
+            }
+        };
+        select(sees, logits, MASKED)
+    }
+}
+
 /// How the heads of a Ulysses kernel travel: every device holds `rows` rows (along dim 1) of
 /// every head of some `[H, rows, ..]` arrays and owns `HL = H / N` heads; local head `h` of
 /// the device at position `p` is head `p HL + h`. Gathered, a head's whole sequence sits in
@@ -256,8 +373,8 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
 /// Ulysses attention's forward over the axis `A` of `N` devices, fused: `q`, `k`, `v` are
 /// this device's sequence shard of every head (`[H, SL, D]` in HBM, the whole sequence `S =
 /// N SL` in axis order), `out` the same for the output: `softmax(scale q k^T) v` per head
-/// over the whole sequence (causal where `causal`: query `i` sees keys `<= i` of the whole
-/// sequence), `scale = 1 / sqrt(D)`. Device `d` attends its `HL = H / N` heads `d HL ..
+/// over the whole sequence, each query attending the keys it sees by `visible` (positions
+/// in the whole sequence), `scale = 1 / sqrt(D)`. Device `d` attends its `HL = H / N` heads `d HL ..
 /// (d + 1) HL`, one per grid step:
 ///
 /// - the step before (the first step for head 0) has started the exchange of the head's
@@ -319,7 +436,7 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     #[scratch(devices.size::<A>())] ready: Sem,
     devices: Devices<M>,
     #[comptime] block: usize,
-    #[comptime] causal: bool,
+    #[comptime] visible: Visibility,
     #[comptime] logits: Logits,
 ) {
     let n = devices.size::<A>();
@@ -342,7 +459,7 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
         fori_loop(0, (SL / block) as i32, (), |i, ()| {
             let row0 = s * SL as i32 + i * block as i32;
             let rows = (b, row0, block);
-            let (acc, m, l) = attend_rows(&qg, &kg, &vg, segments, rows, causal, logits);
+            let (acc, m, l) = attend_rows(&qg, &kg, &vg, segments, rows, visible, logits);
             og.at_mut(&[ds(row0, block), all()])
                 .store((acc / l).cast(T::DTYPE));
             if lse.is_some() {
@@ -393,8 +510,8 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
 }
 
 /// Query rows `row0 .. row0 + block` of the gathered head in buffer `b` attended over its
-/// keys (causally, up to the block's last row, where `causal`) with an online softmax over
-/// blocks of `block` keys: the unnormalised output `[block, D]`, the running max and sum
+/// keys (the key blocks holding a key one of its rows sees by `visible`) with an online
+/// softmax over blocks of `block` keys: the unnormalised output `[block, D]`, the running max and sum
 /// `[block, 1]` (f32; `out = acc / l`, `lse = m + log l`).
 #[allow(clippy::too_many_arguments)]
 fn attend_rows<T: Element>(
@@ -403,7 +520,7 @@ fn attend_rows<T: Element>(
     vg: &Vmem<T>,
     segments: Option<(&Vmem<f32>, Value)>,
     (b, row0, block): (Value, Value, usize),
-    causal: bool,
+    visible: Visibility,
     logits: Logits,
 ) -> (Value, Value, Value) {
     let [_, s, d] = <[usize; 3]>::try_from(qg.shape()).expect("a [2, S, D] buffer");
@@ -416,25 +533,21 @@ fn attend_rows<T: Element>(
     );
     // The query block's segment ids as a column once, not at every key block.
     let q_ids = query_segments(segments, row0 / block as i32, block);
-    let (m, l, acc) = fori_loop(
-        0,
-        key_blocks(row0, s, block, causal),
-        init,
-        |j, (m, l, acc)| {
-            let keys = [ds(b, 1), ds(j * block as i32, block), all()];
-            let kj = kg.at(&keys).load().reshape(&[block, d]);
-            let vj = vg.at(&keys).load().reshape(&[block, d]);
-            let s_ij = logits.of(dot_nt(qi, kj));
-            let s_ij = masked(s_ij, row0, j * block as i32, block, causal);
-            let s_ij = segment_masked(s_ij, segments, q_ids, j, block);
-            let m_new = m.maximum(s_ij.max_keepdims(-1));
-            let alpha = (m - m_new).exp();
-            let p = (s_ij - m_new).exp();
-            let l_new = alpha * l + p.sum_keepdims(-1);
-            let acc_new = acc * alpha + dot(p.cast(T::DTYPE), vj);
-            (m_new, l_new, acc_new)
-        },
-    );
+    let (first, end) = visible.key_blocks(row0, s, block);
+    let (m, l, acc) = fori_loop(first, end, init, |j, (m, l, acc)| {
+        let keys = [ds(b, 1), ds(j * block as i32, block), all()];
+        let kj = kg.at(&keys).load().reshape(&[block, d]);
+        let vj = vg.at(&keys).load().reshape(&[block, d]);
+        let s_ij = logits.of(dot_nt(qi, kj));
+        let s_ij = visible.masked(s_ij, row0, j * block as i32, block);
+        let s_ij = segment_masked(s_ij, segments, q_ids, j, block);
+        let m_new = m.maximum(s_ij.max_keepdims(-1));
+        let alpha = (m - m_new).exp();
+        let p = (s_ij - m_new).exp();
+        let l_new = alpha * l + p.sum_keepdims(-1);
+        let acc_new = acc * alpha + dot(p.cast(T::DTYPE), vj);
+        (m_new, l_new, acc_new)
+    });
     (acc, m, l)
 }
 
@@ -470,27 +583,6 @@ fn scaled_queries<T: Element>(q: Value, scale: f32) -> Value {
     (q.cast(DType::F32) * scale).cast(T::DTYPE)
 }
 
-/// The key blocks query block `row0 .. row0 + block` meets: all `s / block`, or causally
-/// those up to its last row.
-fn key_blocks(row0: Value, s: usize, block: usize, causal: bool) -> Value {
-    if causal {
-        row0 / block as i32 + 1
-    } else {
-        ((s / block) as i32).into_index()
-    }
-}
-
-/// Logits `[block, block]` of queries from `row0` and keys from `col0`, `-inf` above the
-/// causal diagonal where `causal`.
-fn masked(logits: Value, row0: Value, col0: Value, block: usize, causal: bool) -> Value {
-    if !causal {
-        return logits;
-    }
-    let q_pos = iota(DType::I32, &[block, block], 0) + row0;
-    let k_pos = iota(DType::I32, &[block, block], 1) + col0;
-    select(k_pos.le(q_pos), logits, f32::NEG_INFINITY)
-}
-
 /// Block `i`'s segment ids `[1, block]` (lanes-wide) in buffer `b` of the gathered head's
 /// ids (f32, exact below 2^24; `[2, S / block, 1, block]`).
 fn segment_row(ids: &Vmem<f32>, b: Value, i: Value, block: usize) -> Value {
@@ -500,7 +592,7 @@ fn segment_row(ids: &Vmem<f32>, b: Value, i: Value, block: usize) -> Value {
 }
 
 /// `logits` `[block, block]` of a query block whose segment ids are `q_ids` (a column
-/// `[block, 1]`) and key block `kj`, [`SEGMENT_MASKED`] where their segment ids differ
+/// `[block, 1]`) and key block `kj`, [`MASKED`] where their segment ids differ
 /// (packed sequences; unchanged without segment ids). `segments`: the gathered head's ids
 /// and the buffer that holds them.
 fn segment_masked(
@@ -513,11 +605,7 @@ fn segment_masked(
     let (Some((ids, b)), Some(q_ids)) = (segments, q_ids) else {
         return logits;
     };
-    select(
-        q_ids.eq(segment_row(ids, b, kj, block)),
-        logits,
-        SEGMENT_MASKED,
-    )
+    select(q_ids.eq(segment_row(ids, b, kj, block)), logits, MASKED)
 }
 
 /// Query block `qi`'s segment ids as a column `[block, 1]`, where there are segment ids.
@@ -525,12 +613,12 @@ fn query_segments(segments: Option<(&Vmem<f32>, Value)>, qi: Value, block: usize
     segments.map(|(ids, b)| lane_column(segment_row(ids, b, qi, block), block))
 }
 
-/// The logit of a key in another segment: finite, as splash's mask value, so that a block
-/// whose keys are all in other segments (a query's first blocks, in a later document) keeps
-/// a finite running max (`-inf - -inf` would be NaN); a later visible key's logit then
-/// outweighs it by `exp(MASKED - logit) = 0`. Every query sees itself, so no row is left
-/// with masked keys only.
-const SEGMENT_MASKED: f32 = -0.7 * f32::MAX;
+/// The logit of a key a query does not see (by position or segment): finite, as splash's
+/// mask value, so that a block whose keys a row sees none of (a local window's first block,
+/// a later document's first blocks) keeps a finite running max (`-inf - -inf` would be
+/// NaN); a later visible key's logit then outweighs it by `exp(MASKED - logit) = 0`. Every
+/// query sees itself, so no row is left with masked keys only.
+const MASKED: f32 = -0.7 * f32::MAX;
 
 /// The backward of [`ulysses_attention_of`], fused the same way: from this device's rows of
 /// `q`, `k`, `v`, the output's cotangent `dout` (`[H, SL, D]` each) and of the forward's
@@ -584,7 +672,7 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     #[scratch(devices.size::<A>())] ready: Sem,
     devices: Devices<M>,
     #[comptime] block: usize,
-    #[comptime] causal: bool,
+    #[comptime] visible: Visibility,
     #[comptime] logits: Logits,
 ) {
     let n = devices.size::<A>();
@@ -624,13 +712,13 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     let scale = logits.scale(D);
     fori_loop(0, blocks, (), |j, ()| {
         let (kj, vj) = (load(&kg, j), load(&vg, j));
-        let first = if causal { j } else { 0.into_index() };
+        let (first, end) = visible.query_blocks(j, s_len, block);
         let zeros = || constant(DType::F32, &[block, D], 0.0);
-        let (dkj, dvj) = fori_loop(first, blocks, (zeros(), zeros()), |i, (dkj, dvj)| {
+        let (dkj, dvj) = fori_loop(first, end, (zeros(), zeros()), |i, (dkj, dvj)| {
             let qi = scaled_queries::<T>(load(&qg, i), scale);
             let d_oi = load(&dog, i);
             let capped = logits.of(dot_nt(qi, kj));
-            let s_ij = masked(capped, i * block as i32, j * block as i32, block, causal);
+            let s_ij = visible.masked(capped, i * block as i32, j * block as i32, block);
             let q_ids = query_segments(segments, i, block);
             let s_ij = segment_masked(s_ij, segments, q_ids, j, block);
             let p = (s_ij - column(&lse_g, i)).exp();
@@ -684,20 +772,22 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     x.done::<A>(&ready, hl);
 }
 
-/// [`ulysses_attention_bwd_of`] for f32, with the default logits.
+/// [`ulysses_attention_bwd_of`] for f32, with the default logits (`visible`: a
+/// [`Visibility`], or `true` for causal and `false` for full).
 pub fn ulysses_attention_bwd<M: MeshShape + HasAxis<A>, A: MeshAxis>(
     block: usize,
-    causal: bool,
+    visible: impl Into<Visibility>,
 ) -> KernelDef {
-    ulysses_attention_bwd_of::<f32, M, A>(block, causal, Logits::default())
+    ulysses_attention_bwd_of::<f32, M, A>(block, visible.into(), Logits::default())
 }
 
-/// [`ulysses_attention_of`] for f32, with the default logits.
+/// [`ulysses_attention_of`] for f32, with the default logits (`visible` as
+/// [`ulysses_attention_bwd`]'s).
 pub fn ulysses_attention<M: MeshShape + HasAxis<A>, A: MeshAxis>(
     block: usize,
-    causal: bool,
+    visible: impl Into<Visibility>,
 ) -> KernelDef {
-    ulysses_attention_of::<f32, M, A>(block, causal, Logits::default())
+    ulysses_attention_of::<f32, M, A>(block, visible.into(), Logits::default())
 }
 
 /// The f64 reference of [`ulysses_attention_of`], written apart from it: every device's
@@ -707,8 +797,9 @@ pub fn ulysses_attention_reference(
     q: &[HostArray],
     k: &[HostArray],
     v: &[HostArray],
-    causal: bool,
+    visible: impl Into<Visibility>,
 ) -> Vec<[Vec<f64>; 2]> {
+    let visible = visible.into();
     let n = q.len();
     let [h, sl, d] = [q[0].shape()[0], q[0].shape()[1], q[0].shape()[2]];
     let s = n * sl;
@@ -723,16 +814,21 @@ pub fn ulysses_attention_reference(
     for hh in 0..h {
         let (qh, kh, vh) = (whole(q, hh), whole(k, hh), whole(v, hh));
         for i in 0..s {
-            let visible = if causal { i + 1 } else { s };
-            let logits: Vec<f64> = (0..visible)
-                .map(|j| scale * (0..d).map(|c| qh[i * d + c] * kh[j * d + c]).sum::<f64>())
+            let keys: Vec<usize> = (0..s).filter(|&j| visible.sees(i, j)).collect();
+            let logits: Vec<f64> = keys
+                .iter()
+                .map(|&j| scale * (0..d).map(|c| qh[i * d + c] * kh[j * d + c]).sum::<f64>())
                 .collect();
             let top = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let weights: Vec<f64> = logits.iter().map(|x| (x - top).exp()).collect();
             let total: f64 = weights.iter().sum();
             let (dev, row) = (i / sl, i % sl);
             for c in 0..d {
-                let o: f64 = (0..visible).map(|j| weights[j] * vh[j * d + c]).sum();
+                let o: f64 = keys
+                    .iter()
+                    .zip(&weights)
+                    .map(|(&j, w)| w * vh[j * d + c])
+                    .sum();
                 out[dev][0][(hh * sl + row) * d + c] = o / total;
             }
             out[dev][1][hh * sl + row] = top + total.ln();
@@ -751,8 +847,9 @@ pub fn ulysses_attention_bwd_reference(
     k: &[HostArray],
     v: &[HostArray],
     dout: &[HostArray],
-    causal: bool,
+    visible: impl Into<Visibility>,
 ) -> Vec<[Vec<f64>; 3]> {
+    let visible = visible.into();
     let n = q.len();
     let [h, sl, d] = [q[0].shape()[0], q[0].shape()[1], q[0].shape()[2]];
     let s = n * sl;
@@ -777,18 +874,18 @@ pub fn ulysses_attention_bwd_reference(
         let (qh, kh, vh, doh) = (whole(q, hh), whole(k, hh), whole(v, hh), whole(dout, hh));
         let (mut dqh, mut dkh, mut dvh) = (vec![0.0; s * d], vec![0.0; s * d], vec![0.0; s * d]);
         for i in 0..s {
-            let visible = if causal { i + 1 } else { s };
-            let logits: Vec<f64> = (0..visible).map(|j| scale * dot(&qh, i, &kh, j)).collect();
+            let keys: Vec<usize> = (0..s).filter(|&j| visible.sees(i, j)).collect();
+            let logits: Vec<f64> = keys.iter().map(|&j| scale * dot(&qh, i, &kh, j)).collect();
             let top = logits.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = logits.iter().map(|x| (x - top).exp()).collect();
             let total: f64 = e.iter().sum();
             let p: Vec<f64> = e.iter().map(|x| x / total).collect();
-            let dp: Vec<f64> = (0..visible).map(|j| dot(&doh, i, &vh, j)).collect();
+            let dp: Vec<f64> = keys.iter().map(|&j| dot(&doh, i, &vh, j)).collect();
             let row: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
-            for j in 0..visible {
-                let ds = p[j] * (dp[j] - row);
+            for (n, &j) in keys.iter().enumerate() {
+                let ds = p[n] * (dp[n] - row);
                 for c in 0..d {
-                    dvh[j * d + c] += p[j] * doh[i * d + c];
+                    dvh[j * d + c] += p[n] * doh[i * d + c];
                     dqh[i * d + c] += scale * ds * kh[j * d + c];
                     dkh[j * d + c] += scale * ds * qh[i * d + c];
                 }

@@ -16,9 +16,11 @@
 //!
 //! Segment ids (packed sequences) travel with the rows: each device gives the kernels its
 //! own rows' ids per head (f32, exact below 2^24), and they are exchanged beside q, k, v.
-//! The softmax scale and the soft cap are the configuration's. What the kernels do not do,
-//! refused before anything is built ([`ContextStrategy::check`]): masks other than causal
-//! and full, different head dims for values, block sizes that differ or do not divide the
+//! The softmax scale and the soft cap are the configuration's; the mask is one of full,
+//! causal, local and chunked causal ([`Visibility`]: the kernels skip the key blocks a query
+//! block sees nothing of, as splash does). What the kernels do not do, refused before
+//! anything is built ([`ContextStrategy::check`]): masks with an offset, dense masks and
+//! their combinations, different head dims for values, block sizes that differ or do not divide the
 //! rows a device holds, dtypes other than f32 and bf16. GQA's KV heads are repeated to
 //! every query head before the kernel, so the exchange moves `H` heads of K and V (the plain
 //! strategy moves `KVH`, or the Ulysses degree).
@@ -28,7 +30,9 @@
 use std::fmt;
 use std::rc::Rc;
 
-use tessera_collective_kernels::ulysses::{ulysses_attention_bwd_of, ulysses_attention_of, Logits};
+use tessera_collective_kernels::ulysses::{
+    ulysses_attention_bwd_of, ulysses_attention_of, Logits, Visibility,
+};
 use tessera_collectives::axes::Context;
 use tessera_collectives::{CollectiveError, LocalValue, Spmd};
 use tessera_dsl::prelude::bf16;
@@ -97,12 +101,7 @@ impl ContextStrategy for UlyssesFused {
             })
         };
         let (d, b) = (cp.dims, cp.block_sizes);
-        if !matches!(cp.mask, Mask::Full | Mask::Causal { offset: 0 }) {
-            return refuse(
-                format!("its kernels mask causally or not at all, not {:?}", cp.mask),
-                "use a causal or full mask, or the ulysses strategy (splash's masks)",
-            );
-        }
+        visible_of(cp)?;
         if d.head_dim != d.head_dim_v {
             return refuse(
                 format!(
@@ -134,11 +133,52 @@ impl ContextStrategy for UlyssesFused {
         cp.validate()?;
         Ok(Rc::new(Composed {
             block: cp.block_sizes.block_q,
-            causal: cp.mask == Mask::causal(),
+            visible: visible_of(cp)?,
             logits: Logits::new(cp.options.scale, cp.options.soft_cap),
             kv_repeat: cp.kv_replication(),
             lowering: cp.lowering.clone(),
         }))
+    }
+}
+
+/// The kernels' [`Visibility`] of the configuration's mask, or its refusal.
+fn visible_of(cp: &ContextParallel) -> Result<Visibility, ConfigError> {
+    visibility(&cp.mask, cp.dims.q_len).ok_or_else(|| ConfigError::StrategyLimit {
+        strategy: cp.strategy.label(),
+        what: format!(
+            "its kernels take full, causal, local and chunked causal masks without offsets, \
+             not {:?}",
+            cp.mask
+        ),
+        fix: "use one of those, or the ulysses strategy (every splash mask)".to_string(),
+    })
+}
+
+/// The kernels' [`Visibility`] of `mask` over a sequence of `seq` positions (a window or
+/// chunk longer than the sequence is the sequence), or `None` where they do not take it.
+fn visibility(mask: &Mask, seq: usize) -> Option<Visibility> {
+    let length = |n: u64| u32::try_from(n.min(seq as u64)).ok();
+    match *mask {
+        Mask::Full => Some(Visibility::Full),
+        Mask::Causal { offset: 0 } => Some(Visibility::Causal),
+        Mask::Local {
+            left,
+            right,
+            offset: 0,
+        } => Some(Visibility::Local {
+            left: match left {
+                Some(l) => Some(length(l)?),
+                None => None,
+            },
+            right: match right {
+                Some(r) => Some(length(r)?),
+                None => None,
+            },
+        }),
+        Mask::ChunkedCausal { chunk } if chunk > 0 => Some(Visibility::ChunkedCausal {
+            chunk: length(chunk)?,
+        }),
+        _ => None,
     }
 }
 
@@ -147,7 +187,7 @@ impl ContextStrategy for UlyssesFused {
 #[derive(Clone)]
 struct Composed {
     block: usize,
-    causal: bool,
+    visible: Visibility,
     logits: Logits,
     kv_repeat: usize,
     lowering: Lowering,
@@ -157,7 +197,7 @@ impl fmt::Debug for Composed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UlyssesFused")
             .field("block", &self.block)
-            .field("causal", &self.causal)
+            .field("visible", &self.visible)
             .field("logits", &self.logits)
             .field("kv_repeat", &self.kv_repeat)
             .field("kernels", &self.lowering.kernels)
@@ -292,13 +332,13 @@ impl Unit {
     ) -> Result<Vec<Value>, CollectiveError> {
         let Composed {
             block,
-            causal,
+            visible,
             logits,
             ..
         } = self.composed;
         let def = match f.value_type(qkv[0])?.dtype {
-            DType::BF16 => ulysses_attention_of::<bf16, ModelMesh, Context>(block, causal, logits),
-            _ => ulysses_attention_of::<f32, ModelMesh, Context>(block, causal, logits),
+            DType::BF16 => ulysses_attention_of::<bf16, ModelMesh, Context>(block, visible, logits),
+            _ => ulysses_attention_of::<f32, ModelMesh, Context>(block, visible, logits),
         };
         self.lower(f, def, qkv)
     }
@@ -324,15 +364,15 @@ impl Unit {
         };
         let Composed {
             block,
-            causal,
+            visible,
             logits,
             ..
         } = self.composed;
         let def = match f.value_type(dout)?.dtype {
             DType::BF16 => {
-                ulysses_attention_bwd_of::<bf16, ModelMesh, Context>(block, causal, logits)
+                ulysses_attention_bwd_of::<bf16, ModelMesh, Context>(block, visible, logits)
             }
-            _ => ulysses_attention_bwd_of::<f32, ModelMesh, Context>(block, causal, logits),
+            _ => ulysses_attention_bwd_of::<f32, ModelMesh, Context>(block, visible, logits),
         };
         // The residuals the backward kernel takes: the forward's lse, and di = rowsum(out *
         // dout) of this device's rows (in f32, laid out as the lse).
