@@ -244,6 +244,30 @@ fn kernels_breaking_a_tpu_rule_do_not_compile() {
     );
 }
 
+/// The TPU rules never refuse semaphores libtpu would take: 513 semaphores (2052 bytes, the
+/// fewest the rules refuse) and 600 libtpu refuses too ("sflag", 2 KiB on v5p and v5e);
+/// 64 it compiles. libtpu's own use of the 2 KiB grows with the kernel (about 300 bytes
+/// beside 480 semaphores and their copies), so it refuses somewhat fewer than the rules do,
+/// with its own message.
+#[test]
+fn semaphore_memory_is_what_libtpu_has() {
+    let plugin = libtpu();
+    for name in TOPOLOGIES {
+        let topology = plugin.topology(name).expect("topology");
+        for (k, compiles) in [(600, false), (513, false), (64, true)] {
+            let (def, args) = illegal_kernels::semaphores(k);
+            let kernel = def.instantiate(&args, &KernelRules::portable()).unwrap();
+            match compile_kernel(&topology, &kernel) {
+                Ok(()) => assert!(compiles, "{name}: libtpu compiled {k} semaphores"),
+                Err(e) => assert!(
+                    !compiles && e.contains("sflag"),
+                    "{name}, {k} semaphores: {e}"
+                ),
+            }
+        }
+    }
+}
+
 /// A [1, 1] window read as a scalar (`vector.extract`) and used as a dynamic slice start,
 /// which the TPU rules allow.
 #[test]

@@ -43,3 +43,21 @@ fn each_tpu_rule_names_the_kernel_line_and_the_fix() {
             .unwrap_or_else(|e| panic!("{}: portable rules refused: {e}", case.name));
     }
 }
+
+/// A kernel's semaphores over a TPU's semaphore memory (2 KiB, 4 bytes each) are refused
+/// with the count, the bytes and the largest operand named; the portable rules take them.
+#[test]
+fn semaphores_over_the_semaphore_memory_are_refused() {
+    let (def, args) = illegal_kernels::semaphores(600);
+    let e = def.instantiate(&args, &KernelRules::tpu()).unwrap_err();
+    assert_eq!(e.problems.len(), 1, "{e}");
+    assert_eq!(e.problems[0].kind, ProblemKind::SemaphoreMemory, "{e}");
+    let text = e.to_string();
+    assert!(
+        text.contains("600 semaphores need 2400 B") && text.contains("(sems) 600 (2400 B)"),
+        "{text}"
+    );
+    def.instantiate(&args, &KernelRules::portable()).unwrap();
+    let (def, args) = illegal_kernels::semaphores(512);
+    def.instantiate(&args, &KernelRules::tpu()).unwrap();
+}

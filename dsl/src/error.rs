@@ -19,6 +19,8 @@ pub enum ProblemKind {
     Coverage,
     /// Block and scratch buffers must fit the VMEM budget.
     Vmem,
+    /// Semaphores must fit a TPU kernel's semaphore memory.
+    SemaphoreMemory,
     /// An operand, op or value Mosaic cannot compile for TPU.
     TpuOp,
     /// The protocol of copies and semaphores: every copy waited once, signals balanced by

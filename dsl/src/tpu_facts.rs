@@ -1,7 +1,8 @@
 //! What the TPU rules ([`rules`](crate::rules)) and the Mosaic emitter
 //! ([`mosaic`](crate::mosaic)) both know of how Mosaic lays a kernel out on a TPU: the
-//! (sublane, lane) tile of a dtype, the VMEM a kernel's blocks and scratch take, and which DMA
-//! semaphores remote copies count their sends on (Mosaic waits those differently). Below both,
+//! (sublane, lane) tile of a dtype, the VMEM a kernel's blocks and scratch take, the
+//! semaphore memory its semaphores take, and which DMA semaphores remote copies count their
+//! sends on (Mosaic waits those differently). Below both,
 //! so that neither imports the other; `tpu_tile` and `vmem_bytes` are re-exported from
 //! `rules`, where the public API names them.
 
@@ -45,6 +46,29 @@ pub(crate) fn vmem_items(k: &Kernel) -> Vec<(String, usize)> {
 /// The VMEM a kernel needs: its pipelined blocks' buffers plus its scratch.
 pub fn vmem_bytes(k: &Kernel) -> usize {
     vmem_items(k).iter().map(|(_, b)| b).sum()
+}
+
+/// The semaphore memory (libtpu's memory space `sflag`) one kernel has on every TPU
+/// generation tessera compiles for (v4, v5p, v5e, v6e; libtpu 0.0.50.1): 2 KiB, 4 bytes a
+/// semaphore, DMA or regular. libtpu uses some of it itself, more for larger kernels (64 to
+/// 112 bytes beside 508 semaphores of scratch; about 300 beside 480 semaphores counting 480
+/// copies), so the TPU rules refuse what libtpu surely refuses and leave the last few
+/// hundred bytes to libtpu's own message.
+pub const SEMAPHORE_MEMORY_BYTES: usize = 2048;
+
+/// The bytes of semaphore memory of each semaphore scratch operand of `k`.
+pub(crate) fn semaphore_items(k: &Kernel) -> Vec<(String, usize)> {
+    k.operands
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| {
+            o.role == OperandRole::Scratch && matches!(o.memory, MemorySpace::Semaphore(_))
+        })
+        .map(|(i, o)| {
+            let count: usize = o.array_shape.iter().product();
+            (k.describe(RefId(i as u32)), 4 * count)
+        })
+        .collect()
 }
 
 /// One semaphore of an array: the operand and its index, each entry `None` where it is

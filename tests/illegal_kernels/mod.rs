@@ -109,6 +109,26 @@ fn bf16_scalar(
     out.store(x.load() * next);
 }
 
+/// `k` DMA semaphores of scratch, each counting one copy of `x` into `out`: over the 2 KiB of
+/// semaphore memory a TPU kernel has from 513 (4 bytes each). Not one of [`all`]: the rule
+/// is on the kernel's scratch, not on a line.
+#[tpu_kernel(grid = (1,))]
+fn many_semaphores(
+    #[shape(8, 128)] x: Hbm<f32>,
+    #[shape(8, 128)] mut out: HbmMut<f32>,
+    #[scratch(k)] sems: DmaSem,
+    #[comptime] k: usize,
+) {
+    for i in 0..k {
+        async_copy(&x, &mut out, sems.at(i as i32)).wait();
+    }
+}
+
+/// [`many_semaphores`] with `k` semaphores, and its argument.
+pub fn semaphores(k: usize) -> (KernelDef, Vec<ArgSpec>) {
+    (many_semaphores(k), vec![ArgSpec::new(DType::F32, [8, 128])])
+}
+
 /// One illegal kernel: its name, definition, arguments, the marker of the line that breaks
 /// the rule, a phrase of the fix the message must give, and the libtpu versions that compile
 /// it all the same (the TPU rules hold what every libtpu tessera supports refuses: 0.0.42.1,

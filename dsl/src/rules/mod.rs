@@ -10,7 +10,7 @@
 
 use crate::error::{Problem, ProblemKind};
 use crate::ir::{BlockDim, Kernel, RefId};
-use crate::tpu_facts::vmem_items;
+use crate::tpu_facts::{semaphore_items, vmem_items, SEMAPHORE_MEMORY_BYTES};
 
 mod mosaic_copies;
 mod mosaic_ops;
@@ -102,8 +102,8 @@ impl KernelRules {
     }
 }
 
-/// Checks block tiling, exact coverage, the VMEM budget and (for TPU) the ops of the body;
-/// returns every problem found.
+/// Checks block tiling, exact coverage, the VMEM budget and (for TPU) the ops of the body
+/// and the semaphore memory; returns every problem found.
 pub fn check(k: &Kernel, rules: &KernelRules) -> Vec<Problem> {
     let mut problems = Vec::new();
     if rules.mosaic_ops {
@@ -155,6 +155,31 @@ pub fn check(k: &Kernel, rules: &KernelRules) -> Vec<Problem> {
                     });
                 }
             }
+        }
+    }
+    if rules.mosaic_ops {
+        let mut items = semaphore_items(k);
+        let total: usize = items.iter().map(|(_, b)| b).sum();
+        if total > SEMAPHORE_MEMORY_BYTES {
+            items.sort_by_key(|item| std::cmp::Reverse(item.1));
+            let top: Vec<String> = items
+                .iter()
+                .take(3)
+                .map(|(n, b)| format!("{n} {} ({b} B)", b / 4))
+                .collect();
+            problems.push(Problem {
+                kind: ProblemKind::SemaphoreMemory,
+                subject: "semaphores".into(),
+                message: format!(
+                    "{} semaphores need {total} B of semaphore memory but a TPU kernel has {} \
+                     B (4 B each; libtpu's memory space `sflag`); largest: {}; use fewer, e.g. \
+                     one DMA semaphore for copies that are waited together (it counts bytes)",
+                    total / 4,
+                    SEMAPHORE_MEMORY_BYTES,
+                    top.join(", ")
+                ),
+                loc: Some(k.loc),
+            });
         }
     }
     if let Some(limit) = rules.vmem_limit_bytes {
