@@ -158,56 +158,57 @@ pub fn check(k: &Kernel, rules: &KernelRules) -> Vec<Problem> {
         }
     }
     if rules.mosaic_ops {
-        let mut items = semaphore_items(k);
+        let items = semaphore_items(k);
         let total: usize = items.iter().map(|(_, b)| b).sum();
         if total > SEMAPHORE_MEMORY_BYTES {
-            items.sort_by_key(|item| std::cmp::Reverse(item.1));
-            let top: Vec<String> = items
-                .iter()
-                .take(3)
-                .map(|(n, b)| format!("{n} {} ({b} B)", b / 4))
-                .collect();
+            let top = largest(items, |b| format!("{} ({b} B)", b / 4));
             problems.push(Problem {
                 kind: ProblemKind::SemaphoreMemory,
                 subject: "semaphores".into(),
                 message: format!(
                     "{} semaphores need {total} B of semaphore memory but a TPU kernel has {} \
-                     B (4 B each; libtpu's memory space `sflag`); largest: {}; use fewer, e.g. \
-                     one DMA semaphore for copies that are waited together (it counts bytes)",
+                     B (4 B each; libtpu's memory space `sflag`); largest: {top}; use fewer, \
+                     e.g. one DMA semaphore for copies that are waited together (it counts \
+                     bytes)",
                     total / 4,
                     SEMAPHORE_MEMORY_BYTES,
-                    top.join(", ")
                 ),
                 loc: Some(k.loc),
             });
         }
     }
     if let Some(limit) = rules.vmem_limit_bytes {
-        let mut items = vmem_items(k);
+        let items = vmem_items(k);
         let total: usize = items.iter().map(|(_, b)| b).sum();
         if total > limit {
-            items.sort_by_key(|item| std::cmp::Reverse(item.1));
-            let top: Vec<String> = items
-                .iter()
-                .take(3)
-                .map(|(n, b)| format!("{n} {}", human_bytes(*b)))
-                .collect();
+            let top = largest(items, human_bytes);
             problems.push(Problem {
                 kind: ProblemKind::Vmem,
                 subject: "vmem".into(),
                 message: format!(
                     "blocks and scratch need {} of VMEM (blocks double-buffered unless single-buffered) but the \
-                     target allows {}; largest: {}; use smaller blocks or raise the limit \
+                     target allows {}; largest: {top}; use smaller blocks or raise the limit \
                      (KernelRules::with_vmem_limit)",
                     human_bytes(total),
                     human_bytes(limit),
-                    top.join(", ")
                 ),
                 loc: Some(k.loc),
             });
         }
     }
     problems
+}
+
+/// The three largest of `(operand, bytes)` items, each as `operand` and `size(bytes)`,
+/// for a budget's message.
+fn largest(mut items: Vec<(String, usize)>, size: impl Fn(usize) -> String) -> String {
+    items.sort_by_key(|item| std::cmp::Reverse(item.1));
+    let top: Vec<String> = items
+        .iter()
+        .take(3)
+        .map(|(n, b)| format!("{n} {}", size(*b)))
+        .collect();
+    top.join(", ")
 }
 
 fn round_up(x: usize, m: usize) -> usize {
