@@ -324,7 +324,8 @@ def main():
 
 def markdown(prefix):
     """The table of docs/tpu.md: per configuration and kernel role, tessera's cycles per core
-    against JAX's (and, for the forward, tokamax's best grid from tokamax_cost.tsv), then
+    against JAX's (and, for the forward, tokamax's best grid from tokamax_cost.tsv: its
+    forward without residuals in the forward pass, with them in the backward ones), then
     tessera / JAX over all cores, scoped VMEM and temporaries."""
     jax = {config_of(r) + (r["role"],): r for r in read_tsv(prefix + ".jax.tsv")}
     tokamax = {}
@@ -348,7 +349,10 @@ def markdown(prefix):
         j = jax.get(config_of(t) + (t["role"],))
         if j is None:
             continue
-        tk = tokamax.get(config_of(t)) if t["role"] == "fwd" and t["pass"] == "fwd" else None
+        # tokamax's forward: without residuals for the forward pass, with them (its `bwd`
+        # rows) for the forward of both backward passes.
+        tk_pass = "fwd" if t["pass"] == "fwd" else "bwd"
+        tk = tokamax.get((tk_pass,) + config_of(t)[1:]) if t["role"] == "fwd" else None
         tk_cell = (f"{n(tk['cycles_per_core'])} ({ratio(t['cycles_per_core'], tk['cycles_per_core'])})"
                    if tk else "")
         heads = "MHA" if t["kv_heads"] == t["heads"] else f"GQA {t['heads']}/{t['kv_heads']}"

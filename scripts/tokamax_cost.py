@@ -1,5 +1,7 @@
 """tokamax 0.0.17's splash forward with its causal-diagonal skip, by libtpu's own measure
-(compile-only, no TPU), in the rows scripts/splash_cost.py writes for JAX's and tessera's.
+(compile-only, no TPU), in the rows scripts/splash_cost.py writes for JAX's and tessera's:
+without residuals (what a caller runs without a backward) and with them (`save_residuals`:
+the lse a training step's backward takes, `splash_mha_fwd_residuals`).
 
 tokamax (the kernel library MaxText's splash comes from) cuts the diagonal block of a causal
 mask into a `qk_diag_grid` x `qk_diag_grid` grid and skips the QK (`qk_diag_skip`) and SV
@@ -14,11 +16,14 @@ the end at a row's last) get their runs from tokamax's own block tables (MaskInf
 active_rows; its `bounds_start`/`bounds_end` mark a row's first and last active block).
 
 Writes scripts/tokamax_cost.tsv (splash_cost.py's columns; `impl` is `tokamax-grid2` or
-`tokamax-grid4`). tessera's forward at the same configurations is in
-scripts/splash_cost.tessera.tsv.
+`tokamax-grid4`; pass `fwd` without residuals, `bwd` with them, as the forward of
+splash_cost.py's backward rows). tessera's forward at the same configurations is in
+scripts/splash_cost.tessera.tsv (pass `fwd` without its lse, `bwd` and `fused` with it).
 
-usage: scripts/tokamax_cost.sh            (makes the venv, builds tessera, runs this)
-       python scripts/tokamax_cost.py --worker DIR KVH S BLOCK GRID   (one compile)
+usage: scripts/tokamax_cost.sh [--residuals]   (makes the venv, builds tessera, runs this;
+                                                --residuals: only the rows with residuals,
+                                                added to the TSV's)
+       python scripts/tokamax_cost.py --worker DIR KVH S BLOCK GRID RESIDUALS   (one compile)
 """
 import json
 import os
@@ -34,7 +39,7 @@ CONFIGS = [(kvh, s, b) for kvh in (8, 2) for s in (4096, 8192) for b in (512, 10
 OUT = os.path.join(sc.ROOT, "scripts", "tokamax_cost.tsv")
 
 
-def worker(out_dir, kv_heads, seq, block, grid):
+def worker(out_dir, kv_heads, seq, block, grid, residuals):
     """Compiles tokamax's forward for one configuration with libtpu's dumps in out_dir; writes
     out_dir/schedules.json and out_dir/program.json."""
     flags = [f"--xla_jf_dump_to={out_dir}", "--xla_jf_dump_llo_pass_label_regex=final",
@@ -61,7 +66,7 @@ def worker(out_dir, kv_heads, seq, block, grid):
         qk_diag_skip=True, sv_diag_skip=True, qk_diag_grid=grid,
     )
     kernel = splash.make_splash_mha_single_device(
-        mask_lib.CausalMask((seq, seq)), config=config)
+        mask_lib.CausalMask((seq, seq)), config=config, save_residuals=residuals)
     heads = sc.HEADS
     q = jax.ShapeDtypeStruct((heads, seq, sc.D), jnp.bfloat16, sharding=one)
     kv = jax.ShapeDtypeStruct((kv_heads, seq, sc.D), jnp.bfloat16, sharding=one)
@@ -101,17 +106,18 @@ def kernel_name(out_dir):
     return costs[0]["kernel"]
 
 
-def tokamax_rows(kv_heads, seq, block, grid):
+def tokamax_rows(kv_heads, seq, block, grid, residuals):
     with tempfile.TemporaryDirectory(prefix="tokamax-cost-") as d:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", d, str(kv_heads), str(seq),
-               str(block), str(grid)]
+               str(block), str(grid), str(int(residuals))]
         p = subprocess.run(cmd, capture_output=True, text=True, env=sc.compile_only_env())
         if p.returncode != 0:
             print(f"  tokamax KVH={kv_heads} S={seq} B={block} grid={grid}: failed: "
                   f"{(p.stderr.strip().splitlines() or ['?'])[-1][:300]}", file=sys.stderr)
             return []
         costs, temp = sc.read_worker_dumps(d)
-        rows = [sc.row(f"tokamax-grid{grid}", "fwd", kv_heads, seq, block, c, temp, 65536)
+        pass_ = "bwd" if residuals else "fwd"
+        rows = [sc.row(f"tokamax-grid{grid}", pass_, kv_heads, seq, block, c, temp, 65536)
                 for c in costs]
         for r in rows:
             r["role"] = "fwd"
@@ -119,18 +125,24 @@ def tokamax_rows(kv_heads, seq, block, grid):
 
 
 def main():
-    if os.path.exists(OUT):
+    only_residuals = sys.argv[1:] == ["--residuals"]
+    if os.path.exists(OUT) and not only_residuals:
         os.remove(OUT)
-    for i, (kvh, seq, block) in enumerate(CONFIGS):
-        for grid in GRIDS:
-            print(f"[{i + 1}/{len(CONFIGS)}] tokamax fwd KVH={kvh} S={seq} block={block} "
-                  f"grid={grid}", file=sys.stderr, flush=True)
-            sc.append_tsv(OUT, tokamax_rows(kvh, seq, block, grid))
+    kept = [r for r in sc.read_tsv(OUT) if r["pass"] == "fwd"] if only_residuals else []
+    if only_residuals:
+        os.remove(OUT)
+        sc.append_tsv(OUT, kept)
+    for residuals in ((True,) if only_residuals else (False, True)):
+        for i, (kvh, seq, block) in enumerate(CONFIGS):
+            for grid in GRIDS:
+                print(f"[{i + 1}/{len(CONFIGS)}] tokamax fwd KVH={kvh} S={seq} block={block} "
+                      f"grid={grid} residuals={residuals}", file=sys.stderr, flush=True)
+                sc.append_tsv(OUT, tokamax_rows(kvh, seq, block, grid, residuals))
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        d, kvh, s, b, g = sys.argv[2:7]
-        worker(d, int(kvh), int(s), int(b), int(g))
+        d, kvh, s, b, g, res = sys.argv[2:8]
+        worker(d, int(kvh), int(s), int(b), int(g), bool(int(res)))
     else:
         main()
