@@ -324,6 +324,31 @@ fn both_directions_prove_every_index_in_range() {
     }
 }
 
+/// The Mosaic call's cost estimate (what XLA's scheduler and whole-program estimate take)
+/// counts the key blocks the causal loops run: the key loop's bound is set by the query
+/// block, and the estimate walks the query loop to count it. Per grid step (one head) of
+/// 16 query blocks of 8 rows over 16 key blocks (4 devices of 32 rows), each key block a
+/// query block meets costs an `exp` of its `[8, 8]` logits and of the `[8, 1]` running max,
+/// and each query block a `log` of its 8 rows' sum (the lse): causal meets 136 of the 256.
+#[test]
+fn cost_estimates_count_the_key_blocks_the_causal_loops_run() {
+    let transcendentals = |visible: bool| {
+        let def = unsegmented(ulysses_attention::<RingMesh, Context>(8, visible));
+        let args = compile_args(DType::F32, 3, 8, 32, 8);
+        let k = def
+            .instantiate_on(&args[..3], &ring_mesh(N), &KernelRules::tpu())
+            .unwrap();
+        tessera::dsl::mosaic::lower(&k)
+            .unwrap()
+            .cost
+            .transcendentals
+    };
+    let per_head = |pairs: u64| pairs * (8 * 8 + 8) + 16 * 8;
+    // 8 heads on 4 devices: 2 grid steps.
+    assert_eq!(transcendentals(true), 2 * per_head(136));
+    assert_eq!(transcendentals(false), 2 * per_head(256));
+}
+
 /// Both directions on a context axis of 64 chips (v5p:4x4x4, as MaxText's USP cells take
 /// context 64), bf16 with segment ids: their semaphores do not grow with the axis but for
 /// one `ready` per device, where one per (buffer, source) ran out of the chip's semaphore

@@ -2,14 +2,20 @@
 
 use std::collections::HashMap;
 
-use crate::ir::{CmpOp, Kernel, Literal, MemorySpace, Op, OperandRole, Region, UnaryOp, ValueId};
+use crate::ir::{
+    eval_scalar, CmpOp, Kernel, MemorySpace, Op, OperandRole, Region, UnaryOp, ValueId,
+};
 use crate::tpu_facts::tpu_tile;
 
 /// Work of one kernel call, for XLA's scheduler (the custom call's `cost_estimate`).
 ///
 /// An upper bound: every `when` body counts as taken, except that of `when`s on `x == a`,
-/// `x == b`, ... for one `x` (exclusive) only the costliest counts; loops with run-time
-/// bounds count once; and every grid step that does work counts as fetching its input
+/// `x == b`, ... for one `x` (exclusive) only the costliest counts. A loop whose bounds are
+/// known from constants, the grid's size, the device id and enclosing loops' indices counts
+/// its trips, walked one iteration at a time where its body holds a loop (so a causal key
+/// loop bounded by the query loop's index counts the blocks it runs; on a mesh, the bounds
+/// of device 0); loops with bounds read at run time (a loaded length) count once. Every
+/// grid step that does work counts as fetching its input
 /// blocks and writing its output blocks (the pipeline skips a fetch when the block index
 /// does not change). The steps that do work are every step, or as many as the caller says
 /// ([`crate::CallFacts::active_grid_steps`]). Operands left in HBM count the bytes of the
@@ -30,8 +36,11 @@ pub(crate) fn estimate(k: &Kernel, active_steps: Option<u64>) -> CostEstimate {
     let grid: u64 = k.grid.iter().map(|&n| n as u64).product();
     let steps = active_steps.map_or(grid, |n| n.min(grid));
     let mut per_step = CostEstimate::default();
-    let mut ints = HashMap::new();
-    region(k, &k.body, 1, &mut ints, &mut per_step);
+    let mut walk = Walk {
+        known: HashMap::new(),
+        budget: ENUMERATED_ITERATIONS,
+    };
+    region(k, &k.body, 1, &mut walk, &mut per_step);
     let mut bytes = 0u64;
     for o in &k.operands {
         let elems = |shape: &[usize]| shape.iter().map(|&n| n as u64).product::<u64>();
@@ -51,29 +60,45 @@ pub(crate) fn estimate(k: &Kernel, active_steps: Option<u64>) -> CostEstimate {
     }
 }
 
-fn region(
-    k: &Kernel,
-    r: &Region,
-    times: u64,
-    ints: &mut HashMap<ValueId, i64>,
-    cost: &mut CostEstimate,
-) {
+/// Loop iterations the estimate walks one at a time (to count a loop whose bounds an
+/// enclosing loop's index sets) before it multiplies a body's cost by its trips instead.
+const ENUMERATED_ITERATIONS: u64 = 1 << 16;
+
+/// What the walk knows: the scalars it could evaluate (constants, the grid's size, the device
+/// id as 0, indices of loops walked one iteration at a time and what is computed from them),
+/// and how many more iterations it may walk one at a time.
+struct Walk {
+    known: HashMap<ValueId, i64>,
+    budget: u64,
+}
+
+/// Whether `r` holds a loop (at any depth).
+fn has_loop(r: &Region) -> bool {
+    r.insts.iter().any(|inst| {
+        matches!(inst.op, Op::ForLoop { .. }) || inst.op.regions().into_iter().any(has_loop)
+    })
+}
+
+fn region(k: &Kernel, r: &Region, times: u64, walk: &mut Walk, cost: &mut CostEstimate) {
     // `cond -> x` for the conditions `x == constant` of this region, and the costliest
     // body so far of the `when`s on each such `x` (at most one of them runs).
     let mut equals: HashMap<ValueId, ValueId> = HashMap::new();
     let mut exclusive: HashMap<ValueId, CostEstimate> = HashMap::new();
     for inst in &r.insts {
         let elems = |v: ValueId| k.value_type(v).num_elements() as u64;
+        if let [result] = inst.results[..] {
+            let value = match &inst.op {
+                Op::NumPrograms { axis } => Some(k.grid[*axis] as i64),
+                Op::DeviceId => Some(0),
+                op => eval_scalar(k, op, &|v| walk.known.get(&v).copied()),
+            };
+            // A value of an earlier iteration that this one cannot evaluate is forgotten.
+            match value {
+                Some(x) => walk.known.insert(result, x),
+                None => walk.known.remove(&result),
+            };
+        }
         match &inst.op {
-            Op::Constant {
-                value: Literal::Int(i),
-                ty,
-            } if ty.is_scalar() => {
-                ints.insert(inst.results[0], *i);
-            }
-            Op::NumPrograms { axis } => {
-                ints.insert(inst.results[0], k.grid[*axis] as i64);
-            }
             Op::Dot {
                 lhs, transpose_lhs, ..
             } => {
@@ -93,7 +118,7 @@ fn region(
                 rhs,
             } => {
                 cost.flops += times * elems(*lhs);
-                let x = match (ints.contains_key(lhs), ints.contains_key(rhs)) {
+                let x = match (walk.known.contains_key(lhs), walk.known.contains_key(rhs)) {
                     (false, true) => Some(*lhs),
                     (true, false) => Some(*rhs),
                     _ => None,
@@ -109,8 +134,8 @@ fn region(
             } if !otherwise.insts.is_empty() => {
                 // One branch runs: count the costlier.
                 let (mut a, mut b) = (CostEstimate::default(), CostEstimate::default());
-                region(k, then, times, ints, &mut a);
-                region(k, otherwise, times, ints, &mut b);
+                region(k, then, times, walk, &mut a);
+                region(k, otherwise, times, walk, &mut b);
                 let most = if b.flops + b.transcendentals > a.flops + a.transcendentals {
                     b
                 } else {
@@ -122,22 +147,38 @@ fn region(
             Op::When { cond, then, .. } => match equals.get(cond) {
                 Some(x) => {
                     let mut body = CostEstimate::default();
-                    region(k, then, times, ints, &mut body);
+                    region(k, then, times, walk, &mut body);
                     let most = exclusive.entry(*x).or_default();
                     if body.flops + body.transcendentals > most.flops + most.transcendentals {
                         *most = body;
                     }
                 }
-                None => region(k, then, times, ints, cost),
+                None => region(k, then, times, walk, cost),
             },
             Op::ForLoop { lo, hi, body, .. } => {
-                let trips = match (ints.get(lo), ints.get(hi)) {
-                    (Some(l), Some(h)) => (h - l).max(0) as u64,
-                    _ => 1,
-                };
-                region(k, body, times * trips, ints, cost);
+                let index = body.params[0];
+                match (walk.known.get(lo).copied(), walk.known.get(hi).copied()) {
+                    (Some(l), Some(h)) => {
+                        let trips = (h - l).max(0) as u64;
+                        if has_loop(body) && trips <= walk.budget {
+                            walk.budget -= trips;
+                            for i in l..h {
+                                walk.known.insert(index, i);
+                                region(k, body, times, walk, cost);
+                            }
+                        } else {
+                            walk.known.remove(&index);
+                            region(k, body, times * trips, walk, cost);
+                        }
+                    }
+                    _ => {
+                        walk.known.remove(&index);
+                        region(k, body, times, walk, cost);
+                    }
+                }
+                walk.known.remove(&index);
             }
-            Op::Scoped { body, .. } => region(k, body, times, ints, cost),
+            Op::Scoped { body, .. } => region(k, body, times, walk, cost),
             // A copy reads or writes HBM on the sides that are HBM operands; a remote copy
             // sends its bytes (and writes the other device's memory, not this one's).
             Op::DmaStart {
@@ -169,6 +210,7 @@ fn region(
             | Op::DebugCheck { .. }
             | Op::StoreScalar { .. } => {}
             Op::ProgramId { .. }
+            | Op::NumPrograms { .. }
             | Op::Constant { .. }
             | Op::Load { .. }
             | Op::Store { .. }
