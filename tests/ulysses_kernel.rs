@@ -104,8 +104,8 @@ fn bf16_matches_dense_f64_attention_on_every_backend() {
 
 /// Local windows (both sides, one side) and chunked causal masks whose edges fall inside
 /// the blocks, forward and backward, against dense f64 attention under the same mask on
-/// every backend, and in mosaic-eval: the kernels skip the key (query) blocks a block sees nothing of, and a
-/// block whose keys some rows see none of keeps their running max finite.
+/// every backend, and in mosaic-eval: the kernels skip the key (query) blocks a block sees
+/// nothing of, and a block whose keys some rows see none of keeps their running max finite.
 #[test]
 fn local_and_chunked_masks_match_dense_f64_attention_on_every_backend() {
     for visible in [

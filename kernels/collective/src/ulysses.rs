@@ -374,8 +374,8 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
 /// this device's sequence shard of every head (`[H, SL, D]` in HBM, the whole sequence `S =
 /// N SL` in axis order), `out` the same for the output: `softmax(scale q k^T) v` per head
 /// over the whole sequence, each query attending the keys it sees by `visible` (positions
-/// in the whole sequence), `scale = 1 / sqrt(D)`. Device `d` attends its `HL = H / N` heads `d HL ..
-/// (d + 1) HL`, one per grid step:
+/// in the whole sequence), `scale = 1 / sqrt(D)` by default (`logits`). Device `d` attends
+/// its `HL = H / N` heads `d HL .. (d + 1) HL`, one per grid step:
 ///
 /// - the step before (the first step for head 0) has started the exchange of the head's
 ///   rows: every device copies its `SL` rows of that head of q, k and v into slot `me` of a
@@ -511,8 +511,8 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
 
 /// Query rows `row0 .. row0 + block` of the gathered head in buffer `b` attended over its
 /// keys (the key blocks holding a key one of its rows sees by `visible`) with an online
-/// softmax over blocks of `block` keys: the unnormalised output `[block, D]`, the running max and sum
-/// `[block, 1]` (f32; `out = acc / l`, `lse = m + log l`).
+/// softmax over blocks of `block` keys: the unnormalised output `[block, D]`, the running
+/// max and sum `[block, 1]` (f32; `out = acc / l`, `lse = m + log l`).
 #[allow(clippy::too_many_arguments)]
 fn attend_rows<T: Element>(
     qg: &Vmem<T>,
