@@ -125,13 +125,14 @@ def tokamax_rows(kv_heads, seq, block, grid, residuals):
 
 
 def main():
+    if sys.argv[1:] not in ([], ["--residuals"]):
+        sys.exit(f"usage: {sys.argv[0]} [--residuals] (got {' '.join(sys.argv[1:])})")
     only_residuals = sys.argv[1:] == ["--residuals"]
-    if os.path.exists(OUT) and not only_residuals:
-        os.remove(OUT)
+    # --residuals keeps the rows without residuals and measures the others again.
     kept = [r for r in sc.read_tsv(OUT) if r["pass"] == "fwd"] if only_residuals else []
-    if only_residuals:
+    if os.path.exists(OUT):
         os.remove(OUT)
-        sc.append_tsv(OUT, kept)
+    sc.append_tsv(OUT, kept)
     for residuals in ((True,) if only_residuals else (False, True)):
         for i, (kvh, seq, block) in enumerate(CONFIGS):
             for grid in GRIDS:
