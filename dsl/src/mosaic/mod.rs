@@ -91,6 +91,15 @@ pub const MIN_VMEM_LIMIT_BYTES: usize = 16 << 20;
 /// VMEM, below a v5p's.
 pub const MAX_VMEM_LIMIT_BYTES: usize = 64 << 20;
 
+/// The scoped VMEM kernel `k` needs on TPU, as its Mosaic call asks for it (before the
+/// clamp of [`MosaicKernel::vmem_limit_bytes`]): its blocks and scratch plus room for two of
+/// its largest vector values to spill. The TPU rules check the blocks and scratch alone
+/// (what libtpu surely refuses); a kernel whose need passes the budget may still be refused
+/// by libtpu, so a caller choosing between kernels holds this against the budget.
+pub fn scoped_vmem_bytes(k: &Kernel) -> usize {
+    crate::tpu_facts::vmem_bytes(k) + 2 * cost::largest_value_bytes(k)
+}
+
 /// Lowers an instantiated kernel to a Mosaic module.
 ///
 /// The kernel should have been instantiated under [`KernelRules::tpu`](crate::KernelRules::tpu):
@@ -155,8 +164,7 @@ pub fn lower(k: &Kernel) -> Result<MosaicKernel, KernelError> {
         has_communication: memory::has_communication(k),
         collective_id: memory::uses_barrier(k).then_some(0),
         vmem_bytes,
-        vmem_limit_bytes: (vmem_bytes + 2 * cost::largest_value_bytes(k))
-            .clamp(MIN_VMEM_LIMIT_BYTES, MAX_VMEM_LIMIT_BYTES),
+        vmem_limit_bytes: scoped_vmem_bytes(k).clamp(MIN_VMEM_LIMIT_BYTES, MAX_VMEM_LIMIT_BYTES),
     })
 }
 
