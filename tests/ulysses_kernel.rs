@@ -12,8 +12,8 @@ use tessera::backend::{self, Backend};
 use tessera::collective_kernels::memory::{ring_mesh, RingMesh};
 use tessera::collective_kernels::ulysses::{
     ulysses_attention, ulysses_attention_bwd, ulysses_attention_bwd_of,
-    ulysses_attention_bwd_reference, ulysses_attention_of, ulysses_attention_reference, Logits,
-    Visibility,
+    ulysses_attention_bwd_reference, ulysses_attention_bwd_staged_of, ulysses_attention_of,
+    ulysses_attention_reference, ulysses_attention_staged_of, Logits, Visibility,
 };
 use tessera::dsl::axes::Context;
 use tessera::dsl::interpret::{self, InterpretOptions};
@@ -99,6 +99,111 @@ fn bf16_matches_dense_f64_attention_on_every_backend() {
             let err = common::max_error(&outs[1], &want[d][1]);
             assert!(err <= 5e-3, "{b}, device {d}: lse: max error {err:e}");
         }
+    }
+}
+
+/// The kernel that stages the gathered heads in HBM (for heads that do not fit VMEM)
+/// against dense f64 attention on every backend: causal (the key loop starting at the
+/// first block), full, and a local window (a loop starting past block 0), f32 and bf16; its
+/// three staging outputs follow `out` and `lse`.
+#[test]
+fn staged_in_hbm_matches_dense_f64_attention_on_every_backend() {
+    let local = Visibility::Local {
+        left: Some(11),
+        right: Some(5),
+    };
+    for (dtype, visible, tolerance) in [
+        (DType::F32, Visibility::Causal, 1e-5),
+        (DType::F32, Visibility::Full, 1e-5),
+        (DType::F32, local, 1e-5),
+        (DType::BF16, Visibility::Causal, 2e-2),
+    ] {
+        let def = unsegmented(match dtype {
+            DType::BF16 => ulysses_attention_staged_of::<half::bf16, RingMesh, Context>(
+                8,
+                visible,
+                Logits::default(),
+            ),
+            _ => {
+                ulysses_attention_staged_of::<f32, RingMesh, Context>(8, visible, Logits::default())
+            }
+        });
+        let per_device = inputs(dtype, 12, 32, 128);
+        let want = reference(&per_device, visible);
+        for b in Backend::everywhere() {
+            let out =
+                backend::run_on_devices(&def, &ring_mesh(N), &per_device, b, &KernelRules::tpu())
+                    .unwrap_or_else(|e| panic!("{b} {dtype:?} {visible:?}: {e}"));
+            for (d, outs) in out.iter().enumerate() {
+                assert_eq!(outs.len(), 5, "out, lse and the three staging buffers");
+                let err = common::max_error(&outs[0], &want[d][0]);
+                assert!(
+                    err <= tolerance,
+                    "{b} {dtype:?} {visible:?}, device {d}: out: {err:e}"
+                );
+                let err = common::max_error(&outs[1], &want[d][1]);
+                assert!(
+                    err <= 5e-3,
+                    "{b} {dtype:?} {visible:?}, device {d}: lse: {err:e}"
+                );
+            }
+        }
+    }
+}
+
+/// The staged backward against dense f64 gradients on every backend (causal, full, a local
+/// window); its four staging outputs follow dq, dk and dv.
+#[test]
+fn staged_backward_matches_dense_f64_gradients_on_every_backend() {
+    let local = Visibility::Local {
+        left: Some(11),
+        right: Some(5),
+    };
+    for visible in [Visibility::Causal, Visibility::Full, local] {
+        let def = unsegmented(ulysses_attention_bwd_staged_of::<f32, RingMesh, Context>(
+            8,
+            visible,
+            Logits::default(),
+        ));
+        let per_device = backward_inputs(DType::F32, 12, 16, 8, visible);
+        for b in Backend::everywhere() {
+            let out =
+                backend::run_on_devices(&def, &ring_mesh(N), &per_device, b, &KernelRules::tpu())
+                    .unwrap_or_else(|e| panic!("{b} {visible:?}: {e}"));
+            assert!(
+                out.iter().all(|o| o.len() == 7),
+                "dq, dk, dv and four staging buffers"
+            );
+            let err = backward_error(&out, &per_device, visible);
+            assert!(err <= 1e-5, "{b} {visible:?}: relative error {err:e}");
+        }
+    }
+}
+
+/// The staged kernels' copies (the exchange into HBM, the blocks fetched one ahead) landing
+/// anywhere, devices interleaved at random: no race, no deadlock, the same results; and
+/// mosaic-eval gives them bit for bit.
+#[test]
+fn staged_landing_points_interleavings_and_mosaic_eval_agree() {
+    let fwd = unsegmented(ulysses_attention_staged_of::<f32, RingMesh, Context>(
+        8,
+        Visibility::Causal,
+        Logits::default(),
+    ));
+    let bwd = unsegmented(ulysses_attention_bwd_staged_of::<f32, RingMesh, Context>(
+        8,
+        Visibility::Causal,
+        Logits::default(),
+    ));
+    for (def, per_device) in [
+        (fwd, inputs(DType::F32, 12, 32, 128)),
+        (bwd, backward_inputs(DType::F32, 12, 16, 8, true)),
+    ] {
+        let want = same_at_random_landing_points(&def, &per_device, 0..3, 90);
+        assert_eq!(
+            common::mosaic_eval_on_mesh(&def, &ring_mesh(N), &per_device),
+            want
+        );
     }
 }
 
@@ -202,7 +307,7 @@ fn mosaic_eval_on_four_devices_agrees_with_the_interpreter() {
 
 /// libtpu compiles the forward and the backward for the 4 chips of v5p:2x2x1 (f32 and
 /// bf16 with a soft cap; 8 heads of 512 rows per chip, 2048 in all, blocks of 256), with
-/// segment ids.
+/// segment ids; and both directions staged in HBM.
 #[test]
 fn libtpu_compiles_both_directions_for_four_v5p_chips() {
     let topology = tessera::tpu::TpuTopology::parse("tpu:v5p:2x2x1").unwrap();
@@ -255,6 +360,25 @@ fn libtpu_compiles_both_directions_for_four_v5p_chips() {
             4,
         ),
         (bf16(true), DType::BF16, 4),
+        // The kernels that stage the gathered heads in HBM.
+        (
+            ulysses_attention_staged_of::<half::bf16, RingMesh, Context>(
+                256,
+                Visibility::Causal,
+                capped,
+            ),
+            DType::BF16,
+            3,
+        ),
+        (
+            ulysses_attention_bwd_staged_of::<half::bf16, RingMesh, Context>(
+                256,
+                Visibility::Causal,
+                capped,
+            ),
+            DType::BF16,
+            4,
+        ),
     ] {
         let args = compile_args(dtype, arrays, 8, 512, 256);
         let report = topology
@@ -291,6 +415,15 @@ fn compile_args(
     args
 }
 
+/// The staged forward (`bwd` false) or backward in f32 with the default logits.
+fn staged_f32(bwd: bool, visible: Visibility) -> KernelDef {
+    if bwd {
+        ulysses_attention_bwd_staged_of::<f32, RingMesh, Context>(8, visible, Logits::default())
+    } else {
+        ulysses_attention_staged_of::<f32, RingMesh, Context>(8, visible, Logits::default())
+    }
+}
+
 /// Both directions prove every index they compute when instantiated: no run-time check, so
 /// no check flags (which nothing reads inside a train step; `ulysses_fused` refuses a
 /// kernel that has them).
@@ -308,6 +441,10 @@ fn both_directions_prove_every_index_in_range() {
         (ulysses_attention_bwd::<RingMesh, Context>(8, false), 4),
         (ulysses_attention_bwd::<RingMesh, Context>(8, local), 4),
         (ulysses_attention_bwd::<RingMesh, Context>(8, chunked), 4),
+        (staged_f32(false, Visibility::Causal), 3),
+        (staged_f32(false, local), 3),
+        (staged_f32(true, chunked), 4),
+        (staged_f32(true, local), 4),
     ] {
         for devices in [2, 4, 8] {
             let args = compile_args(DType::F32, arrays, 8, 16, 8);

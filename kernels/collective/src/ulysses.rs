@@ -2,10 +2,16 @@
 //! k and v (heads for sequence), the attention, and the all-to-all of the output back (of
 //! dq, dk and dv in the backward), with the exchanges overlapping the attention (MaxText
 //! runs them as XLA collectives around the attention kernel, each on the layer's critical
-//! path).
+//! path). Each direction has two kernels: one gathers a head's whole sequence in VMEM
+//! ([`ulysses_attention_of`], [`ulysses_attention_bwd_of`]), the other stages it in HBM and
+//! fetches it into VMEM block by block, for sequences whose heads do not fit VMEM
+//! ([`ulysses_attention_staged_of`], [`ulysses_attention_bwd_staged_of`]).
 
 use tessera_dsl::prelude::*;
-use tessera_dsl::{wait_copy, HasAxis, HostArray, Idx, IntoIndex, KernelDef, MeshAxis, MeshShape};
+use tessera_dsl::{
+    make_async_copy, wait_copy, Carry, CopyDescriptor, CopyDest, HasAxis, HbmWindowMut, HostArray,
+    Idx, IntoIndex, KernelDef, MeshAxis, MeshShape, VmemWindowMut,
+};
 
 use crate::collective::meet_all;
 
@@ -176,10 +182,38 @@ impl Visibility {
     }
 }
 
+/// A buffer the exchange lands gathered heads in: a VMEM scratch (the whole head read in
+/// place) or an HBM output (the head staged there and fetched block by block, where it does
+/// not fit VMEM).
+trait Landing<T: Element> {
+    type Window<'a>: CopyDest<'a, T>
+    where
+        Self: 'a;
+
+    fn landing<'a>(&'a mut self, idx: &[Idx]) -> Self::Window<'a>;
+}
+
+impl<T: Element> Landing<T> for Vmem<T> {
+    type Window<'a> = VmemWindowMut<'a, T>;
+
+    fn landing<'a>(&'a mut self, idx: &[Idx]) -> Self::Window<'a> {
+        self.at_mut(idx)
+    }
+}
+
+impl<T: Element> Landing<T> for HbmMut<T> {
+    type Window<'a> = HbmWindowMut<'a, T>;
+
+    fn landing<'a>(&'a mut self, idx: &[Idx]) -> Self::Window<'a> {
+        self.at_mut(idx)
+    }
+}
+
 /// How the heads of a Ulysses kernel travel: every device holds `rows` rows (along dim 1) of
 /// every head of some `[H, rows, ..]` arrays and owns `HL = H / N` heads; local head `h` of
 /// the device at position `p` is head `p HL + h`. Gathered, a head's whole sequence sits in
-/// a `[2, N rows, ..]` VMEM buffer (two heads in flight), slot `s` holding device `s`'s rows,
+/// a `[2, N rows, ..]` buffer (two heads in flight; VMEM scratch, or an HBM output where it
+/// is staged: [`Landing`]), slot `s` holding device `s`'s rows,
 /// and lands on one receive semaphore per buffer that every source and array share; the
 /// sends likewise share one per buffer. DMA semaphores count bytes, and every wait of a head
 /// is done before its rows are read, so a wait that another source's bytes satisfied first
@@ -259,7 +293,7 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
         &self,
         t: Transfer,
         arrays: &[&Hbm<T>],
-        gathered: &mut [&mut Vmem<T>],
+        gathered: &mut [&mut impl Landing<T>],
         h: Value,
         b: Value,
     ) where
@@ -276,7 +310,7 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
     fn start<T: Element, A: MeshAxis>(
         &self,
         arrays: &[&Hbm<T>],
-        gathered: &mut [&mut Vmem<T>],
+        gathered: &mut [&mut impl Landing<T>],
         h: Value,
         b: Value,
     ) where
@@ -287,13 +321,13 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
             let landed = || self.recv.at(b);
             let mine = self.slot(b, self.me, rank);
             let own = x.at(&self.head(self.me, h, rank));
-            async_copy(own, g.at_mut(&mine), landed()).detach();
+            async_copy(own, g.landing(&mine), landed()).detach();
             for k in 1..self.n {
                 let to = self.along(k);
                 let src = x.at(&self.head(to, h, rank));
                 let sent = self.send.at(b);
                 let to = self.devices.shifted::<A>(k as i64);
-                remote_copy(src, g.at_mut(&mine), sent, landed(), to).detach();
+                remote_copy(src, g.landing(&mine), sent, landed(), to).detach();
             }
         }
     }
@@ -302,7 +336,7 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
     fn wait<T: Element>(
         &self,
         arrays: &[&Hbm<T>],
-        gathered: &mut [&mut Vmem<T>],
+        gathered: &mut [&mut impl Landing<T>],
         h: Value,
         b: Value,
     ) {
@@ -310,12 +344,12 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
             let rank = x.shape().len();
             let own = || x.at(&self.head(self.me, h, rank));
             let mine = self.slot(b, self.me, rank);
-            wait_copy(own(), g.at_mut(&mine), self.recv.at(b));
+            wait_copy(own(), g.landing(&mine), self.recv.at(b));
             for k in 1..self.n {
                 let (to, from) = (self.along(k), self.back(k));
                 let src = x.at(&self.head(to, h, rank));
-                wait_copy(src, g.at_mut(&mine), self.send.at(b));
-                let arriving = g.at_mut(&self.slot(b, from, rank));
+                wait_copy(src, g.landing(&mine), self.send.at(b));
+                let arriving = g.landing(&self.slot(b, from, rank));
                 wait_copy(own(), arriving, self.recv.at(b));
             }
         }
@@ -352,6 +386,28 @@ impl<'a, M: MeshShape> Exchange<'a, M> {
             // the kernel is instantiated, so no run-time index check is needed.
             let next = (h + 1).minimum(last);
             transfer(Transfer::Start, next, next % 2);
+        });
+    }
+
+    /// [`Exchange::step`] over a kernel's two groups of arrays: `rows` (the arrays whose
+    /// heads' rows this exchange moves, and their landing buffers) and `per_block` (f32
+    /// arrays of one row per block, such as segment ids or the backward's residuals, with
+    /// their exchange of `rows / block` rows, their arrays and their VMEM buffers).
+    #[allow(clippy::type_complexity)]
+    fn step_all<T: Element, A: MeshAxis>(
+        &self,
+        ready: &Sem,
+        h: Value,
+        (arrays, gathered): (&[&Hbm<T>], &mut [&mut impl Landing<T>]),
+        (blocks, small, small_g): (&Exchange<'_, M>, &[&Hbm<f32>], &mut [&mut Vmem<f32>]),
+    ) where
+        M: HasAxis<A>,
+    {
+        self.step::<A>(ready, h, |t, h, b| {
+            self.transfer::<T, A>(t, arrays, gathered, h, b);
+            if !small.is_empty() {
+                blocks.transfer::<f32, A>(t, small, small_g, h, b);
+            }
         });
     }
 
@@ -439,74 +495,197 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
     #[comptime] visible: Visibility,
     #[comptime] logits: Logits,
 ) {
-    let n = devices.size::<A>();
     let hl = program_id(0);
     let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
-    let ids = Exchange::new::<A>(&devices, H, SL / block, &send, &recv);
-    x.step::<A>(&ready, hl, |t, h, b| {
-        x.transfer::<T, A>(t, &[&q, &k, &v], &mut [&mut qg, &mut kg, &mut vg], h, b);
-        if let Some(segment_ids) = &segment_ids {
-            ids.transfer::<f32, A>(t, &[segment_ids], &mut [&mut segments], h, b);
-        }
-    });
+    let (mut ids, mut ids_g) = (vec![], vec![]);
+    if let Some(segment_ids) = &segment_ids {
+        ids.push(segment_ids);
+        ids_g.push(&mut segments);
+    }
+    let ids_x = Exchange::new::<A>(&devices, H, SL / block, &send, &recv);
+    let rows = (&[&q, &k, &v][..], &mut [&mut qg, &mut kg, &mut vg][..]);
+    x.step_all::<T, A>(&ready, hl, rows, (&ids_x, &ids, &mut ids_g));
     let b = hl % 2;
     let segments = segment_ids.as_ref().map(|_| (&segments, b));
-    // The head's attention, one chunk of SL query rows at a time (chunk `s` holds device
-    // `s`'s rows), each sent to its device as soon as it is done (with its rows' lse when
-    // the kernel writes it).
-    for k in 0..n {
-        let s = x.along(k);
-        fori_loop(0, (SL / block) as i32, (), |i, ()| {
-            let row0 = s * SL as i32 + i * block as i32;
-            let rows = (b, row0, block);
-            let (acc, m, l) = attend_rows(&qg, &kg, &vg, segments, rows, visible, logits);
-            og.at_mut(&[ds(row0, block), all()])
-                .store((acc / l).cast(T::DTYPE));
-            if lse.is_some() {
-                let lse_row = lane_row(m + l.log(), block).reshape(&[1, 1, block]);
-                lg.at_mut(&[ds(row0 / block as i32, 1), all(), all()])
-                    .store(lse_row);
-            }
-        });
-        // Chunk `s` to device `s` (the device `k` along), as its rows of head `me HL + hl`.
-        let chunk = [ds(s * SL as i32, SL), all()];
-        let lse_chunk = lse_rows(s, SL, block);
-        let (dst, lse_dst) = (x.head(x.me, hl, 3), x.head(x.me, hl, 4));
-        // The chunks, the lse's too, share their semaphores, as the exchange's arrays do.
-        // This device's own chunk has one of its own: other devices' chunks of their next
-        // head may land on `out_recv` before it, and `og` is overwritten then.
-        let (sent, landed) = (|| &out_send, || &out_recv);
-        if k == 0 {
-            async_copy(og.at(&chunk), out.at_mut(&dst), &out_local).wait();
-            if let Some(lse) = lse.as_mut() {
-                async_copy(lg.at(&lse_chunk), lse.at_mut(&lse_dst), &out_local).wait();
-            }
-        } else {
-            let to = devices.shifted::<A>(k as i64);
-            remote_copy(og.at(&chunk), out.at_mut(&dst), sent(), landed(), to).detach();
-            if let Some(lse) = lse.as_mut() {
-                let (src, dst) = (lg.at(&lse_chunk), lse.at_mut(&lse_dst));
-                remote_copy(src, dst, sent(), landed(), to).detach();
-            }
-        }
-    }
-    // This step's chunks: sent, and every owner's chunk of this device's rows arrived (head
-    // `from HL + hl` from the device `k` back).
-    for k in 1..n {
-        let (to, from) = (x.along(k), x.back(k));
-        let theirs = [ds(to * SL as i32, SL), all()];
-        let mine = [ds(x.me * SL as i32, SL), all()];
-        let (at_me, at_from) = (x.head(x.me, hl, 3), x.head(from, hl, 3));
-        wait_copy(og.at(&theirs), out.at_mut(&at_me), &out_send);
-        wait_copy(og.at(&mine), out.at_mut(&at_from), &out_recv);
-        if let Some(lse) = lse.as_mut() {
-            let (theirs, mine) = (lse_rows(to, SL, block), lse_rows(x.me, SL, block));
-            let (at_me, at_from) = (x.head(x.me, hl, 4), x.head(from, hl, 4));
-            wait_copy(lg.at(&theirs), lse.at_mut(&at_me), &out_send);
-            wait_copy(lg.at(&mine), lse.at_mut(&at_from), &out_recv);
-        }
-    }
+    let back = SendBack {
+        out: &mut out,
+        lse: lse.as_mut(),
+        og: &mut og,
+        lg: &mut lg,
+        sems: [&out_send, &out_recv, &out_local],
+    };
+    back.attend_head::<A, M>(&x, &devices, hl, block, |row0| {
+        attend_rows(&qg, &kg, &vg, segments, (b, row0, block), visible, logits)
+    });
     x.done::<A>(&ready, hl);
+}
+
+/// [`ulysses_attention_of`] with the gathered heads staged in HBM instead of VMEM, for
+/// sequences whose heads do not fit VMEM (at blocks 512, bf16 and D = 128, the forward
+/// stages 48 MiB of q, k and v per 32K tokens in VMEM): the exchange lands each head's rows
+/// in the outputs `qg`, `kg`, `vg` (`[2, S, D]`, the two heads in flight; the caller drops
+/// them), and the attention fetches them into VMEM block by block: a query block, then its
+/// key blocks each one block ahead of the products that read it (two slots). The output
+/// chunks and lse are gathered in VMEM and sent back as the VMEM kernel does. Same
+/// arguments, outputs (but the three staging ones last) and results.
+#[tpu_kernel(
+    grid = (H / devices.size::<A>(),),
+    name = "ulysses_attention_staged",
+    require(
+        H % devices.size::<A>() == 0,
+        "{H} heads do not split over the {} devices of the axis; Ulysses gives each device \
+         H / devices heads",
+        devices.size::<A>()
+    ),
+    require(
+        block > 0 && SL % block == 0,
+        "block = {block} does not divide the {SL} rows each device holds; choose one that does"
+    )
+)]
+pub fn ulysses_attention_staged_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
+    #[shape(H, SL, D)] q: Hbm<T>,
+    #[shape(H, SL, D)] k: Hbm<T>,
+    #[shape(H, SL, D)] v: Hbm<T>,
+    #[shape(H, SL / block, 1, block)] segment_ids: Option<Hbm<f32>>,
+    #[shape(H, SL, D)] mut out: HbmMut<T>,
+    #[shape(H, SL / block, 1, block)] mut lse: Option<HbmMut<f32>>,
+    #[shape(2, devices.size::<A>() * SL, D)] mut qg: HbmMut<T>,
+    #[shape(2, devices.size::<A>() * SL, D)] mut kg: HbmMut<T>,
+    #[shape(2, devices.size::<A>() * SL, D)] mut vg: HbmMut<T>,
+    #[scratch(block, D)] mut q_block: Vmem<T>,
+    #[scratch(2, block, D)] mut k_blocks: Vmem<T>,
+    #[scratch(2, block, D)] mut v_blocks: Vmem<T>,
+    #[scratch(devices.size::<A>() * SL, D)] mut og: Vmem<T>,
+    #[scratch(devices.size::<A>() * SL / block, 1, block)] mut lg: Vmem<f32>,
+    #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut segments: Vmem<f32>,
+    #[scratch(2)] send: DmaSem,
+    #[scratch(2)] recv: DmaSem,
+    out_send: DmaSem,
+    out_recv: DmaSem,
+    out_local: DmaSem,
+    #[scratch(3)] fetch: DmaSem,
+    #[scratch(devices.size::<A>())] ready: Sem,
+    devices: Devices<M>,
+    #[comptime] block: usize,
+    #[comptime] visible: Visibility,
+    #[comptime] logits: Logits,
+) {
+    let hl = program_id(0);
+    let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
+    let (mut ids, mut ids_g) = (vec![], vec![]);
+    if let Some(segment_ids) = &segment_ids {
+        ids.push(segment_ids);
+        ids_g.push(&mut segments);
+    }
+    let ids_x = Exchange::new::<A>(&devices, H, SL / block, &send, &recv);
+    let rows = (&[&q, &k, &v][..], &mut [&mut qg, &mut kg, &mut vg][..]);
+    x.step_all::<T, A>(&ready, hl, rows, (&ids_x, &ids, &mut ids_g));
+    let b = hl % 2;
+    let segments = segment_ids.as_ref().map(|_| (&segments, b));
+    let back = SendBack {
+        out: &mut out,
+        lse: lse.as_mut(),
+        og: &mut og,
+        lg: &mut lg,
+        sems: [&out_send, &out_recv, &out_local],
+    };
+    let staged = Staged {
+        q: &qg,
+        k: &kg,
+        v: &vg,
+        fetch: &fetch,
+        b,
+        block,
+    };
+    back.attend_head::<A, M>(&x, &devices, hl, block, |row0| {
+        let slots = (&mut q_block, &mut k_blocks, &mut v_blocks);
+        staged.attend_rows(slots, segments, row0, visible, logits)
+    });
+    x.done::<A>(&ready, hl);
+}
+
+/// Where the forward gathers a head's output rows (and their lse) before sending each
+/// chunk back to the device it belongs to, and the semaphores of those copies: `[send,
+/// receive, local]`.
+struct SendBack<'a, T: Element> {
+    out: &'a mut HbmMut<T>,
+    lse: Option<&'a mut HbmMut<f32>>,
+    og: &'a mut Vmem<T>,
+    lg: &'a mut Vmem<f32>,
+    sems: [&'a DmaSem; 3],
+}
+
+impl<T: Element> SendBack<'_, T> {
+    /// The head `hl`'s attention, one chunk of `SL` query rows at a time (chunk `s` holds
+    /// device `s`'s rows) in blocks of `block` rows (`attend(row0)`: the unnormalised output,
+    /// running max and sum of rows `row0 ..`), each chunk sent to its device as soon as it
+    /// is done (with its rows' lse when the kernel writes it); then the sends and every
+    /// owner's chunk of this device's rows waited.
+    fn attend_head<A: MeshAxis, M: HasAxis<A>>(
+        mut self,
+        x: &Exchange<'_, M>,
+        devices: &Devices<M>,
+        hl: Value,
+        block: usize,
+        mut attend: impl FnMut(Value) -> (Value, Value, Value),
+    ) {
+        let [out_send, out_recv, out_local] = self.sems;
+        let sl = x.rows;
+        for k in 0..x.n {
+            let s = x.along(k);
+            fori_loop(0, (sl / block) as i32, (), |i, ()| {
+                let row0 = s * sl as i32 + i * block as i32;
+                let (acc, m, l) = attend(row0);
+                self.og
+                    .at_mut(&[ds(row0, block), all()])
+                    .store((acc / l).cast(T::DTYPE));
+                if self.lse.is_some() {
+                    let lse_row = lane_row(m + l.log(), block).reshape(&[1, 1, block]);
+                    self.lg
+                        .at_mut(&[ds(row0 / block as i32, 1), all(), all()])
+                        .store(lse_row);
+                }
+            });
+            // Chunk `s` to device `s` (the device `k` along), as its rows of head `me HL +
+            // hl`.
+            let chunk = [ds(s * sl as i32, sl), all()];
+            let lse_chunk = lse_rows(s, sl, block);
+            let (dst, lse_dst) = (x.head(x.me, hl, 3), x.head(x.me, hl, 4));
+            // The chunks, the lse's too, share their semaphores, as the exchange's arrays
+            // do. This device's own chunk has one of its own: other devices' chunks of their
+            // next head may land on `out_recv` before it, and `og` is overwritten then.
+            if k == 0 {
+                async_copy(self.og.at(&chunk), self.out.at_mut(&dst), out_local).wait();
+                if let Some(lse) = self.lse.as_mut() {
+                    async_copy(self.lg.at(&lse_chunk), lse.at_mut(&lse_dst), out_local).wait();
+                }
+            } else {
+                let to = devices.shifted::<A>(k as i64);
+                let (src, dst) = (self.og.at(&chunk), self.out.at_mut(&dst));
+                remote_copy(src, dst, out_send, out_recv, to).detach();
+                if let Some(lse) = self.lse.as_mut() {
+                    let (src, dst) = (self.lg.at(&lse_chunk), lse.at_mut(&lse_dst));
+                    remote_copy(src, dst, out_send, out_recv, to).detach();
+                }
+            }
+        }
+        // This step's chunks: sent, and every owner's chunk of this device's rows arrived
+        // (head `from HL + hl` from the device `k` back).
+        for k in 1..x.n {
+            let (to, from) = (x.along(k), x.back(k));
+            let theirs = [ds(to * sl as i32, sl), all()];
+            let mine = [ds(x.me * sl as i32, sl), all()];
+            let (at_me, at_from) = (x.head(x.me, hl, 3), x.head(from, hl, 3));
+            wait_copy(self.og.at(&theirs), self.out.at_mut(&at_me), out_send);
+            wait_copy(self.og.at(&mine), self.out.at_mut(&at_from), out_recv);
+            if let Some(lse) = self.lse.as_mut() {
+                let (theirs, mine) = (lse_rows(to, sl, block), lse_rows(x.me, sl, block));
+                let (at_me, at_from) = (x.head(x.me, hl, 4), x.head(from, hl, 4));
+                wait_copy(self.lg.at(&theirs), lse.at_mut(&at_me), out_send);
+                wait_copy(self.lg.at(&mine), lse.at_mut(&at_from), out_recv);
+            }
+        }
+    }
 }
 
 /// Query rows `row0 .. row0 + block` of the gathered head in buffer `b` attended over its
@@ -526,29 +705,196 @@ fn attend_rows<T: Element>(
     let [_, s, d] = <[usize; 3]>::try_from(qg.shape()).expect("a [2, S, D] buffer");
     let rows = [ds(b, 1), ds(row0, block), all()];
     let qi = scaled_queries::<T>(qg.at(&rows).load().reshape(&[block, d]), logits.scale(d));
-    let init = (
-        constant(DType::F32, &[block, 1], f32::NEG_INFINITY),
-        constant(DType::F32, &[block, 1], 0.0),
-        constant(DType::F32, &[block, d], 0.0),
-    );
-    // The query block's segment ids as a column once, not at every key block.
-    let q_ids = query_segments(segments, row0 / block as i32, block);
+    let rows = QueryRows::new(qi, row0, block, segments, visible, logits);
     let (first, end) = visible.key_blocks(row0, s, block);
-    let (m, l, acc) = fori_loop(first, end, init, |j, (m, l, acc)| {
+    fori_loop(first, end, rows.init(), |j, carry| {
         let keys = [ds(b, 1), ds(j * block as i32, block), all()];
         let kj = kg.at(&keys).load().reshape(&[block, d]);
         let vj = vg.at(&keys).load().reshape(&[block, d]);
-        let s_ij = logits.of(dot_nt(qi, kj));
-        let s_ij = visible.masked(s_ij, row0, j * block as i32, block);
-        let s_ij = segment_masked(s_ij, segments, q_ids, j, block);
+        rows.step::<T>(carry, j, kj, vj)
+    })
+}
+
+/// A query block of the forward and what its online softmax needs at every key block.
+struct QueryRows<'a> {
+    /// The block's queries, scaled, `[block, D]`.
+    qi: Value,
+    row0: Value,
+    block: usize,
+    segments: Option<(&'a Vmem<f32>, Value)>,
+    /// The block's segment ids as a column, taken once rather than at every key block.
+    q_ids: Option<Value>,
+    visible: Visibility,
+    logits: Logits,
+}
+
+impl<'a> QueryRows<'a> {
+    fn new(
+        qi: Value,
+        row0: Value,
+        block: usize,
+        segments: Option<(&'a Vmem<f32>, Value)>,
+        visible: Visibility,
+        logits: Logits,
+    ) -> Self {
+        let q_ids = query_segments(segments, row0 / block as i32, block);
+        QueryRows {
+            qi,
+            row0,
+            block,
+            segments,
+            q_ids,
+            visible,
+            logits,
+        }
+    }
+
+    /// The running `(unnormalised output, max, sum)` before the first key block.
+    fn init(&self) -> (Value, Value, Value) {
+        let (block, d) = (self.block, self.qi.shape()[1]);
+        (
+            constant(DType::F32, &[block, d], 0.0),
+            constant(DType::F32, &[block, 1], f32::NEG_INFINITY),
+            constant(DType::F32, &[block, 1], 0.0),
+        )
+    }
+
+    /// The online softmax past key block `j` (`kj`, `vj`: its keys and values `[block, D]`).
+    fn step<T: Element>(
+        &self,
+        (acc, m, l): (Value, Value, Value),
+        j: Value,
+        kj: Value,
+        vj: Value,
+    ) -> (Value, Value, Value) {
+        let block = self.block;
+        let s_ij = self.logits.of(dot_nt(self.qi, kj));
+        let s_ij = self
+            .visible
+            .masked(s_ij, self.row0, j * block as i32, block);
+        let s_ij = segment_masked(s_ij, self.segments, self.q_ids, j, block);
         let m_new = m.maximum(s_ij.max_keepdims(-1));
         let alpha = (m - m_new).exp();
         let p = (s_ij - m_new).exp();
         let l_new = alpha * l + p.sum_keepdims(-1);
         let acc_new = acc * alpha + dot(p.cast(T::DTYPE), vj);
-        (m_new, l_new, acc_new)
-    });
-    (acc, m, l)
+        (acc_new, m_new, l_new)
+    }
+}
+
+/// A gathered head staged in HBM (`q`, `k`, `v`: `[2, S, D]`, the head in buffer `b`) and
+/// the semaphores its blocks are fetched into VMEM on: `fetch.at(slot)` for the key and
+/// value blocks of slot `slot` (0, 1), `fetch.at(2)` for a query block.
+struct Staged<'a, T: Element> {
+    q: &'a HbmMut<T>,
+    k: &'a HbmMut<T>,
+    v: &'a HbmMut<T>,
+    fetch: &'a DmaSem,
+    b: Value,
+    block: usize,
+}
+
+impl<T: Element> Staged<'_, T> {
+    /// Rows `row0 .. row0 + block` of the head, as a window of a `[2, S, D]` buffer.
+    fn rows(&self, row0: Value) -> [Idx; 3] {
+        [ds(self.b, 1), ds(row0, self.block), all()]
+    }
+
+    /// The head's blocks in the staging buffers.
+    fn blocks(&self) -> usize {
+        self.q.shape()[1] / self.block
+    }
+
+    /// The copies of block `j` of `x` and `y` (two staged arrays of the head) into slot `j
+    /// % 2` of `x_slots` and `y_slots` (`[2, block, D]`), on `fetch.at(j % 2)`.
+    fn pair_copies(
+        &self,
+        [x, y]: [&HbmMut<T>; 2],
+        x_slots: &mut Vmem<T>,
+        y_slots: &mut Vmem<T>,
+        j: Value,
+    ) -> [CopyDescriptor; 2] {
+        let (slot, from) = (j % 2, self.rows(j * self.block as i32));
+        let to = [ds(slot, 1), all(), all()];
+        [
+            make_async_copy(x.at(&from), x_slots.at_mut(&to), self.fetch.at(slot)),
+            make_async_copy(y.at(&from), y_slots.at_mut(&to), self.fetch.at(slot)),
+        ]
+    }
+
+    /// `f(j)` over blocks `first .. end` of the loop's carry, with block `j` of `x` and `y`
+    /// fetched (two slots, each fetched one block ahead of the iteration that reads it):
+    /// `f` gets them as `[block, D]` values.
+    fn fold_pairs<C: Carry>(
+        &self,
+        pair: [&HbmMut<T>; 2],
+        (x_slots, y_slots): (&mut Vmem<T>, &mut Vmem<T>),
+        (first, end): (Value, Value),
+        init: C,
+        mut f: impl FnMut(C, Value, Value, Value) -> C,
+    ) -> C {
+        let (block, last) = (self.block, self.blocks() as i32 - 1);
+        let d = self.q.shape()[2];
+        when(first.lt(end), || {
+            for c in self.pair_copies(pair, x_slots, y_slots, first.minimum(last)) {
+                c.start();
+            }
+        });
+        fori_loop(first, end, init, |j, carry| {
+            // `j + 1` where it runs; the `minimum` proves the window in range.
+            when((j + 1).lt(end), || {
+                let next = (j + 1).minimum(last);
+                for c in self.pair_copies(pair, x_slots, y_slots, next) {
+                    c.start();
+                }
+            });
+            for c in self.pair_copies(pair, x_slots, y_slots, j) {
+                c.wait();
+            }
+            let at = [ds(j % 2, 1), all(), all()];
+            let xj = x_slots.at(&at).load().reshape(&[block, d]);
+            let yj = y_slots.at(&at).load().reshape(&[block, d]);
+            f(carry, j, xj, yj)
+        })
+    }
+
+    /// Block `i` of `x` (a staged array of the head) fetched into `slot` (`[block, D]`) and
+    /// waited, on `fetch.at(2)`.
+    fn fetch_block(&self, x: &HbmMut<T>, slot: &mut Vmem<T>, i: Value) -> Value {
+        let copy = make_async_copy(
+            x.at(&self.rows(i * self.block as i32)),
+            slot.at_mut(&[all(), all()]),
+            self.fetch.at(2),
+        );
+        copy.start();
+        copy.wait();
+        slot.load()
+    }
+
+    /// [`attend_rows`] over the staged head: the query block fetched into `q_block`, the key
+    /// blocks into the slots of `k_blocks` and `v_blocks` one block ahead.
+    fn attend_rows(
+        &self,
+        (q_block, k_blocks, v_blocks): (&mut Vmem<T>, &mut Vmem<T>, &mut Vmem<T>),
+        segments: Option<(&Vmem<f32>, Value)>,
+        row0: Value,
+        visible: Visibility,
+        logits: Logits,
+    ) -> (Value, Value, Value) {
+        let (block, s, d) = (self.block, self.q.shape()[1], self.q.shape()[2]);
+        let i = row0 / block as i32;
+        let qi = scaled_queries::<T>(self.fetch_block(self.q, q_block, i), logits.scale(d));
+        let rows = QueryRows::new(qi, row0, block, segments, visible, logits);
+        let keys = visible.key_blocks(row0, s, block);
+        let slots = (k_blocks, v_blocks);
+        self.fold_pairs(
+            [self.k, self.v],
+            slots,
+            keys,
+            rows.init(),
+            |carry, j, kj, vj| rows.step::<T>(carry, j, kj, vj),
+        )
+    }
 }
 
 /// A column `[block, 1]` as a row `[1, block]` (the lse stored lanes-wide): masked onto the
@@ -675,101 +1021,311 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
     #[comptime] visible: Visibility,
     #[comptime] logits: Logits,
 ) {
-    let n = devices.size::<A>();
-    let s_len = n * SL;
+    let s_len = devices.size::<A>() * SL;
     let hl = program_id(0);
     let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
-    let stats = Exchange::new::<A>(&devices, H, SL / block, &send, &recv);
-    x.step::<A>(&ready, hl, |t, h, b| {
-        let arrays = [&q, &k, &v, &dout];
-        let gathered = &mut [&mut qg, &mut kg, &mut vg, &mut dog];
-        x.transfer::<T, A>(t, &arrays, gathered, h, b);
-        match &segment_ids {
-            Some(ids) => {
-                let gathered = &mut [&mut lse_g, &mut di_g, &mut segments];
-                stats.transfer::<f32, A>(t, &[&lse, &di, ids], gathered, h, b)
-            }
-            None => stats.transfer::<f32, A>(t, &[&lse, &di], &mut [&mut lse_g, &mut di_g], h, b),
-        }
-    });
+    let (mut stats, mut stats_g) = (vec![&lse, &di], vec![&mut lse_g, &mut di_g]);
+    if let Some(segment_ids) = &segment_ids {
+        stats.push(segment_ids);
+        stats_g.push(&mut segments);
+    }
+    let stats_x = Exchange::new::<A>(&devices, H, SL / block, &send, &recv);
+    let rows = (
+        &[&q, &k, &v, &dout][..],
+        &mut [&mut qg, &mut kg, &mut vg, &mut dog][..],
+    );
+    x.step_all::<T, A>(&ready, hl, rows, (&stats_x, &stats, &mut stats_g));
     let b = hl % 2;
-    let segments = segment_ids.as_ref().map(|_| (&segments, b));
-    let blocks = (s_len / block) as i32;
-    let rows = |i: Value| [ds(b, 1), ds(i * block as i32, block), all()];
-    let flat = |i: Value| [ds(i * block as i32, block), all()];
-    let load = |g: &Vmem<T>, i: Value| g.at(&rows(i)).load().reshape(&[block, D]);
-    // Query block `i`'s lse or di as a column `[block, 1]`.
-    let column = |g: &Vmem<f32>, i: Value| {
-        let row = g.at(&[ds(b, 1), ds(i, 1), all(), all()]).load();
-        lane_column(row.reshape(&[1, block]), block)
+    let head = HeadGrads {
+        b,
+        block,
+        segments: segment_ids.as_ref().map(|_| (&segments, b)),
+        lse: &lse_g,
+        di: &di_g,
+        visible,
+        logits,
     };
-    fori_loop(0, blocks, (), |i, ()| {
-        dq_acc
-            .at_mut(&flat(i))
-            .store(constant(DType::F32, &[block, D], 0.0));
-    });
+    head.zero(&mut dq_acc, s_len);
+    let rows = |i: Value| [ds(b, 1), ds(i * block as i32, block), all()];
+    let load = |g: &Vmem<T>, i: Value| g.at(&rows(i)).load().reshape(&[block, D]);
     // Per key block: its dk, dv over the query blocks that see it, and their dq.
-    let scale = logits.scale(D);
-    fori_loop(0, blocks, (), |j, ()| {
-        let (kj, vj) = (load(&kg, j), load(&vg, j));
-        let (first, end) = visible.query_blocks(j, s_len, block);
-        let zeros = || constant(DType::F32, &[block, D], 0.0);
-        let (dkj, dvj) = fori_loop(first, end, (zeros(), zeros()), |i, (dkj, dvj)| {
-            let qi = scaled_queries::<T>(load(&qg, i), scale);
-            let d_oi = load(&dog, i);
-            let capped = logits.of(dot_nt(qi, kj));
-            let s_ij = visible.masked(capped, i * block as i32, j * block as i32, block);
-            let q_ids = query_segments(segments, i, block);
-            let s_ij = segment_masked(s_ij, segments, q_ids, j, block);
-            let p = (s_ij - column(&lse_g, i)).exp();
-            let dp = dot_nt(d_oi, vj);
-            let ds_ij = logits.uncapped(p * (dp - column(&di_g, i)), capped);
-            let dq_i = dq_acc.at(&flat(i)).load() + dot(ds_ij.cast(T::DTYPE), kj) * scale;
-            dq_acc.at_mut(&flat(i)).store(dq_i);
-            (
-                dkj + dot_tn(ds_ij.cast(T::DTYPE), qi),
-                dvj + dot_tn(p.cast(T::DTYPE), d_oi),
-            )
+    fori_loop(0, (s_len / block) as i32, (), |j, ()| {
+        let key = head.key_block(j, load(&kg, j), load(&vg, j));
+        let queries = visible.query_blocks(j, s_len, block);
+        let (dkj, dvj) = fori_loop(queries.0, queries.1, key.init(), |i, carry| {
+            key.step::<T>(carry, i, load(&qg, i), load(&dog, i), &mut dq_acc)
         });
-        grads
-            .at_mut(&[ds(1, 1), ds(j * block as i32, block), all()])
-            .store(dkj.cast(T::DTYPE).reshape(&[1, block, D]));
-        grads
-            .at_mut(&[ds(2, 1), ds(j * block as i32, block), all()])
-            .store(dvj.cast(T::DTYPE).reshape(&[1, block, D]));
+        head.store_key_grads::<T>(&mut grads, j, dkj, dvj);
     });
-    fori_loop(0, blocks, (), |i, ()| {
-        let dq_i = dq_acc
-            .at(&flat(i))
-            .load()
-            .cast(T::DTYPE)
-            .reshape(&[1, block, D]);
-        grads
-            .at_mut(&[ds(0, 1), ds(i * block as i32, block), all()])
-            .store(dq_i);
+    head.store_dq::<T>(&dq_acc, &mut grads, s_len);
+    let back = [&back_send, &back_recv, &back_local];
+    send_grads_back::<T, A, M>(&x, &devices, hl, &grads, [&mut dq, &mut dk, &mut dv], back);
+    x.done::<A>(&ready, hl);
+}
+
+/// [`ulysses_attention_bwd_of`] with the gathered heads staged in HBM instead of VMEM, for
+/// sequences whose heads do not fit VMEM (at blocks 512, bf16 and D = 128, the backward
+/// stages 64 MiB of q, k, v and dout per 32K tokens in VMEM): the exchange lands each
+/// head's rows of the four in the outputs `qg`, `kg`, `vg`, `dog` (`[2, S, D]`; the caller
+/// drops them), and the backward fetches them into VMEM block by block: a key block's k and
+/// v, then its query blocks' q and dout, each one block ahead of the products that read it
+/// (two slots). The residuals (`lse`, `di`) and segment ids, the dq accumulator and the
+/// gradients sent back stay in VMEM as in the VMEM kernel. Same arguments, outputs (but the
+/// four staging ones last) and results.
+#[tpu_kernel(
+    grid = (H / devices.size::<A>(),),
+    name = "ulysses_attention_bwd_staged",
+    require(
+        H % devices.size::<A>() == 0,
+        "{H} heads do not split over the {} devices of the axis; Ulysses gives each device \
+         H / devices heads",
+        devices.size::<A>()
+    ),
+    require(
+        block > 0 && SL % block == 0,
+        "block = {block} does not divide the {SL} rows each device holds; choose one that does"
+    )
+)]
+pub fn ulysses_attention_bwd_staged_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
+    #[shape(H, SL, D)] q: Hbm<T>,
+    #[shape(H, SL, D)] k: Hbm<T>,
+    #[shape(H, SL, D)] v: Hbm<T>,
+    #[shape(H, SL, D)] dout: Hbm<T>,
+    #[shape(H, SL / block, 1, block)] lse: Hbm<f32>,
+    #[shape(H, SL / block, 1, block)] di: Hbm<f32>,
+    #[shape(H, SL / block, 1, block)] segment_ids: Option<Hbm<f32>>,
+    #[shape(H, SL, D)] mut dq: HbmMut<T>,
+    #[shape(H, SL, D)] mut dk: HbmMut<T>,
+    #[shape(H, SL, D)] mut dv: HbmMut<T>,
+    #[shape(2, devices.size::<A>() * SL, D)] mut qg: HbmMut<T>,
+    #[shape(2, devices.size::<A>() * SL, D)] mut kg: HbmMut<T>,
+    #[shape(2, devices.size::<A>() * SL, D)] mut vg: HbmMut<T>,
+    #[shape(2, devices.size::<A>() * SL, D)] mut dog: HbmMut<T>,
+    #[scratch(block, D)] mut k_block: Vmem<T>,
+    #[scratch(block, D)] mut v_block: Vmem<T>,
+    #[scratch(2, block, D)] mut q_blocks: Vmem<T>,
+    #[scratch(2, block, D)] mut do_blocks: Vmem<T>,
+    #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut lse_g: Vmem<f32>,
+    #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut di_g: Vmem<f32>,
+    #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut segments: Vmem<f32>,
+    #[scratch(devices.size::<A>() * SL, D)] mut dq_acc: Vmem<f32>,
+    #[scratch(3, devices.size::<A>() * SL, D)] mut grads: Vmem<T>,
+    #[scratch(2)] send: DmaSem,
+    #[scratch(2)] recv: DmaSem,
+    back_send: DmaSem,
+    back_recv: DmaSem,
+    back_local: DmaSem,
+    #[scratch(3)] fetch: DmaSem,
+    #[scratch(devices.size::<A>())] ready: Sem,
+    devices: Devices<M>,
+    #[comptime] block: usize,
+    #[comptime] visible: Visibility,
+    #[comptime] logits: Logits,
+) {
+    let s_len = devices.size::<A>() * SL;
+    let hl = program_id(0);
+    let x = Exchange::new::<A>(&devices, H, SL, &send, &recv);
+    let (mut stats, mut stats_g) = (vec![&lse, &di], vec![&mut lse_g, &mut di_g]);
+    if let Some(segment_ids) = &segment_ids {
+        stats.push(segment_ids);
+        stats_g.push(&mut segments);
+    }
+    let stats_x = Exchange::new::<A>(&devices, H, SL / block, &send, &recv);
+    let rows = (
+        &[&q, &k, &v, &dout][..],
+        &mut [&mut qg, &mut kg, &mut vg, &mut dog][..],
+    );
+    x.step_all::<T, A>(&ready, hl, rows, (&stats_x, &stats, &mut stats_g));
+    let b = hl % 2;
+    let head = HeadGrads {
+        b,
+        block,
+        segments: segment_ids.as_ref().map(|_| (&segments, b)),
+        lse: &lse_g,
+        di: &di_g,
+        visible,
+        logits,
+    };
+    head.zero(&mut dq_acc, s_len);
+    let staged = Staged {
+        q: &qg,
+        k: &kg,
+        v: &vg,
+        fetch: &fetch,
+        b,
+        block,
+    };
+    // Per key block: its dk, dv over the query blocks that see it, and their dq.
+    fori_loop(0, (s_len / block) as i32, (), |j, ()| {
+        let (kj, vj) = (
+            staged.fetch_block(&kg, &mut k_block, j),
+            staged.fetch_block(&vg, &mut v_block, j),
+        );
+        let key = head.key_block(j, kj, vj);
+        let queries = visible.query_blocks(j, s_len, block);
+        let slots = (&mut q_blocks, &mut do_blocks);
+        let (dkj, dvj) = staged.fold_pairs(
+            [&qg, &dog],
+            slots,
+            queries,
+            key.init(),
+            |carry, i, qi, d_oi| key.step::<T>(carry, i, qi, d_oi, &mut dq_acc),
+        );
+        head.store_key_grads::<T>(&mut grads, j, dkj, dvj);
     });
-    // Each gradient's chunk `s` to device `s` (the device `k` along), as its rows of head
-    // `me HL + hl`; then the sends, and every owner's chunk of this device's rows. The
-    // chunks share their semaphores but for this device's own (as in the forward).
-    let outs = [&mut dq, &mut dk, &mut dv];
-    let chunk = |g: usize, s: Value| [ds(g, 1), ds(s * SL as i32, SL), all()];
-    let (sent, landed) = (&back_send, &back_recv);
+    head.store_dq::<T>(&dq_acc, &mut grads, s_len);
+    let back = [&back_send, &back_recv, &back_local];
+    send_grads_back::<T, A, M>(&x, &devices, hl, &grads, [&mut dq, &mut dk, &mut dv], back);
+    x.done::<A>(&ready, hl);
+}
+
+/// A gathered head's backward: its buffer `b`, the block size, its segment ids (if any) and
+/// residuals `lse` and `di` (`[2, S / block, 1, block]`, gathered in VMEM), and its mask and
+/// logits.
+struct HeadGrads<'a> {
+    b: Value,
+    block: usize,
+    segments: Option<(&'a Vmem<f32>, Value)>,
+    lse: &'a Vmem<f32>,
+    di: &'a Vmem<f32>,
+    visible: Visibility,
+    logits: Logits,
+}
+
+impl<'a> HeadGrads<'a> {
+    /// Rows `i block ..` of a `[S, D]` buffer.
+    fn flat(&self, i: Value) -> [Idx; 2] {
+        [ds(i * self.block as i32, self.block), all()]
+    }
+
+    /// The dq accumulator (`[S, D]` f32) zeroed.
+    fn zero(&self, dq_acc: &mut Vmem<f32>, s_len: usize) {
+        let d = dq_acc.shape()[1];
+        fori_loop(0, (s_len / self.block) as i32, (), |i, ()| {
+            dq_acc
+                .at_mut(&self.flat(i))
+                .store(constant(DType::F32, &[self.block, d], 0.0));
+        });
+    }
+
+    /// Query block `i`'s lse or di (`stats`) as a column `[block, 1]`.
+    fn column(&self, stats: &Vmem<f32>, i: Value) -> Value {
+        let row = stats.at(&[ds(self.b, 1), ds(i, 1), all(), all()]).load();
+        lane_column(row.reshape(&[1, self.block]), self.block)
+    }
+
+    /// Key block `j` (its keys and values `[block, D]`), whose dk and dv the query blocks
+    /// seeing it add to.
+    fn key_block(&'a self, j: Value, kj: Value, vj: Value) -> KeyBlock<'a> {
+        KeyBlock {
+            head: self,
+            j,
+            kj,
+            vj,
+            scale: self.logits.scale(kj.shape()[1]),
+        }
+    }
+
+    /// Key block `j`'s `dk`, `dv` (`[block, D]` f32) into gradients 1 and 2 of `grads`
+    /// (`[3, S, D]`).
+    fn store_key_grads<T: Element>(&self, grads: &mut Vmem<T>, j: Value, dkj: Value, dvj: Value) {
+        let block = self.block;
+        for (g, x) in [(1, dkj), (2, dvj)] {
+            let d = x.shape()[1];
+            grads
+                .at_mut(&[ds(g, 1), ds(j * block as i32, block), all()])
+                .store(x.cast(T::DTYPE).reshape(&[1, block, d]));
+        }
+    }
+
+    /// The accumulated dq into gradient 0 of `grads`.
+    fn store_dq<T: Element>(&self, dq_acc: &Vmem<f32>, grads: &mut Vmem<T>, s_len: usize) {
+        let (block, d) = (self.block, dq_acc.shape()[1]);
+        fori_loop(0, (s_len / block) as i32, (), |i, ()| {
+            let dq_i = dq_acc.at(&self.flat(i)).load().cast(T::DTYPE);
+            grads
+                .at_mut(&[ds(0, 1), ds(i * block as i32, block), all()])
+                .store(dq_i.reshape(&[1, block, d]));
+        });
+    }
+}
+
+/// A key block of the backward, as its query blocks meet it.
+struct KeyBlock<'a> {
+    head: &'a HeadGrads<'a>,
+    j: Value,
+    kj: Value,
+    vj: Value,
+    scale: f32,
+}
+
+impl KeyBlock<'_> {
+    /// `(dk, dv)` before the first query block.
+    fn init(&self) -> (Value, Value) {
+        let zeros = || constant(DType::F32, &self.kj.shape(), 0.0);
+        (zeros(), zeros())
+    }
+
+    /// `(dk, dv)` past query block `i` (its queries and output cotangent `[block, D]`), and
+    /// its dq added to `dq_acc` (`ds = p (dp - di)`, `p = exp(logits - lse)`).
+    fn step<T: Element>(
+        &self,
+        (dkj, dvj): (Value, Value),
+        i: Value,
+        qi: Value,
+        d_oi: Value,
+        dq_acc: &mut Vmem<f32>,
+    ) -> (Value, Value) {
+        let h = self.head;
+        let block = h.block;
+        let qi = scaled_queries::<T>(qi, self.scale);
+        let capped = h.logits.of(dot_nt(qi, self.kj));
+        let s_ij = h
+            .visible
+            .masked(capped, i * block as i32, self.j * block as i32, block);
+        let q_ids = query_segments(h.segments, i, block);
+        let s_ij = segment_masked(s_ij, h.segments, q_ids, self.j, block);
+        let p = (s_ij - h.column(h.lse, i)).exp();
+        let dp = dot_nt(d_oi, self.vj);
+        let ds_ij = h.logits.uncapped(p * (dp - h.column(h.di, i)), capped);
+        let dq_i = dq_acc.at(&h.flat(i)).load() + dot(ds_ij.cast(T::DTYPE), self.kj) * self.scale;
+        dq_acc.at_mut(&h.flat(i)).store(dq_i);
+        (
+            dkj + dot_tn(ds_ij.cast(T::DTYPE), qi),
+            dvj + dot_tn(p.cast(T::DTYPE), d_oi),
+        )
+    }
+}
+
+/// Each gradient's chunk `s` of `grads` (`[3, S, D]`: dq, dk, dv of head `hl`) to device
+/// `s` (the device `k` along), as its rows of head `me HL + hl` of `outs`; then the sends,
+/// and every owner's chunk of this device's rows. The chunks share their semaphores (`[send,
+/// receive, local]`) but for this device's own (as in the forward).
+fn send_grads_back<T: Element, A: MeshAxis, M: HasAxis<A>>(
+    x: &Exchange<'_, M>,
+    devices: &Devices<M>,
+    hl: Value,
+    grads: &Vmem<T>,
+    outs: [&mut HbmMut<T>; 3],
+    [sent, landed, local]: [&DmaSem; 3],
+) {
+    let sl = x.rows;
+    let chunk = |g: usize, s: Value| [ds(g, 1), ds(s * sl as i32, sl), all()];
     for (g, out) in outs.into_iter().enumerate() {
         let dst = x.head(x.me, hl, 3);
-        async_copy(grads.at(&chunk(g, x.me)), out.at_mut(&dst), &back_local).wait();
-        for k in 1..n {
+        async_copy(grads.at(&chunk(g, x.me)), out.at_mut(&dst), local).wait();
+        for k in 1..x.n {
             let s = x.along(k);
             let to = devices.shifted::<A>(k as i64);
             remote_copy(grads.at(&chunk(g, s)), out.at_mut(&dst), sent, landed, to).detach();
         }
-        for k in 1..n {
+        for k in 1..x.n {
             let (to, from) = (x.along(k), x.back(k));
             wait_copy(grads.at(&chunk(g, to)), out.at_mut(&dst), sent);
             let theirs = out.at_mut(&x.head(from, hl, 3));
             wait_copy(grads.at(&chunk(g, x.me)), theirs, landed);
         }
     }
-    x.done::<A>(&ready, hl);
 }
 
 /// [`ulysses_attention_bwd_of`] for f32, with the default logits (`visible`: a
