@@ -369,6 +369,53 @@ fn llama2_7b_two_layers_compile_for_v5p_4x4x4() {
     assert!(report["predicted_step_s"].as_f64().is_some_and(|s| s > 0.0));
 }
 
+/// The same cell with the fused Ulysses kernels (blocks 512, v5p's 48 MiB VMEM budget as
+/// docs/tpu.md's rows): a head's gathered 32K tokens do not fit VMEM (the backward would
+/// hold 64 MiB of q, k, v and dout), so the step runs the kernels that stage them in HBM;
+/// no all-to-all is left outside them.
+#[test]
+fn llama2_7b_two_layers_with_fused_ulysses_at_32k_compile_for_v5p_4x4x4() {
+    let args = [
+        "--vmem-limit-kib",
+        "49152",
+        "--model",
+        "llama2-7b",
+        "--layers",
+        "2",
+        "--max-target-length",
+        "32768",
+        "--ici-fsdp-parallelism",
+        "4",
+        "--ici-context-parallelism",
+        "16",
+        "--context-parallel-strategy",
+        "ulysses_fused",
+        "--sa-block-q",
+        "512",
+        "--sa-block-kv",
+        "512",
+        "--sa-block-q-dkv",
+        "512",
+        "--sa-block-kv-dkv",
+        "512",
+        "--dtype",
+        "bf16",
+        "--no-step-estimate",
+    ];
+    let (report, _) = compiled("v5p:4x4x4", &args);
+    assert_eq!(
+        report["kernels"],
+        serde_json::json!(["ulysses_attention_staged", "ulysses_attention_bwd_staged"]),
+        "{report}"
+    );
+    assert!(report["collectives"]["all_to_all"].is_null(), "{report}");
+    assert_eq!(report["fits_hbm"], Value::Bool(true), "{report}");
+    for (kernel, vmem) in report["scoped_vmem_bytes"].as_object().unwrap() {
+        let vmem = vmem.as_i64().unwrap();
+        assert!(vmem <= 48 << 20, "{kernel}: {vmem} bytes of scoped VMEM");
+    }
+}
+
 /// MaxText's fractional `--per-device-batch-size`: 0.25 on 4 context devices is one sequence
 /// a step, split over the context axis, here with USP (Ulysses 2 x ring 2), whose step-time
 /// prediction is printed; the unset flags take MaxText's defaults (bf16), said so.

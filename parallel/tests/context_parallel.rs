@@ -7,7 +7,13 @@
 mod common;
 
 use common::{assert_close, random};
-use tessera_dsl::{DType, HostArray, Lowering};
+use tessera_collective_kernels::memory::{ring_mesh, RingMesh};
+use tessera_collective_kernels::ulysses::{
+    ulysses_attention_bwd_of, ulysses_attention_bwd_staged_of, ulysses_attention_of,
+    ulysses_attention_staged_of, Logits, Visibility,
+};
+use tessera_dsl::axes::Context;
+use tessera_dsl::{ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering, ProblemKind};
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::{ContextParallel, CpInputs, Strategy};
 use tessera_runtime::Platform;
@@ -82,15 +88,9 @@ fn run_check(
     load_balance: bool,
 ) {
     let strategy = Strategy::parse(strategy, devices).unwrap();
-    check_strategy(
-        strategy,
-        devices,
-        heads,
-        kv_heads,
-        mask,
-        packed,
-        load_balance,
-    );
+    check_strategy(strategy, devices, heads, kv_heads, mask, packed, |cp| {
+        cp.load_balance = load_balance
+    });
 }
 
 /// [`run_check`] of a parsed strategy.
@@ -101,29 +101,35 @@ fn check_strategy(
     kv_heads: usize,
     mask: Mask,
     packed: bool,
-    load_balance: bool,
+    adjust: impl FnOnce(&mut ContextParallel),
 ) {
     let seq = 512;
     let d = dims(heads, kv_heads, seq);
+    let mut cp = config(strategy.clone(), devices, d, mask.clone(), 128);
+    adjust(&mut cp);
+    let load_balance = cp.load_balance;
     // The largest block that divides what every kernel call holds.
     let parts = if load_balance { 2 } else { 1 };
     let block = (seq / devices / parts).min(128);
-    let mut cp = config(strategy.clone(), devices, d, mask.clone(), block);
-    cp.load_balance = load_balance;
+    cp.block_sizes = BlockSizes::uniform(block, block);
     let soft_cap = packed.then_some(3.0);
     cp.options.soft_cap = soft_cap.map(|c| c as f32);
     let segments: Vec<i32> = (0..seq as i32).map(|i| i / 100).collect();
     let segment_ids = HostArray::i32([1, seq], segments.clone()).unwrap();
     let segment_ids = packed.then_some(&segment_ids);
     let what = format!(
-        "{strategy} on {devices} devices, H={heads} KVH={kv_heads} {mask:?}{}{}{}",
+        "{strategy} on {devices} devices, H={heads} KVH={kv_heads} {mask:?}{}{}{}{}",
         if packed { " packed" } else { "" },
         if soft_cap.is_some() {
             " soft-capped"
         } else {
             ""
         },
-        if load_balance { " load-balanced" } else { "" }
+        if load_balance { " load-balanced" } else { "" },
+        match cp.lowering.rules.vmem_limit_bytes {
+            Some(limit) => format!(" under a VMEM budget of {limit} bytes"),
+            None => String::new(),
+        }
     );
 
     let q = random(DType::F32, &[1, heads, seq, HEAD_DIM], 1);
@@ -195,7 +201,9 @@ fn every_listed_strategy_matches_the_reference() {
     assert!(listed.len() >= 4, "{listed:?}");
     for strategy in listed {
         let balances = strategy.load_balances();
-        check_strategy(strategy, 4, 8, 2, Mask::causal(), true, balances);
+        check_strategy(strategy, 4, 8, 2, Mask::causal(), true, |cp| {
+            cp.load_balance = balances
+        });
     }
 }
 
@@ -213,6 +221,74 @@ fn ulysses_fused_matches_the_reference() {
     check_with("ulysses_fused", 2, 4, 2, Mask::Full, true);
     check_with("ulysses_fused", 4, 4, 2, Mask::causal(), true);
     check_with("ulysses_fused", 4, 4, 2, Mask::local(64, 0), true);
+}
+
+/// Under a VMEM budget a head's gathered sequence does not fit (the kernel rules' limit,
+/// set here on the CPU path as `tessera compile` sets it for TPU), `ulysses_fused` takes the
+/// kernels that stage the heads in HBM: the same results against the reference, packed and
+/// causal, and a local window. The budget's premise is checked first: the VMEM kernels are
+/// refused under it for VMEM alone, the staged ones fit.
+#[test]
+fn ulysses_fused_stages_the_heads_in_hbm_where_vmem_is_short() {
+    const BUDGET: usize = 800 << 10;
+    let rules = KernelRules::portable().with_vmem_limit(BUDGET);
+    // What each device's kernels take: 8 heads of the 128 rows of 512 a device holds.
+    let x = ArgSpec::new(DType::F32, [8, 128, HEAD_DIM]);
+    let stats = ArgSpec::new(DType::F32, [8, 1, 1, 128]);
+    let causal = Visibility::Causal;
+    let logits = Logits::default();
+    for (gathered, staged, args) in [
+        (
+            ulysses_attention_of::<f32, RingMesh, Context>(128, causal, logits),
+            ulysses_attention_staged_of::<f32, RingMesh, Context>(128, causal, logits),
+            vec![x.clone(); 3],
+        ),
+        (
+            ulysses_attention_bwd_of::<f32, RingMesh, Context>(128, causal, logits),
+            ulysses_attention_bwd_staged_of::<f32, RingMesh, Context>(128, causal, logits),
+            [vec![x.clone(); 4], vec![stats.clone(); 2]].concat(),
+        ),
+    ] {
+        let instantiate = |def: KernelDef| {
+            def.without("segment_ids")
+                .unwrap()
+                .instantiate_on(&args, &ring_mesh(4), &rules)
+        };
+        match instantiate(gathered) {
+            Err(e) => assert!(
+                e.problems.iter().all(|p| p.kind == ProblemKind::Vmem),
+                "{e}"
+            ),
+            Ok(k) => panic!(
+                "`{}` fits {BUDGET} bytes of VMEM; the test needs less",
+                k.name
+            ),
+        }
+        if let Err(e) = instantiate(staged) {
+            panic!("{e}");
+        }
+    }
+    let short_of_vmem = |cp: &mut ContextParallel| {
+        cp.lowering.rules = cp.lowering.rules.clone().with_vmem_limit(BUDGET)
+    };
+    let fused = || Strategy::parse("ulysses_fused", 4).unwrap();
+    check_strategy(fused(), 4, 8, 2, Mask::causal(), true, short_of_vmem);
+    check_strategy(fused(), 4, 8, 8, Mask::local(100, 20), false, short_of_vmem);
+    // Under a budget the staged kernel does not fit either, the step is refused naming it.
+    let mut cp = config(fused(), 4, dims(8, 8, 512), Mask::causal(), 128);
+    cp.lowering.rules = cp.lowering.rules.clone().with_vmem_limit(64 << 10);
+    let [q, k, v] = [1, 2, 3].map(|s| random(DType::F32, &[1, 8, 512, HEAD_DIM], s));
+    let x = CpInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        segment_ids: None,
+    };
+    let refused = cp.forward(Platform::Cpu, &x).unwrap_err().to_string();
+    assert!(
+        refused.contains("ulysses_attention_staged") && refused.contains("VMEM"),
+        "{refused}"
+    );
 }
 
 /// A softmax scale of the configuration's own: the fused kernels give plain Ulysses'

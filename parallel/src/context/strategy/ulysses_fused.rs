@@ -24,19 +24,23 @@
 //! rows a device holds, dtypes other than f32 and bf16. GQA's KV heads are repeated to
 //! every query head before the kernel, so the exchange moves `H` heads of K and V (the plain
 //! strategy moves `KVH`, or the Ulysses degree).
-//! A head's whole sequence is staged in VMEM, so on TPU the sequence is bounded by VMEM
-//! (near 16K at D 128 in bf16).
+//! A head's whole sequence is gathered in VMEM where it fits the target's VMEM limit; where
+//! it does not (on TPU near 16K tokens at D 128 in bf16), the kernels that stage it in HBM
+//! instead ([`ulysses_attention_staged_of`], [`ulysses_attention_bwd_staged_of`]) are used,
+//! which fetch it into VMEM block by block.
 
 use std::fmt;
 use std::rc::Rc;
 
 use tessera_collective_kernels::ulysses::{
-    ulysses_attention_bwd_of, ulysses_attention_of, Logits, Visibility,
+    ulysses_attention_bwd_of, ulysses_attention_bwd_staged_of, ulysses_attention_of,
+    ulysses_attention_staged_of, Logits, Visibility,
 };
 use tessera_collectives::axes::Context;
 use tessera_collectives::{CollectiveError, LocalValue, Spmd};
+use tessera_dsl::mosaic::scoped_vmem_bytes;
 use tessera_dsl::prelude::bf16;
-use tessera_dsl::{ArgSpec, DType, DeviceAxis, KernelDef, Lowering};
+use tessera_dsl::{ArgSpec, DType, DeviceAxis, Kernel, KernelDef, Lowering, ProblemKind};
 use tessera_hlo::autodiff::{backward_failed, VjpCall, VjpRule};
 use tessera_hlo::{FuncBuilder, HloError, Reducer, Value};
 use tessera_splash::{Mask, SeqOffsets};
@@ -271,6 +275,15 @@ impl Composed {
     }
 }
 
+/// A direction's two kernels: the one that gathers a head in VMEM, the one that stages it
+/// in HBM (for heads that do not fit VMEM), and how many of their outputs are results (the
+/// staged kernel's staging buffers follow them).
+struct Kernels {
+    gathered: KernelDef,
+    staged: KernelDef,
+    results: usize,
+}
+
 /// The custom-VJP unit: the forward kernel, and the backward kernel as its rule; the
 /// segment ids the kernels take, if any (no cotangent flows to them).
 #[derive(Debug)]
@@ -281,20 +294,23 @@ struct Unit {
 }
 
 impl Unit {
-    /// `def` instantiated for `args` (and the segment ids, if any) on the step's mesh and
-    /// lowered into `f`.
+    /// The kernel `defs` holds for `args` (and the segment ids, if any) on the step's mesh,
+    /// lowered into `f`: `defs.gathered`, which gathers a head in VMEM, where it fits the
+    /// target's VMEM limit, else `defs.staged`, which stages it in HBM (its staging outputs
+    /// are dropped: the first `defs.results` outputs are returned).
     fn lower(
         &self,
         f: &mut FuncBuilder<'_>,
-        def: KernelDef,
+        defs: Kernels,
         args: &[Value],
     ) -> Result<Vec<Value>, CollectiveError> {
-        let (def, args) = match self.segments {
-            Some(ids) => (def, [args, &[ids]].concat()),
-            None => (
-                def.without("segment_ids").map_err(CollectiveError::local)?,
-                args.to_vec(),
-            ),
+        let args = match self.segments {
+            Some(ids) => [args, &[ids]].concat(),
+            None => args.to_vec(),
+        };
+        let without_ids = |def: KernelDef| match self.segments {
+            Some(_) => Ok(def),
+            None => def.without("segment_ids").map_err(CollectiveError::local),
         };
         let specs = args
             .iter()
@@ -305,12 +321,37 @@ impl Unit {
             })
             .collect::<Result<Vec<_>, HloError>>()?;
         let lowering = &self.composed.lowering;
-        let kernel = def
-            .instantiate_on(&specs, &self.devices, &lowering.rules)
-            .map_err(CollectiveError::local)?;
+        let instantiate = |def: KernelDef| {
+            without_ids(def)?
+                .instantiate_on(&specs, &self.devices, &lowering.rules)
+                .map_err(CollectiveError::local)
+        };
+        // A head's whole sequence fits where the kernel's scoped VMEM (its scratch and the
+        // room libtpu spills its largest values to) is within the budget: at 32K tokens and
+        // blocks 2048 the rules pass the forward's 57 MiB of scratch against 64 MiB, and
+        // libtpu then needs 79.6 MiB.
+        let fits = |k: &Kernel| {
+            lowering
+                .rules
+                .vmem_limit_bytes
+                .is_none_or(|limit| scoped_vmem_bytes(k) <= limit)
+        };
+        let kernel = match without_ids(defs.gathered)?.instantiate_on(
+            &specs,
+            &self.devices,
+            &lowering.rules,
+        ) {
+            Ok(kernel) if fits(&kernel) => kernel,
+            Ok(_) => instantiate(defs.staged)?,
+            // Only VMEM refused it: a head's whole sequence does not fit.
+            Err(e) if e.problems.iter().all(|p| p.kind == ProblemKind::Vmem) => {
+                instantiate(defs.staged)?
+            }
+            Err(e) => return Err(CollectiveError::local(e)),
+        };
         // Nothing inside a step could read run-time index checks' flags (an extra output,
-        // `tessera_dsl::checks`), so a failed check would go unreported. The two kernels
-        // prove every index they compute when instantiated; one that did not is refused.
+        // `tessera_dsl::checks`), so a failed check would go unreported. The kernels prove
+        // every index they compute when instantiated; one that did not is refused.
         if let Some(site) = kernel.checks.sites.first() {
             return Err(CollectiveError::local(format!(
                 "kernel `{}` checks {} at run time ({}), which a step cannot report; the \
@@ -318,9 +359,11 @@ impl Unit {
                 kernel.name, site.kind, site.loc
             )));
         }
-        lowering
+        let mut outputs = lowering
             .lower_into_spmd(&kernel, f, &args)
-            .map_err(CollectiveError::local)
+            .map_err(CollectiveError::local)?;
+        outputs.truncate(defs.results);
+        Ok(outputs)
     }
 
     /// `out [bH, s, D]` and `lse [bH, s / block, 1, block]` (row-major `[bH, s]`) of `q, k,
@@ -336,11 +379,22 @@ impl Unit {
             logits,
             ..
         } = self.composed;
-        let def = match f.value_type(qkv[0])?.dtype {
-            DType::BF16 => ulysses_attention_of::<bf16, ModelMesh, Context>(block, visible, logits),
-            _ => ulysses_attention_of::<f32, ModelMesh, Context>(block, visible, logits),
+        let (gathered, staged) = match f.value_type(qkv[0])?.dtype {
+            DType::BF16 => (
+                ulysses_attention_of::<bf16, ModelMesh, Context>(block, visible, logits),
+                ulysses_attention_staged_of::<bf16, ModelMesh, Context>(block, visible, logits),
+            ),
+            _ => (
+                ulysses_attention_of::<f32, ModelMesh, Context>(block, visible, logits),
+                ulysses_attention_staged_of::<f32, ModelMesh, Context>(block, visible, logits),
+            ),
         };
-        self.lower(f, def, qkv)
+        let defs = Kernels {
+            gathered,
+            staged,
+            results: 2,
+        };
+        self.lower(f, defs, qkv)
     }
 
     fn backward(
@@ -368,11 +422,20 @@ impl Unit {
             logits,
             ..
         } = self.composed;
-        let def = match f.value_type(dout)?.dtype {
-            DType::BF16 => {
-                ulysses_attention_bwd_of::<bf16, ModelMesh, Context>(block, visible, logits)
-            }
-            _ => ulysses_attention_bwd_of::<f32, ModelMesh, Context>(block, visible, logits),
+        let (gathered, staged) = match f.value_type(dout)?.dtype {
+            DType::BF16 => (
+                ulysses_attention_bwd_of::<bf16, ModelMesh, Context>(block, visible, logits),
+                ulysses_attention_bwd_staged_of::<bf16, ModelMesh, Context>(block, visible, logits),
+            ),
+            _ => (
+                ulysses_attention_bwd_of::<f32, ModelMesh, Context>(block, visible, logits),
+                ulysses_attention_bwd_staged_of::<f32, ModelMesh, Context>(block, visible, logits),
+            ),
+        };
+        let defs = Kernels {
+            gathered,
+            staged,
+            results: 3,
         };
         // The residuals the backward kernel takes: the forward's lse, and di = rowsum(out *
         // dout) of this device's rows (in f32, laid out as the lse).
@@ -391,7 +454,7 @@ impl Unit {
             lse,
             di,
         ];
-        let grads = self.lower(f, def, &args)?;
+        let grads = self.lower(f, defs, &args)?;
         Ok(grads.into_iter().map(Some).collect())
     }
 }
