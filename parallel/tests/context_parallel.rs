@@ -108,9 +108,10 @@ fn check_strategy(
     let mut cp = config(strategy.clone(), devices, d, mask.clone(), 128);
     adjust(&mut cp);
     let load_balance = cp.load_balance;
-    // The largest block that divides what every kernel call holds.
+    // The largest block that divides what every kernel call holds (up to the one `adjust`
+    // leaves, 128 unless it sets one).
     let parts = if load_balance { 2 } else { 1 };
-    let block = (seq / devices / parts).min(128);
+    let block = (seq / devices / parts).min(cp.block_sizes.block_q);
     cp.block_sizes = BlockSizes::uniform(block, block);
     let soft_cap = packed.then_some(3.0);
     cp.options.soft_cap = soft_cap.map(|c| c as f32);
@@ -231,21 +232,22 @@ fn ulysses_fused_matches_the_reference() {
 #[test]
 fn ulysses_fused_stages_the_heads_in_hbm_where_vmem_is_short() {
     const BUDGET: usize = 800 << 10;
+    const BLOCK: usize = 64;
     let rules = KernelRules::portable().with_vmem_limit(BUDGET);
     // What each device's kernels take: 8 heads of the 128 rows of 512 a device holds.
     let x = ArgSpec::new(DType::F32, [8, 128, HEAD_DIM]);
-    let stats = ArgSpec::new(DType::F32, [8, 1, 1, 128]);
+    let stats = ArgSpec::new(DType::F32, [8, 128 / BLOCK, 1, BLOCK]);
     let causal = Visibility::Causal;
     let logits = Logits::default();
     for (gathered, staged, args) in [
         (
-            ulysses_attention_of::<f32, RingMesh, Context>(128, causal, logits),
-            ulysses_attention_staged_of::<f32, RingMesh, Context>(128, causal, logits),
+            ulysses_attention_of::<f32, RingMesh, Context>(BLOCK, causal, logits),
+            ulysses_attention_staged_of::<f32, RingMesh, Context>(BLOCK, causal, logits),
             vec![x.clone(); 3],
         ),
         (
-            ulysses_attention_bwd_of::<f32, RingMesh, Context>(128, causal, logits),
-            ulysses_attention_bwd_staged_of::<f32, RingMesh, Context>(128, causal, logits),
+            ulysses_attention_bwd_of::<f32, RingMesh, Context>(BLOCK, causal, logits),
+            ulysses_attention_bwd_staged_of::<f32, RingMesh, Context>(BLOCK, causal, logits),
             [vec![x.clone(); 4], vec![stats.clone(); 2]].concat(),
         ),
     ] {
@@ -269,6 +271,7 @@ fn ulysses_fused_stages_the_heads_in_hbm_where_vmem_is_short() {
         }
     }
     let short_of_vmem = |cp: &mut ContextParallel| {
+        cp.block_sizes = BlockSizes::uniform(BLOCK, BLOCK);
         cp.lowering.rules = cp.lowering.rules.clone().with_vmem_limit(BUDGET)
     };
     let fused = || Strategy::parse("ulysses_fused", 4).unwrap();

@@ -514,8 +514,16 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
         lg: &mut lg,
         sems: [&out_send, &out_recv, &out_local],
     };
-    back.attend_head::<A, M>(&x, &devices, hl, block, |row0| {
-        attend_rows(&qg, &kg, &vg, segments, (b, row0, block), visible, logits)
+    back.attend_head::<A, M>(&x, &devices, hl, block, |row| {
+        attend_rows(
+            &qg,
+            &kg,
+            &vg,
+            segments,
+            (b, row.row0, block),
+            visible,
+            logits,
+        )
     });
     x.done::<A>(&ready, hl);
 }
@@ -524,10 +532,12 @@ pub fn ulysses_attention_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAxis>(
 /// sequences whose heads do not fit VMEM (at blocks 512, bf16 and D = 128, the forward
 /// stages 48 MiB of q, k and v per 32K tokens in VMEM): the exchange lands each head's rows
 /// in the outputs `qg`, `kg`, `vg` (`[2, S, D]`, the two heads in flight; the caller drops
-/// them), and the attention fetches them into VMEM block by block: a query block, then its
-/// key blocks each one block ahead of the products that read it (two slots). The output
-/// chunks and lse are gathered in VMEM and sent back as the VMEM kernel does. Same
-/// arguments, outputs (but the three staging ones last) and results.
+/// them), and the attention fetches them into VMEM block by block, nothing waited that was
+/// not started one block earlier: a query block's queries and first key and value blocks
+/// while the query block before it is attended (the first before the loop), each later key
+/// and value block while the one before it is. The output chunks and lse are gathered in
+/// VMEM and sent back as the VMEM kernel does. Same arguments, outputs (but the three
+/// staging ones last) and results.
 #[tpu_kernel(
     grid = (H / devices.size::<A>(),),
     name = "ulysses_attention_staged",
@@ -552,9 +562,9 @@ pub fn ulysses_attention_staged_of<T: Element, M: MeshShape + HasAxis<A>, A: Mes
     #[shape(2, devices.size::<A>() * SL, D)] mut qg: HbmMut<T>,
     #[shape(2, devices.size::<A>() * SL, D)] mut kg: HbmMut<T>,
     #[shape(2, devices.size::<A>() * SL, D)] mut vg: HbmMut<T>,
-    #[scratch(block, D)] mut q_block: Vmem<T>,
-    #[scratch(2, block, D)] mut k_blocks: Vmem<T>,
-    #[scratch(2, block, D)] mut v_blocks: Vmem<T>,
+    #[scratch(2, block, D)] mut q_blocks: Vmem<T>,
+    #[scratch(4, block, D)] mut k_blocks: Vmem<T>,
+    #[scratch(4, block, D)] mut v_blocks: Vmem<T>,
     #[scratch(devices.size::<A>() * SL, D)] mut og: Vmem<T>,
     #[scratch(devices.size::<A>() * SL / block, 1, block)] mut lg: Vmem<f32>,
     #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut segments: Vmem<f32>,
@@ -563,7 +573,7 @@ pub fn ulysses_attention_staged_of<T: Element, M: MeshShape + HasAxis<A>, A: Mes
     out_send: DmaSem,
     out_recv: DmaSem,
     out_local: DmaSem,
-    #[scratch(3)] fetch: DmaSem,
+    #[scratch(6)] fetch: DmaSem,
     #[scratch(devices.size::<A>())] ready: Sem,
     devices: Devices<M>,
     #[comptime] block: usize,
@@ -597,11 +607,24 @@ pub fn ulysses_attention_staged_of<T: Element, M: MeshShape + HasAxis<A>, A: Mes
         b,
         block,
     };
-    back.attend_head::<A, M>(&x, &devices, hl, block, |row0| {
-        let slots = (&mut q_block, &mut k_blocks, &mut v_blocks);
-        staged.attend_rows(slots, segments, row0, visible, logits)
+    // The first query block (chunk `me`'s first), then each the one after it.
+    let slots = [&mut q_blocks, &mut k_blocks, &mut v_blocks];
+    staged.start_row(slots, 0.into_index(), x.me * SL as i32, visible);
+    back.attend_head::<A, M>(&x, &devices, hl, block, |row| {
+        let slots = [&mut q_blocks, &mut k_blocks, &mut v_blocks];
+        staged.attend_rows(slots, segments, row, visible, logits)
     });
     x.done::<A>(&ready, hl);
+}
+
+/// A query block of the forward's head: its first row, its place in the order the head's
+/// blocks are attended (chunk `me` first), and the next block's first row with whether
+/// there is one (`None`: always; else a run-time condition).
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    row0: Value,
+    index: Value,
+    next: (Value, Option<Value>),
 }
 
 /// Where the forward gathers a head's output rows (and their lse) before sending each
@@ -617,9 +640,9 @@ struct SendBack<'a, T: Element> {
 
 impl<T: Element> SendBack<'_, T> {
     /// The head `hl`'s attention, one chunk of `SL` query rows at a time (chunk `s` holds
-    /// device `s`'s rows) in blocks of `block` rows (`attend(row0)`: the unnormalised output,
-    /// running max and sum of rows `row0 ..`), each chunk sent to its device as soon as it
-    /// is done (with its rows' lse when the kernel writes it); then the sends and every
+    /// device `s`'s rows) in blocks of `block` rows (`attend(row)`: the unnormalised output,
+    /// running max and sum of the query block `row`), each chunk sent to its device as soon
+    /// as it is done (with its rows' lse when the kernel writes it); then the sends and every
     /// owner's chunk of this device's rows waited.
     fn attend_head<A: MeshAxis, M: HasAxis<A>>(
         mut self,
@@ -627,15 +650,26 @@ impl<T: Element> SendBack<'_, T> {
         devices: &Devices<M>,
         hl: Value,
         block: usize,
-        mut attend: impl FnMut(Value) -> (Value, Value, Value),
+        mut attend: impl FnMut(Row) -> (Value, Value, Value),
     ) {
         let [out_send, out_recv, out_local] = self.sems;
-        let sl = x.rows;
+        let (sl, per_chunk) = (x.rows, (x.rows / block) as i32);
         for k in 0..x.n {
             let s = x.along(k);
-            fori_loop(0, (sl / block) as i32, (), |i, ()| {
+            // The first row of the next chunk (of this one where there is none).
+            let next_chunk = x.along((k + 1) % x.n) * sl as i32;
+            fori_loop(0, per_chunk, (), |i, ()| {
                 let row0 = s * sl as i32 + i * block as i32;
-                let (acc, m, l) = attend(row0);
+                let in_chunk = (i + 1).lt(per_chunk);
+                let row = Row {
+                    row0,
+                    index: i + k as i32 * per_chunk,
+                    next: (
+                        select(in_chunk, row0 + block as i32, next_chunk),
+                        (k + 1 == x.n).then_some(in_chunk),
+                    ),
+                };
+                let (acc, m, l) = attend(row);
                 self.og
                     .at_mut(&[ds(row0, block), all()])
                     .store((acc / l).cast(T::DTYPE));
@@ -783,8 +817,14 @@ impl<'a> QueryRows<'a> {
 }
 
 /// A gathered head staged in HBM (`q`, `k`, `v`: `[2, S, D]`, the head in buffer `b`) and
-/// the semaphores its blocks are fetched into VMEM on: `fetch.at(slot)` for the key and
-/// value blocks of slot `slot` (0, 1), `fetch.at(2)` for a query block.
+/// the DMA semaphores its blocks are fetched into VMEM on. Blocks land in slots of
+/// `[slots, block, D]` VMEM buffers, fetched ahead of the products that read them: a group
+/// of arrays fetched together (the forward's query block; the backward's key and value
+/// blocks) has two slots, one per parity of the row (key block) they serve, on
+/// `fetch.at(0..2)`; the blocks a loop runs over (the forward's keys and values; the
+/// backward's queries and output cotangents) have four, `2 p + j % 2` for block `j` of a
+/// loop of parity `p`, on `fetch.at(2..6)`. So the next loop's first blocks are fetched
+/// while this loop runs, into slots this loop does not touch.
 struct Staged<'a, T: Element> {
     q: &'a HbmMut<T>,
     k: &'a HbmMut<T>,
@@ -794,106 +834,166 @@ struct Staged<'a, T: Element> {
     block: usize,
 }
 
+/// The first DMA semaphore (of `fetch`) of the slots a loop runs over; below it, the two of
+/// the blocks fetched once per loop.
+const LOOP_SLOTS_SEM: i32 = 2;
+
 impl<T: Element> Staged<'_, T> {
     /// Rows `row0 .. row0 + block` of the head, as a window of a `[2, S, D]` buffer.
     fn rows(&self, row0: Value) -> [Idx; 3] {
         [ds(self.b, 1), ds(row0, self.block), all()]
     }
 
-    /// The head's blocks in the staging buffers.
-    fn blocks(&self) -> usize {
-        self.q.shape()[1] / self.block
+    /// The last block of the head.
+    fn last(&self) -> i32 {
+        (self.q.shape()[1] / self.block) as i32 - 1
     }
 
-    /// The copies of block `j` of `x` and `y` (two staged arrays of the head) into slot `j
-    /// % 2` of `x_slots` and `y_slots` (`[2, block, D]`), on `fetch.at(j % 2)`.
-    fn pair_copies(
+    /// The copies of block `j` of each of `arrays` into slot `slot` of its `slots`, on
+    /// `fetch.at(sem)`.
+    fn copies(
         &self,
-        [x, y]: [&HbmMut<T>; 2],
-        x_slots: &mut Vmem<T>,
-        y_slots: &mut Vmem<T>,
+        arrays: &[&HbmMut<T>],
+        slots: &mut [&mut Vmem<T>],
+        (slot, sem): (Value, Value),
         j: Value,
-    ) -> [CopyDescriptor; 2] {
-        let (slot, from) = (j % 2, self.rows(j * self.block as i32));
+    ) -> Vec<CopyDescriptor> {
+        let from = self.rows(j * self.block as i32);
         let to = [ds(slot, 1), all(), all()];
-        [
-            make_async_copy(x.at(&from), x_slots.at_mut(&to), self.fetch.at(slot)),
-            make_async_copy(y.at(&from), y_slots.at_mut(&to), self.fetch.at(slot)),
-        ]
+        arrays
+            .iter()
+            .zip(slots.iter_mut())
+            .map(|(x, s)| make_async_copy(x.at(&from), s.at_mut(&to), self.fetch.at(sem)))
+            .collect()
     }
 
-    /// `f(j)` over blocks `first .. end` of the loop's carry, with block `j` of `x` and `y`
-    /// fetched (two slots, each fetched one block ahead of the iteration that reads it):
-    /// `f` gets them as `[block, D]` values.
+    /// Slot `slot` of `slots` as a `[block, D]` value.
+    fn load(slots: &Vmem<T>, slot: Value) -> Value {
+        let [_, block, d] = <[usize; 3]>::try_from(slots.shape()).expect("[slots, block, D]");
+        slots
+            .at(&[ds(slot, 1), all(), all()])
+            .load()
+            .reshape(&[block, d])
+    }
+
+    /// The slot (and semaphore) of block `j` of a loop of parity `p`.
+    fn loop_slot(p: Value, j: Value) -> (Value, Value) {
+        let slot = p * 2 + j % 2;
+        (slot, slot + LOOP_SLOTS_SEM)
+    }
+
+    /// `f(carry, j, x_j, y_j)` over blocks `first .. end` (a loop of parity `p`) of the pair
+    /// `arrays` (`[block, D]` each), block `first` fetched already ([`Staged::copies`] into
+    /// [`Staged::loop_slot`]`(p, first)`) and each later one fetched while the block before
+    /// it is worked on.
     fn fold_pairs<C: Carry>(
         &self,
-        pair: [&HbmMut<T>; 2],
-        (x_slots, y_slots): (&mut Vmem<T>, &mut Vmem<T>),
+        arrays: [&HbmMut<T>; 2],
+        [x_slots, y_slots]: [&mut Vmem<T>; 2],
+        p: Value,
         (first, end): (Value, Value),
         init: C,
         mut f: impl FnMut(C, Value, Value, Value) -> C,
     ) -> C {
-        let (block, last) = (self.block, self.blocks() as i32 - 1);
-        let d = self.q.shape()[2];
-        when(first.lt(end), || {
-            for c in self.pair_copies(pair, x_slots, y_slots, first.minimum(last)) {
-                c.start();
-            }
-        });
         fori_loop(first, end, init, |j, carry| {
             // `j + 1` where it runs; the `minimum` proves the window in range.
             when((j + 1).lt(end), || {
-                let next = (j + 1).minimum(last);
-                for c in self.pair_copies(pair, x_slots, y_slots, next) {
+                let next = (j + 1).minimum(self.last());
+                let slot = Self::loop_slot(p, next);
+                for c in self.copies(&arrays, &mut [x_slots, y_slots], slot, next) {
                     c.start();
                 }
             });
-            for c in self.pair_copies(pair, x_slots, y_slots, j) {
+            let slot = Self::loop_slot(p, j);
+            for c in self.copies(&arrays, &mut [x_slots, y_slots], slot, j) {
                 c.wait();
             }
-            let at = [ds(j % 2, 1), all(), all()];
-            let xj = x_slots.at(&at).load().reshape(&[block, d]);
-            let yj = y_slots.at(&at).load().reshape(&[block, d]);
+            let (xj, yj) = (Self::load(x_slots, slot.0), Self::load(y_slots, slot.0));
             f(carry, j, xj, yj)
         })
     }
 
-    /// Block `i` of `x` (a staged array of the head) fetched into `slot` (`[block, D]`) and
-    /// waited, on `fetch.at(2)`.
-    fn fetch_block(&self, x: &HbmMut<T>, slot: &mut Vmem<T>, i: Value) -> Value {
-        let copy = make_async_copy(
-            x.at(&self.rows(i * self.block as i32)),
-            slot.at_mut(&[all(), all()]),
-            self.fetch.at(2),
-        );
-        copy.start();
-        copy.wait();
-        slot.load()
+    /// Starts fetching what query block row `row0` of parity `p` needs first: its queries
+    /// (slot `p` of `q_blocks`) and its first key and value blocks by `visible`.
+    fn start_row(
+        &self,
+        [q_blocks, k_blocks, v_blocks]: [&mut Vmem<T>; 3],
+        p: Value,
+        row0: Value,
+        visible: Visibility,
+    ) {
+        // The row is in range where this runs; the `minimum` proves it.
+        let i = (row0 / self.block as i32).minimum(self.last());
+        let mut copies = self.copies(&[self.q], &mut [q_blocks], (p, p), i);
+        let (first, _) = visible.key_blocks(row0, self.q.shape()[1], self.block);
+        let first = first.minimum(self.last());
+        let kv = (&[self.k, self.v][..], &mut [k_blocks, v_blocks][..]);
+        copies.extend(self.copies(kv.0, kv.1, Self::loop_slot(p, first), first));
+        for c in copies {
+            c.start();
+        }
     }
 
-    /// [`attend_rows`] over the staged head: the query block fetched into `q_block`, the key
-    /// blocks into the slots of `k_blocks` and `v_blocks` one block ahead.
+    /// [`attend_rows`] over the staged head for query block `row`, whose queries and first
+    /// key and value blocks [`Staged::start_row`] has started; it starts the next row's
+    /// first (if any) before its own products.
     fn attend_rows(
         &self,
-        (q_block, k_blocks, v_blocks): (&mut Vmem<T>, &mut Vmem<T>, &mut Vmem<T>),
+        [q_blocks, k_blocks, v_blocks]: [&mut Vmem<T>; 3],
         segments: Option<(&Vmem<f32>, Value)>,
-        row0: Value,
+        row: Row,
         visible: Visibility,
         logits: Logits,
     ) -> (Value, Value, Value) {
         let (block, s, d) = (self.block, self.q.shape()[1], self.q.shape()[2]);
-        let i = row0 / block as i32;
-        let qi = scaled_queries::<T>(self.fetch_block(self.q, q_block, i), logits.scale(d));
-        let rows = QueryRows::new(qi, row0, block, segments, visible, logits);
-        let keys = visible.key_blocks(row0, s, block);
-        let slots = (k_blocks, v_blocks);
+        let p = row.index % 2;
+        let (next_row0, has_next) = row.next;
+        let mut start_next = || {
+            let slots = [&mut *q_blocks, &mut *k_blocks, &mut *v_blocks];
+            self.start_row(slots, 1 - p, next_row0, visible)
+        };
+        match has_next {
+            Some(cond) => when(cond, start_next),
+            None => start_next(),
+        }
+        let i = row.row0 / block as i32;
+        for c in self.copies(&[self.q], &mut [q_blocks], (p, p), i) {
+            c.wait();
+        }
+        let qi = scaled_queries::<T>(Self::load(q_blocks, p), logits.scale(d));
+        let rows = QueryRows::new(qi, row.row0, block, segments, visible, logits);
+        let keys = visible.key_blocks(row.row0, s, block);
+        let slots = [k_blocks, v_blocks];
         self.fold_pairs(
             [self.k, self.v],
             slots,
+            p,
             keys,
             rows.init(),
             |carry, j, kj, vj| rows.step::<T>(carry, j, kj, vj),
         )
+    }
+
+    /// Starts fetching what key block `j` of the backward needs first: its keys and values
+    /// (slot `j % 2`) and the q and dout of the first query block that sees it (of `q` and
+    /// `dout`, the staged queries and output cotangents).
+    fn start_key_block(
+        &self,
+        [k_blocks, v_blocks]: [&mut Vmem<T>; 2],
+        (dout, q_slots, do_slots): (&HbmMut<T>, &mut Vmem<T>, &mut Vmem<T>),
+        j: Value,
+        visible: Visibility,
+    ) {
+        let p = j % 2;
+        let kv = (&[self.k, self.v][..], &mut [k_blocks, v_blocks][..]);
+        let mut copies = self.copies(kv.0, kv.1, (p, p), j);
+        let (first, _) = visible.query_blocks(j, self.q.shape()[1], self.block);
+        let first = first.minimum(self.last());
+        let qdo = (&[self.q, dout][..], &mut [q_slots, do_slots][..]);
+        copies.extend(self.copies(qdo.0, qdo.1, Self::loop_slot(p, first), first));
+        for c in copies {
+            c.start();
+        }
     }
 }
 
@@ -1067,9 +1167,10 @@ pub fn ulysses_attention_bwd_of<T: Element, M: MeshShape + HasAxis<A>, A: MeshAx
 /// sequences whose heads do not fit VMEM (at blocks 512, bf16 and D = 128, the backward
 /// stages 64 MiB of q, k, v and dout per 32K tokens in VMEM): the exchange lands each
 /// head's rows of the four in the outputs `qg`, `kg`, `vg`, `dog` (`[2, S, D]`; the caller
-/// drops them), and the backward fetches them into VMEM block by block: a key block's k and
-/// v, then its query blocks' q and dout, each one block ahead of the products that read it
-/// (two slots). The residuals (`lse`, `di`) and segment ids, the dq accumulator and the
+/// drops them), and the backward fetches them into VMEM block by block, each one block
+/// ahead: a key block's k and v and its first query block's q and dout while the key block
+/// before it is worked on, each later query block's while the one before it is. The
+/// residuals (`lse`, `di`) and segment ids, the dq accumulator and the
 /// gradients sent back stay in VMEM as in the VMEM kernel. Same arguments, outputs (but the
 /// four staging ones last) and results.
 #[tpu_kernel(
@@ -1101,10 +1202,10 @@ pub fn ulysses_attention_bwd_staged_of<T: Element, M: MeshShape + HasAxis<A>, A:
     #[shape(2, devices.size::<A>() * SL, D)] mut kg: HbmMut<T>,
     #[shape(2, devices.size::<A>() * SL, D)] mut vg: HbmMut<T>,
     #[shape(2, devices.size::<A>() * SL, D)] mut dog: HbmMut<T>,
-    #[scratch(block, D)] mut k_block: Vmem<T>,
-    #[scratch(block, D)] mut v_block: Vmem<T>,
-    #[scratch(2, block, D)] mut q_blocks: Vmem<T>,
-    #[scratch(2, block, D)] mut do_blocks: Vmem<T>,
+    #[scratch(2, block, D)] mut k_blocks: Vmem<T>,
+    #[scratch(2, block, D)] mut v_blocks: Vmem<T>,
+    #[scratch(4, block, D)] mut q_blocks: Vmem<T>,
+    #[scratch(4, block, D)] mut do_blocks: Vmem<T>,
     #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut lse_g: Vmem<f32>,
     #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut di_g: Vmem<f32>,
     #[scratch(2, devices.size::<A>() * SL / block, 1, block)] mut segments: Vmem<f32>,
@@ -1115,7 +1216,7 @@ pub fn ulysses_attention_bwd_staged_of<T: Element, M: MeshShape + HasAxis<A>, A:
     back_send: DmaSem,
     back_recv: DmaSem,
     back_local: DmaSem,
-    #[scratch(3)] fetch: DmaSem,
+    #[scratch(6)] fetch: DmaSem,
     #[scratch(devices.size::<A>())] ready: Sem,
     devices: Devices<M>,
     #[comptime] block: usize,
@@ -1155,22 +1256,33 @@ pub fn ulysses_attention_bwd_staged_of<T: Element, M: MeshShape + HasAxis<A>, A:
         b,
         block,
     };
-    // Per key block: its dk, dv over the query blocks that see it, and their dq.
-    fori_loop(0, (s_len / block) as i32, (), |j, ()| {
-        let (kj, vj) = (
-            staged.fetch_block(&kg, &mut k_block, j),
-            staged.fetch_block(&vg, &mut v_block, j),
-        );
+    // Per key block: its dk, dv over the query blocks that see it, and their dq; the next
+    // key block's first blocks fetched while this one is worked on.
+    let blocks = (s_len / block) as i32;
+    let (kv, qdo) = ([&kg, &vg], [&qg, &dog]);
+    let firsts = |[k_blocks, v_blocks, q_blocks, do_blocks]: [&mut Vmem<T>; 4], j: Value| {
+        let key_slots = [k_blocks, v_blocks];
+        staged.start_key_block(key_slots, (&dog, q_blocks, do_blocks), j, visible)
+    };
+    let all_slots = [&mut k_blocks, &mut v_blocks, &mut q_blocks, &mut do_blocks];
+    firsts(all_slots, 0.into_index());
+    fori_loop(0, blocks, (), |j, ()| {
+        let p = j % 2;
+        when((j + 1).lt(blocks), || {
+            let next = (j + 1).minimum(blocks - 1);
+            let all_slots = [&mut k_blocks, &mut v_blocks, &mut q_blocks, &mut do_blocks];
+            firsts(all_slots, next)
+        });
+        for c in staged.copies(&kv, &mut [&mut k_blocks, &mut v_blocks], (p, p), j) {
+            c.wait();
+        }
+        let (kj, vj) = (Staged::load(&k_blocks, p), Staged::load(&v_blocks, p));
         let key = head.key_block(j, kj, vj);
         let queries = visible.query_blocks(j, s_len, block);
-        let slots = (&mut q_blocks, &mut do_blocks);
-        let (dkj, dvj) = staged.fold_pairs(
-            [&qg, &dog],
-            slots,
-            queries,
-            key.init(),
-            |carry, i, qi, d_oi| key.step::<T>(carry, i, qi, d_oi, &mut dq_acc),
-        );
+        let slots = [&mut q_blocks, &mut do_blocks];
+        let (dkj, dvj) = staged.fold_pairs(qdo, slots, p, queries, key.init(), |c, i, qi, d_oi| {
+            key.step::<T>(c, i, qi, d_oi, &mut dq_acc)
+        });
         head.store_key_grads::<T>(&mut grads, j, dkj, dvj);
     });
     head.store_dq::<T>(&dq_acc, &mut grads, s_len);
