@@ -63,8 +63,9 @@ pub struct KernelBundles {
     /// The top-level `when` regions, in program order; `None` when the branch structure does
     /// not show as many regions as the kernel has `when`s.
     pub whens: Option<Vec<Segment>>,
-    /// Branch regions directly in the loop body (inside a lone region holding the others,
-    /// the pipeline's guard, if there is one): what was matched against the `when`s.
+    /// Branch regions directly in the loop body (inside the pipeline's guard, if there is
+    /// one: a lone region holding the others, or the one region beside others whose own
+    /// regions are as many as the `when`s): what was matched against the `when`s.
     pub regions_found: usize,
     /// The grid loop's trip count from its exit test (grid steps on this core plus the
     /// pipeline's extra iterations), when it is a constant.
@@ -472,6 +473,16 @@ impl ControlFlow {
                 level = inner;
             }
         }
+        // Beside the guard there may be other regions: the pipeline's prefetch of the next
+        // step's blocks, skipped in its last iterations (tokamax's dK/dV kernel). Where the
+        // regions at this level do not match the `when`s, the one region whose own regions
+        // do is the guard.
+        if let Some(k) = whens.filter(|&k| k != level.len()) {
+            let holding: Vec<_> = level.iter().filter(|r| top(r).len() == k).collect();
+            if let [guard] = holding.as_slice() {
+                level = top(guard);
+            }
+        }
         let regions_found = level.len();
         let matched = whens.filter(|&k| k == level.len()).map(|_| {
             let segs: Vec<Segment> = level.iter().map(|r| segment(r.clone())).collect();
@@ -519,12 +530,20 @@ mod tests {
     /// (and 4 delay slots: 36 bundles), holding a guard region `0x9 .. 0x20`, inside it two
     /// `when` regions `0xe .. 0x10` (two matmul bundles) and `0x16 .. 0x1a`; 3 after.
     fn kernel() -> String {
+        kernel_with(&[])
+    }
+
+    /// [`kernel`] with some bundles' text replaced.
+    fn kernel_with(replaced: &[(usize, &str)]) -> String {
         let mut lines = vec![
             "= control target key start".to_string(),
             "= control target key end".to_string(),
             String::new(),
         ];
         let body = |i: usize| -> String {
+            if let Some((_, text)) = replaced.iter().find(|(at, _)| *at == i) {
+                return text.to_string();
+            }
             match i {
                 0x3 => "{ %a = sadd.s32 1, %b } /* Start region 9 */".into(),
                 0x4 => "{ %1 = sbr.rel (%p1) target = $region20 }".into(),
@@ -568,13 +587,17 @@ mod tests {
     }
 
     fn files(schedule: &str) -> KernelFiles {
+        files_of(schedule, kernel())
+    }
+
+    fn files_of(schedule: &str, bundles: String) -> KernelFiles {
         let instruction = format!(
             "Schedule analysis:\n\t42.00 scheduled bundles (100.00%): %k.1 = (f32[8]) \
              custom-call(%a), custom_call_target=\"tpu_custom_call\", \
              frontend_attributes={{tessera_schedule={schedule}}}, backend_config={{}}"
         );
         KernelFiles {
-            bundles: Some(("1-k.1-03-final_bundles.txt".into(), kernel())),
+            bundles: Some(("1-k.1-03-final_bundles.txt".into(), bundles)),
             utilization: Some((
                 "1-k.1-01-final_hlo-static-per-bundle-utilization.txt".into(),
                 utilization(),
@@ -671,5 +694,36 @@ mod tests {
                 mxu_slots: 4
             }
         );
+    }
+
+    #[test]
+    fn the_guard_beside_a_prefetch_region_holds_the_whens() {
+        // A prefetch region `0x8 .. 0x9` beside the guard, and a third `when` `0x1f .. 0x20`
+        // in the guard: two regions at the top of the loop body, three inside the guard.
+        let bundles = kernel_with(&[
+            (
+                0x3,
+                "{ %6 = sbr.rel (%p6) target = $region23 } /* Start region 9 */",
+            ),
+            (
+                0x9,
+                "{ %2 = sbr.rel (%p2) target = $region21 } /* Start/End empty region 23 */",
+            ),
+            (
+                0x1a,
+                "{ %7 = sbr.rel (%p7) target = $region24 } /* Start/End empty region 22 */",
+            ),
+            (
+                0x20,
+                "{ } /* Start/End empty region 20 :: Start/End empty region 24 */",
+            ),
+        ]);
+        let three = r#"{"kernel":"k","grid":[2,5],"dimension_semantics":["parallel","arbitrary"],"paths":[{"path":"init","runs":[1,1]},{"path":"run","runs":[3,3]},{"path":"end","runs":[1,1]}]}"#;
+        let k = KernelBundles::read(&files_of(three, bundles), &[]).unwrap();
+        assert_eq!(k.regions_found, 3);
+        let bundles_of: Vec<u64> = k.whens.unwrap().iter().map(|s| s.bundles).collect();
+        assert_eq!(bundles_of, vec![2, 4, 1]);
+        // The prefetch region runs at every step.
+        assert_eq!(k.step.bundles, 36 - 2 - 4 - 1);
     }
 }
