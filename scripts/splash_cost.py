@@ -14,8 +14,8 @@ schedules) and writes three TSVs: JAX's figures, tessera's, and tessera / JAX pe
 
 usage: scripts/splash_cost.sh            (makes the venv, builds tessera, runs this)
        python scripts/splash_cost.py [--only jax|tessera] [--quick] [--resume] [--out-prefix P]
-       python scripts/splash_cost.py --markdown   (docs/tpu.md's table from the TSVs, with
-                                                   tokamax's forward from tokamax_cost.tsv)
+       python scripts/splash_cost.py --markdown   (docs/tpu.md's tables from the TSVs, with
+                                                   tokamax's from tokamax_cost.tsv)
        python scripts/splash_cost.py --worker DIR PASS H KVH S BLOCK   (one JAX compile)
 """
 import argparse
@@ -291,12 +291,14 @@ def main():
     ap.add_argument("--quick", action="store_true", help="three configurations only")
     ap.add_argument("--out-prefix", default=os.path.join(ROOT, "scripts", "splash_cost"))
     ap.add_argument("--markdown", action="store_true",
-                    help="print docs/tpu.md's table from the TSVs and stop")
+                    help="print docs/tpu.md's tables from the TSVs and stop")
     ap.add_argument("--resume", action="store_true",
                     help="keep the rows already in the TSVs and measure only what they lack")
     a = ap.parse_args()
     if a.markdown:
         print(markdown(a.out_prefix))
+        print()
+        print(fused_markdown(a.out_prefix))
         return
     configs = QUICK if a.quick else CONFIGS
     paths = {"jax": a.out_prefix + ".jax.tsv", "tessera": a.out_prefix + ".tessera.tsv"}
@@ -324,13 +326,15 @@ def main():
 
 def markdown(prefix):
     """The table of docs/tpu.md: per configuration and kernel role, tessera's cycles per core
-    against JAX's (and, for the forward, tokamax's best grid from tokamax_cost.tsv: its
-    forward without residuals in the forward pass, with them in the backward ones), then
+    against JAX's (and tokamax's best grid from tokamax_cost.tsv: its forward without
+    residuals in the forward pass, with them in the backward ones; its fused dK/dV), then
     tessera / JAX over all cores, scoped VMEM and temporaries."""
     jax = {config_of(r) + (r["role"],): r for r in read_tsv(prefix + ".jax.tsv")}
     tokamax = {}
     for r in read_tsv(os.path.join(os.path.dirname(prefix), "tokamax_cost.tsv")):
-        k = config_of(r)
+        k = config_of(r) + (r["role"],)
+        if not r["impl"].startswith("tokamax-grid"):
+            continue
         if k not in tokamax or int(r["cycles_per_core"]) < int(tokamax[k]["cycles_per_core"]):
             tokamax[k] = r
     n = lambda x: f"{int(x):,}"
@@ -350,9 +354,10 @@ def markdown(prefix):
         if j is None:
             continue
         # tokamax's forward: without residuals for the forward pass, with them (its `bwd`
-        # rows) for the forward of both backward passes.
-        tk_pass = "fwd" if t["pass"] == "fwd" else "bwd"
-        tk = tokamax.get((tk_pass,) + config_of(t)[1:]) if t["role"] == "fwd" else None
+        # rows) for the forward of both backward passes; its fused dK/dV kernel for tessera's
+        # fused kernel (the whole passes are in fused_markdown's table).
+        tk_pass = "fwd" if t["pass"] == "fwd" else "bwd" if t["role"] == "fwd" else t["pass"]
+        tk = tokamax.get((tk_pass,) + config_of(t)[1:] + (t["role"],))
         tk_cell = (f"{n(tk['cycles_per_core'])} ({ratio(t['cycles_per_core'], tk['cycles_per_core'])})"
                    if tk else "")
         heads = "MHA" if t["kv_heads"] == t["heads"] else f"GQA {t['heads']}/{t['kv_heads']}"
@@ -364,6 +369,59 @@ def markdown(prefix):
             f"{ratio(t['cycles_all_cores'], j['cycles_all_cores'])} | "
             f"{ratio(t['scoped_vmem_bytes'], j['scoped_vmem_bytes'])} | "
             f"{mib(t)} / {mib(j)} |")
+    return "\n".join(lines)
+
+
+def fused_markdown(prefix):
+    """The fused backward as a pass (docs/tpu.md's second table): tessera's backward kernels
+    (the fused kernel, its `di` prep and the dq reduction) summed, against JAX 0.12's fused
+    dK/dV kernel and tokamax's (from tokamax_cost.tsv: as MaxText 0.2.5 calls it, and with its
+    diagonal skip at its better grid). The peers' own XLA ops of the pass (their `di`, their
+    dq partials' sum) are not counted: they favour the peers."""
+    def backward(rows):
+        """Per configuration: cycles per core and over the cores summed over the backward's
+        kernels, their largest scoped VMEM, and the program's temporaries."""
+        out = {}
+        for r in rows:
+            if r["pass"] != "fused" or r["role"] == "fwd":
+                continue
+            c = out.setdefault(config_of(r)[1:], [0, 0, 0, int(r["program_temp_bytes"])])
+            c[0] += int(r["cycles_per_core"])
+            c[1] += int(r["cycles_all_cores"])
+            c[2] = max(c[2], int(r["scoped_vmem_bytes"]))
+        return out
+
+    tess = backward(read_tsv(prefix + ".tessera.tsv"))
+    jax = backward(read_tsv(prefix + ".jax.tsv"))
+    tk_rows = read_tsv(os.path.join(os.path.dirname(prefix), "tokamax_cost.tsv"))
+    maxtext = backward([r for r in tk_rows if r["impl"] == "tokamax-maxtext"])
+    skip = {}
+    for impl in sorted({r["impl"] for r in tk_rows if r["impl"].startswith("tokamax-grid")}):
+        for k, c in backward([r for r in tk_rows if r["impl"] == impl]).items():
+            if k not in skip or c[0] < skip[k][0]:
+                skip[k] = c
+    n = lambda x: f"{x:,}"
+    lines = [
+        "| heads | S | blocks | tessera: fused + prep + dq reduce, cycles per core / all "
+        "cores | JAX 0.12 fused dK/dV (one core) | tokamax as MaxText 0.2.5 calls it (one "
+        "core) | tokamax with its diagonal skip (one core) | tessera / best peer, per core "
+        "| all cores | scoped VMEM, tessera / best peer | temporaries MiB, tessera / JAX / "
+        "tokamax |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for k in sorted(tess, key=lambda k: (-k[0], k[1], k[2])):
+        if not all(k in peer for peer in (jax, maxtext, skip)):
+            continue
+        t, peers = tess[k], [jax[k], maxtext[k], skip[k]]
+        best = lambda i: min(p[i] for p in peers)
+        kvh, seq, block = k
+        heads = "MHA" if kvh == HEADS else f"GQA {HEADS}/{kvh}"
+        mib = lambda b: f"{b / 2**20:.1f}"
+        lines.append(
+            f"| {heads} | {seq} | {block} | {n(t[0])} / {n(t[1])} | {n(jax[k][0])} | "
+            f"{n(maxtext[k][0])} | {n(skip[k][0])} | {t[0] / best(0):.3f} | "
+            f"{t[1] / best(1):.3f} | {t[2] / best(2):.3f} | "
+            f"{mib(t[3])} / {mib(jax[k][3])} / {mib(min(maxtext[k][3], skip[k][3]))} |")
     return "\n".join(lines)
 
 
