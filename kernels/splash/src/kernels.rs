@@ -1252,23 +1252,45 @@ pub fn splash_bwd_fused<T: Element>(
     });
 }
 
-/// Sums the fused backward's per-key-block dQ contributions, one key block per step of the
-/// innermost (`arbitrary`) axis into an f32 accumulator.
-#[tpu_kernel(grid = (B, H, SQ / bq, NKV),
+/// The compile-time configuration of the dQ reduction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReduceConfig {
+    /// Query rows per block.
+    pub bq: usize,
+    /// Key blocks' contributions summed per grid step (a divisor of `key_blocks`).
+    pub per_step: usize,
+    /// Key blocks in all.
+    pub key_blocks: usize,
+}
+
+/// Sums the fused backward's per-key-block dQ contributions in f32, `cfg.per_step` key
+/// blocks per step of the innermost (`arbitrary`) axis: their sum stays in registers, so the
+/// f32 accumulator is loaded and stored once per step, not once per key block, and not at all
+/// where one step takes every key block.
+#[tpu_kernel(grid = (B, H, SQ / cfg.bq, NKV / cfg.per_step),
              dimension_semantics = (parallel, parallel, parallel, arbitrary))]
 pub fn splash_dq_reduce<T: Element>(
     #[shape(NKV, B, H, SQ, D)]
-    #[block((None, None, None, bq, D), |b, h, i, j| (j, b, h, i, 0))]
+    #[block((cfg.per_step, None, None, cfg.bq, D), |b, h, i, j| (j, b, h, i, 0))]
     dq_partial: Ref<T>,
     #[shape(B, H, SQ, D)]
-    #[block((None, None, bq, D), |b, h, i, j| (b, h, i, 0))]
+    #[block((None, None, cfg.bq, D), |b, h, i, j| (b, h, i, 0))]
     dq: RefMut<T>,
-    #[scratch(bq, D)] acc: Scratch<f32>,
-    #[comptime] bq: usize,
+    #[scratch(cfg.bq, D)] acc: Scratch<f32>,
+    #[comptime] cfg: ReduceConfig,
 ) {
+    let part = |p: usize| cast_to(dq_partial.at(&[p.into(), all(), all()]).load(), DType::F32);
+    let mut sum = part(0);
+    for p in 1..cfg.per_step {
+        sum = sum + part(p);
+    }
+    if cfg.per_step == cfg.key_blocks {
+        dq.store(cast_to(sum, T::DTYPE));
+        return;
+    }
     let j = program_id(3);
     when(j.eq(0), || acc.store(0.0));
-    acc.store(acc.load() + cast_to(dq_partial.load(), DType::F32));
+    acc.store(acc.load() + sum);
     when(j.eq(num_programs(3) - 1), || {
         dq.store(cast_to(acc.load(), T::DTYPE))
     });
