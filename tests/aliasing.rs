@@ -1,7 +1,9 @@
 //! `input_output_aliases`: an output that is an input's buffer keeps the input's values where
 //! the kernel does not store (JAX's block-sparse tutorial relies on it), on the interpreter,
 //! the CPU plugin, mosaic-eval and for libtpu; without the alias, the blocks no grid step
-//! stores are reported by name rather than returned as NaN.
+//! stores are reported by name rather than returned as NaN. The input reads what earlier
+//! steps wrote back (an accumulator cycled through 3 blocks, as tokamax's dQ partials), and
+//! the interpreter refuses a read fewer than 3 steps after the write.
 
 mod common;
 
@@ -169,4 +171,80 @@ fn an_alias_of_another_shape_is_refused() {
         e.contains("aliases input `x` (i32[8, 128]) but is f32[8, 128]"),
         "{e}"
     );
+}
+
+/// `acc[i % cycle] += x[i]` at grid step `i` of `N`, through an input aliased to the
+/// output: each block of `acc` is read back `cycle` steps after it was written.
+#[tpu_kernel(grid = N)]
+fn accumulate_in_a_cycle(
+    #[shape(N, 8, C)]
+    #[block((None, 8, C), |i| (i, 0, 0))]
+    x: Ref<f32>,
+    #[shape(R, C)]
+    #[block((8, C), |i| (i % cycle, 0))]
+    acc_in: Ref<f32>,
+    #[shape(R, C)]
+    #[block((8, C), |i| (i % cycle, 0))]
+    #[alias(acc_in)]
+    acc: RefMut<f32>,
+    #[comptime] cycle: usize,
+) {
+    acc.store(acc_in.load() + x.load());
+}
+
+/// 12 steps' `x` and an `acc` of `cycle` blocks starting at 1.
+fn cycle_args(cycle: usize) -> Vec<HostArray> {
+    vec![
+        HostArray::random(DType::F32, [12, 8, 128], 3),
+        HostArray::from_f64(DType::F32, [8 * cycle, 128], &vec![1.0; 8 * cycle * 128]).unwrap(),
+    ]
+}
+
+/// What [`accumulate_in_a_cycle`] leaves in `acc`, in f64.
+fn cycle_reference(x: &HostArray, cycle: usize) -> Vec<f64> {
+    let x = x.to_f64_vec();
+    let block = 8 * 128;
+    (0..cycle * block)
+        .map(|e| {
+            let (b, at) = (e / block, e % block);
+            1.0 + (b..12)
+                .step_by(cycle)
+                .map(|i| x[i * block + at])
+                .sum::<f64>()
+        })
+        .collect()
+}
+
+#[test]
+fn an_aliased_input_reads_what_earlier_steps_wrote_back() {
+    for cycle in [3, 4] {
+        let args = cycle_args(cycle);
+        let want = cycle_reference(&args[0], cycle);
+        let def = accumulate_in_a_cycle(cycle);
+        for b in Backend::everywhere() {
+            let out = backend::run(&def, &args, b, &KernelRules::tpu())
+                .unwrap_or_else(|e| panic!("{} (cycle {cycle}): {e}", b.name()));
+            common::assert_close(&out[0].to_f64_vec(), &want, 1e-5, b.name());
+        }
+        let out = common::mosaic_eval(&def, &args, &KernelRules::tpu(), &RunOptions::default())
+            .unwrap_or_else(|e| panic!("{e}"));
+        common::assert_close(&out[0].to_f64_vec(), &want, 1e-5, "mosaic-eval");
+    }
+}
+
+#[test]
+fn a_read_too_soon_after_the_write_is_refused_by_the_interpreter() {
+    let e = interpret::run(
+        &accumulate_in_a_cycle(2),
+        &cycle_args(2),
+        &InterpretOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("acc_in"), "{e}");
+    assert!(
+        e.contains("grid step 2 reads block [0, 0] of the buffer `acc` aliases, which `acc` held at step 0, 2 step(s) before"),
+        "{e}"
+    );
+    assert!(e.contains("at least 3 steps before"), "{e}");
 }

@@ -13,6 +13,13 @@ use crate::ir::{
     ValueId,
 };
 
+/// How many grid steps after an output last held a block an input aliasing that output may
+/// read the block: Mosaic's pipeline keeps two buffers per operand, fetching a step's input
+/// blocks while earlier steps' output blocks are still being written back (tokamax's splash
+/// cycles its dQ partials through 3 blocks for this reason). The interpreter refuses a
+/// closer read.
+pub const ALIASED_READ_DISTANCE: usize = 3;
+
 /// The (sublane, lane) tile of a dtype on TPU: 32-bit types pack 8 rows, bf16 16, 8-bit 32.
 pub fn tpu_tile(dtype: DType) -> (usize, usize) {
     match dtype.size_bytes() {

@@ -76,7 +76,8 @@ pub struct OutputSpec {
     pub dtype: DType,
     pub shape: Vec<usize>,
     /// The custom call's operand whose buffer this output is (`output_operand_aliases`): it
-    /// starts with that operand's values rather than garbage.
+    /// starts with that operand's values rather than garbage, and the operand's blocks are
+    /// read from it (what earlier grid steps wrote back).
     pub aliases: Option<usize>,
 }
 
@@ -523,7 +524,13 @@ impl Module {
                         .zip(&window.bounds)
                         .map(|(i, s)| i * s)
                         .collect();
-                    m.buffers[buf] = arrays[w].window(&starts, &window.bounds);
+                    // An input an output aliases reads that output's buffer: what earlier
+                    // steps wrote back, the caller's values where none did.
+                    let source = outputs
+                        .iter()
+                        .position(|o| o.aliases == Some(n_prefetch + w))
+                        .map_or(w, |o| n_inputs + o);
+                    m.buffers[buf] = arrays[source].window(&starts, &window.bounds);
                 } else {
                     let o = w - n_inputs;
                     if tagged[o].as_deref() != Some(&bidx[..]) {

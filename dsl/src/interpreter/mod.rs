@@ -40,7 +40,7 @@ use crate::ir::{
     DType, DimSemantics, Inst, Kernel, Literal, Loc, MemorySpace, Op, OperandRole, RefId, Region,
     Slice, ValueId,
 };
-use crate::rules::KernelRules;
+use crate::rules::{KernelRules, ALIASED_READ_DISTANCE};
 use tensor::{for_each_index, Data, Tensor};
 
 /// How the interpreter runs a kernel.
@@ -377,6 +377,15 @@ impl<'k> Device<'k> {
         // Per blocked output, which of its elements some step stored (folded from the tags
         // when the tagged block changes, and at the end).
         let mut stored = StoredElements::new(k);
+        // An input an output aliases reads its blocks from that output's buffer, which holds
+        // what earlier steps wrote back (the caller's values where none has); the last step
+        // each of the output's blocks was resident at says whether that write-back is done.
+        let read_through: HashMap<RefId, RefId> = k
+            .operands_with(OperandRole::Output)
+            .filter_map(|(r, o)| Some((o.aliases?, r)))
+            .filter(|(_, out)| m.arrays.contains_key(out))
+            .collect();
+        let mut last_resident: HashMap<(RefId, Vec<usize>), usize> = HashMap::new();
         let parallel = m.parallel.clone();
         let outputs: Vec<RefId> = k
             .operands_with(OperandRole::Output)
@@ -416,7 +425,18 @@ impl<'k> Device<'k> {
                 let starts: Vec<usize> = bidx.iter().zip(&sizes).map(|(i, s)| i * s).collect();
                 match o.role {
                     OperandRole::Input => {
-                        let block = m.arrays[&r].window(&starts, &sizes);
+                        let source = match read_through.get(&r) {
+                            Some(&out) => {
+                                if let Some(&s) = last_resident.get(&(out, bidx.clone())) {
+                                    if n - s < ALIASED_READ_DISTANCE {
+                                        return Err(m.aliased_read_too_soon(r, out, &bidx, n, s));
+                                    }
+                                }
+                                out
+                            }
+                            None => r,
+                        };
+                        let block = m.arrays[&source].window(&starts, &sizes);
                         m.buffers.insert(r, block.reshape(&o.view_shape()));
                     }
                     OperandRole::Output => {
@@ -444,6 +464,11 @@ impl<'k> Device<'k> {
                         }
                     }
                     _ => {}
+                }
+            }
+            for out in read_through.values() {
+                if let Some((held, _)) = resident.get(out) {
+                    last_resident.insert((*out, held.clone()), n);
                 }
             }
             let body = &k.body;
@@ -834,6 +859,32 @@ impl<'k, 'w> Machine<'k, 'w> {
             format!(
                 "race: output block {bidx:?} is written by grid steps whose parallel dims {parallel:?} \
                  differ ({a:?} and {b:?}); mark the dim `arbitrary` or give each parallel step its own block"
+            ),
+        )
+    }
+
+    /// An input read through an alias a block its output held fewer than
+    /// [`ALIASED_READ_DISTANCE`] steps before.
+    fn aliased_read_too_soon(
+        &self,
+        input: RefId,
+        output: RefId,
+        bidx: &[usize],
+        step: usize,
+        held: usize,
+    ) -> KernelError {
+        let out = &self.k.operand(output).name;
+        self.error(
+            self.k.operand(input).loc,
+            self.k.describe(input),
+            format!(
+                "grid step {step} reads block {bidx:?} of the buffer `{out}` aliases, which \
+                 `{out}` held at step {held}, {} step(s) before: Mosaic's pipeline fetches a \
+                 step's input blocks before the previous steps' output blocks are written \
+                 back, so a block read through an alias must have been written at least \
+                 {ALIASED_READ_DISTANCE} steps before (cycle through {ALIASED_READ_DISTANCE} or \
+                 more blocks between a write and the read of the same block)",
+                step - held
             ),
         )
     }

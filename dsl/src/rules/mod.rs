@@ -15,7 +15,7 @@ use crate::tpu_facts::{semaphore_items, vmem_items, SEMAPHORE_MEMORY_BYTES};
 mod mosaic_copies;
 mod mosaic_ops;
 
-pub use crate::tpu_facts::{tpu_tile, vmem_bytes};
+pub use crate::tpu_facts::{tpu_tile, vmem_bytes, ALIASED_READ_DISTANCE};
 pub use mosaic_ops::check as check_mosaic_ops;
 
 /// Default scoped VMEM budget: v5e's 16 MiB default scoped limit.

@@ -436,7 +436,7 @@ impl<'k> Lower<'k> {
                 }
                 OperandRole::Input => {
                     let block = self
-                        .input_block(b, r, self.arrays[&r], &offsets)
+                        .input_block(b, r, self.input_array(r), &offsets)
                         .map_err(&e)?;
                     self.refs.insert(r, block);
                 }
@@ -501,6 +501,15 @@ impl<'k> Lower<'k> {
             self.out_arrays.insert(r, array);
         }
         Ok(())
+    }
+
+    /// The array input `r`'s blocks are read from: the values of the output aliasing it as
+    /// earlier steps left them (the caller's where none wrote), else the argument.
+    fn input_array(&self, r: RefId) -> hlo::Value {
+        self.outputs
+            .iter()
+            .find(|&&out| self.k.operand(out).aliases == Some(r))
+            .map_or(self.arrays[&r], |out| self.out_arrays[out])
     }
 
     /// A fresh (garbage) buffer for output `r` whose block is at `offsets` now, as the
@@ -684,7 +693,7 @@ impl<'k> Lower<'k> {
             let map = &self.k.operand(r).block.as_ref().expect("blocked").index_map;
             let offsets = self.block_offsets(b, r, map)?;
             let block = self
-                .input_block(b, r, self.arrays[&r], &offsets)
+                .input_block(b, r, self.input_array(r), &offsets)
                 .map_err(&e)?;
             self.refs.insert(r, block);
             sliced.push(r);

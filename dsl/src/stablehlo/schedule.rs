@@ -66,9 +66,19 @@ pub(crate) fn schedule(k: &Kernel, nb: usize) -> Schedule {
     let n = k.grid.len();
     let looped = |d: usize| d >= nb && k.grid[d] > 1;
     let mut s = Schedule::default();
+    // An input an output aliases is read from the output's values at every step: what
+    // earlier steps wrote back ([`crate::rules::ALIASED_READ_DISTANCE`]).
+    let read_through: BTreeSet<RefId> = k
+        .operands_with(OperandRole::Output)
+        .filter_map(|(_, o)| o.aliases)
+        .collect();
     for (i, o) in k.operands.iter().enumerate() {
         let Some(b) = &o.block else { continue };
         let r = RefId(i as u32);
+        if read_through.contains(&r) {
+            s.level.insert(r, n);
+            continue;
+        }
         let map = &b.index_map;
         let deps: Vec<usize> = (0..n)
             .filter(|&d| looped(d))
