@@ -316,6 +316,17 @@ fn splash_kernels_agree_with_the_interpreter() {
             segmented: true,
             sinks: false,
         },
+        // Fused backward over 4 key blocks: block 3 adds to the dQ partial block 0 wrote,
+        // read back through the alias.
+        SplashCase {
+            dtype: DType::BF16,
+            dims: dims(2, 1, 512),
+            mask: Mask::causal().into(),
+            blocks: BlockSizes::uniform(128, 128).with_fused_bwd(true),
+            options: SplashOptions::default(),
+            segmented: false,
+            sinks: false,
+        },
         SplashCase {
             dtype: DType::F32,
             dims: dims(2, 2, 256),

@@ -1,18 +1,18 @@
-//! The fused backward's dQ reduction (`splash_dq_reduce`) summing several key blocks' dQ
-//! contributions per grid step, with an f32 accumulator over steps and without one (a step
-//! that takes every key block), in f32 and bf16: on every backend and in mosaic-eval against
-//! an f64 sum, and compiled by libtpu for v5p. Splash's own backward tests run it at their
-//! sizes, where one step takes every key block.
+//! The fused backward's dQ reduction (`splash_dq_reduce`) summing several dQ partials per
+//! grid step, with an f32 accumulator over steps and without one (a step that takes every
+//! partial), in f32 and bf16: on every backend and in mosaic-eval against an f64 sum, and
+//! compiled by libtpu for v5p. Splash's own backward tests run it at their sizes, where one
+//! step takes every partial.
 
 mod common;
 
 use tessera::dsl::{with_float_type, DType, HostArray};
 use tessera::splash::kernels::{splash_dq_reduce, ReduceConfig};
 
-/// `[NKV, B, H, SQ, D]` contributions of 4 key blocks: B 1, H 2, SQ 256, D 128.
+/// `[NS, B, H, SQ, D]`: 4 dQ partials, B 1, H 2, SQ 256, D 128.
 const SHAPE: [usize; 5] = [4, 1, 2, 256, 128];
 
-/// Their sum over key blocks, in f64 (each contribution as its dtype holds it).
+/// Their sum, in f64 (each partial as its dtype holds it).
 fn reference(partials: &HostArray) -> Vec<f64> {
     let values = partials.to_f64_vec();
     let per_block: usize = SHAPE[1..].iter().product();
@@ -21,8 +21,8 @@ fn reference(partials: &HostArray) -> Vec<f64> {
         .collect()
 }
 
-/// The reduction of random contributions in `dtype`: 2 of 4 key blocks a step (an
-/// accumulator over 2 steps), all 4 (none), 1 (4 steps).
+/// The reduction of random partials in `dtype`: 2 of 4 a step (an accumulator over 2
+/// steps), all 4 (none), 1 (4 steps).
 fn cases(dtype: DType) -> Vec<common::Case> {
     let partials = HostArray::random(dtype, SHAPE.to_vec(), 7);
     let want = reference(&partials);
@@ -32,7 +32,7 @@ fn cases(dtype: DType) -> Vec<common::Case> {
             let cfg = ReduceConfig {
                 bq: 128,
                 per_step,
-                key_blocks: SHAPE[0],
+                partials: SHAPE[0],
             };
             let def = with_float_type!(dtype, T => splash_dq_reduce::<T>(cfg));
             (

@@ -553,6 +553,11 @@ fn py_stage(
     for a in &stage.args {
         match a {
             StageArg::Const(c) => args.append(("const", from_host(py, c)?))?,
+            // JAX gets the zeros as a constant, as any fixed argument.
+            StageArg::Zeros(spec) => {
+                let zeros = HostArray::zeros(spec.dtype, spec.shape.clone());
+                args.append(("const", from_host(py, &zeros)?))?
+            }
             StageArg::Tensor(t) => args.append(("tensor", tensor_name(*t)))?,
             StageArg::PerShard(_) => {
                 return Err(error(format!(

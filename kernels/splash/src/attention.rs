@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use tessera_backend::{Backend, RunError};
+use tessera_dsl::rules::ALIASED_READ_DISTANCE;
 use tessera_dsl::{with_float_type, ArgSpec, DType, HostArray, KernelDef, KernelRules, Lowering};
 
 use crate::block_sizes::{default_block, BlockSizes, NUM_LANES};
@@ -327,6 +328,9 @@ pub enum StageArg {
     /// One host array per shard of an SPMD program, all of one shape; each device uses the
     /// one of its shard (the tables of a [`ShardedSplash`](crate::ShardedSplash)).
     PerShard(Vec<HostArray>),
+    /// An array of zeros (a splat where lowered, a host array only where run on the host):
+    /// the fused backward's dQ partials start from it.
+    Zeros(ArgSpec),
 }
 
 /// One kernel launch: the kernel, its arguments (scalar prefetch then inputs), the tensors
@@ -755,6 +759,7 @@ impl SplashAttention {
         args.push(Self::mask_blocks(info));
         args.extend(residuals.clone());
         if b.use_fused_bwd_kernel {
+            args.push(StageArg::Zeros(self.tensor_spec(Tensor::DqPartial)));
             let def = with_segments(
                 with_float_type!(self.dtype, T => splash_bwd_fused::<T>(cfg)),
                 f,
@@ -767,14 +772,12 @@ impl SplashAttention {
                 active_steps: Some(self.computed_steps(info)),
             });
             let bq = default_block(self.dims.q_len);
-            let key_blocks = self.dims.kv_len / b.block_kv_dkv;
+            let slots = self.dq_slots();
+            let bytes = bq * self.dims.head_dim * self.dtype.size_bytes();
             let reduce = ReduceConfig {
                 bq,
-                per_step: dq_reduce_per_step(
-                    key_blocks,
-                    bq * self.dims.head_dim * self.dtype.size_bytes(),
-                ),
-                key_blocks,
+                per_step: dq_reduce_per_step(slots, bytes),
+                partials: slots,
             };
             let def = with_float_type!(self.dtype, T => splash_dq_reduce::<T>(reduce));
             stages.push(Stage {
@@ -831,6 +834,13 @@ impl SplashAttention {
         self.dims.check_output_like("dout", self.dtype, dout)
     }
 
+    /// How many dQ partials the fused backward keeps: one per key block up to
+    /// [`ALIASED_READ_DISTANCE`] (3), which key block `j` adds to in turn (`j % slots`), so
+    /// that a partial is read back at least 3 grid steps after it was written.
+    pub fn dq_slots(&self) -> usize {
+        (self.dims.kv_len / self.block_sizes.block_kv_dkv).clamp(1, ALIASED_READ_DISTANCE)
+    }
+
     /// The dtype and shape of a plan tensor (what the kernels of [`Self::forward_plan`] and
     /// [`Self::backward_plan`] take and produce).
     pub fn tensor_spec(&self, t: Tensor) -> ArgSpec {
@@ -846,10 +856,7 @@ impl SplashAttention {
             Tensor::KvSegments => ArgSpec::new(DType::I32, [b, 1, skv]),
             Tensor::Sinks => ArgSpec::new(f32, [h]),
             Tensor::Lse | Tensor::Di => ArgSpec::new(f32, [b, h, 1, sq]),
-            Tensor::DqPartial => ArgSpec::new(
-                dt,
-                [skv / self.block_sizes.block_kv_dkv, b, h, sq, d.head_dim],
-            ),
+            Tensor::DqPartial => ArgSpec::new(dt, [self.dq_slots(), b, h, sq, d.head_dim]),
             Tensor::DSinks => ArgSpec::new(f32, [h, 1, 1]),
         }
     }
@@ -945,6 +952,7 @@ pub fn run_plan(
                 StageArg::PerShard(_) => Err(SplashError::Internal(PlanBug::PerShardOnOneDevice {
                     kernel: stage.def.name().to_string(),
                 })),
+                StageArg::Zeros(spec) => Ok(HostArray::zeros(spec.dtype, spec.shape.clone())),
             })
             .collect::<Result<Vec<_>, _>>()?;
         let outs = exec.run(&stage.def, &args, rules)?;
@@ -969,6 +977,7 @@ pub fn stage_specs(stage: &Stage, tensor: impl Fn(Tensor) -> ArgSpec) -> Vec<Arg
             StageArg::Const(c) => ArgSpec::of(c),
             StageArg::Tensor(t) => tensor(*t),
             StageArg::PerShard(shards) => ArgSpec::of(&shards[0]),
+            StageArg::Zeros(spec) => spec.clone(),
         })
         .collect()
 }
@@ -1007,19 +1016,19 @@ fn check_finite(name: &str, a: &HostArray) -> Result<(), SplashError> {
     }
 }
 
-/// Input bytes one step of the dQ reduction reads at most (its block of dQ contributions,
+/// Input bytes one step of the dQ reduction reads at most (its block of dQ partials,
 /// double-buffered in VMEM like any input block).
 const DQ_REDUCE_STEP_BYTES: usize = 512 * 1024;
 
-/// How many of `key_blocks` dQ contributions (of `bytes` each) the reduction sums per step:
-/// the most that divide them and fit [`DQ_REDUCE_STEP_BYTES`], at least one. At S 4096,
-/// blocks 512 (8 key blocks, 128 KiB each in bf16) that is 4: 50,212 -> 16,104 cycles per
-/// core on v5p, in 1.66 MiB of scoped VMEM (0.75 MiB one at a time), under the fused
-/// kernel's 2.14 MiB.
-fn dq_reduce_per_step(key_blocks: usize, bytes: usize) -> usize {
-    (1..=key_blocks)
+/// How many of `partials` dQ partials (of `bytes` each) the reduction sums per step: the most
+/// that divide them and fit [`DQ_REDUCE_STEP_BYTES`], at least one. The fused backward's 3
+/// partials of 128 KiB (512 rows, D 128, bf16) take one step (1.0 MiB of scoped VMEM). With a
+/// partial per key block (S 8192, blocks 512: 16) one a step took 193,220 cycles per core on
+/// v5p, four a step 39,240.
+fn dq_reduce_per_step(partials: usize, bytes: usize) -> usize {
+    (1..=partials)
         .rev()
-        .find(|&n| key_blocks % n == 0 && n * bytes <= DQ_REDUCE_STEP_BYTES)
+        .find(|&n| partials % n == 0 && n * bytes <= DQ_REDUCE_STEP_BYTES)
         .unwrap_or(1)
 }
 
@@ -1028,7 +1037,7 @@ mod tests {
     use super::dq_reduce_per_step;
 
     #[test]
-    fn the_dq_reduction_sums_the_most_key_blocks_that_divide_them_and_fit() {
+    fn the_dq_reduction_sums_the_most_partials_that_divide_them_and_fit() {
         const KIB: usize = 1024;
         assert_eq!(dq_reduce_per_step(8, 128 * KIB), 4);
         assert_eq!(dq_reduce_per_step(16, 128 * KIB), 4);

@@ -43,11 +43,8 @@ impl SplashAttention {
             "splash_dkv" => matmuls(4.0),
             // rowsum(out * dout).
             "splash_bwd_prep" => 2.0 * rows * d.head_dim_v as f64,
-            // One addition per key block and element of dq.
-            "splash_dq_reduce" => {
-                let key_blocks = d.kv_len / self.block_sizes().block_kv_dkv;
-                key_blocks as f64 * rows * d.head_dim as f64
-            }
+            // One addition per dQ partial and element of dq.
+            "splash_dq_reduce" => self.dq_slots() as f64 * rows * d.head_dim as f64,
             _ => 0.0,
         }
     }

@@ -1144,8 +1144,13 @@ pub fn splash_dkv<T: Element>(
 }
 
 /// The fused backward: dK and dV as [`splash_dkv`], plus each (key block, query block)'s dQ
-/// contribution in `dq_partial[key block]` (zero for skipped blocks; in the inputs' dtype,
-/// as dQ itself), reduced over key blocks in f32 by [`splash_dq_reduce`]. Its tables are not shrunk: every query block has a slot.
+/// contribution added to one of `NS` dQ partials (in the inputs' dtype, as dQ itself): key
+/// block `j` adds to partial `j % NS`, reading it through `dq_in`, the buffer `dq_partial`
+/// aliases (zeros at the start), and [`splash_dq_reduce`] sums the partials in f32. With
+/// `NS` 3 ([`SplashAttention::dq_slots`](crate::SplashAttention::dq_slots)) a partial block
+/// is read 3 key blocks (at least 3 grid steps) after it was written, as Mosaic's pipeline
+/// needs; tokamax keeps its dQ partials so. A skipped block's step copies its partial
+/// through. Its tables are not shrunk: every query block has a slot.
 #[tpu_kernel(grid = (B, KVH, NKV, H / KVH, NQ),
              dimension_semantics = (parallel, parallel, arbitrary, arbitrary, arbitrary))]
 pub fn splash_bwd_fused<T: Element>(
@@ -1182,8 +1187,12 @@ pub fn splash_bwd_fused<T: Element>(
     #[shape(B, H, 1, SQ)]
     #[block((None, None, 1, cfg.bq), |b, kh, j, g, i| (b, q_head(kh, g, H / KVH), 0, i))]
     di: Ref<f32>,
-    #[shape(NKV, B, H, SQ, D)]
-    #[block((None, None, None, cfg.bq, D), |b, kh, j, g, i| (j, b, q_head(kh, g, H / KVH), i, 0))]
+    #[shape(NS, B, H, SQ, D)]
+    #[block((None, None, None, cfg.bq, D), |b, kh, j, g, i| (j % NS, b, q_head(kh, g, H / KVH), i, 0))]
+    dq_in: Ref<T>,
+    #[shape(NS, B, H, SQ, D)]
+    #[block((None, None, None, cfg.bq, D), |b, kh, j, g, i| (j % NS, b, q_head(kh, g, H / KVH), i, 0))]
+    #[alias(dq_in)]
     dq_partial: RefMut<T>,
     #[shape(B, KVH, SKV, D)]
     #[block((None, None, cfg.bkv, D), |b, kh, j, g, i| (b, kh, j, 0))]
@@ -1205,7 +1214,8 @@ pub fn splash_bwd_fused<T: Element>(
         dk.store(scaled_k(&cfg, k.load()));
     });
     let kind = block_mask.get([row, j, i]);
-    dq_partial.store(0.0);
+    // What the partial holds so far; a computed block stores it with its contribution.
+    dq_partial.store(dq_in.load());
     let refs = DkvRefs {
         mask: MaskRefs {
             offsets,
@@ -1223,10 +1233,16 @@ pub fn splash_bwd_fused<T: Element>(
         dk_acc,
         dv_acc,
     };
+    let add = |rows: tessera_dsl::Idx, dq: Value| {
+        let held = cast_to(dq_in.at(&[rows, all()]).load(), DType::F32);
+        dq_partial
+            .at(&[rows, all()])
+            .store(cast_to(held + dq, T::DTYPE));
+    };
     let step = |masked: bool| {
         let dq = dkv_step(&cfg, masked, (i, j, h), &refs, true);
         if let Some(dq) = dq {
-            dq_partial.store(cast_to(dq, T::DTYPE));
+            add(all(), dq);
         }
     };
     if cfg.any_full {
@@ -1239,9 +1255,7 @@ pub fn splash_bwd_fused<T: Element>(
         when(kind.eq(DIAGONAL), || {
             let parts = dkv_diagonal_step(&cfg, sub, (i, j, h), &refs, true);
             for (a, part) in parts.into_iter().enumerate() {
-                dq_partial
-                    .at(&[ds(a * sub, sub), all()])
-                    .store(cast_to(part, T::DTYPE));
+                add(ds(a * sub, sub), part);
             }
         });
     }
@@ -1257,16 +1271,16 @@ pub fn splash_bwd_fused<T: Element>(
 pub struct ReduceConfig {
     /// Query rows per block.
     pub bq: usize,
-    /// Key blocks' contributions summed per grid step (a divisor of `key_blocks`).
+    /// Partials summed per grid step (a divisor of `partials`).
     pub per_step: usize,
-    /// Key blocks in all.
-    pub key_blocks: usize,
+    /// dQ partials in all.
+    pub partials: usize,
 }
 
-/// Sums the fused backward's per-key-block dQ contributions in f32, `cfg.per_step` key
-/// blocks per step of the innermost (`arbitrary`) axis: their sum stays in registers, so the
-/// f32 accumulator is loaded and stored once per step, not once per key block, and not at all
-/// where one step takes every key block.
+/// Sums the fused backward's dQ partials in f32, `cfg.per_step` of them per step of the
+/// innermost (`arbitrary`) axis: their sum stays in registers, so the f32 accumulator is
+/// loaded and stored once per step, not once per partial, and not at all where one step takes
+/// every partial.
 #[tpu_kernel(grid = (B, H, SQ / cfg.bq, NKV / cfg.per_step),
              dimension_semantics = (parallel, parallel, parallel, arbitrary))]
 pub fn splash_dq_reduce<T: Element>(
@@ -1284,7 +1298,7 @@ pub fn splash_dq_reduce<T: Element>(
     for p in 1..cfg.per_step {
         sum = sum + part(p);
     }
-    if cfg.per_step == cfg.key_blocks {
+    if cfg.per_step == cfg.partials {
         dq.store(cast_to(sum, T::DTYPE));
         return;
     }

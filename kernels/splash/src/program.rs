@@ -63,6 +63,7 @@ pub fn lower_stages_on_shard(
                     })?;
                     shard_constant(f, arrays, shard)?
                 }
+                StageArg::Zeros(spec) => f.splat(0.0, tensor_type(spec.dtype, &spec.shape))?,
             });
         }
         let mut specs = Vec::with_capacity(args.len());
@@ -79,7 +80,7 @@ pub fn lower_stages_on_shard(
             .map(|a| match a {
                 StageArg::Const(c) => ArgValues::Same(c),
                 StageArg::PerShard(arrays) => ArgValues::PerShard(arrays),
-                StageArg::Tensor(_) => ArgValues::Unknown,
+                StageArg::Tensor(_) | StageArg::Zeros(_) => ArgValues::Unknown,
             })
             .collect();
         let facts = CallFacts {

@@ -89,6 +89,7 @@ fn build_splash(p: &Params, kernel: &str) -> Result<Built, RegistryError> {
         .iter()
         .map(|a| match a {
             StageArg::Const(c) => Some(c.clone()),
+            StageArg::Zeros(spec) => Some(HostArray::zeros(spec.dtype, spec.shape.clone())),
             _ => None,
         })
         .collect();
@@ -221,6 +222,7 @@ fn splash_inputs(p: &Params, kernel: &str, seed: u64) -> Result<Vec<HostArray>, 
         .iter()
         .map(|a| match a {
             StageArg::Const(c) => Ok(c.clone()),
+            StageArg::Zeros(spec) => Ok(HostArray::zeros(spec.dtype, spec.shape.clone())),
             StageArg::Tensor(t) => Ok(env[t].clone()),
             StageArg::PerShard(_) => Err(RegistryError::NoReference {
                 kernel: kernel.to_string(),
@@ -307,11 +309,22 @@ fn splash_reference_of(
             },
             Tensor::Dk => grads.as_ref().ok_or_else(missing)?.dk.clone(),
             Tensor::Dv => grads.as_ref().ok_or_else(missing)?.dv.clone(),
-            Tensor::DqPartial => splash_reference::dq_per_key_block(
-                reference.as_ref().ok_or_else(missing)?,
-                dout.as_deref().ok_or_else(missing)?,
-                attn.block_sizes().block_kv_dkv,
-            ),
+            Tensor::DqPartial => {
+                // Key block `j`'s contribution is in partial `j % slots`.
+                let per_block = splash_reference::dq_per_key_block(
+                    reference.as_ref().ok_or_else(missing)?,
+                    dout.as_deref().ok_or_else(missing)?,
+                    attn.block_sizes().block_kv_dkv,
+                );
+                let slots = attn.dq_slots();
+                let len = d.batch * d.heads * d.q_len * d.head_dim;
+                let mut partials = vec![0.0; slots * len];
+                for (j, block) in per_block.chunks(len).enumerate() {
+                    let slot = &mut partials[(j % slots) * len..][..len];
+                    slot.iter_mut().zip(block).for_each(|(p, x)| *p += x);
+                }
+                partials
+            }
             _ => return Err(missing()),
         });
     }
@@ -416,6 +429,7 @@ const SPLASH_PARAMS: &[ParamInfo] = &[
             ("lse", 0),
             ("di", 0),
             ("dq_partial", 1),
+            ("dq_in", 1),
         ],
     ),
     ParamInfo::size(
@@ -429,6 +443,7 @@ const SPLASH_PARAMS: &[ParamInfo] = &[
             ("lse", 1),
             ("di", 1),
             ("dq_partial", 2),
+            ("dq_in", 2),
         ],
     ),
     ParamInfo::size(
@@ -449,6 +464,7 @@ const SPLASH_PARAMS: &[ParamInfo] = &[
             ("lse", 2),
             ("di", 2),
             ("dq_partial", 3),
+            ("dq_in", 3),
         ],
     ),
     ParamInfo::size(
@@ -468,6 +484,7 @@ const SPLASH_PARAMS: &[ParamInfo] = &[
             ("out", 3),
             ("dout", 3),
             ("dq_partial", 4),
+            ("dq_in", 4),
         ],
     ),
 ];

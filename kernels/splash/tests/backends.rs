@@ -27,6 +27,27 @@ fn causal_gqa_fused_backward() {
 }
 
 #[test]
+fn fused_backward_cycles_four_key_blocks_through_three_dq_partials() {
+    // Key block 3 adds to partial 0 after blocks 0-2: 3 grid steps later with one query
+    // block (the closest Mosaic's pipeline allows), 24 later with 4 query blocks and 2 heads
+    // a key/value head.
+    let mut c = Case::new(
+        "causal/mha/512x128/fused",
+        dims(1, 2, 2, 512, 64),
+        Mask::causal(),
+    );
+    c.blocks = BlockSizes::uniform(512, 128).with_fused_bwd(true);
+    check_all(&c);
+    let mut c = Case::new(
+        "causal/gqa/128x128/S512/fused",
+        dims(1, 4, 2, 512, 64),
+        Mask::causal(),
+    );
+    c.blocks = BlockSizes::uniform(128, 128).with_fused_bwd(true);
+    check_all(&c);
+}
+
+#[test]
 fn causal_with_negative_offset_mqa_has_empty_rows() {
     // Rows 0..40 see no key: out 0 and lse -inf (the reference agrees), gradients 0.
     let c = Case::new(
