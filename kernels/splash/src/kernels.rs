@@ -1281,10 +1281,10 @@ pub struct ReduceConfig {
 /// innermost (`arbitrary`) axis: their sum stays in registers, so the f32 accumulator is
 /// loaded and stored once per step, not once per partial, and not at all where one step takes
 /// every partial.
-#[tpu_kernel(grid = (B, H, SQ / cfg.bq, NKV / cfg.per_step),
+#[tpu_kernel(grid = (B, H, SQ / cfg.bq, NS / cfg.per_step),
              dimension_semantics = (parallel, parallel, parallel, arbitrary))]
 pub fn splash_dq_reduce<T: Element>(
-    #[shape(NKV, B, H, SQ, D)]
+    #[shape(NS, B, H, SQ, D)]
     #[block((cfg.per_step, None, None, cfg.bq, D), |b, h, i, j| (j, b, h, i, 0))]
     dq_partial: Ref<T>,
     #[shape(B, H, SQ, D)]
