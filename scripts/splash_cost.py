@@ -298,7 +298,7 @@ def main():
     if a.markdown:
         print(markdown(a.out_prefix))
         print()
-        print(fused_markdown(a.out_prefix))
+        print(backward_markdown(a.out_prefix))
         return
     configs = QUICK if a.quick else CONFIGS
     paths = {"jax": a.out_prefix + ".jax.tsv", "tessera": a.out_prefix + ".tessera.tsv"}
@@ -325,8 +325,8 @@ def main():
 
 
 def markdown(prefix):
-    """The table of docs/tpu.md: per configuration and kernel role, tessera's cycles per core
-    against JAX's (and tokamax's best grid from tokamax_cost.tsv: its forward without
+    """The first table of docs/tpu.md: per configuration and kernel role, tessera's cycles per
+    core against JAX's (and tokamax's best grid from tokamax_cost.tsv: its forward without
     residuals in the forward pass, with them in the backward ones; its fused dK/dV), then
     tessera / JAX over all cores, scoped VMEM and temporaries."""
     jax = {config_of(r) + (r["role"],): r for r in read_tsv(prefix + ".jax.tsv")}
@@ -355,7 +355,7 @@ def markdown(prefix):
             continue
         # tokamax's forward: without residuals for the forward pass, with them (its `bwd`
         # rows) for the forward of both backward passes; its fused dK/dV kernel for tessera's
-        # fused kernel (the whole passes are in fused_markdown's table).
+        # fused kernel (the whole passes are in backward_markdown's table).
         tk_pass = "fwd" if t["pass"] == "fwd" else "bwd" if t["role"] == "fwd" else t["pass"]
         tk = tokamax.get((tk_pass,) + config_of(t)[1:] + (t["role"],))
         tk_cell = (f"{n(tk['cycles_per_core'])} ({ratio(t['cycles_per_core'], tk['cycles_per_core'])})"
@@ -372,18 +372,20 @@ def markdown(prefix):
     return "\n".join(lines)
 
 
-def fused_markdown(prefix):
-    """The fused backward as a pass (docs/tpu.md's second table): tessera's backward kernels
-    (the fused kernel, its `di` prep and the dq reduction) summed, against JAX 0.12's fused
-    dK/dV kernel and tokamax's (from tokamax_cost.tsv: as MaxText 0.2.5 calls it, and with its
-    diagonal skip at its better grid). The peers' own XLA ops of the pass (their `di`, their
-    dq partials' sum) are not counted: they favour the peers."""
-    def backward(rows):
+def backward_markdown(prefix):
+    """The backward as a pass (docs/tpu.md's second table): tessera's backward kernels summed
+    (dQ and dK/dV, or the fused kernel and the dQ reduction; the `di` prep in both), against
+    JAX 0.12's (its dQ and dK/dV kernels, or its fused dK/dV kernel) and, for the fused
+    backward, tokamax's fused dK/dV kernel (from tokamax_cost.tsv: as MaxText 0.2.5 calls it,
+    and with its diagonal skip at its better grid; tokamax has no separate backward). The
+    peers' own XLA ops of the pass (their `di`, the sum of their dQ partials) are not counted:
+    they favour the peers."""
+    def backward(rows, pass_):
         """Per configuration: cycles per core and over the cores summed over the backward's
         kernels, their largest scoped VMEM, and the program's temporaries."""
         out = {}
         for r in rows:
-            if r["pass"] != "fused" or r["role"] == "fwd":
+            if r["pass"] != pass_ or r["role"] == "fwd":
                 continue
             c = out.setdefault(config_of(r)[1:], [0, 0, 0, int(r["program_temp_bytes"])])
             c[0] += int(r["cycles_per_core"])
@@ -391,37 +393,41 @@ def fused_markdown(prefix):
             c[2] = max(c[2], int(r["scoped_vmem_bytes"]))
         return out
 
-    tess = backward(read_tsv(prefix + ".tessera.tsv"))
-    jax = backward(read_tsv(prefix + ".jax.tsv"))
+    tessera_rows = read_tsv(prefix + ".tessera.tsv")
+    jax_rows = read_tsv(prefix + ".jax.tsv")
     tk_rows = read_tsv(os.path.join(os.path.dirname(prefix), "tokamax_cost.tsv"))
-    maxtext = backward([r for r in tk_rows if r["impl"] == "tokamax-maxtext"])
+    maxtext = backward([r for r in tk_rows if r["impl"] == "tokamax-maxtext"], "fused")
     skip = {}
     for impl in sorted({r["impl"] for r in tk_rows if r["impl"].startswith("tokamax-grid")}):
-        for k, c in backward([r for r in tk_rows if r["impl"] == impl]).items():
+        for k, c in backward([r for r in tk_rows if r["impl"] == impl], "fused").items():
             if k not in skip or c[0] < skip[k][0]:
                 skip[k] = c
     n = lambda x: f"{x:,}"
+    mib = lambda b: f"{b / 2**20:.1f}"
     lines = [
-        "| heads | S | blocks | tessera: fused + prep + dq reduce, cycles per core / all "
-        "cores | JAX 0.12 fused dK/dV (one core) | tokamax as MaxText 0.2.5 calls it (one "
-        "core) | tokamax with its diagonal skip (one core) | tessera / best peer, per core "
-        "| all cores | scoped VMEM, tessera / best peer | temporaries MiB, tessera / JAX / "
-        "tokamax |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| pass | heads | S | blocks | tessera's backward kernels, cycles per core / all "
+        "cores | JAX 0.12's (dQ + dK/dV, or fused dK/dV; one core) | tokamax as MaxText 0.2.5 "
+        "calls it (one core) | tokamax with its diagonal skip (one core) | tessera / best "
+        "peer, per core | all cores | scoped VMEM, tessera / best peer | temporaries MiB, "
+        "tessera / JAX / tokamax |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for k in sorted(tess, key=lambda k: (-k[0], k[1], k[2])):
-        if not all(k in peer for peer in (jax, maxtext, skip)):
-            continue
-        t, peers = tess[k], [jax[k], maxtext[k], skip[k]]
-        best = lambda i: min(p[i] for p in peers)
-        kvh, seq, block = k
-        heads = "MHA" if kvh == HEADS else f"GQA {HEADS}/{kvh}"
-        mib = lambda b: f"{b / 2**20:.1f}"
-        lines.append(
-            f"| {heads} | {seq} | {block} | {n(t[0])} / {n(t[1])} | {n(jax[k][0])} | "
-            f"{n(maxtext[k][0])} | {n(skip[k][0])} | {t[0] / best(0):.3f} | "
-            f"{t[1] / best(1):.3f} | {t[2] / best(2):.3f} | "
-            f"{mib(t[3])} / {mib(jax[k][3])} / {mib(min(maxtext[k][3], skip[k][3]))} |")
+    for pass_, label in (("bwd", "dq + dkv"), ("fused", "fused")):
+        tess, jax = backward(tessera_rows, pass_), backward(jax_rows, pass_)
+        for k in sorted(tess, key=lambda k: (-k[0], k[1], k[2])):
+            tokamax = [maxtext.get(k), skip.get(k)] if pass_ == "fused" else []
+            if k not in jax or None in tokamax:
+                continue
+            t, peers = tess[k], [jax[k]] + tokamax
+            best = lambda i: min(p[i] for p in peers)
+            kvh, seq, block = k
+            heads = "MHA" if kvh == HEADS else f"GQA {HEADS}/{kvh}"
+            tk_cells = (f"{n(tokamax[0][0])} | {n(tokamax[1][0])}" if tokamax else "- | -")
+            tk_temp = mib(min(p[3] for p in tokamax)) if tokamax else "-"
+            lines.append(
+                f"| {label} | {heads} | {seq} | {block} | {n(t[0])} / {n(t[1])} | "
+                f"{n(jax[k][0])} | {tk_cells} | {t[0] / best(0):.3f} | {t[1] / best(1):.3f} | "
+                f"{t[2] / best(2):.3f} | {mib(t[3])} / {mib(jax[k][3])} / {tk_temp} |")
     return "\n".join(lines)
 
 
