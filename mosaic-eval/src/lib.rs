@@ -486,6 +486,17 @@ impl Module {
         // The output block each output's tags describe: resident in the sequential order,
         // which the check follows whether or not the grid is split between cores.
         let mut tagged: Vec<Option<Vec<usize>>> = vec![None; outputs.len()];
+        // Where each input's blocks are read from: an input an output aliases reads that
+        // output's buffer (what earlier steps wrote back, the caller's values where none
+        // did), any other its own array.
+        let read_from: Vec<usize> = (0..n_inputs)
+            .map(|w| {
+                outputs
+                    .iter()
+                    .position(|o| o.aliases == Some(n_prefetch + w))
+                    .map_or(w, |o| n_inputs + o)
+            })
+            .collect();
         let (steps, second_core) = split_between_cores(&grid, &semantics, options.megacore);
         for (n, step) in steps.into_iter().enumerate() {
             if second_core == Some(n) {
@@ -524,13 +535,7 @@ impl Module {
                         .zip(&window.bounds)
                         .map(|(i, s)| i * s)
                         .collect();
-                    // An input an output aliases reads that output's buffer: what earlier
-                    // steps wrote back, the caller's values where none did.
-                    let source = outputs
-                        .iter()
-                        .position(|o| o.aliases == Some(n_prefetch + w))
-                        .map_or(w, |o| n_inputs + o);
-                    m.buffers[buf] = arrays[source].window(&starts, &window.bounds);
+                    m.buffers[buf] = arrays[read_from[w]].window(&starts, &window.bounds);
                 } else {
                     let o = w - n_inputs;
                     if tagged[o].as_deref() != Some(&bidx[..]) {
