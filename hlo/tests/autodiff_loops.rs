@@ -551,3 +551,165 @@ fn a_rule_in_a_nested_scan_reads_the_outer_body_s_index() {
     );
     assert!(m.fd_rel_err < 1e-8, "{m:?}");
 }
+
+/// The RNN scan of `rnn_scan` with the values `keep` names marked with
+/// `FuncBuilder::keep_for_backward`: `"wh"` (the product), `"h"` (the new state, also the
+/// carry and the stacked output).
+fn rnn_scan_keeping(
+    f: &mut FuncBuilder<'_>,
+    a: &[Value],
+    keep: &[&str],
+) -> Result<Vec<Value>, HloError> {
+    let n = f.value_type(a[1])?.dims[0] as usize;
+    let (h0, w, x) = (a[0], a[1], a[2]);
+    let out = f.scan(n, &[h0], &[x], |f, i, carry, xs| {
+        let wi = layer(f, w, i)?;
+        let mut wh = f.dot_general(
+            wi,
+            carry[0],
+            &DotDims::contracting([1], [0]),
+            DType::F32,
+            None,
+        )?;
+        if keep.contains(&"wh") {
+            wh = f.keep_for_backward(wh)?;
+        }
+        let pre = f.add(wh, xs[0])?;
+        let mut h = f.tanh(pre)?;
+        if keep.contains(&"h") {
+            h = f.keep_for_backward(h)?;
+        }
+        Ok::<_, HloError>((vec![h], vec![h]))
+    })?;
+    Ok(vec![out.carry[0], out.ys[0]])
+}
+
+#[test]
+fn kept_values_give_the_gradient_of_the_unrolled_loop() {
+    let n = 4;
+    for keep in [&["wh"][..], &["h"], &["wh", "h"]] {
+        assert_scan_equals_unrolled(
+            &format!("rnn keeping {keep:?}"),
+            &rnn_inputs(n, 140),
+            n,
+            17,
+            &|f, a| rnn_scan_keeping(f, a, keep),
+            &|f, a| rnn_unrolled(f, a),
+        );
+    }
+}
+
+#[test]
+fn a_kept_value_is_read_from_the_forward_not_recomputed() {
+    // The backward re-runs the body without the kept product: one dot fewer in its loop
+    // (forward 1, re-run 1, the rule's 2 without keeping; the rule's 2 with it), and the
+    // forward saves one buffer more.
+    let types = [
+        f32t(&[D as i64]),
+        f32t(&[3, D as i64, D as i64]),
+        f32t(&[3, D as i64]),
+    ];
+    let text = |keep: &'static [&'static str]| {
+        program(
+            "kept",
+            1,
+            &types,
+            &move |f, a| rnn_scan_keeping(f, a, keep),
+            true,
+        )
+        .unwrap()
+        .to_mlir()
+    };
+    let (recomputed, kept) = (text(&[]), text(&["wh"]));
+    let dots = |t: &str| t.matches("stablehlo.dot_general").count();
+    assert_eq!(dots(&recomputed), 4, "{recomputed}");
+    assert_eq!(dots(&kept), 3, "{kept}");
+    let dus = |t: &str| t.matches("stablehlo.dynamic_update_slice").count();
+    assert_eq!(dus(&kept), dus(&recomputed) + 1, "{kept}");
+}
+
+#[test]
+fn a_kept_collective_is_not_run_again_in_the_backward() {
+    // h = tanh(all_reduce_sum(w_i h) + x_i) on two devices, the all-reduce's result kept:
+    // the backward holds only its transpose (without the mark, also the re-run's copy).
+    const DEVICES: usize = 2;
+    let n = 3;
+    let inputs: Vec<Vec<HostArray>> = (0..DEVICES)
+        .map(|d| rnn_inputs(n, 160 + 10 * d as u64))
+        .collect();
+    let forward = |keep: bool| {
+        move |f: &mut FuncBuilder<'_>, a: &[Value]| -> Result<Vec<Value>, HloError> {
+            let (h0, w, x) = (a[0], a[1], a[2]);
+            let out = f.scan(n, &[h0], &[x], |f, i, carry, xs| {
+                let wi = layer(f, w, i)?;
+                let dims = DotDims::contracting([1], [0]);
+                let wh = f.dot_general(wi, carry[0], &dims, DType::F32, None)?;
+                let mut all =
+                    f.all_reduce(wh, Reducer::Sum, &[vec![0, 1]], Grouping::FlattenedIds)?;
+                if keep {
+                    all = f.keep_for_backward(all)?;
+                }
+                let pre = f.add(all, xs[0])?;
+                Ok::<_, HloError>((vec![f.tanh(pre)?], vec![]))
+            })?;
+            Ok(vec![out.carry[0]])
+        }
+    };
+    let m = check("scan with a kept all_reduce", &inputs, &forward(true));
+    assert!(m.fd_rel_err < 1e-8, "{m:?}");
+    let types: Vec<TensorType> = inputs[0].iter().map(fd::type_of).collect();
+    let count = |keep: bool| {
+        program("kept", DEVICES, &types, &forward(keep), true)
+            .unwrap()
+            .to_mlir()
+            .matches("\"stablehlo.all_reduce\"")
+            .count()
+    };
+    assert_eq!((count(false), count(true)), (3, 2));
+}
+
+#[test]
+fn a_kept_custom_vjp_output_leaves_the_unit_out_of_the_re_run() {
+    // The unit (doublings in a loop with a run-time trip count) runs in the forward only:
+    // loops without the mark: forward scan, its unit, backward scan, the re-run's unit.
+    let inputs = [
+        uniform(&[4], -1.0, 1.0, 190),
+        uniform(&[3, 4], -1.0, 1.0, 191),
+        fd::index(2),
+    ];
+    let forward = |keep: bool| {
+        move |f: &mut FuncBuilder<'_>, a: &[Value]| -> Result<Vec<Value>, HloError> {
+            let (h0, xs, k) = (a[0], a[1], a[2]);
+            let out = f.scan(3, &[h0], &[xs], |f, _, c, x| {
+                let s = f.sin(c[0])?;
+                let y = f.custom_vjp(Rc::new(Doublings(2)), &[s], |f, v| {
+                    let lo = f.scalar(0.0, DType::I32)?;
+                    f.fori_loop(lo, k, &[v[0]], |b, _, d| -> Result<_, HloError> {
+                        Ok(vec![b.add(d[0], d[0])?])
+                    })
+                })?;
+                let y = if keep {
+                    f.keep_for_backward(y[0])?
+                } else {
+                    y[0]
+                };
+                let quarter = f.splat(0.25, f32t(&[4]))?;
+                let y = f.mul(y, quarter)?;
+                let pre = f.add(y, x[0])?;
+                Ok::<_, HloError>((vec![f.tanh(pre)?], vec![]))
+            })?;
+            Ok(vec![out.carry[0]])
+        }
+    };
+    let m = check1("kept custom_vjp output", &inputs, &forward(true));
+    assert!(m.fd_rel_err < 1e-8, "{m:?}");
+    let types: Vec<TensorType> = inputs.iter().map(fd::type_of).collect();
+    let loops = |keep: bool| {
+        program("kept", 1, &types, &forward(keep), true)
+            .unwrap()
+            .to_mlir()
+            .matches("stablehlo.while")
+            .count()
+    };
+    assert_eq!((loops(false), loops(true)), (4, 3));
+}

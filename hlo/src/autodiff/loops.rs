@@ -12,17 +12,21 @@
 //! (recomputed), carried values the body passes through unchanged (their initial value
 //! serves), and buffers the body only writes with `dynamic_update_slice` (e.g. a scan's
 //! stacked outputs: their backward needs no value). The forward thus holds `N` copies of the
-//! carry; nothing inside the body is saved.
+//! carry; of the values inside the body, only those marked with
+//! [`FuncBuilder::keep_for_backward`] are saved (one more `[N, ...]` buffer each).
 //!
 //! Backward: a scan over the iterations in reverse whose body reads the saved carry of the
 //! iteration, re-runs a copy of the loop body on it and differentiates that copy with the
-//! ordinary rules (a nested counted loop is handled the same way). It carries the carry's
+//! ordinary rules (a nested counted loop is handled the same way). In the copy, the ops that
+//! read a kept value read its saved row, and so do the rules; the copy's own op computing it
+//! still passes the cotangent on (the saved row and the copy are one value for the reverse
+//! sweep), and pruning removes it and what only fed it once nothing reads its result. It carries the carry's
 //! cotangent and one accumulator per value the loop body reads from outside that carries a
 //! cotangent (e.g. stacked weights); a cotangent that is a zero array with one window
 //! written (`dynamic_slice`'s rule) is added into the accumulator's window only, so reading
 //! layer `i` of a `[L, ...]` stack costs one layer per iteration, not the whole stack.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use crate::builder::FuncBuilder;
 use crate::ops::{BinaryOp, ComparisonDirection, Op, OpKind, Region, Value};
@@ -55,6 +59,10 @@ pub(crate) struct SavedLoop {
     trips: i32,
     /// One per carried value of the loop as built.
     carries: Vec<Carry>,
+    /// The values of the rewritten loop's body marked with
+    /// [`FuncBuilder::keep_for_backward`], each with the index of the loop result that
+    /// holds it stacked over the iterations.
+    kept: Vec<(Value, usize)>,
 }
 
 /// The counter, its initial value and the trip count of a counted loop, or why it is not one.
@@ -200,30 +208,51 @@ impl FuncBuilder<'_> {
                 }
             })
             .collect();
-        let record = SavedLoop {
+        // Kept values the body computes itself (not in a nested region).
+        let kept: Vec<Value> = body
+            .ops
+            .iter()
+            .flat_map(|o| o.results.iter().copied())
+            .filter(|v| self.kept.contains(v))
+            .collect();
+        let mut record = SavedLoop {
             lower,
             trips,
             carries,
+            kept: Vec::new(),
         };
-        if trips > 0 && !saved.is_empty() {
+        if trips > 0 && (!saved.is_empty() || !kept.is_empty()) {
             let start = self.frame().ops.len();
             let mut init = op.operands.clone();
             for &j in &saved {
                 let t = self.value_type(op.operands[j])?.clone();
                 init.push(self.splat(0.0, t.stacked(i64::from(trips)))?);
             }
+            for &v in &kept {
+                let t = self.value_type(v)?.clone();
+                init.push(self.splat(0.0, t.stacked(i64::from(trips)))?);
+            }
+            let mut kept_copies = Vec::with_capacity(kept.len());
             self.while_loop(
                 &init,
                 |b, args| -> Result<Value, HloError> { Ok(b.copy_region(&cond, &args[..n])?[0]) },
                 |b, args| {
-                    let mut next = b.copy_region(&body, &args[..n])?;
+                    let (mut next, copies) =
+                        b.copy_region_with(&body, &args[..n], &HashMap::new())?;
                     let i = b.iteration(args[counter], lower)?;
                     for (s, &j) in saved.iter().enumerate() {
                         next.push(b.set_stacked_row(args[n + s], i, args[j])?);
                     }
+                    for (k, v) in kept.iter().enumerate() {
+                        let copy = copies[v];
+                        let buffer = args[n + saved.len() + k];
+                        next.push(b.set_stacked_row(buffer, i, copy)?);
+                        kept_copies.push((copy, n + saved.len() + k));
+                    }
                     Ok(next)
                 },
             )?;
+            record.kept = kept_copies;
             // The zero buffers and the new loop (last) replace the loop as built, which keeps
             // its result values.
             let frame = self.frame_mut();
@@ -303,6 +332,7 @@ impl FuncBuilder<'_> {
             init.push(self.zeros_of(v)?);
         }
         let saves = op.results[n..].to_vec();
+        let kept = saved.kept.clone();
         let done = self.scan(saved.trips as usize, &init, &[], |b, r, carry, _| {
             let last = b.scalar(f64::from(saved.trips - 1), DType::I32)?;
             let i = b.sub(last, r)?;
@@ -322,7 +352,12 @@ impl FuncBuilder<'_> {
                     Carry::WriteOnly => b.zeros_of(op.operands[j])?,
                 });
             }
-            let results = b.copy_region(&body, &args)?;
+            // The re-run reads the kept values from the forward's saves.
+            let mut from_saves = HashMap::with_capacity(kept.len());
+            for &(v, result) in &kept {
+                from_saves.insert(v, b.stacked_row(op.results[result], i)?);
+            }
+            let (results, _) = b.copy_region_with(&body, &args, &from_saves)?;
             let outputs: Vec<Value> = through.iter().map(|&j| results[j]).collect();
             let mut wrt: Vec<Value> = through.iter().map(|&j| args[j]).collect();
             wrt.extend_from_slice(&outer);

@@ -51,6 +51,10 @@
 //! row read with `dynamic_slice` at the counter is accumulated into that row only. The
 //! program text does not grow with `N`. See `loops.rs`.
 //!
+//! Values of the body marked with [`FuncBuilder::keep_for_backward`] are saved the same way
+//! and read by the re-run instead of recomputed: what only fed them drops out of the
+//! backward (JAX's `checkpoint_name` under a `save_only_these_names` policy).
+//!
 //! A custom-VJP unit in a loop body has its rule called on the copy: its inputs and outputs
 //! are the copy's, and any other value of the body the rule captured (an index the body
 //! computed from the counter, a table it sliced) is read as its copy too, since the forward
@@ -316,6 +320,28 @@ impl FuncBuilder<'_> {
             .collect()
     }
 
+    /// Marks `v`, a float value computed in the body of a counted loop, to be kept for the
+    /// loop's backward rather than recomputed (JAX's `checkpoint_name` under a
+    /// `save_only_these_names` policy). When [`FuncBuilder::vjp`] differentiates the loop,
+    /// its forward also saves `v` at every iteration (one `[N, ...]` buffer), and the copy of
+    /// the body the backward re-runs reads the saved value instead: the ops that only fed it
+    /// (a projection, a collective, a kernel's forward) are left out of the re-run, and rules
+    /// that read it (e.g. a custom VJP's outputs) read the saved value. Cotangents flow
+    /// through `v` as without the mark. Values computed in a region nested in the body (an
+    /// inner loop) and values outside any loop are not saved; marking them changes nothing.
+    /// Returns `v`.
+    pub fn keep_for_backward(&mut self, v: Value) -> Result<Value, HloError> {
+        let t = self.check_value(VJP, "kept value", v)?;
+        if !t.dtype.is_float() {
+            return Err(autodiff_error(
+                VJP,
+                format!("kept value {t} is not a float value; only floats have cotangents"),
+            ));
+        }
+        self.kept.insert(v);
+        Ok(v)
+    }
+
     /// The gradient of a float scalar `loss` with respect to `wrt`: [`FuncBuilder::vjp`] with
     /// the cotangent 1.
     pub fn grad(&mut self, loss: Value, wrt: &[Value]) -> Result<Vec<Value>, HloError> {
@@ -451,6 +477,8 @@ impl FuncBuilder<'_> {
     ) -> Result<HashMap<Value, Value>, HloError> {
         let units = self.units();
         // Forward: values that depend on `wrt` (floats only: nothing flows through integers).
+        // A kept value's save and the re-run's copy of it are one value here (see
+        // `kept_copies`): both are active, and what needs one needs the copy's producer.
         let mut active: HashSet<Value> = wrt.iter().copied().collect();
         let mut unit_active = vec![false; units.len()];
         for (u, unit) in units.iter().enumerate() {
@@ -459,17 +487,20 @@ impl FuncBuilder<'_> {
                 for &r in &unit.results {
                     if self.float_type(r).is_some() {
                         active.insert(r);
+                        if let Some(&save) = self.kept_saves.get(&r) {
+                            active.insert(save);
+                        }
                     }
                 }
             }
         }
         // Backward: values the outputs depend on.
-        let mut needed: HashSet<Value> = outputs.iter().copied().collect();
+        let mut needed: HashSet<Value> = outputs.iter().map(|&v| self.canonical(v)).collect();
         let mut unit_needed = vec![false; units.len()];
         for (u, unit) in units.iter().enumerate().rev() {
             if unit_active[u] && unit.results.iter().any(|r| needed.contains(r)) {
                 unit_needed[u] = true;
-                needed.extend(unit.reads.iter().copied());
+                needed.extend(unit.reads.iter().map(|&v| self.canonical(v)));
             }
         }
         // Counted loops on the path are first rewritten to save their carries (once).
@@ -501,8 +532,11 @@ impl FuncBuilder<'_> {
             if !unit_needed[u] {
                 continue;
             }
-            let result_cts: Vec<Option<Value>> =
-                unit.results.iter().map(|r| cts.get(r).copied()).collect();
+            let result_cts: Vec<Option<Value>> = unit
+                .results
+                .iter()
+                .map(|&r| cts.get(&self.canonical(r)).copied())
+                .collect();
             if result_cts.iter().all(Option::is_none) {
                 continue;
             }
@@ -531,7 +565,12 @@ impl FuncBuilder<'_> {
                         ));
                     }
                     let needs: Vec<bool> = op.operands.iter().map(|v| active.contains(v)).collect();
-                    let operand_cts = rules::op_vjp(self, &op, &result_cts, &needs)?;
+                    // The rule reads kept values' saves; cotangents go to the operands.
+                    let mut primal_op = op.clone();
+                    for v in primal_op.operands.iter_mut().chain(&mut primal_op.results) {
+                        *v = self.primal(*v);
+                    }
+                    let operand_cts = rules::op_vjp(self, &primal_op, &result_cts, &needs)?;
                     (op.operands, operand_cts)
                 }
                 UnitKind::Span(s) => {
@@ -553,9 +592,13 @@ impl FuncBuilder<'_> {
                         ));
                     }
                     let needs: Vec<bool> = span.inputs.iter().map(|v| active.contains(v)).collect();
+                    let primal = |vs: &[Value]| -> Vec<Value> {
+                        vs.iter().map(|&v| self.primal(v)).collect()
+                    };
+                    let (inputs, outputs) = (primal(&span.inputs), primal(&span.outputs));
                     let call = VjpCall {
-                        inputs: &span.inputs,
-                        outputs: &span.outputs,
+                        inputs: &inputs,
+                        outputs: &outputs,
                         cotangents: &result_cts,
                         needed: &needs,
                     };
@@ -616,12 +659,25 @@ impl FuncBuilder<'_> {
         x: Value,
         ct: Value,
     ) -> Result<(), HloError> {
+        let x = self.canonical(x);
         let sum = match cts.get(&x) {
             Some(&prev) => self.add(prev, ct)?,
             None => ct,
         };
         cts.insert(x, sum);
         Ok(())
+    }
+
+    /// The value a kept value's save stands for in the backward of a loop: the re-run's
+    /// copy of it (cotangents are keyed by the copy); any other value itself.
+    fn canonical(&self, v: Value) -> Value {
+        *self.kept_copies.get(&v).unwrap_or(&v)
+    }
+
+    /// The value whose primal a rule reads for `v`: a kept value's save for the re-run's copy
+    /// of it; any other value itself.
+    fn primal(&self, v: Value) -> Value {
+        *self.kept_saves.get(&v).unwrap_or(&v)
     }
 
     /// `%12 (tensor<4xf32>)` for messages.

@@ -19,23 +19,44 @@ impl FuncBuilder<'_> {
         region: &Region,
         args: &[Value],
     ) -> Result<Vec<Value>, HloError> {
+        Ok(self.copy_region_with(region, args, &HashMap::new())?.0)
+    }
+
+    /// [`FuncBuilder::copy_region`], where the ops of the copy read each value of `region`
+    /// that `saved` holds as its saved value rather than as its copy (the copy is still
+    /// emitted; the backward's rules read the saved value too, and pruning drops the copy
+    /// once nothing else reads it: see `kept_copies`). Also returns the copy of every value
+    /// of `region`.
+    pub(crate) fn copy_region_with(
+        &mut self,
+        region: &Region,
+        args: &[Value],
+        saved: &HashMap<Value, Value>,
+    ) -> Result<(Vec<Value>, HashMap<Value, Value>), HloError> {
         let mut map: HashMap<Value, Value> = region
             .args
             .iter()
             .copied()
             .zip(args.iter().copied())
             .collect();
-        self.copy_into(region, &mut map)
+        let results = self.copy_into(region, &mut map, saved)?;
+        for (v, copy) in map.iter_mut() {
+            if saved.contains_key(v) {
+                *copy = self.kept_copies[copy];
+            }
+        }
+        Ok((results, map))
     }
 
     fn copy_into(
         &mut self,
         region: &Region,
         map: &mut HashMap<Value, Value>,
+        saved: &HashMap<Value, Value>,
     ) -> Result<Vec<Value>, HloError> {
         let offset = self.frame().ops.len();
         for op in &region.ops {
-            self.copy_op(op, map)?;
+            self.copy_op(op, map, saved)?;
         }
         let mapped = |v: &Value| *map.get(v).unwrap_or(v);
         let spans = region
@@ -57,10 +78,20 @@ impl FuncBuilder<'_> {
                     Rc::new(c)
                 }
             };
+            // A span's outputs are what its ops compute, also where the body reads a saved
+            // value in their place.
+            let outputs = span
+                .outputs
+                .iter()
+                .map(|v| {
+                    let v = mapped(v);
+                    *self.kept_copies.get(&v).unwrap_or(&v)
+                })
+                .collect();
             self.frame_mut().spans.push(VjpSpan {
                 rule: span.rule,
                 inputs: span.inputs.iter().map(mapped).collect(),
-                outputs: span.outputs.iter().map(mapped).collect(),
+                outputs,
                 ops: span.ops.start + offset..span.ops.end + offset,
                 counterparts,
             });
@@ -68,7 +99,12 @@ impl FuncBuilder<'_> {
         Ok(region.results.iter().map(mapped).collect())
     }
 
-    fn copy_op(&mut self, op: &Op, map: &mut HashMap<Value, Value>) -> Result<(), HloError> {
+    fn copy_op(
+        &mut self,
+        op: &Op,
+        map: &mut HashMap<Value, Value>,
+        saved: &HashMap<Value, Value>,
+    ) -> Result<(), HloError> {
         let operands = op
             .operands
             .iter()
@@ -83,7 +119,7 @@ impl FuncBuilder<'_> {
                 .collect::<Result<Vec<_>, _>>()?;
             let (copy, _) = self.region(op.kind.name(), "copy", &types, false, |b, args| {
                 map.extend(r.args.iter().copied().zip(args.iter().copied()));
-                b.copy_into(r, map)
+                b.copy_into(r, map, saved)
             })?;
             regions.push(copy);
         }
@@ -94,7 +130,18 @@ impl FuncBuilder<'_> {
             .collect::<Result<Vec<_>, _>>()?;
         let kind = self.fresh_channels(&op.kind);
         let results = self.emit(kind, operands, types, regions);
-        map.extend(op.results.iter().copied().zip(results));
+        for (&v, copy) in op.results.iter().zip(results) {
+            match saved.get(&v) {
+                Some(&save) => {
+                    map.insert(v, save);
+                    self.kept_copies.insert(save, copy);
+                    self.kept_saves.insert(copy, save);
+                }
+                None => {
+                    map.insert(v, copy);
+                }
+            }
+        }
         Ok(())
     }
 

@@ -1,6 +1,6 @@
 //! [`FuncBuilder`]: builds one function op by op, checking every operand as it goes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -82,6 +82,15 @@ pub struct FuncBuilder<'m> {
     /// counterparts, through which every value those rules use is read (see
     /// [`FuncBuilder::counterpart`]).
     pub(crate) counterparts: Vec<Rc<Counterparts>>,
+    /// Values marked with [`FuncBuilder::keep_for_backward`]: a counted loop's forward saves
+    /// them and its backward reads them instead of recomputing them.
+    pub(crate) kept: HashSet<Value>,
+    /// In the backward of a loop, each kept value's saved copy (a row of the forward's save)
+    /// -> the value the re-run body computes in its place, which the re-run reads no more:
+    /// the two are one value for the cotangents, the saved one for the primal values.
+    pub(crate) kept_copies: HashMap<Value, Value>,
+    /// The inverse of `kept_copies`.
+    pub(crate) kept_saves: HashMap<Value, Value>,
 }
 
 impl<'m> FuncBuilder<'m> {
@@ -111,6 +120,9 @@ impl<'m> FuncBuilder<'m> {
             region_spans: HashMap::new(),
             saved_loops: HashMap::new(),
             counterparts: Vec::new(),
+            kept: HashSet::new(),
+            kept_copies: HashMap::new(),
+            kept_saves: HashMap::new(),
         }
     }
 
