@@ -217,6 +217,15 @@ pub struct SplashOptions {
     /// block of one kind, so that every shard of a sequence-sharded attention (whose tables
     /// differ) runs the same kernels. Off: dead paths are left out of the IR.
     pub trace_all_paths: bool,
+    /// Mark the forward's residuals (`q`, `k`, `v` as the kernel takes them, `out` and
+    /// `lse`) with [`tessera_hlo::FuncBuilder::keep_for_backward`] where the context-parallel
+    /// strategies (`tessera_parallel`) lower the attention as a custom-VJP unit: the
+    /// backward of a loop holding it (a layer loop)
+    /// reads them from the forward instead of re-running the kernel and whatever only fed
+    /// its inputs (projections, a strategy's exchange). JAX's splash takes a
+    /// `residual_checkpoint_name` for the same purpose. Off: the loop's backward re-runs the
+    /// forward.
+    pub keep_residuals: bool,
 }
 
 impl Default for SplashOptions {
@@ -227,6 +236,7 @@ impl Default for SplashOptions {
             mask_value: DEFAULT_MASK_VALUE,
             offsets: SeqOffsets::default(),
             trace_all_paths: false,
+            keep_residuals: false,
         }
     }
 }

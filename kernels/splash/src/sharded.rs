@@ -77,6 +77,12 @@ impl ShardedSplash {
         Ok(ShardedSplash { shards })
     }
 
+    /// Whether the shards keep their residuals for a loop's backward
+    /// ([`SplashOptions::keep_residuals`]; every shard has the same options).
+    pub fn keeps_residuals(&self) -> bool {
+        self.shards[0].options().keep_residuals
+    }
+
     /// The per-shard attentions (their tables padded).
     pub fn shards(&self) -> &[SplashAttention] {
         &self.shards

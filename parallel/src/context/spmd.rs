@@ -11,17 +11,25 @@ use tessera_splash::{Stage, Tensor};
 
 /// Lowers a splash forward plan into `f` as a custom-VJP unit whose backward is the
 /// `backward` plan, each kernel for the plan's target (inline, or a Mosaic custom call inside
-/// the manual-sharded region); `shard` selects the per-shard tables. Errors in the
-/// collectives' form.
+/// the manual-sharded region); `shard` selects the per-shard tables. With `keep_residuals`
+/// ([`tessera_splash::SplashOptions::keep_residuals`]) the unit's inputs and outputs are
+/// kept for the backward of a loop holding it. Errors in the collectives' form.
 pub(crate) fn lower_forward(
     f: &mut FuncBuilder<'_>,
     forward: &[Stage],
     backward: Vec<Stage>,
     env: &mut HashMap<Tensor, Value>,
     shard: Option<Value>,
+    keep_residuals: bool,
 ) -> Result<(), CollectiveError> {
     tessera_splash::lower_forward_on_shard(f, forward, backward, env, shard)
-        .map_err(|e| CollectiveError::local(e.to_string()))
+        .map_err(|e| CollectiveError::local(e.to_string()))?;
+    if keep_residuals {
+        for t in [Tensor::Q, Tensor::K, Tensor::V, Tensor::Out, Tensor::Lse] {
+            f.keep_for_backward(env[&t])?;
+        }
+    }
+    Ok(())
 }
 
 /// Whole `[B, S]` segment ids in a program, sliced per device and step.

@@ -77,10 +77,11 @@ impl<A: MeshAxis> UlyssesAttention<A> {
         let mut inputs = Inputs::new(&[q, k, v]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));
         let len = self.seq;
+        let keep = self.splash.keeps_residuals();
         p.local_results(&inputs.values, |f, x| {
             let mut env = HashMap::from([(Tensor::Q, x[0]), (Tensor::K, x[1]), (Tensor::V, x[2])]);
             add_segments(f, &mut env, x, seg, (None, len), (None, len))?;
-            lower_forward(f, &forward, backward, &mut env, None)?;
+            lower_forward(f, &forward, backward, &mut env, None, keep)?;
             Ok(vec![
                 env[&Tensor::Out],
                 lse_from_kernel(f, env[&Tensor::Lse])?,

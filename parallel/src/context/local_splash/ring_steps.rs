@@ -183,6 +183,8 @@ impl<A: MeshAxis> RingAttention<A> {
         merged: Option<Vec<[Value; 2]>>,
         differentiable: bool,
     ) -> Result<Vec<[Value; 2]>, CollectiveError> {
+        let keep = (self.splash.iter().flatten().flatten().next())
+            .is_some_and(ShardedSplash::keeps_residuals);
         let mut merged_parts = Vec::with_capacity(plans.len());
         for (hq, row) in plans.iter().enumerate() {
             // This query part's result so far, if any, then each key part's.
@@ -194,7 +196,7 @@ impl<A: MeshAxis> RingAttention<A> {
                     HashMap::from([(Tensor::Q, q[hq]), (Tensor::K, k[hk]), (Tensor::V, v[hk])]);
                 self.add_segments(f, &mut env, segments, shard, t, (hq, hk))?;
                 if differentiable {
-                    lower_forward(f, forward, backward.clone(), &mut env, Some(shard))?;
+                    lower_forward(f, forward, backward.clone(), &mut env, Some(shard), keep)?;
                 } else {
                     lower_stages(f, forward, &mut env, shard)?;
                 }

@@ -225,6 +225,10 @@ impl<A: MeshAxis> AllGatherAttention<A> {
         let plans = self.plans(segment_ids.is_some())?;
         let mut inputs = Inputs::new(&[q, k, v, shard]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));
+        let keep = self
+            .splash
+            .first()
+            .is_some_and(ShardedSplash::keeps_residuals);
         p.local_results(&inputs.values, |f, x| {
             let (k, v) = (self.natural(f, x[1])?, self.natural(f, x[2])?);
             let (mut outs, mut lses) = (Vec::new(), Vec::new());
@@ -233,7 +237,7 @@ impl<A: MeshAxis> AllGatherAttention<A> {
                 let mut env = HashMap::from([(Tensor::Q, q), (Tensor::K, k), (Tensor::V, v)]);
                 let queries = self.query_part(f, x[3], h)?;
                 add_segments(f, &mut env, x, seg, queries, (None, self.seq))?;
-                lower_forward(f, &forward, backward, &mut env, Some(x[3]))?;
+                lower_forward(f, &forward, backward, &mut env, Some(x[3]), keep)?;
                 outs.push(env[&Tensor::Out]);
                 lses.push(lse_from_kernel(f, env[&Tensor::Lse])?);
             }
@@ -299,6 +303,10 @@ impl<A: MeshAxis> AllGatherAttention<A> {
         let mut inputs = Inputs::new(&[q, k[0], k[1], v[0], v[1], shard]);
         let seg = inputs.optional(segment_ids.map(|x| x as _));
         let seq = self.seq;
+        let keep = self
+            .splash
+            .first()
+            .is_some_and(ShardedSplash::keeps_residuals);
         p.local_results(&inputs.values, |f, x| {
             let [q, k0, k1, v0, v1, r] = [x[0], x[1], x[2], x[3], x[4], x[5]];
             let (q0, q1) = (seq_part(f, q, 0, 2)?, seq_part(f, q, 1, 2)?);
@@ -323,7 +331,7 @@ impl<A: MeshAxis> AllGatherAttention<A> {
                         }
                     }
                 }
-                lower_forward(f, &forward, backward, &mut env, Some(r))?;
+                lower_forward(f, &forward, backward, &mut env, Some(r), keep)?;
                 let (mut out, mut lse) =
                     (env[&Tensor::Out], lse_from_kernel(f, env[&Tensor::Lse])?);
                 if reversed {
