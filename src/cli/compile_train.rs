@@ -11,7 +11,7 @@ use serde_json::{json, Map, Value};
 use tessera::dsl::{KernelCostEstimates, Lowering};
 use tessera::tpu::{CompileReport, TpuTopology};
 use tessera_train::predict::{predict_step, Chip, Efficiency, StepPrediction, StepSetup};
-use tessera_train::{train_step_program, TrainConfig};
+use tessera_train::{train_step_program, RematPolicy, TrainConfig};
 
 use super::compile::{compile_and_commit, stage_emits, CompileArgs};
 use super::outputs::Outputs;
@@ -372,8 +372,9 @@ fn predict(cfg: &TrainConfig, chip: Option<&Chip>) -> Result<StepPrediction, Str
         strategy: cfg.strategy.clone(),
         load_balance: cfg.load_balance,
         blocks: cfg.block_sizes(),
-        // The step's backward re-runs each layer's forward, the attention included.
-        remat_attention: true,
+        // The step's backward re-runs each layer's forward, with `--remat-policy full` the
+        // attention included.
+        remat_attention: cfg.remat_policy == RematPolicy::Full,
     };
     predict_step(&setup, chip, Efficiency::CALIBRATED).map_err(|e| flag_error(&e))
 }

@@ -7,7 +7,7 @@ use clap::Args;
 use tessera::dsl::DType;
 use tessera::parallel::strategy::{Fixed, Ulysses};
 use tessera::parallel::{Names, Strategy, StrategyName};
-use tessera_train::{ModelConfig, TrainConfig, TrainError};
+use tessera_train::{ModelConfig, RematPolicy, TrainConfig, TrainError};
 
 /// Help text that names the listed strategies (`tessera::parallel::strategy`'s one list; the
 /// CLI and the train example share it): `before`, a colon, every spelling
@@ -150,6 +150,32 @@ pub struct StepFlags {
     /// off for the train example. Refused with --ici-data-parallelism above 1.
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub shard_weights_over_context: Option<bool>,
+    /// What the layer loop's backward recomputes (MaxText's `remat_policy`): full (each
+    /// layer's whole forward, re-run from its input) or save_attention (all but the
+    /// attention: each layer's q, k, v after the strategy's exchange, the attention's output
+    /// and logsumexp are saved in the forward, so the backward runs no q/k/v projection, no
+    /// exchange and no attention forward again; more memory per layer).
+    #[arg(long, value_enum, default_value = "full")]
+    pub remat_policy: RematPolicyFlag,
+}
+
+/// `--remat-policy`'s values (MaxText's `remat_policy` names where it has the policy).
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RematPolicyFlag {
+    /// Re-run each layer's whole forward in the backward (MaxText's default).
+    Full,
+    /// Save the attention's residuals and output; re-run the rest of the layer.
+    #[value(name = "save_attention")]
+    SaveAttention,
+}
+
+impl From<RematPolicyFlag> for RematPolicy {
+    fn from(flag: RematPolicyFlag) -> Self {
+        match flag {
+            RematPolicyFlag::Full => RematPolicy::Full,
+            RematPolicyFlag::SaveAttention => RematPolicy::SaveAttention,
+        }
+    }
 }
 
 /// Where a run's data comes from (MaxText's `dataset_type`).
@@ -341,6 +367,7 @@ impl StepFlags {
         cfg.strategy = strategy;
         cfg.load_balance = load_balance;
         cfg.collective_matmul = self.collective_matmul;
+        cfg.remat_policy = self.remat_policy.into();
         // By default only where it applies: a data-parallel batch axis keeps them replicated.
         cfg.shard_weights_over_context = self.shard_weights_over_context.unwrap_or(
             defaults.shard_weights_over_context
@@ -412,6 +439,7 @@ impl Names for MaxTextFlags {
             "resume" => "--resume",
             "collective_matmul" => "--collective-matmul",
             "shard_weights_over_context" => "--shard-weights-over-context",
+            "remat_policy" => "--remat-policy",
             "dataset_path" => "--dataset-path",
             "train_data_columns" => "--train-data-columns",
             "tokenizer_path" => "--tokenizer-path",
@@ -434,7 +462,7 @@ mod tests {
     use clap::Parser;
     use tessera::dsl::DType;
     use tessera::parallel::strategy::Usp;
-    use tessera_train::{ModelConfig, TrainConfig};
+    use tessera_train::{ModelConfig, RematPolicy, TrainConfig};
 
     use super::{flag_error, BlockFlag, StepDefaults, StepFlags};
 
@@ -550,6 +578,19 @@ mod tests {
         assert_eq!(sharded(&asked, StepDefaults::EXAMPLE), (true, true));
         let off = ["--shard-weights-over-context=false"];
         assert_eq!(sharded(&off, StepDefaults::MAXTEXT), (false, false));
+    }
+
+    /// `--remat-policy` takes MaxText's `full` (the default) and `save_attention`.
+    #[test]
+    fn remat_policy_flag() {
+        let model = ModelConfig::tiny();
+        let policy = |args: &[&str]| parse(args).unwrap().config(model).unwrap().remat_policy;
+        assert_eq!(policy(&[]), RematPolicy::Full);
+        assert_eq!(policy(&["--remat-policy", "full"]), RematPolicy::Full);
+        let saved = policy(&["--remat-policy", "save_attention"]);
+        assert_eq!(saved, RematPolicy::SaveAttention);
+        assert_eq!(saved.name(), "save_attention");
+        assert!(parse(&["--remat-policy", "minimal"]).is_err());
     }
 
     /// `auto` blocks are asked of the search once; explicit blocks keep their values; without

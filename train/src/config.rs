@@ -10,7 +10,7 @@ use tessera_dsl::Lowering;
 use tessera_hlo::DType;
 use tessera_parallel::strategy::Ulysses;
 use tessera_parallel::{ContextParallel, Strategy};
-use tessera_splash::{default_block, BlockSizes, Dims, Mask};
+use tessera_splash::{default_block, BlockSizes, Dims, Mask, SplashOptions};
 
 use crate::error::{Setting, SettingError, WeightDim};
 use crate::TrainError;
@@ -283,6 +283,36 @@ pub struct TrainConfig {
     /// positions from the data, and targets of -1 where a position has none (padding); the
     /// loss is then the mean over the real targets. [`crate::Trainer`] sets it from its data.
     pub segment_ids: bool,
+    /// What the layer loop's backward recomputes (MaxText's `remat_policy`): each layer's
+    /// whole forward ([`RematPolicy::Full`], the default) or all but its attention.
+    pub remat_policy: RematPolicy,
+}
+
+/// What the backward of the layer loop recomputes of each layer's forward (MaxText's
+/// `remat_policy`; its default, `full`, is [`RematPolicy::Full`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RematPolicy {
+    /// The layer's whole forward, re-run from its saved input.
+    #[default]
+    Full,
+    /// All but the attention: the forward also saves, per layer, splash's residuals (q, k,
+    /// v as the kernel takes them, after the strategy's exchange, its output and logsumexp)
+    /// and the attention's output as the output projection takes it, so the backward runs
+    /// no projection of q, k or v, no exchange and no attention kernel forward again
+    /// ([`tessera_splash::SplashOptions::keep_residuals`]). It costs that much more memory
+    /// per layer ([`crate::memory_estimate`] counts it). Strategies whose kernels run in a
+    /// loop of their own (ring, USP's ring) keep the values that loop does not hold.
+    SaveAttention,
+}
+
+impl RematPolicy {
+    /// The policy's name as `--remat-policy` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RematPolicy::Full => "full",
+            RematPolicy::SaveAttention => "save_attention",
+        }
+    }
 }
 
 impl TrainConfig {
@@ -318,6 +348,7 @@ impl TrainConfig {
             collective_matmul: false,
             shard_weights_over_context: false,
             segment_ids: false,
+            remat_policy: RematPolicy::Full,
         }
     }
 
@@ -351,7 +382,10 @@ impl TrainConfig {
             dtype: self.dtype,
             mask: Mask::causal(),
             block_sizes: self.block_sizes(),
-            options: Default::default(),
+            options: SplashOptions {
+                keep_residuals: self.remat_policy == RematPolicy::SaveAttention,
+                ..Default::default()
+            },
             strategy: self.strategy.clone(),
             devices: self.ici_context_parallelism,
             load_balance: self.load_balance,

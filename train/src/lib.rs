@@ -37,7 +37,7 @@ pub mod predict;
 pub mod sample;
 mod trainer;
 
-pub use config::{ModelConfig, TrainConfig};
+pub use config::{ModelConfig, RematPolicy, TrainConfig};
 pub use data::{SyntheticData, TextData};
 pub use error::{Setting, SettingError, TrainError, WeightDim};
 pub use trainer::{learning_rate, train_step_program, Dataset, StepMetrics, StepTimes, Trainer};

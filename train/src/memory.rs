@@ -12,9 +12,15 @@
 //! - activations, for the tokens one device holds (`per_device_batch_size x
 //!   max_target_length`): the residual stream each layer saves for the backward (in the
 //!   compute dtype), one layer's live intermediates during its backward (f32, forward and
-//!   gradient), the logits with their softmax and gradient (f32), and the token ids.
+//!   gradient), the logits with their softmax and gradient (f32), and the token ids;
+//! - with [`RematPolicy::SaveAttention`], what each layer keeps of its attention: q, k and v
+//!   as the kernels take them (k and v whole sequences where the strategy gathers them, every
+//!   ring step's shard for a ring), each kernel call's output and logsumexp (f32), and the
+//!   output as the projection takes it (compute dtype).
 
-use crate::{SettingError, TrainConfig};
+use tessera_parallel::strategy::Exchange;
+
+use crate::{RematPolicy, SettingError, TrainConfig};
 
 /// Bytes one device holds during a train step.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -65,12 +71,28 @@ pub fn estimate(cfg: &TrainConfig) -> MemoryEstimate {
     let tokens = cfg.per_device_batch_size * cfg.max_target_length as f64;
     let act = cfg.dtype.size_bytes() as f64;
     let saved = l * d * act;
+    let kept_attention = match cfg.remat_policy {
+        RematPolicy::Full => 0.0,
+        RematPolicy::SaveAttention => {
+            // K/V copies a device's kernels take (the gathered sequence, or every ring
+            // step's shard) and the kernel calls whose output and logsumexp are kept.
+            let cp = cfg.ici_context_parallelism.max(1) as f64;
+            let (kv_copies, calls) = match cfg.strategy.exchange(cp as usize) {
+                Exchange::Heads | Exchange::HeadsInKernel => (1.0, 1.0),
+                Exchange::AllKeys => (cp, 1.0),
+                Exchange::Ring { ring, .. } => (ring as f64, ring as f64),
+            };
+            let qkv = (h + 2.0 * kv * kv_copies) * hd * act;
+            let outputs = calls * (h * hd * act + 4.0 * h) + h * hd * act;
+            l * (qkv + outputs)
+        }
+    };
     let layer = 2.0 * 4.0 * (6.0 * d + 2.0 * (h + 2.0 * kv) * hd + 3.0 * f);
     let logits = 3.0 * 4.0 * v;
     let ids = 3.0 * 4.0;
     MemoryEstimate {
         state_bytes,
-        activation_bytes: tokens * (saved + layer + logits + ids),
+        activation_bytes: tokens * (saved + kept_attention + layer + logits + ids),
     }
 }
 

@@ -6,7 +6,8 @@
 //!
 //! * **Matmuls**: forward `2 T N_mm` (the `N_mm` matmul parameters, LM head included),
 //!   backward twice that, plus the remat recompute of the matmuls whose outputs the backward
-//!   needs: `2 T L (d hd (H + 2 KV) + 2 d mlp)` (q, k, v projections and the two SwiGLU input
+//!   needs: `2 T L (d hd (H + 2 KV) + 2 d mlp)` (q, k, v projections, left out when the
+//!   attention is not re-run ([`StepSetup::remat_attention`]), and the two SwiGLU input
 //!   matmuls; MaxText's `remat_policy=custom context=device` saves only the attention context,
 //!   and the outputs of `wo` and of the out projection are never needed by the backward).
 //! * **Attention**: the blocks splash computes after causal mask skipping, counted from
@@ -186,7 +187,8 @@ pub struct StepSetup {
     /// `block_kv_dkv`.
     pub blocks: BlockSizes,
     /// Whether the backward reruns the attention forward (remat of everything but the
-    /// attention context, as in the origin PR).
+    /// attention context, as in the origin PR), and with it the q, k and v projections;
+    /// off with [`crate::RematPolicy::SaveAttention`].
     pub remat_attention: bool,
 }
 
@@ -527,8 +529,14 @@ pub fn predict_step(
     let peak = chip.peak_bf16_flops;
     let link = chip.ici_link_bandwidth;
 
-    // Matmuls.
-    let remat_params = d * hd * (m.heads + 2 * m.kv_heads) + 2 * d * m.mlp_dim;
+    // Matmuls. The q, k and v projections are recomputed with the attention only: their
+    // outputs feed nothing else.
+    let qkv_params = if s.remat_attention {
+        d * hd * (m.heads + 2 * m.kv_heads)
+    } else {
+        0
+    };
+    let remat_params = qkv_params + 2 * d * m.mlp_dim;
     let matmul_flops =
         6.0 * tokens * m.matmul_params() as f64 + 2.0 * tokens * layers * remat_params as f64;
     let matmul_s = matmul_flops / (peak * eff.matmul);

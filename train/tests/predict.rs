@@ -66,6 +66,29 @@ fn matmul_and_attention_flops_match_hand_counts() {
 }
 
 #[test]
+fn saving_the_attention_drops_its_re_run_and_the_q_k_v_projections() {
+    let chip = small_chip(vec![2, 4]);
+    let full = predict(&tiny(Strategy::from(Ulysses)), &chip);
+    let saved = predict(
+        &StepSetup {
+            remat_attention: false,
+            ..tiny(Strategy::from(Ulysses))
+        },
+        &chip,
+    );
+    // The q, k, v projections (128*16*(8+8) params a layer, 2 layers, 256 tokens) and one
+    // forward pass of the attention (80 blocks of 4*64*64*16 a layer) fewer.
+    let qkv = 2.0 * 256.0 * 2.0 * (128.0 * 16.0 * 16.0);
+    assert_eq!(full.counts.matmul_flops - saved.counts.matmul_flops, qkv);
+    let attention = 2.0 * 80.0 * 262144.0;
+    assert_eq!(
+        full.counts.attention_flops - saved.counts.attention_flops,
+        attention
+    );
+    assert!(saved.predicted_step_s < full.predicted_step_s);
+}
+
+#[test]
 fn attention_blocks_match_splash_own_counts() {
     // Portable rules: the 64-blocks of the tiny sizes are below TPU lane tiling; the block
     // classification is the same.

@@ -37,6 +37,10 @@ pub(super) struct Model<'a> {
     /// Instead of the loss, the logits `[vocab]` summed over this device's positions whose
     /// target is not -1 (sampling marks the one position it reads).
     pub(super) logits: bool,
+    /// With [`RematPolicy::SaveAttention`]: the attention's output is kept for the layer
+    /// loop's backward (its kernels keep their residuals: the layer's `ContextParallel`
+    /// options).
+    pub(super) keep_attention: bool,
 }
 
 impl<'a> Model<'a> {
@@ -63,6 +67,7 @@ impl<'a> Model<'a> {
             collective_matmul: (cfg.fsdp() && cfg.collective_matmul).then_some(&cfg.lowering),
             segments: None,
             logits: false,
+            keep_attention: cfg.remat_policy == RematPolicy::SaveAttention,
         }
     }
 
@@ -294,6 +299,11 @@ impl<'a> Model<'a> {
             None => self.layer.forward(p, &q, &k, &v)?,
         };
         let proj = out.map_local_as::<TokenRows, Invariant>(|f, out| {
+            let out = if self.keep_attention {
+                f.keep_for_backward(out)?
+            } else {
+                out
+            };
             let out = from_heads(f, out)?;
             mm.apply(f, out, w.wo)
         })?;

@@ -55,7 +55,7 @@ use tessera_parallel::{AttentionLayer, ModelMesh, RingAxis, TokenLayout};
 use tessera_dsl::Lowering;
 
 use crate::collective_matmul::CollectiveMatmul;
-use crate::config::{ModelConfig, TrainConfig};
+use crate::config::{ModelConfig, RematPolicy, TrainConfig};
 use crate::TrainError;
 
 mod forward;
