@@ -55,6 +55,8 @@ def parse_args():
                        help="the JAX twin's train step, or its Ulysses forward + backward")
     t.add_argument("model", choices=["tiny", "small", "ulysses"],
                    help="ulysses: B=1 H=8 S=4096 D=64, causal (cpu_twin.py ulysses' defaults)")
+    t.add_argument("--remat-policy", choices=["full", "save_attention"], default="full",
+                   help="the train step's (cpu_twin.py's --remat-policy)")
     return ap.parse_args()
 
 
@@ -161,7 +163,7 @@ def twin_program(model):
                   for x in (attention.q, attention.k, attention.v, attention.dout)]
         compiled = attention.forward_backward.lower(*inputs).compile()
         return attention.time_forward_backward, compiled.as_text()
-    trainer = cpu_twin.JaxTrain(model, steps=1000)
+    trainer = cpu_twin.JaxTrain(model, steps=1000, remat_policy=ARGS.remat_policy)
 
     def run():
         trainer.step()

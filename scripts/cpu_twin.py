@@ -10,7 +10,11 @@ v and the output, XLA's causal attention (`jax.nn.dot_product_attention`), the g
 `jax.grad` (replicated weights' gradients psum'ed by shard_map's transpose), global-norm
 clipping and AdamW with decoupled weight decay on the matrices. A step uploads its hyper
 parameters and batch from the host and reads back the loss and gradient norm, as
-`Trainer::train_step` does.
+`Trainer::train_step` does. `--remat-policy save_attention` mirrors the train example's flag:
+each layer's q, k, v after the all-to-all, the attention's output and the output after the
+inverse all-to-all are named (`checkpoint_name`) and saved (`save_only_these_names`), so the
+backward re-runs the rest of the layer; XLA's attention has no logsumexp to save, so its
+backward recomputes the softmax from the saved q and k.
 
 `ulysses`: `tessera bench context-parallel --strategies ulysses`'s programs (causal attention
 over a sequence split on 4 devices: all_to_all, attention, inverse all_to_all), forward and
@@ -22,6 +26,7 @@ their ratio; the summary takes the median of the rounds.
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -41,6 +46,7 @@ os.environ["XLA_FLAGS"] = (
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.ad_checkpoint import checkpoint_name  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 # tessera_train::ModelConfig's presets and TrainConfig::new's defaults.
@@ -51,6 +57,10 @@ MODELS = {
 }
 ROPE_THETA, NORM_EPS = 10_000.0, 1e-6
 LR, WARMUP, FINAL_LR, B1, B2, EPS, WD, CLIP = 3e-3, 10, 0.1, 0.9, 0.95, 1e-8, 0.1, 1.0
+# The values each `--remat-policy` saves for the layer loop's backward (tessera_train's
+# RematPolicy): none (`full`: the whole layer re-run), or the attention's.
+SAVED = {"full": (), "save_attention": ("attention_q", "attention_k", "attention_v",
+                                         "attention_out", "attention_context")}
 
 try:
     from jax import shard_map as _shard_map
@@ -108,14 +118,18 @@ def rope(x, cos, sin):
 
 def ulysses_attention(q, k, v):
     """Each device's `[b, s, heads, hd]` blocks: heads exchanged for the whole sequence,
-    causal attention, the output sent back."""
+    causal attention, the output sent back. The values `SAVED["save_attention"]` lists are
+    named (a name saves nothing unless the layer's `jax.checkpoint` policy lists it)."""
     a2a = lambda t: jax.lax.all_to_all(t, "context", split_axis=2, concat_axis=1, tiled=True)
-    out = jax.nn.dot_product_attention(a2a(q), a2a(k), a2a(v), is_causal=True,
-                                       implementation="xla")
-    return jax.lax.all_to_all(out, "context", split_axis=1, concat_axis=2, tiled=True)
+    q, k, v = (checkpoint_name(a2a(t), f"attention_{n}") for t, n in ((q, "q"), (k, "k"),
+                                                                        (v, "v")))
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="xla")
+    out = checkpoint_name(out, "attention_out")
+    out = jax.lax.all_to_all(out, "context", split_axis=1, concat_axis=2, tiled=True)
+    return checkpoint_name(out, "attention_context")
 
 
-def local_loss(m, p, tokens, targets, positions):
+def local_loss(m, p, tokens, targets, positions, remat_policy="full"):
     """This device's summed cross-entropy: `[b, s]` tokens of its sequence block."""
     b, s = tokens.shape
     hd = m["head_dim"]
@@ -124,7 +138,10 @@ def local_loss(m, p, tokens, targets, positions):
     cos, sin = jnp.cos(angle), jnp.sin(angle)
     x = p["embed"][tokens]
 
-    @jax.checkpoint
+    saved = SAVED[remat_policy]
+    policy = jax.checkpoint_policies.save_only_these_names(*saved) if saved else None
+
+    @functools.partial(jax.checkpoint, policy=policy)
     def layer(x, w):
         h = rms_norm(x, w["attention_norm"])
         q = rope((h @ w["wq"]).reshape(b, s, m["heads"], hd), cos, sin)
@@ -143,9 +160,9 @@ def local_loss(m, p, tokens, targets, positions):
     return jax.lax.psum(jnp.sum(lse - picked), "context")
 
 
-def train_step_fn(m, mesh_):
+def train_step_fn(m, mesh_, remat_policy):
     tokens_spec = P(None, "context")
-    loss_fn = shard_map(lambda p, t, y, pos: local_loss(m, p, t, y, pos), mesh_,
+    loss_fn = shard_map(lambda p, t, y, pos: local_loss(m, p, t, y, pos, remat_policy), mesh_,
                         in_specs=(P(), tokens_spec, tokens_spec, tokens_spec), out_specs=P())
 
     def step(params, mu, nu, hyper, tokens, targets, positions):
@@ -181,7 +198,7 @@ def learning_rate(k, steps):
 
 
 class JaxTrain:
-    def __init__(self, model, steps):
+    def __init__(self, model, steps, remat_policy="full"):
         self.m, self.steps = MODELS[model], steps
         self.mesh = mesh()
         replicated = NamedSharding(self.mesh, P())
@@ -189,7 +206,7 @@ class JaxTrain:
         params = jax.device_put(init_params(self.m, jax.random.key(0)), replicated)
         zeros = jax.tree.map(jnp.zeros_like, params)
         self.state = (params, zeros, jax.tree.map(jnp.zeros_like, params))
-        self.step_fn = train_step_fn(self.m, self.mesh)
+        self.step_fn = train_step_fn(self.m, self.mesh, remat_policy)
         self.rng = np.random.default_rng(0)
         self.k = 0
         b, s = DEVICES, self.m["seq"]  # per_device_batch_size 1 on 4 devices
@@ -224,7 +241,8 @@ def tessera_train(args, n):
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "steps.jsonl")
         cmd = [args.train_bin, "--model", args.model, "--steps", str(n + 1), "--log-json", log,
-               "--plot", os.path.join(tmp, "loss.svg"), "--peak-tflops", "1"]
+               "--plot", os.path.join(tmp, "loss.svg"), "--peak-tflops", "1",
+               "--remat-policy", args.remat_policy]
         run = subprocess.run(cmd, capture_output=True, text=True)
         if run.returncode != 0:
             sys.exit(f"cpu_twin: {' '.join(cmd)} failed:\n{run.stdout}{run.stderr}")
@@ -303,6 +321,8 @@ def main():
     ap.add_argument("--json", help="write the rounds here")
     ap.add_argument("--model", choices=sorted(MODELS), default="tiny")
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round (train)")
+    ap.add_argument("--remat-policy", choices=sorted(SAVED), default="full",
+                    help="what the layer loop's backward recomputes, both sides (train)")
     ap.add_argument("--train-bin", default="target/release/examples/train")
     ap.add_argument("--tessera-bin", default="target/release/tessera")
     ap.add_argument("--batch", type=int, default=1)
@@ -319,13 +339,14 @@ def main():
     print(f"jax {jax.__version__}, {DEVICES} CPU devices, {os.cpu_count()} cores")
     rows = []
     if a.what == "train":
-        jx = JaxTrain(a.model, steps=1000)
+        jx = JaxTrain(a.model, steps=1000, remat_policy=a.remat_policy)
         jx.time_steps(2)  # compile and warm up
         for r in range(a.rounds):
             j = statistics.median(jx.time_steps(a.steps))
             t = statistics.median(tessera_train(a, a.steps))
             rows.append(dict(jax_step_s=j, tessera_step_s=t, ratio=t / j))
-            print(f"round {r}: {a.model} step (median of {a.steps}) jax {j * 1e3:.1f} ms, "
+            print(f"round {r}: {a.model} step, remat {a.remat_policy} (median of {a.steps}) "
+                  f"jax {j * 1e3:.1f} ms, "
                   f"tessera {t * 1e3:.1f} ms: {t / j:.3f}x", flush=True)
         report(rows, ["ratio"])
     else:
