@@ -530,3 +530,36 @@ fn auto_blocks_are_chosen_by_the_tuner() {
     }
     assert!(report["kernels"].as_array().is_some_and(|k| !k.is_empty()));
 }
+
+/// `--remat-policy save_attention` on the tiny Ulysses step: libtpu compiles it, its cost
+/// analysis counts less work (the backward's re-run of the q, k, v projections and the
+/// attention's forward are gone) and the step-time model drops the attention's re-run.
+#[test]
+fn tiny_train_step_saving_the_attention_compiles_for_v5p() {
+    let step = |policy: &str| {
+        compiled(
+            "v5p:2x2x1",
+            &[
+                "--model",
+                "tiny",
+                "--layers",
+                "2",
+                "--ici-context-parallelism",
+                "4",
+                "--context-parallel-strategy",
+                "ulysses",
+                "--remat-policy",
+                policy,
+                "--no-step-estimate",
+            ],
+        )
+        .0
+    };
+    let (full, saved) = (step("full"), step("save_attention"));
+    let number = |r: &Value, key: &str| r[key].as_f64().unwrap();
+    assert!(number(&saved, "flops") < number(&full, "flops"), "{full}\n{saved}");
+    assert!(number(&saved, "temp_bytes") > number(&full, "temp_bytes"), "{full}\n{saved}");
+    let predicted = |r: &Value| number(r, "predicted_step_s");
+    assert!(predicted(&saved) < predicted(&full), "{full}\n{saved}");
+    assert_eq!(saved["fits_hbm"], Value::Bool(true), "{saved}");
+}
