@@ -557,8 +557,14 @@ fn tiny_train_step_saving_the_attention_compiles_for_v5p() {
     };
     let (full, saved) = (step("full"), step("save_attention"));
     let number = |r: &Value, key: &str| r[key].as_f64().unwrap();
-    assert!(number(&saved, "flops") < number(&full, "flops"), "{full}\n{saved}");
-    assert!(number(&saved, "temp_bytes") > number(&full, "temp_bytes"), "{full}\n{saved}");
+    assert!(
+        number(&saved, "flops") < number(&full, "flops"),
+        "{full}\n{saved}"
+    );
+    assert!(
+        number(&saved, "temp_bytes") > number(&full, "temp_bytes"),
+        "{full}\n{saved}"
+    );
     let predicted = |r: &Value| number(r, "predicted_step_s");
     assert!(predicted(&saved) < predicted(&full), "{full}\n{saved}");
     assert_eq!(saved["fits_hbm"], Value::Bool(true), "{saved}");

@@ -159,7 +159,7 @@ pub struct StepFlags {
     pub remat_policy: RematPolicyFlag,
 }
 
-/// `--remat-policy`'s values (MaxText's `remat_policy` names where it has the policy).
+/// `--remat-policy`'s values (`full` is MaxText's name and default).
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RematPolicyFlag {
     /// Re-run each layer's whole forward in the backward (MaxText's default).
@@ -580,7 +580,7 @@ mod tests {
         assert_eq!(sharded(&off, StepDefaults::MAXTEXT), (false, false));
     }
 
-    /// `--remat-policy` takes MaxText's `full` (the default) and `save_attention`.
+    /// `--remat-policy` takes `full` (MaxText's default, and ours) and `save_attention`.
     #[test]
     fn remat_policy_flag() {
         let model = ModelConfig::tiny();

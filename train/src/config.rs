@@ -300,8 +300,9 @@ pub enum RematPolicy {
     /// and the attention's output as the output projection takes it, so the backward runs
     /// no projection of q, k or v, no exchange and no attention kernel forward again
     /// ([`tessera_splash::SplashOptions::keep_residuals`]). It costs that much more memory
-    /// per layer ([`crate::memory_estimate`] counts it). Strategies whose kernels run in a
-    /// loop of their own (ring, USP's ring) keep the values that loop does not hold.
+    /// per layer ([`crate::memory::estimate`] counts it), more where the kernels take the
+    /// whole gathered K/V (all-gather) or one call per ring step (ring, USP): every call's
+    /// inputs and outputs are kept. The fused Ulysses kernels keep only the output.
     SaveAttention,
 }
 

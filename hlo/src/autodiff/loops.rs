@@ -20,11 +20,12 @@
 //! ordinary rules (a nested counted loop is handled the same way). In the copy, the ops that
 //! read a kept value read its saved row, and so do the rules; the copy's own op computing it
 //! still passes the cotangent on (the saved row and the copy are one value for the reverse
-//! sweep), and pruning removes it and what only fed it once nothing reads its result. It carries the carry's
-//! cotangent and one accumulator per value the loop body reads from outside that carries a
-//! cotangent (e.g. stacked weights); a cotangent that is a zero array with one window
-//! written (`dynamic_slice`'s rule) is added into the accumulator's window only, so reading
-//! layer `i` of a `[L, ...]` stack costs one layer per iteration, not the whole stack.
+//! sweep), and pruning removes it and what only fed it once nothing reads its result. The
+//! backward carries the carry's cotangent and one accumulator per value the loop body reads
+//! from outside that carries a cotangent (e.g. stacked weights); a cotangent that is a zero
+//! array with one window written (`dynamic_slice`'s rule) is added into the accumulator's
+//! window only, so reading layer `i` of a `[L, ...]` stack costs one layer per iteration,
+//! not the whole stack.
 
 use std::collections::{HashMap, HashSet};
 

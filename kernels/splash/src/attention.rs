@@ -220,11 +220,10 @@ pub struct SplashOptions {
     /// Mark the forward's residuals (`q`, `k`, `v` as the kernel takes them, `out` and
     /// `lse`) with [`tessera_hlo::FuncBuilder::keep_for_backward`] where the context-parallel
     /// strategies (`tessera_parallel`) lower the attention as a custom-VJP unit: the
-    /// backward of a loop holding it (a layer loop)
-    /// reads them from the forward instead of re-running the kernel and whatever only fed
-    /// its inputs (projections, a strategy's exchange). JAX's splash takes a
-    /// `residual_checkpoint_name` for the same purpose. Off: the loop's backward re-runs the
-    /// forward.
+    /// backward of a loop holding it (a layer loop) reads them from the forward instead of
+    /// re-running the kernel and whatever only fed its inputs (projections, a strategy's
+    /// exchange). JAX's splash takes a `residual_checkpoint_name` for the same purpose. Off:
+    /// the loop's backward re-runs the forward.
     pub keep_residuals: bool,
 }
 
