@@ -45,22 +45,25 @@ fn tiny_step(strategy: &str, collective: &str) {
 /// The kernels of a step that attends with splash.
 const SPLASH: [&str; 4] = ["splash_fwd", "splash_bwd_prep", "splash_dkv", "splash_dq"];
 
+/// The tiny model's flags (2 layers, context 4) with `strategy`.
+fn tiny_args(strategy: &str) -> Vec<&str> {
+    vec![
+        "--model",
+        "tiny",
+        "--layers",
+        "2",
+        "--ici-context-parallelism",
+        "4",
+        "--context-parallel-strategy",
+        strategy,
+    ]
+}
+
 /// [`tiny_step`] of a strategy whose attention runs `expected` kernels: the report.
 fn tiny_step_with(strategy: &str, expected: &[&str]) -> Value {
-    let (report, stdout) = compiled(
-        "v5p:2x2x1",
-        &[
-            "--model",
-            "tiny",
-            "--layers",
-            "2",
-            "--ici-context-parallelism",
-            "4",
-            "--context-parallel-strategy",
-            strategy,
-            "--shard-weights-over-context=false",
-        ],
-    );
+    let mut args = tiny_args(strategy);
+    args.push("--shard-weights-over-context=false");
+    let (report, stdout) = compiled("v5p:2x2x1", &args);
     let kernels: Vec<&str> = report["kernels"]
         .as_array()
         .unwrap()
@@ -537,23 +540,9 @@ fn auto_blocks_are_chosen_by_the_tuner() {
 #[test]
 fn tiny_train_step_saving_the_attention_compiles_for_v5p() {
     let step = |policy: &str| {
-        compiled(
-            "v5p:2x2x1",
-            &[
-                "--model",
-                "tiny",
-                "--layers",
-                "2",
-                "--ici-context-parallelism",
-                "4",
-                "--context-parallel-strategy",
-                "ulysses",
-                "--remat-policy",
-                policy,
-                "--no-step-estimate",
-            ],
-        )
-        .0
+        let mut args = tiny_args("ulysses");
+        args.extend(["--remat-policy", policy, "--no-step-estimate"]);
+        compiled("v5p:2x2x1", &args).0
     };
     let (full, saved) = (step("full"), step("save_attention"));
     let number = |r: &Value, key: &str| r[key].as_f64().unwrap();

@@ -182,32 +182,34 @@ fn a_fori_loop_with_constant_bounds_and_an_offset_counter() {
     assert!(m.fd_rel_err < 1e-8, "{m:?}");
 }
 
-#[test]
-fn a_scan_with_an_all_reduce_in_its_body() {
-    // Two manual partitions: h = tanh(all_reduce_sum(w_i h) + x_i), each device its own w.
-    const DEVICES: usize = 2;
-    let n = 3;
-    let inputs: Vec<Vec<HostArray>> = (0..DEVICES)
-        .map(|d| rnn_inputs(n, 60 + 10 * d as u64))
-        .collect();
-    let m = check("scan with all_reduce", &inputs, &|f, a| {
+/// `h = tanh(all_reduce_sum(w_i h) + x_i)` as an `n`-step scan on two manual partitions
+/// (each device its own `w`), the all-reduce's result kept for the backward when `keep`.
+fn all_reduce_rnn(
+    n: usize,
+    keep: bool,
+) -> impl Fn(&mut FuncBuilder<'_>, &[Value]) -> Result<Vec<Value>, HloError> {
+    move |f, a| {
         let (h0, w, x) = (a[0], a[1], a[2]);
         let out = f.scan(n, &[h0], &[x], |f, i, carry, xs| {
             let wi = layer(f, w, i)?;
-            let wh = f.dot_general(
-                wi,
-                carry[0],
-                &DotDims::contracting([1], [0]),
-                DType::F32,
-                None,
-            )?;
-            let all = f.all_reduce(wh, Reducer::Sum, &[vec![0, 1]], Grouping::FlattenedIds)?;
+            let dims = DotDims::contracting([1], [0]);
+            let wh = f.dot_general(wi, carry[0], &dims, DType::F32, None)?;
+            let mut all = f.all_reduce(wh, Reducer::Sum, &[vec![0, 1]], Grouping::FlattenedIds)?;
+            if keep {
+                all = f.keep_for_backward(all)?;
+            }
             let pre = f.add(all, xs[0])?;
-            let h = f.tanh(pre)?;
-            Ok::<_, HloError>((vec![h], vec![]))
+            Ok::<_, HloError>((vec![f.tanh(pre)?], vec![]))
         })?;
         Ok(vec![out.carry[0]])
-    });
+    }
+}
+
+#[test]
+fn a_scan_with_an_all_reduce_in_its_body() {
+    let n = 3;
+    let inputs: Vec<Vec<HostArray>> = (0..2).map(|d| rnn_inputs(n, 60 + 10 * d)).collect();
+    let m = check("scan with all_reduce", &inputs, &all_reduce_rnn(n, false));
     assert!(m.fd_rel_err < 1e-8, "{m:?}");
 }
 
@@ -630,31 +632,14 @@ fn a_kept_value_is_read_from_the_forward_not_recomputed() {
 
 #[test]
 fn a_kept_collective_is_not_run_again_in_the_backward() {
-    // h = tanh(all_reduce_sum(w_i h) + x_i) on two devices, the all-reduce's result kept:
-    // the backward holds only its transpose (without the mark, also the re-run's copy).
+    // The all-reduce's result kept: the backward holds only its transpose (without the mark,
+    // also the re-run's copy).
     const DEVICES: usize = 2;
     let n = 3;
     let inputs: Vec<Vec<HostArray>> = (0..DEVICES)
         .map(|d| rnn_inputs(n, 160 + 10 * d as u64))
         .collect();
-    let forward = |keep: bool| {
-        move |f: &mut FuncBuilder<'_>, a: &[Value]| -> Result<Vec<Value>, HloError> {
-            let (h0, w, x) = (a[0], a[1], a[2]);
-            let out = f.scan(n, &[h0], &[x], |f, i, carry, xs| {
-                let wi = layer(f, w, i)?;
-                let dims = DotDims::contracting([1], [0]);
-                let wh = f.dot_general(wi, carry[0], &dims, DType::F32, None)?;
-                let mut all =
-                    f.all_reduce(wh, Reducer::Sum, &[vec![0, 1]], Grouping::FlattenedIds)?;
-                if keep {
-                    all = f.keep_for_backward(all)?;
-                }
-                let pre = f.add(all, xs[0])?;
-                Ok::<_, HloError>((vec![f.tanh(pre)?], vec![]))
-            })?;
-            Ok(vec![out.carry[0]])
-        }
-    };
+    let forward = |keep: bool| all_reduce_rnn(n, keep);
     let m = check("scan with a kept all_reduce", &inputs, &forward(true));
     assert!(m.fd_rel_err < 1e-8, "{m:?}");
     let types: Vec<TensorType> = inputs[0].iter().map(fd::type_of).collect();
