@@ -335,34 +335,51 @@ fn a_second_gradient_of_the_same_loop_reuses_its_saves() {
     assert_eq!(fd::buffer_values(&out[0][0]), fd::buffer_values(&out[0][1]));
 }
 
+/// `h = tanh(doublings(sin h) / 4 + x_i)` over 3 steps (`args = [h0 [4], x [3, 4], k]`): the
+/// unit doubles its input `k` times in a loop with a run-time trip count, which autodiff
+/// cannot differentiate (only the unit's rule can, in the copies of the body autodiff
+/// makes); its output kept for the backward when `keep`.
+fn doublings_scan(
+    keep: bool,
+) -> impl Fn(&mut FuncBuilder<'_>, &[Value]) -> Result<Vec<Value>, HloError> {
+    move |f, a| {
+        let (h0, xs, k) = (a[0], a[1], a[2]);
+        let out = f.scan(3, &[h0], &[xs], |f, _, c, x| {
+            let s = f.sin(c[0])?;
+            let y = f.custom_vjp(Rc::new(Doublings(2)), &[s], |f, v| {
+                let lo = f.scalar(0.0, DType::I32)?;
+                f.fori_loop(lo, k, &[v[0]], |b, _, d| -> Result<_, HloError> {
+                    Ok(vec![b.add(d[0], d[0])?])
+                })
+            })?;
+            let y = if keep {
+                f.keep_for_backward(y[0])?
+            } else {
+                y[0]
+            };
+            let quarter = f.splat(0.25, f32t(&[4]))?;
+            let y = f.mul(y, quarter)?;
+            let pre = f.add(y, x[0])?;
+            Ok::<_, HloError>((vec![f.tanh(pre)?], vec![]))
+        })?;
+        Ok(vec![out.carry[0]])
+    }
+}
+
+fn doublings_inputs(seed: u64) -> [HostArray; 3] {
+    [
+        uniform(&[4], -1.0, 1.0, seed),
+        uniform(&[3, 4], -1.0, 1.0, seed + 1),
+        fd::index(2),
+    ]
+}
+
 #[test]
 fn a_custom_vjp_inside_a_scan_body_keeps_its_rule() {
-    // The unit doubles x in a loop with a run-time trip count, which autodiff cannot
-    // differentiate: only the unit's rule can, in the copies of the body autodiff makes.
     let m = check1(
         "custom_vjp in a scan",
-        &[
-            uniform(&[4], -1.0, 1.0, 90),
-            uniform(&[3, 4], -1.0, 1.0, 91),
-            fd::index(2),
-        ],
-        &|f, a| {
-            let (h0, xs, k) = (a[0], a[1], a[2]);
-            let out = f.scan(3, &[h0], &[xs], |f, _, c, x| {
-                let s = f.sin(c[0])?;
-                let y = f.custom_vjp(Rc::new(Doublings(2)), &[s], |f, v| {
-                    let lo = f.scalar(0.0, DType::I32)?;
-                    f.fori_loop(lo, k, &[v[0]], |b, _, d| -> Result<_, HloError> {
-                        Ok(vec![b.add(d[0], d[0])?])
-                    })
-                })?;
-                let quarter = f.splat(0.25, f32t(&[4]))?;
-                let y = f.mul(y[0], quarter)?;
-                let pre = f.add(y, x[0])?;
-                Ok::<_, HloError>((vec![f.tanh(pre)?], vec![]))
-            })?;
-            Ok(vec![out.carry[0]])
-        },
+        &doublings_inputs(90),
+        &doublings_scan(false),
     );
     assert!(m.fd_rel_err < 1e-8, "{m:?}");
 }
@@ -655,37 +672,10 @@ fn a_kept_collective_is_not_run_again_in_the_backward() {
 
 #[test]
 fn a_kept_custom_vjp_output_leaves_the_unit_out_of_the_re_run() {
-    // The unit (doublings in a loop with a run-time trip count) runs in the forward only:
-    // loops without the mark: forward scan, its unit, backward scan, the re-run's unit.
-    let inputs = [
-        uniform(&[4], -1.0, 1.0, 190),
-        uniform(&[3, 4], -1.0, 1.0, 191),
-        fd::index(2),
-    ];
-    let forward = |keep: bool| {
-        move |f: &mut FuncBuilder<'_>, a: &[Value]| -> Result<Vec<Value>, HloError> {
-            let (h0, xs, k) = (a[0], a[1], a[2]);
-            let out = f.scan(3, &[h0], &[xs], |f, _, c, x| {
-                let s = f.sin(c[0])?;
-                let y = f.custom_vjp(Rc::new(Doublings(2)), &[s], |f, v| {
-                    let lo = f.scalar(0.0, DType::I32)?;
-                    f.fori_loop(lo, k, &[v[0]], |b, _, d| -> Result<_, HloError> {
-                        Ok(vec![b.add(d[0], d[0])?])
-                    })
-                })?;
-                let y = if keep {
-                    f.keep_for_backward(y[0])?
-                } else {
-                    y[0]
-                };
-                let quarter = f.splat(0.25, f32t(&[4]))?;
-                let y = f.mul(y, quarter)?;
-                let pre = f.add(y, x[0])?;
-                Ok::<_, HloError>((vec![f.tanh(pre)?], vec![]))
-            })?;
-            Ok(vec![out.carry[0]])
-        }
-    };
+    // The unit runs in the forward only: loops without the mark: forward scan, its unit,
+    // backward scan, the re-run's unit.
+    let inputs = doublings_inputs(190);
+    let forward = doublings_scan;
     let m = check1("kept custom_vjp output", &inputs, &forward(true));
     assert!(m.fd_rel_err < 1e-8, "{m:?}");
     let types: Vec<TensorType> = inputs.iter().map(fd::type_of).collect();
