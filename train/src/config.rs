@@ -302,7 +302,8 @@ pub enum RematPolicy {
     /// ([`tessera_splash::SplashOptions::keep_residuals`]). It costs that much more memory
     /// per layer ([`crate::memory::estimate`] counts it), more where the kernels take the
     /// whole gathered K/V (all-gather) or one call per ring step (ring, USP): every call's
-    /// inputs and outputs are kept. The fused Ulysses kernels keep only the output.
+    /// inputs and outputs are kept. The fused Ulysses kernels keep their inputs (this
+    /// device's q, k, v rows, before the in-kernel exchange) and outputs.
     SaveAttention,
 }
 

@@ -15,9 +15,9 @@
 //!   gradient), the logits with their softmax and gradient (f32), and the token ids;
 //! - with [`RematPolicy::SaveAttention`], what each layer keeps of its attention: q, k and v
 //!   as the kernels take them (k and v whole sequences where the strategy gathers them, every
-//!   ring step's shard for a ring), each kernel call's output and logsumexp (f32), and the
-//!   output as the projection takes it (compute dtype; with the fused Ulysses kernels, the
-//!   only value kept).
+//!   ring step's shard for a ring, every query head's for the fused Ulysses kernels), each
+//!   kernel call's output and logsumexp (f32), and the output as the projection takes it
+//!   (compute dtype).
 
 use tessera_parallel::strategy::Exchange;
 
@@ -77,15 +77,16 @@ pub fn estimate(cfg: &TrainConfig) -> MemoryEstimate {
         RematPolicy::SaveAttention => {
             // K/V copies a device's kernels take (the gathered sequence, or every ring
             // step's shard) and the kernel calls whose output and logsumexp are kept.
-            // The fused Ulysses kernels keep nothing: only the output is kept.
+            // The fused Ulysses kernels take this device's rows of every query head's K and V
+            // (GQA's KV heads repeated).
             let cp = cfg.ici_context_parallelism.max(1) as f64;
-            let (kv_copies, calls) = match cfg.strategy.exchange(cp as usize) {
-                Exchange::Heads => (1.0, 1.0),
-                Exchange::HeadsInKernel => (0.0, 0.0),
-                Exchange::AllKeys => (cp, 1.0),
-                Exchange::Ring { ring, .. } => (ring as f64, ring as f64),
+            let (kv_heads, calls) = match cfg.strategy.exchange(cp as usize) {
+                Exchange::Heads => (kv, 1.0),
+                Exchange::HeadsInKernel => (h, 1.0),
+                Exchange::AllKeys => (kv * cp, 1.0),
+                Exchange::Ring { ring, .. } => (kv * ring as f64, ring as f64),
             };
-            let qkv = calls.min(1.0) * (h + 2.0 * kv * kv_copies) * hd * act;
+            let qkv = (h + 2.0 * kv_heads) * hd * act;
             let outputs = calls * (h * hd * act + 4.0 * h) + h * hd * act;
             l * (qkv + outputs)
         }

@@ -141,6 +141,7 @@ impl ContextStrategy for UlyssesFused {
             logits: Logits::new(cp.options.scale, cp.options.soft_cap),
             kv_repeat: cp.kv_replication(),
             lowering: cp.lowering.clone(),
+            keep_residuals: cp.options.keep_residuals,
         }))
     }
 }
@@ -195,6 +196,9 @@ struct Composed {
     logits: Logits,
     kv_repeat: usize,
     lowering: Lowering,
+    /// [`tessera_splash::SplashOptions::keep_residuals`]: the unit's inputs (this device's
+    /// q, k, v rows) and outputs are kept for the backward of a loop holding it.
+    keep_residuals: bool,
 }
 
 impl fmt::Debug for Composed {
@@ -244,6 +248,11 @@ impl Composition for Composed {
             });
             let rule: Rc<dyn VjpRule> = unit.clone();
             let y = f.custom_vjp(rule, &merged, |f, xs| unit.forward(f, xs))?;
+            if self.keep_residuals {
+                for &v in merged.iter().chain(&y) {
+                    f.keep_for_backward(v)?;
+                }
+            }
             Ok(vec![
                 f.reshape(y[0], &[b, h, s, d])?,
                 f.reshape(y[1], &[b, h, s])?,
