@@ -28,7 +28,10 @@ fn saving_the_attention_trains_to_the_losses_of_the_full_re_run() {
         ("ulysses", Strategy::from(Ulysses)),
         ("all_gather", Strategy::from(AllGather)),
         ("ring", Strategy::from(Ring)),
-        ("ulysses_fused", Strategy::parse("ulysses_fused", 4).unwrap()),
+        (
+            "ulysses_fused",
+            Strategy::parse("ulysses_fused", 4).unwrap(),
+        ),
     ] {
         let mut cfg = micro();
         cfg.model.layers = 2;
