@@ -327,8 +327,9 @@ impl FuncBuilder<'_> {
     /// the body the backward re-runs reads the saved value instead: the ops that only fed it
     /// (a projection, a collective, a kernel's forward) are left out of the re-run, and rules
     /// that read it (e.g. a custom VJP's outputs) read the saved value. Cotangents flow
-    /// through `v` as without the mark. Values computed in a region nested in the body (an
-    /// inner loop) and values outside any loop are not saved; marking them changes nothing.
+    /// through `v` as without the mark. The loop whose body computes `v` saves it: a value
+    /// of an inner loop's body is saved by that loop, per inner iteration, where autodiff
+    /// differentiates it; a value outside any loop is not saved (the mark changes nothing).
     /// Returns `v`.
     pub fn keep_for_backward(&mut self, v: Value) -> Result<Value, HloError> {
         let t = self.check_value(VJP, "kept value", v)?;
