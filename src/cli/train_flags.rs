@@ -131,6 +131,13 @@ pub struct StepFlags {
     pub sa_block_q_dkv: Option<BlockFlag>,
     #[arg(long)]
     pub sa_block_kv_dkv: Option<BlockFlag>,
+    /// Splash's backward as one fused kernel per key block (dK, dV, and dQ into 3 partials
+    /// summed after it, MaxText's `dq_reduction_steps=3`) instead of separate dK/dV and dQ
+    /// kernels (MaxText's `sa_use_fused_bwd_kernel`; off by default, as MaxText's).
+    /// `--sa-use-fused-bwd-kernel` (or `=true`) on, `=false` off.
+    #[arg(long, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true,
+          default_value_t = false, default_missing_value = "true")]
+    pub sa_use_fused_bwd_kernel: bool,
     /// Compute dtype (MaxText's `dtype`): f32, or bf16 for the matmuls, activations, weight
     /// gathers and attention (parameters and AdamW moments stay f32; norms, softmax and the
     /// loss in f32). Default: bf16 for `tessera compile --target tpu:.. train` (MaxText's),
@@ -368,6 +375,7 @@ impl StepFlags {
         cfg.load_balance = load_balance;
         cfg.collective_matmul = self.collective_matmul;
         cfg.remat_policy = self.remat_policy.into();
+        cfg.sa_use_fused_bwd_kernel = self.sa_use_fused_bwd_kernel;
         // By default only where it applies: a data-parallel batch axis keeps them replicated.
         cfg.shard_weights_over_context = self.shard_weights_over_context.unwrap_or(
             defaults.shard_weights_over_context
@@ -591,6 +599,26 @@ mod tests {
         assert_eq!(saved, RematPolicy::SaveAttention);
         assert_eq!(saved.name(), "save_attention");
         assert!(parse(&["--remat-policy", "minimal"]).is_err());
+    }
+
+    /// `--sa-use-fused-bwd-kernel` (or `=true`) picks splash's fused backward, `=false` and
+    /// no flag the separate kernels.
+    #[test]
+    fn fused_backward_flag() {
+        let model = ModelConfig::tiny();
+        let fused = |args: &[&str]| {
+            let cfg = parse(args).unwrap().config(model).unwrap();
+            assert_eq!(
+                cfg.block_sizes().use_fused_bwd_kernel,
+                cfg.sa_use_fused_bwd_kernel
+            );
+            cfg.sa_use_fused_bwd_kernel
+        };
+        assert!(!fused(&[]));
+        assert!(fused(&["--sa-use-fused-bwd-kernel"]));
+        assert!(fused(&["--sa-use-fused-bwd-kernel=true"]));
+        assert!(!fused(&["--sa-use-fused-bwd-kernel=false"]));
+        assert!(parse(&["--sa-use-fused-bwd-kernel=yes"]).is_err());
     }
 
     /// `auto` blocks are asked of the search once; explicit blocks keep their values; without

@@ -234,6 +234,12 @@ pub struct TrainConfig {
     pub sa_block_kv: usize,
     pub sa_block_q_dkv: usize,
     pub sa_block_kv_dkv: usize,
+    /// `sa_use_fused_bwd_kernel`: splash's backward as one kernel per key block that also
+    /// adds each block's dQ into one of 3 partials (MaxText's `dq_reduction_steps=3`, as its
+    /// tokamax splash runs it) instead of separate dK/dV and dQ kernels, which compute the
+    /// scores and their gradient twice. Off by default (MaxText's default). The fused
+    /// Ulysses strategy runs its own backward kernels either way.
+    pub sa_use_fused_bwd_kernel: bool,
     /// Peak learning rate (`learning_rate`).
     pub learning_rate: f64,
     /// Linear warmup steps (`warmup_steps_fraction` x steps in MaxText; here a count), at
@@ -336,6 +342,7 @@ impl TrainConfig {
             sa_block_kv: 128,
             sa_block_q_dkv: 128,
             sa_block_kv_dkv: 128,
+            sa_use_fused_bwd_kernel: false,
             learning_rate: 3e-3,
             warmup_steps: 10,
             final_lr_fraction: 0.1,
@@ -462,7 +469,7 @@ impl TrainConfig {
             block_kv_dq: self.sa_block_kv_dkv,
             block_kv_dq_compute: None,
             block_diagonal: None,
-            use_fused_bwd_kernel: false,
+            use_fused_bwd_kernel: self.sa_use_fused_bwd_kernel,
         }
     }
 
