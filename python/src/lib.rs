@@ -493,7 +493,8 @@ fn kernel(
 #[pyclass(frozen, module = "tessera_jax", name = "Stage")]
 struct PyStage {
     kernel: Py<PyKernel>,
-    /// `("const", (bytes, shape, dtype))` or `("tensor", name)` per argument.
+    /// `("const", (bytes, shape, dtype))`, `("zeros", (shape, dtype))` or `("tensor", name)`
+    /// per argument.
     args: Py<PyList>,
     outputs: Vec<String>,
 }
@@ -506,7 +507,9 @@ impl PyStage {
     }
 
     /// Per argument, in call order: `("const", (bytes, shape, dtype))` for an array the
-    /// configuration fixes (block tables, placeholders) or `("tensor", NAME)` for one of the
+    /// configuration fixes (block tables, placeholders), `("zeros", (shape, dtype))` for a
+    /// buffer a kernel accumulates into from zeros (the fused backward's dQ partials, which
+    /// the caller makes in its program), or `("tensor", NAME)` for one of the
     /// computation (`q`, `k`, `v`, `q_segment_ids`, `kv_segment_ids`, `sinks`, `out`, `lse`,
     /// `dout`, `di`, `dq_partial`).
     #[getter]
@@ -553,10 +556,10 @@ fn py_stage(
     for a in &stage.args {
         match a {
             StageArg::Const(c) => args.append(("const", from_host(py, c)?))?,
-            // JAX gets the zeros as a constant, as any fixed argument.
+            // Made inside the JAX program (a broadcast), not embedded in it as a constant:
+            // the fused backward's dQ partials are 3 times dQ's size.
             StageArg::Zeros(spec) => {
-                let zeros = HostArray::zeros(spec.dtype, spec.shape.clone());
-                args.append(("const", from_host(py, &zeros)?))?
+                args.append(("zeros", (spec.shape.clone(), spec.dtype.name())))?
             }
             StageArg::Tensor(t) => args.append(("tensor", tensor_name(*t)))?,
             StageArg::PerShard(_) => {

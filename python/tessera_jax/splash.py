@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from . import _tessera
-from ._arrays import from_triple, tessera_dtype
+from ._arrays import from_triple, numpy_dtype, tessera_dtype
 from ._primitive import call
 
 
@@ -95,7 +95,8 @@ def _plan(q, k, v, dtype, mask, blocks: BlockSizes, segmented, sinks, soft_cap, 
 @dataclasses.dataclass(frozen=True)
 class _Stage:
     kernel: _tessera.Kernel
-    # ("const", numpy array) or ("tensor", name), per argument.
+    # ("const", numpy array), ("zeros", jax.ShapeDtypeStruct) or ("tensor", name), per
+    # argument.
     args: tuple
     outputs: tuple
 
@@ -110,20 +111,38 @@ class _Plan:
     backward: tuple
 
 
+def _stage_arg(kind, value):
+    if kind == "const":
+        return ("const", from_triple(value))
+    if kind == "zeros":
+        shape, dtype = value
+        return ("zeros", jax.ShapeDtypeStruct(tuple(shape), numpy_dtype(dtype)))
+    return ("tensor", value)
+
+
 def _stage(s) -> _Stage:
-    args = tuple(
-        ("const", from_triple(value)) if kind == "const" else ("tensor", value)
-        for kind, value in s.args
-    )
+    args = tuple(_stage_arg(kind, value) for kind, value in s.args)
     return _Stage(kernel=s.kernel, args=args, outputs=tuple(s.outputs))
 
 
+def stage_args(stage, env: dict) -> list:
+    """A stage's arguments: its constants, zeros made in the program (`jnp.zeros`, a
+    broadcast, not a constant the size of the buffer) and the tensors of `env` by name."""
+    def arg(kind, value):
+        if kind == "const":
+            return jnp.asarray(value)
+        if kind == "zeros":
+            return jnp.zeros(value.shape, value.dtype)
+        return env[value]
+
+    return [arg(kind, value) for kind, value in stage.args]
+
+
 def run_stages(stages, env: dict) -> dict:
-    """Calls each stage's kernel on its constants and the tensors of `env` (by name); the
-    outputs join `env` under their names. Returns `env`."""
+    """Calls each stage's kernel on its arguments ([`stage_args`]); the outputs join `env`
+    under their names. Returns `env`."""
     for stage in stages:
-        args = [jnp.asarray(v) if kind == "const" else env[v] for kind, v in stage.args]
-        env.update(zip(stage.outputs, call(stage.kernel, *args)))
+        env.update(zip(stage.outputs, call(stage.kernel, *stage_args(stage, env))))
     return env
 
 

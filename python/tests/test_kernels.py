@@ -155,7 +155,7 @@ def test_splash_kernels(fused):
     for stage in plan.forward + plan.backward:
         registered = tj.kernel(stage.kernel.name, SPLASH)
         assert registered.ir() == stage.kernel.ir(), f"{stage.kernel.name}: not the registry's"
-        args = [value if kind == "const" else env[value] for kind, value in stage.args]
+        args = [np.asarray(a) for a in tj.splash.stage_args(stage, env)]
         got = check(stage.kernel, args, want[stage.kernel.name], 2e-5)
         env.update(zip(stage.outputs, got))
         seen.append(stage.kernel.name)

@@ -2,6 +2,8 @@
 attention in f64: the output and the gradients of q, k, v (and sinks), MHA and GQA, causal
 and local masks, segment ids, the fused backward, soft cap and sinks, bf16."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,6 +101,26 @@ def test_a_call_no_gradient_follows_runs_the_forward_without_its_logsumexp():
     # Differentiated: the forward keeps its logsumexp (out, lse) for the backward kernels.
     vjp = jax.make_jaxpr(lambda q, k, v: jax.vjp(splash, q, k, v)[0])(q, k, v)
     assert tessera_kernel_outputs(vjp.jaxpr) == [2]
+
+
+def test_the_fused_backward_makes_its_dq_partials_in_the_program():
+    """The fused backward's dQ partials start from zeros the program makes (a broadcast of
+    one scalar), not from a constant the size of the partials embedded in it."""
+    q, k, v, dout = inputs(4, 2)
+    blocks = tj.BlockSizes(block_q=128, block_kv=128, use_fused_bwd_kernel=True)
+
+    def grads(q, k, v, dout):
+        splash = lambda q, k, v: tj.splash_attention(q, k, v, mask="causal", block_sizes=blocks)
+        out, vjp = jax.vjp(splash, q, k, v)
+        return vjp(dout)
+
+    lines = jax.jit(grads).lower(q, k, v, dout).as_text().splitlines()
+    # One partial per key block up to 3: [2, B, H, S, D] at 2 key blocks of 128.
+    partials = re.compile(rf"tensor<2x{B}x4x{S}x{D}xf32>")
+    made = [l for l in lines if "stablehlo.broadcast_in_dim" in l and partials.search(l)]
+    assert len(made) == 1, "the dQ partials are not made in the program"
+    constants = [l for l in lines if "stablehlo.constant" in l and partials.search(l)]
+    assert constants == [], constants
 
 
 def test_diagonal_sub_tiles_match_dense_f64():
