@@ -5,16 +5,10 @@
 
 mod common;
 
-use common::micro;
+use common::{losses, max_abs_diff, micro};
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses};
 use tessera_parallel::Strategy;
-use tessera_runtime::Platform;
-use tessera_train::{train_step_program, TrainConfig, Trainer};
-
-fn losses(cfg: TrainConfig, steps: usize) -> Vec<f64> {
-    let mut t = Trainer::new(cfg, Platform::Cpu).unwrap();
-    (0..steps).map(|_| t.train_step().unwrap().loss).collect()
-}
+use tessera_train::{train_step_program, TrainConfig};
 
 fn with_fused(mut cfg: TrainConfig, fused: bool) -> TrainConfig {
     cfg.sa_use_fused_bwd_kernel = fused;
@@ -36,10 +30,7 @@ fn the_fused_backward_trains_to_the_losses_of_the_separate_kernels() {
         // partials, so a partial takes two key blocks' contributions.
         let separate = losses(with_fused(cfg.clone(), false), steps);
         let fused = losses(with_fused(cfg, true), steps);
-        let diff = separate
-            .iter()
-            .zip(&fused)
-            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        let diff = max_abs_diff(&separate, &fused);
         eprintln!("{name}: max |loss(fused) - loss(separate)| = {diff:.2e}");
         // f32: dQ summed in another order.
         assert!(diff <= 1e-5, "{name}: {fused:?} vs {separate:?}");

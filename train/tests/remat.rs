@@ -5,16 +5,10 @@
 
 mod common;
 
-use common::micro;
+use common::{losses, max_abs_diff, micro};
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses};
 use tessera_parallel::Strategy;
-use tessera_runtime::Platform;
-use tessera_train::{memory, train_step_program, RematPolicy, TrainConfig, Trainer};
-
-fn losses(cfg: TrainConfig, steps: usize) -> Vec<f64> {
-    let mut t = Trainer::new(cfg, Platform::Cpu).unwrap();
-    (0..steps).map(|_| t.train_step().unwrap().loss).collect()
-}
+use tessera_train::{memory, train_step_program, RematPolicy, TrainConfig};
 
 fn with_policy(mut cfg: TrainConfig, policy: RematPolicy) -> TrainConfig {
     cfg.remat_policy = policy;
@@ -38,10 +32,7 @@ fn saving_the_attention_trains_to_the_losses_of_the_full_re_run() {
         cfg.strategy = strategy;
         let full = losses(with_policy(cfg.clone(), RematPolicy::Full), steps);
         let saved = losses(with_policy(cfg, RematPolicy::SaveAttention), steps);
-        let diff = full
-            .iter()
-            .zip(&saved)
-            .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
+        let diff = max_abs_diff(&full, &saved);
         eprintln!("{name}: max |loss(save_attention) - loss(full)| = {diff:.2e}");
         assert!(diff <= 1e-6, "{name}: {saved:?} vs {full:?}");
         assert!(

@@ -1,6 +1,7 @@
 //! What the train tests share.
 
-use tessera_train::{ModelConfig, TrainConfig};
+use tessera_runtime::Platform;
+use tessera_train::{ModelConfig, TrainConfig, Trainer};
 
 /// A model small enough for CI (1 layer, 4 heads of 8, 2 KV heads), 64 tokens on 4 context
 /// devices, blocks 16, 5 steps.
@@ -27,4 +28,17 @@ pub fn micro() -> TrainConfig {
     cfg.learning_rate = 1e-2;
     cfg.seed = 3;
     cfg
+}
+
+/// The losses of the first `steps` steps of `cfg` on the CPU devices.
+#[allow(dead_code)] // not every test file compares runs
+pub fn losses(cfg: TrainConfig, steps: usize) -> Vec<f64> {
+    let mut t = Trainer::new(cfg, Platform::Cpu).unwrap();
+    (0..steps).map(|_| t.train_step().unwrap().loss).collect()
+}
+
+/// The largest `|a[i] - b[i]|`.
+#[allow(dead_code)] // not every test file compares runs
+pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()))
 }
