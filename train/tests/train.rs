@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::micro;
+use common::{max_abs_diff, micro};
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses, Usp};
 use tessera_parallel::Strategy;
 use tessera_runtime::Platform;
@@ -119,13 +119,6 @@ fn a_resumed_run_continues_exactly() {
     assert!(err.contains("it was saved with seed = 3"), "{err}");
 }
 
-fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-    a.iter()
-        .zip(b)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0.0, f64::max)
-}
-
 /// `cfg` on data 2 x context 2 (parallelism `dp`) or fsdp 2 x context 2.
 fn on_batch_axis(mut cfg: TrainConfig, fsdp: bool) -> TrainConfig {
     cfg.ici_context_parallelism = 2;
@@ -159,7 +152,7 @@ fn fsdp_trains_to_the_same_losses_as_data_parallelism() {
         cfg.strategy = strategy;
         let data = losses(&run(on_batch_axis(cfg.clone(), false), steps));
         let fsdp = losses(&run(on_batch_axis(cfg, true), steps));
-        let (to_data, to_reference) = (max_diff(&fsdp, &data), max_diff(&fsdp, &reference));
+        let (to_data, to_reference) = (max_abs_diff(&fsdp, &data), max_abs_diff(&fsdp, &reference));
         eprintln!(
             "{name} fsdp 2 x context 2: max |loss - data 2 x context 2| = {to_data:.2e}, \
              max |loss - all_gather on 4| = {to_reference:.2e} over {steps} steps"
@@ -183,7 +176,7 @@ fn two_layers_per_loop_iteration_train_like_one() {
     let one = losses(&run(cfg.clone(), steps));
     cfg.layers_per_iteration = 2;
     let two = losses(&run(cfg.clone(), steps));
-    let diff = max_diff(&one, &two);
+    let diff = max_abs_diff(&one, &two);
     eprintln!("1 vs 2 layers per iteration: max |loss difference| = {diff:.2e}");
     assert!(diff <= 1e-5, "{one:?} vs {two:?}");
     cfg.layers_per_iteration = 3;
@@ -276,7 +269,7 @@ fn weights_split_over_context_train_to_the_replicated_losses() {
         let expected = state_bytes(t.param_specs(), ways);
         assert_eq!(t.state_bytes_per_device(), expected, "{name}");
         let split: Vec<f64> = (0..steps).map(|_| t.train_step().unwrap().loss).collect();
-        let diff = max_diff(&split, &replicated);
+        let diff = max_abs_diff(&split, &replicated);
         eprintln!(
             "{name}: weights over context ({ways} ways): max |loss - replicated| = {diff:.2e} \
              over {steps} steps"
@@ -306,7 +299,7 @@ fn a_fractional_per_device_batch_trains_one_sequence_over_the_context_axis() {
     single.per_device_batch_size = 1.0;
     assert_eq!(single.global_batch(), 1);
     let (got, expected) = (losses(&run(split, 2)), losses(&run(single, 2)));
-    let diff = max_diff(&got, &expected);
+    let diff = max_abs_diff(&got, &expected);
     assert!(diff <= 1e-3, "{got:?} vs one device {expected:?}");
 }
 
@@ -445,7 +438,7 @@ fn bf16_compute_tracks_f32_and_the_loss_falls() {
     bf16_cfg.dtype = tessera_hlo::DType::BF16;
     let f32_losses = losses(&run(f32_cfg, steps));
     let bf16_losses = losses(&run(bf16_cfg, steps));
-    let diff = max_diff(&bf16_losses, &f32_losses);
+    let diff = max_abs_diff(&bf16_losses, &f32_losses);
     eprintln!("bf16 {bf16_losses:?}\nf32 {f32_losses:?}\nmax |bf16 - f32| = {diff:.2e}");
     assert!(diff <= 1e-2, "bf16 {bf16_losses:?} vs f32 {f32_losses:?}");
     assert!(
