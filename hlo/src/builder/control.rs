@@ -395,8 +395,10 @@ impl FuncBuilder<'_> {
         })
     }
 
-    /// Row `i` of `stack` (its dim 0 dropped), read with `dynamic_slice`.
-    pub(crate) fn stacked_row(&mut self, stack: Value, i: Value) -> Result<Value, HloError> {
+    /// Row `i` (an `i32` scalar, e.g. a [`FuncBuilder::scan`] index) of `stack`, its dim 0
+    /// dropped, read with `dynamic_slice`: how a scan body reads a row of a stack it does
+    /// not scan over (a loop over the first rows of a longer stack, say).
+    pub fn stacked_row(&mut self, stack: Value, i: Value) -> Result<Value, HloError> {
         const OP: &str = "stablehlo.dynamic_slice";
         let t = self.check_value(OP, "stacked operand", stack)?;
         if t.is_scalar() {
