@@ -292,6 +292,16 @@ pub struct TrainConfig {
     /// What the layer loop's backward recomputes (MaxText's `remat_policy`): each layer's
     /// whole forward ([`RematPolicy::Full`], the default) or all but its attention.
     pub remat_policy: RematPolicy,
+    /// Whether the backward re-runs the last iteration of the layer loop (its last layer,
+    /// or its last [`TrainConfig::layers_per_iteration`] layers) as it re-runs every other
+    /// one, as MaxText's scanned layers do (on by default). Off: that iteration runs after
+    /// the loop, and its backward, the first after the loss's, reads the activations its
+    /// forward computed instead of recomputing them (PyTorch's `checkpoint_sequential`
+    /// likewise leaves its last segment out): one iteration's forward less per step, for
+    /// one iteration's activations held through the loss's forward and backward (which
+    /// [`crate::memory::estimate`] already counts beside the logits). The losses are the
+    /// same.
+    pub remat_last_layer: bool,
 }
 
 /// What the backward of the layer loop recomputes of each layer's forward (MaxText's
@@ -358,6 +368,7 @@ impl TrainConfig {
             shard_weights_over_context: false,
             segment_ids: false,
             remat_policy: RematPolicy::Full,
+            remat_last_layer: true,
         }
     }
 

@@ -12,7 +12,9 @@
 //! - activations, for the tokens one device holds (`per_device_batch_size x
 //!   max_target_length`): the residual stream each layer saves for the backward (in the
 //!   compute dtype), one layer's live intermediates during its backward (f32, forward and
-//!   gradient), the logits with their softmax and gradient (f32), and the token ids;
+//!   gradient), the logits with their softmax and gradient (f32), and the token ids; the
+//!   layer's and the logits' together, as they are when the last layer is not re-run
+//!   (`TrainConfig::remat_last_layer`) and holds its activations through the loss;
 //! - with [`RematPolicy::SaveAttention`], what each layer keeps of its attention: q, k and v
 //!   as the kernels take them (k and v whole sequences where the strategy gathers them, every
 //!   ring step's shard for a ring, every query head's for the fused Ulysses kernels), each

@@ -9,6 +9,13 @@ use super::*;
 /// input and output.
 pub(super) type TokenRows = (Split<Data>, Replicated);
 
+/// One layer's rows of the stacked norm vectors and matrices (laid out as `W`), as one
+/// iteration of the layer loop reads them.
+type LayerRows<'p, W> = (
+    Vec<DTensor<'p, ModelMesh, <StackedVector as Unstack<ModelMesh>>::Row>>,
+    Vec<DTensor<'p, ModelMesh, <W as Unstack<ModelMesh>>::Row>>,
+);
+
 /// The model's values in one program.
 pub(super) struct Model<'a> {
     pub(super) m: &'a ModelConfig,
@@ -27,6 +34,10 @@ pub(super) struct Model<'a> {
     pub(super) dtype: DType,
     /// [`TrainConfig::layers_per_iteration`].
     pub(super) layers_per_iteration: usize,
+    /// Whether the backward re-runs the layer loop's last iteration too
+    /// ([`TrainConfig::remat_last_layer`]); forward-only programs run every iteration in
+    /// the loop.
+    pub(super) remat_last_layer: bool,
     /// With [`TrainConfig::collective_matmul`], the kernels' lowering: the layers' weight
     /// matmuls run the all-gather matmul.
     pub(super) collective_matmul: Option<&'a Lowering>,
@@ -64,6 +75,7 @@ impl<'a> Model<'a> {
             weights: WeightSplit::of(cfg),
             dtype: cfg.dtype,
             layers_per_iteration: cfg.layers_per_iteration,
+            remat_last_layer: true,
             collective_matmul: (cfg.fsdp() && cfg.collective_matmul).then_some(&cfg.lowering),
             segments: None,
             logits: false,
@@ -225,37 +237,94 @@ impl<'a> Model<'a> {
                 ))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        p.scan(self.m.layers / k, x0, &groups, |p, _i, mut x, groups| {
-            // With the all-gather matmul, each matrix enters its matmul as this device's
-            // rows; otherwise whole.
-            let collective = self.collective_matmul.map(|l| CollectiveMatmul::new(p, l));
-            let matrix = |row: &DTensor<'_, ModelMesh, W::Row>| {
-                if collective.is_some() {
-                    W::rows(row, self.dtype)
-                } else {
-                    W::whole(row, self.dtype)
+        let iterations = self.m.layers / k;
+        if self.remat_last_layer {
+            return p.scan(iterations, x0, &groups, |p, _i, x, rows| {
+                self.iteration::<W>(p, x, &rows, cos, sin)
+            });
+        }
+        // The last iteration runs after the loop: its backward, the first after the loss's,
+        // then reads the activations its forward computed instead of re-running it, which
+        // holds them through the loss (PyTorch's `checkpoint_sequential` leaves its last
+        // segment out likewise).
+        let looped = iterations - 1;
+        let x = if looped > 0 {
+            // The loop reads its layers' rows of the whole stacks by index, so that the
+            // stacks are not copied without their last layer.
+            p.scan(looped, x0, &(), |p, i, x, ()| {
+                let mut rows = Vec::with_capacity(k);
+                for (vectors, matrices) in &groups {
+                    rows.push((
+                        vectors
+                            .iter()
+                            .map(|t| layer_row_at(p, t, &i))
+                            .collect::<Result<Vec<_>, _>>()?,
+                        matrices
+                            .iter()
+                            .map(|t| layer_row_at(p, t, &i))
+                            .collect::<Result<Vec<_>, _>>()?,
+                    ));
                 }
-            };
-            for (vectors, matrices) in groups {
-                let w = LayerParams {
-                    attention_norm: vectors[0].value(),
-                    mlp_norm: vectors[1].value(),
-                    wq: matrix(&matrices[0])?,
-                    wk: matrix(&matrices[1])?,
-                    wv: matrix(&matrices[2])?,
-                    wo: matrix(&matrices[3])?,
-                    w1: matrix(&matrices[4])?,
-                    w3: matrix(&matrices[5])?,
-                    w2: matrix(&matrices[6])?,
-                };
-                let mm = Matmul {
-                    dtype: self.dtype,
-                    collective: collective.as_ref(),
-                };
-                x = self.layer(p, &x, &w, mm, cos, sin)?;
+                self.iteration::<W>(p, x, &rows, cos, sin)
+            })?
+        } else {
+            x0.clone()
+        };
+        let mut last_rows = Vec::with_capacity(k);
+        for (vectors, matrices) in &groups {
+            last_rows.push((
+                vectors
+                    .iter()
+                    .map(|t| layer_row(t, looped))
+                    .collect::<Result<Vec<_>, _>>()?,
+                matrices
+                    .iter()
+                    .map(|t| layer_row(t, looped))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ));
+        }
+        self.iteration::<W>(p, x, &last_rows, cos, sin)
+    }
+
+    /// One iteration of the layer loop on `p` (the loop's body, or the program for the
+    /// iteration run after the loop): its layers in order, each with its row of every stack.
+    fn iteration<'p, W: StackedWeights>(
+        &self,
+        p: &'p Spmd<'_, ModelMesh>,
+        mut x: DTensor<'p, ModelMesh, TokenRows>,
+        rows: &[LayerRows<'p, W>],
+        cos: Value,
+        sin: Value,
+    ) -> Result<DTensor<'p, ModelMesh, TokenRows>, CollectiveError> {
+        // With the all-gather matmul, each matrix enters its matmul as this device's rows;
+        // otherwise whole.
+        let collective = self.collective_matmul.map(|l| CollectiveMatmul::new(p, l));
+        let matrix = |row: &DTensor<'_, ModelMesh, W::Row>| {
+            if collective.is_some() {
+                W::rows(row, self.dtype)
+            } else {
+                W::whole(row, self.dtype)
             }
-            Ok(x)
-        })
+        };
+        for (vectors, matrices) in rows {
+            let w = LayerParams {
+                attention_norm: vectors[0].value(),
+                mlp_norm: vectors[1].value(),
+                wq: matrix(&matrices[0])?,
+                wk: matrix(&matrices[1])?,
+                wv: matrix(&matrices[2])?,
+                wo: matrix(&matrices[3])?,
+                w1: matrix(&matrices[4])?,
+                w3: matrix(&matrices[5])?,
+                w2: matrix(&matrices[6])?,
+            };
+            let mm = Matmul {
+                dtype: self.dtype,
+                collective: collective.as_ref(),
+            };
+            x = self.layer(p, &x, &w, mm, cos, sin)?;
+        }
+        Ok(x)
     }
 
     /// One decoder layer on the token rows `x` with the weights `w` (one layer's) and their
