@@ -133,11 +133,11 @@ pub struct StepFlags {
     pub sa_block_kv_dkv: Option<BlockFlag>,
     /// Splash's backward as one fused kernel per key block (dK, dV, and dQ into 3 partials
     /// summed after it, MaxText's `dq_reduction_steps=3`) instead of separate dK/dV and dQ
-    /// kernels (MaxText's `sa_use_fused_bwd_kernel`; off by default, as MaxText's).
-    /// `--sa-use-fused-bwd-kernel` (or `=true`) on, `=false` off.
-    #[arg(long, action = clap::ArgAction::Set, num_args = 0..=1, require_equals = true,
-          default_value_t = false, default_missing_value = "true")]
-    pub sa_use_fused_bwd_kernel: bool,
+    /// kernels (MaxText's `sa_use_fused_bwd_kernel`). `--sa-use-fused-bwd-kernel` (or
+    /// `=true`) on, `=false` off. Default: off for `tessera compile --target tpu:.. train`
+    /// (MaxText's); on for the train example (faster on CPU).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub sa_use_fused_bwd_kernel: Option<bool>,
     /// Compute dtype (MaxText's `dtype`): f32, or bf16 for the matmuls, activations, weight
     /// gathers and attention (parameters and AdamW moments stay f32; norms, softmax and the
     /// loss in f32). Default: bf16 for `tessera compile --target tpu:.. train` (MaxText's),
@@ -164,6 +164,14 @@ pub struct StepFlags {
     /// exchange and no attention forward again; more memory per layer).
     #[arg(long, value_enum, default_value = "full")]
     pub remat_policy: RematPolicyFlag,
+    /// Whether the backward re-runs the last layer too, as it re-runs every other one
+    /// (MaxText's scanned layers do). `=false`: the last layer runs after the layer loop and
+    /// its backward reads the activations its forward computed (one layer's forward less to
+    /// recompute; its activations are held through the loss). `--remat-last-layer` (or
+    /// `=true`) on. Default: on for `tessera compile --target tpu:.. train` (MaxText's); off
+    /// for the train example (faster on CPU).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub remat_last_layer: Option<bool>,
 }
 
 /// `--remat-policy`'s values (`full` is MaxText's name and default).
@@ -299,23 +307,33 @@ pub struct StepDefaults {
     /// Whether the weights are split over the context axis without
     /// `--shard-weights-over-context`, where the batch axis is one device.
     pub shard_weights_over_context: bool,
+    /// Whether splash's backward is its fused kernel without `--sa-use-fused-bwd-kernel`.
+    pub sa_use_fused_bwd_kernel: bool,
+    /// Whether the backward re-runs the last layer without `--remat-last-layer`.
+    pub remat_last_layer: bool,
 }
 
 impl StepDefaults {
-    /// The train example on this machine's devices: f32, no load balancing.
+    /// The train example on this machine's devices: f32, no load balancing, splash's fused
+    /// backward and the last layer not re-run (each measured faster on CPU: docs/training.md).
     #[allow(dead_code)] // used by examples/train.rs, which includes this file
     pub const EXAMPLE: StepDefaults = StepDefaults {
         dtype: DType::F32,
         load_balance: false,
         shard_weights_over_context: false,
+        sa_use_fused_bwd_kernel: true,
+        remat_last_layer: false,
     };
     /// MaxText's (`dtype: bfloat16`, `context_parallel_load_balance: True`, the `embed`
-    /// rule's weights over context), what a TPU compile of the step uses.
+    /// rule's weights over context, `sa_use_fused_bwd_kernel: False`, every scanned layer
+    /// re-run), what a TPU compile of the step uses.
     #[allow(dead_code)] // used by the tessera binary, not by examples/train.rs
     pub const MAXTEXT: StepDefaults = StepDefaults {
         dtype: DType::BF16,
         load_balance: true,
         shard_weights_over_context: true,
+        sa_use_fused_bwd_kernel: false,
+        remat_last_layer: true,
     };
 }
 
@@ -375,7 +393,10 @@ impl StepFlags {
         cfg.load_balance = load_balance;
         cfg.collective_matmul = self.collective_matmul;
         cfg.remat_policy = self.remat_policy.into();
-        cfg.sa_use_fused_bwd_kernel = self.sa_use_fused_bwd_kernel;
+        cfg.remat_last_layer = self.remat_last_layer.unwrap_or(defaults.remat_last_layer);
+        cfg.sa_use_fused_bwd_kernel = self
+            .sa_use_fused_bwd_kernel
+            .unwrap_or(defaults.sa_use_fused_bwd_kernel);
         // By default only where it applies: a data-parallel batch axis keeps them replicated.
         cfg.shard_weights_over_context = self.shard_weights_over_context.unwrap_or(
             defaults.shard_weights_over_context
@@ -601,24 +622,54 @@ mod tests {
         assert!(parse(&["--remat-policy", "minimal"]).is_err());
     }
 
-    /// `--sa-use-fused-bwd-kernel` (or `=true`) picks splash's fused backward, `=false` and
-    /// no flag the separate kernels.
+    /// `--sa-use-fused-bwd-kernel` (or `=true`) picks splash's fused backward, `=false` the
+    /// separate kernels; without the flag the train example takes the fused one, a TPU
+    /// compile MaxText's separate ones.
     #[test]
     fn fused_backward_flag() {
         let model = ModelConfig::tiny();
-        let fused = |args: &[&str]| {
-            let cfg = parse(args).unwrap().config(model).unwrap();
+        let fused = |args: &[&str], defaults| {
+            let cfg = parse(args)
+                .unwrap()
+                .config_with(model, defaults, None)
+                .unwrap();
             assert_eq!(
                 cfg.block_sizes().use_fused_bwd_kernel,
                 cfg.sa_use_fused_bwd_kernel
             );
             cfg.sa_use_fused_bwd_kernel
         };
-        assert!(!fused(&[]));
-        assert!(fused(&["--sa-use-fused-bwd-kernel"]));
-        assert!(fused(&["--sa-use-fused-bwd-kernel=true"]));
-        assert!(!fused(&["--sa-use-fused-bwd-kernel=false"]));
+        for defaults in [StepDefaults::EXAMPLE, StepDefaults::MAXTEXT] {
+            assert!(fused(&["--sa-use-fused-bwd-kernel"], defaults));
+            assert!(fused(&["--sa-use-fused-bwd-kernel=true"], defaults));
+            assert!(!fused(&["--sa-use-fused-bwd-kernel=false"], defaults));
+        }
+        assert!(fused(&[], StepDefaults::EXAMPLE));
+        assert!(!fused(&[], StepDefaults::MAXTEXT));
         assert!(parse(&["--sa-use-fused-bwd-kernel=yes"]).is_err());
+    }
+
+    /// `--remat-last-layer` (or `=true`) re-runs the last layer in the backward, `=false`
+    /// does not; without the flag the train example does not, a TPU compile does
+    /// (MaxText's scanned layers).
+    #[test]
+    fn remat_last_layer_flag() {
+        let model = ModelConfig::tiny();
+        let remat = |args: &[&str], defaults| {
+            parse(args)
+                .unwrap()
+                .config_with(model, defaults, None)
+                .unwrap()
+                .remat_last_layer
+        };
+        for defaults in [StepDefaults::EXAMPLE, StepDefaults::MAXTEXT] {
+            assert!(remat(&["--remat-last-layer"], defaults));
+            assert!(remat(&["--remat-last-layer=true"], defaults));
+            assert!(!remat(&["--remat-last-layer=false"], defaults));
+        }
+        assert!(!remat(&[], StepDefaults::EXAMPLE));
+        assert!(remat(&[], StepDefaults::MAXTEXT));
+        assert!(parse(&["--remat-last-layer=no"]).is_err());
     }
 
     /// `auto` blocks are asked of the search once; explicit blocks keep their values; without
