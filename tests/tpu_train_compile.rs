@@ -592,3 +592,21 @@ fn tiny_train_step_with_the_fused_backward_compiles_for_v5p() {
         assert_eq!(fused["fits_hbm"], Value::Bool(true), "{fused}");
     }
 }
+
+/// `--remat-last-layer=false` (the train example's default) on the tiny Ulysses step: libtpu
+/// compiles it with the last layer after the layer loop, where its backward reads the
+/// forward's activations, with the same kernels, and it fits.
+#[test]
+fn tiny_train_step_without_the_last_layers_re_run_compiles_for_v5p() {
+    let mut args = tiny_args("ulysses");
+    args.extend(["--remat-last-layer=false", "--no-step-estimate"]);
+    let (report, _) = compiled("v5p:2x2x1", &args);
+    let kernels: BTreeSet<&str> = report["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(kernels, SPLASH.into_iter().collect(), "{report}");
+    assert_eq!(report["fits_hbm"], Value::Bool(true), "{report}");
+}
