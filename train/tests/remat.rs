@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{losses, max_abs_diff, micro};
+use common::{assert_same_losses, micro};
 use tessera_parallel::strategy::{AllGather, Ring, Ulysses};
 use tessera_parallel::Strategy;
 use tessera_train::{memory, train_step_program, RematPolicy, TrainConfig};
@@ -30,14 +30,12 @@ fn saving_the_attention_trains_to_the_losses_of_the_full_re_run() {
         let mut cfg = micro();
         cfg.model.layers = 2;
         cfg.strategy = strategy;
-        let full = losses(with_policy(cfg.clone(), RematPolicy::Full), steps);
-        let saved = losses(with_policy(cfg, RematPolicy::SaveAttention), steps);
-        let diff = max_abs_diff(&full, &saved);
-        eprintln!("{name}: max |loss(save_attention) - loss(full)| = {diff:.2e}");
-        assert!(diff <= 1e-6, "{name}: {saved:?} vs {full:?}");
-        assert!(
-            full[steps - 1] < full[0],
-            "{name}: the loss falls: {full:?}"
+        assert_same_losses(
+            &format!("{name}: save_attention vs full"),
+            with_policy(cfg.clone(), RematPolicy::Full),
+            with_policy(cfg, RematPolicy::SaveAttention),
+            steps,
+            1e-6,
         );
     }
 }

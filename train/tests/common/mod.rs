@@ -42,3 +42,25 @@ pub fn losses(cfg: TrainConfig, steps: usize) -> Vec<f64> {
 pub fn max_abs_diff(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((x - y).abs()))
 }
+
+/// Trains `reference` and `other` (one setting apart) for `steps` steps and asserts that
+/// their losses agree within `tolerance` and that `reference`'s falls; `what` names the
+/// comparison in the messages.
+#[allow(dead_code)] // not every test file compares runs
+pub fn assert_same_losses(
+    what: &str,
+    reference: TrainConfig,
+    other: TrainConfig,
+    steps: usize,
+    tolerance: f64,
+) {
+    let expected = losses(reference, steps);
+    let got = losses(other, steps);
+    let diff = max_abs_diff(&expected, &got);
+    eprintln!("{what}: max |loss difference| = {diff:.2e}");
+    assert!(diff <= tolerance, "{what}: {got:?} vs {expected:?}");
+    assert!(
+        expected[steps - 1] < expected[0],
+        "{what}: the loss falls: {expected:?}"
+    );
+}
