@@ -201,7 +201,8 @@ impl<'a> Model<'a> {
     }
 
     /// The decoder layers on the token rows `x0`: one loop over the stacked weights, whose
-    /// matrices are laid out as `W`.
+    /// matrices are laid out as `W` (without [`Model::remat_last_layer`], a loop over all
+    /// but the last iteration's layers, and that iteration after it).
     pub(super) fn layers<'p, W: StackedWeights>(
         &self,
         p: &'p Spmd<'_, ModelMesh>,
