@@ -75,7 +75,7 @@ impl<'a> Model<'a> {
             weights: WeightSplit::of(cfg),
             dtype: cfg.dtype,
             layers_per_iteration: cfg.layers_per_iteration,
-            remat_last_layer: true,
+            remat_last_layer: cfg.remat_last_layer,
             collective_matmul: (cfg.fsdp() && cfg.collective_matmul).then_some(&cfg.lowering),
             segments: None,
             logits: false,

@@ -212,8 +212,9 @@ pub fn build_program(
             model.segments = segments;
             model.logits = kind == StepKind::Logits;
             // Only the programs with a backward run the last layer after the loop.
-            model.remat_last_layer =
-                cfg.remat_last_layer || matches!(kind, StepKind::Forward | StepKind::Logits);
+            if matches!(kind, StepKind::Forward | StepKind::Logits) {
+                model.remat_last_layer = true;
+            }
             let loss_sum = model.forward(p, &ids)?;
             if kind == StepKind::Logits {
                 let all = p.with_builder(|f| all_reduce_sum(f, loss_sum, devices))?;
