@@ -24,6 +24,12 @@ fn compiled(topology: &str, args: &[&str]) -> (Value, String) {
     (report, stdout)
 }
 
+/// The names of the kernels a compile report lists.
+fn kernel_names(report: &Value) -> BTreeSet<String> {
+    let names = report["kernels"].as_array().unwrap().iter();
+    names.map(|k| k.as_str().unwrap().to_string()).collect()
+}
+
 fn int(report: &Value, key: &str) -> i64 {
     report[key]
         .as_i64()
@@ -65,14 +71,9 @@ fn tiny_step_with(strategy: &str, expected: &[&str]) -> Value {
     let mut args = tiny_args(strategy);
     args.push("--shard-weights-over-context=false");
     let (report, stdout) = compiled("v5p:2x2x1", &args);
-    let kernels: Vec<&str> = report["kernels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k.as_str().unwrap())
-        .collect();
+    let kernels = kernel_names(&report);
     for kernel in expected {
-        assert!(kernels.contains(kernel), "{strategy}: {kernels:?}");
+        assert!(kernels.contains(*kernel), "{strategy}: {kernels:?}");
     }
     let [args, outs, temp, alias] = [
         "argument_bytes",
@@ -566,10 +567,6 @@ fn tiny_train_step_saving_the_attention_compiles_for_v5p() {
 /// (the scores and their gradient once).
 #[test]
 fn tiny_train_step_with_the_fused_backward_compiles_for_v5p() {
-    let kernels = |r: &Value| -> BTreeSet<String> {
-        let names = r["kernels"].as_array().unwrap().iter();
-        names.map(|k| k.as_str().unwrap().to_string()).collect()
-    };
     let named = |names: &[&str]| names.iter().map(|k| k.to_string()).collect();
     let fused_kernels = [
         "splash_fwd",
@@ -586,8 +583,8 @@ fn tiny_train_step_with_the_fused_backward_compiles_for_v5p() {
         };
         let separate = step("--sa-use-fused-bwd-kernel=false");
         let fused = step("--sa-use-fused-bwd-kernel");
-        assert_eq!(kernels(&separate), named(&SPLASH), "{separate}");
-        assert_eq!(kernels(&fused), named(&fused_kernels), "{fused}");
+        assert_eq!(kernel_names(&separate), named(&SPLASH), "{separate}");
+        assert_eq!(kernel_names(&fused), named(&fused_kernels), "{fused}");
         assert!(flops(&fused) < flops(&separate), "{separate}\n{fused}");
         assert_eq!(fused["fits_hbm"], Value::Bool(true), "{fused}");
     }
@@ -601,12 +598,7 @@ fn tiny_train_step_without_the_last_layers_re_run_compiles_for_v5p() {
     let mut args = tiny_args("ulysses");
     args.extend(["--remat-last-layer=false", "--no-step-estimate"]);
     let (report, _) = compiled("v5p:2x2x1", &args);
-    let kernels: BTreeSet<&str> = report["kernels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k.as_str().unwrap())
-        .collect();
-    assert_eq!(kernels, SPLASH.into_iter().collect(), "{report}");
+    let splash: BTreeSet<String> = SPLASH.map(String::from).into();
+    assert_eq!(kernel_names(&report), splash, "{report}");
     assert_eq!(report["fits_hbm"], Value::Bool(true), "{report}");
 }
