@@ -9,12 +9,43 @@ use super::*;
 /// input and output.
 pub(super) type TokenRows = (Split<Data>, Replicated);
 
+/// Every layer's stacked norm vectors and matrices (laid out as `W`), or the every-`k`th
+/// layers of them that one position of a `k`-layer iteration reads.
+type StackedGroup<'p, W> = (
+    Vec<DTensor<'p, ModelMesh, StackedVector>>,
+    Vec<DTensor<'p, ModelMesh, W>>,
+);
+
 /// One layer's rows of the stacked norm vectors and matrices (laid out as `W`), as one
 /// iteration of the layer loop reads them.
 type LayerRows<'p, W> = (
     Vec<DTensor<'p, ModelMesh, <StackedVector as Unstack<ModelMesh>>::Row>>,
     Vec<DTensor<'p, ModelMesh, <W as Unstack<ModelMesh>>::Row>>,
 );
+
+/// Row `i` (an `i32` scalar) of each stack of `groups` (one group per layer of an iteration),
+/// read on `p`.
+fn layer_rows<'q, W: StackedWeights>(
+    p: &'q Spmd<'_, ModelMesh>,
+    groups: &[StackedGroup<'_, W>],
+    i: Value,
+) -> Result<Vec<LayerRows<'q, W>>, CollectiveError> {
+    groups
+        .iter()
+        .map(|(vectors, matrices)| {
+            Ok((
+                vectors
+                    .iter()
+                    .map(|t| layer_row_at(p, t, i))
+                    .collect::<Result<Vec<_>, _>>()?,
+                matrices
+                    .iter()
+                    .map(|t| layer_row_at(p, t, i))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ))
+        })
+        .collect()
+}
 
 /// The model's values in one program.
 pub(super) struct Model<'a> {
@@ -253,38 +284,15 @@ impl<'a> Model<'a> {
             // The loop reads its layers' rows of the whole stacks by index, so that the
             // stacks are not copied without their last layer.
             p.scan(looped, x0, &(), |p, i, x, ()| {
-                let mut rows = Vec::with_capacity(k);
-                for (vectors, matrices) in &groups {
-                    rows.push((
-                        vectors
-                            .iter()
-                            .map(|t| layer_row_at(p, t, &i))
-                            .collect::<Result<Vec<_>, _>>()?,
-                        matrices
-                            .iter()
-                            .map(|t| layer_row_at(p, t, &i))
-                            .collect::<Result<Vec<_>, _>>()?,
-                    ));
-                }
+                let rows = layer_rows::<W>(p, &groups, i.value())?;
                 self.iteration::<W>(p, x, &rows, cos, sin)
             })?
         } else {
             x0.clone()
         };
-        let mut last_rows = Vec::with_capacity(k);
-        for (vectors, matrices) in &groups {
-            last_rows.push((
-                vectors
-                    .iter()
-                    .map(|t| layer_row(t, looped))
-                    .collect::<Result<Vec<_>, _>>()?,
-                matrices
-                    .iter()
-                    .map(|t| layer_row(t, looped))
-                    .collect::<Result<Vec<_>, _>>()?,
-            ));
-        }
-        self.iteration::<W>(p, x, &last_rows, cos, sin)
+        let last = p.with_builder(|f| Ok(f.scalar(looped as f64, DType::I32)?))?;
+        let rows = layer_rows::<W>(p, &groups, last)?;
+        self.iteration::<W>(p, x, &rows, cos, sin)
     }
 
     /// One iteration of the layer loop on `p` (the loop's body, or the program for the

@@ -284,31 +284,15 @@ pub(super) fn every_kth_layer<'p, S>(
     })
 }
 
-/// Row `i` (the layer loop's index) of a stacked `[L, ...]` parameter of the enclosing
-/// program, read in the loop's body `p`: a loop over the first layers of the stack reads
-/// them so, without a copy of those layers.
+/// Row `i` (an `i32` scalar: the layer loop's index, or a constant) of a stacked `[L, ...]`
+/// parameter of the enclosing program, read on `p` (the loop's body, or the program after
+/// the loop): a loop over the first layers of the stack reads them so, without a copy of
+/// those layers.
 pub(super) fn layer_row_at<'q, S: Unstack<ModelMesh>>(
     p: &'q Spmd<'_, ModelMesh>,
     stack: &DTensor<'_, ModelMesh, S, Invariant>,
-    i: &DTensor<'_, ModelMesh, (), Invariant>,
+    i: Value,
 ) -> Result<DTensor<'q, ModelMesh, S::Row, Invariant>, CollectiveError> {
-    let row = p.with_builder(|f| Ok(f.stacked_row(stack.value(), i.value())?))?;
+    let row = p.with_builder(|f| Ok(f.stacked_row(stack.value(), i)?))?;
     p.declare::<S::Row, Invariant>(row)
-}
-
-/// Layer `i` of a stacked `[L, ...]` parameter, dim 0 dropped: the row the layer loop's body
-/// reads at iteration `i`.
-pub(super) fn layer_row<'p, S: Unstack<ModelMesh>>(
-    stack: &DTensor<'p, ModelMesh, S, Invariant>,
-    i: usize,
-) -> Result<DTensor<'p, ModelMesh, S::Row, Invariant>, CollectiveError> {
-    stack.map_local_as::<S::Row, Invariant>(|f, x| {
-        let dims = f.value_type(x)?.dims.clone();
-        let mut start = vec![0; dims.len()];
-        let mut limit = dims.clone();
-        start[0] = i as i64;
-        limit[0] = i as i64 + 1;
-        let x = f.slice(x, &start, &limit)?;
-        Ok(f.reshape(x, &dims[1..])?)
-    })
 }
