@@ -157,6 +157,58 @@ fn the_scan_gradient_equals_the_unrolled_gradient() {
     );
 }
 
+/// The RNN with its last step after the loop (the loop runs `N - 1` steps), as the train
+/// step runs its last layer: the step after the loop reads its row of `w` at a constant.
+fn rnn_scan_then_last(f: &mut FuncBuilder<'_>, a: &[Value]) -> Result<Vec<Value>, HloError> {
+    let n = f.value_type(a[1])?.dims[0] as usize;
+    let (h0, w, x) = (a[0], a[1], a[2]);
+    let out = f.scan(n - 1, &[h0], &[], |f, i, carry, _| {
+        let wi = layer(f, w, i)?;
+        let xi = layer(f, x, i)?;
+        let h = step(f, wi, carry[0], xi)?;
+        Ok::<_, HloError>((vec![h], vec![h]))
+    })?;
+    let last = f.scalar((n - 1) as f64, DType::I32)?;
+    let (w_last, x_last) = (layer(f, w, last)?, layer(f, x, last)?);
+    let h = step(f, w_last, out.carry[0], x_last)?;
+    let h_row = f.reshape(h, &[1, D as i64])?;
+    let ys = f.concatenate(&[out.ys[0], h_row], 0)?;
+    Ok(vec![h, ys])
+}
+
+#[test]
+fn a_row_read_after_the_loop_adds_into_the_loop_s_gradient_by_its_window() {
+    let n = 5;
+    assert_scan_equals_unrolled(
+        "rnn, last step after the loop",
+        &rnn_inputs(n, 41),
+        n,
+        8,
+        &|f, a| rnn_scan_then_last(f, a),
+        &|f, a| rnn_unrolled(f, a),
+    );
+    // The last row's cotangent is added into that row of the loop's accumulated stack, not
+    // as a whole zero stack with one row written: no add anywhere is the stack's size.
+    let types = [
+        f32t(&[D as i64]),
+        f32t(&[n as i64, D as i64, D as i64]),
+        f32t(&[n as i64, D as i64]),
+    ];
+    let text = program("after", 1, &types, &|f, a| rnn_scan_then_last(f, a), true)
+        .unwrap()
+        .to_mlir();
+    let whole_stack_add = format!("-> tensor<{n}x{D}x{D}xf32>");
+    let adds: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("stablehlo.add") && l.contains(&whole_stack_add))
+        .collect();
+    assert!(adds.is_empty(), "whole-stack adds: {adds:#?}");
+    assert!(
+        text.contains(&format!("(tensor<1x{D}x{D}xf32>, tensor<1x{D}x{D}xf32>)")),
+        "no row-sized add in {text}"
+    );
+}
+
 #[test]
 fn a_fori_loop_with_constant_bounds_and_an_offset_counter() {
     // for i in 2..5: c = c * w + sin(i), with a carried loop-invariant scale `s`.

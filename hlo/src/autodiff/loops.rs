@@ -405,22 +405,26 @@ impl FuncBuilder<'_> {
 
     /// `acc + g`; when `g` is a zero array with one window written (`dynamic_slice`'s
     /// cotangent), only that window of `acc` is updated.
-    fn add_into(&mut self, acc: Value, g: Value) -> Result<Value, HloError> {
-        let window = self
-            .frame()
-            .ops
-            .iter()
-            .rev()
-            .find(|o| o.results.first() == Some(&g))
-            .filter(|o| o.kind == OpKind::DynamicUpdateSlice && self.is_zero(o.operands[0]))
-            .map(|o| (o.operands[1], o.operands[2..].to_vec()));
-        let Some((update, starts)) = window else {
+    pub(super) fn add_into(&mut self, acc: Value, g: Value) -> Result<Value, HloError> {
+        let Some((update, starts)) = self.zero_window(g) else {
             return self.add(acc, g);
         };
         let dims = self.value_type(update)?.dims.clone();
         let old = self.dynamic_slice(acc, &starts, &dims)?;
         let new = self.add(old, update)?;
         self.dynamic_update_slice(acc, new, &starts)
+    }
+
+    /// The update and start indices of `g` when it is a zero array with one window written
+    /// (`dynamic_update_slice` of a zero constant, computed in the region being built).
+    pub(super) fn zero_window(&self, g: Value) -> Option<(Value, Vec<Value>)> {
+        self.frame()
+            .ops
+            .iter()
+            .rev()
+            .find(|o| o.results.first() == Some(&g))
+            .filter(|o| o.kind == OpKind::DynamicUpdateSlice && self.is_zero(o.operands[0]))
+            .map(|o| (o.operands[1], o.operands[2..].to_vec()))
     }
 
     /// Whether `v` is a zero splat constant.

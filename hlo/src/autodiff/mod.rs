@@ -48,8 +48,9 @@
 //! and the backward is one loop over the iterations in reverse that re-runs a copy of the
 //! body on the saved carry and differentiates it with the ordinary rules. Values the body
 //! reads from outside (stacked weights) accumulate their cotangents across iterations; a
-//! row read with `dynamic_slice` at the counter is accumulated into that row only. The
-//! program text does not grow with `N`. See `loops.rs`.
+//! row read with `dynamic_slice` at the counter is accumulated into that row only, and so
+//! is a row read outside the loop (e.g. a last layer run after it) into the loop's
+//! accumulated cotangent. The program text does not grow with `N`. See `loops.rs`.
 //!
 //! Values of the body marked with [`FuncBuilder::keep_for_backward`] are saved the same way
 //! and read by the re-run instead of recomputed: what only fed them drops out of the
@@ -653,7 +654,10 @@ impl FuncBuilder<'_> {
         Ok(cts)
     }
 
-    /// Adds `ct` to the cotangent of `x`.
+    /// Adds `ct` to the cotangent of `x`. Where one of the two is a zero array with one
+    /// window written (`dynamic_slice`'s cotangent, e.g. a layer read from its stack after a
+    /// layer loop) and the other is not, only that window of the other is updated, so the
+    /// sum costs the window, not the whole array.
     fn accumulate(
         &mut self,
         cts: &mut HashMap<Value, Value>,
@@ -662,7 +666,10 @@ impl FuncBuilder<'_> {
     ) -> Result<(), HloError> {
         let x = self.canonical(x);
         let sum = match cts.get(&x) {
-            Some(&prev) => self.add(prev, ct)?,
+            Some(&prev) if self.zero_window(prev).is_some() && self.zero_window(ct).is_none() => {
+                self.add_into(ct, prev)?
+            }
+            Some(&prev) => self.add_into(prev, ct)?,
             None => ct,
         };
         cts.insert(x, sum);
