@@ -659,6 +659,20 @@ pub enum OpKind {
     },
     /// `stablehlo.dynamic_update_slice(operand, update, starts...)`.
     DynamicUpdateSlice,
+    /// `stablehlo.gather(operand, indices)` of whole rows: result row `i` is row
+    /// `indices[i]` of the operand (`[N]` i32 indices, clamped into range), as JAX's
+    /// `jnp.take(x, indices, axis=0)`.
+    GatherRows {
+        /// The dims of one row (the operand's dims after the first).
+        row_dims: Vec<i64>,
+    },
+    /// `stablehlo.scatter(operand, indices, updates)` of whole rows, adding: the operand with
+    /// update row `i` added to row `indices[i]` (repeated indices add up; an index out of
+    /// range is skipped). The transpose of [`OpKind::GatherRows`]; region 0 is the addition.
+    ScatterAddRows {
+        /// The dims of one row (the operand's dims after the first).
+        row_dims: Vec<i64>,
+    },
     /// `stablehlo.concatenate`.
     Concatenate {
         /// Concatenated dimension.
@@ -762,6 +776,8 @@ impl OpKind {
             OpKind::Slice { .. } => "stablehlo.slice",
             OpKind::DynamicSlice { .. } => "stablehlo.dynamic_slice",
             OpKind::DynamicUpdateSlice => "stablehlo.dynamic_update_slice",
+            OpKind::GatherRows { .. } => "stablehlo.gather",
+            OpKind::ScatterAddRows { .. } => "stablehlo.scatter",
             OpKind::Concatenate { .. } => "stablehlo.concatenate",
             OpKind::Pad { .. } => "stablehlo.pad",
             OpKind::DotGeneral { .. } => "stablehlo.dot_general",

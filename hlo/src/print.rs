@@ -421,6 +421,28 @@ fn attributes(kind: &OpKind, num_results: usize) -> Vec<String> {
         OpKind::DynamicSlice { slice_sizes } => {
             vec![format!("slice_sizes = {}", i64_array(slice_sizes))]
         }
+        OpKind::GatherRows { row_dims } => {
+            let mut slice_sizes = vec![1];
+            slice_sizes.extend_from_slice(row_dims);
+            vec![
+                format!(
+                    "dimension_numbers = #stablehlo.gather<{}collapsed_slice_dims = [0], \
+                     start_index_map = [0], index_vector_dim = 1>",
+                    window_dims("offset_dims", row_dims.len())
+                ),
+                "indices_are_sorted = false".to_string(),
+                format!("slice_sizes = {}", i64_array(&slice_sizes)),
+            ]
+        }
+        OpKind::ScatterAddRows { row_dims } => vec![
+            "indices_are_sorted = false".to_string(),
+            format!(
+                "scatter_dimension_numbers = #stablehlo.scatter<{}inserted_window_dims = [0], \
+                 scatter_dims_to_operand_dims = [0], index_vector_dim = 1>",
+                window_dims("update_window_dims", row_dims.len())
+            ),
+            "unique_indices = false".to_string(),
+        ],
         OpKind::Concatenate { dimension } => vec![format!("dimension = {dimension} : i64")],
         OpKind::Pad {
             low,
@@ -503,6 +525,17 @@ fn attributes(kind: &OpKind, num_results: usize) -> Vec<String> {
             Some(format!("scatter_dimension = {scatter_dimension} : i64")),
         ),
     }
+}
+
+/// `name = [1, ..., rank], ` for the result dims of a row gather or the update dims of a
+/// row scatter (dim 0 holds the `[N]` indices), or nothing for rows of no dims (MLIR leaves
+/// an empty list out).
+fn window_dims(name: &str, rank: usize) -> String {
+    if rank == 0 {
+        return String::new();
+    }
+    let dims: Vec<i64> = (1..=rank as i64).collect();
+    format!("{name} = {}, ", bracket_list(&dims))
 }
 
 /// `channel_handle`, `replica_groups`, `extra` (e.g. `scatter_dimension`),

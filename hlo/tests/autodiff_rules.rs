@@ -305,6 +305,29 @@ fn dynamic_slices_match_finite_differences() {
 }
 
 #[test]
+fn row_gathers_and_scatters_match_finite_differences() {
+    // Repeated rows (their cotangents add up), and one index out of range each way: gather
+    // clamps it (-1 reads row 0, 9 reads row 4), scatter skips it.
+    let rows = || HostArray::i32(vec![6], vec![3, 1, 3, -1, 9, 0]).unwrap();
+    check1(
+        "stablehlo.gather / scatter (rows)",
+        &[
+            uniform(&[5, 2, 3], -1.0, 1.0, 1),
+            rows(),
+            uniform(&[6, 2, 3], -1.0, 1.0, 2),
+        ],
+        &|f, a| {
+            let (table, ids, updates) = (a[0], a[1], a[2]);
+            let picked = f.gather_rows(table, ids)?;
+            let picked = f.sin(picked)?;
+            let scattered = f.scatter_add_rows(table, ids, updates)?;
+            let scattered = f.exp(scattered)?;
+            Ok(vec![picked, scattered])
+        },
+    );
+}
+
+#[test]
 fn select_clamp_and_masks_match_finite_differences() {
     check1(
         "stablehlo.select",

@@ -23,6 +23,8 @@
 //! | `slice` | `ct` padded with zeros into the operand (strides as interior padding) |
 //! | `dynamic_slice` | `dynamic_update_slice(0, ct, starts)` |
 //! | `dynamic_update_slice` | `ct` with the window zeroed; the window of `ct` |
+//! | `gather` (rows) | `ct` scatter-added at the (clamped) row indices into zeros |
+//! | `scatter` (rows, adding) | `ct`; the rows of `ct` at the indices (zero for an index out of range) |
 //! | `concatenate` | slices of `ct` |
 //! | `pad(x, v)` | `ct` cropped and strided back; `sum(ct) - sum(ct_x)` |
 //! | `dot_general` | `ct` contracted with the other operand over its free dims, transposed into place |
@@ -38,7 +40,7 @@ use crate::ops::{
     BinaryOp, CollectiveAttrs, ComparisonDirection, DotDims, Grouping, Op, OpKind, Precision,
     Reducer, Region, UnaryOp, Value,
 };
-use crate::{HloError, TensorType};
+use crate::{DType, HloError, TensorType};
 
 use super::autodiff_error;
 
@@ -119,6 +121,28 @@ pub(super) fn op_vjp(
             let mut out = vec![Some(f.dynamic_update_slice(zero, single()?, &x[1..])?)];
             out.extend(vec![None; n - 1]);
             out
+        }
+        // Gather clamps its indices into range: the transpose adds at the clamped rows.
+        OpKind::GatherRows { .. } => {
+            let rows = clamped_rows(f, x[0], x[1])?;
+            let zero = zeros_like(f, x[0])?;
+            vec![Some(f.scatter_add_rows(zero, rows, single()?)?), None]
+        }
+        // Scatter skips an update whose index is out of range: its cotangent is zero.
+        OpKind::ScatterAddRows { .. } => {
+            let ct = single()?;
+            let updates = if need(2) {
+                let rows = clamped_rows(f, ct, x[1])?;
+                let in_range = f.eq(rows, x[1])?;
+                let t = ty(f, x[2])?;
+                let in_range = f.broadcast_in_dim(in_range, &t.dims, &[0])?;
+                let picked = f.gather_rows(ct, rows)?;
+                let zero = zeros_like(f, picked)?;
+                Some(f.select(in_range, picked, zero)?)
+            } else {
+                None
+            };
+            vec![Some(ct), None, updates]
         }
         OpKind::DynamicUpdateSlice => {
             let ct = single()?;
@@ -820,4 +844,12 @@ fn grouping(attrs: &CollectiveAttrs) -> Grouping {
         (Some(_), true) => Grouping::FlattenedIds,
         (Some(_), false) => Grouping::CrossPartition,
     }
+}
+
+/// `indices` (`[N]` i32) clamped into the rows of `x`, as gather reads them.
+fn clamped_rows(f: &mut FuncBuilder<'_>, x: Value, indices: Value) -> Result<Value, HloError> {
+    let rows = ty(f, x)?.dims[0];
+    let lo = f.scalar(0.0, DType::I32)?;
+    let hi = f.scalar((rows - 1) as f64, DType::I32)?;
+    f.clamp(lo, indices, hi)
 }

@@ -2,7 +2,7 @@
 
 use super::{check_dim, check_dims, check_len, check_scalar, FuncBuilder};
 use crate::ops::{DotDims, OpKind, Precision, Value};
-use crate::{DType, HloError, TensorType};
+use crate::{DType, HloError, Reducer, TensorType};
 
 impl FuncBuilder<'_> {
     /// `stablehlo.broadcast_in_dim`: operand dimension `i` becomes result dimension
@@ -243,6 +243,84 @@ impl FuncBuilder<'_> {
             TensorType::new(slice_sizes.to_vec(), t.dtype),
             vec![],
         ))
+    }
+
+    /// `stablehlo.gather` of whole rows: row `i` of the result is row `indices[i]` of `x`
+    /// (`[V, ...]`; `indices` `[N]` i32, clamped into `0..V`), so the result is `[N, ...]`
+    /// (JAX's `jnp.take(x, indices, axis=0)`, an embedding lookup).
+    pub fn gather_rows(&mut self, x: Value, indices: Value) -> Result<Value, HloError> {
+        const OP: &str = "stablehlo.gather";
+        let t = self.operand(OP, 0, x)?;
+        let n = self.row_indices(OP, 1, indices)?;
+        if t.rank() == 0 {
+            return Err(HloError::shape(
+                OP,
+                "the operand is a scalar; it has no rows",
+            ));
+        }
+        let row_dims = t.dims[1..].to_vec();
+        let mut dims = vec![n];
+        dims.extend_from_slice(&row_dims);
+        Ok(self.emit1(
+            OpKind::GatherRows { row_dims },
+            vec![x, indices],
+            TensorType::new(dims, t.dtype),
+            vec![],
+        ))
+    }
+
+    /// `stablehlo.scatter` of whole rows, adding: `x` (`[V, ...]`) with row `i` of `updates`
+    /// (`[N, ...]`) added to row `indices[i]` (`[N]` i32; repeated indices add up, an index
+    /// outside `0..V` is skipped). The transpose of [`FuncBuilder::gather_rows`].
+    pub fn scatter_add_rows(
+        &mut self,
+        x: Value,
+        indices: Value,
+        updates: Value,
+    ) -> Result<Value, HloError> {
+        const OP: &str = "stablehlo.scatter";
+        let t = self.operand(OP, 0, x)?;
+        let n = self.row_indices(OP, 1, indices)?;
+        let u = self.operand(OP, 2, updates)?;
+        if t.rank() == 0
+            || u.dtype != t.dtype
+            || u.rank() != t.rank()
+            || u.dims[0] != n
+            || u.dims[1..] != t.dims[1..]
+        {
+            return Err(HloError::mismatch(
+                OP,
+                format!(
+                    "updates must be {n} rows of the operand's rows (same dtype), one per index"
+                ),
+                &t,
+                &u,
+            ));
+        }
+        let body = self.reducer_region(OP, Reducer::Sum, t.dtype)?;
+        Ok(self.emit1(
+            OpKind::ScatterAddRows {
+                row_dims: t.dims[1..].to_vec(),
+            },
+            vec![x, indices, updates],
+            t,
+            vec![body],
+        ))
+    }
+
+    /// Checks that operand `index` of `op` is `[N]` i32 row indices; returns `N`.
+    fn row_indices(&self, op: &'static str, index: usize, indices: Value) -> Result<i64, HloError> {
+        let it = self.operand(op, index, indices)?;
+        if it.dtype != DType::I32 {
+            return Err(HloError::dtype(op, "indices", it.dtype, "i32"));
+        }
+        match it.dims[..] {
+            [n] => Ok(n),
+            _ => Err(HloError::shape(
+                op,
+                format!("the indices must be one row index each, [N], got {it}"),
+            )),
+        }
     }
 
     /// `stablehlo.dynamic_update_slice`: `x` with `update` written at run-time offsets

@@ -190,6 +190,68 @@ fn shape_ops_text() {
 }
 
 #[test]
+fn row_gather_and_scatter_text() {
+    let b = body(1, |f| {
+        let x = f.arg(f32t(&[5, 2, 3]))?;
+        let ids = f.arg(t(&[4], DType::I32))?;
+        let rows = f.arg(f32t(&[4, 2, 3]))?;
+        let v = f.arg(f32t(&[5]))?;
+        Ok(vec![
+            f.gather_rows(x, ids)?,
+            f.scatter_add_rows(x, ids, rows)?,
+            f.gather_rows(v, ids)?,
+        ])
+    });
+    let expected = r#"%0 = "stablehlo.gather"(%arg0, %arg1) {dimension_numbers = #stablehlo.gather<offset_dims = [1, 2], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1, 2, 3>} : (tensor<5x2x3xf32>, tensor<4xi32>) -> tensor<4x2x3xf32>
+%1 = "stablehlo.scatter"(%arg0, %arg1, %arg2) ({
+^bb0(%2: tensor<f32>, %3: tensor<f32>):
+  %4 = "stablehlo.add"(%2, %3) : (tensor<f32>, tensor<f32>) -> tensor<f32>
+  "stablehlo.return"(%4) : (tensor<f32>) -> ()
+}) {indices_are_sorted = false, scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1, 2], inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = 1>, unique_indices = false} : (tensor<5x2x3xf32>, tensor<4xi32>, tensor<4x2x3xf32>) -> tensor<5x2x3xf32>
+%5 = "stablehlo.gather"(%arg3, %arg1) {dimension_numbers = #stablehlo.gather<collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1>} : (tensor<5xf32>, tensor<4xi32>) -> tensor<4xf32>
+"func.return"(%0, %1, %5) : (tensor<4x2x3xf32>, tensor<5x2x3xf32>, tensor<4xf32>) -> ()"#;
+    assert_eq!(b, expected);
+}
+
+#[test]
+fn row_gather_and_scatter_errors() {
+    let ids = |f: &mut FuncBuilder<'_>, dims: &[i64], dtype| f.arg(t(dims, dtype));
+    expect(
+        with_x(&[5, 2], |f, x| {
+            let i = ids(f, &[4], DType::I8)?;
+            f.gather_rows(x, i)
+        }),
+        "stablehlo.gather",
+        "indices has element type i8, expected i32",
+    );
+    expect(
+        with_x(&[5, 2], |f, x| {
+            let i = ids(f, &[4, 1], DType::I32)?;
+            f.gather_rows(x, i)
+        }),
+        "stablehlo.gather",
+        "the indices must be one row index each, [N], got tensor<4x1xi32>",
+    );
+    expect(
+        with_x(&[], |f, x| {
+            let i = ids(f, &[4], DType::I32)?;
+            f.gather_rows(x, i)
+        }),
+        "stablehlo.gather",
+        "the operand is a scalar; it has no rows",
+    );
+    expect(
+        with_x(&[5, 2], |f, x| {
+            let i = ids(f, &[4], DType::I32)?;
+            let u = f.arg(f32t(&[3, 2]))?;
+            f.scatter_add_rows(x, i, u)
+        }),
+        "stablehlo.scatter",
+        "updates must be 4 rows of the operand's rows (same dtype), one per index",
+    );
+}
+
+#[test]
 fn optimization_barrier_text() {
     let b = body(1, |f| {
         let x = f.arg(f32t(&[2, 3]))?;
