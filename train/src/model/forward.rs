@@ -156,15 +156,17 @@ impl<'a> Model<'a> {
                 )
             }
         };
-        // Each device's tokens as rows: the one-hot embedding, the targets one-hot, and the
-        // RoPE tables at the tokens' global positions.
+        // Each device's tokens as rows: the embedding's rows of the tokens, the targets
+        // one-hot, and the RoPE tables at the tokens' global positions.
         let [tokens, targets, positions] = ids;
         let flat = |f: &mut FuncBuilder<'_>, v| f.reshape(v, &[n]);
         let x0 = tokens.map_local_as::<TokenRows, Invariant>(|f, t| {
             let t = flat(f, t)?;
-            let onehot = one_hot(f, t, m.vocab)?;
-            let onehot = cast(f, onehot, dtype)?;
-            Ok(f.matmul(onehot, embed, dtype)?)
+            // Gathered from the table in f32, so that the backward's scatter adds the rows
+            // of repeated tokens in f32 (the table arrives in the compute dtype).
+            let table = cast(f, embed, DType::F32)?;
+            let rows = f.gather_rows(table, t)?;
+            cast(f, rows, dtype)
         })?;
         let target_onehot = targets.map_local_as::<TokenRows, Invariant>(|f, t| {
             let t = flat(f, t)?;

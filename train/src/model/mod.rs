@@ -12,7 +12,7 @@
 //! split over every context device); "with fsdp" below means any of these. The program, per
 //! device:
 //!
-//! 1. **Forward.** One-hot token embedding, then the decoder layers as one loop
+//! 1. **Forward.** The token embedding (a gather of the table's rows), then the decoder layers as one loop
 //!    ([`Spmd::scan`]) over the layers' stacked weights (`[L, ...]` parameters), whose body is
 //!    one layer (with fsdp, the layer's matrices all-gathered over the batch and context axes
 //!    first, as are the embedding and LM head before theirs): RMSNorm, the q/k/v projections,
