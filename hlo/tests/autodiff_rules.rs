@@ -315,14 +315,18 @@ fn row_gathers_and_scatters_match_finite_differences() {
             uniform(&[5, 2, 3], -1.0, 1.0, 1),
             rows(),
             uniform(&[6, 2, 3], -1.0, 1.0, 2),
+            uniform(&[5], -1.0, 1.0, 3),
         ],
         &|f, a| {
-            let (table, ids, updates) = (a[0], a[1], a[2]);
+            let (table, ids, updates, vector) = (a[0], a[1], a[2], a[3]);
             let picked = f.gather_rows(table, ids)?;
             let picked = f.sin(picked)?;
             let scattered = f.scatter_add_rows(table, ids, updates)?;
             let scattered = f.exp(scattered)?;
-            Ok(vec![picked, scattered])
+            // Rows of a vector are its elements.
+            let elements = f.gather_rows(vector, ids)?;
+            let elements = f.tanh(elements)?;
+            Ok(vec![picked, scattered, elements])
         },
     );
 }
